@@ -1,0 +1,107 @@
+"""Load a compiled configuration with PyCUDA and launch it (GPU path only).
+
+The launch path does no allocation and no host synchronisation: the workspace is allocated
+once per (config, max batch), arguments are plain device pointers, so both launches can be
+captured in a CUDA graph. Use `pycuda.autoprimaryctx` (the context torch uses) when mixing with
+torch tensors; pass `tensor.data_ptr()` or ints.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kernels.build import compile_cubin, ptxas_report
+from kernels.config import KernelConfig
+from kernels.errors import InvalidConfig, LaunchError
+from kernels.limits import DeviceLimits
+from kernels.validate import D_QK, D_V, smem_bytes, validate
+
+LOG2E = 1.4426950408889634
+
+
+def _ptr(x: Any) -> int:
+    if x is None:
+        return 0
+    if hasattr(x, "data_ptr"):
+        return int(x.data_ptr())
+    return int(x)
+
+
+class VerifyAttention:
+    """One compiled configuration for fixed (H, q_len), launchable for batches up to max_batch."""
+
+    def __init__(
+        self,
+        cfg: KernelConfig,
+        *,
+        H: int,
+        q_len: int,
+        limits: DeviceLimits,
+        max_batch: int,
+        cache_dir: Path,
+    ) -> None:
+        import pycuda.driver as cuda
+
+        validate(cfg, limits, H=H, q_len=q_len)
+        self.cfg, self.H, self.q_len, self.max_batch = cfg, H, q_len, max_batch
+        built = compile_cubin(cfg, q_len, limits.arch, cache_dir)
+        self.report = ptxas_report(built.ptxas_log) if built.ptxas_log else {}
+        self.compiled_from_cache = built.cached
+        self.module = cuda.module_from_buffer(built.cubin)
+        self.partial = self.module.get_function("verify_attn_partial")
+        self.reduce = self.module.get_function("verify_attn_reduce")
+        self.smem = smem_bytes(cfg, q_len)
+        dev_smem, _ = self.module.get_global("kSmemBytes")
+        got = np.empty(1, np.int32)
+        cuda.memcpy_dtoh(got, dev_smem)
+        if int(got[0]) != self.smem:  # a bug, not a bad config: the formulas drifted apart
+            raise RuntimeError(f"smem formula {self.smem} B != kernel layout {int(got[0])} B")
+        fa = cuda.function_attribute
+        self.partial.set_attribute(fa.MAX_DYNAMIC_SHARED_SIZE_BYTES, self.smem)
+        max_threads = self.partial.get_attribute(fa.MAX_THREADS_PER_BLOCK)
+        if max_threads < cfg.block:
+            raise InvalidConfig(
+                f"BLOCK={cfg.block} but the compiled kernel allows {max_threads} threads "
+                f"({self.partial.get_attribute(fa.NUM_REGS)} registers/thread)"
+            )
+        rows = max_batch * q_len * H
+        self._part_o = cuda.mem_alloc(rows * cfg.nsplit * D_V * 4)
+        self._part_ml = cuda.mem_alloc(rows * cfg.nsplit * 8)
+        self.partial.prepare("PPPPPPPPif")
+        self.reduce.prepare("PPPP")
+        self.reduce_threads = 128 * min(cfg.nsplit, 4)
+
+    def __call__(
+        self,
+        *,
+        q: Any,
+        kv: Any,
+        prefix_indices: Any,
+        prefix_indptr: Any,
+        draft_indices: Any,
+        tree_mask: Any,
+        out: Any,
+        lse: Any = None,
+        batch: int,
+        softmax_scale: float | None = None,
+        stream: Any = None,
+    ) -> None:
+        """Enqueue partial + reduce on `stream` (a pycuda Stream or None for the default)."""
+        if not 1 <= batch <= self.max_batch:
+            raise LaunchError(f"batch {batch} outside 1..{self.max_batch} this launcher was built for")
+        scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(D_QK)
+        c = self.cfg
+        self.partial.prepared_async_call(
+            (c.nsplit, self.H // c.ht, batch), (c.block, 1, 1), stream,
+            _ptr(q), _ptr(kv), _ptr(prefix_indices), _ptr(prefix_indptr), _ptr(draft_indices),
+            _ptr(tree_mask), int(self._part_o), int(self._part_ml), self.H, scale * LOG2E,
+            shared_size=self.smem,
+        )
+        self.reduce.prepared_async_call(
+            (batch * self.q_len * self.H, 1, 1), (self.reduce_threads, 1, 1), stream,
+            int(self._part_o), int(self._part_ml), _ptr(out), _ptr(lse),
+        )

@@ -1,0 +1,53 @@
+"""Timing rules shared by the benchmark and the tuner (GPU path; torch + PyCUDA events).
+
+CUDA events around each launch pair, warm-up first, median of >= 30 runs with p10/p90, and the
+inputs rotated over enough sets that their KV exceeds the L2, so no config wins from cache.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from kernels.reference import D_QK, Inputs, make_inputs
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_us: float
+    p10_us: float
+    p90_us: float
+    samples: list[float]
+
+
+def summarize(samples: list[float]) -> Timing:
+    s = sorted(samples)
+    q = statistics.quantiles(s, n=10, method="inclusive") if len(s) >= 2 else [s[0]] * 9
+    return Timing(statistics.median(s), q[0], q[-1], samples)
+
+
+def rotating_inputs(
+    *, prefix_lens: list[int], q_len: int, H: int, l2_bytes: int, seed: int = 0, max_sets: int = 64
+) -> list[Inputs]:
+    """Input sets whose KV together exceed 3x the L2 (at least 2 sets)."""
+    per_set = (sum(prefix_lens) + len(prefix_lens) * q_len) * D_QK * 2
+    n = max(2, min(max_sets, -(-3 * max(l2_bytes, 1) // max(per_set, 1))))
+    return [make_inputs(prefix_lens=prefix_lens, q_len=q_len, H=H, seed=seed + k) for k in range(n)]
+
+
+def time_launches(
+    launch: Callable[[int], None], n_sets: int, *, reps: int = 50, warmup: int = 5, stream: Any = None
+) -> Timing:
+    """Time `launch(k)` (k = input set) with events, rotating k; returns microseconds."""
+    import pycuda.driver as cuda
+
+    for k in range(warmup):
+        launch(k % n_sets)
+    pairs = [(cuda.Event(), cuda.Event()) for _ in range(reps)]
+    for i, (start, stop) in enumerate(pairs):
+        start.record(stream)
+        launch((warmup + i) % n_sets)
+        stop.record(stream)
+    pairs[-1][1].synchronize()
+    return summarize([stop.time_since(start) * 1000.0 for start, stop in pairs])

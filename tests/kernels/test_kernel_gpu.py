@@ -1,0 +1,106 @@
+"""Correctness of the compiled kernel against the fp32 reference, on the GPU."""
+
+from __future__ import annotations
+
+import pytest
+
+from kernels.config import KernelConfig
+from kernels.validate import check
+
+pytestmark = pytest.mark.gpu
+
+CONFIG_POOL = [
+    KernelConfig(nsplit=ns, ht=ht, tk=tk, block=blk, stages=st)
+    for ns, tk, blk, st in [(4, 32, 256, 2), (16, 16, 128, 3), (64, 64, 512, 2), (1, 128, 256, 2), (24, 32, 512, 3)]
+    for ht in (1, 2, 8)
+]
+SHAPES = [(H, Q, B) for H in (8, 16, 64, 128) for Q in (1, 2, 9, 16) for B in (1, 3)]
+PREFIXES = {1: [777], 3: [0, 1000, 37]}  # ragged, not multiples of TK, some splits empty
+
+
+@pytest.fixture(scope="module")
+def gpu(tmp_path_factory):
+    import pycuda.autoprimaryctx  # noqa: F401  (torch's primary context)
+    import torch
+
+    from kernels.limits import read_device_limits
+
+    torch.cuda.init()
+    return read_device_limits(0), tmp_path_factory.mktemp("cubins")
+
+
+def _run(cfg, inp, limits, cache, *, lse=True):
+    import torch
+
+    from kernels.launch import VerifyAttention
+
+    B, Q, H, _ = inp.q.shape
+    va = VerifyAttention(cfg, H=H, q_len=Q, limits=limits, max_batch=B, cache_dir=cache)
+    out = torch.full((B, Q, H, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    lse_t = torch.full((B, Q, H), float("nan"), dtype=torch.float32, device="cuda") if lse else None
+    torch.cuda.synchronize()
+    va(q=inp.q, kv=inp.kv, prefix_indices=inp.prefix_indices, prefix_indptr=inp.prefix_indptr,
+       draft_indices=inp.draft_indices, tree_mask=inp.tree_mask, out=out, lse=lse_t,
+       batch=B, softmax_scale=inp.scale)
+    torch.cuda.synchronize()
+    return va, out, lse_t
+
+
+@pytest.mark.parametrize(("H", "Q", "B"), SHAPES)
+def test_matches_reference(gpu, H, Q, B):
+    from kernels.reference import make_inputs, reference, rel_error
+
+    limits, cache = gpu
+    configs = [c for c in CONFIG_POOL if check(c, limits, H=H, q_len=Q) is None]
+    assert configs, "no config of the pool fits this shape"
+    inp = make_inputs(prefix_lens=PREFIXES[B], q_len=Q, H=H, seed=H * 100 + Q * 10 + B, spare_slots=333)
+    ref_o, ref_lse = reference(inp)
+    for cfg in configs:
+        _, out, lse = _run(cfg, inp, limits, cache)
+        err = rel_error(out, ref_o)
+        assert err <= 1e-2, f"{cfg}: rel error {err:.3g}"
+        lse_err = rel_error(lse, ref_lse)
+        assert lse_err <= 1e-3, f"{cfg}: lse rel error {lse_err:.3g}"
+
+
+def test_long_prefix_many_tiles(gpu):
+    from kernels.reference import make_inputs, reference, rel_error
+
+    limits, cache = gpu
+    inp = make_inputs(prefix_lens=[46000], q_len=9, H=8, seed=7)
+    ref_o, _ = reference(inp)
+    for cfg in (KernelConfig(nsplit=128, ht=8, tk=32, block=256), KernelConfig(nsplit=7, ht=4, tk=32, block=256, stages=3)):
+        _, out, _ = _run(cfg, inp, limits, cache, lse=False)
+        assert rel_error(out, ref_o) <= 1e-2
+
+
+def test_cuda_graph_replay_matches(gpu):
+    import pycuda.driver as cuda
+    import torch
+
+    from kernels.launch import VerifyAttention
+    from kernels.reference import make_inputs, reference, rel_error
+
+    limits, cache = gpu
+    inp = make_inputs(prefix_lens=[5000, 123], q_len=9, H=16, seed=3)
+    cfg = KernelConfig(nsplit=32, ht=8, tk=32, block=256)
+    va = VerifyAttention(cfg, H=16, q_len=9, limits=limits, max_batch=2, cache_dir=cache)
+    out = torch.full((2, 9, 16, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    stream = cuda.Stream()
+    ext = torch.cuda.ExternalStream(stream.handle)
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph, stream=ext):
+        va(q=inp.q, kv=inp.kv, prefix_indices=inp.prefix_indices, prefix_indptr=inp.prefix_indptr,
+           draft_indices=inp.draft_indices, tree_mask=inp.tree_mask, out=out, batch=2,
+           softmax_scale=inp.scale, stream=stream)
+    assert torch.isnan(out.float()).all(), "capture must not execute the kernels"
+    graph.replay()
+    torch.cuda.synchronize()
+    ref_o, _ = reference(inp)
+    assert rel_error(out, ref_o) <= 1e-2
+    inp.q.copy_(torch.randn_like(inp.q.float()).to(torch.bfloat16))  # replay reads the new inputs
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert rel_error(out, reference(inp)[0]) <= 1e-2
