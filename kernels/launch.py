@@ -43,12 +43,13 @@ class VerifyAttention:
         limits: DeviceLimits,
         max_batch: int,
         cache_dir: Path,
+        extra_flags: tuple[str, ...] = (),
     ) -> None:
         import pycuda.driver as cuda
 
         validate(cfg, limits, H=H, q_len=q_len)
         self.cfg, self.H, self.q_len, self.max_batch = cfg, H, q_len, max_batch
-        built = compile_cubin(cfg, q_len, limits.arch, cache_dir)
+        built = compile_cubin(cfg, q_len, limits.arch, cache_dir, extra_flags)
         self.report = ptxas_report(built.ptxas_log) if built.ptxas_log else {}
         self.compiled_from_cache = built.cached
         self.module = cuda.module_from_buffer(built.cubin)
@@ -73,7 +74,7 @@ class VerifyAttention:
         self._part_ml = cuda.mem_alloc(rows * cfg.nsplit * 8)
         self.partial.prepare("PPPPPPPPif")
         self.reduce.prepare("PPPP")
-        self.reduce_threads = 128 * min(cfg.nsplit, 4)
+        self.reduce_threads = 32 * min(cfg.nsplit, 8)
 
     def __call__(
         self,
@@ -89,8 +90,10 @@ class VerifyAttention:
         batch: int,
         softmax_scale: float | None = None,
         stream: Any = None,
+        reduce: bool = True,
     ) -> None:
-        """Enqueue partial + reduce on `stream` (a pycuda Stream or None for the default)."""
+        """Enqueue partial + reduce on `stream` (a pycuda Stream or None for the default).
+        reduce=False enqueues the partial kernel alone (benchmarks use it to split the time)."""
         if not 1 <= batch <= self.max_batch:
             raise LaunchError(f"batch {batch} outside 1..{self.max_batch} this launcher was built for")
         scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(D_QK)
@@ -101,7 +104,9 @@ class VerifyAttention:
             _ptr(tree_mask), int(self._part_o), int(self._part_ml), self.H, scale * LOG2E,
             shared_size=self.smem,
         )
+        if not reduce:
+            return
         self.reduce.prepared_async_call(
-            (batch * self.q_len * self.H, 1, 1), (self.reduce_threads, 1, 1), stream,
+            (batch * self.q_len * self.H, 4, 1), (self.reduce_threads, 1, 1), stream,
             int(self._part_o), int(self._part_ml), _ptr(out), _ptr(lse),
         )

@@ -23,6 +23,8 @@ class DeviceLimits:
     l2_bytes: int = 0
     driver_version: str | None = None
     cuda_version: str | None = None
+    #: Measured device-to-device copy bandwidth (read + write), for memory-floor estimates.
+    copy_bw_gbps: float | None = None
 
     @property
     def arch(self) -> str:

@@ -141,6 +141,11 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
 
   const int split = blockIdx.x, h0 = blockIdx.y * HT, b = blockIdx.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+#if defined(VA_TEST_FAULT)  // test-only variants: prove the tuner survives a faulting / hanging kernel
+  if (tid == 0) *reinterpret_cast<volatile int*>(part_o - (1ll << 40)) = 1;
+#elif defined(VA_TEST_HANG)
+  if (tid == 0) { volatile int spin = 1; while (spin) __nanosleep(1000); }
+#endif
   const int p0 = prefix_indptr[b];
   const int P = prefix_indptr[b + 1] - p0;
   const int L = P + QN;
@@ -340,23 +345,27 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
   for (int r = tid; r < ROWS; r += BLOCK) part_ml[row_index(r) * NSPLIT + split] = make_float2(m_s[r], l_s[r]);
 }
 
-// Merge the NSPLIT partials of one (b, i, h) row with the log-sum-exp rule. 128 threads cover
-// the 512 latent dims (4 each); RG groups of them walk the splits in parallel.
+// Merge the NSPLIT partials of one (b, i, h) row with the log-sum-exp rule. Grid (rows, 4): a
+// block covers 128 of the 512 latent dims; its RG warps walk the splits in parallel (lane = 4
+// dims) so that many partial loads are in flight even when there are few rows (H*Q = 8).
 namespace {
-constexpr int RG = NSPLIT < 4 ? NSPLIT : 4;
+constexpr int RG = NSPLIT < 8 ? NSPLIT : 8;
 }
 
-extern "C" __global__ void __launch_bounds__(128 * RG)
+extern "C" __global__ void __launch_bounds__(32 * RG)
 verify_attn_reduce(const float* __restrict__ part_o, const float2* __restrict__ part_ml,
                    bf16* __restrict__ out,  // [B*QN*H, 512]
                    float* __restrict__ lse) {  // [B*QN*H] or null
-  __shared__ float4 red_o[RG][128];
+  __shared__ float4 red_o[RG][32];
   __shared__ float red_l[RG];
   const size_t row = blockIdx.x;
-  const int lane4 = threadIdx.x % 128, grp = threadIdx.x / 128;
+  const int lane = threadIdx.x % 32, grp = threadIdx.x / 32;
+  const int dim4 = blockIdx.y * 32 + lane;  // float4 index within the 512 dims
   const float2* ml = part_ml + row * NSPLIT;
   float M = NEG_INF;
-  for (int s = 0; s < NSPLIT; ++s) M = fmaxf(M, ml[s].x);
+  for (int s = lane; s < NSPLIT; s += 32) M = fmaxf(M, ml[s].x);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
   float L = 0.f;
   float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll 4
@@ -364,13 +373,13 @@ verify_attn_reduce(const float* __restrict__ part_o, const float2* __restrict__ 
     const float2 x = ml[s];
     if (x.y > 0.f) {  // empty splits never wrote their partial: skip, don't read it
       const float w = exp2f(x.x - M);
-      const float4 p = reinterpret_cast<const float4*>(part_o + (row * NSPLIT + s) * D_V)[lane4];
+      const float4 p = reinterpret_cast<const float4*>(part_o + (row * NSPLIT + s) * D_V)[dim4];
       L += w * x.y;
       o.x += w * p.x; o.y += w * p.y; o.z += w * p.z; o.w += w * p.w;
     }
   }
-  red_o[grp][lane4] = o;
-  if (lane4 == 0) red_l[grp] = L;
+  red_o[grp][lane] = o;
+  if (lane == 0) red_l[grp] = L;
   __syncthreads();
   if (grp != 0) return;
   L = 0.f;
@@ -378,11 +387,12 @@ verify_attn_reduce(const float* __restrict__ part_o, const float2* __restrict__ 
 #pragma unroll
   for (int k = 0; k < RG; ++k) {
     L += red_l[k];
-    o.x += red_o[k][lane4].x; o.y += red_o[k][lane4].y; o.z += red_o[k][lane4].z; o.w += red_o[k][lane4].w;
+    o.x += red_o[k][lane].x; o.y += red_o[k][lane].y; o.z += red_o[k][lane].z; o.w += red_o[k][lane].w;
   }
   const float inv = L > 0.f ? 1.f / L : 0.f;
-  __nv_bfloat162* dst = reinterpret_cast<__nv_bfloat162*>(out + row * D_V + lane4 * 4);
+  __nv_bfloat162* dst = reinterpret_cast<__nv_bfloat162*>(out + row * D_V + dim4 * 4);
   dst[0] = __floats2bfloat162_rn(o.x * inv, o.y * inv);
   dst[1] = __floats2bfloat162_rn(o.z * inv, o.w * inv);
-  if (lse != nullptr && lane4 == 0) lse[row] = L > 0.f ? (M + log2f(L)) * 0.69314718055994531f : NEG_INF;
+  if (lse != nullptr && blockIdx.y == 0 && lane == 0)
+    lse[row] = L > 0.f ? (M + log2f(L)) * 0.69314718055994531f : NEG_INF;
 }

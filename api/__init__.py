@@ -1,0 +1,1 @@
+"""HTTP sidecar: answers config lookups from the database the tuner fills."""

@@ -1,0 +1,73 @@
+"""App factory. Data flow: kernels -> tuner -> database -> here; this layer only reads the
+database through tuner.lookup / tuner.db.repo and speaks HTTP."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from api.metrics import Metrics
+from api.routes import admin, config, health
+from tuner.db.migrate import ensure_current
+from tuner.db.session import make_engine, session_factory
+from tuner.errors import BadParameter, StorageError
+from tuner.settings import Settings
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings.from_env()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        read_engine = make_engine(settings.database_url, immediate=False)
+        write_engine = make_engine(settings.database_url, immediate=True)
+        try:
+            ensure_current(read_engine)  # refuse to start on an outdated schema, naming the fix
+        except StorageError as exc:
+            read_engine.dispose()
+            write_engine.dispose()
+            raise RuntimeError(str(exc)) from None
+        app.state.read_engine, app.state.write_engine = read_engine, write_engine
+        app.state.read_sessions = session_factory(read_engine)
+        app.state.write_sessions = session_factory(write_engine)
+        yield
+        read_engine.dispose()
+        write_engine.dispose()
+
+    app = FastAPI(title="verify-attention config service", version="0.1.0", lifespan=lifespan,
+                  description="Tuned NSPLIT/HT/TK/BLOCK for the MLA verify-attention kernel, per device, H, "
+                              "q_len and prefix bucket.")
+    app.state.settings = settings
+    app.state.metrics = Metrics()
+    app.include_router(config.router)
+    app.include_router(health.router)
+    app.include_router(admin.router)
+
+    @app.middleware("http")
+    async def _observe(request: Request, call_next):  # type: ignore[no-untyped-def]
+        start = time.perf_counter()
+        response = await call_next(request)
+        route = request.scope.get("route")
+        path = getattr(route, "path", "unmatched")
+        app.state.metrics.request(path, request.method, response.status_code, time.perf_counter() - start)
+        return response
+
+    @app.exception_handler(BadParameter)
+    async def _bad_parameter(_: Request, exc: BadParameter) -> JSONResponse:
+        return JSONResponse({"detail": [{"loc": ["query", exc.param], "msg": exc.message, "type": "value_error"}]},
+                            status_code=422)
+
+    @app.exception_handler(StorageError)
+    async def _storage(_: Request, exc: StorageError) -> JSONResponse:
+        app.state.metrics.db_error()
+        return JSONResponse({"detail": f"config database unavailable: {exc}"}, status_code=503)
+
+    @app.get("/metrics", response_class=PlainTextResponse, tags=["health"])
+    def metrics() -> str:
+        return app.state.metrics.render()
+
+    return app

@@ -1,0 +1,56 @@
+"""Response models, separate from the tables."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from tuner.lookup import Answer
+
+
+class BucketOut(BaseModel):
+    index: int
+    lo: int = Field(description="inclusive")
+    hi: int = Field(description="exclusive")
+
+
+class ConfigOut(BaseModel):
+    NSPLIT: int
+    HT: int
+    TK: int
+    BLOCK: int
+    STAGES: int
+    source: Literal["tuned", "nearest", "heuristic"]
+    bucket: BucketOut
+    device: str
+    kernel_hash: str
+    expected_us: float | None
+    speedup_vs_default: float | None
+    tuned_at: dt.datetime | None
+    tuned_bucket: int | None = Field(None, description="bucket the config was tuned on (nearest/tuned)")
+
+    @classmethod
+    def of(cls, a: Answer) -> ConfigOut:
+        b = a.bucket
+        return cls(**a.config.as_params(), source=a.source, bucket=BucketOut(index=b.index, lo=b.lo, hi=b.hi),
+                   device=a.device, kernel_hash=a.kernel_hash, expected_us=a.expected_us,
+                   speedup_vs_default=a.speedup_vs_default, tuned_at=a.tuned_at, tuned_bucket=a.from_bucket)
+
+
+class ConfigTableOut(BaseModel):
+    device: str
+    kernel_hash: str
+    dtype: str
+    H: int
+    q_len: int
+    configs: list[ConfigOut]
+
+
+class ImportOut(BaseModel):
+    imported: int
+
+
+class DeleteOut(BaseModel):
+    deleted: int

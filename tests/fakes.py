@@ -1,0 +1,88 @@
+"""Test doubles (tests only): a fake timing backend and fake in-process measurers."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+
+from kernels.config import KernelConfig
+from kernels.limits import known_device
+from kernels.validate import check
+from tuner.backend import CRASHED, OK, WRONG, Measurement, Workload
+
+H200 = known_device("h200")
+
+
+def fake_cost(cfg: KernelConfig, wl: Workload) -> float:
+    """A smooth synthetic landscape with one optimum near NSPLIT=64, HT=8, TK=64, BLOCK=256."""
+    import math
+
+    c = 20.0
+    c += 6 * abs(math.log2(cfg.nsplit / 64))
+    c += 3 * abs(math.log2(cfg.ht / min(8, wl.H)))
+    c += 2 * abs(math.log2(cfg.tk / 64)) + 2 * abs(math.log2(cfg.block / 256)) + (cfg.stages - 2)
+    return c * (1 + wl.prefix / 100_000)
+
+
+class FakeBackend:
+    """Deterministic timings from fake_cost plus seeded noise; some configs compute the wrong
+    result (NSPLIT=12) or crash (NSPLIT=24), as a real kernel might."""
+
+    def __init__(self, limits=H200, noise: float = 0.01, seed: int = 0, wrong_nsplit: int = 12,
+                 crash_nsplit: int = 24, cost=fake_cost) -> None:
+        self.limits = limits
+        self.noise, self.rng = noise, random.Random(seed)
+        self.wrong_nsplit, self.crash_nsplit, self.cost = wrong_nsplit, crash_nsplit, cost
+        self.measured: list[KernelConfig] = []
+        self.remeasured: list[list[KernelConfig]] = []
+
+    def _samples(self, cfg: KernelConfig, wl: Workload, n: int) -> list[float]:
+        base = self.cost(cfg, wl)
+        return [base * (1 + self.rng.gauss(0, self.noise)) for _ in range(n)]
+
+    def measure(self, cfg: KernelConfig, wl: Workload) -> Measurement:
+        reason = check(cfg, self.limits, H=wl.H, q_len=wl.q_len)
+        assert reason is None, f"an invalid config reached the backend: {cfg}: {reason}"
+        self.measured.append(cfg)
+        if cfg.nsplit == self.wrong_nsplit:
+            return Measurement(WRONG, rel_error=0.5, reason="relative error 0.5 > 0.01")
+        if cfg.nsplit == self.crash_nsplit:
+            return Measurement(CRASHED, reason="kernel fault: illegal address (fake)")
+        s = sorted(self._samples(cfg, wl, 31))
+        return Measurement(OK, s[15], s[3], s[27], s, rel_error=0.003)
+
+    def remeasure(self, cfgs: list[KernelConfig], wl: Workload, rounds: int) -> list[Measurement]:
+        self.remeasured.append(list(cfgs))
+        out = []
+        for cfg in cfgs:
+            s = sorted(self._samples(cfg, wl, 10 * rounds))
+            n = len(s)
+            out.append(Measurement(OK, s[n // 2], s[n // 10], s[9 * n // 10], s))
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+class MisbehavingMeasurer:
+    """Runs inside tuner.worker's child process. NSPLIT picks the behaviour: 2 kills the process
+    with SIGSEGV, 4 hangs, anything else answers normally."""
+
+    def __init__(self) -> None:
+        self.limits = H200
+        self.inner = FakeBackend(wrong_nsplit=-1, crash_nsplit=-1)
+
+    def measure(self, cfg: KernelConfig, wl: Workload) -> Measurement:
+        if cfg.nsplit == 2:
+            os.kill(os.getpid(), signal.SIGSEGV)
+        if cfg.nsplit == 4:
+            time.sleep(3600)
+        return self.inner.measure(cfg, wl)
+
+    def remeasure(self, cfgs, wl, rounds):  # type: ignore[no-untyped-def]
+        return self.inner.remeasure(cfgs, wl, rounds)
+
+    def pid(self) -> int:
+        return os.getpid()

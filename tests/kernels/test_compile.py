@@ -1,0 +1,52 @@
+"""Compile-only checks (no GPU): the source builds for sm_80, sm_90 and sm_120."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from kernels.build import compile_cubin, ptxas_report, render
+from kernels.config import KernelConfig
+from kernels.errors import CompileError
+from kernels.limits import known_device
+from tuner.heuristic import heuristic_config
+
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+
+
+def test_render_defines_sorted_constants_and_points_errors_at_the_cu():
+    src = render(KernelConfig(nsplit=8, ht=2, tk=32, block=256, stages=3), q_len=9)
+    head = src.splitlines()[:7]
+    assert head[:6] == ["#define BLOCK 256", "#define HT 2", "#define NSPLIT 8", "#define QN 9", "#define STAGES 3",
+                        "#define TK 32"]
+    assert head[6] == '#line 1 "verify_attention.cu"'
+
+
+@needs_nvcc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_120"])
+@pytest.mark.parametrize("cfg,q_len", [
+    (KernelConfig(nsplit=64, ht=8, tk=32, block=256), 9),
+    (KernelConfig(nsplit=16, ht=1, tk=16, block=128, stages=3), 1),
+])
+def test_compiles_for_every_target(tmp_path, arch, cfg, q_len):
+    built = compile_cubin(cfg, q_len, arch, tmp_path)
+    assert built.cubin[:4] == b"\x7fELF" and not built.cached
+    again = compile_cubin(cfg, q_len, arch, tmp_path)
+    assert again.cached and again.cubin == built.cubin
+
+
+@needs_nvcc
+@pytest.mark.parametrize("device", ["h200", "rtx-pro-6000"])
+def test_default_config_does_not_spill(tmp_path, device):
+    limits = known_device(device)
+    cfg = heuristic_config(limits, H=8, q_len=9, prefix=46000)
+    report = ptxas_report(compile_cubin(cfg, 9, limits.arch, tmp_path).ptxas_log)
+    assert report["spill_stores"] == 0 and report["spill_loads"] == 0, report
+    assert 0 < report["registers"] <= 255
+
+
+@needs_nvcc
+def test_compile_error_is_typed(tmp_path):
+    with pytest.raises(CompileError, match="nvcc failed"):
+        compile_cubin(KernelConfig(nsplit=8, ht=1, tk=16, block=96), 1, "sm_90", tmp_path)  # BLOCK/32 must divide 32

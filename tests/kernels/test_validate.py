@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+import pytest
+
+from kernels.config import KernelConfig
+from kernels.errors import InvalidConfig
+from kernels.limits import known_device
+from kernels.validate import check, smem_bytes, validate
+
+H200 = known_device("h200")
+PRO6000 = known_device("rtx-pro-6000")
+
+
+def test_ht_must_divide_h():
+    assert "does not divide" in check(KernelConfig(64, 3, 32, 256), H200, H=8, q_len=9)
+    assert check(KernelConfig(64, 8, 32, 256), H200, H=8, q_len=9) is None
+
+
+def test_smem_limit_depends_on_the_device():
+    cfg = KernelConfig(nsplit=64, ht=8, tk=32, block=256)  # 72 rows: ~170 KB
+    assert smem_bytes(cfg, 9) > PRO6000.max_smem_optin
+    assert check(cfg, H200, H=8, q_len=9) is None
+    reason = check(cfg, PRO6000, H=8, q_len=9)
+    assert reason is not None and "shared memory" in reason and str(PRO6000.max_smem_optin) in reason
+
+
+def test_register_pressure_is_rejected_before_compiling():
+    # 8 heads x 16 nodes = 128 rows: the O accumulator (128 x 512 fp32) needs 128 registers per
+    # thread at 512 threads, which allow 128 in all
+    reason = check(KernelConfig(nsplit=8, ht=8, tk=16, block=512), H200, H=8, q_len=16)
+    assert reason is not None and "registers" in reason
+    assert "registers" in check(KernelConfig(nsplit=8, ht=8, tk=16, block=128), H200, H=8, q_len=16)
+    assert check(KernelConfig(nsplit=8, ht=4, tk=16, block=512), H200, H=8, q_len=16) is None
+
+
+@pytest.mark.parametrize("field,value", [("tk", 48), ("block", 96), ("stages", 5), ("nsplit", 5000)])
+def test_out_of_range_constants(field, value):
+    kwargs = dict(nsplit=8, ht=1, tk=32, block=256, stages=2) | {field: value}
+    assert check(KernelConfig(**kwargs), H200, H=8, q_len=1) is not None
+
+
+def test_q_len_bounds():
+    assert "q_len" in check(KernelConfig(8, 1, 32, 256), H200, H=8, q_len=65)
+    assert "q_len" in check(KernelConfig(8, 1, 32, 256), H200, H=8, q_len=0)
+
+
+def test_validate_raises_typed_error():
+    with pytest.raises(InvalidConfig):
+        validate(KernelConfig(8, 3, 32, 256), H200, H=8, q_len=1)
+
+
+def test_config_parsing_rejects_garbage():
+    with pytest.raises(InvalidConfig, match="missing"):
+        KernelConfig.from_params({"NSPLIT": 1})
+    with pytest.raises(InvalidConfig, match="unknown"):
+        KernelConfig.from_params({"NSPLIT": 1, "HT": 1, "TK": 16, "BLOCK": 128, "FOO": 1})
+    with pytest.raises(InvalidConfig, match="positive"):
+        KernelConfig(nsplit=0, ht=1, tk=16, block=128)
+    assert KernelConfig.from_params({"nsplit": "4", "HT": 2, "TK": 16, "BLOCK": 128}).stages == 2

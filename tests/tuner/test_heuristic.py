@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+import pytest
+
+from kernels.errors import InvalidConfig
+from kernels.limits import known_device
+from kernels.validate import check, smem_bytes
+from tuner.heuristic import heuristic_config
+
+H200 = known_device("h200")
+PRO6000 = known_device("rtx-pro-6000")
+
+
+@pytest.mark.parametrize("limits", [H200, PRO6000], ids=["sm_90", "sm_120"])
+@pytest.mark.parametrize("H", [1, 8, 16, 64, 128])
+@pytest.mark.parametrize("q_len", [1, 2, 9, 16])
+@pytest.mark.parametrize("prefix", [0, 100, 4096, 46000, 1 << 20])
+def test_default_is_valid_for_the_device(limits, H, q_len, prefix):
+    cfg = heuristic_config(limits, H=H, q_len=q_len, prefix=prefix)
+    assert check(cfg, limits, H=H, q_len=q_len) is None
+    assert smem_bytes(cfg, q_len) <= limits.max_smem_optin
+
+
+def test_wave_rule_gives_more_splits_when_fewer_heads():
+    few = heuristic_config(H200, H=8, q_len=9, prefix=46000)
+    many = heuristic_config(H200, H=128, q_len=9, prefix=46000)
+    assert few.nsplit > many.nsplit
+    groups = 8 // few.ht
+    assert groups * few.nsplit >= H200.sm_count  # at least one full wave
+
+
+def test_splits_keep_several_tiles_each_on_short_prefixes():
+    cfg = heuristic_config(H200, H=8, q_len=9, prefix=1000)
+    assert (1000 + 9) / cfg.nsplit >= 4 * cfg.tk or cfg.nsplit == 1
+
+
+def test_sm120_gets_a_smaller_footprint_than_sm90():
+    a = heuristic_config(H200, H=8, q_len=9, prefix=46000)
+    b = heuristic_config(PRO6000, H=8, q_len=9, prefix=46000)
+    assert smem_bytes(b, 9) <= PRO6000.max_smem_optin < smem_bytes(a, 9)
+
+
+def test_pure_function():
+    assert heuristic_config(H200, H=16, q_len=9, prefix=5000) == heuristic_config(H200, H=16, q_len=9, prefix=5000)
+
+
+def test_impossible_shape_raises_with_reason():
+    with pytest.raises(InvalidConfig, match="no kernel config fits"):
+        heuristic_config(PRO6000, H=8, q_len=64, prefix=1000)

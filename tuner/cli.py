@@ -1,0 +1,248 @@
+"""`tuner` command line: a thin layer that parses, calls the library and prints."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from tuner.errors import TunerError
+from tuner.settings import Settings
+
+
+def _errors_as_clean_exit(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except TunerError as exc:
+            raise click.ClickException(str(exc)) from None
+        except ValueError as exc:
+            raise click.ClickException(str(exc)) from None
+
+    return wrapper
+
+
+def _sessions(settings: Settings):  # type: ignore[no-untyped-def]
+    from tuner.db.session import make_engine, session_factory
+
+    return session_factory(make_engine(settings.database_url))
+
+
+def _checked_sessions(settings: Settings):  # type: ignore[no-untyped-def]
+    from tuner.db.migrate import ensure_current
+    from tuner.db.session import make_engine, session_factory
+
+    engine = make_engine(settings.database_url)
+    ensure_current(engine)
+    return session_factory(engine)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--database-url", envvar="TUNER_DATABASE_URL", default=None,
+              help="SQLAlchemy URL of the config database (default: SQLite in the user data dir).")
+@click.pass_context
+def cli(ctx: click.Context, database_url: str | None) -> None:
+    """Auto-tuner and config service for the MLA verify-attention kernel."""
+    ctx.obj = Settings.from_env().with_overrides(database_url=database_url)
+
+
+# --- db --------------------------------------------------------------------------------------
+@cli.group()
+def db() -> None:
+    """Schema migrations of the config database."""
+
+
+@db.command("upgrade")
+@click.option("--revision", default="head", show_default=True, help="Target revision.")
+@click.pass_obj
+@_errors_as_clean_exit
+def db_upgrade(settings: Settings, revision: str) -> None:
+    """Create or migrate the schema (run once before `tuner serve`)."""
+    from tuner.db import migrate
+
+    migrate.upgrade(settings.database_url, revision)
+    click.echo(f"database at revision {revision}: {_safe_url(settings.database_url)}")
+
+
+@db.command("current")
+@click.pass_obj
+@_errors_as_clean_exit
+def db_current(settings: Settings) -> None:
+    """Print the schema revision of the database and the one this version needs."""
+    from tuner.db import migrate
+    from tuner.db.session import make_engine
+
+    click.echo(f"current: {migrate.current_revision(make_engine(settings.database_url)) or 'none'}; "
+               f"head: {migrate.head_revision()}")
+
+
+def _safe_url(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+# --- serve -----------------------------------------------------------------------------------
+@cli.command()
+@click.option("--host", default=None, help="Bind address (TUNER_HOST, default 127.0.0.1).")
+@click.option("--port", type=int, default=None, help="Port (TUNER_PORT, default 8177).")
+@click.option("--device", default=None, help="Device answered for when a request names none (TUNER_DEVICE).")
+@click.pass_obj
+@_errors_as_clean_exit
+def serve(settings: Settings, host: str | None, port: int | None, device: str | None) -> None:
+    """Run the read-only config service (FastAPI under uvicorn)."""
+    import uvicorn
+
+    from api.app import create_app
+    from tuner.db.migrate import ensure_current
+    from tuner.db.session import make_engine
+
+    settings = settings.with_overrides(host=host, port=port, device=device)
+    ensure_current(make_engine(settings.database_url, immediate=False))  # fail fast, before binding
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+
+
+# --- device ----------------------------------------------------------------------------------
+@cli.group()
+def device() -> None:
+    """GPUs known to the database."""
+
+
+@device.command("record")
+@click.option("--device", "ordinal", type=int, default=0, show_default=True, help="CUDA device ordinal.")
+@click.pass_obj
+@_errors_as_clean_exit
+def device_record(settings: Settings, ordinal: int) -> None:
+    """Read the local GPU's limits (needs CUDA) and store them."""
+    from kernels.limits import read_device_limits
+    from tuner.db import repo
+    from tuner.db.session import session_scope
+
+    limits = read_device_limits(ordinal)
+    with session_scope(_checked_sessions(settings)) as s:
+        repo.upsert_device(session=s, limits=limits)
+    click.echo(f"recorded {limits.name} ({limits.arch}, {limits.sm_count} SMs, {limits.max_smem_optin} B smem)")
+
+
+@device.command("list")
+@click.pass_obj
+@_errors_as_clean_exit
+def device_list(settings: Settings) -> None:
+    """List recorded devices."""
+    from tuner.db import repo
+    from tuner.db.session import session_scope
+
+    with session_scope(_checked_sessions(settings)) as s:
+        for d in repo.list_devices(session=s):
+            click.echo(f"{d.name}\tcc {d.compute_capability}\t{d.sm_count} SMs\t{d.max_smem_optin} B smem")
+
+
+# --- configs ---------------------------------------------------------------------------------
+@cli.group()
+def configs() -> None:
+    """Best configs stored in the database."""
+
+
+@configs.command("list")
+@click.option("--device", default=None)
+@click.option("--H", "H", type=int, default=None)
+@click.option("--q-len", type=int, default=None)
+@click.pass_obj
+@_errors_as_clean_exit
+def configs_list(settings: Settings, device: str | None, H: int | None, q_len: int | None) -> None:
+    """One line per stored best config."""
+    from tuner import configs_io
+    from tuner.db.session import session_scope
+
+    with session_scope(_checked_sessions(settings)) as s:
+        rows = configs_io.export_rows(session=s, device=device, H=H, q_len=q_len)
+    if not rows:
+        click.echo("no tuned configs")
+    for r in rows:
+        click.echo(f"{r['device']}  H={r['H']} q_len={r['q_len']} prefix[{r['bucket_lo']},{r['bucket_hi']})  "
+                   f"NSPLIT={r['NSPLIT']} HT={r['HT']} TK={r['TK']} BLOCK={r['BLOCK']}  "
+                   f"{_us(r['median_us'])} (default {_us(r['default_us'])})")
+
+
+def _us(v: float | None) -> str:
+    return "?" if v is None else f"{v:.1f} us"
+
+
+@configs.command("show")
+@click.option("--H", "H", type=int, required=True)
+@click.option("--q-len", type=int, required=True)
+@click.option("--prefix", type=int, required=True)
+@click.option("--device", default=None, help="Default: TUNER_DEVICE, else the only recorded device.")
+@click.pass_obj
+@_errors_as_clean_exit
+def configs_show(settings: Settings, H: int, q_len: int, prefix: int, device: str | None) -> None:
+    """The config the service would answer for this key (tuned, nearest or heuristic)."""
+    import json
+
+    from tuner import lookup
+    from tuner.db.session import session_scope
+
+    with session_scope(_checked_sessions(settings)) as s:
+        limits = lookup.resolve_device(session=s, name=device, default=settings.device)
+        a = lookup.answer(session=s, limits=limits, H=H, q_len=q_len, prefix=prefix)
+    click.echo(json.dumps({**a.config.as_params(), "source": a.source, "bucket": [a.bucket.lo, a.bucket.hi],
+                           "device": a.device, "expected_us": a.expected_us}, indent=2))
+
+
+@configs.command("export")
+@click.option("--format", "fmt", type=click.Choice(["json", "csv"]), default="json", show_default=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="File to write (default: stdout).")
+@click.option("--device", default=None)
+@click.pass_obj
+@_errors_as_clean_exit
+def configs_export(settings: Settings, fmt: str, output: Path | None, device: str | None) -> None:
+    """Write every stored best config as JSON or CSV."""
+    from tuner import configs_io
+    from tuner.db.session import session_scope
+
+    with session_scope(_checked_sessions(settings)) as s:
+        text = configs_io.dumps(configs_io.export_rows(session=s, device=device), fmt)
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        output.write_text(text)
+        click.echo(f"wrote {output}")
+
+
+@configs.command("import")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(["json", "csv"]), default=None,
+              help="Default: from the file extension.")
+@click.pass_obj
+@_errors_as_clean_exit
+def configs_import(settings: Settings, path: Path, fmt: str | None) -> None:
+    """Import best configs; every row is checked and the file is rejected whole on any error."""
+    from tuner import configs_io
+    from tuner.db.session import session_scope
+
+    fmt = fmt or ("csv" if path.suffix.lower() == ".csv" else "json")
+    rows = configs_io.loads(path.read_text(), fmt)
+    with session_scope(_checked_sessions(settings)) as s:
+        n = configs_io.import_rows(session=s, rows=rows)
+    click.echo(f"imported {n} config(s)")
+
+
+# --- study -----------------------------------------------------------------------------------
+@cli.group()
+def study() -> None:
+    """Optuna studies that tune the kernel on the local GPU."""
+
+
+from tuner import cli_study  # noqa: E402  (registers `study start` and `study report`)
+
+cli_study.register(study, _errors_as_clean_exit)
+
+
+def main() -> None:
+    cli(prog_name="tuner")

@@ -1,0 +1,136 @@
+"""`tuner study start` and `tuner study report`."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from tuner.settings import Settings
+
+
+def _parse_range(text: str) -> tuple[int, int]:
+    try:
+        lo, hi = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise click.BadParameter(f"expected LO:HI, got {text!r}") from None
+    if not 0 <= lo <= hi:
+        raise click.BadParameter(f"need 0 <= LO <= HI, got {text!r}")
+    return lo, hi
+
+
+def prefixes_for(prefix: tuple[int, ...], prefix_range: str | None) -> list[int]:
+    """Explicit prefixes, plus one representative prefix per bucket of the range."""
+    from tuner import buckets
+
+    out = list(prefix)
+    if prefix_range:
+        lo, hi = _parse_range(prefix_range)
+        out += [min(max(b.mid, lo), hi) for b in buckets.buckets_between(lo, hi)]
+    if not out:
+        raise click.UsageError("give --prefix (repeatable) or --prefix-range LO:HI")
+    return sorted(set(out))
+
+
+class _Bar:
+    """One self-rewriting status line on stderr (a plain line per update when not a TTY)."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+
+    def __call__(self, p: Any) -> None:
+        best = f"{p.best_us:.1f} us" if p.best_us else "-"
+        sp = f" ({p.default_us / p.best_us:.2f}x vs default)" if p.best_us and p.default_us else ""
+        width = 24
+        done = int(width * min(p.measured, p.budget) / max(p.budget, 1))
+        line = f"H={p.key.H} q={p.key.q_len} b{p.key.bucket} [{'#' * done}{'.' * (width - done)}] " \
+               f"{p.measured}/{p.budget}  best {best}{sp}"
+        if self.tty:
+            sys.stderr.write("\r" + line[:150].ljust(150))
+        else:
+            sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+    def end(self) -> None:
+        if self.tty:
+            sys.stderr.write("\n")
+
+
+def register(study: click.Group, clean: Callable[..., Any]) -> None:
+    @study.command("start")
+    @click.option("--H", "H", type=int, required=True, help="Heads per GPU.")
+    @click.option("--q-len", type=int, required=True, help="Draft nodes per request.")
+    @click.option("--prefix", type=int, multiple=True, help="Prefix length to tune (repeatable).")
+    @click.option("--prefix-range", default=None, help="LO:HI - tune every prefix bucket in the range.")
+    @click.option("--trials", type=int, default=60, show_default=True,
+                  help="Measured trials per key (invalid configs are not counted).")
+    @click.option("--timeout", type=float, default=None, help="Seconds per key for the search.")
+    @click.option("--sampler", type=click.Choice(["tpe", "grid"]), default="tpe", show_default=True)
+    @click.option("--seed", type=int, default=None)
+    @click.option("--storage", default=None, help="Optuna storage URL (default: TUNER_STUDY_STORAGE or the config DB).")
+    @click.option("--device", "ordinal", type=int, default=0, show_default=True, help="CUDA device ordinal.")
+    @click.option("--measure-timeout", type=float, default=120.0, show_default=True,
+                  help="Seconds before a hanging measurement is killed.")
+    @click.pass_obj
+    @clean
+    def start(settings: Settings, H: int, q_len: int, prefix: tuple[int, ...], prefix_range: str | None, trials: int,
+              timeout: float | None, sampler: str, seed: int | None, storage: str | None, ordinal: int,
+              measure_timeout: float) -> None:
+        """Tune the kernel on the local GPU for each (H, q_len, prefix bucket); resumable."""
+        from tuner.backend import Workload
+        from tuner.db.migrate import ensure_current
+        from tuner.db.session import make_engine, session_factory
+        from tuner.study import run_study
+        from tuner.worker import IsolatedBackend
+
+        engine = make_engine(settings.database_url)
+        ensure_current(engine)
+        sessions = session_factory(engine)
+        storage_url = storage or settings.study_storage or settings.database_url
+        backend = IsolatedBackend(measurer_kwargs={"cache_dir": str(settings.cache_dir)}, device_ordinal=ordinal,
+                                  timeout_s=measure_timeout)
+        outcomes = []
+        try:
+            for p in prefixes_for(prefix, prefix_range):
+                bar = _Bar()
+                outcomes.append(run_study(backend=backend, sessions=sessions, storage_url=storage_url,
+                                          workload=Workload(H, q_len, p), n_trials=trials, sampler=sampler,
+                                          seed=seed, timeout_s=timeout, on_progress=bar))
+                bar.end()
+        finally:
+            backend.close()
+        click.echo(summary_table(outcomes))
+
+    @study.command("report")
+    @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("bench/results"),
+                  show_default=True)
+    @click.option("--device", default=None, help="Default: every recorded device.")
+    @click.pass_obj
+    @clean
+    def report(settings: Settings, out_dir: Path, device: str | None) -> None:
+        """Write a markdown table and a PNG (default vs tuned per bucket, with the memory floor)."""
+        from tuner.db.migrate import ensure_current
+        from tuner.db.session import make_engine, session_factory
+        from tuner.report import write_report
+
+        engine = make_engine(settings.database_url)
+        ensure_current(engine)
+        for path in write_report(sessions=session_factory(engine), out_dir=out_dir, device=device):
+            click.echo(f"wrote {path}")
+
+
+def summary_table(outcomes: list[Any]) -> str:
+    lines = ["| key | prefix | trials (ok/invalid/failed) | default | best | best µs | default µs | speedup | "
+             "decision | wall s |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for o in outcomes:
+        c = o.counts
+        best_us = f"{o.best_m.median_us:.1f}" if o.best_m else "-"
+        def_us = f"{o.default_m.median_us:.1f}" if o.default_m else "-"
+        sp = f"{o.speedup:.2f}x" if o.speedup else "-"
+        lines.append(f"| H={o.key.H} q={o.key.q_len} b{o.key.bucket} | {o.workload.prefix} | "
+                     f"{c.get('trials', 0)} ({c.get('ok', 0)}/{c.get('invalid', 0)}/{c.get('failed', 0)}) | "
+                     f"{o.default} | {o.best} | {best_us} | {def_us} | {sp} | {o.decision} | {o.wall_s:.0f} |")
+    return "\n".join(lines)

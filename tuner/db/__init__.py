@@ -1,0 +1,1 @@
+"""Configuration database: tables (models), engine/session scope (session), queries (repo)."""

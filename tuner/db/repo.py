@@ -1,0 +1,235 @@
+"""Queries, keyword-only, each taking the session. The API and CLI call these, never raw SQL."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
+
+from kernels.config import KernelConfig
+from kernels.errors import StorageError
+from kernels.limits import DeviceLimits
+from tuner import buckets
+from tuner.db.models import BestConfig, Device, Kernel, Study, Trial, utcnow  # noqa: F401  (Study re-exported)
+from tuner.workload import WorkloadKey
+
+
+@dataclass(frozen=True)
+class BestRow:
+    """A stored best config with its key, detached from the session."""
+
+    key: WorkloadKey
+    config: KernelConfig
+    median_us: float | None
+    p10_us: float | None
+    p90_us: float | None
+    default_us: float | None
+    speedup: float | None
+    study_id: int | None
+    tuned_at: dt.datetime | None
+
+
+def _insert(session: Session, model: type, row: dict[str, Any]):  # type: ignore[no-untyped-def]
+    dialect = session.get_bind().dialect.name
+    if dialect == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert
+    elif dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert  # type: ignore[assignment]
+    else:
+        raise StorageError(f"unsupported database dialect {dialect!r}")
+    return insert(model).values(**row)
+
+
+def _upsert(session: Session, model: type, *, key_cols: dict[str, Any], values: dict[str, Any]) -> None:
+    """INSERT ... ON CONFLICT DO UPDATE, portable across SQLite and PostgreSQL: concurrent writers
+    of one key never fail and never lose a committed row."""
+    stmt = _insert(session, model, {**key_cols, **values})
+    session.execute(stmt.on_conflict_do_update(index_elements=list(key_cols), set_=values))
+
+
+def _insert_ignore(session: Session, model: type, *, key_cols: dict[str, Any], values: dict[str, Any]) -> None:
+    stmt = _insert(session, model, {**key_cols, **values})
+    session.execute(stmt.on_conflict_do_nothing(index_elements=list(key_cols)))
+
+
+# --- devices and kernels ---------------------------------------------------------------------
+def upsert_device(*, session: Session, limits: DeviceLimits) -> Device:
+    values = dict(
+        compute_capability=limits.compute_capability, sm_count=limits.sm_count,
+        max_smem_optin=limits.max_smem_optin, smem_per_sm=limits.smem_per_sm,
+        regs_per_sm=limits.regs_per_sm, regs_per_block=limits.regs_per_block,
+        max_threads_per_block=limits.max_threads_per_block, l2_bytes=limits.l2_bytes,
+        driver_version=limits.driver_version, cuda_version=limits.cuda_version, recorded_at=utcnow(),
+    )
+    if limits.copy_bw_gbps is not None:  # a known-table record must not erase a measured figure
+        values["copy_bw_gbps"] = limits.copy_bw_gbps
+    _upsert(session, Device, key_cols={"name": limits.name}, values=values)
+    return session.scalars(select(Device).where(Device.name == limits.name)).one()
+
+
+def get_device(*, session: Session, name: str) -> Device | None:
+    return session.scalars(select(Device).where(Device.name == name)).one_or_none()
+
+
+def list_devices(*, session: Session) -> list[Device]:
+    return list(session.scalars(select(Device).order_by(Device.name)))
+
+
+def device_limits(device: Device) -> DeviceLimits:
+    major, minor = (int(x) for x in device.compute_capability.split("."))
+    return DeviceLimits(
+        name=device.name, cc_major=major, cc_minor=minor, sm_count=device.sm_count,
+        max_smem_optin=device.max_smem_optin, smem_per_sm=device.smem_per_sm,
+        regs_per_sm=device.regs_per_sm, regs_per_block=device.regs_per_block,
+        max_threads_per_block=device.max_threads_per_block, l2_bytes=device.l2_bytes,
+        driver_version=device.driver_version, cuda_version=device.cuda_version, copy_bw_gbps=device.copy_bw_gbps,
+    )
+
+
+def upsert_kernel(*, session: Session, source_hash: str, name: str, version: str) -> Kernel:
+    _upsert(session, Kernel, key_cols={"source_hash": source_hash}, values={"name": name, "version": version})
+    return session.scalars(select(Kernel).where(Kernel.source_hash == source_hash)).one()
+
+
+# --- best configs ----------------------------------------------------------------------------
+def _best_query(device: str, kernel_hash: str, dtype: str, H: int, q_len: int):  # type: ignore[no-untyped-def]
+    return (
+        select(BestConfig, Device.name, Kernel.source_hash)
+        .join(Device, BestConfig.device_id == Device.id)
+        .join(Kernel, BestConfig.kernel_id == Kernel.id)
+        .where(Device.name == device, Kernel.source_hash == kernel_hash, BestConfig.dtype == dtype,
+               BestConfig.H == H, BestConfig.q_len == q_len)
+    )
+
+
+def _to_row(best: BestConfig, device: str, kernel_hash: str) -> BestRow:
+    cfg = KernelConfig.from_params({"NSPLIT": best.nsplit, "HT": best.ht, "TK": best.tk, "BLOCK": best.block,
+                                    **(best.extra or {})})
+    key = WorkloadKey(device, kernel_hash, best.dtype, best.H, best.q_len, best.bucket)
+    return BestRow(key, cfg, best.median_us, best.p10_us, best.p90_us, best.default_us, best.speedup,
+                   best.study_id, best.tuned_at)
+
+
+def get_best(*, session: Session, key: WorkloadKey) -> BestRow | None:
+    q = _best_query(key.device, key.kernel_hash, key.dtype, key.H, key.q_len).where(BestConfig.bucket == key.bucket)
+    hit = session.execute(q).one_or_none()
+    return _to_row(*hit) if hit else None
+
+
+def list_best_for(*, session: Session, device: str, kernel_hash: str, dtype: str, H: int, q_len: int) -> list[BestRow]:
+    q = _best_query(device, kernel_hash, dtype, H, q_len).order_by(BestConfig.bucket)
+    return [_to_row(*r) for r in session.execute(q)]
+
+
+def nearest_best(*, session: Session, key: WorkloadKey) -> BestRow | None:
+    """The stored best of the closest bucket (log distance) for the same device, kernel, H, q_len."""
+    rows = list_best_for(session=session, device=key.device, kernel_hash=key.kernel_hash, dtype=key.dtype,
+                         H=key.H, q_len=key.q_len)
+    if not rows:
+        return None
+    target = buckets.by_index(key.bucket)
+    return min(rows, key=lambda r: (buckets.log_distance(buckets.by_index(r.key.bucket), target), r.key.bucket))
+
+
+def list_best(*, session: Session, device: str | None = None, H: int | None = None,
+              q_len: int | None = None) -> list[BestRow]:
+    q = (select(BestConfig, Device.name, Kernel.source_hash)
+         .join(Device, BestConfig.device_id == Device.id).join(Kernel, BestConfig.kernel_id == Kernel.id))
+    if device is not None:
+        q = q.where(Device.name == device)
+    if H is not None:
+        q = q.where(BestConfig.H == H)
+    if q_len is not None:
+        q = q.where(BestConfig.q_len == q_len)
+    q = q.order_by(Device.name, BestConfig.H, BestConfig.q_len, BestConfig.bucket)
+    return [_to_row(*r) for r in session.execute(q)]
+
+
+def upsert_best(*, session: Session, key: WorkloadKey, config: KernelConfig, median_us: float | None,
+                p10_us: float | None = None, p90_us: float | None = None, default_us: float | None = None,
+                study_id: int | None = None, tuned_at: dt.datetime | None = None,
+                kernel_name: str = "verify_attention", kernel_version: str = "1") -> None:
+    """Store `config` as the best for `key`, replacing any existing row (the caller decides)."""
+    device = get_device(session=session, name=key.device)
+    if device is None:
+        raise StorageError(f"device {key.device!r} is not recorded; record it first (tuner device record)")
+    kernel = upsert_kernel(session=session, source_hash=key.kernel_hash, name=kernel_name, version=kernel_version)
+    p = config.as_params()
+    extra = {k: v for k, v in p.items() if k not in ("NSPLIT", "HT", "TK", "BLOCK")}
+    speedup = default_us / median_us if default_us and median_us else None
+    values = dict(nsplit=p["NSPLIT"], ht=p["HT"], tk=p["TK"], block=p["BLOCK"], extra=extra,
+                  median_us=median_us, p10_us=p10_us, p90_us=p90_us, default_us=default_us, speedup=speedup,
+                  study_id=study_id, tuned_at=tuned_at or utcnow())
+    _upsert(session, BestConfig, key_cols=dict(device_id=device.id, kernel_id=kernel.id, dtype=key.dtype,
+                                               H=key.H, q_len=key.q_len, bucket=key.bucket), values=values)
+
+
+def delete_best(*, session: Session, device: str, H: int | None = None, q_len: int | None = None,
+                bucket: int | None = None) -> int:
+    dev = get_device(session=session, name=device)
+    if dev is None:
+        return 0
+    stmt = delete(BestConfig).where(BestConfig.device_id == dev.id)
+    if H is not None:
+        stmt = stmt.where(BestConfig.H == H)
+    if q_len is not None:
+        stmt = stmt.where(BestConfig.q_len == q_len)
+    if bucket is not None:
+        stmt = stmt.where(BestConfig.bucket == bucket)
+    return session.execute(stmt).rowcount or 0
+
+
+# --- studies and trials ----------------------------------------------------------------------
+def get_or_create_study(*, session: Session, key: WorkloadKey, prefix: int, sampler: str, seed: int | None) -> Study:
+    """The study of `key`, created on first use; a finished one is reopened (resume)."""
+    device = get_device(session=session, name=key.device)
+    if device is None:
+        raise StorageError(f"device {key.device!r} is not recorded")
+    kernel = upsert_kernel(session=session, source_hash=key.kernel_hash, name="verify_attention", version="1")
+    _insert_ignore(session, Study, key_cols={"workload_key": str(key)}, values=dict(
+        device_id=device.id, kernel_id=kernel.id, dtype=key.dtype, H=key.H, q_len=key.q_len, bucket=key.bucket,
+        prefix=prefix, status="running", sampler=sampler, seed=seed, started_at=utcnow(),
+        n_trials=0, n_ok=0, n_invalid=0, n_failed=0))
+    study = session.scalars(select(Study).where(Study.workload_key == str(key))).one()
+    if study.status != "running":
+        study.status, study.finished_at, study.sampler = "running", None, sampler
+    return study
+
+
+def record_trial(*, session: Session, study_id: int, params: dict[str, int], state: str, reason: str | None = None,
+                 median_us: float | None = None, p10_us: float | None = None, p90_us: float | None = None,
+                 samples: list[float] | None = None, rel_error: float | None = None) -> Trial:
+    trial = Trial(study_id=study_id, params=params, state=state, reason=reason, median_us=median_us, p10_us=p10_us,
+                  p90_us=p90_us, samples=samples, rel_error=rel_error)
+    session.add(trial)
+    study = session.get(Study, study_id)
+    if study is not None:
+        study.n_trials += 1
+        if state == "ok":
+            study.n_ok += 1
+        elif state == "invalid":
+            study.n_invalid += 1
+        else:
+            study.n_failed += 1
+    return trial
+
+
+def find_measurement(*, session: Session, study_id: int, params: dict[str, int]) -> Trial | None:
+    """An earlier trial of the same study with these exact params (answered instead of re-run)."""
+    for t in session.scalars(select(Trial).where(Trial.study_id == study_id).order_by(Trial.id)):
+        if t.params == params:
+            return t
+    return None
+
+
+def list_trials(*, session: Session, study_id: int) -> list[Trial]:
+    return list(session.scalars(select(Trial).where(Trial.study_id == study_id).order_by(Trial.id)))
+
+
+def finish_study(*, session: Session, study_id: int, status: str = "finished") -> None:
+    study = session.get(Study, study_id)
+    if study is not None:
+        study.status, study.finished_at = status, utcnow()

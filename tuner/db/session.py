@@ -1,0 +1,66 @@
+"""Engines and the one session scope that owns commit/rollback."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from kernels.errors import StorageError
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+def make_engine(url: str, *, immediate: bool = True) -> Engine:
+    """An engine; SQLite gets WAL, a busy timeout and, for writers (`immediate`), transactions
+    that take the write lock up front. Read-only users pass immediate=False so that they never
+    queue behind writers (WAL readers need no lock)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return create_engine(url, pool_pre_ping=True)
+    if parsed.database and parsed.database != ":memory:":
+        Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+        dbapi_conn.isolation_level = None  # we issue BEGIN ourselves, below
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn) -> None:  # type: ignore[no-untyped-def]
+        # IMMEDIATE takes the write lock at BEGIN: concurrent writers wait on the busy timeout
+        # instead of failing with "database is locked" when a read lock cannot be upgraded.
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+    return engine
+
+
+def session_factory(engine: Engine) -> sessionmaker[Session]:
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+@contextlib.contextmanager
+def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
+    """Commit on success, roll back on error; database errors become StorageError."""
+    session = factory()
+    try:
+        yield session
+        session.commit()
+    except SQLAlchemyError as exc:
+        session.rollback()
+        raise StorageError(f"database error: {exc.__class__.__name__}: {exc}") from exc
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()

@@ -1,0 +1,124 @@
+"""The real measurer: runs inside the worker process on the local GPU (PyCUDA + torch)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from kernels.config import KernelConfig
+from kernels.errors import CompileError, InvalidConfig, LaunchError
+from tuner.backend import COMPILE_ERROR, INVALID, OK, WRONG, Measurement, Workload
+
+REL_TOL = 1e-2
+
+
+class GpuMeasurer:
+    def __init__(self, *, cache_dir: str, reps: int = 50, warmup: int = 5, extra_flags: tuple[str, ...] = ()) -> None:
+        import pycuda.autoprimaryctx  # noqa: F401  (torch's primary context)
+        import torch
+
+        from kernels.limits import read_device_limits
+
+        torch.cuda.init()
+        self.torch = torch
+        self.cache_dir = Path(cache_dir)
+        self.reps, self.warmup, self.extra_flags = reps, warmup, tuple(extra_flags)
+        limits = read_device_limits(0)
+        from dataclasses import replace
+
+        self.limits = replace(limits, copy_bw_gbps=self._copy_bw() / 1e9)
+        self._workloads: dict[Workload, tuple[list[Any], Any, Any]] = {}
+        self._launchers: dict[tuple[KernelConfig, int, int], Any] = {}
+
+    def _copy_bw(self) -> float:
+        torch = self.torch
+        a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+        b = torch.empty_like(a)
+        b.copy_(a)
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(5):
+            b.copy_(a)
+        stop.record()
+        torch.cuda.synchronize()
+        bw = 2 * (1 << 30) * 5 / (start.elapsed_time(stop) / 1000)
+        del a, b
+        torch.cuda.empty_cache()
+        return bw
+
+    def _prepare(self, wl: Workload) -> tuple[list[Any], Any, Any]:
+        if wl not in self._workloads:
+            from kernels.reference import reference
+            from kernels.timing import rotating_inputs
+
+            self._workloads.clear()  # one workload's inputs at a time: they are sized past the L2
+            self._launchers.clear()
+            self.torch.cuda.empty_cache()
+            sets = rotating_inputs(prefix_lens=[wl.prefix], q_len=wl.q_len, H=wl.H, l2_bytes=self.limits.l2_bytes,
+                                   seed=wl.H * 1000 + wl.q_len)
+            ref = reference(sets[0])[0]
+            out = self.torch.empty(1, wl.q_len, wl.H, 512, dtype=self.torch.bfloat16, device="cuda")
+            self._workloads[wl] = (sets, ref, out)
+        return self._workloads[wl]
+
+    def _launcher(self, cfg: KernelConfig, wl: Workload) -> Any:
+        from kernels.launch import VerifyAttention
+
+        key = (cfg, wl.H, wl.q_len)
+        if key not in self._launchers:
+            self._launchers[key] = VerifyAttention(cfg, H=wl.H, q_len=wl.q_len, limits=self.limits, max_batch=1,
+                                                   cache_dir=self.cache_dir, extra_flags=self.extra_flags)
+        return self._launchers[key]
+
+    def _launch_fn(self, va: Any, sets: list[Any], out: Any):  # type: ignore[no-untyped-def]
+        def launch(k: int) -> None:
+            s = sets[k]
+            va(q=s.q, kv=s.kv, prefix_indices=s.prefix_indices, prefix_indptr=s.prefix_indptr,
+               draft_indices=s.draft_indices, tree_mask=s.tree_mask, out=out, batch=1, softmax_scale=s.scale)
+        return launch
+
+    def _sync(self) -> None:
+        try:
+            self.torch.cuda.synchronize()
+        except RuntimeError as exc:  # illegal address & co: the context is gone
+            raise LaunchError(str(exc).splitlines()[0]) from exc
+
+    def measure(self, cfg: KernelConfig, wl: Workload) -> Measurement:
+        from kernels.reference import rel_error
+        from kernels.timing import time_launches
+
+        sets, ref, out = self._prepare(wl)
+        try:
+            va = self._launcher(cfg, wl)
+        except InvalidConfig as exc:
+            return Measurement(INVALID, reason=str(exc))
+        except CompileError as exc:
+            return Measurement(COMPILE_ERROR, reason=str(exc)[-2000:])
+        launch = self._launch_fn(va, sets, out)
+        out.fill_(float("nan"))  # poison: every element must be written
+        self._sync()
+        launch(0)
+        self._sync()
+        err = rel_error(out, ref)
+        if not err <= REL_TOL:
+            return Measurement(WRONG, rel_error=err, reason=f"relative error {err:.3g} > {REL_TOL}")
+        t = time_launches(launch, len(sets), reps=self.reps, warmup=self.warmup)
+        self._sync()
+        return Measurement(OK, t.median_us, t.p10_us, t.p90_us, t.samples, rel_error=err)
+
+    def remeasure(self, cfgs: list[KernelConfig], wl: Workload, rounds: int) -> list[Measurement]:
+        from kernels.timing import summarize, time_launches
+
+        sets, _, out = self._prepare(wl)
+        launches = [self._launch_fn(self._launcher(c, wl), sets, out) for c in cfgs]
+        samples: list[list[float]] = [[] for _ in cfgs]
+        per_round = max(10, self.reps // 2)
+        for _ in range(rounds):  # A/B/A/B: drift and clock changes hit every candidate alike
+            for i, launch in enumerate(launches):
+                samples[i] += time_launches(launch, len(sets), reps=per_round, warmup=2).samples
+        self._sync()
+        result = []
+        for s in samples:
+            t = summarize(s)
+            result.append(Measurement(OK, t.median_us, t.p10_us, t.p90_us, s))
+        return result

@@ -1,0 +1,59 @@
+"""The one settings object. Every TUNER_* environment variable is read here and nowhere else."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from platformdirs import user_cache_dir, user_data_dir
+
+APP = "verify-tuner"
+
+
+def default_database_url() -> str:
+    """SQLite in the per-user data dir, e.g. ~/.local/share/verify-tuner/configs.db on Linux."""
+    return f"sqlite:///{Path(user_data_dir(APP)) / 'configs.db'}"
+
+
+@dataclass(frozen=True)
+class Settings:
+    database_url: str = field(default_factory=default_database_url)
+    #: Optuna storage; None means the config database itself.
+    study_storage: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8177
+    #: Bearer token for the write endpoints; None turns them off.
+    write_token: str | None = None
+    cache_dir: Path = field(default_factory=lambda: Path(user_cache_dir(APP)) / "cubins")
+    #: The GPU this sidecar answers for when a request names none.
+    device: str | None = None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        env = os.environ if environ is None else environ
+        kwargs: dict[str, object] = {}
+        if v := env.get("TUNER_DATABASE_URL"):
+            kwargs["database_url"] = v
+        if v := env.get("TUNER_STUDY_STORAGE"):
+            kwargs["study_storage"] = v
+        if v := env.get("TUNER_HOST"):
+            kwargs["host"] = v
+        if v := env.get("TUNER_PORT"):
+            try:
+                kwargs["port"] = int(v)
+            except ValueError as exc:
+                raise ValueError(f"TUNER_PORT must be an integer, got {v!r}") from exc
+        if v := env.get("TUNER_WRITE_TOKEN"):
+            kwargs["write_token"] = v
+        if v := env.get("TUNER_CACHE_DIR"):
+            kwargs["cache_dir"] = Path(v)
+        if v := env.get("TUNER_DEVICE"):
+            kwargs["device"] = v
+        return cls(**kwargs)  # type: ignore[arg-type]
+
+    def with_overrides(self, **changes: object) -> Settings:
+        from dataclasses import replace
+
+        return replace(self, **{k: v for k, v in changes.items() if v is not None})

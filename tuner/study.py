@@ -1,0 +1,247 @@
+"""One Optuna study per workload key: search, dedupe, warm start, winner, storage.
+
+Data flow: kernels (validate/compile/launch) -> this module (through a Backend) -> the config
+database (tuner.db.repo) -> the API.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import optuna
+from sqlalchemy.orm import Session, sessionmaker
+
+from kernels import kernel_hash
+from kernels.config import KernelConfig
+from kernels.errors import InvalidConfig
+from kernels.validate import check
+from tuner import buckets, space
+from tuner.backend import INVALID, OK, Backend, Measurement, Workload
+from tuner.db import repo
+from tuner.db.session import session_scope
+from tuner.heuristic import heuristic_config
+from tuner.workload import WorkloadKey
+
+PARAMS = ("NSPLIT", "HT", "TK", "BLOCK", "STAGES")
+MEASURED_ATTR, STATE_ATTR, REASON_ATTR = "measured", "state", "reason"
+
+
+@dataclass
+class Progress:
+    key: WorkloadKey
+    measured: int
+    budget: int
+    best_us: float | None
+    default_us: float | None
+    last: str
+
+
+@dataclass
+class Outcome:
+    key: WorkloadKey
+    workload: Workload
+    study_id: int
+    best: KernelConfig | None = None
+    best_m: Measurement | None = None
+    default: KernelConfig | None = None
+    default_m: Measurement | None = None
+    stored: bool = False
+    decision: str = ""
+    counts: dict[str, int] = field(default_factory=dict)
+    wall_s: float = 0.0
+
+    @property
+    def speedup(self) -> float | None:
+        if self.best_m and self.default_m and self.best_m.median_us and self.default_m.median_us:
+            return self.default_m.median_us / self.best_m.median_us
+        return None
+
+
+def _params(cfg: KernelConfig) -> dict[str, int]:
+    return cfg.as_params()
+
+
+def _storage(url: str) -> optuna.storages.BaseStorage:
+    kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
+    return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+
+
+def _sampler(name: str, seed: int | None, H: int) -> optuna.samplers.BaseSampler:
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=8, multivariate=True, group=True)
+    if name == "grid":
+        return optuna.samplers.GridSampler(space.choices(H), seed=seed)
+    raise ValueError(f"unknown sampler {name!r}: use tpe or grid")
+
+
+def _known(study: optuna.Study) -> dict[tuple[int, ...], optuna.trial.FrozenTrial]:
+    """Measured trials of this study (any process), by parameter tuple: dedupe source."""
+    out: dict[tuple[int, ...], optuna.trial.FrozenTrial] = {}
+    for t in study.get_trials(deepcopy=False):
+        if t.user_attrs.get(MEASURED_ATTR) and t.state.is_finished():
+            out.setdefault(tuple(t.params[p] for p in PARAMS), t)
+    return out
+
+
+def _measured_count(study: optuna.Study) -> int:
+    return sum(1 for t in study.get_trials(deepcopy=False) if t.user_attrs.get(MEASURED_ATTR))
+
+
+def warm_start_configs(*, session: Session, key: WorkloadKey, limits, workload: Workload) -> list[KernelConfig]:
+    """The heuristic default, then stored bests of this key's other buckets (nearest first), then
+    of other H with the same q_len -- each only if valid here."""
+    cands = [heuristic_config(limits, H=key.H, q_len=key.q_len, prefix=workload.prefix)]
+    here = buckets.by_index(key.bucket)
+    same = repo.list_best_for(session=session, device=key.device, kernel_hash=key.kernel_hash, dtype=key.dtype,
+                              H=key.H, q_len=key.q_len)
+    same.sort(key=lambda r: buckets.log_distance(buckets.by_index(r.key.bucket), here))
+    others = [r for r in repo.list_best(session=session, device=key.device, q_len=key.q_len) if r.key.H != key.H]
+    for r in same + others:
+        if r.config not in cands and check(r.config, limits, H=key.H, q_len=key.q_len) is None:
+            cands.append(r.config)
+    return cands
+
+
+def run_study(
+    *, backend: Backend, sessions: sessionmaker[Session], storage_url: str, workload: Workload, n_trials: int,
+    sampler: str = "tpe", seed: int | None = None, timeout_s: float | None = None, top_k: int = 3, rounds: int = 4,
+    on_progress: Callable[[Progress], None] | None = None,
+) -> Outcome:
+    t0 = time.perf_counter()
+    limits = backend.limits
+    key = WorkloadKey(limits.name, kernel_hash(), workload.dtype, workload.H, workload.q_len,
+                      buckets.bucket_of(workload.prefix).index)
+    valid = space.valid_configs(limits, H=key.H, q_len=key.q_len)
+    if not valid:
+        raise InvalidConfig(f"no valid config for H={key.H}, q_len={key.q_len} on {limits.name}")
+    with session_scope(sessions) as s:
+        repo.upsert_device(session=s, limits=limits)
+        study_row = repo.get_or_create_study(session=s, key=key, prefix=workload.prefix, sampler=sampler, seed=seed)
+        warm = warm_start_configs(session=s, key=key, limits=limits, workload=workload)
+    out = Outcome(key, workload, study_row.id, default=warm[0])
+    study = optuna.create_study(study_name=key.study_name, storage=_storage(storage_url), direction="minimize",
+                                sampler=_sampler(sampler, seed, key.H), load_if_exists=True)
+    study.set_user_attr("workload_key", str(key))
+    for cfg in warm:
+        study.enqueue_trial(_params(cfg), skip_if_exists=True)
+    budget = min(n_trials, len(valid))
+    best: list[float | None] = [None]
+    default_us: list[float | None] = [None]
+
+    def record(params: dict[str, int], m: Measurement) -> None:
+        with session_scope(sessions) as s:
+            repo.record_trial(session=s, study_id=out.study_id, params=params, state=m.state, reason=m.reason,
+                              median_us=m.median_us, p10_us=m.p10_us, p90_us=m.p90_us, samples=m.samples or None,
+                              rel_error=m.rel_error)
+
+    def objective(trial: optuna.Trial) -> float:
+        c = space.choices(key.H)
+        params = {p: trial.suggest_categorical(p, c[p]) for p in PARAMS}
+        cfg = KernelConfig.from_params(params)
+        reason = check(cfg, limits, H=key.H, q_len=key.q_len)
+        if reason is not None:  # never compiled, never run, not counted against the budget
+            record(params, Measurement(INVALID, reason=reason))
+            trial.set_user_attr(STATE_ATTR, INVALID)
+            raise optuna.TrialPruned(reason)
+        prev = _known(study).get(tuple(params[p] for p in PARAMS))
+        if prev is not None:  # answered from the stored measurement
+            trial.set_user_attr("reused_trial", prev.number)
+            for k in (STATE_ATTR, REASON_ATTR, "p10_us", "p90_us"):
+                if k in prev.user_attrs:
+                    trial.set_user_attr(k, prev.user_attrs[k])
+            return prev.value if prev.value is not None else math.nan
+        m = backend.measure(cfg, workload)
+        record(params, m)
+        trial.set_user_attr(MEASURED_ATTR, True)
+        trial.set_user_attr(STATE_ATTR, m.state)
+        if m.reason:
+            trial.set_user_attr(REASON_ATTR, m.reason[:500])
+        if not m.ok:
+            return math.nan  # a failed trial: it can never become the best
+        trial.set_user_attr("p10_us", m.p10_us)
+        trial.set_user_attr("p90_us", m.p90_us)
+        if cfg == out.default:
+            default_us[0] = m.median_us
+        if best[0] is None or m.median_us < best[0]:
+            best[0] = m.median_us
+        return m.median_us  # type: ignore[return-value]
+
+    def stop_when_done(st: optuna.Study, ft: optuna.trial.FrozenTrial) -> None:
+        n = _measured_count(st)
+        if on_progress:
+            last = f"{ft.params} -> {ft.user_attrs.get(STATE_ATTR, ft.state.name)}"
+            on_progress(Progress(key, n, budget, best[0], default_us[0], last))
+        if n >= budget or len(_known(st)) >= len(valid) or len(st.trials) >= 20 * budget + len(valid):
+            st.stop()
+
+    if _measured_count(study) < budget:
+        study.optimize(objective, timeout=timeout_s, callbacks=[stop_when_done], gc_after_trial=False)
+    _pick_winner(out, study=study, backend=backend, sessions=sessions, workload=workload, top_k=top_k, rounds=rounds)
+    with session_scope(sessions) as s:
+        repo.finish_study(session=s, study_id=out.study_id)
+        study_row = s.get(type(study_row), out.study_id)
+        out.counts = {"trials": study_row.n_trials, "ok": study_row.n_ok, "invalid": study_row.n_invalid,
+                      "failed": study_row.n_failed}
+    out.wall_s = time.perf_counter() - t0
+    return out
+
+
+def _noise(m: Measurement) -> float:
+    return max((m.p90_us or 0) - (m.p10_us or 0), 0.0) / 2
+
+
+def _pick_winner(out: Outcome, *, study: optuna.Study, backend: Backend, sessions: sessionmaker[Session],
+                 workload: Workload, top_k: int, rounds: int) -> None:
+    """Re-measure the top candidates, the default and the stored best interleaved; store the
+    winner unless the stored best is within the measured noise of it."""
+    ok = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+          if t.user_attrs.get(STATE_ATTR) == OK and t.value is not None]
+    ranked: list[KernelConfig] = []
+    for t in sorted(ok, key=lambda t: t.value):
+        cfg = KernelConfig.from_params(t.params)
+        if cfg not in ranked:
+            ranked.append(cfg)
+    top = ranked[:top_k]
+    if not top:
+        out.decision = "no config passed the correctness gate: nothing stored"
+        return
+    with session_scope(sessions) as s:
+        stored = repo.get_best(session=s, key=out.key)
+    pool = list(top)
+    default = out.default
+    if default is not None and default not in pool:
+        if default in ranked:
+            pool.append(default)
+        elif backend.measure(default, workload).ok:  # the default must pass the gate to be timed
+            pool.append(default)
+    incumbent = stored.config if stored else None
+    if incumbent is not None and incumbent not in pool:
+        if backend.measure(incumbent, workload).ok:
+            pool.append(incumbent)
+        else:
+            incumbent = None
+    ms = backend.remeasure(pool, workload, rounds)
+    by_cfg = dict(zip(pool, ms))
+    if not all(m.ok for m in ms):
+        out.decision = f"re-measurement failed: {[m.reason for m in ms if not m.ok]}; nothing stored"
+        return
+    winner = min(top, key=lambda c: by_cfg[c].median_us)  # type: ignore[arg-type, return-value]
+    out.best, out.best_m = winner, by_cfg[winner]
+    out.default_m = by_cfg.get(default) if default is not None else None
+    if incumbent is not None and incumbent != winner:
+        inc_m = by_cfg[incumbent]
+        gain = inc_m.median_us - out.best_m.median_us  # type: ignore[operator]
+        if gain <= max(_noise(inc_m), _noise(out.best_m)):
+            out.best, out.best_m = incumbent, inc_m
+            out.decision = f"kept stored best: new winner only {gain:.2f} us faster, within noise"
+    if not out.decision:
+        out.decision = "stored new best" if incumbent != out.best else "stored best re-timed"
+    m = out.best_m
+    with session_scope(sessions) as s:
+        repo.upsert_best(session=s, key=out.key, config=out.best, median_us=m.median_us, p10_us=m.p10_us,
+                         p90_us=m.p90_us, default_us=out.default_m.median_us if out.default_m else None,
+                         study_id=out.study_id)
+    out.stored = True

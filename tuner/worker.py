@@ -1,0 +1,133 @@
+"""Crash isolation: measurements run in a child process that owns the CUDA context.
+
+A config that faults (illegal address), hangs (no answer within the timeout) or kills the
+process fails only its own trial, with the reason; the child is restarted and the study goes on.
+The measuring object inside the child is named by "module:Class" (the product uses
+tuner.gpu:GpuMeasurer; tests name their own doubles).
+"""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing as mp
+import os
+import signal
+from typing import Any
+
+from kernels.config import KernelConfig
+from kernels.errors import LaunchError
+from kernels.limits import DeviceLimits
+from tuner.backend import CRASHED, TIMEOUT, Measurement, Workload
+
+DEFAULT_MEASURER = "tuner.gpu:GpuMeasurer"
+START_TIMEOUT_S = 180.0
+
+
+def _load(target: str) -> Any:
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _child_main(conn: Any, target: str, kwargs: dict[str, Any], device_ordinal: int | None) -> None:
+    if device_ordinal is not None:  # before anything touches CUDA: the child sees one GPU
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(device_ordinal)
+    try:
+        measurer = _load(target)(**kwargs)
+    except Exception as exc:  # reported to the parent, which raises it there
+        conn.send(("init_error", f"{type(exc).__name__}: {exc}"))
+        return
+    conn.send(("ready", measurer.limits))
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg[0] == "close":
+            return
+        method, args = msg
+        try:
+            conn.send(("ok", getattr(measurer, method)(*args)))
+        except LaunchError as exc:  # the CUDA context is poisoned: report and die
+            conn.send(("crashed", str(exc)))
+            os._exit(3)
+
+
+class IsolatedBackend:
+    """Backend whose measurements run in a restartable child process."""
+
+    def __init__(self, *, measurer: str = DEFAULT_MEASURER, measurer_kwargs: dict[str, Any] | None = None,
+                 device_ordinal: int | None = None, timeout_s: float = 120.0) -> None:
+        self._target, self._kwargs = measurer, dict(measurer_kwargs or {})
+        self._ordinal, self.timeout_s = device_ordinal, timeout_s
+        self._ctx = mp.get_context("spawn")  # never fork a process that may hold a CUDA context
+        self._proc: Any = None
+        self._conn: Any = None
+        self.restarts = 0
+        self.limits: DeviceLimits = self._start()
+
+    def _start(self) -> DeviceLimits:
+        parent, child = self._ctx.Pipe()
+        self._proc = self._ctx.Process(target=_child_main, args=(child, self._target, self._kwargs, self._ordinal),
+                                       daemon=True, name="tuner-measure")
+        self._proc.start()
+        child.close()
+        self._conn = parent
+        if not parent.poll(START_TIMEOUT_S):
+            self._kill()
+            raise LaunchError(f"measurement worker did not start within {START_TIMEOUT_S:.0f} s")
+        try:
+            status, payload = parent.recv()
+        except EOFError:
+            raise LaunchError(f"measurement worker died while starting (exit {self._proc.exitcode})") from None
+        if status != "ready":
+            raise LaunchError(f"measurement worker failed to start: {payload}")
+        return payload
+
+    def _kill(self) -> None:
+        if self._proc is not None and self._proc.is_alive():
+            self._proc.kill()
+        if self._proc is not None:
+            self._proc.join(10)
+        if self._conn is not None:
+            self._conn.close()
+
+    def _restart(self) -> None:
+        self._kill()
+        self.restarts += 1
+        self._start()
+
+    def _call(self, method: str, args: tuple[Any, ...], timeout: float) -> Any:
+        if not self._proc.is_alive():
+            self._restart()
+        self._conn.send((method, args))
+        if not self._conn.poll(timeout):
+            self._restart()
+            return Measurement(TIMEOUT, reason=f"no result within {timeout:.0f} s: worker killed and restarted")
+        try:
+            status, payload = self._conn.recv()
+        except EOFError:
+            self._proc.join(10)
+            code = self._proc.exitcode
+            how = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
+            self._restart()
+            return Measurement(CRASHED, reason=f"worker process died ({how}): restarted")
+        if status == "crashed":
+            self._restart()
+            return Measurement(CRASHED, reason=f"kernel fault: {payload}")
+        return payload
+
+    def measure(self, cfg: KernelConfig, workload: Workload) -> Measurement:
+        return self._call("measure", (cfg, workload), self.timeout_s)
+
+    def remeasure(self, cfgs: list[KernelConfig], workload: Workload, rounds: int) -> list[Measurement]:
+        out = self._call("remeasure", (cfgs, workload, rounds), self.timeout_s * max(1, len(cfgs)))
+        return out if isinstance(out, list) else [out] * len(cfgs)
+
+    def close(self) -> None:
+        if self._proc is not None and self._proc.is_alive():
+            try:
+                self._conn.send(("close",))
+            except (BrokenPipeError, OSError):
+                pass
+            self._proc.join(10)
+        self._kill()

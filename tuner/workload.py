@@ -1,0 +1,28 @@
+"""The key every stored result hangs off: the study, the DB row and the API lookup share it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DTYPES = ("bf16",)
+
+
+@dataclass(frozen=True, order=True)
+class WorkloadKey:
+    device: str
+    kernel_hash: str
+    dtype: str
+    H: int
+    q_len: int
+    bucket: int
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+
+    def __str__(self) -> str:
+        return f"{self.device}|{self.kernel_hash}|{self.dtype}|H{self.H}|Q{self.q_len}|b{self.bucket}"
+
+    @property
+    def study_name(self) -> str:
+        return "verify:" + str(self)
