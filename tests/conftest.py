@@ -4,6 +4,8 @@ import os
 
 import pytest
 
+PG_URL = os.environ.get("TUNER_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+
 
 def _has_gpu() -> bool:
     try:
@@ -23,19 +25,57 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(skip)
 
 
-@pytest.fixture(scope="session")
-def pg_url() -> str:
-    """PostgreSQL URL for the tests that need one; skip when unset and unreachable."""
-    url = os.environ.get("TUNER_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
-    try:
-        import sqlalchemy as sa
+def reset_postgres(url: str) -> None:
+    import sqlalchemy as sa
 
-        engine = sa.create_engine(url)
-        with engine.connect() as conn:
-            conn.execute(sa.text("select 1"))
-        engine.dispose()
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("DROP SCHEMA IF EXISTS public CASCADE"))
+        conn.execute(sa.text("CREATE SCHEMA public"))
+    engine.dispose()
+
+
+@pytest.fixture
+def pg_url() -> str:
+    """A PostgreSQL database emptied for this test. Skips when none is reachable, unless
+    TUNER_REQUIRE_POSTGRES is set (CI sets it, so those tests cannot silently skip there)."""
+    try:
+        reset_postgres(PG_URL)
     except Exception as exc:
         if os.environ.get("TUNER_REQUIRE_POSTGRES"):
             raise
-        pytest.skip(f"PostgreSQL not reachable at {url}: {exc}")
-    return url
+        pytest.skip(f"PostgreSQL not reachable at {PG_URL}: {exc}")
+    return PG_URL
+
+
+@pytest.fixture
+def sqlite_url(tmp_path) -> str:
+    return f"sqlite:///{tmp_path / 'configs.db'}"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request, tmp_path) -> str:
+    """Every storage test runs against real SQLite and real PostgreSQL."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'configs.db'}"
+    return request.getfixturevalue("pg_url")
+
+
+@pytest.fixture
+def sessions(db_url):
+    from tuner.db import migrate
+    from tuner.db.session import make_engine, session_factory
+
+    migrate.upgrade(db_url)
+    engine = make_engine(db_url)
+    yield session_factory(engine)
+    engine.dispose()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _quiet_optuna():
+    try:
+        import optuna
+    except ImportError:
+        return
+    optuna.logging.set_verbosity(optuna.logging.ERROR)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -21,7 +22,7 @@ from kernels.validate import check
 from tuner import buckets, space
 from tuner.backend import INVALID, OK, Backend, Measurement, Workload
 from tuner.db import repo
-from tuner.db.session import session_scope
+from tuner.db.session import make_engine, session_scope
 from tuner.heuristic import heuristic_config
 from tuner.workload import WorkloadKey
 
@@ -65,29 +66,56 @@ def _params(cfg: KernelConfig) -> dict[str, int]:
 
 
 def _storage(url: str) -> optuna.storages.BaseStorage:
-    kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {"pool_pre_ping": True}
-    return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+    if url.startswith("sqlite"):
+        make_engine(url).dispose()  # journal_mode=WAL is stored in the file: set it once
+        return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}})
+    return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True})
 
 
-def _sampler(name: str, seed: int | None, H: int) -> optuna.samplers.BaseSampler:
+def _sampler(name: str, seed: int | None, choices: dict[str, list[int]]) -> optuna.samplers.BaseSampler:
     if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=8, multivariate=True, group=True)
+        with warnings.catch_warnings():  # multivariate TPE is marked experimental; it models the
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # constants jointly
+            return optuna.samplers.TPESampler(seed=seed, n_startup_trials=8, multivariate=True)
     if name == "grid":
-        return optuna.samplers.GridSampler(space.choices(H), seed=seed)
+        return optuna.samplers.GridSampler(choices, seed=seed)
     raise ValueError(f"unknown sampler {name!r}: use tpe or grid")
 
 
-def _known(study: optuna.Study) -> dict[tuple[int, ...], optuna.trial.FrozenTrial]:
-    """Measured trials of this study (any process), by parameter tuple: dedupe source."""
-    out: dict[tuple[int, ...], optuna.trial.FrozenTrial] = {}
-    for t in study.get_trials(deepcopy=False):
-        if t.user_attrs.get(MEASURED_ATTR) and t.state.is_finished():
-            out.setdefault(tuple(t.params[p] for p in PARAMS), t)
-    return out
+class _Ledger:
+    """Which parameter sets this study has measured (in any process sharing the storage).
 
+    Reading every trial back from storage costs O(trials) per call, so the ledger re-reads it
+    every REFRESH trials and tracks its own process's trials in between."""
 
-def _measured_count(study: optuna.Study) -> int:
-    return sum(1 for t in study.get_trials(deepcopy=False) if t.user_attrs.get(MEASURED_ATTR))
+    REFRESH = 10
+
+    def __init__(self, study: optuna.Study) -> None:
+        self.study = study
+        self.since = 0
+        self.known: dict[tuple[int, ...], optuna.trial.FrozenTrial] = {}
+        self.measured = 0
+        self.total = 0
+        self.refresh()
+
+    def refresh(self) -> None:
+        trials = self.study.get_trials(deepcopy=False)
+        self.known = {}
+        for t in trials:
+            if t.user_attrs.get(MEASURED_ATTR) and t.state.is_finished():
+                self.known.setdefault(tuple(t.params[p] for p in PARAMS), t)
+        self.measured = sum(1 for t in trials if t.user_attrs.get(MEASURED_ATTR))
+        self.total = len(trials)
+        self.since = 0
+
+    def after_trial(self, ft: optuna.trial.FrozenTrial) -> None:
+        self.since += 1
+        self.total += 1
+        if ft.user_attrs.get(MEASURED_ATTR):
+            self.measured += 1
+            self.known.setdefault(tuple(ft.params[p] for p in PARAMS), ft)
+        if self.since >= self.REFRESH:
+            self.refresh()
 
 
 def warm_start_configs(*, session: Session, key: WorkloadKey, limits, workload: Workload) -> list[KernelConfig]:
@@ -108,13 +136,16 @@ def warm_start_configs(*, session: Session, key: WorkloadKey, limits, workload: 
 def run_study(
     *, backend: Backend, sessions: sessionmaker[Session], storage_url: str, workload: Workload, n_trials: int,
     sampler: str = "tpe", seed: int | None = None, timeout_s: float | None = None, top_k: int = 3, rounds: int = 4,
-    on_progress: Callable[[Progress], None] | None = None,
+    on_progress: Callable[[Progress], None] | None = None, restrict: dict[str, list[int]] | None = None,
 ) -> Outcome:
+    """Search, pick the winner, store it. `restrict` narrows the choices of some constants
+    (e.g. {"STAGES": [2]}); `n_trials` counts measurements, not invalid or repeated configs."""
     t0 = time.perf_counter()
     limits = backend.limits
     key = WorkloadKey(limits.name, kernel_hash(), workload.dtype, workload.H, workload.q_len,
                       buckets.bucket_of(workload.prefix).index)
-    valid = space.valid_configs(limits, H=key.H, q_len=key.q_len)
+    choices = space.choices(key.H, restrict)
+    valid = space.valid_configs(limits, H=key.H, q_len=key.q_len, restrict=restrict)
     if not valid:
         raise InvalidConfig(f"no valid config for H={key.H}, q_len={key.q_len} on {limits.name}")
     with session_scope(sessions) as s:
@@ -123,10 +154,12 @@ def run_study(
         warm = warm_start_configs(session=s, key=key, limits=limits, workload=workload)
     out = Outcome(key, workload, study_row.id, default=warm[0])
     study = optuna.create_study(study_name=key.study_name, storage=_storage(storage_url), direction="minimize",
-                                sampler=_sampler(sampler, seed, key.H), load_if_exists=True)
+                                sampler=_sampler(sampler, seed, choices), load_if_exists=True)
     study.set_user_attr("workload_key", str(key))
     for cfg in warm:
-        study.enqueue_trial(_params(cfg), skip_if_exists=True)
+        if all(v in choices[k] for k, v in _params(cfg).items()):
+            study.enqueue_trial(_params(cfg), skip_if_exists=True)
+    ledger = _Ledger(study)
     budget = min(n_trials, len(valid))
     best: list[float | None] = [None]
     default_us: list[float | None] = [None]
@@ -138,15 +171,14 @@ def run_study(
                               rel_error=m.rel_error)
 
     def objective(trial: optuna.Trial) -> float:
-        c = space.choices(key.H)
-        params = {p: trial.suggest_categorical(p, c[p]) for p in PARAMS}
+        params = {p: trial.suggest_categorical(p, choices[p]) for p in PARAMS}
         cfg = KernelConfig.from_params(params)
         reason = check(cfg, limits, H=key.H, q_len=key.q_len)
         if reason is not None:  # never compiled, never run, not counted against the budget
             record(params, Measurement(INVALID, reason=reason))
             trial.set_user_attr(STATE_ATTR, INVALID)
             raise optuna.TrialPruned(reason)
-        prev = _known(study).get(tuple(params[p] for p in PARAMS))
+        prev = ledger.known.get(tuple(params[p] for p in PARAMS))
         if prev is not None:  # answered from the stored measurement
             trial.set_user_attr("reused_trial", prev.number)
             for k in (STATE_ATTR, REASON_ATTR, "p10_us", "p90_us"):
@@ -170,14 +202,15 @@ def run_study(
         return m.median_us  # type: ignore[return-value]
 
     def stop_when_done(st: optuna.Study, ft: optuna.trial.FrozenTrial) -> None:
-        n = _measured_count(st)
+        ledger.after_trial(ft)
+        n = ledger.measured
         if on_progress:
             last = f"{ft.params} -> {ft.user_attrs.get(STATE_ATTR, ft.state.name)}"
             on_progress(Progress(key, n, budget, best[0], default_us[0], last))
-        if n >= budget or len(_known(st)) >= len(valid) or len(st.trials) >= 20 * budget + len(valid):
+        if n >= budget or len(ledger.known) >= len(valid) or ledger.total >= 20 * budget + len(valid):
             st.stop()
 
-    if _measured_count(study) < budget:
+    if ledger.measured < budget and len(ledger.known) < len(valid):
         study.optimize(objective, timeout=timeout_s, callbacks=[stop_when_done], gc_after_trial=False)
     _pick_winner(out, study=study, backend=backend, sessions=sessions, workload=workload, top_k=top_k, rounds=rounds)
     with session_scope(sessions) as s:

@@ -1,4 +1,7 @@
-"""Initial schema: devices, kernels, studies, trials, best_configs.
+"""Initial schema: devices, kernels, tuning_studies, tuning_trials, best_configs.
+
+Our study/trial tables carry a tuning_ prefix: Optuna's RDB storage, which may share the
+database, owns tables named studies and trials.
 
 Why: the tuner needs a durable home for every measurement (including failed ones, with the
 reason) and the API a table of best configs keyed by (device, kernel, dtype, H, q_len, bucket).
@@ -45,7 +48,7 @@ def upgrade() -> None:
         sa.Column("version", sa.String(32), nullable=False),
     )
     op.create_table(
-        "studies",
+        "tuning_studies",
         sa.Column("id", sa.Integer, primary_key=True),
         sa.Column("workload_key", sa.String(400), nullable=False, unique=True),
         sa.Column("device_id", sa.Integer, sa.ForeignKey("devices.id"), nullable=False),
@@ -66,9 +69,9 @@ def upgrade() -> None:
         sa.Column("n_failed", sa.Integer, nullable=False),
     )
     op.create_table(
-        "trials",
+        "tuning_trials",
         sa.Column("id", sa.Integer, primary_key=True),
-        sa.Column("study_id", sa.Integer, sa.ForeignKey("studies.id", ondelete="CASCADE"), nullable=False),
+        sa.Column("study_id", sa.Integer, sa.ForeignKey("tuning_studies.id", ondelete="CASCADE"), nullable=False),
         sa.Column("params", sa.JSON, nullable=False),
         sa.Column("state", sa.String(16), nullable=False),
         sa.Column("reason", sa.Text),
@@ -79,7 +82,7 @@ def upgrade() -> None:
         sa.Column("rel_error", sa.Float),
         sa.Column("created_at", TS, nullable=False),
     )
-    op.create_index("ix_trials_study_id", "trials", ["study_id"])
+    op.create_index("ix_tuning_trials_study_id", "tuning_trials", ["study_id"])
     op.create_table(
         "best_configs",
         sa.Column("id", sa.Integer, primary_key=True),
@@ -99,7 +102,7 @@ def upgrade() -> None:
         sa.Column("p90_us", sa.Float),
         sa.Column("default_us", sa.Float),
         sa.Column("speedup", sa.Float),
-        sa.Column("study_id", sa.Integer, sa.ForeignKey("studies.id", ondelete="SET NULL")),
+        sa.Column("study_id", sa.Integer, sa.ForeignKey("tuning_studies.id", ondelete="SET NULL")),
         sa.Column("tuned_at", TS, nullable=False),
         sa.UniqueConstraint("device_id", "kernel_id", "dtype", "H", "q_len", "bucket", name="uq_best_key"),
     )
@@ -107,8 +110,8 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table("best_configs")
-    op.drop_index("ix_trials_study_id", table_name="trials")
-    op.drop_table("trials")
-    op.drop_table("studies")
+    op.drop_index("ix_tuning_trials_study_id", table_name="tuning_trials")
+    op.drop_table("tuning_trials")
+    op.drop_table("tuning_studies")
     op.drop_table("kernels")
     op.drop_table("devices")

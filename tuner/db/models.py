@@ -44,7 +44,7 @@ class Kernel(Base):
 
 
 class Study(Base):
-    __tablename__ = "studies"
+    __tablename__ = "tuning_studies"
     id: Mapped[int] = mapped_column(primary_key=True)
     workload_key: Mapped[str] = mapped_column(String(400), unique=True)
     device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"))
@@ -66,9 +66,9 @@ class Study(Base):
 
 
 class Trial(Base):
-    __tablename__ = "trials"
+    __tablename__ = "tuning_trials"
     id: Mapped[int] = mapped_column(primary_key=True)
-    study_id: Mapped[int] = mapped_column(ForeignKey("studies.id", ondelete="CASCADE"), index=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("tuning_studies.id", ondelete="CASCADE"), index=True)
     params: Mapped[dict[str, Any]]
     #: ok | invalid | compile_error | wrong | crashed | timeout
     state: Mapped[str] = mapped_column(String(16))
@@ -104,5 +104,5 @@ class BestConfig(Base):
     p90_us: Mapped[float | None] = mapped_column(Float)
     default_us: Mapped[float | None] = mapped_column(Float)
     speedup: Mapped[float | None] = mapped_column(Float)
-    study_id: Mapped[int | None] = mapped_column(ForeignKey("studies.id", ondelete="SET NULL"))
+    study_id: Mapped[int | None] = mapped_column(ForeignKey("tuning_studies.id", ondelete="SET NULL"))
     tuned_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -1,0 +1,146 @@
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from api.app import create_app
+from kernels.config import KernelConfig
+from kernels.limits import known_device
+from kernels.validate import check
+from tuner.db import migrate
+from tuner.settings import Settings
+
+H200 = known_device("h200")
+ROW = {"device": "NVIDIA H200", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 64, "HT": 8, "TK": 32,
+       "BLOCK": 256, "median_us": 50.0, "default_us": 90.0}
+AUTH = {"Authorization": "Bearer s3cret"}
+
+
+@pytest.fixture
+def client(db_url, tmp_path):
+    migrate.upgrade(db_url)
+    settings = Settings(database_url=db_url, device="h200", write_token="s3cret", cache_dir=tmp_path)
+    with TestClient(create_app(settings)) as c:
+        yield c
+
+
+def get(client, **params):
+    return client.get("/config", params={"H": 8, "q_len": 9, "prefix": 46000, **params})
+
+
+def test_heuristic_on_empty_database_is_valid_for_the_device(client):
+    r = get(client)
+    assert r.status_code == 200
+    body = r.json()
+    assert body["source"] == "heuristic" and body["device"] == "NVIDIA H200"
+    assert body["bucket"] == {"index": 15, "lo": 32768, "hi": 46341}
+    cfg = KernelConfig.from_params({k: body[k] for k in ("NSPLIT", "HT", "TK", "BLOCK", "STAGES")})
+    assert check(cfg, H200, H=8, q_len=9) is None
+    assert body["expected_us"] is None and body["tuned_at"] is None
+
+
+def test_import_then_tuned_then_nearest(client):
+    assert client.post("/configs/import", json=[ROW], headers=AUTH).json() == {"imported": 1}
+    tuned = get(client).json()
+    assert (tuned["source"], tuned["NSPLIT"], tuned["expected_us"]) == ("tuned", 64, 50.0)
+    assert tuned["speedup_vs_default"] == pytest.approx(1.8) and tuned["tuned_at"]
+    near = get(client, prefix=1000).json()
+    assert near["source"] == "nearest" and near["NSPLIT"] == 64 and near["tuned_bucket"] == 15
+    assert near["bucket"]["lo"] <= 1000 < near["bucket"]["hi"]
+    other_q = get(client, q_len=1).json()
+    assert other_q["source"] == "heuristic"
+
+
+def test_sm120_device_gets_a_config_that_fits_it(client):
+    body = get(client, device="rtx-pro-6000").json()
+    cfg = KernelConfig.from_params({k: body[k] for k in ("NSPLIT", "HT", "TK", "BLOCK", "STAGES")})
+    assert check(cfg, known_device("rtx-pro-6000"), H=8, q_len=9) is None
+
+
+@pytest.mark.parametrize("params,param", [
+    ({"H": 0}, "H"), ({"H": -3}, "H"), ({"H": "x"}, "H"), ({"q_len": 0}, "q_len"), ({"q_len": 65}, "q_len"),
+    ({"prefix": -1}, "prefix"), ({"prefix": 10**12}, "prefix"), ({"prefix": 1.5}, "prefix"),
+    ({"dtype": "fp8"}, "dtype"), ({"device": "no-such-gpu"}, "device"),
+])
+def test_bad_input_is_422_naming_the_parameter(client, params, param):
+    r = get(client, **params)
+    assert r.status_code == 422
+    locs = [d["loc"] for d in r.json()["detail"]]
+    assert ["query", param] in locs, locs
+
+
+def test_missing_parameter_is_422(client):
+    r = client.get("/config", params={"H": 8, "q_len": 9})
+    assert r.status_code == 422 and ["query", "prefix"] in [d["loc"] for d in r.json()["detail"]]
+
+
+def test_impossible_shape_is_422_with_reason(client):
+    r = get(client, device="rtx-pro-6000", q_len=64, H=8)
+    assert r.status_code == 422 and "q_len" in r.json()["detail"][0]["loc"]
+
+
+def test_table_covers_every_bucket_with_etag(client):
+    client.post("/configs/import", json=[ROW], headers=AUTH)
+    r = client.get("/configs", params={"H": 8, "q_len": 9})
+    assert r.status_code == 200
+    body = r.json()
+    from tuner.buckets import ALL
+
+    assert [c["bucket"]["index"] for c in body["configs"]] == [b.index for b in ALL]
+    assert {c["source"] for c in body["configs"]} == {"tuned", "nearest"}
+    etag = r.headers["etag"]
+    assert client.get("/configs", params={"H": 8, "q_len": 9}, headers={"If-None-Match": etag}).status_code == 304
+    client.post("/configs/import", json=[{**ROW, "NSPLIT": 32}], headers=AUTH)
+    r2 = client.get("/configs", params={"H": 8, "q_len": 9}, headers={"If-None-Match": etag})
+    assert r2.status_code == 200 and r2.headers["etag"] != etag
+
+
+def test_writes_need_the_token(client):
+    assert client.post("/configs/import", json=[ROW]).status_code == 401
+    assert client.post("/configs/import", json=[ROW], headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert client.delete("/configs", params={"device": "NVIDIA H200"}).status_code == 401
+    client.post("/configs/import", json=[ROW], headers=AUTH)
+    assert client.delete("/configs", params={"device": "NVIDIA H200"}, headers=AUTH).json() == {"deleted": 1}
+    assert get(client).json()["source"] == "heuristic"
+
+
+def test_import_rejects_the_whole_batch(client):
+    bad = {**ROW, "prefix": 4096, "HT": 3}
+    r = client.post("/configs/import", json=[ROW, bad], headers=AUTH)
+    assert r.status_code == 422
+    assert "row 2" in r.json()["detail"]["errors"][0]
+    assert get(client).json()["source"] == "heuristic"  # row 1 was not stored either
+
+
+def test_writes_off_without_token(db_url, tmp_path):
+    migrate.upgrade(db_url)
+    with TestClient(create_app(Settings(database_url=db_url, device="h200", cache_dir=tmp_path))) as c:
+        r = c.post("/configs/import", json=[ROW], headers=AUTH)
+    assert r.status_code == 403 and "TUNER_WRITE_TOKEN" in r.json()["detail"]
+
+
+def test_health_ready_metrics_docs(client):
+    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/readyz").json() == {"status": "ready"}
+    get(client)
+    get(client, H=0)
+    text = client.get("/metrics").text
+    assert 'tuner_requests_total{route="/config",method="GET",status="200"} 1' in text
+    assert 'tuner_requests_total{route="/config",method="GET",status="422"} 1' in text
+    assert 'tuner_lookups_total{source="heuristic"} 1' in text
+    assert "/config" in client.get("/openapi.json").json()["paths"]
+
+
+def test_refuses_to_start_on_outdated_schema(sqlite_url, tmp_path):
+    app = create_app(Settings(database_url=sqlite_url, cache_dir=tmp_path))
+    with pytest.raises(RuntimeError, match="tuner db upgrade"):
+        with TestClient(app):
+            pass
+
+
+def test_no_default_device_needs_the_parameter(db_url, tmp_path):
+    migrate.upgrade(db_url)
+    with TestClient(create_app(Settings(database_url=db_url, cache_dir=tmp_path))) as c:
+        r = c.get("/config", params={"H": 8, "q_len": 9, "prefix": 100})
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "device"]
+        assert c.get("/config", params={"H": 8, "q_len": 9, "prefix": 100, "device": "h200"}).status_code == 200

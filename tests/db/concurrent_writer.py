@@ -1,0 +1,22 @@
+"""Child-process body for the concurrency test (spawned, so it must live in an importable module)."""
+
+from __future__ import annotations
+
+from kernels.config import KernelConfig
+from kernels.limits import known_device
+from tuner.db import repo
+from tuner.db.session import make_engine, session_factory, session_scope
+from tuner.workload import WorkloadKey
+
+
+def write_many(url: str, worker: int, n: int) -> int:
+    sessions = session_factory(make_engine(url))
+    h200 = known_device("h200")
+    for i in range(n):
+        with session_scope(sessions) as s:
+            repo.upsert_device(session=s, limits=h200)  # every writer touches the same row too
+            own = WorkloadKey(h200.name, "k" * 16, "bf16", 8, 1 + worker, i % 26)
+            repo.upsert_best(session=s, key=own, config=KernelConfig(8 + i, 1, 32, 256), median_us=float(i + 1))
+            shared = WorkloadKey(h200.name, "k" * 16, "bf16", 16, 9, i % 26)
+            repo.upsert_best(session=s, key=shared, config=KernelConfig(worker + 1, 1, 32, 256), median_us=1.0)
+    return n

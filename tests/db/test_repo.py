@@ -1,0 +1,101 @@
+from __future__ import annotations
+
+import pytest
+
+from kernels.config import KernelConfig
+from kernels.errors import StorageError
+from kernels.limits import known_device
+from tuner.db import repo
+from tuner.db.session import session_scope
+from tuner.workload import WorkloadKey
+
+H200 = known_device("h200")
+KEY = WorkloadKey(H200.name, "k" * 16, "bf16", 8, 9, 15)
+CFG = KernelConfig(nsplit=64, ht=8, tk=32, block=256, stages=3)
+
+
+def _record(sessions):
+    with session_scope(sessions) as s:
+        repo.upsert_device(session=s, limits=H200)
+
+
+def test_device_roundtrip_and_update(sessions):
+    _record(sessions)
+    with session_scope(sessions) as s:
+        d = repo.get_device(session=s, name=H200.name)
+        assert repo.device_limits(d) == H200
+    from dataclasses import replace
+
+    with session_scope(sessions) as s:
+        repo.upsert_device(session=s, limits=replace(H200, sm_count=131, copy_bw_gbps=4100.0))
+    with session_scope(sessions) as s:
+        assert [d.sm_count for d in repo.list_devices(session=s)] == [131]
+        assert repo.get_device(session=s, name=H200.name).copy_bw_gbps == 4100.0
+
+
+def test_best_upsert_replaces_and_keeps_extra_constants(sessions):
+    _record(sessions)
+    with session_scope(sessions) as s:
+        repo.upsert_best(session=s, key=KEY, config=CFG, median_us=30.0, default_us=60.0)
+    with session_scope(sessions) as s:
+        row = repo.get_best(session=s, key=KEY)
+    assert row.config == CFG and row.speedup == pytest.approx(2.0)
+    with session_scope(sessions) as s:
+        repo.upsert_best(session=s, key=KEY, config=KernelConfig(32, 4, 64, 512), median_us=25.0)
+    with session_scope(sessions) as s:
+        rows = repo.list_best(session=s)
+    assert len(rows) == 1 and rows[0].config == KernelConfig(32, 4, 64, 512) and rows[0].median_us == 25.0
+
+
+def test_best_needs_a_recorded_device(sessions):
+    with pytest.raises(StorageError, match="not recorded"):
+        with session_scope(sessions) as s:
+            repo.upsert_best(session=s, key=KEY, config=CFG, median_us=1.0)
+
+
+def test_nearest_bucket_by_log_distance(sessions):
+    _record(sessions)
+    with session_scope(sessions) as s:
+        for b, us in ((5, 5.0), (20, 50.0)):
+            repo.upsert_best(session=s, key=WorkloadKey(**{**KEY.__dict__, "bucket": b}), config=CFG, median_us=us)
+    with session_scope(sessions) as s:
+        assert repo.nearest_best(session=s, key=KEY).key.bucket == 20  # 15 is 5 from 20, 10 from 5
+        assert repo.nearest_best(session=s, key=WorkloadKey(**{**KEY.__dict__, "bucket": 9})).key.bucket == 5
+        assert repo.nearest_best(session=s, key=WorkloadKey(**{**KEY.__dict__, "H": 16})) is None
+
+
+def test_delete_filters(sessions):
+    _record(sessions)
+    with session_scope(sessions) as s:
+        for b in (1, 2, 3):
+            repo.upsert_best(session=s, key=WorkloadKey(**{**KEY.__dict__, "bucket": b}), config=CFG, median_us=1.0)
+    with session_scope(sessions) as s:
+        assert repo.delete_best(session=s, device=H200.name, bucket=2) == 1
+        assert repo.delete_best(session=s, device="nope") == 0
+    with session_scope(sessions) as s:
+        assert [r.key.bucket for r in repo.list_best(session=s)] == [1, 3]
+
+
+def test_study_and_trials_are_counted(sessions):
+    _record(sessions)
+    with session_scope(sessions) as s:
+        st = repo.get_or_create_study(session=s, key=KEY, prefix=46000, sampler="tpe", seed=1)
+        for state in ("ok", "invalid", "wrong", "crashed"):
+            repo.record_trial(session=s, study_id=st.id, params=CFG.as_params(), state=state, reason=state)
+    with session_scope(sessions) as s:
+        again = repo.get_or_create_study(session=s, key=KEY, prefix=46000, sampler="tpe", seed=1)
+        assert again.id == st.id and (again.n_trials, again.n_ok, again.n_invalid, again.n_failed) == (4, 1, 1, 2)
+        assert repo.find_measurement(session=s, study_id=st.id, params=CFG.as_params()).state == "ok"
+        repo.finish_study(session=s, study_id=st.id)
+    with session_scope(sessions) as s:
+        assert s.get(repo.Study, st.id).status == "finished"
+        reopened = repo.get_or_create_study(session=s, key=KEY, prefix=46000, sampler="tpe", seed=1)
+        assert reopened.status == "running"
+
+
+def test_database_errors_become_storage_errors(sessions):
+    with pytest.raises(StorageError, match="database error"):
+        with session_scope(sessions) as s:
+            from sqlalchemy import text
+
+            s.execute(text("select * from no_such_table"))

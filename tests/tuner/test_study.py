@@ -1,0 +1,144 @@
+"""The tuner's logic on CPU with the fake timing backend (a test double)."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+
+from kernels.config import KernelConfig
+from kernels.validate import check
+from tests.fakes import H200, FakeBackend
+from tuner import space
+from tuner.backend import Workload
+from tuner.db import repo
+from tuner.db.session import session_scope
+from tuner.heuristic import heuristic_config
+from tuner.study import run_study
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+WL = Workload(8, 9, 46000)
+
+
+def study(sessions, db_url, backend, **kw):
+    kw.setdefault("n_trials", 25)
+    kw.setdefault("seed", 1)
+    return run_study(backend=backend, sessions=sessions, storage_url=db_url, workload=kw.pop("workload", WL), **kw)
+
+
+def trials(sessions, study_id):
+    with session_scope(sessions) as s:
+        return repo.list_trials(session=s, study_id=study_id)
+
+
+def test_search_stores_a_valid_winner_with_speedup(sessions, db_url):
+    fb = FakeBackend()
+    out = study(sessions, db_url, fb)
+    assert out.stored and out.best is not None
+    assert check(out.best, H200, H=8, q_len=9) is None
+    assert out.speedup and out.speedup > 1
+    with session_scope(sessions) as s:
+        row = repo.get_best(session=s, key=out.key)
+    assert row.config == out.best and row.default_us == pytest.approx(out.default_m.median_us)
+    assert row.speedup == pytest.approx(out.speedup)
+    assert out.best.nsplit not in (12, 24)  # wrong / crashed configs never win
+
+
+def test_invalid_configs_never_reach_the_backend_and_do_not_use_the_budget(sessions, db_url):
+    fb = FakeBackend()
+    out = study(sessions, db_url, fb, n_trials=20)
+    rows = trials(sessions, out.study_id)
+    invalid = [t for t in rows if t.state == "invalid"]
+    measured_in_search = len(rows) - len(invalid)
+    assert measured_in_search == 20  # budget counts measurements only
+    assert invalid and all(t.reason for t in invalid)
+    # FakeBackend.measure asserts it never sees an invalid config
+
+
+def test_failed_trials_are_recorded_with_reasons(sessions, db_url):
+    fb = FakeBackend(wrong_nsplit=64, crash_nsplit=32)  # near the optimum, so TPE tries them
+    out = study(sessions, db_url, fb, n_trials=30)
+    states = {t.state for t in trials(sessions, out.study_id)}
+    assert {"wrong", "crashed"} <= states
+    rows = [t for t in trials(sessions, out.study_id) if t.state in ("wrong", "crashed")]
+    assert all(t.reason for t in rows) and out.best.nsplit not in (64, 32)
+
+
+def test_repeated_params_are_answered_from_storage(sessions, db_url):
+    fb = FakeBackend()
+    out = study(sessions, db_url, fb, n_trials=30, restrict={"STAGES": [2], "BLOCK": [256]})
+    search = [t for t in trials(sessions, out.study_id) if t.state != "invalid"]
+    keys = [tuple(sorted(t.params.items())) for t in search]
+    assert len(keys) == 30 and len(keys) == len(set(keys)), "a parameter set was measured twice"
+    st = optuna.load_study(study_name=out.key.study_name, storage=db_url)
+    reused = [t for t in st.trials if "reused_trial" in t.user_attrs]
+    assert reused, "TPE on a small space must have proposed a measured config again"
+    for t in reused:
+        src = st.trials[t.user_attrs["reused_trial"]]
+        assert t.params == src.params and (t.value == src.value or t.value is None)
+
+
+def test_warm_start_measures_the_default_then_neighbours_first(sessions, db_url):
+    fb = FakeBackend()
+    neighbour = KernelConfig(nsplit=96, ht=4, tk=16, block=256, stages=3)
+    with session_scope(sessions) as s:
+        repo.upsert_device(session=s, limits=H200)
+        from kernels import kernel_hash
+        from tuner.workload import WorkloadKey
+
+        repo.upsert_best(session=s, key=WorkloadKey(H200.name, kernel_hash(), "bf16", 8, 9, 14), config=neighbour,
+                         median_us=30.0)
+    study(sessions, db_url, fb, n_trials=5)
+    assert fb.measured[0] == heuristic_config(H200, H=8, q_len=9, prefix=46000)
+    assert fb.measured[1] == neighbour
+
+
+def test_resume_reuses_measurements(sessions, db_url):
+    first = study(sessions, db_url, FakeBackend(), n_trials=15)
+    fb2 = FakeBackend(seed=5)
+    second = study(sessions, db_url, fb2, n_trials=15)
+    assert second.study_id == first.study_id and second.key == first.key
+    assert fb2.measured == [], "the resumed study re-ran a search measurement"
+    fb3 = FakeBackend(seed=6)
+    third = study(sessions, db_url, fb3, n_trials=20)  # a larger budget: only the difference is measured
+    assert len(fb3.measured) == 5
+    assert len([t for t in trials(sessions, third.study_id) if t.state != "invalid"]) == 20
+
+
+def test_grid_sampler_sweeps_every_valid_config(sessions, db_url):
+    restrict = {"NSPLIT": [16, 64, 128], "TK": [32, 64], "STAGES": [2]}
+    valid = space.valid_configs(H200, H=8, q_len=9, restrict=restrict)
+    fb = FakeBackend(wrong_nsplit=-1, crash_nsplit=-1, noise=0.0)
+    out = study(sessions, db_url, fb, n_trials=10_000, sampler="grid", restrict=restrict)
+    search = [c for c in fb.measured if c != out.default]  # the default is timed for the speedup
+    assert set(search) == set(valid) and len(search) == len(valid)
+    assert out.best == min(valid, key=lambda c: fb.cost(c, WL))
+
+
+def test_stored_best_is_kept_when_the_new_winner_is_within_noise(sessions, db_url):
+    fb = FakeBackend(noise=0.0)
+    out = study(sessions, db_url, fb, n_trials=25)
+    incumbent = out.best
+    # Everything now measures identical but for tiny noise: a challenger cannot displace it.
+    flat = FakeBackend(noise=0.05, cost=lambda c, w: 30.0, seed=9)
+    again = run_study(backend=flat, sessions=sessions, storage_url=db_url, workload=WL, n_trials=25, seed=2)
+    assert "kept stored best" in again.decision or again.best == incumbent
+    with session_scope(sessions) as s:
+        assert repo.get_best(session=s, key=out.key).config == incumbent
+
+
+def test_a_clearly_faster_config_replaces_the_stored_best(sessions, db_url):
+    from kernels import kernel_hash
+    from tuner.buckets import bucket_of
+    from tuner.workload import WorkloadKey
+
+    slow_best = KernelConfig(nsplit=8, ht=1, tk=16, block=128)
+    key = WorkloadKey(H200.name, kernel_hash(), "bf16", 8, 9, bucket_of(46000).index)
+    with session_scope(sessions) as s:
+        repo.upsert_device(session=s, limits=H200)
+        repo.upsert_best(session=s, key=key, config=slow_best, median_us=1000.0)
+    fb = FakeBackend(noise=0.0)
+    out = study(sessions, db_url, fb, n_trials=25)
+    assert out.decision == "stored new best" and out.best != slow_best
+    assert slow_best in fb.remeasured[-1], "the incumbent must be re-timed beside the challengers"
+    with session_scope(sessions) as s:
+        assert repo.get_best(session=s, key=key).config == out.best
