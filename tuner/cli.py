@@ -62,10 +62,15 @@ def db() -> None:
 @click.pass_obj
 @_errors_as_clean_exit
 def db_upgrade(settings: Settings, revision: str) -> None:
-    """Create or migrate the schema (run once before `tuner serve`)."""
+    """Create or migrate the schema (run once before `tuner serve` or `tuner study start`).
+
+    Also creates Optuna's tables in the study storage, so that tuners starting together on
+    several GPUs never race to create them."""
     from tuner.db import migrate
+    from tuner.study import open_storage
 
     migrate.upgrade(settings.database_url, revision)
+    open_storage(settings.study_storage or settings.database_url)
     click.echo(f"database at revision {revision}: {_safe_url(settings.database_url)}")
 
 

@@ -65,11 +65,26 @@ def _params(cfg: KernelConfig) -> dict[str, int]:
     return cfg.as_params()
 
 
-def _storage(url: str) -> optuna.storages.BaseStorage:
+def open_storage(url: str) -> optuna.storages.BaseStorage:
+    """Optuna's RDB storage at `url`, creating its schema if needed.
+
+    `tuner db upgrade` calls this up front; the retry covers workers that start together on a
+    fresh separate storage and race to create the same tables."""
+    from sqlalchemy.exc import IntegrityError, ProgrammingError
+
     if url.startswith("sqlite"):
         make_engine(url).dispose()  # journal_mode=WAL is stored in the file: set it once
-        return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}})
-    return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True})
+        kwargs: dict[str, object] = {"connect_args": {"timeout": 60}}
+    else:
+        kwargs = {"pool_pre_ping": True}
+    for attempt in range(5):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+        except (IntegrityError, ProgrammingError):
+            if attempt == 4:
+                raise
+            time.sleep(0.5 * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 def _sampler(name: str, seed: int | None, choices: dict[str, list[int]]) -> optuna.samplers.BaseSampler:
@@ -153,7 +168,7 @@ def run_study(
         study_row = repo.get_or_create_study(session=s, key=key, prefix=workload.prefix, sampler=sampler, seed=seed)
         warm = warm_start_configs(session=s, key=key, limits=limits, workload=workload)
     out = Outcome(key, workload, study_row.id, default=warm[0])
-    study = optuna.create_study(study_name=key.study_name, storage=_storage(storage_url), direction="minimize",
+    study = optuna.create_study(study_name=key.study_name, storage=open_storage(storage_url), direction="minimize",
                                 sampler=_sampler(sampler, seed, choices), load_if_exists=True)
     study.set_user_attr("workload_key", str(key))
     for cfg in warm:

@@ -1,0 +1,20 @@
+"""Body of one `study start`-like process for the shared-study test (fake backend: tests only)."""
+
+from __future__ import annotations
+
+import os
+
+from tests.fakes import FakeBackend
+from tuner.backend import Workload
+from tuner.db.session import make_engine, session_factory
+from tuner.study import run_study
+
+
+def run(url: str, seed: int, n_trials: int) -> tuple[int, int]:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    fb = FakeBackend(seed=seed)
+    run_study(backend=fb, sessions=session_factory(make_engine(url)), storage_url=url,
+              workload=Workload(8, 9, 46000), n_trials=n_trials, seed=seed)
+    return os.getpid(), len(fb.measured)

@@ -1,0 +1,33 @@
+"""Two tuner processes share one study through PostgreSQL: work is split and nothing is lost."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+
+import optuna
+
+from tests.tuner.shared_worker import run
+from tuner.db import migrate, repo
+from tuner.db.session import make_engine, session_factory, session_scope
+
+
+def test_two_processes_share_one_study_on_postgres(pg_url):
+    from tuner.study import open_storage
+
+    migrate.upgrade(pg_url)
+    open_storage(pg_url)  # what `tuner db upgrade` does
+    with mp.get_context("spawn").Pool(2) as pool:
+        results = pool.starmap(run, [(pg_url, 1, 30), (pg_url, 2, 30)])
+    assert all(n > 0 for _, n in results), f"both processes must measure: {results}"
+    (study_name,) = [s.study_name for s in optuna.get_all_study_summaries(storage=pg_url)]
+    st = optuna.load_study(study_name=study_name, storage=pg_url)
+    assert not [t for t in st.trials if not t.state.is_finished()], "a trial was left running"
+    measured = [t for t in st.trials if t.user_attrs.get("measured")]
+    assert len(measured) >= 30
+    with session_scope(session_factory(make_engine(pg_url))) as s:
+        (study_row,) = s.query(repo.Study).all()
+        rows = [t for t in repo.list_trials(session=s, study_id=study_row.id) if t.state != "invalid"]
+        best = repo.list_best(session=s)
+    search_rows = len(rows)
+    assert search_rows >= len(measured), "a measured Optuna trial has no row in tuning_trials"
+    assert len(best) == 1

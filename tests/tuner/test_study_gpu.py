@@ -1,0 +1,59 @@
+"""A real study on the GPU, end to end, then the stored best read back through the API."""
+
+from __future__ import annotations
+
+import pytest
+
+from tuner.backend import CRASHED, OK, TIMEOUT, Workload
+
+pytestmark = pytest.mark.gpu
+
+
+def test_small_real_study_then_api(sqlite_url, tmp_path):
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+    from tuner.db import migrate
+    from tuner.db.session import make_engine, session_factory
+    from tuner.settings import Settings
+    from tuner.study import run_study
+    from tuner.worker import IsolatedBackend
+
+    migrate.upgrade(sqlite_url)
+    sessions = session_factory(make_engine(sqlite_url))
+    backend = IsolatedBackend(measurer_kwargs={"cache_dir": str(tmp_path / "cache")}, timeout_s=120)
+    try:
+        out = run_study(backend=backend, sessions=sessions, storage_url=sqlite_url, workload=Workload(8, 9, 8192),
+                        n_trials=8, seed=0)
+    finally:
+        backend.close()
+    assert out.stored and out.best_m.median_us > 0 and out.default_m is not None
+    settings = Settings(database_url=sqlite_url, cache_dir=tmp_path)
+    with TestClient(create_app(settings)) as c:
+        body = c.get("/config", params={"H": 8, "q_len": 9, "prefix": 8192}).json()
+    assert body["source"] == "tuned" and body["device"] == backend.limits.name
+    assert (body["NSPLIT"], body["HT"], body["TK"], body["BLOCK"]) == (
+        out.best.nsplit, out.best.ht, out.best.tk, out.best.block)
+    assert body["expected_us"] == pytest.approx(out.best_m.median_us)
+
+
+def test_faulting_and_hanging_kernels_fail_only_their_trial(tmp_path):
+    from tests.gpu_measurers import FAULT, HANG
+    from tuner.worker import IsolatedBackend
+
+    from kernels.config import KernelConfig
+
+    backend = IsolatedBackend(measurer="tests.gpu_measurers:FaultInjectingGpuMeasurer",
+                              measurer_kwargs={"cache_dir": str(tmp_path / "cache")}, timeout_s=45)
+    try:
+        wl = Workload(8, 9, 4096)
+        fault = backend.measure(FAULT, wl)
+        assert fault.state == CRASHED and "illegal" in fault.reason.lower(), fault.reason
+        good = backend.measure(KernelConfig(nsplit=8, ht=8, tk=32, block=256), wl)
+        assert good.state == OK
+        hang = backend.measure(HANG, wl)
+        assert hang.state == TIMEOUT
+        assert backend.measure(KernelConfig(nsplit=16, ht=8, tk=32, block=256), wl).state == OK
+        assert backend.restarts == 2
+    finally:
+        backend.close()

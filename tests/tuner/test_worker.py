@@ -1,0 +1,69 @@
+"""Crash isolation on CPU: a child that segfaults or hangs fails only its own measurement."""
+
+from __future__ import annotations
+
+import pytest
+
+from kernels.config import KernelConfig
+from kernels.errors import LaunchError
+from tuner.backend import CRASHED, OK, TIMEOUT, Workload
+from tuner.worker import IsolatedBackend
+
+WL = Workload(8, 9, 46000)
+GOOD = KernelConfig(nsplit=64, ht=8, tk=32, block=256)
+
+
+@pytest.fixture
+def backend():
+    b = IsolatedBackend(measurer="tests.fakes:MisbehavingMeasurer", timeout_s=3)
+    yield b
+    b.close()
+
+
+def test_measures_in_a_child_process(backend):
+    m = backend.measure(GOOD, WL)
+    assert m.state == OK and m.median_us > 0
+    assert backend._proc.pid != __import__("os").getpid()
+
+
+def test_segfault_fails_one_measurement_and_the_worker_restarts(backend):
+    m = backend.measure(KernelConfig(nsplit=2, ht=8, tk=32, block=256), WL)
+    assert m.state == CRASHED and "SIGSEGV" in m.reason
+    assert backend.restarts == 1
+    assert backend.measure(GOOD, WL).state == OK
+
+
+def test_hang_times_out_and_the_worker_restarts(backend):
+    m = backend.measure(KernelConfig(nsplit=4, ht=8, tk=32, block=256), WL)
+    assert m.state == TIMEOUT and "3 s" in m.reason
+    assert backend.restarts == 1
+    assert backend.measure(GOOD, WL).state == OK
+
+
+def test_remeasure_failure_maps_to_every_candidate(backend):
+    ms = backend.remeasure([GOOD, GOOD], WL, 2)
+    assert [m.state for m in ms] == [OK, OK]
+
+
+def test_a_measurer_that_cannot_start_is_reported():
+    with pytest.raises(LaunchError, match="failed to start"):
+        IsolatedBackend(measurer="tests.fakes:NoSuchMeasurer", timeout_s=3)
+
+
+def test_study_goes_on_past_crashes_and_hangs(sessions, db_url):
+    """A study whose search space includes crashing and hanging configs still finishes and stores."""
+    from tuner.db import repo
+    from tuner.db.session import session_scope
+    from tuner.study import run_study
+
+    b = IsolatedBackend(measurer="tests.fakes:MisbehavingMeasurer", timeout_s=3)
+    try:
+        out = run_study(backend=b, sessions=sessions, storage_url=db_url, workload=WL, n_trials=8, seed=3,
+                        restrict={"NSPLIT": [2, 4, 64], "HT": [8], "TK": [32], "BLOCK": [256, 512], "STAGES": [2]},
+                        sampler="grid")
+    finally:
+        b.close()
+    with session_scope(sessions) as s:
+        states = sorted(t.state for t in repo.list_trials(session=s, study_id=out.study_id))
+    assert "crashed" in states and "timeout" in states and "ok" in states
+    assert out.stored and out.best.nsplit == 64
