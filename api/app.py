@@ -11,6 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from api.metrics import Metrics
+from api.service import TableCache
 from api.routes import admin, config, health
 from tuner.db.migrate import ensure_current
 from tuner.db.session import make_engine, session_factory
@@ -43,6 +44,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                               "q_len and prefix bucket.")
     app.state.settings = settings
     app.state.metrics = Metrics()
+    app.state.tables = TableCache()
     app.include_router(config.router)
     app.include_router(health.router)
     app.include_router(admin.router)

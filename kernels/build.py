@@ -145,3 +145,23 @@ def ptxas_report(log: str, function: str = "verify_attn_partial") -> dict[str, i
         "spill_loads": int(spill_ld.group(1)) if spill_ld else 0,
         "stack_frame": int(stack.group(1)) if stack else 0,
     }
+
+
+def _compile_one(args: tuple[KernelConfig, int, str, str]) -> str | None:
+    cfg, q_len, arch, cache_dir = args
+    try:
+        compile_cubin(cfg, q_len, arch, Path(cache_dir))
+    except CompileError as exc:
+        return f"{cfg}: {exc}"
+    return None
+
+
+def precompile(configs: list[KernelConfig], q_len: int, arch: str, cache_dir: Path,
+               workers: int | None = None) -> list[str]:
+    """Fill the cache for many configs in parallel (nvcc is single-threaded); returns failures,
+    which the measurement then reports per config."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    jobs = [(c, q_len, arch, str(cache_dir)) for c in configs]
+    with ProcessPoolExecutor(max_workers=workers or os.cpu_count()) as pool:
+        return [r for r in pool.map(_compile_one, jobs) if r]

@@ -22,6 +22,19 @@ def _parse_range(text: str) -> tuple[int, int]:
     return lo, hi
 
 
+def _parse_only(items: tuple[str, ...]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for item in items:
+        name, _, values = item.partition("=")
+        try:
+            out[name.strip().upper()] = [int(v) for v in values.split(",") if v.strip()]
+        except ValueError:
+            raise click.BadParameter(f"expected NAME=V1,V2 with integers, got {item!r}") from None
+        if not out[name.strip().upper()]:
+            raise click.BadParameter(f"no values in {item!r}")
+    return out
+
+
 def prefixes_for(prefix: tuple[int, ...], prefix_range: str | None) -> list[int]:
     """Explicit prefixes, plus one representative prefix per bucket of the range."""
     from tuner import buckets
@@ -74,12 +87,18 @@ def register(study: click.Group, clean: Callable[..., Any]) -> None:
     @click.option("--device", "ordinal", type=int, default=0, show_default=True, help="CUDA device ordinal.")
     @click.option("--measure-timeout", type=float, default=120.0, show_default=True,
                   help="Seconds before a hanging measurement is killed.")
+    @click.option("--only", "only", multiple=True, metavar="NAME=V1,V2",
+                  help="Restrict a constant's candidates, e.g. --only STAGES=2 --only BLOCK=256,512.")
     @click.pass_obj
     @clean
     def start(settings: Settings, H: int, q_len: int, prefix: tuple[int, ...], prefix_range: str | None, trials: int,
               timeout: float | None, sampler: str, seed: int | None, storage: str | None, ordinal: int,
-              measure_timeout: float) -> None:
+              measure_timeout: float, only: tuple[str, ...]) -> None:
         """Tune the kernel on the local GPU for each (H, q_len, prefix bucket); resumable."""
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.ERROR)  # our progress bar says what matters
+        restrict = _parse_only(only)
         from tuner.backend import Workload
         from tuner.db.migrate import ensure_current
         from tuner.db.session import make_engine, session_factory
@@ -98,7 +117,8 @@ def register(study: click.Group, clean: Callable[..., Any]) -> None:
                 bar = _Bar()
                 outcomes.append(run_study(backend=backend, sessions=sessions, storage_url=storage_url,
                                           workload=Workload(H, q_len, p), n_trials=trials, sampler=sampler,
-                                          seed=seed, timeout_s=timeout, on_progress=bar))
+                                          seed=seed, timeout_s=timeout, on_progress=bar,
+                                          precompile_dir=settings.cache_dir, restrict=restrict or None))
                 bar.end()
         finally:
             backend.close()

@@ -11,6 +11,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import optuna
 from sqlalchemy.orm import Session, sessionmaker
@@ -152,6 +153,7 @@ def run_study(
     *, backend: Backend, sessions: sessionmaker[Session], storage_url: str, workload: Workload, n_trials: int,
     sampler: str = "tpe", seed: int | None = None, timeout_s: float | None = None, top_k: int = 3, rounds: int = 4,
     on_progress: Callable[[Progress], None] | None = None, restrict: dict[str, list[int]] | None = None,
+    precompile_dir: Path | None = None,
 ) -> Outcome:
     """Search, pick the winner, store it. `restrict` narrows the choices of some constants
     (e.g. {"STAGES": [2]}); `n_trials` counts measurements, not invalid or repeated configs."""
@@ -225,6 +227,11 @@ def run_study(
         if n >= budget or len(ledger.known) >= len(valid) or ledger.total >= 20 * budget + len(valid):
             st.stop()
 
+    if sampler == "grid" and precompile_dir is not None:  # the grid is known: build it all up front
+        from kernels.build import precompile
+
+        precompile([c for c in valid if tuple(_params(c).values()) not in ledger.known], key.q_len, limits.arch,
+                   precompile_dir)
     if ledger.measured < budget and len(ledger.known) < len(valid):
         study.optimize(objective, timeout=timeout_s, callbacks=[stop_when_done], gc_after_trial=False)
     _pick_winner(out, study=study, backend=backend, sessions=sessions, workload=workload, top_k=top_k, rounds=rounds)

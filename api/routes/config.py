@@ -9,7 +9,6 @@ from fastapi import APIRouter, Query, Request, Response
 
 from api.deps import SessionDep, SettingsDep
 from api.schemas import ConfigOut, ConfigTableOut
-from tuner import lookup
 from tuner.buckets import MAX_PREFIX
 
 router = APIRouter(tags=["configs"])
@@ -22,14 +21,23 @@ DtypeParam = Annotated[Literal["bf16"], Query(description="element type of q / k
 
 @router.get("/config", response_model=ConfigOut)
 def get_config(
-    session: SessionDep, settings: SettingsDep, request: Request, H: HParam, q_len: QParam,
+    session: SessionDep, settings: SettingsDep, request: Request, response: Response, H: HParam, q_len: QParam,
     prefix: Annotated[int, Query(ge=0, le=MAX_PREFIX, description="prefix (KV-cache) length in tokens")],
     device: DeviceParam = None, dtype: DtypeParam = "bf16",
 ) -> ConfigOut:
-    limits = lookup.resolve_device(session=session, name=device, default=settings.device)
-    ans = lookup.answer(session=session, limits=limits, H=H, q_len=q_len, prefix=prefix, dtype=dtype)
+    table = _table(request, session, settings, device, H, q_len, dtype, response)
+    ans = table.pick(prefix)
     request.app.state.metrics.lookup(ans.source)
     return ConfigOut.of(ans)
+
+
+def _table(request: Request, session, settings, device, H, q_len, dtype, response: Response):  # type: ignore[no-untyped-def]
+    table = request.app.state.tables.table(session=session, device=device, default_device=settings.device, H=H,
+                                           q_len=q_len, dtype=dtype)
+    if table.stale:
+        request.app.state.metrics.db_error()
+        response.headers["X-Config-Stale"] = f"database unavailable, serving the last good table: {table.stale}"
+    return table
 
 
 @router.get("/configs", response_model=ConfigTableOut)
@@ -37,10 +45,10 @@ def get_configs(
     session: SessionDep, settings: SettingsDep, request: Request, response: Response, H: HParam, q_len: QParam,
     device: DeviceParam = None, dtype: DtypeParam = "bf16",
 ) -> ConfigTableOut | Response:
-    limits = lookup.resolve_device(session=session, name=device, default=settings.device)
-    answers = lookup.table(session=session, limits=limits, H=H, q_len=q_len, dtype=dtype)
-    body = ConfigTableOut(device=limits.name, kernel_hash=answers[0].kernel_hash, dtype=dtype, H=H, q_len=q_len,
-                          configs=[ConfigOut.of(a) for a in answers])
+    table = _table(request, session, settings, device, H, q_len, dtype, response)
+    answers = table.answers
+    body = ConfigTableOut(device=table.limits.name, kernel_hash=answers[0].kernel_hash, dtype=dtype, H=H,
+                          q_len=q_len, configs=[ConfigOut.of(a) for a in answers])
     etag = '"' + hashlib.sha256(body.model_dump_json().encode()).hexdigest()[:32] + '"'
     if request.headers.get("if-none-match") == etag:
         return Response(status_code=304, headers={"ETag": etag})

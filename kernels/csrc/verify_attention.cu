@@ -208,6 +208,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
     const bf16* Kt = Ks + (it % STAGES) * TK * KSTRIDE;
     const int vbase = v0 + it * TK;
 
+#ifndef VA_PROFILE_SKIP_QK  // profiling variants leave one phase out (bench/profile_kernel.py)
     // ---- S^T = K . Q^T, written to smem as scaled, masked log2-domain scores S[row][token]
     {
       float sacc[2][MQ][NQ][4];  // even and odd k-steps: two independent mma chains
@@ -260,8 +261,10 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
           }
         }
     }
+#endif
     __syncthreads();
 
+#ifndef VA_PROFILE_SKIP_SOFTMAX
     // ---- online softmax: LPR lanes per row, RPP rows per warp pass; P (bf16) overwrites the
     // row's scores in place (every lane of the row has read before any lane writes)
     {
@@ -296,8 +299,10 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
         }
       }
     }
+#endif
     __syncthreads();
 
+#ifndef VA_PROFILE_SKIP_PV
     // ---- O^T = alpha * O^T + V^T . P^T
 #pragma unroll
     for (int nr = 0; nr < NR; ++nr) {
@@ -326,6 +331,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
         for (int nr = 0; nr < NR; ++nr) mma16816(acc[mw][nr], fa, fb[nr]);
       }
     }
+#endif
     if (tid < TK) slot_s[tid] = next_slot;
   }
   cp_async_wait<0>();

@@ -233,3 +233,13 @@ def finish_study(*, session: Session, study_id: int, status: str = "finished") -
     study = session.get(Study, study_id)
     if study is not None:
         study.status, study.finished_at = status, utcnow()
+
+
+def data_stamp(*, session: Session) -> tuple[object, ...]:
+    """Changes whenever best configs or devices change: the API's cache key."""
+    from sqlalchemy import func
+
+    best = session.execute(select(func.count(BestConfig.id), func.max(BestConfig.tuned_at),
+                                  func.max(BestConfig.id))).one()
+    dev = session.execute(select(func.count(Device.id), func.max(Device.recorded_at))).one()
+    return (*best, *dev)

@@ -1,0 +1,119 @@
+"""Worker-side client: import it in an inference worker (no CUDA, no FastAPI needed).
+
+    client = ConfigClient("http://127.0.0.1:8177", H=8, q_len=9, device="NVIDIA H200")
+    client.fetch()                 # once, at startup: the whole bucket table (never raises)
+    cfg = client.lookup(prefix)    # every decode step: a bisect, no I/O
+
+`fetch` falls back to the last snapshot saved on disk when the sidecar is unreachable, then to
+the heuristic default, and says which in `source` / `reason`; a worker never blocks on, or
+crashes because of, the sidecar.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import os
+import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from kernels.config import KernelConfig
+from kernels.limits import DeviceLimits, known_device
+from tuner import buckets
+from tuner.heuristic import heuristic_config
+
+_FIELDS = ("NSPLIT", "HT", "TK", "BLOCK", "STAGES")
+
+
+@dataclass(frozen=True)
+class Entry:
+    lo: int
+    hi: int
+    config: KernelConfig
+    source: str  # tuned | nearest | heuristic (as the sidecar answered)
+
+
+class ConfigClient:
+    def __init__(self, base_url: str, *, H: int, q_len: int, device: str, dtype: str = "bf16",
+                 snapshot_dir: str | os.PathLike[str] | None = None, timeout_s: float = 2.0,
+                 limits: DeviceLimits | None = None) -> None:
+        self.base_url, self.H, self.q_len, self.device, self.dtype = base_url.rstrip("/"), H, q_len, device, dtype
+        self.timeout_s = timeout_s
+        self.limits = limits or known_device(device)
+        name = f"configs-{_slug(device)}-H{H}-q{q_len}-{dtype}.json"
+        self.snapshot = Path(snapshot_dir or Path(tempfile.gettempdir()) / "verify-tuner") / name
+        self._starts: list[int] = []
+        self._entries: list[Entry] = []
+        self.source = "none"  # sidecar | snapshot | heuristic
+        self.reason = "fetch() not called yet"
+
+    # --- startup ---------------------------------------------------------------------------
+    def fetch(self) -> str:
+        """Load the table: sidecar, else saved snapshot, else heuristic. Returns the source."""
+        try:
+            table = self._get_table()
+            self._load(table)
+            self._save(table)
+            self.source, self.reason = "sidecar", f"{self.base_url}: {len(self._entries)} buckets"
+            return self.source
+        except (OSError, ValueError, KeyError) as exc:  # unreachable, HTTP error, bad body
+            err = f"sidecar unavailable ({type(exc).__name__}: {exc})"
+        try:
+            self._load(json.loads(self.snapshot.read_text()))
+            self.source, self.reason = "snapshot", f"{err}; using snapshot {self.snapshot}"
+            return self.source
+        except (OSError, ValueError, KeyError) as exc:
+            err += f"; no usable snapshot ({type(exc).__name__})"
+        if self.limits is None:
+            raise RuntimeError(f"{err}; and device {self.device!r} is unknown, so no heuristic either")
+        self._entries = [Entry(b.lo, b.hi, heuristic_config(self.limits, H=self.H, q_len=self.q_len, prefix=b.mid),
+                               "heuristic") for b in buckets.ALL]
+        self._starts = [e.lo for e in self._entries]
+        self.source, self.reason = "heuristic", f"{err}; using the built-in heuristic for {self.limits.name}"
+        return self.source
+
+    def _get_table(self) -> dict:
+        q = urllib.parse.urlencode({"H": self.H, "q_len": self.q_len, "device": self.device, "dtype": self.dtype})
+        with urllib.request.urlopen(f"{self.base_url}/configs?{q}", timeout=self.timeout_s) as resp:
+            return json.loads(resp.read())
+
+    def _load(self, table: dict) -> None:
+        if (table["H"], table["q_len"]) != (self.H, self.q_len):
+            raise ValueError(f"table is for H={table['H']} q_len={table['q_len']}")
+        entries = [Entry(c["bucket"]["lo"], c["bucket"]["hi"],
+                         KernelConfig.from_params({k: c[k] for k in _FIELDS if k in c}), c["source"])
+                   for c in table["configs"]]
+        entries.sort(key=lambda e: e.lo)
+        if not entries or entries[0].lo != 0 or any(a.hi != b.lo for a, b in zip(entries, entries[1:])):
+            raise ValueError("table does not cover every prefix")
+        self._entries, self._starts = entries, [e.lo for e in entries]
+
+    def _save(self, table: dict) -> None:
+        self.snapshot.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.snapshot.parent, prefix=self.snapshot.name)
+        with os.fdopen(fd, "w") as f:
+            json.dump(table, f)
+        os.replace(tmp, self.snapshot)
+
+    # --- every decode step -----------------------------------------------------------------
+    def lookup(self, prefix: int) -> KernelConfig:
+        """The config for this prefix length: a bisect over the cached table."""
+        if not self._entries:
+            raise RuntimeError("call fetch() first")
+        i = bisect.bisect_right(self._starts, prefix) - 1
+        e = self._entries[max(i, 0)]
+        if not e.lo <= prefix < e.hi:
+            raise ValueError(f"prefix {prefix} outside 0..{self._entries[-1].hi - 1}")
+        return e.config
+
+    def distinct_configs(self) -> list[KernelConfig]:
+        """Every config the table can answer: what a worker pre-compiles / graph-captures."""
+        return sorted({e.config for e in self._entries})
+
+
+def _slug(s: str) -> str:
+    return "".join(ch if ch.isalnum() else "-" for ch in s).strip("-")

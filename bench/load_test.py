@@ -1,0 +1,110 @@
+"""Load test of a real `tuner serve` over loopback: N concurrent clients, bounded in count and
+time. Writes bench/results/load_test.{md,json}.
+
+    python bench/load_test.py --clients 200 --requests 50 --rate 20
+Each client keeps one connection and sends --requests lookups, paced at --rate per second
+(0 = back to back, which measures capacity rather than latency).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from tests.helpers import free_port, running_server  # noqa: E402
+
+
+async def client(base: str, n: int, rate: float, deadline: float, lat: list[float], errors: list[str],
+                 rng: random.Random) -> None:
+    async with httpx.AsyncClient(base_url=base, timeout=5.0) as c:
+        await asyncio.sleep(rng.random() / max(rate, 1))  # spread the first requests
+        for _ in range(n):
+            if time.monotonic() > deadline:
+                return
+            t0 = time.perf_counter()
+            try:
+                r = await c.get("/config", params={"H": 8, "q_len": 9, "prefix": rng.randrange(0, 200_000)})
+                if r.status_code != 200:
+                    errors.append(f"HTTP {r.status_code}")
+            except httpx.HTTPError as exc:
+                errors.append(type(exc).__name__)
+            lat.append(time.perf_counter() - t0)
+            if rate > 0:
+                await asyncio.sleep(max(0.0, 1 / rate - (time.perf_counter() - t0)))
+
+
+async def run(base: str, clients: int, requests: int, rate: float, max_s: float) -> dict:
+    lat: list[float] = []
+    errors: list[str] = []
+    deadline = time.monotonic() + max_s
+    t0 = time.perf_counter()
+    await asyncio.gather(*(client(base, requests, rate, deadline, lat, errors, random.Random(i))
+                           for i in range(clients)))
+    wall = time.perf_counter() - t0
+    q = statistics.quantiles(lat, n=100)
+    return {"clients": clients, "requests_per_client": requests, "rate_per_client": rate, "sent": len(lat),
+            "errors": len(errors), "error_kinds": sorted(set(errors)), "wall_s": wall, "req_per_s": len(lat) / wall,
+            "p50_ms": q[49] * 1e3, "p90_ms": q[89] * 1e3, "p99_ms": q[98] * 1e3, "max_ms": max(lat) * 1e3}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--clients", type=int, default=200)
+    ap.add_argument("--requests", type=int, default=50)
+    ap.add_argument("--rate", type=float, nargs="+", default=[2.0, 10.0, 0.0])
+    ap.add_argument("--max-seconds", type=float, default=60.0)
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp())
+    env = {"TUNER_DATABASE_URL": f"sqlite:///{tmp / 'c.db'}", "TUNER_DEVICE": "h200"}
+    full = {**os.environ, **env}
+    subprocess.run([sys.executable, "-m", "tuner", "db", "upgrade"], env=full, check=True, capture_output=True)
+    rows = [{"device": "h200", "H": 8, "q_len": 9, "prefix": p, "NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256}
+            for p in (1024, 4096, 16384, 46000, 131072)]
+    (tmp / "rows.json").write_text(json.dumps(rows))
+    subprocess.run([sys.executable, "-m", "tuner", "configs", "import", str(tmp / "rows.json")], env=full, check=True,
+                   capture_output=True)
+    port = free_port()
+    results = []
+    with running_server(env, port=port):
+        for rate in args.rate:
+            res = asyncio.run(run(f"http://127.0.0.1:{port}", args.clients, args.requests, rate, args.max_seconds))
+            results.append(res)
+            print(json.dumps(res))
+    write(args.out, results)
+
+
+def write(out: Path, results: list[dict]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"date": dt.date.today().isoformat(), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+            "python": platform.python_version(), "results": results}
+    (out / "load_test.json").write_text(json.dumps(meta, indent=1))
+    lines = [f"# Load test of `tuner serve` — {meta['date']}, {meta['machine']} (server and clients share them)",
+             "", "GET /config over loopback, one uvicorn process, SQLite; client-side latency including the "
+             "asyncio client's own overhead. Rate 0 = back to back (capacity).", "",
+             "| clients | rate/client (req/s) | requests | errors | req/s | p50 ms | p90 ms | p99 ms | max ms |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| {r['clients']} | {r['rate_per_client'] or 'max'} | {r['sent']} | {r['errors']} | "
+                     f"{r['req_per_s']:.0f} | {r['p50_ms']:.2f} | {r['p90_ms']:.2f} | {r['p99_ms']:.2f} | "
+                     f"{r['max_ms']:.1f} |")
+    (out / "load_test.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

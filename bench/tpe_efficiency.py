@@ -1,0 +1,86 @@
+"""How many TPE trials reach within 3% of the exhaustive sweep's best? Replays the tuner's own
+search (run_study with its TPE settings, warm start and dedupe) against the measured sweep, on
+the CPU: the objective answers each config with its measured median from the sweep.
+
+    python bench/tpe_efficiency.py bench/results/sweep_H8_q9_p46000_sm_90.json --seeds 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+class Replay:
+    """A Backend answering from a recorded sweep (used by this analysis only)."""
+
+    def __init__(self, limits, table):  # type: ignore[no-untyped-def]
+        self.limits, self.table, self.calls = limits, table, []
+
+    def measure(self, cfg, wl):  # type: ignore[no-untyped-def]
+        from tuner.backend import Measurement
+
+        r = self.table[cfg]
+        self.calls.append(cfg)
+        if r["state"] != "ok":
+            return Measurement(r["state"], reason=r["reason"])
+        return Measurement("ok", r["median_us"], r["p10_us"], r["p90_us"], [r["median_us"]])
+
+    def remeasure(self, cfgs, wl, rounds):  # type: ignore[no-untyped-def]
+        return [self.measure(c, wl) for c in cfgs]
+
+    def close(self) -> None:
+        pass
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("sweep", type=Path)
+    ap.add_argument("--seeds", type=int, default=20)
+    ap.add_argument("--budget", type=int, default=150)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    import optuna
+
+    from kernels.config import KernelConfig
+    from kernels.limits import known_device
+    from tuner.backend import Workload
+    from tuner.db import migrate
+    from tuner.db.session import make_engine, session_factory
+    from tuner.study import run_study
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    sweep = json.loads(args.sweep.read_text())
+    table = {KernelConfig.from_params({k: r[k] for k in ("NSPLIT", "HT", "TK", "BLOCK", "STAGES")}): r
+             for r in sweep["rows"]}
+    best = min(r["median_us"] for r in sweep["rows"] if r["state"] == "ok")
+    limits = known_device(sweep["device"]) or known_device("h200")
+    needed = []
+    for seed in range(args.seeds):
+        url = f"sqlite:///{tempfile.mkdtemp()}/r.db"
+        migrate.upgrade(url)
+        rb = Replay(limits, table)
+        run_study(backend=rb, sessions=session_factory(make_engine(url)), storage_url=url,
+                  workload=Workload(sweep["H"], sweep["q_len"], sweep["prefix"]), n_trials=args.budget, seed=seed)
+        hit = next((i + 1 for i, c in enumerate(rb.calls)
+                    if table[c]["state"] == "ok" and table[c]["median_us"] <= 1.03 * best), None)
+        needed.append(hit if hit is not None else float("inf"))
+        print(f"seed {seed}: within 3% after {hit} measured trials", flush=True)
+    finite = [n for n in needed if n != float("inf")]
+    summary = {"sweep": args.sweep.name, "n_valid": sweep["n_valid"], "best_us": best, "seeds": args.seeds,
+               "budget": args.budget, "trials_to_3pct": needed,
+               "median": statistics.median(finite) if finite else None, "worst": max(needed),
+               "median_fraction_of_grid": (statistics.median(finite) / sweep["n_valid"]) if finite else None}
+    print(json.dumps(summary))
+    if args.out:
+        args.out.write_text(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()
