@@ -6,12 +6,12 @@ out=${1:?outdir}
 mkdir -p "$out"
 export TUNER_CACHE_DIR=/tmp/tc TUNER_DATABASE_URL=sqlite:////tmp/tune1.db
 rm -rf /tmp/tc /tmp/tune1.db* /tmp/tune2.db*
-t() { local s=$(date +%s.%N); "$@"; local rc=$?; echo "wall $(echo "$(date +%s.%N) - $s" | bc) s rc=$rc :: $*" | tee -a "$out/walltimes.txt"; }
+t() { local s=$(date +%s%N); "$@"; local rc=$?; local e=$(date +%s%N); echo "wall $(( (e - s) / 1000000 )) ms rc=$rc :: $*" | tee -a "$out/walltimes.txt"; }
 python3 -m tuner db upgrade
 t python3 -m tuner study start --H 8 --q-len 9 --prefix 46000 --trials 60 --seed 0 2>&1 | tail -4
 t python3 -m tuner study start --H 8 --q-len 9 --prefix 46000 --trials 60 --seed 0 2>&1 | tail -4
-TUNER_DATABASE_URL=sqlite:////tmp/tune2.db python3 -m tuner db upgrade
-TUNER_DATABASE_URL=sqlite:////tmp/tune2.db t python3 -m tuner study start --H 8 --q-len 9 --prefix 46000 --trials 60 --seed 0 2>&1 | tail -4
+env TUNER_DATABASE_URL=sqlite:////tmp/tune2.db python3 -m tuner db upgrade
+t env TUNER_DATABASE_URL=sqlite:////tmp/tune2.db python3 -m tuner study start --H 8 --q-len 9 --prefix 46000 --trials 60 --seed 0 2>&1 | tail -4
 for shape in "64 9 46000" "8 1 131072" "16 9 16384" "128 1 4096"; do
   set -- $shape
   t python3 -m tuner study start --H $1 --q-len $2 --prefix $3 --trials 40 --seed 0 2>&1 | tail -3
