@@ -57,7 +57,7 @@ def main() -> None:
     from kernels.launch import VerifyAttention
     from kernels.limits import read_device_limits
     from kernels.reference import naive_torch, reference, rel_error
-    from kernels.timing import rotating_inputs, time_launches
+    from kernels.timing import copy_bandwidth, rotating_inputs, time_launches
 
     limits = read_device_limits(0)
     shapes = [(8, 9, 46000), (64, 9, 46000), (8, 1, 131072)] if args.quick else [
@@ -71,7 +71,7 @@ def main() -> None:
         list(pool.map(_compile, [(c, Q, limits.arch, args.cache) for c, Q in jobs]))
     print(f"compiled {len(jobs)} (config, q_len) modules for {limits.arch}", flush=True)
 
-    bw = measure_copy_bandwidth(torch)
+    bw = copy_bandwidth()
     rows = []
     for (H, Q, P), (base, configs) in plans.items():
         sets = rotating_inputs(prefix_lens=[P], q_len=Q, H=H, l2_bytes=limits.l2_bytes, seed=H + Q + P)
@@ -121,22 +121,6 @@ def main() -> None:
     write_results(args.out, limits, bw, rows, quick=args.quick)
 
 
-def measure_copy_bandwidth(torch) -> float:
-    """Device-to-device copy bandwidth, bytes read + written per second."""
-    n = 1 << 30
-    a = torch.empty(n, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    for _ in range(3):
-        b.copy_(a)
-    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(10):
-        b.copy_(a)
-    stop.record()
-    torch.cuda.synchronize()
-    return 2 * n * 10 / (start.elapsed_time(stop) / 1000)
-
-
 def write_results(out: Path, limits, bw: float, rows: list[dict], *, quick: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
     stamp = dt.date.today().isoformat()
@@ -159,7 +143,7 @@ def write_results(out: Path, limits, bw: float, rows: list[dict], *, quick: bool
         lines.append(
             f"| {r['H']} | {r['Q']} | {r['prefix']} | {r['floor_us']:.1f} | {r['naive_us']:.1f} | {d} | "
             f"{r['best_us']:.1f} ({r['best_partial_us']:.1f}) | {r['best_us'] / r['floor_us']:.2f} | "
-            f"{r['gflop'] / r['best_us'] * 1e-3:.0f} | {r['naive_us'] / r['best_us']:.1f}x | "
+            f"{r['gflop'] / r['best_us'] * 1e3:.0f} | {r['naive_us'] / r['best_us']:.1f}x | "
             f"{r['best']} | {r['default']} |"
         )
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
@@ -172,9 +156,11 @@ def plot(path: Path, limits, rows: list[dict]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = sorted({(r["H"], r["Q"]) for r in rows})
-    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.6), squeeze=False)
-    for ax, (H, Q) in zip(axes[0], keys):
+    keys = sorted({(r["H"], r["Q"]) for r in rows}, key=lambda k: (k[1], k[0]))
+    ncols = min(4, len(keys))
+    nrows = -(-len(keys) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4 * ncols, 3.4 * nrows), squeeze=False)
+    for ax, (H, Q) in zip(axes.flat, keys):
         rs = sorted((r for r in rows if (r["H"], r["Q"]) == (H, Q)), key=lambda r: r["prefix"])
         x = [r["prefix"] for r in rs]
         for key, label, style in (("floor_us", "memory floor", "k--"), ("naive_us", "naive torch", "r-o"),
@@ -185,7 +171,8 @@ def plot(path: Path, limits, rows: list[dict]) -> None:
         ax.set_title(f"H={H} Q={Q}")
         ax.set_xlabel("prefix tokens")
         ax.grid(True, which="both", alpha=.3)
-    axes[0][0].set_ylabel("µs")
+    for row in axes:
+        row[0].set_ylabel("µs")
     axes[0][0].legend(fontsize=7)
     fig.suptitle(f"MLA verify attention, {limits.name} ({limits.arch})")
     fig.tight_layout()
@@ -193,4 +180,11 @@ def plot(path: Path, limits, rows: list[dict]) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) == 3 and sys.argv[1] == "--replot":  # redraw the PNG from a results JSON
+        from types import SimpleNamespace
+
+        meta = json.loads(Path(sys.argv[2]).read_text())
+        lim = SimpleNamespace(name=meta["device"], arch=meta["arch"], l2_bytes=60 << 20)
+        write_results(Path(sys.argv[2]).parent, lim, meta["copy_bw_GBps"] * 1e9, meta["rows"], quick=False)
+    else:
+        main()

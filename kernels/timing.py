@@ -51,3 +51,25 @@ def time_launches(
         stop.record(stream)
     pairs[-1][1].synchronize()
     return summarize([stop.time_since(start) * 1000.0 for start, stop in pairs])
+
+
+def copy_bandwidth(reps: int = 10) -> float:
+    """Device-to-device copy bandwidth (bytes read + written per second): the memory ceiling
+    that memory floors are computed against."""
+    import torch
+
+    n = 1 << 30
+    a = torch.empty(n, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    for _ in range(2):
+        b.copy_(a)
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        b.copy_(a)
+    stop.record()
+    torch.cuda.synchronize()
+    bw = 2 * n * reps / (start.elapsed_time(stop) / 1000)
+    del a, b
+    torch.cuda.empty_cache()
+    return bw

@@ -18,6 +18,7 @@ class GpuMeasurer:
         import torch
 
         from kernels.limits import read_device_limits
+        from kernels.timing import copy_bandwidth
 
         torch.cuda.init()
         self.torch = torch
@@ -26,25 +27,9 @@ class GpuMeasurer:
         limits = read_device_limits(0)
         from dataclasses import replace
 
-        self.limits = replace(limits, copy_bw_gbps=self._copy_bw() / 1e9)
+        self.limits = replace(limits, copy_bw_gbps=copy_bandwidth() / 1e9)
         self._workloads: dict[Workload, tuple[list[Any], Any, Any]] = {}
         self._launchers: dict[tuple[KernelConfig, int, int], Any] = {}
-
-    def _copy_bw(self) -> float:
-        torch = self.torch
-        a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-        b = torch.empty_like(a)
-        b.copy_(a)
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(5):
-            b.copy_(a)
-        stop.record()
-        torch.cuda.synchronize()
-        bw = 2 * (1 << 30) * 5 / (start.elapsed_time(stop) / 1000)
-        del a, b
-        torch.cuda.empty_cache()
-        return bw
 
     def _prepare(self, wl: Workload) -> tuple[list[Any], Any, Any]:
         if wl not in self._workloads:

@@ -1,0 +1,30 @@
+from __future__ import annotations
+
+from dataclasses import replace
+
+from click.testing import CliRunner
+
+from kernels import kernel_hash
+from kernels.config import KernelConfig
+from kernels.limits import known_device
+from tuner.cli import cli
+from tuner.db import migrate, repo
+from tuner.db.session import make_engine, session_factory, session_scope
+from tuner.workload import WorkloadKey
+
+
+def test_report_writes_table_and_plot(sqlite_url, tmp_path):
+    migrate.upgrade(sqlite_url)
+    sessions = session_factory(make_engine(sqlite_url))
+    h200 = replace(known_device("h200"), copy_bw_gbps=4200.0)
+    with session_scope(sessions) as s:
+        repo.upsert_device(session=s, limits=h200)
+        for bucket, us in ((9, 20.0), (15, 75.0)):
+            repo.upsert_best(session=s, key=WorkloadKey(h200.name, kernel_hash(), "bf16", 8, 9, bucket),
+                             config=KernelConfig(128, 8, 32, 256), median_us=us, default_us=us * 1.2)
+    r = CliRunner().invoke(cli, ["--database-url", sqlite_url, "study", "report", "--out", str(tmp_path / "rep")])
+    assert r.exit_code == 0, r.output
+    md = (tmp_path / "rep" / "tuned_nvidia-h200.md").read_text()
+    assert "| 8 | 9 | [32768, 46341) |" in md and "1.20x" in md and "4200 GB/s" in md
+    png = (tmp_path / "rep" / "tuned_nvidia-h200.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
