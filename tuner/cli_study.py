@@ -35,6 +35,16 @@ def _parse_only(items: tuple[str, ...]) -> dict[str, list[int]]:
     return out
 
 
+def _parse_devices(text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise click.BadParameter(f"--devices takes GPU ordinals like 0,1; got {text!r}") from None
+    if not out or any(d < 0 for d in out):
+        raise click.BadParameter(f"--devices takes GPU ordinals like 0,1; got {text!r}")
+    return out
+
+
 def prefixes_for(prefix: tuple[int, ...], prefix_range: str | None) -> list[int]:
     """Explicit prefixes, plus one representative prefix per bucket of the range."""
     from tuner import buckets
@@ -85,6 +95,8 @@ def register(study: click.Group, clean: Callable[..., Any]) -> None:
     @click.option("--seed", type=int, default=None)
     @click.option("--storage", default=None, help="Optuna storage URL (default: TUNER_STUDY_STORAGE or the config DB).")
     @click.option("--device", "ordinal", type=int, default=0, show_default=True, help="CUDA device ordinal.")
+    @click.option("--devices", default=None, metavar="0,1,...",
+                  help="Several GPUs: one tuner process per GPU, all sharing the studies.")
     @click.option("--measure-timeout", type=float, default=120.0, show_default=True,
                   help="Seconds before a hanging measurement is killed.")
     @click.option("--only", "only", multiple=True, metavar="NAME=V1,V2",
@@ -93,35 +105,33 @@ def register(study: click.Group, clean: Callable[..., Any]) -> None:
     @clean
     def start(settings: Settings, H: int, q_len: int, prefix: tuple[int, ...], prefix_range: str | None, trials: int,
               timeout: float | None, sampler: str, seed: int | None, storage: str | None, ordinal: int,
-              measure_timeout: float, only: tuple[str, ...]) -> None:
-        """Tune the kernel on the local GPU for each (H, q_len, prefix bucket); resumable."""
+              devices: str | None, measure_timeout: float, only: tuple[str, ...]) -> None:
+        """Tune the kernel on the local GPU(s) for each (H, q_len, prefix bucket); resumable."""
         import optuna
 
-        optuna.logging.set_verbosity(optuna.logging.ERROR)  # our progress bar says what matters
-        restrict = _parse_only(only)
         from tuner.backend import Workload
-        from tuner.db.migrate import ensure_current
-        from tuner.db.session import make_engine, session_factory
-        from tuner.study import run_study
-        from tuner.worker import IsolatedBackend
+        from tuner.runner import TuneJob, tune_on_device, tune_on_devices
 
-        engine = make_engine(settings.database_url)
-        ensure_current(engine)
-        sessions = session_factory(engine)
-        storage_url = storage or settings.study_storage or settings.database_url
-        backend = IsolatedBackend(measurer_kwargs={"cache_dir": str(settings.cache_dir)}, device_ordinal=ordinal,
-                                  timeout_s=measure_timeout)
-        outcomes = []
-        try:
-            for p in prefixes_for(prefix, prefix_range):
-                bar = _Bar()
-                outcomes.append(run_study(backend=backend, sessions=sessions, storage_url=storage_url,
-                                          workload=Workload(H, q_len, p), n_trials=trials, sampler=sampler,
-                                          seed=seed, timeout_s=timeout, on_progress=bar,
-                                          precompile_dir=settings.cache_dir, restrict=restrict or None))
-                bar.end()
-        finally:
-            backend.close()
+        optuna.logging.set_verbosity(optuna.logging.ERROR)  # our progress bar says what matters
+        job = TuneJob(workloads=[Workload(H, q_len, p) for p in prefixes_for(prefix, prefix_range)],
+                      n_trials=trials, sampler=sampler, seed=seed, timeout_s=timeout, storage_url=storage,
+                      measure_timeout_s=measure_timeout, restrict=_parse_only(only))
+        if devices:
+            results = tune_on_devices(settings, job, _parse_devices(devices))
+            failed = False
+            for dev, (status, payload) in sorted(results.items()):
+                if status != "ok":
+                    failed = True
+                    click.echo(f"GPU {dev}: failed: {payload}", err=True)
+                    continue
+                for r in payload:
+                    click.echo(f"GPU {dev}: {r['key']} prefix={r['prefix']} best {r['best']} "
+                               f"({r['best_us'] or float('nan'):.1f} us) {r['decision']} {r['counts']}")
+            if failed:
+                raise click.ClickException("a GPU's tuner failed (see above); the others' results are stored")
+            return
+        bar = _Bar()
+        outcomes = tune_on_device(settings, job, ordinal, on_progress=bar, on_key_done=bar.end)
         click.echo(summary_table(outcomes))
 
     @study.command("report")

@@ -1,0 +1,100 @@
+"""Run studies for a list of workloads on one GPU, or on several GPUs at once (one process per
+GPU, all sharing one Optuna storage and one config database)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tuner.backend import Workload
+from tuner.settings import Settings
+from tuner.worker import DEFAULT_MEASURER, IsolatedBackend
+
+
+@dataclass(frozen=True)
+class TuneJob:
+    workloads: list[Workload]
+    n_trials: int
+    sampler: str = "tpe"
+    seed: int | None = None
+    timeout_s: float | None = None
+    storage_url: str | None = None
+    measure_timeout_s: float = 120.0
+    restrict: dict[str, list[int]] = field(default_factory=dict)
+    measurer: str = DEFAULT_MEASURER
+
+
+def tune_on_device(settings: Settings, job: TuneJob, device_ordinal: int,
+                   on_progress: Callable[[Any], None] | None = None,
+                   on_key_done: Callable[[], None] | None = None) -> list[Any]:
+    """Every workload of `job`, one after the other, on GPU `device_ordinal`."""
+    from tuner.db.migrate import ensure_current
+    from tuner.db.session import make_engine, session_factory
+    from tuner.study import run_study
+
+    engine = make_engine(settings.database_url)
+    ensure_current(engine)
+    sessions = session_factory(engine)
+    backend = IsolatedBackend(measurer=job.measurer, measurer_kwargs={"cache_dir": str(settings.cache_dir)}
+                              if job.measurer == DEFAULT_MEASURER else {}, device_ordinal=device_ordinal,
+                              timeout_s=job.measure_timeout_s)
+    outcomes = []
+    try:
+        for wl in job.workloads:
+            outcomes.append(run_study(
+                backend=backend, sessions=sessions, storage_url=job.storage_url or settings.study_storage
+                or settings.database_url, workload=wl, n_trials=job.n_trials, sampler=job.sampler, seed=job.seed,
+                timeout_s=job.timeout_s, on_progress=on_progress, precompile_dir=settings.cache_dir,
+                restrict=job.restrict or None))
+            if on_key_done:
+                on_key_done()
+    finally:
+        backend.close()
+    engine.dispose()
+    return outcomes
+
+
+def _device_main(settings: Settings, job: TuneJob, device_ordinal: int, queue: Any) -> None:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    try:
+        outcomes = tune_on_device(settings, job, device_ordinal)
+        queue.put((device_ordinal, "ok", [_summary(o) for o in outcomes]))
+    except Exception as exc:  # reported by the parent, which exits non-zero
+        queue.put((device_ordinal, "error", f"{type(exc).__name__}: {exc}"))
+
+
+def _summary(o: Any) -> dict[str, Any]:
+    return {"key": str(o.key), "prefix": o.workload.prefix, "best": str(o.best) if o.best else None,
+            "best_us": o.best_m.median_us if o.best_m else None, "decision": o.decision, "counts": o.counts,
+            "wall_s": o.wall_s}
+
+
+def tune_on_devices(settings: Settings, job: TuneJob, devices: list[int]) -> dict[int, Any]:
+    """One process per GPU, all on the same studies: Optuna shares the trials out through the
+    storage. Each process seeds its sampler differently so they do not propose in lockstep."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = []
+    for i, dev in enumerate(devices):
+        seed = None if job.seed is None else job.seed + i
+        p = ctx.Process(target=_device_main, args=(settings, _with_seed(job, seed), dev, queue),
+                        name=f"tuner-gpu{dev}")  # not daemonic: it starts its own measuring child
+        p.start()
+        procs.append(p)
+    results: dict[int, Any] = {}
+    for _ in procs:
+        dev, status, payload = queue.get()
+        results[dev] = (status, payload)
+    for p in procs:
+        p.join()
+    return results
+
+
+def _with_seed(job: TuneJob, seed: int | None) -> TuneJob:
+    from dataclasses import replace
+
+    return replace(job, seed=seed)
