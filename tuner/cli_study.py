@@ -119,7 +119,7 @@ def register(study: click.Group, clean: Callable[..., Any]) -> None:
         if devices:
             results = tune_on_devices(settings, job, _parse_devices(devices))
             failed = False
-            for dev, (status, payload) in sorted(results.items()):
+            for dev, status, payload in results:
                 if status != "ok":
                     failed = True
                     click.echo(f"GPU {dev}: failed: {payload}", err=True)

@@ -56,15 +56,15 @@ def tune_on_device(settings: Settings, job: TuneJob, device_ordinal: int,
     return outcomes
 
 
-def _device_main(settings: Settings, job: TuneJob, device_ordinal: int, queue: Any) -> None:
+def _device_main(settings: Settings, job: TuneJob, index: int, device_ordinal: int, queue: Any) -> None:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     try:
         outcomes = tune_on_device(settings, job, device_ordinal)
-        queue.put((device_ordinal, "ok", [_summary(o) for o in outcomes]))
+        queue.put((index, device_ordinal, "ok", [_summary(o) for o in outcomes]))
     except Exception as exc:  # reported by the parent, which exits non-zero
-        queue.put((device_ordinal, "error", f"{type(exc).__name__}: {exc}"))
+        queue.put((index, device_ordinal, "error", f"{type(exc).__name__}: {exc}"))
 
 
 def _summary(o: Any) -> dict[str, Any]:
@@ -73,7 +73,7 @@ def _summary(o: Any) -> dict[str, Any]:
             "wall_s": o.wall_s}
 
 
-def tune_on_devices(settings: Settings, job: TuneJob, devices: list[int]) -> dict[int, Any]:
+def tune_on_devices(settings: Settings, job: TuneJob, devices: list[int]) -> list[tuple[int, str, Any]]:
     """One process per GPU, all on the same studies: Optuna shares the trials out through the
     storage. Each process seeds its sampler differently so they do not propose in lockstep."""
     ctx = mp.get_context("spawn")
@@ -81,17 +81,17 @@ def tune_on_devices(settings: Settings, job: TuneJob, devices: list[int]) -> dic
     procs = []
     for i, dev in enumerate(devices):
         seed = None if job.seed is None else job.seed + i
-        p = ctx.Process(target=_device_main, args=(settings, _with_seed(job, seed), dev, queue),
+        p = ctx.Process(target=_device_main, args=(settings, _with_seed(job, seed), i, dev, queue),
                         name=f"tuner-gpu{dev}")  # not daemonic: it starts its own measuring child
         p.start()
         procs.append(p)
-    results: dict[int, Any] = {}
-    for _ in procs:
-        dev, status, payload = queue.get()
-        results[dev] = (status, payload)
+    results: dict[int, tuple[int, str, Any]] = {}
+    for _ in procs:  # one report per process, also when two processes share a GPU ("0,0")
+        index, dev, status, payload = queue.get()
+        results[index] = (dev, status, payload)
     for p in procs:
         p.join()
-    return results
+    return [results[i] for i in sorted(results)]
 
 
 def _with_seed(job: TuneJob, seed: int | None) -> TuneJob:

@@ -22,7 +22,8 @@ def test_two_device_processes_share_the_trials_and_lose_none(sqlite_url, tmp_pat
     job = TuneJob(workloads=[Workload(8, 9, 46000)], n_trials=24, seed=0, measure_timeout_s=5,
                   restrict={"NSPLIT": [8, 16, 32, 64, 128]}, measurer="tests.fakes:MisbehavingMeasurer")
     results = tune_on_devices(settings, job, [0, 1])
-    assert {d: s for d, (s, _) in results.items()} == {0: "ok", 1: "ok"}, results
+    assert [(d, s) for d, s, _ in results] == [(0, "ok"), (1, "ok")], results
+    assert all(len(payload) == 1 and payload[0]["best"] for _, _, payload in results)
     (summary,) = optuna.get_all_study_summaries(storage=sqlite_url)
     st = optuna.load_study(study_name=summary.study_name, storage=sqlite_url)
     assert all(t.state.is_finished() for t in st.trials)
