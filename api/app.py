@@ -3,20 +3,28 @@ database through tuner.lookup / tuner.db.repo and speaks HTTP."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from api.metrics import Metrics
+from api.metrics import Metrics, MetricsMiddleware
 from api.service import TableCache
 from api.routes import admin, config, health
 from tuner.db.migrate import ensure_current
 from tuner.db.session import make_engine, session_factory
 from tuner.errors import BadParameter, StorageError
 from tuner.settings import Settings
+
+
+async def _revalidate_forever(app: FastAPI) -> None:
+    cache = app.state.tables
+    while True:
+        await run_in_threadpool(cache.revalidate, app.state.read_sessions)
+        await asyncio.sleep(cache.recheck_s)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -35,7 +43,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.read_engine, app.state.write_engine = read_engine, write_engine
         app.state.read_sessions = session_factory(read_engine)
         app.state.write_sessions = session_factory(write_engine)
+        checker = asyncio.create_task(_revalidate_forever(app))
         yield
+        checker.cancel()
         read_engine.dispose()
         write_engine.dispose()
 
@@ -49,14 +59,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(admin.router)
 
-    @app.middleware("http")
-    async def _observe(request: Request, call_next):  # type: ignore[no-untyped-def]
-        start = time.perf_counter()
-        response = await call_next(request)
-        route = request.scope.get("route")
-        path = getattr(route, "path", "unmatched")
-        app.state.metrics.request(path, request.method, response.status_code, time.perf_counter() - start)
-        return response
+    app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
 
     @app.exception_handler(BadParameter)
     async def _bad_parameter(_: Request, exc: BadParameter) -> JSONResponse:

@@ -2,28 +2,28 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Annotated
 
 from fastapi import Depends, Header, HTTPException, Request
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
-from tuner.db.session import session_scope
 from tuner.settings import Settings
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:  # async: no threadpool hop
     return request.app.state.settings
 
 
-def get_db(request: Request) -> Iterator[Session]:
-    with session_scope(request.app.state.read_sessions) as session:
-        yield session
+async def get_read_sessions(request: Request) -> sessionmaker[Session]:
+    """The routes open their session inside the handler (`with session_scope(...)`), not in a
+    yield-dependency: a dependency's teardown needs a second threadpool slot, and under load
+    requests holding pool connections would wait for slots held by requests waiting for
+    connections (a deadlock until the pool timeout)."""
+    return request.app.state.read_sessions
 
 
-def get_write_db(request: Request) -> Iterator[Session]:
-    with session_scope(request.app.state.write_sessions) as session:
-        yield session
+async def get_write_sessions(request: Request) -> sessionmaker[Session]:
+    return request.app.state.write_sessions
 
 
 def require_token(request: Request, authorization: Annotated[str | None, Header()] = None) -> None:
@@ -35,6 +35,6 @@ def require_token(request: Request, authorization: Annotated[str | None, Header(
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
-SessionDep = Annotated[Session, Depends(get_db)]
-WriteSessionDep = Annotated[Session, Depends(get_write_db)]
+ReadSessions = Annotated[sessionmaker[Session], Depends(get_read_sessions)]
+WriteSessions = Annotated[sessionmaker[Session], Depends(get_write_sessions)]
 WriteAuth = Depends(require_token)

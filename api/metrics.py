@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import defaultdict
+from typing import Any
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
@@ -60,3 +62,29 @@ class Metrics:
             out += ["# HELP tuner_db_errors_total Database errors seen while serving.",
                     "# TYPE tuner_db_errors_total counter", f"tuner_db_errors_total {self._db_errors}"]
         return "\n".join(out) + "\n"
+
+
+class MetricsMiddleware:
+    """Plain ASGI middleware (no per-request task or body buffering) timing every request."""
+
+    def __init__(self, app: Any, metrics: Metrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+
+        async def send_status(message: dict[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            path = getattr(scope.get("route"), "path", "unmatched")
+            self.metrics.request(path, scope["method"], status, time.perf_counter() - start)

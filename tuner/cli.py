@@ -109,7 +109,10 @@ def serve(settings: Settings, host: str | None, port: int | None, device: str | 
 
     settings = settings.with_overrides(host=host, port=port, device=device)
     ensure_current(make_engine(settings.database_url, immediate=False))  # fail fast, before binding
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+    # No per-request access log: /metrics counts requests by route and status, and a log line per
+    # lookup would cost more than the lookup.
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info", access_log=False,
+                timeout_keep_alive=75)  # workers poll rarely: keep their connection, as proxies do
 
 
 # --- device ----------------------------------------------------------------------------------

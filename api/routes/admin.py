@@ -4,20 +4,23 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, HTTPException, Query
+from fastapi import APIRouter, Body, HTTPException, Query, Request
 
-from api.deps import WriteAuth, WriteSessionDep
+from api.deps import WriteAuth, WriteSessions
 from api.schemas import DeleteOut, ImportOut
 from tuner import configs_io
 from tuner.db import repo
+from tuner.db.session import session_scope
 
 router = APIRouter(tags=["admin"], dependencies=[WriteAuth])
 
 
 @router.post("/configs/import", response_model=ImportOut)
-def import_configs(session: WriteSessionDep, rows: Annotated[list[dict[str, Any]], Body()]) -> ImportOut:
+def import_configs(request: Request, sessions: WriteSessions, rows: Annotated[list[dict[str, Any]], Body()]) -> ImportOut:
     try:
-        n = configs_io.import_rows(session=session, rows=rows)
+        with session_scope(sessions) as session:
+            n = configs_io.import_rows(session=session, rows=rows)
+        request.app.state.tables.clear()
     except configs_io.ImportRejected as exc:
         raise HTTPException(422, {"msg": "import rejected, nothing stored", "errors": exc.errors}) from exc
     return ImportOut(imported=n)
@@ -25,8 +28,11 @@ def import_configs(session: WriteSessionDep, rows: Annotated[list[dict[str, Any]
 
 @router.delete("/configs", response_model=DeleteOut)
 def delete_configs(
-    session: WriteSessionDep, device: Annotated[str, Query(max_length=200)],
+    request: Request, sessions: WriteSessions, device: Annotated[str, Query(max_length=200)],
     H: Annotated[int | None, Query(gt=0)] = None, q_len: Annotated[int | None, Query(ge=1, le=64)] = None,
     bucket: Annotated[int | None, Query(ge=0)] = None,
 ) -> DeleteOut:
-    return DeleteOut(deleted=repo.delete_best(session=session, device=device, H=H, q_len=q_len, bucket=bucket))
+    with session_scope(sessions) as session:
+        n = repo.delete_best(session=session, device=device, H=H, q_len=q_len, bucket=bucket)
+    request.app.state.tables.clear()
+    return DeleteOut(deleted=n)

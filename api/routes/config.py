@@ -6,8 +6,9 @@ import hashlib
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
 
-from api.deps import SessionDep, SettingsDep
+from api.deps import ReadSessions, SettingsDep
 from api.schemas import ConfigOut, ConfigTableOut
 from tuner.buckets import MAX_PREFIX
 
@@ -20,20 +21,25 @@ DtypeParam = Annotated[Literal["bf16"], Query(description="element type of q / k
 
 
 @router.get("/config", response_model=ConfigOut)
-def get_config(
-    session: SessionDep, settings: SettingsDep, request: Request, response: Response, H: HParam, q_len: QParam,
+async def get_config(
+    sessions: ReadSessions, settings: SettingsDep, request: Request, response: Response, H: HParam, q_len: QParam,
     prefix: Annotated[int, Query(ge=0, le=MAX_PREFIX, description="prefix (KV-cache) length in tokens")],
     device: DeviceParam = None, dtype: DtypeParam = "bf16",
 ) -> ConfigOut:
-    table = _table(request, session, settings, device, H, q_len, dtype, response)
+    table = await _table(request, sessions, settings, device, H, q_len, dtype, response)
     ans = table.pick(prefix)
     request.app.state.metrics.lookup(ans.source)
     return ConfigOut.of(ans)
 
 
-def _table(request: Request, session, settings, device, H, q_len, dtype, response: Response):  # type: ignore[no-untyped-def]
-    table = request.app.state.tables.table(session=session, device=device, default_device=settings.device, H=H,
-                                           q_len=q_len, dtype=dtype)
+async def _table(request: Request, sessions, settings, device, H, q_len, dtype, response: Response):  # type: ignore[no-untyped-def]
+    """The hot path answers from memory; the database is consulted (in the threadpool, so the
+    event loop never blocks on it) only when the cached table is due for a re-check."""
+    cache = request.app.state.tables
+    table = cache.fresh(device=device, default_device=settings.device, H=H, q_len=q_len, dtype=dtype)
+    if table is None:
+        table = await run_in_threadpool(cache.table, sessions=sessions, device=device,
+                                        default_device=settings.device, H=H, q_len=q_len, dtype=dtype)
     if table.stale:
         request.app.state.metrics.db_error()
         response.headers["X-Config-Stale"] = f"database unavailable, serving the last good table: {table.stale}"
@@ -41,11 +47,11 @@ def _table(request: Request, session, settings, device, H, q_len, dtype, respons
 
 
 @router.get("/configs", response_model=ConfigTableOut)
-def get_configs(
-    session: SessionDep, settings: SettingsDep, request: Request, response: Response, H: HParam, q_len: QParam,
+async def get_configs(
+    sessions: ReadSessions, settings: SettingsDep, request: Request, response: Response, H: HParam, q_len: QParam,
     device: DeviceParam = None, dtype: DtypeParam = "bf16",
 ) -> ConfigTableOut | Response:
-    table = _table(request, session, settings, device, H, q_len, dtype, response)
+    table = await _table(request, sessions, settings, device, H, q_len, dtype, response)
     answers = table.answers
     body = ConfigTableOut(device=table.limits.name, kernel_hash=answers[0].kernel_hash, dtype=dtype, H=H,
                           q_len=q_len, configs=[ConfigOut.of(a) for a in answers])

@@ -53,6 +53,7 @@ def test_unreadable_schema_serves_last_good_table_with_reason_or_503(tmp_path):
         con.execute("ALTER TABLE best_configs RENAME TO best_configs_gone")  # reads now fail
         con.commit()
         con.close()
+        time.sleep(c.app.state.tables.recheck_s + 0.05)  # past the cache's re-check window
         r = c.get("/config", params=Q)
         assert r.status_code == 200 and "X-Config-Stale" in r.headers
         assert r.json()["NSPLIT"] == good["NSPLIT"]
