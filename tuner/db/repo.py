@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
+from kernels.build import KERNEL_NAME, KERNEL_VERSION
 from kernels.config import KernelConfig
 from kernels.errors import StorageError
 from kernels.limits import DeviceLimits
@@ -151,7 +152,7 @@ def list_best(*, session: Session, device: str | None = None, H: int | None = No
 def upsert_best(*, session: Session, key: WorkloadKey, config: KernelConfig, median_us: float | None,
                 p10_us: float | None = None, p90_us: float | None = None, default_us: float | None = None,
                 study_id: int | None = None, tuned_at: dt.datetime | None = None,
-                kernel_name: str = "verify_attention", kernel_version: str = "1") -> None:
+                kernel_name: str = KERNEL_NAME, kernel_version: str = KERNEL_VERSION) -> None:
     """Store `config` as the best for `key`, replacing any existing row (the caller decides)."""
     device = get_device(session=session, name=key.device)
     if device is None:
@@ -188,7 +189,7 @@ def get_or_create_study(*, session: Session, key: WorkloadKey, prefix: int, samp
     device = get_device(session=session, name=key.device)
     if device is None:
         raise StorageError(f"device {key.device!r} is not recorded")
-    kernel = upsert_kernel(session=session, source_hash=key.kernel_hash, name="verify_attention", version="1")
+    kernel = upsert_kernel(session=session, source_hash=key.kernel_hash, name=KERNEL_NAME, version=KERNEL_VERSION)
     _insert_ignore(session, Study, key_cols={"workload_key": str(key)}, values=dict(
         device_id=device.id, kernel_id=kernel.id, dtype=key.dtype, H=key.H, q_len=key.q_len, bucket=key.bucket,
         prefix=prefix, status="running", sampler=sampler, seed=seed, started_at=utcnow(),
