@@ -27,19 +27,10 @@ def _errors_as_clean_exit(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def _sessions(settings: Settings):  # type: ignore[no-untyped-def]
-    from tuner.db.session import make_engine, session_factory
-
-    return session_factory(make_engine(settings.database_url))
-
-
 def _checked_sessions(settings: Settings):  # type: ignore[no-untyped-def]
-    from tuner.db.migrate import ensure_current
-    from tuner.db.session import make_engine, session_factory
+    from tuner.db.migrate import checked_sessions
 
-    engine = make_engine(settings.database_url)
-    ensure_current(engine)
-    return session_factory(engine)
+    return checked_sessions(settings.database_url)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

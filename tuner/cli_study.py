@@ -142,13 +142,10 @@ def register(study: click.Group, clean: Callable[..., Any]) -> None:
     @clean
     def report(settings: Settings, out_dir: Path, device: str | None) -> None:
         """Write a markdown table and a PNG (default vs tuned per bucket, with the memory floor)."""
-        from tuner.db.migrate import ensure_current
-        from tuner.db.session import make_engine, session_factory
+        from tuner.db.migrate import checked_sessions
         from tuner.report import write_report
 
-        engine = make_engine(settings.database_url)
-        ensure_current(engine)
-        for path in write_report(sessions=session_factory(engine), out_dir=out_dir, device=device):
+        for path in write_report(sessions=checked_sessions(settings.database_url), out_dir=out_dir, device=device):
             click.echo(f"wrote {path}")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ from kernels.errors import CompileError, InvalidConfig, LaunchError
 from tuner.backend import COMPILE_ERROR, INVALID, OK, WRONG, Measurement, Workload
 
 REL_TOL = 1e-2
+MAX_LOADED = 16  # >= the winner phase's pool (top 3 + default + incumbent)
 
 
 class GpuMeasurer:
@@ -29,7 +31,9 @@ class GpuMeasurer:
 
         self.limits = replace(limits, copy_bw_gbps=copy_bandwidth() / 1e9)
         self._workloads: dict[Workload, tuple[list[Any], Any, Any]] = {}
-        self._launchers: dict[tuple[KernelConfig, int, int], Any] = {}
+        # Loaded modules + workspaces, least recently used evicted: a long study or a sweep of a
+        # thousand configs must not keep every module and workspace alive on the GPU.
+        self._launchers: OrderedDict[tuple[KernelConfig, int, int], Any] = OrderedDict()
 
     def _prepare(self, wl: Workload) -> tuple[list[Any], Any, Any]:
         if wl not in self._workloads:
@@ -50,7 +54,11 @@ class GpuMeasurer:
         from kernels.launch import VerifyAttention
 
         key = (cfg, wl.H, wl.q_len)
-        if key not in self._launchers:
+        if key in self._launchers:
+            self._launchers.move_to_end(key)
+        else:
+            while len(self._launchers) >= MAX_LOADED:
+                self._launchers.popitem(last=False)
             self._launchers[key] = VerifyAttention(cfg, H=wl.H, q_len=wl.q_len, limits=self.limits, max_batch=1,
                                                    cache_dir=self.cache_dir, extra_flags=self.extra_flags)
         return self._launchers[key]

@@ -58,8 +58,8 @@ def _pick(rows: list[repo.BestRow], *, limits: DeviceLimits, H: int, q_len: int,
     if exact:
         r = exact[0]
         return Answer(r.config, "tuned", bucket, limits.name, khash, r.median_us, r.speedup, r.tuned_at, bucket.index)
-    if rows:
-        r = min(rows, key=lambda r: (buckets.log_distance(buckets.by_index(r.key.bucket), bucket), r.key.bucket))
+    r = repo.nearest_row(rows, bucket)
+    if r is not None:
         return Answer(r.config, "nearest", bucket, limits.name, khash, None, r.speedup, r.tuned_at, r.key.bucket)
     try:
         cfg = heuristic_config(limits, H=H, q_len=q_len, prefix=bucket.mid)

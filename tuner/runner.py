@@ -30,13 +30,10 @@ def tune_on_device(settings: Settings, job: TuneJob, device_ordinal: int,
                    on_progress: Callable[[Any], None] | None = None,
                    on_key_done: Callable[[], None] | None = None) -> list[Any]:
     """Every workload of `job`, one after the other, on GPU `device_ordinal`."""
-    from tuner.db.migrate import ensure_current
-    from tuner.db.session import make_engine, session_factory
+    from tuner.db.migrate import checked_sessions
     from tuner.study import run_study
 
-    engine = make_engine(settings.database_url)
-    ensure_current(engine)
-    sessions = session_factory(engine)
+    sessions = checked_sessions(settings.database_url)
     backend = IsolatedBackend(measurer=job.measurer, measurer_kwargs={"cache_dir": str(settings.cache_dir)}
                               if job.measurer == DEFAULT_MEASURER else {}, device_ordinal=device_ordinal,
                               timeout_s=job.measure_timeout_s)
@@ -52,7 +49,6 @@ def tune_on_device(settings: Settings, job: TuneJob, device_ordinal: int,
                 on_key_done()
     finally:
         backend.close()
-    engine.dispose()
     return outcomes
 
 

@@ -85,7 +85,7 @@ def test_study_and_trials_are_counted(sessions):
     with session_scope(sessions) as s:
         again = repo.get_or_create_study(session=s, key=KEY, prefix=46000, sampler="tpe", seed=1)
         assert again.id == st.id and (again.n_trials, again.n_ok, again.n_invalid, again.n_failed) == (4, 1, 1, 2)
-        assert repo.find_measurement(session=s, study_id=st.id, params=CFG.as_params()).state == "ok"
+        assert [t.state for t in repo.list_trials(session=s, study_id=st.id)] == ["ok", "invalid", "wrong", "crashed"]
         repo.finish_study(session=s, study_id=st.id)
     with session_scope(sessions) as s:
         assert s.get(repo.Study, st.id).status == "finished"

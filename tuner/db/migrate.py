@@ -9,6 +9,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
 
 import migrations
 from kernels.errors import StorageError
@@ -54,3 +55,12 @@ def ensure_current(engine: Engine) -> None:
         state = "empty (no schema)" if current is None else f"at revision {current}"
         raise StorageError(f"database {engine.url.render_as_string(hide_password=True)} is {state}, "
                            f"this version needs {head}: {UPGRADE_HINT}")
+
+
+def checked_sessions(url: str) -> sessionmaker[Session]:
+    """Sessions on `url` after checking its schema is current (StorageError naming the fix if not)."""
+    from tuner.db.session import make_engine, session_factory
+
+    engine = make_engine(url)
+    ensure_current(engine)
+    return session_factory(engine)

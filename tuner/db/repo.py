@@ -96,14 +96,16 @@ def upsert_kernel(*, session: Session, source_hash: str, name: str, version: str
 
 
 # --- best configs ----------------------------------------------------------------------------
-def _best_query(device: str, kernel_hash: str, dtype: str, H: int, q_len: int):  # type: ignore[no-untyped-def]
-    return (
-        select(BestConfig, Device.name, Kernel.source_hash)
-        .join(Device, BestConfig.device_id == Device.id)
-        .join(Kernel, BestConfig.kernel_id == Kernel.id)
-        .where(Device.name == device, Kernel.source_hash == kernel_hash, BestConfig.dtype == dtype,
-               BestConfig.H == H, BestConfig.q_len == q_len)
-    )
+def _best_query(**filters: object):  # type: ignore[no-untyped-def]
+    """Best configs joined with their device name and kernel hash; None filters are ignored."""
+    cols = {"device": Device.name, "kernel_hash": Kernel.source_hash, "dtype": BestConfig.dtype,
+            "H": BestConfig.H, "q_len": BestConfig.q_len, "bucket": BestConfig.bucket}
+    q = (select(BestConfig, Device.name, Kernel.source_hash)
+         .join(Device, BestConfig.device_id == Device.id).join(Kernel, BestConfig.kernel_id == Kernel.id))
+    for name, value in filters.items():
+        if value is not None:
+            q = q.where(cols[name] == value)
+    return q.order_by(Device.name, BestConfig.H, BestConfig.q_len, BestConfig.bucket)
 
 
 def _to_row(best: BestConfig, device: str, kernel_hash: str) -> BestRow:
@@ -115,13 +117,14 @@ def _to_row(best: BestConfig, device: str, kernel_hash: str) -> BestRow:
 
 
 def get_best(*, session: Session, key: WorkloadKey) -> BestRow | None:
-    q = _best_query(key.device, key.kernel_hash, key.dtype, key.H, key.q_len).where(BestConfig.bucket == key.bucket)
+    q = _best_query(device=key.device, kernel_hash=key.kernel_hash, dtype=key.dtype, H=key.H, q_len=key.q_len,
+                    bucket=key.bucket)
     hit = session.execute(q).one_or_none()
     return _to_row(*hit) if hit else None
 
 
 def list_best_for(*, session: Session, device: str, kernel_hash: str, dtype: str, H: int, q_len: int) -> list[BestRow]:
-    q = _best_query(device, kernel_hash, dtype, H, q_len).order_by(BestConfig.bucket)
+    q = _best_query(device=device, kernel_hash=kernel_hash, dtype=dtype, H=H, q_len=q_len)
     return [_to_row(*r) for r in session.execute(q)]
 
 
@@ -129,24 +132,19 @@ def nearest_best(*, session: Session, key: WorkloadKey) -> BestRow | None:
     """The stored best of the closest bucket (log distance) for the same device, kernel, H, q_len."""
     rows = list_best_for(session=session, device=key.device, kernel_hash=key.kernel_hash, dtype=key.dtype,
                          H=key.H, q_len=key.q_len)
+    return nearest_row(rows, buckets.by_index(key.bucket))
+
+
+def nearest_row(rows: list[BestRow], target: buckets.Bucket) -> BestRow | None:
+    """The row whose bucket is closest to `target` in log distance (ties: the smaller bucket)."""
     if not rows:
         return None
-    target = buckets.by_index(key.bucket)
     return min(rows, key=lambda r: (buckets.log_distance(buckets.by_index(r.key.bucket), target), r.key.bucket))
 
 
 def list_best(*, session: Session, device: str | None = None, H: int | None = None,
               q_len: int | None = None) -> list[BestRow]:
-    q = (select(BestConfig, Device.name, Kernel.source_hash)
-         .join(Device, BestConfig.device_id == Device.id).join(Kernel, BestConfig.kernel_id == Kernel.id))
-    if device is not None:
-        q = q.where(Device.name == device)
-    if H is not None:
-        q = q.where(BestConfig.H == H)
-    if q_len is not None:
-        q = q.where(BestConfig.q_len == q_len)
-    q = q.order_by(Device.name, BestConfig.H, BestConfig.q_len, BestConfig.bucket)
-    return [_to_row(*r) for r in session.execute(q)]
+    return [_to_row(*r) for r in session.execute(_best_query(device=device, H=H, q_len=q_len))]
 
 
 def upsert_best(*, session: Session, key: WorkloadKey, config: KernelConfig, median_us: float | None,
@@ -216,14 +214,6 @@ def record_trial(*, session: Session, study_id: int, params: dict[str, int], sta
         else:
             study.n_failed += 1
     return trial
-
-
-def find_measurement(*, session: Session, study_id: int, params: dict[str, int]) -> Trial | None:
-    """An earlier trial of the same study with these exact params (answered instead of re-run)."""
-    for t in session.scalars(select(Trial).where(Trial.study_id == study_id).order_by(Trial.id)):
-        if t.params == params:
-            return t
-    return None
 
 
 def list_trials(*, session: Session, study_id: int) -> list[Trial]:
