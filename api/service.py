@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
+from api.schemas import ConfigOut
 from kernels.limits import DeviceLimits
 from tuner import buckets, lookup
 from tuner.db import repo
@@ -20,19 +21,30 @@ from tuner.errors import StorageError
 
 @dataclass(frozen=True)
 class Table:
+    """One (device, H, q_len, dtype) bucket table, with each bucket's JSON body rendered once:
+    a lookup is then a bisect and a bytes copy, not a model build and serialisation."""
+
     stamp: tuple[object, ...]
     limits: DeviceLimits
     answers: list[lookup.Answer]
+    bodies: tuple[bytes, ...] = field(default=())
     stale: str | None = None  # why the database could not be read, when serving from cache
 
-    def pick(self, prefix: int) -> lookup.Answer:
-        return self.answers[buckets.bucket_of(prefix).index]
+    def __post_init__(self) -> None:
+        if not self.bodies:
+            object.__setattr__(self, "bodies", tuple(ConfigOut.of(a).model_dump_json().encode() for a in self.answers))
+
+    def pick(self, prefix: int) -> tuple[lookup.Answer, bytes]:
+        i = buckets.bucket_of(prefix).index
+        return self.answers[i], self.bodies[i]
 
 
 class TableCache:
     """Per-key tables, validated against the database by one background check every
     `recheck_s` (a single cheap query for all keys), so the request path does no I/O while
-    nothing changed. Writes through this process's API clear it at once."""
+    nothing changed. Writes through this process's API clear it at once. While the background
+    check fails, requests get the last good table at once, marked stale with the reason (or a
+    503 for a key never served) instead of each waiting on the failing database."""
 
     def __init__(self, max_entries: int = 4096, recheck_s: float = 0.1) -> None:
         self._lock = threading.Lock()
@@ -40,31 +52,37 @@ class TableCache:
         self.max_entries, self.recheck_s = max_entries, recheck_s
         self._stamp: tuple[object, ...] | None = None
         self._validated_at = 0.0
+        self._failure: str | None = None  # why the last background check failed
 
     def fresh(self, *, device: str | None, default_device: str | None, H: int, q_len: int,
               dtype: str) -> Table | None:
         """The cached table when the last background check (within 5 re-check periods) found the
-        database unchanged; None sends the caller to `table` (threadpool, database)."""
+        database unchanged, or, while the check fails, the last good table marked stale; None
+        sends the caller to `table` (threadpool, database). StorageError: the database is failing
+        and this key has no good table."""
         key = (device or default_device, H, q_len, dtype)
         with self._lock:
-            hit = self._tables.get(key)
+            hit, failure = self._tables.get(key), self._failure
+            if failure is not None:
+                if hit is None:
+                    raise StorageError(failure)
+                return replace(hit, stale=failure)
             if (hit is not None and hit.stale is None and hit.stamp == self._stamp
                     and time.monotonic() - self._validated_at < 5 * self.recheck_s):
                 return hit
         return None
 
     def revalidate(self, sessions: sessionmaker[Session]) -> None:
-        """The background check: read the stamp; on failure the request path takes over (and
-        serves the last good table with the reason, or 503)."""
+        """The background check: read the stamp, or record why it could not be read."""
         try:
             with session_scope(sessions) as session:
                 stamp = repo.data_stamp(session=session)
-        except (SQLAlchemyError, StorageError):
+        except (SQLAlchemyError, StorageError) as exc:
             with self._lock:
-                self._stamp = None
+                self._stamp, self._failure = None, str(exc).splitlines()[0][:300]
             return
         with self._lock:
-            self._stamp, self._validated_at = stamp, time.monotonic()
+            self._stamp, self._validated_at, self._failure = stamp, time.monotonic(), None
 
     def clear(self) -> None:
         with self._lock:
@@ -88,7 +106,7 @@ class TableCache:
                 hit = self._tables.get(key)
             if hit is None:
                 raise StorageError(str(exc).splitlines()[0]) from exc
-            return Table(hit.stamp, hit.limits, hit.answers, stale=str(exc).splitlines()[0][:300])
+            return Table(hit.stamp, hit.limits, hit.answers, hit.bodies, stale=str(exc).splitlines()[0][:300])
         table = Table(stamp, limits, answers)
         with self._lock:
             if len(self._tables) >= self.max_entries:

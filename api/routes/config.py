@@ -10,6 +10,7 @@ from fastapi.concurrency import run_in_threadpool
 
 from api.deps import ReadSessions, SettingsDep
 from api.schemas import ConfigOut, ConfigTableOut
+from api.service import Table
 from tuner.buckets import MAX_PREFIX
 
 router = APIRouter(tags=["configs"])
@@ -22,17 +23,17 @@ DtypeParam = Annotated[Literal["bf16"], Query(description="element type of q / k
 
 @router.get("/config", response_model=ConfigOut)
 async def get_config(
-    sessions: ReadSessions, settings: SettingsDep, request: Request, response: Response, H: HParam, q_len: QParam,
+    sessions: ReadSessions, settings: SettingsDep, request: Request, H: HParam, q_len: QParam,
     prefix: Annotated[int, Query(ge=0, le=MAX_PREFIX, description="prefix (KV-cache) length in tokens")],
     device: DeviceParam = None, dtype: DtypeParam = "bf16",
-) -> ConfigOut:
-    table = await _table(request, sessions, settings, device, H, q_len, dtype, response)
-    ans = table.pick(prefix)
+) -> Response:
+    table = await _table(request, sessions, settings, device, H, q_len, dtype)
+    ans, body = table.pick(prefix)  # the body was rendered from ConfigOut when the table was built
     request.app.state.metrics.lookup(ans.source)
-    return ConfigOut.of(ans)
+    return Response(body, media_type="application/json", headers=_stale_header(table))
 
 
-async def _table(request: Request, sessions, settings, device, H, q_len, dtype, response: Response):  # type: ignore[no-untyped-def]
+async def _table(request: Request, sessions, settings, device, H, q_len, dtype):  # type: ignore[no-untyped-def]
     """The hot path answers from memory; the database is consulted (in the threadpool, so the
     event loop never blocks on it) only when the cached table is due for a re-check."""
     cache = request.app.state.tables
@@ -42,8 +43,13 @@ async def _table(request: Request, sessions, settings, device, H, q_len, dtype, 
                                         default_device=settings.device, H=H, q_len=q_len, dtype=dtype)
     if table.stale:
         request.app.state.metrics.db_error()
-        response.headers["X-Config-Stale"] = f"database unavailable, serving the last good table: {table.stale}"
     return table
+
+
+def _stale_header(table: Table) -> dict[str, str]:
+    if not table.stale:
+        return {}
+    return {"X-Config-Stale": f"database unavailable, serving the last good table: {table.stale}"}
 
 
 @router.get("/configs", response_model=ConfigTableOut)
@@ -51,7 +57,8 @@ async def get_configs(
     sessions: ReadSessions, settings: SettingsDep, request: Request, response: Response, H: HParam, q_len: QParam,
     device: DeviceParam = None, dtype: DtypeParam = "bf16",
 ) -> ConfigTableOut | Response:
-    table = await _table(request, sessions, settings, device, H, q_len, dtype, response)
+    table = await _table(request, sessions, settings, device, H, q_len, dtype)
+    response.headers.update(_stale_header(table))
     answers = table.answers
     body = ConfigTableOut(device=table.limits.name, kernel_hash=answers[0].kernel_hash, dtype=dtype, H=H,
                           q_len=q_len, configs=[ConfigOut.of(a) for a in answers])
