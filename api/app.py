@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
@@ -20,10 +21,18 @@ from tuner.errors import BadParameter, StorageError
 from tuner.settings import Settings
 
 
+READ_BUSY_TIMEOUT_MS = 2000  # WAL readers do not wait on writers; a longer wait is a fault to report
+
+log = logging.getLogger(__name__)
+
+
 async def _revalidate_forever(app: FastAPI) -> None:
     cache = app.state.tables
     while True:
-        await run_in_threadpool(cache.revalidate, app.state.read_sessions)
+        try:
+            await run_in_threadpool(cache.revalidate, app.state.read_sessions)
+        except Exception:  # a bug here must not stop the checks: the request path would go to the DB
+            log.exception("config cache re-check failed")
         await asyncio.sleep(cache.recheck_s)
 
 
@@ -32,7 +41,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        read_engine = make_engine(settings.database_url, immediate=False)
+        read_engine = make_engine(settings.database_url, immediate=False, busy_timeout_ms=READ_BUSY_TIMEOUT_MS,
+                                  read_only=settings.database_read_only)
         write_engine = make_engine(settings.database_url, immediate=True)
         try:
             ensure_current(read_engine)  # refuse to start on an outdated schema, naming the fix

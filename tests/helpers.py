@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import httpx
 
@@ -24,9 +24,11 @@ def tuner_cmd(*args: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def running_server(env: dict[str, str], *, port: int, timeout: float = 30.0) -> Iterator[subprocess.Popen]:
+def running_server(env: dict[str, str], *, port: int, timeout: float = 30.0,
+                   wrap: Sequence[str] = ()) -> Iterator[subprocess.Popen]:
+    """`tuner serve` as a process, up and answering /healthz; `wrap` prefixes the command."""
     full_env = {**os.environ, **env, "TUNER_HOST": "127.0.0.1", "TUNER_PORT": str(port)}
-    proc = subprocess.Popen(tuner_cmd("serve"), env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen([*wrap, *tuner_cmd("serve")], env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     try:
         deadline = time.monotonic() + timeout

@@ -88,9 +88,12 @@ def _safe_url(url: str) -> str:
 @click.option("--host", default=None, help="Bind address (TUNER_HOST, default 127.0.0.1).")
 @click.option("--port", type=int, default=None, help="Port (TUNER_PORT, default 8177).")
 @click.option("--device", default=None, help="Device answered for when a request names none (TUNER_DEVICE).")
+@click.option("--read-only-database", is_flag=True, default=None,
+              help="The database is a read-only snapshot: open it read-only and stay ready (TUNER_DATABASE_READ_ONLY).")
 @click.pass_obj
 @_errors_as_clean_exit
-def serve(settings: Settings, host: str | None, port: int | None, device: str | None) -> None:
+def serve(settings: Settings, host: str | None, port: int | None, device: str | None,
+          read_only_database: bool | None) -> None:
     """Run the read-only config service (FastAPI under uvicorn)."""
     import uvicorn
 
@@ -98,8 +101,9 @@ def serve(settings: Settings, host: str | None, port: int | None, device: str | 
     from tuner.db.migrate import ensure_current
     from tuner.db.session import make_engine
 
-    settings = settings.with_overrides(host=host, port=port, device=device)
-    ensure_current(make_engine(settings.database_url, immediate=False))  # fail fast, before binding
+    settings = settings.with_overrides(host=host, port=port, device=device, database_read_only=read_only_database)
+    # fail fast, before binding
+    ensure_current(make_engine(settings.database_url, immediate=False, read_only=settings.database_read_only))
     # No per-request access log: /metrics counts requests by route and status, and a log line per
     # lookup would cost more than the lookup.
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info", access_log=False,

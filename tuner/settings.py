@@ -29,6 +29,9 @@ class Settings:
     cache_dir: Path = field(default_factory=lambda: Path(user_cache_dir(APP)) / "cubins")
     #: The GPU this sidecar answers for when a request names none.
     device: str | None = None
+    #: The database is meant to be read-only (a baked or read-only-mounted snapshot): the sidecar
+    #: stays ready on it. Otherwise a database that cannot be written is a fault /readyz reports.
+    database_read_only: bool = False
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -51,6 +54,10 @@ class Settings:
             kwargs["cache_dir"] = Path(v)
         if v := env.get("TUNER_DEVICE"):
             kwargs["device"] = v
+        if v := env.get("TUNER_DATABASE_READ_ONLY"):
+            if v.lower() not in ("1", "true", "yes", "0", "false", "no"):
+                raise ValueError(f"TUNER_DATABASE_READ_ONLY must be 1/true/yes or 0/false/no, got {v!r}")
+            kwargs["database_read_only"] = v.lower() in ("1", "true", "yes")
         return cls(**kwargs)  # type: ignore[arg-type]
 
     def with_overrides(self, **changes: object) -> Settings:

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from tuner.db.migrate import ensure_current
-from tuner.errors import StorageError
+from tuner.db.health import probe
 
 router = APIRouter(tags=["health"])
 
@@ -20,14 +17,13 @@ def healthz() -> dict[str, str]:
 
 @router.get("/readyz")
 def readyz(request: Request) -> JSONResponse:
-    engine = request.app.state.read_engine
-    try:
-        db_file = engine.url.database if engine.url.get_backend_name() == "sqlite" else None
-        if db_file and db_file != ":memory:" and not Path(db_file).exists():
-            # open connections still read the unlinked file: say so instead of looking healthy
-            raise StorageError(f"database file {db_file} is missing")
-        ensure_current(engine)
-    except StorageError as exc:
-        request.app.state.metrics.db_error()
-        return JSONResponse({"status": "unavailable", "reason": str(exc)}, status_code=503)
-    return JSONResponse({"status": "ready"})
+    """Ready when a new connection can read the current schema and, unless the database is
+    declared read-only (TUNER_DATABASE_READ_ONLY), write: a volume that turned read-only under
+    a running tuner is a fault to surface, even though /config keeps answering from it."""
+    settings = request.app.state.settings
+    health = probe(settings.database_url, read_only=settings.database_read_only)
+    db = {"readable": health.readable, "writable": health.writable, "read_only_expected": settings.database_read_only}
+    if health.readable and (health.writable or settings.database_read_only):
+        return JSONResponse({"status": "ready", "database": db} | ({"note": health.reason} if health.reason else {}))
+    request.app.state.metrics.db_error()
+    return JSONResponse({"status": "unavailable", "reason": health.reason, "database": db}, status_code=503)

@@ -121,7 +121,8 @@ def test_writes_off_without_token(db_url, tmp_path):
 
 def test_health_ready_metrics_docs(client):
     assert client.get("/healthz").json() == {"status": "ok"}
-    assert client.get("/readyz").json() == {"status": "ready"}
+    assert client.get("/readyz").json() == {
+        "status": "ready", "database": {"readable": True, "writable": True, "read_only_expected": False}}
     get(client)
     get(client, H=0)
     text = client.get("/metrics").text

@@ -1,18 +1,25 @@
-"""Faults while serving: the database disappears or is locked; a writer dies mid-import."""
+"""Faults while serving: the database disappears, is locked or turns read-only; a writer dies
+mid-import."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
 import time
 
+import httpx
+import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
 from tuner.db import migrate
 from tuner.settings import Settings
+
+from tests.helpers import free_port, running_server, tuner_cmd
 
 Q = {"H": 8, "q_len": 9, "prefix": 46000}
 ROW = {"device": "NVIDIA H200", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256}
@@ -114,3 +121,85 @@ def test_writer_killed_mid_import_loses_nothing_committed(tmp_path):
     n = con.execute("SELECT count(*) FROM best_configs").fetchone()[0]
     con.close()
     assert n >= committed + 1, f"{committed + 1} commits acknowledged, {n} rows survived"
+
+
+# --- the database turns read-only under a running sidecar -------------------------------------
+
+NO_OVERRIDE = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search,-fowner"]
+
+
+def _without_root_override(probe_file) -> list[str]:
+    """A command prefix under which file modes bind this test's server: nothing for a normal
+    user; for root, dropping the capabilities that let root write a 0444 file."""
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("running as root without setpriv: file modes cannot bind the server")
+    check = subprocess.run([*NO_OVERRIDE, sys.executable, "-c", "import os, sys; sys.exit(os.access(sys.argv[1], os.W_OK))",
+                            str(probe_file)], capture_output=True)
+    if check.returncode != 0:
+        pytest.skip(f"cannot drop root's file-permission override here: {check.stderr.decode()[:200]}")
+    return NO_OVERRIDE
+
+
+def _set_modes(db_dir, file_mode: int, dir_mode: int) -> None:
+    for f in db_dir.iterdir():
+        f.chmod(file_mode)
+    db_dir.chmod(dir_mode)
+
+
+def test_read_only_database_fails_readiness_keeps_serving_and_refuses_writes(tmp_path):
+    db_dir = tmp_path / "db"
+    db_dir.mkdir()
+    url = f"sqlite:///{db_dir / 'c.db'}"
+    migrate.upgrade(url)
+    rows = tmp_path / "rows.json"
+    rows.write_text(json.dumps([ROW]))
+    env = {"TUNER_DATABASE_URL": url, "TUNER_DEVICE": "h200", "TUNER_WRITE_TOKEN": "t"}
+    subprocess.run(tuner_cmd("configs", "import", str(rows)), env={**os.environ, **env}, check=True, capture_output=True)
+    (tmp_path / "ro").write_text("")
+    (tmp_path / "ro").chmod(0o444)
+    wrap = _without_root_override(tmp_path / "ro")
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    with running_server(env, port=port, wrap=wrap):
+        assert httpx.get(f"{base}/readyz").json()["database"]["writable"] is True
+        assert httpx.get(f"{base}/config", params=Q).json()["NSPLIT"] == 64
+        _set_modes(db_dir, 0o444, 0o555)
+        try:
+            ready = httpx.get(f"{base}/readyz")
+            assert ready.status_code == 503 and "read-only" in ready.json()["reason"]
+            assert ready.json()["database"] == {"readable": True, "writable": False, "read_only_expected": False}
+            time.sleep(0.3)  # several background re-checks on the read-only file
+            r = httpx.get(f"{base}/config", params=Q)
+            assert r.status_code == 200 and r.json()["NSPLIT"] == 64 and r.json()["source"] == "tuned"
+            w = httpx.post(f"{base}/configs/import", json=[{**ROW, "NSPLIT": 16}], headers={"Authorization": "Bearer t"})
+            assert w.status_code == 503 and "readonly" in w.json()["detail"]
+            assert httpx.get(f"{base}/config", params=Q).json()["NSPLIT"] == 64  # nothing half-written
+        finally:
+            _set_modes(db_dir, 0o644, 0o755)
+        assert httpx.get(f"{base}/readyz").status_code == 200  # recovers once writable again
+
+
+def test_declared_read_only_database_stays_ready(tmp_path):
+    db_dir = tmp_path / "db"
+    db_dir.mkdir()
+    url = f"sqlite:///{db_dir / 'c.db'}"
+    migrate.upgrade(url)
+    con = sqlite3.connect(db_dir / "c.db")
+    con.execute("PRAGMA journal_mode=DELETE")  # a self-contained file, as a read-only snapshot must be
+    con.close()
+    (tmp_path / "ro").write_text("")
+    (tmp_path / "ro").chmod(0o444)
+    wrap = _without_root_override(tmp_path / "ro")
+    _set_modes(db_dir, 0o444, 0o555)
+    port = free_port()
+    try:
+        with running_server({"TUNER_DATABASE_URL": url, "TUNER_DEVICE": "h200", "TUNER_DATABASE_READ_ONLY": "1"},
+                            port=port, wrap=wrap):
+            ready = httpx.get(f"http://127.0.0.1:{port}/readyz")
+            assert ready.status_code == 200 and ready.json()["database"]["writable"] is False
+            assert "read-only" in ready.json()["note"]
+            assert httpx.get(f"http://127.0.0.1:{port}/config", params=Q).json()["source"] == "heuristic"
+    finally:
+        _set_modes(db_dir, 0o644, 0o755)

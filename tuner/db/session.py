@@ -5,34 +5,46 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import quote
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import NullPool
 
 from kernels.errors import StorageError
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 
-def make_engine(url: str, *, immediate: bool = True) -> Engine:
+def make_engine(url: str, *, immediate: bool = True, busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS,
+                pooled: bool = True, read_only: bool = False) -> Engine:
     """An engine; SQLite gets WAL, a busy timeout and, for writers (`immediate`), transactions
     that take the write lock up front. Read-only users pass immediate=False so that they never
-    queue behind writers (WAL readers need no lock)."""
+    queue behind writers (WAL readers need no lock). `pooled=False` opens a new connection per
+    use: what a probe needs to see the database as a restarted process would. `read_only` opens
+    an SQLite file read-only and leaves its journal mode alone (a read-only file cannot switch
+    to WAL; one already in WAL needs its -wal/-shm beside it)."""
     parsed = make_url(url)
+    pool = {} if pooled else {"poolclass": NullPool}
     if parsed.get_backend_name() != "sqlite":
-        return create_engine(url, pool_pre_ping=True)
-    if parsed.database and parsed.database != ":memory:":
+        return create_engine(url, pool_pre_ping=True, **pool)
+    file_db = bool(parsed.database) and parsed.database != ":memory:"
+    if file_db and read_only:
+        path = Path(parsed.database).expanduser().resolve()
+        url = f"sqlite:///file:{quote(str(path))}?mode=ro&uri=true"
+    elif file_db:
         Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000})
+    engine = create_engine(url, connect_args={"timeout": busy_timeout_ms / 1000}, **pool)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
         dbapi_conn.isolation_level = None  # we issue BEGIN ourselves, below
         cur = dbapi_conn.cursor()
-        cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        if not read_only:
+            cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")
         cur.execute("PRAGMA foreign_keys=ON")
         cur.close()
 
