@@ -94,6 +94,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=50)
     ap.add_argument("--rate", type=float, nargs="+", default=[2.0, 10.0, 0.0])
     ap.add_argument("--max-seconds", type=float, default=60.0)
+    ap.add_argument("--repeat", type=int, default=1, help="runs per rate (each its own row)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp())
@@ -109,19 +110,21 @@ def main() -> None:
     results = []
     with running_server(env, port=port):
         for rate in args.rate:
-            res = asyncio.run(run(f"http://127.0.0.1:{port}", args.clients, args.requests, rate, args.max_seconds))
-            results.append(res)
-            print(json.dumps(res))
+            for _ in range(args.repeat):
+                res = asyncio.run(run(f"http://127.0.0.1:{port}", args.clients, args.requests, rate, args.max_seconds))
+                results.append(res)
+                print(json.dumps(res))
     write(args.out, results)
 
 
 def write(out: Path, results: list[dict]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     meta = {"date": dt.date.today().isoformat(), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-            "python": platform.python_version(), "results": results}
+            "cpu": _cpu_model(), "load_avg_at_end": os.getloadavg(), "python": platform.python_version(),
+            "results": results}
     (out / "load_test.json").write_text(json.dumps(meta, indent=1))
     lines = [f"# Load test of `tuner serve` — {meta['date']}, {meta['machine']} (server and clients share them)",
-             "", "GET /config (random prefix) over loopback to one `tuner serve` process (uvicorn, SQLite). Each "
+             "", f"CPU: {meta['cpu']}; Python {meta['python']}.", "", "GET /config (random prefix) over loopback to one `tuner serve` process (uvicorn, SQLite). Each "
              "client holds one keep-alive connection and sends Poisson-spaced requests at the given rate; "
              "latency is measured at the client (a minimal asyncio HTTP/1.1 client, sharing the 2 cores). "
              "Rate 'max' = back to back: that row measures capacity, its latency is queueing.", "",
@@ -132,6 +135,16 @@ def write(out: Path, results: list[dict]) -> None:
                      f"{r['req_per_s']:.0f} | {r['p50_ms']:.2f} | {r['p90_ms']:.2f} | {r['p99_ms']:.2f} | "
                      f"{r['max_ms']:.1f} |")
     (out / "load_test.md").write_text("\n".join(lines) + "\n")
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
 
 
 if __name__ == "__main__":
