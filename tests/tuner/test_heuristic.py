@@ -5,7 +5,7 @@ import pytest
 from kernels.errors import InvalidConfig
 from kernels.limits import known_device
 from kernels.validate import check, smem_bytes
-from tuner.heuristic import heuristic_config
+from tuner.heuristic import _blocks_per_sm, heuristic_config
 
 H200 = known_device("h200")
 PRO6000 = known_device("rtx-pro-6000")
@@ -21,17 +21,38 @@ def test_default_is_valid_for_the_device(limits, H, q_len, prefix):
     assert smem_bytes(cfg, q_len) <= limits.max_smem_optin
 
 
+def _blocks(cfg, H):
+    return (H // cfg.ht) * cfg.nsplit
+
+
+@pytest.mark.parametrize("H", [8, 16, 64, 128])
+def test_long_prefix_grid_fills_one_wave_and_no_more(H):
+    cfg = heuristic_config(H200, H=H, q_len=9, prefix=46000)
+    slots = H200.sm_count * _blocks_per_sm(cfg, 9, H200)
+    assert slots / 2 <= _blocks(cfg, H) <= slots
+
+
 def test_wave_rule_gives_more_splits_when_fewer_heads():
     few = heuristic_config(H200, H=8, q_len=9, prefix=46000)
     many = heuristic_config(H200, H=128, q_len=9, prefix=46000)
     assert few.nsplit > many.nsplit
-    groups = 8 // few.ht
-    assert groups * few.nsplit >= H200.sm_count  # at least one full wave
 
 
-def test_splits_keep_several_tiles_each_on_short_prefixes():
-    cfg = heuristic_config(H200, H=8, q_len=9, prefix=1000)
-    assert (1000 + 9) / cfg.nsplit >= 4 * cfg.tk or cfg.nsplit == 1
+def test_short_prefix_takes_a_smaller_head_tile_to_fill_the_wave():
+    short = heuristic_config(H200, H=8, q_len=9, prefix=4096)
+    long = heuristic_config(H200, H=8, q_len=9, prefix=46000)
+    assert short.ht < long.ht
+    assert _blocks(short, 8) >= H200.sm_count / 2
+
+
+@pytest.mark.parametrize("prefix", [0, 100, 1000, 4096])
+def test_splits_keep_at_least_two_tiles_each(prefix):
+    cfg = heuristic_config(H200, H=8, q_len=9, prefix=prefix)
+    assert (prefix + 9) / cfg.nsplit >= 2 * cfg.tk or cfg.nsplit == 1
+
+
+def test_rows_fill_an_n8_tile_when_heads_allow():
+    assert heuristic_config(H200, H=64, q_len=1, prefix=1024).ht >= 8
 
 
 def test_sm120_gets_a_smaller_footprint_than_sm90():

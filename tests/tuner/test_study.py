@@ -32,7 +32,7 @@ def trials(sessions, study_id):
 
 def test_search_stores_a_valid_winner_with_speedup(sessions, db_url):
     fb = FakeBackend()
-    out = study(sessions, db_url, fb)
+    out = study(sessions, db_url, fb, n_trials=40)  # the default is 1.27x off the fake optimum
     assert out.stored and out.best is not None
     assert check(out.best, H200, H=8, q_len=9) is None
     assert out.speedup and out.speedup > 1
@@ -109,8 +109,8 @@ def test_grid_sampler_sweeps_every_valid_config(sessions, db_url):
     valid = space.valid_configs(H200, H=8, q_len=9, restrict=restrict)
     fb = FakeBackend(wrong_nsplit=-1, crash_nsplit=-1, noise=0.0)
     out = study(sessions, db_url, fb, n_trials=10_000, sampler="grid", restrict=restrict)
-    search = [c for c in fb.measured if c != out.default]  # the default is timed for the speedup
-    assert set(search) == set(valid) and len(search) == len(valid)
+    # every grid point measured exactly once; the default (here inside the grid) is not re-measured
+    assert sorted(fb.measured) == sorted(set(valid) | {out.default})
     assert out.best == min(valid, key=lambda c: fb.cost(c, WL))
 
 
