@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kernels.config import NSPLIT_CHOICES, KernelConfig
+from kernels.config import KernelConfig
 from kernels.errors import InvalidConfig
 from kernels.limits import DeviceLimits
 from kernels.validate import check, smem_bytes
+from tuner.space import nsplit_choices
 
 #: Rows per block we aim for: enough to reuse each KV tile, few enough to keep the accumulator
 #: in registers.
@@ -67,8 +68,11 @@ def heuristic_config(limits: DeviceLimits, *, H: int, q_len: int, prefix: int) -
         slots = limits.sm_count * _blocks_per_sm(probe, q_len, limits)  # blocks in one wave
         groups = H // ht
         cap = max(1, (prefix + q_len) // (MIN_TILES_PER_SPLIT * probe.tk))
+        # The one-wave grid is itself a search choice (tuner.space): a block's time is its tile
+        # count, ceil(tiles / NSPLIT), and the most blocks that fit one wave minimise it for every
+        # prefix length in the bucket (H=8 q=9 P=46k on 132 SMs: 11 tiles at 132, 12 at 128).
         n = max(1, min(slots // groups, cap))
-        cfg = replace(probe, nsplit=max(c for c in NSPLIT_CHOICES if c <= n))
+        cfg = replace(probe, nsplit=max(c for c in nsplit_choices(H, limits) if c <= n))
         blocks = groups * cfg.nsplit
         if 2 * blocks >= slots:
             return cfg

@@ -161,7 +161,7 @@ def run_study(
     limits = backend.limits
     key = WorkloadKey(limits.name, kernel_hash(), workload.dtype, workload.H, workload.q_len,
                       buckets.bucket_of(workload.prefix).index)
-    choices = space.choices(key.H, restrict)
+    choices = space.choices(key.H, restrict, limits)
     valid = space.valid_configs(limits, H=key.H, q_len=key.q_len, restrict=restrict)
     if not valid:
         raise InvalidConfig(f"no valid config for H={key.H}, q_len={key.q_len} on {limits.name}")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tuner.space import SPACE_VERSION
+
 DTYPES = ("bf16",)
 
 
@@ -25,4 +27,4 @@ class WorkloadKey:
 
     @property
     def study_name(self) -> str:
-        return "verify:" + str(self)
+        return f"verify-s{SPACE_VERSION}:" + str(self)  # a study keeps one search space: new space, new study
