@@ -5,6 +5,7 @@ import pytest
 from kernels.errors import InvalidConfig
 from kernels.limits import known_device
 from kernels.validate import check, smem_bytes
+from tuner import space
 from tuner.heuristic import _blocks_per_sm, heuristic_config
 
 H200 = known_device("h200")
@@ -68,3 +69,18 @@ def test_pure_function():
 def test_impossible_shape_raises_with_reason():
     with pytest.raises(InvalidConfig, match="no kernel config fits"):
         heuristic_config(PRO6000, H=8, q_len=64, prefix=1000)
+
+
+@pytest.mark.parametrize("limits", [H200, PRO6000], ids=["sm_90", "sm_120"])
+@pytest.mark.parametrize("H, q_len, prefix", [(8, 9, 46000), (8, 1, 131072), (64, 9, 46000), (16, 9, 4096),
+                                              (128, 1, 1 << 20), (8, 9, 100)])
+def test_default_is_in_the_search_space_so_the_study_measures_it_first(limits, H, q_len, prefix):
+    cfg = heuristic_config(limits, H=H, q_len=q_len, prefix=prefix)
+    c = space.choices(H, limits=limits)
+    assert all(v in c[k] for k, v in cfg.as_params().items())
+
+
+def test_space_has_the_devices_one_wave_grid():
+    assert H200.sm_count in space.nsplit_choices(8, H200)
+    assert H200.sm_count not in space.nsplit_choices(8)  # without a device: the fixed list only
+    assert heuristic_config(H200, H=8, q_len=9, prefix=46000).nsplit == H200.sm_count
