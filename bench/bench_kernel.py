@@ -17,16 +17,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels.build import compile_cubin  # noqa: E402
-from kernels.config import NSPLIT_CHOICES, KernelConfig  # noqa: E402
+from kernels.config import KernelConfig  # noqa: E402
 from kernels.validate import check  # noqa: E402
+from tuner import space  # noqa: E402
 from tuner.heuristic import heuristic_config  # noqa: E402
 
 HS, QS, PREFIXES = (8, 16, 64, 128), (1, 9), (1024, 4096, 16384, 46000, 131072)
 
 
 def sweep(limits, H, Q, P, base: KernelConfig) -> list[KernelConfig]:
-    i = NSPLIT_CHOICES.index(base.nsplit)
-    nsplits = sorted({NSPLIT_CHOICES[j] for j in (i - 4, i - 2, i, i + 1) if 0 <= j < len(NSPLIT_CHOICES)})
+    choices = space.nsplit_choices(H, limits)  # the tuner's NSPLIT candidates, the default among them
+    i = choices.index(base.nsplit)
+    nsplits = sorted({choices[j] for j in (i - 4, i - 2, i, i + 1) if 0 <= j < len(choices)})
     hts = [d for d in (1, 2, 4, 8, 16, 32, 64) if H % d == 0 and 8 <= d * Q <= 128] or [base.ht]
     out = {base}
     for ns in nsplits:
