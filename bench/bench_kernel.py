@@ -85,9 +85,7 @@ def main() -> None:
             va = VerifyAttention(cfg, H=H, q_len=Q, limits=limits, max_batch=1, cache_dir=Path(args.cache))
 
             def launch(k, va=va):
-                s = sets[k]
-                va(q=s.q, kv=s.kv, prefix_indices=s.prefix_indices, prefix_indptr=s.prefix_indptr,
-                   draft_indices=s.draft_indices, tree_mask=s.tree_mask, out=out, batch=1, softmax_scale=s.scale)
+                va.run(sets[k], out)
 
             out.fill_(float("nan"))
             launch(0)
@@ -101,10 +99,7 @@ def main() -> None:
         va = VerifyAttention(best_cfg, H=H, q_len=Q, limits=limits, max_batch=1, cache_dir=Path(args.cache))
 
         def partial_only(k, va=va):
-            s = sets[k]
-            va(q=s.q, kv=s.kv, prefix_indices=s.prefix_indices, prefix_indptr=s.prefix_indptr,
-               draft_indices=s.draft_indices, tree_mask=s.tree_mask, out=out, batch=1, softmax_scale=s.scale,
-               reduce=False)
+            va.run(sets[k], out, reduce=False)
 
         partial_us = time_launches(partial_only, len(sets), reps=40).median_us
         floor_bytes = (P + Q) * 576 * 2 + Q * H * (576 + 512) * 2

@@ -64,10 +64,7 @@ def main() -> None:
                                  extra_flags=flags)
 
             def launch(k, va=va, full=full):
-                s = sets[k]
-                va(q=s.q, kv=s.kv, prefix_indices=s.prefix_indices, prefix_indptr=s.prefix_indptr,
-                   draft_indices=s.draft_indices, tree_mask=s.tree_mask, out=out, batch=1,
-                   softmax_scale=s.scale, reduce=full)
+                va.run(sets[k], out, reduce=full)
 
             t = time_launches(launch, len(sets), reps=60)
             lines.append(f"| {H} | {Q} | {P} | {cfg} | {name} | {t.median_us:.1f} | {nbytes / t.median_us / 1e3:.0f} |")

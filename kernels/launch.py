@@ -110,3 +110,10 @@ class VerifyAttention:
             (batch * self.q_len * self.H, 4, 1), (self.reduce_threads, 1, 1), stream,
             int(self._part_o), int(self._part_ml), _ptr(out), _ptr(lse),
         )
+
+    def run(self, inputs: Any, out: Any, *, lse: Any = None, stream: Any = None, reduce: bool = True) -> None:
+        """Enqueue on one `kernels.reference.Inputs` set (tests, tuner and benchmarks)."""
+        s = inputs
+        self(q=s.q, kv=s.kv, prefix_indices=s.prefix_indices, prefix_indptr=s.prefix_indptr,
+             draft_indices=s.draft_indices, tree_mask=s.tree_mask, out=out, lse=lse, batch=s.batch,
+             softmax_scale=s.scale, stream=stream, reduce=reduce)

@@ -65,9 +65,7 @@ class GpuMeasurer:
 
     def _launch_fn(self, va: Any, sets: list[Any], out: Any):  # type: ignore[no-untyped-def]
         def launch(k: int) -> None:
-            s = sets[k]
-            va(q=s.q, kv=s.kv, prefix_indices=s.prefix_indices, prefix_indptr=s.prefix_indptr,
-               draft_indices=s.draft_indices, tree_mask=s.tree_mask, out=out, batch=1, softmax_scale=s.scale)
+            va.run(sets[k], out)
         return launch
 
     def _sync(self) -> None:

@@ -223,6 +223,14 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
       const int mat = lane >> 3, r8 = lane & 7;
 #pragma unroll 2
       for (int ks2 = 0; ks2 < D_QK / 32; ++ks2) {
+        // one ldmatrix.x4 brings an n-tile's Q fragments for both k-steps of the pair (measured
+        // 0.5-1.9 % faster than an x2 per k-step: bench/results/ab_qk_*_sm_90.md)
+        uint32_t fb4[NQ][4];
+#pragma unroll
+        for (int n = 0; n < NQ; ++n) {
+          const int nj = wn + n * WQN;
+          if (nj < NR) ldsm_x4(fb4[n], smem_u32(Qs + (nj * 8 + r8) * KSTRIDE + ks2 * 32 + mat * 8));
+        }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int ks = 2 * ks2 + h;
@@ -234,8 +242,8 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
           }
 #pragma unroll
           for (int n = 0; n < NQ; ++n) {
-            const int nj = wn + n * WQN;
-            if (nj < NR) ldsm_x2(fb[n], smem_u32(Qs + (nj * 8 + r8) * KSTRIDE + ks * 16 + (mat & 1) * 8));
+            fb[n][0] = fb4[n][2 * h];
+            fb[n][1] = fb4[n][2 * h + 1];
           }
 #pragma unroll
           for (int a = 0; a < MQ; ++a)

@@ -1,0 +1,80 @@
+"""A/B of two compile-flag variants of the kernel on the local GPU, same configs, same inputs,
+interleaved rounds (so clock drift hits both alike); each variant's output is checked against
+the fp32 reference first. Configs: the heuristic default of each shape.
+
+    python3 bench/ab_kernel.py --b-flags=-DVA_QK_B_X2 --label "Q via ldmatrix.x4 (A) vs x2 (B)" --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tuner.heuristic import heuristic_config  # noqa: E402
+
+SHAPES = [(8, 9, 46000), (8, 1, 131072), (64, 9, 46000), (16, 9, 16384), (128, 1, 46000), (8, 9, 4096)]
+ROUNDS, REPS = 5, 30
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--a-flags", default="", help="nvcc flags of variant A, one string (write --a-flags=-DX)")
+    ap.add_argument("--b-flags", default="", help="nvcc flags of variant B, one string (write --b-flags=-DX)")
+    ap.add_argument("--label", default="A vs B")
+    ap.add_argument("--out", type=Path, default=Path("bench/results"))
+    ap.add_argument("--cache", default=os.environ.get("TUNER_CACHE_DIR", "/tmp/va-cache"))
+    args = ap.parse_args()
+
+    import pycuda.autoprimaryctx  # noqa: F401
+    import torch
+
+    from kernels.launch import VerifyAttention
+    from kernels.limits import read_device_limits
+    from kernels.reference import reference, rel_error
+    from kernels.timing import rotating_inputs, time_launches
+
+    limits = read_device_limits(0)
+    variants = {"A": tuple(args.a_flags.split()), "B": tuple(args.b_flags.split())}
+    lines = [f"# Kernel A/B: {args.label} — {limits.name} ({limits.arch}), {dt.date.today().isoformat()}", "",
+             f"A flags: `{' '.join(variants['A']) or '(none)'}`; B flags: `{' '.join(variants['B']) or '(none)'}`. "
+             f"Median over {ROUNDS} interleaved rounds of the per-round median of {REPS} launches, inputs rotated "
+             "past the L2; config = the heuristic default.", "",
+             "| H | Q | prefix | config | A µs | B µs | B/A |", "|---|---|---|---|---|---|---|"]
+    for H, Q, P in SHAPES:
+        cfg = heuristic_config(limits, H=H, q_len=Q, prefix=P)
+        sets = rotating_inputs(prefix_lens=[P], q_len=Q, H=H, l2_bytes=limits.l2_bytes, seed=H + Q + P)
+        ref = reference(sets[0])[0]
+        out = torch.empty(1, Q, H, 512, dtype=torch.bfloat16, device="cuda")
+        launchers = {}
+        for name, flags in variants.items():
+            va = VerifyAttention(cfg, H=H, q_len=Q, limits=limits, max_batch=1, cache_dir=Path(args.cache),
+                                 extra_flags=flags)
+            out.fill_(float("nan"))
+            va.run(sets[0], out)
+            torch.cuda.synchronize()
+            err = rel_error(out, ref)
+            if err > 1e-2:
+                raise SystemExit(f"variant {name} WRONG at H={H} Q={Q} P={P} {cfg}: rel err {err:.3g}")
+            launchers[name] = lambda k, va=va: va.run(sets[k], out)
+        med: dict[str, list[float]] = {n: [] for n in launchers}
+        for _ in range(ROUNDS):
+            for name, launch in launchers.items():
+                med[name].append(time_launches(launch, len(sets), reps=REPS).median_us)
+        a, b = statistics.median(med["A"]), statistics.median(med["B"])
+        lines.append(f"| {H} | {Q} | {P} | {cfg} | {a:.1f} | {b:.1f} | {b / a:.3f} |")
+        print(lines[-1], flush=True)
+        sets = []
+        torch.cuda.empty_cache()
+    args.out.mkdir(parents=True, exist_ok=True)
+    slug = "".join(ch if ch.isalnum() else "_" for ch in args.label.lower())[:40].strip("_")
+    (args.out / f"ab_{slug}_{limits.arch}.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
