@@ -43,7 +43,7 @@ def probe(url: str, *, read_only: bool = False) -> DatabaseHealth:
             if blocked:
                 return DatabaseHealth(True, False, "database is read-only: cannot write "
                                       + ", ".join(str(p) for p in blocked))
-        else:
+        elif parsed.get_backend_name() == "postgresql":
             with engine.connect() as conn:
                 if str(conn.execute(text("SHOW transaction_read_only")).scalar()).lower() == "on":
                     return DatabaseHealth(True, False, "database is read-only (transaction_read_only = on)")
