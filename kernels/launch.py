@@ -18,6 +18,7 @@ from kernels.build import compile_cubin, ptxas_report
 from kernels.config import KernelConfig
 from kernels.errors import InvalidConfig, LaunchError
 from kernels.limits import DeviceLimits
+from kernels.pdl import DependentLaunch
 from kernels.validate import D_QK, D_V, smem_bytes, validate
 
 LOG2E = 1.4426950408889634
@@ -75,6 +76,10 @@ class VerifyAttention:
         self.partial.prepare("PPPPPPPPif")
         self.reduce.prepare("PPPP")
         self.reduce_threads = 32 * min(cfg.nsplit, 8)
+        dev_pdl, _ = self.module.get_global("kUsesPdl")
+        cuda.memcpy_dtoh(got, dev_pdl)
+        # sm_90+: the reduce goes out as a programmatic dependent launch (kernels/pdl.py)
+        self._reduce_pdl = DependentLaunch(built.cubin, "verify_attn_reduce", 4) if got[0] else None
 
     def __call__(
         self,
@@ -106,9 +111,13 @@ class VerifyAttention:
         )
         if not reduce:
             return
+        grid = (batch * self.q_len * self.H, 4, 1)
+        if self._reduce_pdl is not None:
+            self._reduce_pdl(grid, self.reduce_threads, stream.handle if stream is not None else 0,
+                             int(self._part_o), int(self._part_ml), _ptr(out), _ptr(lse))
+            return
         self.reduce.prepared_async_call(
-            (batch * self.q_len * self.H, 4, 1), (self.reduce_threads, 1, 1), stream,
-            int(self._part_o), int(self._part_ml), _ptr(out), _ptr(lse),
+            grid, (self.reduce_threads, 1, 1), stream, int(self._part_o), int(self._part_ml), _ptr(out), _ptr(lse),
         )
 
     def run(self, inputs: Any, out: Any, *, lse: Any = None, stream: Any = None, reduce: bool = True) -> None:

@@ -27,6 +27,15 @@
 
 typedef __nv_bfloat16 bf16;
 
+// Programmatic dependent launch (sm_90+): the partial lets the reduce grid be scheduled early
+// and the reduce waits for the partial's results in griddepcontrol.wait. kernels/launch.py reads
+// kUsesPdl and launches the reduce with the matching attribute only when it is 1.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(VA_NO_PDL)
+#define VA_PDL 1
+#else
+#define VA_PDL 0
+#endif
+
 namespace {
 constexpr int D_QK = 576;
 constexpr int D_V = 512;
@@ -67,6 +76,7 @@ static_assert(TK <= BLOCK, "one thread per token fetches the next tile's slot");
 
 // Read back by kernels/build.py to check that its smem formula matches this layout.
 extern "C" __device__ const int kSmemBytes = SMEM_Q + SMEM_K + SMEM_S + SMEM_STATS + SMEM_MASK + SMEM_SLOTS;
+extern "C" __device__ const int kUsesPdl = VA_PDL;
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -141,6 +151,9 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
 
   const int split = blockIdx.x, h0 = blockIdx.y * HT, b = blockIdx.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+#if VA_PDL
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");  // the reduce may be scheduled now
+#endif
 #if defined(VA_TEST_FAULT)  // test-only variants: prove the tuner survives a faulting / hanging kernel
   if (tid == 0) *reinterpret_cast<volatile int*>(part_o - (1ll << 40)) = 1;
 #elif defined(VA_TEST_HANG)
@@ -373,6 +386,9 @@ verify_attn_reduce(const float* __restrict__ part_o, const float2* __restrict__ 
   __shared__ float4 red_o[RG][32];
   __shared__ float red_l[RG];
   const size_t row = blockIdx.x;
+#if VA_PDL
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");  // the partial grid has finished and flushed
+#endif
   const int lane = threadIdx.x % 32, grp = threadIdx.x / 32;
   const int dim4 = blockIdx.y * 32 + lane;  // float4 index within the 512 dims
   const float2* ml = part_ml + row * NSPLIT;
