@@ -50,3 +50,20 @@ def test_default_config_does_not_spill(tmp_path, device):
 def test_compile_error_is_typed(tmp_path):
     with pytest.raises(CompileError, match="nvcc failed"):
         compile_cubin(KernelConfig(nsplit=8, ht=1, tk=16, block=96), 1, "sm_90", tmp_path)  # BLOCK/32 must divide 32
+
+
+@needs_nvcc
+@pytest.mark.parametrize("arch, flags, pdl", [("sm_80", (), False), ("sm_90", (), True), ("sm_120", (), True),
+                                              ("sm_90", ("-DVA_NO_PDL",), False)])
+def test_programmatic_dependent_launch_only_where_the_device_has_it(tmp_path, arch, flags, pdl):
+    """griddepcontrol is sm_90+; kUsesPdl tells the launcher which launch the reduce needs."""
+    import subprocess
+
+    src = tmp_path / "k.cu"
+    src.write_text(render(KernelConfig(nsplit=64, ht=8, tk=32, block=256), q_len=9))
+    ptx = tmp_path / "k.ptx"
+    subprocess.run(["nvcc", f"-arch={arch}", "-ptx", *flags, "-o", str(ptx), str(src)], check=True,
+                   capture_output=True)
+    text = ptx.read_text()
+    assert ("griddepcontrol.wait" in text) is pdl and ("griddepcontrol.launch_dependents" in text) is pdl
+    assert ("kUsesPdl = 1" in text) is pdl
