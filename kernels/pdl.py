@@ -76,8 +76,9 @@ class DependentLaunch:
         _check(_lib().cuLaunchKernelEx(byref(cfg), self._func, self._params, None), "cuLaunchKernelEx")
 
     def close(self) -> None:
-        if self._module:
-            _lib().cuModuleUnload(self._module)  # best effort at teardown: the context may be gone
+        module = getattr(self, "_module", None)  # None when __init__ failed before loading
+        if module:
+            _lib().cuModuleUnload(module)  # teardown: at interpreter exit the context may be gone
             self._module = c_void_p()
 
     def __del__(self) -> None:
