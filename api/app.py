@@ -13,13 +13,12 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from api.metrics import Metrics, MetricsMiddleware
-from api.service import TableCache
 from api.routes import admin, config, health
+from api.service import TableCache
 from tuner.db.migrate import ensure_current
 from tuner.db.session import make_engine, session_factory
 from tuner.errors import BadParameter, StorageError
 from tuner.settings import Settings
-
 
 READ_BUSY_TIMEOUT_MS = 2000  # WAL readers do not wait on writers; a longer wait is a fault to report
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from tests.helpers import free_port, running_server  # noqa: E402
+from tests.helpers import free_port, running_server
 
 
 async def _get(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str, path: str) -> int:
@@ -63,7 +63,7 @@ async def client(base: str, n: int, rate: float, deadline: float, lat: list[floa
                     status = await asyncio.wait_for(_get(reader, writer, host, path), 5.0)
                 if status != 200:
                     errors.append(f"HTTP {status}")
-            except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError) as exc:
+            except (TimeoutError, OSError, asyncio.IncompleteReadError) as exc:
                 errors.append(type(exc).__name__)
                 return
             finally:

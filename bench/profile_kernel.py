@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels.config import KernelConfig  # noqa: E402
+from kernels.config import KernelConfig
 
 SHAPES = [(8, 9, 46000), (64, 9, 46000), (8, 1, 131072)]
 VARIANTS = [("partial+reduce", (), True), ("partial only", (), False),

@@ -115,6 +115,17 @@ def naive_torch(inp: Inputs) -> Any:
     return torch.stack(outs)
 
 
+def poisoned_run_error(launch: Any, out: Any, ref: Any) -> float:
+    """Fill `out` with NaN, run `launch()` once, wait, and return its relative error against
+    `ref`: an element the kernel left unwritten makes it inf."""
+    import torch
+
+    out.fill_(float("nan"))
+    launch()
+    torch.cuda.synchronize()
+    return rel_error(out, ref)
+
+
 def rel_error(out: Any, ref: Any) -> float:
     """||out - ref|| / ||ref|| in fp32; NaN anywhere gives inf."""
     import torch

@@ -13,7 +13,6 @@ from kernels.config import BLOCK_CHOICES, HT_CHOICES, NSPLIT_CHOICES, STAGES_CHO
 from kernels.limits import DeviceLimits
 from kernels.validate import MAX_NSPLIT, check
 
-
 SPACE_VERSION = 2
 
 

@@ -268,9 +268,8 @@ def _pick_winner(out: Outcome, *, study: optuna.Study, backend: Backend, session
     pool = list(top)
     default = out.default
     if default is not None and default not in pool:
-        if default in ranked:
-            pool.append(default)
-        elif backend.measure(default, workload).ok:  # the default must pass the gate to be timed
+        # a default the search never measured must pass the correctness gate before it is timed
+        if default in ranked or backend.measure(default, workload).ok:
             pool.append(default)
     incumbent = stored.config if stored else None
     if incumbent is not None and incumbent not in pool:

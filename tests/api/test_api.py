@@ -134,9 +134,8 @@ def test_health_ready_metrics_docs(client):
 
 def test_refuses_to_start_on_outdated_schema(sqlite_url, tmp_path):
     app = create_app(Settings(database_url=sqlite_url, cache_dir=tmp_path))
-    with pytest.raises(RuntimeError, match="tuner db upgrade"):
-        with TestClient(app):
-            pass
+    with pytest.raises(RuntimeError, match="tuner db upgrade"), TestClient(app):
+        pass
 
 
 def test_no_default_device_needs_the_parameter(db_url, tmp_path):

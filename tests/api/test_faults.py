@@ -16,10 +16,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
+from tests.helpers import free_port, running_server, tuner_cmd
 from tuner.db import migrate
 from tuner.settings import Settings
-
-from tests.helpers import free_port, running_server, tuner_cmd
 
 Q = {"H": 8, "q_len": 9, "prefix": 46000}
 ROW = {"device": "NVIDIA H200", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256}
