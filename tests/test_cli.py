@@ -83,3 +83,32 @@ def test_show_bad_device_is_one_line(run):
     run("db", "upgrade")
     r = run("configs", "show", "--H", "8", "--q-len", "9", "--prefix", "1", "--device", "nope")
     assert r.exit_code == 1 and r.output.strip().startswith("Error: device: unknown device")
+
+
+def test_snapshot_is_a_self_contained_read_only_copy_the_sidecar_serves(run, tmp_path):
+    import sqlite3
+
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+    from tuner.settings import Settings
+
+    assert run("db", "upgrade").exit_code == 0
+    rows = [{"device": "h200", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256,
+             "median_us": 70.0}]
+    (tmp_path / "rows.json").write_text(json.dumps(rows))
+    assert run("configs", "import", str(tmp_path / "rows.json")).exit_code == 0
+    snap = tmp_path / "snap" / "configs.db"
+    snap.parent.mkdir()
+    result = run("db", "snapshot", str(snap))
+    assert result.exit_code == 0 and "1 best configs" in result.output
+    assert sorted(p.name for p in snap.parent.iterdir()) == ["configs.db"]  # no -wal / -shm beside it
+    con = sqlite3.connect(snap)
+    assert con.execute("PRAGMA journal_mode").fetchone() == ("delete",)
+    con.close()
+    settings = Settings(database_url=f"sqlite:///{snap}", device="h200", database_read_only=True)
+    with TestClient(create_app(settings)) as c:
+        r = c.get("/config", params={"H": 8, "q_len": 9, "prefix": 46000})
+        assert r.status_code == 200 and r.json()["NSPLIT"] == 64 and r.json()["source"] == "tuned"
+    again = run("db", "snapshot", str(snap))  # never overwritten
+    assert again.exit_code != 0 and "exists" in again.output

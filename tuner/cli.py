@@ -65,6 +65,19 @@ def db_upgrade(settings: Settings, revision: str) -> None:
     click.echo(f"database at revision {revision}: {_safe_url(settings.database_url)}")
 
 
+@db.command("snapshot")
+@click.argument("dest", type=click.Path(dir_okay=False, path_type=Path))
+@click.pass_obj
+@_errors_as_clean_exit
+def db_snapshot(settings: Settings, dest: Path) -> None:
+    """Write DEST: an SQLite file with the devices and best configs of the config database, in
+    rollback-journal mode, to mount read-only under `tuner serve --read-only-database`."""
+    from tuner.db.snapshot import write_snapshot
+
+    n = write_snapshot(settings.database_url, dest)
+    click.echo(f"wrote {dest}: {n} best configs")
+
+
 @db.command("current")
 @click.pass_obj
 @_errors_as_clean_exit
