@@ -137,7 +137,7 @@ def _without_root_override(probe_file) -> list[str]:
     # the server must still import without the override (a checkout other users cannot read would not)
     check = subprocess.run([*NO_OVERRIDE, sys.executable, "-c",
                             "import os, sys, api.app; sys.exit(os.access(sys.argv[1], os.W_OK))", str(probe_file)],
-                           capture_output=True)
+                           capture_output=True, check=False)
     if check.returncode != 0:
         pytest.skip(f"cannot run the server without root's file-permission override here: "
                     f"{check.stderr.decode()[-200:]}")
@@ -184,24 +184,30 @@ def test_read_only_database_fails_readiness_keeps_serving_and_refuses_writes(tmp
 
 
 def test_declared_read_only_database_stays_ready(tmp_path):
+    """The read-only deployment end to end: `tuner db snapshot` of a tuned database, mounted
+    read-only (file and directory), served with TUNER_DATABASE_READ_ONLY."""
+    src = f"sqlite:///{tmp_path / 'src.db'}"
+    migrate.upgrade(src)
+    rows = tmp_path / "rows.json"
+    rows.write_text(json.dumps([ROW]))
+    subprocess.run(tuner_cmd("configs", "import", str(rows)), env={**os.environ, "TUNER_DATABASE_URL": src},
+                   check=True, capture_output=True)
     db_dir = tmp_path / "db"
     db_dir.mkdir()
-    url = f"sqlite:///{db_dir / 'c.db'}"
-    migrate.upgrade(url)
-    con = sqlite3.connect(db_dir / "c.db")
-    con.execute("PRAGMA journal_mode=DELETE")  # a self-contained file, as a read-only snapshot must be
-    con.close()
+    subprocess.run(tuner_cmd("db", "snapshot", str(db_dir / "c.db")), env={**os.environ, "TUNER_DATABASE_URL": src},
+                   check=True, capture_output=True)
     (tmp_path / "ro").write_text("")
     (tmp_path / "ro").chmod(0o444)
     wrap = _without_root_override(tmp_path / "ro")
     _set_modes(db_dir, 0o444, 0o555)
     port = free_port()
+    env = {"TUNER_DATABASE_URL": f"sqlite:///{db_dir / 'c.db'}", "TUNER_DEVICE": "h200", "TUNER_DATABASE_READ_ONLY": "1"}
     try:
-        with running_server({"TUNER_DATABASE_URL": url, "TUNER_DEVICE": "h200", "TUNER_DATABASE_READ_ONLY": "1"},
-                            port=port, wrap=wrap):
+        with running_server(env, port=port, wrap=wrap):
             ready = httpx.get(f"http://127.0.0.1:{port}/readyz")
             assert ready.status_code == 200 and ready.json()["database"]["writable"] is False
             assert "read-only" in ready.json()["note"]
-            assert httpx.get(f"http://127.0.0.1:{port}/config", params=Q).json()["source"] == "heuristic"
+            r = httpx.get(f"http://127.0.0.1:{port}/config", params=Q).json()
+            assert r["source"] == "tuned" and r["NSPLIT"] == ROW["NSPLIT"]
     finally:
         _set_modes(db_dir, 0o644, 0o755)
