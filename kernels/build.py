@@ -23,13 +23,13 @@ from kernels.errors import CompileError
 SOURCE = Path(__file__).parent / "csrc" / "verify_attention.cu"
 KERNEL_NAME = "verify_attention"
 #: Bump when the kernel's semantics or interface change; part of every cache key and DB key.
-KERNEL_VERSION = "1"
+KERNEL_VERSION = "2"
 NVCC_FLAGS = ("-O3", "-std=c++17", "--use_fast_math", "-lineinfo")
 
 
 def render(cfg: KernelConfig, q_len: int) -> str:
     """The full source with sorted, validated #defines and a #line so errors point at the .cu."""
-    consts = {**cfg.as_params(), "QN": q_len}
+    consts = {**cfg.as_params(), "QN": q_len, "QT": cfg.row_tile(q_len)}
     lines = []
     for name in sorted(consts):
         if not name.isidentifier():
@@ -87,7 +87,8 @@ def compile_cubin(
     source = render(cfg, q_len)
     key = cache_key(source, arch, extra_flags)
     c = cfg
-    stem = f"{KERNEL_NAME}_{arch}_q{q_len}_ns{c.nsplit}_ht{c.ht}_tk{c.tk}_b{c.block}_st{c.stages}_{key}"
+    stem = (f"{KERNEL_NAME}_{arch}_q{q_len}_ns{c.nsplit}_ht{c.ht}_tk{c.tk}_b{c.block}_st{c.stages}"
+            f"_qt{c.row_tile(q_len)}_wr{c.wr}_wk{c.wk}_sf{c.sf}_p{c.pipe}_{key}")
     cache_dir.mkdir(parents=True, exist_ok=True)
     target = cache_dir / f"{stem}.cubin"
     log_path = cache_dir / f"{stem}.log"
@@ -147,21 +148,21 @@ def ptxas_report(log: str, function: str = "verify_attn_partial") -> dict[str, i
     }
 
 
-def _compile_one(args: tuple[KernelConfig, int, str, str]) -> str | None:
-    cfg, q_len, arch, cache_dir = args
+def _compile_one(args: tuple[KernelConfig, int, str, str, tuple[str, ...]]) -> str | None:
+    cfg, q_len, arch, cache_dir, extra_flags = args
     try:
-        compile_cubin(cfg, q_len, arch, Path(cache_dir))
+        compile_cubin(cfg, q_len, arch, Path(cache_dir), extra_flags)
     except CompileError as exc:
         return f"{cfg}: {exc}"
     return None
 
 
 def precompile(configs: list[KernelConfig], q_len: int, arch: str, cache_dir: Path,
-               workers: int | None = None) -> list[str]:
+               workers: int | None = None, extra_flags: tuple[str, ...] = ()) -> list[str]:
     """Fill the cache for many configs in parallel (nvcc is single-threaded); returns failures,
     which the measurement then reports per config."""
     from concurrent.futures import ProcessPoolExecutor
 
-    jobs = [(c, q_len, arch, str(cache_dir)) for c in configs]
+    jobs = [(c, q_len, arch, str(cache_dir), extra_flags) for c in configs]
     with ProcessPoolExecutor(max_workers=workers or os.cpu_count()) as pool:
         return [r for r in pool.map(_compile_one, jobs) if r]

@@ -1,4 +1,8 @@
-"""The tunable compile-time constants of the verify-attention kernel."""
+"""The tunable compile-time constants of the verify-attention kernel.
+
+`KernelConfig` is the one home of the constants' names: the kernel's #defines, the database's
+`extra` column, the API, exports and the worker client all spell them as `PARAM_NAMES`.
+"""
 
 from __future__ import annotations
 
@@ -6,39 +10,70 @@ from dataclasses import asdict, dataclass, fields
 
 from kernels.errors import InvalidConfig
 
-#: Values the search space draws from. HT is further restricted to the divisors of H.
+#: Values the search space draws from. HT is further restricted to the divisors of H, QT to
+#: the row tiles of q_len, WR/WK to the warp grids the block size allows.
 NSPLIT_CHOICES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256)
 HT_CHOICES = (1, 2, 4, 8, 16, 32, 64, 128)
 TK_CHOICES = (16, 32, 64, 128)
 BLOCK_CHOICES = (128, 256, 512, 1024)
-STAGES_CHOICES = (2, 3)
+STAGES_CHOICES = (2, 3, 4, 6, 8)
+WR_CHOICES = (1, 2, 3, 4, 8)
+WK_CHOICES = (1, 2, 3, 4, 6)
+PIPE_CHOICES = (0, 1)
+SF_CHOICES = (0, 1)
+
+#: The constants, in the order tables and exports show them.
+PARAM_NAMES = ("NSPLIT", "HT", "TK", "BLOCK", "STAGES", "QT", "WR", "WK", "SF", "PIPE")
+#: The four the product was specified with; they are columns of their own in the database.
+CORE_PARAMS = ("NSPLIT", "HT", "TK", "BLOCK")
 
 
 @dataclass(frozen=True, order=True)
 class KernelConfig:
-    """NSPLIT, HT, TK, BLOCK (the four tuned constants) plus the cp.async pipeline depth."""
+    """NSPLIT, HT, TK, BLOCK (the four tuned constants) and the structural choices of kernel v2:
+    STAGES cp.async ring slots, QT draft nodes per block (0: all q_len nodes in one block),
+    WR x WK the QK warp grid (row groups x k-slices), SF the score fold (1: the k-slices share
+    half as many partial-score buffers), PIPE the pipeline (0: PV(t) and QK(t+1) fused, two
+    barriers a tile; 1: a slot is refilled right after its PV, three barriers)."""
 
     nsplit: int
     ht: int
     tk: int
     block: int
     stages: int = 2
+    qt: int = 0
+    wr: int = 2
+    wk: int = 4
+    sf: int = 0
+    pipe: int = 1
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise InvalidConfig(f"{f.name.upper()} must be a positive integer, got {value!r}")
+            low = 0 if f.name in ("qt", "sf", "pipe") else 1
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                kind = "a non-negative" if low == 0 else "a positive"
+                raise InvalidConfig(f"{f.name.upper()} must be {kind} integer, got {value!r}")
 
     def as_params(self) -> dict[str, int]:
         """Upper-case names, as the kernel's #defines, the API and exports spell them."""
         return {k.upper(): v for k, v in asdict(self).items()}
 
+    def extra_params(self) -> dict[str, int]:
+        """The constants beyond the four core ones (stored in the database's `extra` column)."""
+        return {k: v for k, v in self.as_params().items() if k not in CORE_PARAMS}
+
+    def row_tile(self, q_len: int) -> int:
+        """Draft nodes one block holds: QT, or all of them when QT is 0."""
+        return self.qt or q_len
+
     @classmethod
     def from_params(cls, params: dict[str, object]) -> KernelConfig:
-        """Build from a mapping with upper- or lower-case keys; STAGES is optional."""
+        """Build from a mapping with upper- or lower-case keys; the four core constants are
+        required, the others take their defaults (the compute-mode structure: STAGES=2 QT=0 WR=2
+        WK=4 SF=0 PIPE=1)."""
         norm = {str(k).lower(): v for k, v in params.items()}
-        missing = {"nsplit", "ht", "tk", "block"} - norm.keys()
+        missing = {c.lower() for c in CORE_PARAMS} - norm.keys()
         if missing:
             raise InvalidConfig(f"missing constants: {', '.join(sorted(m.upper() for m in missing))}")
         known = {f.name for f in fields(cls)}
@@ -52,4 +87,4 @@ class KernelConfig:
         return cls(**values)
 
     def __str__(self) -> str:
-        return f"NSPLIT={self.nsplit} HT={self.ht} TK={self.tk} BLOCK={self.block} STAGES={self.stages}"
+        return " ".join(f"{k}={v}" for k, v in self.as_params().items())

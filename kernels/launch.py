@@ -24,6 +24,16 @@ from kernels.validate import D_QK, D_V, smem_bytes, validate
 LOG2E = 1.4426950408889634
 
 
+def _read_int(module: Any, name: str) -> int:
+    """An `extern "C" __device__ const int` the kernel exports (its layout facts)."""
+    import pycuda.driver as cuda
+
+    dev, _ = module.get_global(name)
+    got = np.empty(1, np.int32)
+    cuda.memcpy_dtoh(got, dev)
+    return int(got[0])
+
+
 def _ptr(x: Any) -> int:
     if x is None:
         return 0
@@ -57,11 +67,8 @@ class VerifyAttention:
         self.partial = self.module.get_function("verify_attn_partial")
         self.reduce = self.module.get_function("verify_attn_reduce")
         self.smem = smem_bytes(cfg, q_len)
-        dev_smem, _ = self.module.get_global("kSmemBytes")
-        got = np.empty(1, np.int32)
-        cuda.memcpy_dtoh(got, dev_smem)
-        if int(got[0]) != self.smem:  # a bug, not a bad config: the formulas drifted apart
-            raise RuntimeError(f"smem formula {self.smem} B != kernel layout {int(got[0])} B")
+        if _read_int(self.module, "kSmemBytes") != self.smem:  # a bug, not a bad config
+            raise RuntimeError(f"smem formula {self.smem} B != kernel layout {_read_int(self.module, 'kSmemBytes')} B")
         fa = cuda.function_attribute
         self.partial.set_attribute(fa.MAX_DYNAMIC_SHARED_SIZE_BYTES, self.smem)
         max_threads = self.partial.get_attribute(fa.MAX_THREADS_PER_BLOCK)
@@ -70,16 +77,16 @@ class VerifyAttention:
                 f"BLOCK={cfg.block} but the compiled kernel allows {max_threads} threads "
                 f"({self.partial.get_attribute(fa.NUM_REGS)} registers/thread)"
             )
+        self.row_tiles = -(-q_len // cfg.row_tile(q_len))
         rows = max_batch * q_len * H
-        self._part_o = cuda.mem_alloc(rows * cfg.nsplit * D_V * 4)
-        self._part_ml = cuda.mem_alloc(rows * cfg.nsplit * 8)
+        self._part_o = cuda.mem_alloc(rows * cfg.nsplit * D_V * 2)  # bf16 o / l per split
+        self._part_lse = cuda.mem_alloc(rows * cfg.nsplit * 4)  # fp32 log2-domain lse per split
         self.partial.prepare("PPPPPPPPif")
         self.reduce.prepare("PPPP")
-        self.reduce_threads = 32 * min(cfg.nsplit, 8)
-        dev_pdl, _ = self.module.get_global("kUsesPdl")
-        cuda.memcpy_dtoh(got, dev_pdl)
+        self.reduce_threads = _read_int(self.module, "kReduceThreads")
         # sm_90+: the reduce goes out as a programmatic dependent launch (kernels/pdl.py)
-        self._reduce_pdl = DependentLaunch(built.cubin, "verify_attn_reduce", 4) if got[0] else None
+        uses_pdl = _read_int(self.module, "kUsesPdl") == 1
+        self._reduce_pdl = DependentLaunch(built.cubin, "verify_attn_reduce", 4) if uses_pdl else None
 
     def __call__(
         self,
@@ -104,9 +111,9 @@ class VerifyAttention:
         scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(D_QK)
         c = self.cfg
         self.partial.prepared_async_call(
-            (c.nsplit, self.H // c.ht, batch), (c.block, 1, 1), stream,
+            (c.nsplit, self.H // c.ht * self.row_tiles, batch), (c.block, 1, 1), stream,
             _ptr(q), _ptr(kv), _ptr(prefix_indices), _ptr(prefix_indptr), _ptr(draft_indices),
-            _ptr(tree_mask), int(self._part_o), int(self._part_ml), self.H, scale * LOG2E,
+            _ptr(tree_mask), int(self._part_o), int(self._part_lse), self.H, scale * LOG2E,
             shared_size=self.smem,
         )
         if not reduce:
@@ -114,10 +121,10 @@ class VerifyAttention:
         grid = (batch * self.q_len * self.H, 4, 1)
         if self._reduce_pdl is not None:
             self._reduce_pdl(grid, self.reduce_threads, stream.handle if stream is not None else 0,
-                             int(self._part_o), int(self._part_ml), _ptr(out), _ptr(lse))
+                             int(self._part_o), int(self._part_lse), _ptr(out), _ptr(lse))
             return
         self.reduce.prepared_async_call(
-            grid, (self.reduce_threads, 1, 1), stream, int(self._part_o), int(self._part_ml), _ptr(out), _ptr(lse),
+            grid, (self.reduce_threads, 1, 1), stream, int(self._part_o), int(self._part_lse), _ptr(out), _ptr(lse),
         )
 
     def run(self, inputs: Any, out: Any, *, lse: Any = None, stream: Any = None, reduce: bool = True) -> None:

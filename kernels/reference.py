@@ -41,18 +41,28 @@ def random_tree_mask(q_len: int, generator: Any) -> list[int]:
     return masks
 
 
+SLOT_LAYOUTS = ("scattered", "contiguous")
+
+
 def make_inputs(
     *, prefix_lens: list[int], q_len: int, H: int, device: str = "cuda", seed: int = 0,
-    spare_slots: int = 0, scale: float | None = None,
+    spare_slots: int = 0, scale: float | None = None, layout: str = "scattered",
 ) -> Inputs:
-    """Random inputs with scattered slots: prefix and draft slots are a random permutation."""
+    """Random inputs. Slots are a random permutation of the pool ("scattered", a fragmented
+    page-size-1 cache: the worst case for the memory system) or consecutive ("contiguous": each
+    request's prefix, then the draft slots, in pool order)."""
     import torch
 
+    if layout not in SLOT_LAYOUTS:
+        raise ValueError(f"layout must be one of {SLOT_LAYOUTS}, got {layout!r}")
     gen = torch.Generator().manual_seed(seed)
     B = len(prefix_lens)
     total = sum(prefix_lens) + B * q_len
     S = total + spare_slots
-    perm = torch.randperm(S, generator=gen)[:total].to(torch.int32)
+    if layout == "scattered":
+        perm = torch.randperm(S, generator=gen)[:total].to(torch.int32)
+    else:
+        perm = torch.arange(total, dtype=torch.int32)
     prefix_indices = perm[: sum(prefix_lens)].clone()
     draft = perm[sum(prefix_lens):].view(B, q_len).clone()
     indptr = torch.zeros(B + 1, dtype=torch.int32)

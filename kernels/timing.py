@@ -7,8 +7,9 @@ inputs rotated over enough sets that their KV exceeds the L2, so no config wins 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from kernels.reference import D_QK, Inputs, make_inputs
 
@@ -28,12 +29,13 @@ def summarize(samples: list[float]) -> Timing:
 
 
 def rotating_inputs(
-    *, prefix_lens: list[int], q_len: int, H: int, l2_bytes: int, seed: int = 0, max_sets: int = 64
+    *, prefix_lens: list[int], q_len: int, H: int, l2_bytes: int, seed: int = 0, max_sets: int = 64,
+    layout: str = "scattered",
 ) -> list[Inputs]:
     """Input sets whose KV together exceed 3x the L2 (at least 2 sets)."""
     per_set = (sum(prefix_lens) + len(prefix_lens) * q_len) * D_QK * 2
     n = max(2, min(max_sets, -(-3 * max(l2_bytes, 1) // max(per_set, 1))))
-    return [make_inputs(prefix_lens=prefix_lens, q_len=q_len, H=H, seed=seed + k) for k in range(n)]
+    return [make_inputs(prefix_lens=prefix_lens, q_len=q_len, H=H, seed=seed + k, layout=layout) for k in range(n)]
 
 
 def time_launches(
@@ -51,6 +53,37 @@ def time_launches(
         stop.record(stream)
     pairs[-1][1].synchronize()
     return summarize([stop.time_since(start) * 1000.0 for start, stop in pairs])
+
+
+def time_graph(launch: Callable[[int], None], n_sets: int, *, stream: Any, replays: int = 15,
+               min_launches: int = 24) -> Timing:
+    """Time `launch(k)` the way an inference server runs it: captured in one CUDA graph (every
+    input set in turn, repeated to at least `min_launches` launches), replayed `replays` times
+    between events. One sample = one replay's time / its launches, in microseconds.
+
+    `launch` must enqueue on `stream` (a PyCUDA stream); torch captures it through an external
+    stream, so PyCUDA and driver launches (the PDL reduce) land in the graph alike."""
+    import torch
+
+    for k in range(n_sets):  # load modules, touch every set once outside the capture
+        launch(k)
+    torch.cuda.synchronize()
+    order = [k % n_sets for k in range(max(n_sets, min_launches))]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=torch.cuda.ExternalStream(stream.handle)):
+        for k in order:
+            launch(k)
+    graph.replay()
+    torch.cuda.synchronize()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(replays)]
+    for start, stop in events:
+        start.record()
+        graph.replay()
+        stop.record()
+    torch.cuda.synchronize()
+    samples = [start.elapsed_time(stop) * 1000.0 / len(order) for start, stop in events]
+    del graph
+    return summarize(samples)
 
 
 def copy_bandwidth(reps: int = 10) -> float:

@@ -1,45 +1,77 @@
 """Decide, before compiling, whether a configuration can run for (device, H, q_len).
 
-The resource formulas mirror the layout in csrc/verify_attention.cu; build.py checks the
-shared-memory figure against the compiled module, so the two cannot drift apart silently.
+The resource formulas mirror the layout in csrc/verify_attention.cu; launch.py checks the
+shared-memory figure against the compiled module (`kSmemBytes`), so the two cannot drift apart
+silently.
 """
 
 from __future__ import annotations
 
-from kernels.config import BLOCK_CHOICES, STAGES_CHOICES, TK_CHOICES, KernelConfig
+from dataclasses import dataclass
+
+from kernels.config import BLOCK_CHOICES, PIPE_CHOICES, SF_CHOICES, STAGES_CHOICES, TK_CHOICES, KernelConfig
 from kernels.errors import InvalidConfig
 from kernels.limits import DeviceLimits
 
 D_QK, D_V = 576, 512
 KSTRIDE = D_QK + 8
+KSTEPS = D_QK // 16
 MAX_Q_LEN = 64
 MAX_NSPLIT = 1024
-#: Registers a thread needs besides the O accumulator and its B fragments (addresses, softmax,
-#: loop state); calibrated on ptxas -v reports for sm_90 (see kernels/NOTES.md).
-REG_OVERHEAD = 24
+#: Registers a thread needs besides the accumulators and fragments the formula counts
+#: (addresses, loop state, softmax); calibrated on ptxas -v reports for sm_80/90/120 (within
+#: ~10 of ptxas near the 255 cap; tests/kernels/test_compile.py compiles the heuristic defaults of
+#: a sample and checks they do not spill).
+REG_OVERHEAD = 40
 
 
-def rows_padded(ht: int, q_len: int) -> int:
-    return (ht * q_len + 7) // 8 * 8
+@dataclass(frozen=True)
+class Shape:
+    """The kernel's derived sizes for one config at one q_len (csrc names in comments)."""
+
+    rows: int  # ROWS = HT * QT
+    nr: int  # n8 row tiles
+    warps: int
+    mw: int  # PV: latent-dim m16 tiles per warp
+    wt: int  # QK token groups
+    mq: int  # QK m16 token tiles per warp
+    nq: int  # QK n8 row tiles per warp
+
+    @property
+    def rows_padded(self) -> int:
+        return self.nr * 8
+
+
+def shape(cfg: KernelConfig, q_len: int) -> Shape:
+    rows = cfg.ht * cfg.row_tile(q_len)
+    nr = (rows + 7) // 8
+    warps = cfg.block // 32
+    wt = max(1, warps // (cfg.wr * cfg.wk))
+    return Shape(rows=rows, nr=nr, warps=warps, mw=max(1, 32 // warps), wt=wt, mq=max(1, cfg.tk // 16 // wt),
+                 nq=-(-nr // cfg.wr))
 
 
 def smem_bytes(cfg: KernelConfig, q_len: int) -> int:
-    """Dynamic shared memory of the partial kernel, in bytes."""
-    rp = rows_padded(cfg.ht, q_len)
+    """Dynamic shared memory of the partial kernel, in bytes (SMEM_* in the .cu)."""
+    rp = shape(cfg, q_len).rows_padded
     q = rp * KSTRIDE * 2
     kv = cfg.stages * cfg.tk * KSTRIDE * 2
-    scores = rp * (cfg.tk + 4) * 4
+    scores = (cfg.wk // 2 if cfg.sf else cfg.wk) * rp * (cfg.tk + 4) * 4
+    p = rp * (cfg.tk + 8) * 2
     stats = 3 * rp * 4
-    mask = q_len * 8
-    slots = cfg.tk * 4
-    return q + kv + scores + stats + mask + slots
+    mask = cfg.row_tile(q_len) * 8
+    slots = cfg.stages * cfg.tk * 4  # slot-index ring
+    return q + kv + scores + p + stats + mask + slots
 
 
-def accumulator_registers(cfg: KernelConfig, q_len: int) -> int:
-    """fp32 registers per thread holding the O^T accumulator plus the P^T fragments."""
-    nr = rows_padded(cfg.ht, q_len) // 8
-    warps = cfg.block // 32
-    return (D_V // 16 // warps) * nr * 4 + 2 * nr
+def registers_needed(cfg: KernelConfig, q_len: int) -> int:
+    """Estimated registers per thread: the O^T accumulator, the larger of the QK and PV working
+    sets and a calibrated overhead."""
+    s = shape(cfg, q_len)
+    o_acc = s.mw * s.nr * 4
+    qk = s.mq * s.nq * 4 + s.nq * 4 + s.mq * 4
+    pv = s.nr * 2 + 4
+    return o_acc + max(qk, pv) + REG_OVERHEAD
 
 
 def max_registers_per_thread(cfg: KernelConfig, limits: DeviceLimits) -> int:
@@ -63,21 +95,46 @@ def check(cfg: KernelConfig, limits: DeviceLimits, *, H: int, q_len: int) -> str
         return f"STAGES={cfg.stages} not in {STAGES_CHOICES}"
     if cfg.nsplit > MAX_NSPLIT:
         return f"NSPLIT={cfg.nsplit} over {MAX_NSPLIT}"
+    if cfg.sf not in SF_CHOICES:
+        return f"SF={cfg.sf} not in {SF_CHOICES}"
+    if cfg.sf and cfg.wk % 2:
+        return f"SF=1 folds pairs of k-slices: WK={cfg.wk} must be even"
+    if cfg.pipe not in PIPE_CHOICES:
+        return f"PIPE={cfg.pipe} not in {PIPE_CHOICES}"
+    if cfg.qt >= q_len and cfg.qt != 0:
+        return f"QT={cfg.qt} must be below q_len={q_len} (QT=0 holds all nodes in one block)"
     if cfg.block > limits.max_threads_per_block:
         return f"BLOCK={cfg.block} over the device's {limits.max_threads_per_block} threads per block"
+    reason = _warp_grid_reason(cfg, q_len)
+    if reason:
+        return reason
     smem = smem_bytes(cfg, q_len)
     if smem > limits.max_smem_optin:
         return (
             f"needs {smem} B shared memory per block, device allows {limits.max_smem_optin} B "
-            f"(HT*q_len={cfg.ht * q_len} rows, TK={cfg.tk}, STAGES={cfg.stages})"
+            f"(HT*QT={shape(cfg, q_len).rows} rows, TK={cfg.tk}, STAGES={cfg.stages}, WK={cfg.wk})"
         )
-    need = accumulator_registers(cfg, q_len) + REG_OVERHEAD
+    need = registers_needed(cfg, q_len)
     cap = max_registers_per_thread(cfg, limits)
     if need > cap:
         return (
-            f"accumulator needs >= {need} registers per thread, BLOCK={cfg.block} allows {cap} "
-            f"(HT*q_len={cfg.ht * q_len} rows): it would spill"
+            f"needs ~{need} registers per thread, BLOCK={cfg.block} allows {cap} "
+            f"(HT*QT={shape(cfg, q_len).rows} rows): it would spill"
         )
+    return None
+
+
+def _warp_grid_reason(cfg: KernelConfig, q_len: int) -> str | None:
+    """The static_asserts of the .cu on the QK warp grid, as messages."""
+    s = shape(cfg, q_len)
+    if s.warps % (cfg.wr * cfg.wk):
+        return f"WR*WK={cfg.wr * cfg.wk} does not divide the {s.warps} warps of BLOCK={cfg.block}"
+    if (cfg.tk // 16) % s.wt:
+        return f"{s.wt} QK token groups (warps/(WR*WK)) do not tile TK={cfg.tk}"
+    if KSTEPS % cfg.wk:
+        return f"WK={cfg.wk} does not divide the {KSTEPS} k-steps"
+    if cfg.wr > s.nr:
+        return f"WR={cfg.wr} over the {s.nr} n8 row tiles of {s.rows} rows"
     return None
 
 

@@ -1,28 +1,50 @@
-// MLA verify attention for speculative decoding: KV-split flash-decode, partial + reduce.
+// MLA verify attention for speculative decoding: KV-split flash-decode, partial + reduce (v2).
 //
-// Semantics (../shared/docs/verify-attention.md): for request b, draft node i, head h the query
-// q[b,i,h,0:576] attends to every prefix slot of b and to the draft nodes j that bit j of
-// tree_mask[b,i] allows; o = softmax(scale * q.k) @ v with v = kv[slot, 0:512].
+// Semantics (docs/kernel.md): for request b, draft node i, head h the query q[b,i,h,0:576]
+// attends to every prefix slot of b and to the draft nodes j that bit j of tree_mask[b,i]
+// allows; o = softmax(scale * q.k) @ v with v = kv[slot, 0:512].
 //
-// Compile-time constants, prepended by kernels/build.py as #defines:
-//   NSPLIT  KV splits per request          HT     heads per block sharing one KV tile
-//   TK      tokens per KV tile (mult. 16)  BLOCK  threads per block (128..1024, power of two)
-//   STAGES  cp.async pipeline depth (2, 3) QN     draft nodes per request (q_len, 1..64)
+// Compile-time constants, rendered by kernels/build.py as #defines (kernels/config.py says
+// which values are valid and kernels/validate.py checks them before anything is compiled):
+//   NSPLIT  KV splits per request            HT   heads per block sharing one KV tile
+//   TK      tokens per KV tile (16..128)     BLOCK threads per block (4..32 warps)
+//   STAGES  cp.async ring slots (2..8)       QN   draft nodes per request (q_len, 1..64)
+//   QT      draft nodes per block (row tile) WR, WK  QK warp grid: row groups, split-K
+//   SF      score fold: 0 gives each of the WK k-slices a partial-score buffer; 1 halves them
+//           (slice k+WK/2 adds into slice k's buffer after a barrier), which frees the shared
+//           memory of a third ring slot at 72 rows
+//   PIPE    pipeline: 0 fuses PV(t) and QK(t+1) (two barriers a tile), 1 refills a slot right
+//           after its PV (three barriers, loads overlap a whole iteration even with two slots)
 //
-// Layout of the work. A block owns HT heads x all QN nodes of one request (ROWS = HT*QN query
-// rows) and one split of the request's token sequence, which is the prefix followed by the QN
-// draft slots ("virtual tokens"). Everything runs on mma.sync m16n8k16 (bf16 in, fp32 acc),
-// available on sm_80, sm_90 and sm_120 alike. The products are formed transposed -- tokens and
-// latent dims are the M side, query rows the N side -- because ROWS is small (8..128): n8 tiles
-// waste at most 7 rows where m16 tiles would waste up to 15.
-//   QK:  S^T[TK, ROWS]  = K[TK, 576]  . Q^T[576, ROWS]   (A = K tile from smem, B = Q from smem)
-//   PV:  O^T[512, ROWS] += V^T[512, TK] . P^T[TK, ROWS]  (A = V tile via ldmatrix.trans)
-// The O^T accumulator lives in registers, split over warps by latent dim.
+// Layout of the work. A block owns HT heads x QT nodes of one request (ROWS = HT*QT query
+// rows; a request has ceil(QN/QT) row tiles) and one split of the request's token sequence,
+// which is the prefix followed by the QN draft slots ("virtual tokens"). Splits are
+// token-granular: split s covers [s*L/NSPLIT, (s+1)*L/NSPLIT). Everything runs on mma.sync
+// m16n8k16 (bf16 in, fp32 acc), which sm_80, sm_90 and sm_120 share. Products are transposed
+// -- tokens and latent dims on the M side, query rows on the N side -- because ROWS is small:
+//   QK:  S^T[TK, ROWS]  = K[TK, 576]  . Q^T[576, ROWS]
+//   PV:  O^T[512, ROWS] += V^T[512, TK] . P^T[TK, ROWS]
+// QK warp grid: WR row groups x WT token groups x WK k-slices (WT = warps / (WR*WK)). Each
+// k-slice writes its partial scores to its own buffer; the softmax sums them. Smaller WK reads
+// Q more often, larger WK moves more partial scores: the tuner picks. The O^T accumulator lives
+// in registers, split over all warps by latent dim.
+//
+// Pipeline (PIPE): KV tiles stream through a ring of STAGES slots with cp.async; each refill also
+// fetches, asynchronously, the slot indices of the tile STAGES-1 refills later, so no thread
+// waits on an index load.
+//   PIPE 0, two barriers a tile: [barrier] refill the slot of tile t-1; softmax(t); wait tile t+1
+//           [barrier] PV(t), QK(t+1) back to back. Loads overlap compute only with STAGES >= 3.
+//   PIPE 1, three barriers a tile: QK(t) [barrier] softmax(t) [barrier] PV(t); wait tile t+1
+//           [barrier] refill the slot of tile t with tile t+STAGES: every load overlaps a whole
+//           iteration of compute, also with two slots (which is all 72 rows leave room for).
+// Partials: normalised o/l in bf16 plus lse (log2 domain, fp32) per (row, split); the reduce
+// merges them with the log-sum-exp rule.
 #include <cuda_bf16.h>
 #include <stdint.h>
 
-#if !defined(NSPLIT) || !defined(HT) || !defined(TK) || !defined(BLOCK) || !defined(STAGES) || !defined(QN)
-#error "NSPLIT, HT, TK, BLOCK, STAGES and QN must be defined (kernels/build.py renders them)"
+#if !defined(NSPLIT) || !defined(HT) || !defined(TK) || !defined(BLOCK) || !defined(STAGES) || \
+    !defined(QN) || !defined(QT) || !defined(WR) || !defined(WK) || !defined(PIPE) || !defined(SF)
+#error "NSPLIT, HT, TK, BLOCK, STAGES, QN, QT, WR, WK, PIPE and SF must be defined (kernels/build.py renders them)"
 #endif
 
 typedef __nv_bfloat16 bf16;
@@ -39,44 +61,58 @@ typedef __nv_bfloat16 bf16;
 namespace {
 constexpr int D_QK = 576;
 constexpr int D_V = 512;
-constexpr int KSTRIDE = D_QK + 8;  // bf16 per smem row: +16 B keeps ldmatrix rows conflict-free
+constexpr int KSTRIDE = D_QK + 8;      // bf16 per smem row: +16 B keeps ldmatrix rows conflict-free
 constexpr int CHUNKS = D_QK * 2 / 16;  // 16-byte cp.async chunks per KV row
-constexpr int ROWS = HT * QN;
+constexpr int KSTEPS = D_QK / 16;      // k16 steps of the QK product
+constexpr int NQT = (QN + QT - 1) / QT;  // row tiles per head group
+constexpr int ROWS = HT * QT;
 constexpr int NR = (ROWS + 7) / 8;  // n8 tiles of query rows
 constexpr int ROWS_PAD = NR * 8;
 constexpr int NWARPS = BLOCK / 32;
-constexpr int MW = (D_V / 16) / NWARPS;  // latent-dim m16 tiles per warp in PV
+constexpr int MW = (D_V / 16) / NWARPS;  // PV: latent-dim m16 tiles per warp
 constexpr int TM = TK / 16;              // token m16 tiles per KV tile
-constexpr int WQM = NWARPS < TM ? NWARPS : TM;  // QK warp grid: WQM along tokens ...
-constexpr int WQN = NWARPS / WQM;               // ... WQN along query rows
-constexpr int MQ = TM / WQM;
-constexpr int NQ = (NR + WQN - 1) / WQN;
-constexpr int SSTRIDE = TK + 4;  // floats per score row (+16 B: conflict-free, 16 B aligned)
+constexpr int WT = NWARPS / (WR * WK);   // QK: token groups
+constexpr int MQ = TM / WT;              // QK: m16 token tiles per warp
+constexpr int NQ = (NR + WR - 1) / WR;   // QK: n8 row tiles per warp (strided over row groups)
+constexpr int KS = KSTEPS / WK;          // QK: k16 steps per warp
+constexpr int NSB = SF ? WK / 2 : WK;    // partial-score buffers
+constexpr int SSTRIDE = TK + 4;          // floats per partial-score row (16 B aligned, conflict-free)
+constexpr int PSTRIDE = TK + 8;          // bf16 per P row (ldmatrix rows conflict-free)
 constexpr float NEG_INF = -__builtin_huge_valf();
 
 static_assert(QN >= 1 && QN <= 64, "q_len must be in 1..64 (uint64 tree mask)");
+static_assert(QT >= 1 && QT <= QN, "QT must be in 1..QN");
 static_assert(TK % 16 == 0 && TK >= 16 && TK <= 128, "TK must be 16, 32, 64 or 128");
 static_assert(BLOCK % 32 == 0 && (D_V / 16) % NWARPS == 0, "BLOCK/32 must divide 32");
-static_assert(NWARPS % WQM == 0 && TM % WQM == 0, "warp grid must tile the KV tile");
-static_assert(STAGES >= 2 && STAGES <= 4, "STAGES must be 2..4");
+static_assert(WR >= 1 && WK >= 1 && NWARPS % (WR * WK) == 0, "WR*WK must divide the warp count");
+static_assert(TM % WT == 0, "the QK token groups must tile the KV tile");
+static_assert(KSTEPS % WK == 0, "WK must divide the 36 k-steps");
+static_assert(WR <= NR, "more QK row groups than n8 row tiles");
+static_assert(STAGES >= 2 && STAGES <= 8, "STAGES must be 2..8");
+static_assert(PIPE == 0 || PIPE == 1, "PIPE must be 0 or 1");
+static_assert(SF == 0 || (SF == 1 && WK % 2 == 0), "SF=1 needs an even WK");
 static_assert(NSPLIT >= 1, "NSPLIT must be >= 1");
+static_assert(TK <= BLOCK, "one thread per token fetches a tile's slot index");
 
 constexpr int SMEM_Q = ROWS_PAD * KSTRIDE * 2;
 constexpr int SMEM_K = STAGES * TK * KSTRIDE * 2;
-constexpr int SMEM_S = ROWS_PAD * SSTRIDE * 4;
+constexpr int SMEM_S = NSB * ROWS_PAD * SSTRIDE * 4;
+constexpr int SMEM_P = ROWS_PAD * PSTRIDE * 2;
 constexpr int SMEM_STATS = 3 * ROWS_PAD * 4;
-constexpr int SMEM_MASK = QN * 8;
-constexpr int SMEM_SLOTS = TK * 4;
+constexpr int SMEM_MASK = QT * 8;
+constexpr int SMEM_SLOTS = STAGES * TK * 4;
 // softmax: LPR lanes share a row, each holding 4 consecutive scores; RPP rows per warp pass
 constexpr int LPR = TK / 4 < 32 ? TK / 4 : 32;
 constexpr int RPP = 32 / LPR;
 static_assert(TK / LPR == 4, "softmax: four scores per lane");
-static_assert(TK <= BLOCK, "one thread per token fetches the next tile's slot");
+// the epilogue stages O (bf16, rows of D_V) in the Q region
+static_assert(D_V <= KSTRIDE, "O staging fits the Q rows");
 }  // namespace
 
-// Read back by kernels/build.py to check that its smem formula matches this layout.
-extern "C" __device__ const int kSmemBytes = SMEM_Q + SMEM_K + SMEM_S + SMEM_STATS + SMEM_MASK + SMEM_SLOTS;
+// Read back by kernels/launch.py to check that validate.py's smem formula matches this layout.
+extern "C" __device__ const int kSmemBytes = SMEM_Q + SMEM_K + SMEM_S + SMEM_P + SMEM_STATS + SMEM_MASK + SMEM_SLOTS;
 extern "C" __device__ const int kUsesPdl = VA_PDL;
+extern "C" __device__ const int kReduceThreads = 128;
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -84,7 +120,14 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
 
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
   const int n = valid ? 16 : 0;  // src-size 0 zero-fills: masked tokens must be finite zeros
+#if defined(VA_CP_L2_256B)  // ask the L2 to fetch 256-byte blocks around each 16-byte copy
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+#else
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+#endif
+}
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
@@ -112,97 +155,329 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// Slot of virtual token v, or -1 past the split's end.
-__device__ __forceinline__ int slot_of(const int* __restrict__ prefix, const int* __restrict__ draft,
-                                       int P, int v, int v1) {
-  if (v >= v1) return -1;
-  return v < P ? __ldg(prefix + v) : __ldg(draft + (v - P));
+namespace {
+// The block's slice of one request: which virtual tokens, where their slots come from.
+struct Span {
+  const int* prefix;  // prefix slots of the request
+  const int* draft;   // the request's QN draft slots
+  int P;              // prefix length
+  int v0, v1;         // virtual tokens [v0, v1) of this split
+
+  // Slot of virtual token v, or -1 past the split's end.
+  __device__ __forceinline__ int slot(int v) const {
+    if (v >= v1) return -1;
+    return v < P ? __ldg(prefix + v) : __ldg(draft + (v - P));
+  }
+};
+}  // namespace
+
+// Slot indices of tile X into the ring, asynchronously (threads < TK, one token each). Entries
+// past the split's end are left alone: every reader checks v < v1 first.
+__device__ __forceinline__ void fetch_indices(int* idx_s, const Span& sp, int X) {
+  const int v = sp.v0 + X * TK + threadIdx.x;
+  if (threadIdx.x < TK && v < sp.v1)
+    cp_async4(smem_u32(idx_s + (X % STAGES) * TK + threadIdx.x), v < sp.P ? sp.prefix + v : sp.draft + (v - sp.P));
 }
 
-// Stage one KV tile into Kt; slots[t] < 0 zero-fills token t.
-__device__ __forceinline__ void load_kv_tile(bf16* Kt, const bf16* __restrict__ kv, const int* slots) {
+// Stage KV tile X into Kt from its ring indices; tokens past the split's end are zero-filled.
+__device__ __forceinline__ void load_kv_tile(bf16* Kt, const bf16* __restrict__ kv, const int* idx_s, const Span& sp,
+                                             int X) {
+  const int* idx = idx_s + (X % STAGES) * TK;
+  const int vb = sp.v0 + X * TK;
   for (int c = threadIdx.x; c < TK * CHUNKS; c += BLOCK) {
     const int t = c / CHUNKS;
     const int part = c - t * CHUNKS;
-    const int slot = slots[t];
-    cp_async16(smem_u32(Kt + t * KSTRIDE + part * 8), kv + (size_t)max(slot, 0) * D_QK + part * 8, slot >= 0);
+    const bool valid = vb + t < sp.v1;
+    const int slot = valid ? idx[t] : 0;
+    cp_async16(smem_u32(Kt + t * KSTRIDE + part * 8), kv + (size_t)slot * D_QK + part * 8, valid);
   }
 }
 
-extern "C" __global__ void __launch_bounds__(BLOCK, 1)
+// S^T partial of this warp's k-slice: raw dot products into its buffer of Ss[row][token] (fp32);
+// with SF=1 the upper half of the k-slices adds into the lower half's buffers after a barrier
+// (every thread of the block calls this at the same point).
+__device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* Ss, int warp, int lane) {
+  const int wk = warp % WK, wr = (warp / WK) % WR, wt = warp / (WK * WR);
+  const int mat = lane >> 3, r8 = lane & 7, g = lane >> 2, tq = lane & 3;
+  float acc[MQ][NQ][4];
+#pragma unroll
+  for (int a = 0; a < MQ; ++a)
+#pragma unroll
+    for (int n = 0; n < NQ; ++n)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[a][n][c] = 0.f;
+  const int k0 = wk * KS;
+  // k-step pairs: one ldmatrix.x4 brings an n-tile's Q fragments for both steps of the pair
+#if defined(VA_QK_UNROLL)
+#pragma unroll
+#else
+#pragma unroll 3
+#endif
+  for (int kp = 0; kp < KS / 2; ++kp) {
+    const int ks = k0 + 2 * kp;
+    uint32_t fb4[NQ][4];
+#pragma unroll
+    for (int n = 0; n < NQ; ++n) {
+      const int nj = wr + n * WR;
+      if (nj < NR) ldsm_x4(fb4[n], smem_u32(Qs + (nj * 8 + r8) * KSTRIDE + ks * 16 + mat * 8));
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      uint32_t fa[MQ][4];
+#pragma unroll
+      for (int a = 0; a < MQ; ++a) {
+        const int tok = (wt * MQ + a) * 16 + r8 + (mat & 1) * 8;
+        ldsm_x4(fa[a], smem_u32(Kt + tok * KSTRIDE + (ks + h) * 16 + (mat >> 1) * 8));
+      }
+#pragma unroll
+      for (int n = 0; n < NQ; ++n) {
+        if (wr + n * WR >= NR) continue;
+        const uint32_t fb[2] = {fb4[n][2 * h], fb4[n][2 * h + 1]};
+#pragma unroll
+        for (int a = 0; a < MQ; ++a) mma16816(acc[a][n], fa[a], fb);
+      }
+    }
+  }
+  if constexpr (KS % 2 == 1) {  // odd k-slice: the last step alone
+    const int ks = k0 + KS - 1;
+    uint32_t fa[MQ][4];
+#pragma unroll
+    for (int a = 0; a < MQ; ++a) {
+      const int tok = (wt * MQ + a) * 16 + r8 + (mat & 1) * 8;
+      ldsm_x4(fa[a], smem_u32(Kt + tok * KSTRIDE + ks * 16 + (mat >> 1) * 8));
+    }
+#pragma unroll
+    for (int n = 0; n < NQ; ++n) {
+      const int nj = wr + n * WR;
+      if (nj >= NR) continue;
+      uint32_t fb[2];
+      ldsm_x2(fb, smem_u32(Qs + (nj * 8 + r8) * KSTRIDE + ks * 16 + (mat & 1) * 8));
+#pragma unroll
+      for (int a = 0; a < MQ; ++a) mma16816(acc[a][n], fa[a], fb);
+    }
+  }
+  float* Sw = Ss + (wk % NSB) * ROWS_PAD * SSTRIDE;
+#pragma unroll
+  for (int pass = 0; pass < (SF ? 2 : 1); ++pass) {
+    if (SF && pass == 1) __syncthreads();  // the lower half's partials are in place
+    if (wk / NSB == pass) {
+#pragma unroll
+      for (int a = 0; a < MQ; ++a)
+#pragma unroll
+        for (int n = 0; n < NQ; ++n) {
+          const int nj = wr + n * WR;
+          if (nj >= NR) continue;
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            const int t = (wt * MQ + a) * 16 + g + (c >> 1) * 8;
+            const int r = nj * 8 + 2 * tq + (c & 1);
+            if (pass == 0) Sw[r * SSTRIDE + t] = acc[a][n][c];
+            else Sw[r * SSTRIDE + t] += acc[a][n][c];
+          }
+        }
+    }
+  }
+}
+
+// Online softmax of tile `it` over the summed partial scores: LPR lanes per row, RPP rows per
+// warp pass; writes P (bf16) and the row's rescale factor for PV.
+__device__ __forceinline__ void softmax_tile(const float* Ss, bf16* Ps, float* m_s, float* l_s, float* a_s,
+                                             const unsigned long long* mask_s, const Span& sp, int rows_here,
+                                             int it, float scale_log2, int warp, int lane) {
+  const int vbase = sp.v0 + it * TK;
+  const int sub = lane / LPR, sl = lane % LPR;
+  constexpr int PASSES = (ROWS_PAD + NWARPS * RPP - 1) / (NWARPS * RPP);
+#pragma unroll 1
+  for (int pass = 0; pass < PASSES; ++pass) {
+    const int r0 = (pass * NWARPS + warp) * RPP;
+    if (r0 >= ROWS_PAD) break;  // uniform across the warp: the shuffles below stay converged
+    const int r = r0 + sub;
+    float s[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int k = 0; k < NSB; ++k) {
+      const float4 x = *reinterpret_cast<const float4*>(Ss + (k * ROWS_PAD + r) * SSTRIDE + sl * 4);
+      s[0] += x.x; s[1] += x.y; s[2] += x.z; s[3] += x.w;
+    }
+    const bool row_ok = r < rows_here;
+    const unsigned long long tmask = row_ok ? mask_s[r / HT] : 0ull;
+    float mx = NEG_INF;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int v = vbase + sl * 4 + j;
+      bool ok = row_ok && v < sp.v1;
+      if (ok && v >= sp.P) ok = (tmask >> (v - sp.P)) & 1ull;
+      s[j] = ok ? s[j] * scale_log2 : NEG_INF;
+      mx = fmaxf(mx, s[j]);
+    }
+#pragma unroll
+    for (int o = LPR / 2; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    const float m_old = m_s[r];
+    const float m_new = fmaxf(m_old, mx);
+    const float base = m_new == NEG_INF ? 0.f : m_new;  // a row with nothing visible stays 0
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) { s[j] = exp2f(s[j] - base); sum += s[j]; }
+#pragma unroll
+    for (int o = LPR / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    __nv_bfloat162* prow = reinterpret_cast<__nv_bfloat162*>(Ps + r * PSTRIDE + sl * 4);
+    prow[0] = __floats2bfloat162_rn(s[0], s[1]);
+    prow[1] = __floats2bfloat162_rn(s[2], s[3]);
+    if (sl == 0) {
+      const float alpha = exp2f(m_old - base);
+      m_s[r] = m_new;
+      l_s[r] = l_s[r] * alpha + sum;
+      a_s[r] = alpha;
+    }
+  }
+}
+
+// O^T = alpha * O^T + V^T . P^T for one tile (V = the first 512 dims of the KV tile Kt).
+__device__ __forceinline__ void pv_tile(float (&acc)[MW][NR][4], const bf16* Kt, const bf16* Ps, const float* a_s,
+                                        int warp, int lane) {
+  const int tq = lane & 3, mat = lane >> 3, r8 = lane & 7;
+#pragma unroll
+  for (int nr = 0; nr < NR; ++nr) {
+    const float a0 = a_s[nr * 8 + 2 * tq], a1 = a_s[nr * 8 + 2 * tq + 1];
+#pragma unroll
+    for (int mw = 0; mw < MW; ++mw) {
+      acc[mw][nr][0] *= a0; acc[mw][nr][1] *= a1;
+      acc[mw][nr][2] *= a0; acc[mw][nr][3] *= a1;
+    }
+  }
+#pragma unroll
+  for (int kk = 0; kk < TM; ++kk) {
+    uint32_t fb[NR][2];
+#pragma unroll
+    for (int nr = 0; nr < NR; ++nr)
+      ldsm_x2(fb[nr], smem_u32(Ps + (nr * 8 + r8) * PSTRIDE + kk * 16 + (mat & 1) * 8));
+#pragma unroll
+    for (int mw = 0; mw < MW; ++mw) {
+      uint32_t fa[4];
+      const int tok = kk * 16 + r8 + (mat >> 1) * 8;
+      const int dim = (warp * MW + mw) * 16 + (mat & 1) * 8;
+      ldsm_x4_t(fa, smem_u32(Kt + tok * KSTRIDE + dim));
+#pragma unroll
+      for (int nr = 0; nr < NR; ++nr) mma16816(acc[mw][nr], fa, fb[nr]);
+    }
+  }
+}
+
+// Profiling variants leave one phase out (bench/sweep_structures.py --phases); their output is
+// wrong by design and never checked.
+#ifdef VA_PROFILE_SKIP_QK
+#define QK_TILE(...)
+#else
+#define QK_TILE(...) qk_tile(__VA_ARGS__)
+#endif
+#ifdef VA_PROFILE_SKIP_SOFTMAX
+#define SOFTMAX_TILE(...)
+#else
+#define SOFTMAX_TILE(...) softmax_tile(__VA_ARGS__)
+#endif
+#ifdef VA_PROFILE_SKIP_PV
+#define PV_TILE(...)
+#else
+#define PV_TILE(...) pv_tile(__VA_ARGS__)
+#endif
+
+#ifndef VA_MINB
+#define VA_MINB 1  // blocks per SM the register allocation must allow
+#endif
+
+extern "C" __global__ void __launch_bounds__(BLOCK, VA_MINB)
 verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
                     const bf16* __restrict__ kv,             // [S, 576]
                     const int* __restrict__ prefix_indices,  // [sum P_b]
                     const int* __restrict__ prefix_indptr,   // [B + 1]
                     const int* __restrict__ draft_indices,   // [B, QN]
                     const unsigned long long* __restrict__ tree_mask,  // [B, QN]
-                    float* __restrict__ part_o,    // [B*QN*H, NSPLIT, 512]
-                    float2* __restrict__ part_ml,  // [B*QN*H, NSPLIT]: (max, sum), log2 domain
+                    bf16* __restrict__ part_o,     // [B*QN*H, NSPLIT, 512]: o / l
+                    float* __restrict__ part_lse,  // [B*QN*H, NSPLIT]: m + log2(l), -inf if empty
                     int H, float scale_log2) {
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* Qs = reinterpret_cast<bf16*>(smem);
   bf16* Ks = Qs + ROWS_PAD * KSTRIDE;
   float* Ss = reinterpret_cast<float*>(Ks + STAGES * TK * KSTRIDE);
-  float* m_s = Ss + ROWS_PAD * SSTRIDE;
+  bf16* Ps = reinterpret_cast<bf16*>(Ss + NSB * ROWS_PAD * SSTRIDE);
+  float* m_s = reinterpret_cast<float*>(Ps + ROWS_PAD * PSTRIDE);
   float* l_s = m_s + ROWS_PAD;
   float* a_s = l_s + ROWS_PAD;
   unsigned long long* mask_s = reinterpret_cast<unsigned long long*>(a_s + ROWS_PAD);
-  int* slot_s = reinterpret_cast<int*>(mask_s + QN);
+  int* idx_s = reinterpret_cast<int*>(mask_s + QT);  // [STAGES][TK] slot indices, fetched ahead by cp.async
 
-  const int split = blockIdx.x, h0 = blockIdx.y * HT, b = blockIdx.z;
+  const int split = blockIdx.x, hg = blockIdx.y / NQT, qt = blockIdx.y % NQT, b = blockIdx.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 #if VA_PDL
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");  // the reduce may be scheduled now
 #endif
 #if defined(VA_TEST_FAULT)  // test-only variants: prove the tuner survives a faulting / hanging kernel
-  if (tid == 0) *reinterpret_cast<volatile int*>(part_o - (1ll << 40)) = 1;
+  if (tid == 0) *reinterpret_cast<volatile int*>(part_lse - (1ll << 40)) = 1;
 #elif defined(VA_TEST_HANG)
   if (tid == 0) { volatile int spin = 1; while (spin) __nanosleep(1000); }
 #endif
+  const int node0 = qt * QT;
+  const int rows_here = HT * min(QT, QN - node0);  // the last row tile may hold fewer nodes
   const int p0 = prefix_indptr[b];
-  const int P = prefix_indptr[b + 1] - p0;
-  const int L = P + QN;
-  const int chunk = ((L + NSPLIT - 1) / NSPLIT + TK - 1) / TK * TK;
-  const int v0 = split * chunk;
-  const int v1 = min(L, v0 + chunk);
-  const int* prefix = prefix_indices + p0;
-  const int* draft = draft_indices + b * QN;
+  Span sp;
+  sp.P = prefix_indptr[b + 1] - p0;
+  sp.prefix = prefix_indices + p0;
+  sp.draft = draft_indices + b * QN;
+  const long long L = sp.P + QN;
+  sp.v0 = (int)(L * split / NSPLIT);
+  sp.v1 = (int)(L * (split + 1) / NSPLIT);
 
-  auto row_index = [&](int r) {  // query row r -> flat (b, i, h)
-    return ((size_t)b * QN + r / HT) * H + h0 + r % HT;
+  auto row_index = [&](int r) {  // query row r of this block -> flat (b, node, head)
+    return ((size_t)b * QN + node0 + r / HT) * H + hg * HT + r % HT;
   };
 
-  if (v0 >= v1) {  // empty split: contributes nothing to the reduce
-    for (int r = tid; r < ROWS; r += BLOCK) part_ml[row_index(r) * NSPLIT + split] = make_float2(NEG_INF, 0.f);
+  if (sp.v0 >= sp.v1) {  // empty split (L < NSPLIT): weight 0 and finite zeros in the reduce
+    for (int r = tid; r < rows_here; r += BLOCK) part_lse[row_index(r) * NSPLIT + split] = NEG_INF;
+    for (int c = tid; c < rows_here * (D_V / 8); c += BLOCK) {
+      const int r = c / (D_V / 8), part = c % (D_V / 8);
+      *reinterpret_cast<uint4*>(part_o + (row_index(r) * NSPLIT + split) * D_V + part * 8) = make_uint4(0, 0, 0, 0);
+    }
     return;
   }
+  const int ntiles = (sp.v1 - sp.v0 + TK - 1) / TK;
 
+  // ---- prologue: Q and the first tiles (Q rides in the first cp.async group). PIPE 0 keeps one
+  // slot free for the first iteration to fill; PIPE 1 fills every slot now.
+  constexpr int PRE = PIPE == 0 ? STAGES - 1 : STAGES;
   for (int c = tid; c < ROWS_PAD * CHUNKS; c += BLOCK) {  // Q rows r = i*HT + hl; pad rows zero
     const int r = c / CHUNKS, part = c - r * CHUNKS;
-    const bool valid = r < ROWS;
+    const bool valid = r < rows_here;
     const bf16* src = valid ? q + row_index(r) * D_QK + part * 8 : q;
     cp_async16(smem_u32(Qs + r * KSTRIDE + part * 8), src, valid);
   }
-  for (int r = tid; r < ROWS_PAD; r += BLOCK) { m_s[r] = NEG_INF; l_s[r] = 0.f; }
-  for (int i = tid; i < QN; i += BLOCK) mask_s[i] = tree_mask[b * QN + i];
-
-  // Slot indices are fetched one iteration before their tile is issued, so the index load's
-  // latency hides behind a tile of compute instead of stalling every thread at the issue.
-  const int ntiles = (v1 - v0 + TK - 1) / TK;
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {
+#pragma unroll 1
+  for (int s = 0; s < PRE; ++s) {
     if (s < ntiles) {
-      if (tid < TK) slot_s[tid] = slot_of(prefix, draft, P, v0 + s * TK + tid, v1);
-      __syncthreads();
-      load_kv_tile(Ks + s * TK * KSTRIDE, kv, slot_s);
-      __syncthreads();
+      bf16* Kt = Ks + s * TK * KSTRIDE;
+      for (int c = tid; c < TK * CHUNKS; c += BLOCK) {
+        const int t = c / CHUNKS, part = c - t * CHUNKS;
+        const int slot = sp.slot(sp.v0 + s * TK + t);
+        cp_async16(smem_u32(Kt + t * KSTRIDE + part * 8), kv + (size_t)max(slot, 0) * D_QK + part * 8, slot >= 0);
+      }
     }
     cp_async_commit();
   }
-  if (tid < TK) slot_s[tid] = slot_of(prefix, draft, P, v0 + (STAGES - 1) * TK + tid, v1);
+  for (int r = tid; r < ROWS_PAD; r += BLOCK) { m_s[r] = NEG_INF; l_s[r] = 0.f; a_s[r] = 1.f; }
+  for (int i = tid; i < QT; i += BLOCK) mask_s[i] = node0 + i < QN ? tree_mask[b * QN + node0 + i] : 0ull;
+  // Indices of the tiles the first STAGES-1 refills issue (PRE .. PRE+STAGES-2), read now; from
+  // then on each refill also fetches, in its own cp.async group, the indices of the tile
+  // STAGES-1 refills later, so no thread ever waits on an index load.
+  for (int i = tid; i < (STAGES - 1) * TK; i += BLOCK) {
+    const int X = PRE + i / TK, t = i % TK;
+    const int v = sp.v0 + X * TK + t;
+    if (v < sp.v1) idx_s[(X % STAGES) * TK + t] = sp.slot(v);
+  }
+  // Refill: KV tile X into its slot, and the indices of tile X+STAGES-1, as one cp.async group.
+  auto refill = [&](int X) {
+    if (X < ntiles) load_kv_tile(Ks + (X % STAGES) * TK * KSTRIDE, kv, idx_s, sp, X);
+    fetch_indices(idx_s, sp, X + STAGES - 1);
+    cp_async_commit();  // possibly empty: keeps the group count uniform for the waits
+  };
 
-  const int g = lane >> 2, tq = lane & 3;
-  const int wm = warp % WQM, wn = warp / WQM;
   float acc[MW][NR][4];
 #pragma unroll
   for (int mw = 0; mw < MW; ++mw)
@@ -211,218 +486,157 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[mw][nr][c] = 0.f;
 
+  cp_async_wait<PRE - 1>();  // Q and tile 0 have landed
+  __syncthreads();
+#if PIPE == 0
+  // Two barriers a tile; PV(t) and QK(t+1) back to back. The slot of tile t-1 is refilled with
+  // tile t+STAGES-1 at the first barrier, so STAGES-1 tiles are in flight while a tile computes
+  // only when STAGES >= 3.
+  QK_TILE(Qs, Ks, Ss, warp, lane);
+#pragma unroll 1
   for (int it = 0; it < ntiles; ++it) {
-    cp_async_wait<STAGES - 2>();
-    __syncthreads();
-    const int nt = it + STAGES - 1;
-    if (nt < ntiles) load_kv_tile(Ks + (nt % STAGES) * TK * KSTRIDE, kv, slot_s);
-    cp_async_commit();
-    const int next_slot = tid < TK ? slot_of(prefix, draft, P, v0 + (nt + 1) * TK + tid, v1) : -1;
-    const bf16* Kt = Ks + (it % STAGES) * TK * KSTRIDE;
-    const int vbase = v0 + it * TK;
-
-#ifndef VA_PROFILE_SKIP_QK  // profiling variants leave one phase out (bench/profile_kernel.py)
-    // ---- S^T = K . Q^T, written to smem as scaled, masked log2-domain scores S[row][token]
-    {
-      float sacc[2][MQ][NQ][4];  // even and odd k-steps: two independent mma chains
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int a = 0; a < MQ; ++a)
-#pragma unroll
-          for (int n = 0; n < NQ; ++n)
-#pragma unroll
-            for (int c = 0; c < 4; ++c) sacc[h][a][n][c] = 0.f;
-      const int mat = lane >> 3, r8 = lane & 7;
-#pragma unroll 2
-      for (int ks2 = 0; ks2 < D_QK / 32; ++ks2) {
-        // one ldmatrix.x4 brings an n-tile's Q fragments for both k-steps of the pair (measured
-        // 0.5-1.9 % faster than an x2 per k-step: bench/results/ab_qk_*_sm_90.md)
-        uint32_t fb4[NQ][4];
-#pragma unroll
-        for (int n = 0; n < NQ; ++n) {
-          const int nj = wn + n * WQN;
-          if (nj < NR) ldsm_x4(fb4[n], smem_u32(Qs + (nj * 8 + r8) * KSTRIDE + ks2 * 32 + mat * 8));
-        }
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int ks = 2 * ks2 + h;
-          uint32_t fa[MQ][4], fb[NQ][2];
-#pragma unroll
-          for (int a = 0; a < MQ; ++a) {
-            const int tok = (wm + a * WQM) * 16 + r8 + (mat & 1) * 8;
-            ldsm_x4(fa[a], smem_u32(Kt + tok * KSTRIDE + ks * 16 + (mat >> 1) * 8));
-          }
-#pragma unroll
-          for (int n = 0; n < NQ; ++n) {
-            fb[n][0] = fb4[n][2 * h];
-            fb[n][1] = fb4[n][2 * h + 1];
-          }
-#pragma unroll
-          for (int a = 0; a < MQ; ++a)
-#pragma unroll
-            for (int n = 0; n < NQ; ++n)
-              if (wn + n * WQN < NR) mma16816(sacc[h][a][n], fa[a], fb[n]);
-        }
-      }
-#pragma unroll
-      for (int a = 0; a < MQ; ++a)
-#pragma unroll
-        for (int n = 0; n < NQ; ++n) {
-          const int nj = wn + n * WQN;
-          if (nj >= NR) continue;
-#pragma unroll
-          for (int c = 0; c < 4; ++c) {
-            const int t = (wm + a * WQM) * 16 + g + (c >> 1) * 8;
-            const int r = nj * 8 + 2 * tq + (c & 1);
-            const int v = vbase + t;
-            bool ok = v < v1 && r < ROWS;
-            if (ok && v >= P) ok = (mask_s[r / HT] >> (v - P)) & 1ull;
-            Ss[r * SSTRIDE + t] = ok ? (sacc[0][a][n][c] + sacc[1][a][n][c]) * scale_log2 : NEG_INF;
-          }
-        }
-    }
-#endif
-    __syncthreads();
-
-#ifndef VA_PROFILE_SKIP_SOFTMAX
-    // ---- online softmax: LPR lanes per row, RPP rows per warp pass; P (bf16) overwrites the
-    // row's scores in place (every lane of the row has read before any lane writes)
-    {
-      const int sub = lane / LPR, sl = lane % LPR;
-      for (int r0 = warp * RPP; r0 < ROWS_PAD; r0 += NWARPS * RPP) {
-        const int r = r0 + sub;
-        float* srow = Ss + r * SSTRIDE;
-        constexpr int PER = TK / LPR;  // 4
-        float s[PER];
-        float mx = NEG_INF;
-#pragma unroll
-        for (int j = 0; j < PER; ++j) { s[j] = srow[sl * PER + j]; mx = fmaxf(mx, s[j]); }
-#pragma unroll
-        for (int o = LPR / 2; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-        const float m_old = m_s[r];
-        const float m_new = fmaxf(m_old, mx);
-        const float base = m_new == NEG_INF ? 0.f : m_new;  // a row with nothing visible stays 0
-        float sum = 0.f;
-#pragma unroll
-        for (int j = 0; j < PER; ++j) { s[j] = exp2f(s[j] - base); sum += s[j]; }
-#pragma unroll
-        for (int o = LPR / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        __syncwarp();
-        __nv_bfloat162* prow = reinterpret_cast<__nv_bfloat162*>(srow) + sl * (PER / 2);
-#pragma unroll
-        for (int j = 0; j < PER; j += 2) prow[j / 2] = __floats2bfloat162_rn(s[j], s[j + 1]);
-        if (sl == 0) {
-          const float alpha = exp2f(m_old - base);
-          m_s[r] = m_new;
-          l_s[r] = l_s[r] * alpha + sum;
-          a_s[r] = alpha;
-        }
-      }
-    }
-#endif
-    __syncthreads();
-
-#ifndef VA_PROFILE_SKIP_PV
-    // ---- O^T = alpha * O^T + V^T . P^T
-#pragma unroll
-    for (int nr = 0; nr < NR; ++nr) {
-      const float a0 = a_s[nr * 8 + 2 * tq], a1 = a_s[nr * 8 + 2 * tq + 1];
-#pragma unroll
-      for (int mw = 0; mw < MW; ++mw) {
-        acc[mw][nr][0] *= a0; acc[mw][nr][1] *= a1;
-        acc[mw][nr][2] *= a0; acc[mw][nr][3] *= a1;
-      }
-    }
-    const bf16* Pb = reinterpret_cast<const bf16*>(Ss);
-    const int mat = lane >> 3, r8 = lane & 7;
-#pragma unroll
-    for (int kk = 0; kk < TM; ++kk) {
-      uint32_t fb[NR][2];
-#pragma unroll
-      for (int nr = 0; nr < NR; ++nr)
-        ldsm_x2(fb[nr], smem_u32(Pb + (nr * 8 + r8) * (2 * SSTRIDE) + kk * 16 + (mat & 1) * 8));
-#pragma unroll
-      for (int mw = 0; mw < MW; ++mw) {
-        uint32_t fa[4];
-        const int tok = kk * 16 + r8 + (mat >> 1) * 8;
-        const int dim = (warp * MW + mw) * 16 + (mat & 1) * 8;
-        ldsm_x4_t(fa, smem_u32(Kt + tok * KSTRIDE + dim));
-#pragma unroll
-        for (int nr = 0; nr < NR; ++nr) mma16816(acc[mw][nr], fa, fb[nr]);
-      }
-    }
-#endif
-    if (tid < TK) slot_s[tid] = next_slot;
+    __syncthreads();  // S(it) complete; PV(it-1) done, so the slot of tile it-1 is free
+    refill(it + STAGES - 1);
+    SOFTMAX_TILE(Ss, Ps, m_s, l_s, a_s, mask_s, sp, rows_here, it, scale_log2, warp, lane);
+    cp_async_wait<STAGES - 2>();  // tile it+1 has landed (this thread's copies)
+    __syncthreads();              // P(it) ready; everyone's copies of tile it+1 visible
+    PV_TILE(acc, Ks + (it % STAGES) * TK * KSTRIDE, Ps, a_s, warp, lane);
+    if (it + 1 < ntiles) QK_TILE(Qs, Ks + ((it + 1) % STAGES) * TK * KSTRIDE, Ss, warp, lane);
   }
+#else
+  // Three barriers a tile; the slot of tile t is refilled with tile t+STAGES right after PV(t),
+  // so every load overlaps a whole iteration of compute even with two slots.
+#pragma unroll 1
+  for (int it = 0; it < ntiles; ++it) {
+    const bf16* Kt = Ks + (it % STAGES) * TK * KSTRIDE;
+    QK_TILE(Qs, Kt, Ss, warp, lane);
+    __syncthreads();  // S(it) complete
+    SOFTMAX_TILE(Ss, Ps, m_s, l_s, a_s, mask_s, sp, rows_here, it, scale_log2, warp, lane);
+    __syncthreads();  // P(it) ready
+    PV_TILE(acc, Kt, Ps, a_s, warp, lane);
+    cp_async_wait<STAGES - 2>();  // tile it+1 has landed (this thread's copies)
+    __syncthreads();              // PV(it) done everywhere: the slot is free; tile it+1 visible
+    refill(it + STAGES);
+  }
+#endif
   cp_async_wait<0>();
+  __syncthreads();  // every warp is past its last QK: the Q region can hold O
 
-  // ---- unnormalised partials and (m, l) per row
+  // ---- epilogue: o / l as bf16 staged row-major in the Q region, then 16-byte stores
+  const int g = lane >> 2, tq = lane & 3;
+  bf16* Os = Qs;
 #pragma unroll
-  for (int mw = 0; mw < MW; ++mw)
+  for (int nr = 0; nr < NR; ++nr) {
+    const float l0 = l_s[nr * 8 + 2 * tq], l1 = l_s[nr * 8 + 2 * tq + 1];
+    const float i0 = l0 > 0.f ? 1.f / l0 : 0.f, i1 = l1 > 0.f ? 1.f / l1 : 0.f;
 #pragma unroll
-    for (int nr = 0; nr < NR; ++nr)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int r = nr * 8 + 2 * tq + (c & 1);
-        if (r >= ROWS) continue;
-        const int d = (warp * MW + mw) * 16 + g + (c >> 1) * 8;
-        part_o[(row_index(r) * NSPLIT + split) * D_V + d] = acc[mw][nr][c];
-      }
-  for (int r = tid; r < ROWS; r += BLOCK) part_ml[row_index(r) * NSPLIT + split] = make_float2(m_s[r], l_s[r]);
+    for (int mw = 0; mw < MW; ++mw) {
+      const int d = (warp * MW + mw) * 16 + g;
+      const int r = nr * 8 + 2 * tq;
+      Os[r * KSTRIDE + d] = __float2bfloat16_rn(acc[mw][nr][0] * i0);
+      Os[(r + 1) * KSTRIDE + d] = __float2bfloat16_rn(acc[mw][nr][1] * i1);
+      Os[r * KSTRIDE + d + 8] = __float2bfloat16_rn(acc[mw][nr][2] * i0);
+      Os[(r + 1) * KSTRIDE + d + 8] = __float2bfloat16_rn(acc[mw][nr][3] * i1);
+    }
+  }
+  __syncthreads();
+  constexpr int VCH = D_V * 2 / 16;  // 16-byte chunks per output row
+  for (int c = tid; c < rows_here * VCH; c += BLOCK) {
+    const int r = c / VCH, part = c - r * VCH;
+    const uint4 v = *reinterpret_cast<const uint4*>(Os + r * KSTRIDE + part * 8);
+    *reinterpret_cast<uint4*>(part_o + (row_index(r) * NSPLIT + split) * D_V + part * 8) = v;
+  }
+  for (int r = tid; r < rows_here; r += BLOCK) {
+    const float l = l_s[r];
+    part_lse[row_index(r) * NSPLIT + split] = l > 0.f ? m_s[r] + log2f(l) : NEG_INF;
+  }
 }
 
 // Merge the NSPLIT partials of one (b, i, h) row with the log-sum-exp rule. Grid (rows, 4): a
-// block covers 128 of the 512 latent dims; its RG warps walk the splits in parallel (lane = 4
-// dims) so that many partial loads are in flight even when there are few rows (H*Q = 8).
+// block covers 128 of the 512 latent dims with 16 threads of 8 dims (one 16-byte load each);
+// its 8 thread groups walk the splits in parallel, each merging online (running max), so the
+// partials and their lse are loaded together, RED_UNROLL splits in flight per thread, with no
+// first pass over the lse. Every split wrote its partial (zeros with lse = -inf when empty).
 namespace {
-constexpr int RG = NSPLIT < 8 ? NSPLIT : 8;
-}
+constexpr int RED_THREADS = 128;
+constexpr int RED_GROUPS = RED_THREADS / 16;
+constexpr int RED_UNROLL = 8;
+}  // namespace
 
-extern "C" __global__ void __launch_bounds__(32 * RG)
-verify_attn_reduce(const float* __restrict__ part_o, const float2* __restrict__ part_ml,
-                   bf16* __restrict__ out,  // [B*QN*H, 512]
-                   float* __restrict__ lse) {  // [B*QN*H] or null
-  __shared__ float4 red_o[RG][32];
-  __shared__ float red_l[RG];
+extern "C" __global__ void __launch_bounds__(RED_THREADS)
+verify_attn_reduce(const bf16* __restrict__ part_o, const float* __restrict__ part_lse,
+                   bf16* __restrict__ out,     // [B*QN*H, 512]
+                   float* __restrict__ lse) {  // [B*QN*H] natural log, or null
+  __shared__ float red_o[RED_GROUPS][16][9];
+  __shared__ float red_l[RED_GROUPS][16];
+  __shared__ float red_m[RED_GROUPS];
   const size_t row = blockIdx.x;
 #if VA_PDL
   asm volatile("griddepcontrol.wait;\n" ::: "memory");  // the partial grid has finished and flushed
 #endif
-  const int lane = threadIdx.x % 32, grp = threadIdx.x / 32;
-  const int dim4 = blockIdx.y * 32 + lane;  // float4 index within the 512 dims
-  const float2* ml = part_ml + row * NSPLIT;
-  float M = NEG_INF;
-  for (int s = lane; s < NSPLIT; s += 32) M = fmaxf(M, ml[s].x);
+  const int tid = threadIdx.x, grp = tid / 16, l16 = tid % 16;
+  const int dim = blockIdx.y * 128 + l16 * 8;
+  const bf16* src = part_o + row * NSPLIT * D_V + dim;
+  const float* lsrc = part_lse + row * NSPLIT;
+  float o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  float m = NEG_INF, L = 0.f;  // this group's running max and sum
+  for (int s0 = grp; s0 < NSPLIT; s0 += RED_GROUPS * RED_UNROLL) {
+    uint4 raw[RED_UNROLL];
+    float x[RED_UNROLL];
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-  float L = 0.f;
-  float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 4
-  for (int s = grp; s < NSPLIT; s += RG) {
-    const float2 x = ml[s];
-    if (x.y > 0.f) {  // empty splits never wrote their partial: skip, don't read it
-      const float w = exp2f(x.x - M);
-      const float4 p = reinterpret_cast<const float4*>(part_o + (row * NSPLIT + s) * D_V)[dim4];
-      L += w * x.y;
-      o.x += w * p.x; o.y += w * p.y; o.z += w * p.z; o.w += w * p.w;
+    for (int u = 0; u < RED_UNROLL; ++u) {
+      const int s = s0 + u * RED_GROUPS;
+      raw[u] = s < NSPLIT ? *reinterpret_cast<const uint4*>(src + (size_t)s * D_V) : make_uint4(0, 0, 0, 0);
+      x[u] = s < NSPLIT ? lsrc[s] : NEG_INF;
     }
+    float mx = m;
+#pragma unroll
+    for (int u = 0; u < RED_UNROLL; ++u) mx = fmaxf(mx, x[u]);
+    const float base = mx == NEG_INF ? 0.f : mx;  // nothing seen yet: every weight is 0
+    const float sc = exp2f(m - base);
+    L *= sc;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) o[j] *= sc;
+#pragma unroll
+    for (int u = 0; u < RED_UNROLL; ++u) {
+      const float w = exp2f(x[u] - base);
+      const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(&raw[u]);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 f = __bfloat1622float2(p[j]);
+        o[2 * j] += w * f.x;
+        o[2 * j + 1] += w * f.y;
+      }
+      L += w;
+    }
+    m = mx;
   }
-  red_o[grp][lane] = o;
-  if (lane == 0) red_l[grp] = L;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) red_o[grp][l16][j] = o[j];
+  red_l[grp][l16] = L;
+  if (l16 == 0) red_m[grp] = m;
   __syncthreads();
   if (grp != 0) return;
-  L = 0.f;
-  o = make_float4(0.f, 0.f, 0.f, 0.f);
+  float M = NEG_INF;
 #pragma unroll
-  for (int k = 0; k < RG; ++k) {
-    L += red_l[k];
-    o.x += red_o[k][lane].x; o.y += red_o[k][lane].y; o.z += red_o[k][lane].z; o.w += red_o[k][lane].w;
+  for (int k = 0; k < RED_GROUPS; ++k) M = fmaxf(M, red_m[k]);
+  const float base = M == NEG_INF ? 0.f : M;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) o[j] = 0.f;
+  L = 0.f;
+#pragma unroll
+  for (int k = 0; k < RED_GROUPS; ++k) {
+    const float w = exp2f(red_m[k] - base);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) o[j] += w * red_o[k][l16][j];
+    L += w * red_l[k][l16];
   }
   const float inv = L > 0.f ? 1.f / L : 0.f;
-  __nv_bfloat162* dst = reinterpret_cast<__nv_bfloat162*>(out + row * D_V + dim4 * 4);
-  dst[0] = __floats2bfloat162_rn(o.x * inv, o.y * inv);
-  dst[1] = __floats2bfloat162_rn(o.z * inv, o.w * inv);
-  if (lse != nullptr && blockIdx.y == 0 && lane == 0)
-    lse[row] = L > 0.f ? (M + log2f(L)) * 0.69314718055994531f : NEG_INF;
+  uint4 packed;
+  __nv_bfloat162* dst = reinterpret_cast<__nv_bfloat162*>(&packed);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) dst[j] = __floats2bfloat162_rn(o[2 * j] * inv, o[2 * j + 1] * inv);
+  *reinterpret_cast<uint4*>(out + row * D_V + dim) = packed;
+  if (lse != nullptr && blockIdx.y == 0 && l16 == 0)
+    lse[row] = L > 0.f ? (base + log2f(L)) * 0.69314718055994531f : NEG_INF;
 }
