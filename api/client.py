@@ -21,13 +21,10 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernels.config import KernelConfig
+from kernels.config import PARAM_NAMES, KernelConfig
 from kernels.limits import DeviceLimits, known_device
 from tuner import buckets
 from tuner.heuristic import heuristic_config
-
-_FIELDS = ("NSPLIT", "HT", "TK", "BLOCK", "STAGES")
-
 
 @dataclass(frozen=True)
 class Entry:
@@ -85,7 +82,7 @@ class ConfigClient:
         if (table["H"], table["q_len"]) != (self.H, self.q_len):
             raise ValueError(f"table is for H={table['H']} q_len={table['q_len']}")
         entries = [Entry(c["bucket"]["lo"], c["bucket"]["hi"],
-                         KernelConfig.from_params({k: c[k] for k in _FIELDS if k in c}), c["source"])
+                         KernelConfig.from_params({k: c[k] for k in PARAM_NAMES if k in c}), c["source"])
                    for c in table["configs"]]
         entries.sort(key=lambda e: e.lo)
         if not entries or entries[0].lo != 0 or any(a.hi != b.lo for a, b in zip(entries, entries[1:])):

@@ -22,6 +22,11 @@ class ConfigOut(BaseModel):
     TK: int
     BLOCK: int
     STAGES: int
+    QT: int
+    WR: int
+    WK: int
+    SF: int
+    PIPE: int
     source: Literal["tuned", "nearest", "heuristic"]
     bucket: BucketOut
     device: str

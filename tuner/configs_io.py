@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from kernels import kernel_hash as current_kernel_hash
-from kernels.config import KernelConfig
+from kernels.config import PARAM_NAMES, KernelConfig
 from kernels.errors import InvalidConfig
 from kernels.validate import check
 from tuner import buckets
@@ -22,8 +22,8 @@ from tuner.errors import BadParameter, TunerError
 from tuner.lookup import resolve_device
 from tuner.workload import DTYPES, WorkloadKey
 
-FIELDS = ["device", "kernel_hash", "dtype", "H", "q_len", "bucket", "bucket_lo", "bucket_hi", "NSPLIT", "HT",
-          "TK", "BLOCK", "STAGES", "median_us", "p10_us", "p90_us", "default_us", "speedup", "tuned_at"]
+FIELDS = ["device", "kernel_hash", "dtype", "H", "q_len", "bucket", "bucket_lo", "bucket_hi", *PARAM_NAMES,
+          "median_us", "p10_us", "p90_us", "default_us", "speedup", "tuned_at"]
 
 
 class ImportRejected(TunerError):
@@ -117,7 +117,7 @@ def _parse(session: Session, row: dict[str, Any]) -> _Parsed:
         bucket = buckets.by_index(_int(row, "bucket"))
     else:
         bucket = buckets.bucket_of(_int(row, "prefix"))
-    cfg = KernelConfig.from_params({k: row[k] for k in ("NSPLIT", "HT", "TK", "BLOCK", "STAGES") if k in row})
+    cfg = KernelConfig.from_params({k: row[k] for k in PARAM_NAMES if k in row})
     reason = check(cfg, limits, H=H, q_len=q_len)
     if reason:
         raise InvalidConfig(f"config {cfg} cannot run on {limits.name}: {reason}")

@@ -15,8 +15,9 @@ MAX_LOADED = 16  # >= the winner phase's pool (top 3 + default + incumbent)
 
 
 class GpuMeasurer:
-    def __init__(self, *, cache_dir: str, reps: int = 50, warmup: int = 5, extra_flags: tuple[str, ...] = ()) -> None:
+    def __init__(self, *, cache_dir: str, reps: int = 30, extra_flags: tuple[str, ...] = ()) -> None:
         import pycuda.autoprimaryctx  # noqa: F401  (torch's primary context)
+        import pycuda.driver as cuda
         import torch
 
         from kernels.limits import read_device_limits
@@ -25,7 +26,8 @@ class GpuMeasurer:
         torch.cuda.init()
         self.torch = torch
         self.cache_dir = Path(cache_dir)
-        self.reps, self.warmup, self.extra_flags = reps, warmup, tuple(extra_flags)
+        self.reps, self.extra_flags = reps, tuple(extra_flags)
+        self.stream = cuda.Stream()  # launches go here; timings replay them as one CUDA graph
         limits = read_device_limits(0)
         from dataclasses import replace
 
@@ -65,7 +67,7 @@ class GpuMeasurer:
 
     def _launch_fn(self, va: Any, sets: list[Any], out: Any):  # type: ignore[no-untyped-def]
         def launch(k: int) -> None:
-            va.run(sets[k], out)
+            va.run(sets[k], out, stream=self.stream)
         return launch
 
     def _sync(self) -> None:
@@ -76,7 +78,7 @@ class GpuMeasurer:
 
     def measure(self, cfg: KernelConfig, wl: Workload) -> Measurement:
         from kernels.reference import rel_error
-        from kernels.timing import time_launches
+        from kernels.timing import time_graph
 
         sets, ref, out = self._prepare(wl)
         try:
@@ -93,12 +95,12 @@ class GpuMeasurer:
         err = rel_error(out, ref)
         if not err <= REL_TOL:
             return Measurement(WRONG, rel_error=err, reason=f"relative error {err:.3g} > {REL_TOL}")
-        t = time_launches(launch, len(sets), reps=self.reps, warmup=self.warmup)
+        t = time_graph(launch, len(sets), stream=self.stream, replays=self.reps)
         self._sync()
         return Measurement(OK, t.median_us, t.p10_us, t.p90_us, t.samples, rel_error=err)
 
     def remeasure(self, cfgs: list[KernelConfig], wl: Workload, rounds: int) -> list[Measurement]:
-        from kernels.timing import summarize, time_launches
+        from kernels.timing import summarize, time_graph
 
         sets, _, out = self._prepare(wl)
         launches = [self._launch_fn(self._launcher(c, wl), sets, out) for c in cfgs]
@@ -106,7 +108,7 @@ class GpuMeasurer:
         per_round = max(10, self.reps // 2)
         for _ in range(rounds):  # A/B/A/B: drift and clock changes hit every candidate alike
             for i, launch in enumerate(launches):
-                samples[i] += time_launches(launch, len(sets), reps=per_round, warmup=2).samples
+                samples[i] += time_graph(launch, len(sets), stream=self.stream, replays=per_round).samples
         self._sync()
         result = []
         for s in samples:

@@ -11,20 +11,31 @@ from dataclasses import replace
 from kernels.config import KernelConfig
 from kernels.errors import InvalidConfig
 from kernels.limits import DeviceLimits
-from kernels.validate import check, smem_bytes
-from tuner.space import nsplit_choices
+from kernels.validate import MAX_Q_LEN, check, registers_needed, smem_bytes
+from tuner.space import nsplit_choices, qt_choices
 
-#: Rows per block we aim for: enough to reuse each KV tile, few enough to keep the accumulator
-#: in registers.
-TARGET_ROWS = 80
+#: Rows per block we aim for: enough to reuse each KV tile, few enough to keep the O^T
+#: accumulator in registers (72 rows x 512 dims fp32 = 144 registers at 256 threads).
+TARGET_ROWS = 72
+#: At most this many rows use the bandwidth templates (tiny Q: shared memory goes to depth).
+BANDWIDTH_ROWS = 16
 #: A split keeps at least this many KV tiles (a shorter one is mostly prologue and epilogue).
 MIN_TILES_PER_SPLIT = 2
-_TILE_PREFS = ((64, 2), (32, 2), (32, 3), (16, 2), (16, 3))
-_BLOCK_PREFS = (256, 512, 128, 1024)
-# Measured on the H200 (bench/results/kernel_sm_90.json, sweep_H8_q9_p46000_sm_90.json): the
-# fastest grid is the largest that runs in ONE wave (e.g. H=8 q=9 P=46k: 128 blocks 76 us, 96
-# blocks 88 us, 256 blocks 92 us), and on short prefixes a smaller head tile that fills the wave
-# beats a large one that cannot (H=8 q=9 P=1k: HT=1 17 us vs HT=8 36 us).
+#: (TK, BLOCK, STAGES, WR, WK, SF, PIPE), preferred first. Measured on the H200 (bench/results/
+#: sweep_*_sm_90.md, 2026-11-29): at 72 rows the 2 row groups x 4 k-slices grid with 2 slots wins
+#: (56.5 us at H=8 q=9 P=46k; 60.8 for 2x2 with 3 slots, 61.4 for a third slot through folded
+#: scores, 67-75 for 16-token tiles); refilling slots right after PV (PIPE=1) wins at every long
+#: prefix (H=64: 334 vs 347 us); small row tiles at two blocks per SM lose (74 us). Bandwidth
+#: mode: two blocks per SM.
+_COMPUTE = ((32, 256, 2, 2, 4, 0, 1), (32, 256, 3, 2, 4, 1, 1), (32, 256, 3, 2, 2, 0, 1),
+            (32, 256, 2, 4, 2, 0, 1), (16, 256, 3, 2, 4, 0, 1), (16, 256, 2, 4, 2, 0, 1),
+            (16, 256, 2, 2, 4, 0, 1), (16, 128, 2, 1, 4, 0, 1), (16, 128, 2, 2, 2, 0, 1))
+#: Splits of at most SHORT_TILES tiles (short prefixes): one barrier fewer per tile and a third
+#: slot beat refilling after PV (H=8 q=9 P=4096: 16.2 us vs 19.0, bench/results/sweep_*_sm_90.md).
+SHORT_TILES = 4
+_SHORT = ((32, 256, 3, 2, 2, 0, 0), (32, 256, 3, 2, 4, 1, 0))
+_BANDWIDTH = ((32, 256, 2, 1, 4, 0, 1), (32, 256, 3, 1, 4, 0, 1), (16, 256, 4, 1, 4, 0, 1),
+              (16, 128, 3, 1, 4, 0, 1), (16, 128, 2, 1, 4, 0, 1))
 
 
 def _divisors_desc(n: int) -> list[int]:
@@ -34,43 +45,51 @@ def _divisors_desc(n: int) -> list[int]:
 def _blocks_per_sm(cfg: KernelConfig, q_len: int, limits: DeviceLimits) -> int:
     by_smem = limits.smem_per_sm // max(1, smem_bytes(cfg, q_len) + 1024)
     by_threads = 2048 // cfg.block
-    return max(1, min(by_smem, by_threads))
+    by_regs = limits.regs_per_sm // (cfg.block * min(255, registers_needed(cfg, q_len)))
+    return max(1, min(by_smem, by_threads, by_regs))
 
 
-def _first_fit(limits: DeviceLimits, *, ht: int, H: int, q_len: int) -> KernelConfig | None:
-    for tk, stages in _TILE_PREFS:
-        for block in _BLOCK_PREFS:
-            probe = KernelConfig(nsplit=1, ht=ht, tk=tk, block=block, stages=stages)
-            if check(probe, limits, H=H, q_len=q_len) is None:
-                return probe
+def _templates(rows: int, tokens_per_group: int) -> tuple[tuple[int, ...], ...]:
+    if rows <= BANDWIDTH_ROWS:
+        return _BANDWIDTH
+    return _SHORT + _COMPUTE if tokens_per_group <= SHORT_TILES * 32 else _COMPUTE
+
+
+def _first_fit(limits: DeviceLimits, *, ht: int, qt: int, H: int, q_len: int, prefix: int) -> KernelConfig | None:
+    rows = ht * (qt or q_len)
+    groups = H // ht * -(-q_len // (qt or q_len))
+    tokens_per_group = (prefix + q_len) * groups // limits.sm_count  # tokens a one-wave block walks
+    for tk, block, stages, wr, wk, sf, pipe in _templates(rows, tokens_per_group):
+        probe = KernelConfig(nsplit=1, ht=ht, tk=tk, block=block, stages=stages, qt=qt, wr=wr, wk=wk, sf=sf,
+                             pipe=pipe)
+        if check(probe, limits, H=H, q_len=q_len) is None:
+            return probe
     return None
 
 
-def _head_tiles(H: int, q_len: int) -> list[int]:
-    """Head tiles to try, largest first: at most TARGET_ROWS rows, and at least one full n8
-    tile of rows (8) where H allows it."""
-    fits = [d for d in _divisors_desc(H) if d * q_len <= TARGET_ROWS] or [1]
+def _row_tiles(H: int, q_len: int) -> list[tuple[int, int]]:
+    """(HT, QT) to try, largest first: head tiles holding all nodes with at most TARGET_ROWS
+    rows (at least one full n8 tile where H allows it), then row tiles of one head."""
+    fits = [d for d in _divisors_desc(H) if d * q_len <= TARGET_ROWS]
     full = [d for d in fits if d * q_len >= 8]
-    return full or fits[:1]
+    out = [(d, 0) for d in (full or fits[:1])]
+    return out + [(1, qt) for qt in sorted(qt_choices(q_len)[1:], reverse=True)]  # row tiles of one head
 
 
 def heuristic_config(limits: DeviceLimits, *, H: int, q_len: int, prefix: int) -> KernelConfig:
-    """The largest head tile whose grid fills at least half a wave, with NSPLIT the largest
+    """The largest row tile whose grid fills at least half a wave, with NSPLIT the largest
     choice that keeps the grid within one wave and each split at least MIN_TILES_PER_SPLIT
-    tiles long; when no head tile fills half a wave, the one with the most blocks."""
-    if H < 1 or not 1 <= q_len <= 64 or prefix < 0:
+    tiles long; when no row tile fills half a wave, the one with the most blocks."""
+    if H < 1 or not 1 <= q_len <= MAX_Q_LEN or prefix < 0:
         raise InvalidConfig(f"no config for H={H}, q_len={q_len}, prefix={prefix}")
     fallback: tuple[int, KernelConfig] | None = None
-    for ht in _head_tiles(H, q_len):
-        probe = _first_fit(limits, ht=ht, H=H, q_len=q_len)
+    for ht, qt in _row_tiles(H, q_len):
+        probe = _first_fit(limits, ht=ht, qt=qt, H=H, q_len=q_len, prefix=prefix)
         if probe is None:
             continue
         slots = limits.sm_count * _blocks_per_sm(probe, q_len, limits)  # blocks in one wave
-        groups = H // ht
+        groups = H // ht * -(-q_len // (qt or q_len))
         cap = max(1, (prefix + q_len) // (MIN_TILES_PER_SPLIT * probe.tk))
-        # The one-wave grid is itself a search choice (tuner.space): a block's time is its tile
-        # count, ceil(tiles / NSPLIT), and the most blocks that fit one wave minimise it for every
-        # prefix length in the bucket (H=8 q=9 P=46k on 132 SMs: 11 tiles at 132, 12 at 128).
         n = max(1, min(slots // groups, cap))
         cfg = replace(probe, nsplit=max(c for c in nsplit_choices(H, limits) if c <= n))
         blocks = groups * cfg.nsplit

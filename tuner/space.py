@@ -1,19 +1,35 @@
-"""The search space of one workload: NSPLIT, HT (divisors of H), TK, BLOCK, STAGES.
+"""The search space of one workload: the four core constants and kernel v2's structural choices.
 
 NSPLIT's candidates are the fixed list plus, for the device, the grids that fill exactly one or
-two waves (sm_count * k // (H / HT)): on 132 SMs a block's tile count is ceil(tiles / NSPLIT),
-and the nearest fixed value below a wave (128) costs a whole tile per block over 132. The space
-changes with SPACE_VERSION, which is part of the Optuna study name (a study keeps one space)."""
+two waves (sm_count * k // (H / HT)). QT's are 0 (all nodes in one block) and the even row tiles
+of q_len. The space changes with SPACE_VERSION, which is part of the Optuna study name (a study
+keeps one space).
+
+Validity does not depend on NSPLIT (beyond its range), so `valid_configs` checks each
+structure once and multiplies: the full product has millions of points, the valid set thousands."""
 
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
-from kernels.config import BLOCK_CHOICES, HT_CHOICES, NSPLIT_CHOICES, STAGES_CHOICES, TK_CHOICES, KernelConfig
+from kernels.config import (
+    BLOCK_CHOICES,
+    HT_CHOICES,
+    NSPLIT_CHOICES,
+    PARAM_NAMES,
+    PIPE_CHOICES,
+    SF_CHOICES,
+    STAGES_CHOICES,
+    TK_CHOICES,
+    WK_CHOICES,
+    WR_CHOICES,
+    KernelConfig,
+)
 from kernels.limits import DeviceLimits
 from kernels.validate import MAX_NSPLIT, check
 
-SPACE_VERSION = 2
+SPACE_VERSION = 3
 
 
 def nsplit_choices(H: int, limits: DeviceLimits | None = None) -> list[int]:
@@ -26,8 +42,15 @@ def nsplit_choices(H: int, limits: DeviceLimits | None = None) -> list[int]:
     return sorted(set(NSPLIT_CHOICES) | {n for n in extra if 1 <= n <= MAX_NSPLIT})
 
 
-def choices(H: int, restrict: dict[str, list[int]] | None = None,
-            limits: DeviceLimits | None = None) -> dict[str, list[int]]:
+def qt_choices(q_len: int | None) -> list[int]:
+    """0 (one block holds all nodes) and the row tiles that split q_len into 2..8 even parts."""
+    if q_len is None:
+        return [0]
+    return [0] + sorted({-(-q_len // k) for k in range(2, 9)} - {q_len})
+
+
+def choices(H: int, restrict: dict[str, list[int]] | None = None, limits: DeviceLimits | None = None,
+            q_len: int | None = None) -> dict[str, list[int]]:
     """Candidate values per constant; `restrict` keeps only the listed values of some of them."""
     full = {
         "NSPLIT": nsplit_choices(H, limits),
@@ -35,7 +58,13 @@ def choices(H: int, restrict: dict[str, list[int]] | None = None,
         "TK": list(TK_CHOICES),
         "BLOCK": list(BLOCK_CHOICES),
         "STAGES": list(STAGES_CHOICES),
+        "QT": qt_choices(q_len),
+        "WR": list(WR_CHOICES),
+        "WK": list(WK_CHOICES),
+        "SF": list(SF_CHOICES),
+        "PIPE": list(PIPE_CHOICES),
     }
+    assert tuple(full) == PARAM_NAMES
     for name, values in (restrict or {}).items():
         if name not in full:
             raise ValueError(f"unknown constant {name!r}: choose from {', '.join(full)}")
@@ -46,13 +75,14 @@ def choices(H: int, restrict: dict[str, list[int]] | None = None,
     return full
 
 
-def all_configs(H: int, restrict: dict[str, list[int]] | None = None,
-                limits: DeviceLimits | None = None) -> list[KernelConfig]:
-    c = choices(H, restrict, limits)
-    return [KernelConfig(nsplit=n, ht=h, tk=t, block=b, stages=s)
-            for n, h, t, b, s in itertools.product(c["NSPLIT"], c["HT"], c["TK"], c["BLOCK"], c["STAGES"])]
-
-
 def valid_configs(limits: DeviceLimits, *, H: int, q_len: int,
                   restrict: dict[str, list[int]] | None = None) -> list[KernelConfig]:
-    return [cfg for cfg in all_configs(H, restrict, limits) if check(cfg, limits, H=H, q_len=q_len) is None]
+    """Every config of the space that passes kernels.validate for (limits, H, q_len)."""
+    c = choices(H, restrict, limits, q_len)
+    structural = [name for name in PARAM_NAMES if name != "NSPLIT"]
+    structures = []
+    for values in itertools.product(*(c[n] for n in structural)):
+        probe = KernelConfig(nsplit=1, **{n.lower(): v for n, v in zip(structural, values)})
+        if check(probe, limits, H=H, q_len=q_len) is None:
+            structures.append(probe)
+    return [replace(s, nsplit=n) for s in structures for n in c["NSPLIT"]]

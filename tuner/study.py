@@ -17,7 +17,7 @@ import optuna
 from sqlalchemy.orm import Session, sessionmaker
 
 from kernels import kernel_hash
-from kernels.config import KernelConfig
+from kernels.config import PARAM_NAMES, KernelConfig
 from kernels.errors import InvalidConfig
 from kernels.validate import check
 from tuner import buckets, space
@@ -27,7 +27,7 @@ from tuner.db.session import make_engine, session_scope
 from tuner.heuristic import heuristic_config
 from tuner.workload import WorkloadKey
 
-PARAMS = ("NSPLIT", "HT", "TK", "BLOCK", "STAGES")
+PARAMS = PARAM_NAMES
 MEASURED_ATTR, STATE_ATTR, REASON_ATTR = "measured", "state", "reason"
 
 
@@ -272,6 +272,8 @@ def _pick_winner(out: Outcome, *, study: optuna.Study, backend: Backend, session
         if default in ranked or backend.measure(default, workload).ok:
             pool.append(default)
     incumbent = stored.config if stored else None
+    if incumbent is not None and check(incumbent, backend.limits, H=out.key.H, q_len=out.key.q_len) is not None:
+        incumbent = None  # e.g. imported for another device's limits: never compiled here, simply replaced
     if incumbent is not None and incumbent not in pool:
         if backend.measure(incumbent, workload).ok:
             pool.append(incumbent)

@@ -97,7 +97,8 @@ class BestConfig(Base):
     ht: Mapped[int]
     tk: Mapped[int]
     block: Mapped[int]
-    #: Constants beyond the four (e.g. {"STAGES": 2}); room for later knobs without a migration.
+    #: Constants beyond the four (STAGES, QT, WR, WK, SF, PIPE: KernelConfig.extra_params()); room for
+    #: later knobs without a migration.
     extra: Mapped[dict[str, Any]] = mapped_column(default=dict)
     median_us: Mapped[float | None] = mapped_column(Float)
     p10_us: Mapped[float | None] = mapped_column(Float)

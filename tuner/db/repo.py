@@ -157,7 +157,7 @@ def upsert_best(*, session: Session, key: WorkloadKey, config: KernelConfig, med
         raise StorageError(f"device {key.device!r} is not recorded; record it first (tuner device record)")
     kernel = upsert_kernel(session=session, source_hash=key.kernel_hash, name=kernel_name, version=kernel_version)
     p = config.as_params()
-    extra = {k: v for k, v in p.items() if k not in ("NSPLIT", "HT", "TK", "BLOCK")}
+    extra = config.extra_params()
     speedup = default_us / median_us if default_us and median_us else None
     values = dict(nsplit=p["NSPLIT"], ht=p["HT"], tk=p["TK"], block=p["BLOCK"], extra=extra,
                   median_us=median_us, p10_us=p10_us, p90_us=p90_us, default_us=default_us, speedup=speedup,
