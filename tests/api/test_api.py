@@ -4,7 +4,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from kernels.config import KernelConfig
+from kernels.config import PARAM_NAMES, KernelConfig
 from kernels.limits import known_device
 from kernels.validate import check
 from tuner.db import migrate
@@ -34,7 +34,7 @@ def test_heuristic_on_empty_database_is_valid_for_the_device(client):
     body = r.json()
     assert body["source"] == "heuristic" and body["device"] == "NVIDIA H200"
     assert body["bucket"] == {"index": 15, "lo": 32768, "hi": 46341}
-    cfg = KernelConfig.from_params({k: body[k] for k in ("NSPLIT", "HT", "TK", "BLOCK", "STAGES")})
+    cfg = KernelConfig.from_params({k: body[k] for k in PARAM_NAMES})
     assert check(cfg, H200, H=8, q_len=9) is None
     assert body["expected_us"] is None and body["tuned_at"] is None
 
@@ -53,7 +53,7 @@ def test_import_then_tuned_then_nearest(client):
 
 def test_sm120_device_gets_a_config_that_fits_it(client):
     body = get(client, device="rtx-pro-6000").json()
-    cfg = KernelConfig.from_params({k: body[k] for k in ("NSPLIT", "HT", "TK", "BLOCK", "STAGES")})
+    cfg = KernelConfig.from_params({k: body[k] for k in PARAM_NAMES})
     assert check(cfg, known_device("rtx-pro-6000"), H=8, q_len=9) is None
 
 
@@ -74,8 +74,17 @@ def test_missing_parameter_is_422(client):
     assert r.status_code == 422 and ["query", "prefix"] in [d["loc"] for d in r.json()["detail"]]
 
 
-def test_impossible_shape_is_422_with_reason(client):
+def test_q_len_64_on_the_rtx_pro_6000_is_served_with_row_tiles(client):
+    """Kernel v1 had no config for q_len 49..64 in 99 KB (a 422); v2 splits the rows into tiles."""
     r = get(client, device="rtx-pro-6000", q_len=64, H=8)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    cfg = KernelConfig.from_params({k: body[k] for k in PARAM_NAMES})
+    assert 0 < cfg.qt < 64 and check(cfg, known_device("rtx-pro-6000"), H=8, q_len=64) is None
+
+
+def test_q_len_beyond_the_tree_mask_is_422_naming_it(client):
+    r = get(client, q_len=65, H=8)
     assert r.status_code == 422 and "q_len" in r.json()["detail"][0]["loc"]
 
 

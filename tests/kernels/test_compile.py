@@ -10,6 +10,7 @@ from kernels.build import compile_cubin, ptxas_report, render
 from kernels.config import KernelConfig
 from kernels.errors import CompileError
 from kernels.limits import known_device
+from kernels.validate import smem_bytes
 from tuner.heuristic import heuristic_config
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
@@ -17,17 +18,18 @@ needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not o
 
 def test_render_defines_sorted_constants_and_points_errors_at_the_cu():
     src = render(KernelConfig(nsplit=8, ht=2, tk=32, block=256, stages=3), q_len=9)
-    head = src.splitlines()[:7]
-    assert head[:6] == ["#define BLOCK 256", "#define HT 2", "#define NSPLIT 8", "#define QN 9", "#define STAGES 3",
-                        "#define TK 32"]
-    assert head[6] == '#line 1 "verify_attention.cu"'
+    head = src.splitlines()[:12]
+    assert head[:11] == ["#define BLOCK 256", "#define HT 2", "#define NSPLIT 8", "#define PIPE 1", "#define QN 9",
+                         "#define QT 9", "#define SF 0", "#define STAGES 3", "#define TK 32", "#define WK 4",
+                         "#define WR 2"]  # QT=0 (all nodes) renders as q_len
+    assert head[11] == '#line 1 "verify_attention.cu"'
 
 
 @needs_nvcc
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_120"])
 @pytest.mark.parametrize("cfg,q_len", [
     (KernelConfig(nsplit=64, ht=8, tk=32, block=256), 9),
-    (KernelConfig(nsplit=16, ht=1, tk=16, block=128, stages=3), 1),
+    (KernelConfig(nsplit=16, ht=1, tk=16, block=128, stages=3, wr=1, wk=4, sf=1, pipe=0), 1),
 ])
 def test_compiles_for_every_target(tmp_path, arch, cfg, q_len):
     built = compile_cubin(cfg, q_len, arch, tmp_path)
@@ -36,14 +38,22 @@ def test_compiles_for_every_target(tmp_path, arch, cfg, q_len):
     assert again.cached and again.cubin == built.cubin
 
 
+SAMPLE = [(8, 9, 46000), (8, 1, 131072), (64, 9, 46000), (8, 9, 4096), (8, 64, 46000), (1, 33, 5000),
+          (128, 16, 4096)]
+
+
 @needs_nvcc
 @pytest.mark.parametrize("device", ["h200", "rtx-pro-6000"])
-def test_default_config_does_not_spill(tmp_path, device):
+@pytest.mark.parametrize("H, q_len, prefix", SAMPLE)
+def test_default_configs_compile_without_spills_within_the_devices_smem(tmp_path, device, H, q_len, prefix):
+    """The heuristic defaults of a representative sample, built for the device's own arch: no
+    spills, and the kernel's own layout (kSmemBytes, via validate's formula) within its limit."""
     limits = known_device(device)
-    cfg = heuristic_config(limits, H=8, q_len=9, prefix=46000)
-    report = ptxas_report(compile_cubin(cfg, 9, limits.arch, tmp_path).ptxas_log)
-    assert report["spill_stores"] == 0 and report["spill_loads"] == 0, report
+    cfg = heuristic_config(limits, H=H, q_len=q_len, prefix=prefix)
+    report = ptxas_report(compile_cubin(cfg, q_len, limits.arch, tmp_path).ptxas_log)
+    assert report["spill_stores"] == 0 and report["spill_loads"] == 0, (cfg, report)
     assert 0 < report["registers"] <= 255
+    assert smem_bytes(cfg, q_len) <= limits.max_smem_optin
 
 
 @needs_nvcc
@@ -60,7 +70,7 @@ def test_programmatic_dependent_launch_only_where_the_device_has_it(tmp_path, ar
     import subprocess
 
     src = tmp_path / "k.cu"
-    src.write_text(render(KernelConfig(nsplit=64, ht=8, tk=32, block=256), q_len=9))
+    src.write_text(render(KernelConfig(nsplit=64, ht=8, tk=32, block=256), q_len=9))  # the default structure
     ptx = tmp_path / "k.ptx"
     subprocess.run(["nvcc", f"-arch={arch}", "-ptx", *flags, "-o", str(ptx), str(src)], check=True,
                    capture_output=True)

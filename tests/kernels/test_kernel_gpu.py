@@ -10,9 +10,20 @@ from kernels.validate import check
 pytestmark = pytest.mark.gpu
 
 CONFIG_POOL = [
-    KernelConfig(nsplit=ns, ht=ht, tk=tk, block=blk, stages=st)
-    for ns, tk, blk, st in [(4, 32, 256, 2), (16, 16, 128, 3), (64, 64, 512, 2), (1, 128, 256, 2), (24, 32, 512, 3)]
+    KernelConfig(nsplit=ns, ht=ht, tk=tk, block=blk, stages=st, qt=qt, wr=wr, wk=wk, sf=sf, pipe=pipe)
+    for ns, tk, blk, st, wr, wk, sf, pipe in [
+        (4, 32, 256, 2, 2, 4, 0, 1),    # split-K 4 (odd k-slices of 9 steps), two row groups
+        (16, 16, 128, 3, 1, 4, 1, 0),   # four warps, folded scores, fused pipeline
+        (64, 64, 512, 2, 2, 2, 0, 1),   # 16 warps: four token groups
+        (1, 128, 256, 2, 1, 1, 0, 0),   # one split, eight token groups, no split-K
+        (24, 32, 256, 4, 4, 2, 1, 1),   # deep ring, both k-slices in one score buffer
+        (7, 32, 256, 3, 2, 2, 0, 0),    # odd NSPLIT: token-granular split edges
+        (33, 32, 256, 4, 1, 4, 0, 0),   # bandwidth mode: one row group, deep ring
+        (12, 64, 128, 2, 1, 2, 0, 1),   # four warps, two token groups of 32
+        (132, 32, 256, 3, 2, 4, 1, 1),  # the compute-mode default structure
+    ]
     for ht in (1, 2, 8)
+    for qt in (0, 3)
 ]
 SHAPES = [(H, Q, B) for H in (8, 16, 64, 128) for Q in (1, 2, 9, 16) for B in (1, 3)]
 PREFIXES = {1: [777], 3: [0, 1000, 37]}  # ragged, not multiples of TK, some splits empty
@@ -23,10 +34,15 @@ def gpu(tmp_path_factory):
     import pycuda.autoprimaryctx  # noqa: F401  (torch's primary context)
     import torch
 
+    from kernels.build import precompile
     from kernels.limits import read_device_limits
 
     torch.cuda.init()
-    return read_device_limits(0), tmp_path_factory.mktemp("cubins")
+    limits, cache = read_device_limits(0), tmp_path_factory.mktemp("cubins")
+    for q_len in sorted({Q for _, Q, _ in SHAPES} | {9}):  # nvcc in parallel, before the tests
+        pool = sorted({c for c in CONFIG_POOL if any(check(c, limits, H=H, q_len=q_len) is None for H, _, _ in SHAPES)})
+        assert not precompile(pool, q_len, limits.arch, cache)
+    return limits, cache
 
 
 def _run(cfg, inp, limits, cache, *, lse=True):
@@ -69,7 +85,8 @@ def test_long_prefix_many_tiles(gpu):
     limits, cache = gpu
     inp = make_inputs(prefix_lens=[46000], q_len=9, H=8, seed=7)
     ref_o, _ = reference(inp)
-    for cfg in (KernelConfig(nsplit=128, ht=8, tk=32, block=256), KernelConfig(nsplit=7, ht=4, tk=32, block=256, stages=3)):
+    for cfg in (KernelConfig(nsplit=132, ht=8, tk=32, block=256, stages=3, wr=2, wk=4, sf=1, pipe=1),
+                KernelConfig(nsplit=7, ht=4, tk=32, block=256, stages=3, wr=2, wk=2, pipe=0)):
         _, out, _ = _run(cfg, inp, limits, cache, lse=False)
         assert rel_error(out, ref_o) <= 1e-2
 
@@ -83,7 +100,7 @@ def test_cuda_graph_replay_matches(gpu):
 
     limits, cache = gpu
     inp = make_inputs(prefix_lens=[5000, 123], q_len=9, H=16, seed=3)
-    cfg = KernelConfig(nsplit=32, ht=8, tk=32, block=256)
+    cfg = KernelConfig(nsplit=32, ht=8, tk=32, block=256, stages=3, wr=2, wk=4, sf=1, pipe=1)
     va = VerifyAttention(cfg, H=16, q_len=9, limits=limits, max_batch=2, cache_dir=cache)
     out = torch.full((2, 9, 16, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
     stream = cuda.Stream()

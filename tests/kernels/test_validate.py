@@ -25,17 +25,36 @@ def test_smem_limit_depends_on_the_device():
 
 
 def test_register_pressure_is_rejected_before_compiling():
-    # 8 heads x 16 nodes = 128 rows: the O accumulator (128 x 512 fp32) needs 128 registers per
-    # thread at 512 threads, which allow 128 in all
-    reason = check(KernelConfig(nsplit=8, ht=8, tk=16, block=512), H200, H=8, q_len=16)
+    # 8 heads x 16 nodes = 128 rows: the O^T accumulator (512 x 128 fp32) alone needs 256 registers
+    # per thread at 256 threads, 128 at 512 threads (which allow 128 in all)
+    reason = check(KernelConfig(nsplit=8, ht=8, tk=16, block=512, wr=4, wk=4, sf=1), H200, H=8, q_len=16)
     assert reason is not None and "registers" in reason
-    assert "registers" in check(KernelConfig(nsplit=8, ht=8, tk=16, block=128), H200, H=8, q_len=16)
-    assert check(KernelConfig(nsplit=8, ht=4, tk=16, block=512), H200, H=8, q_len=16) is None
+    assert "registers" in check(KernelConfig(nsplit=8, ht=8, tk=16, block=256, wr=4, wk=2, sf=1), H200, H=8,
+                                q_len=16)
+    # 72 rows, one row group: ~260 registers (ptxas spills it); two row groups fit (ptxas: 243)
+    assert "registers" in check(KernelConfig(nsplit=8, ht=8, tk=32, block=256, wr=1, wk=4), H200, H=8, q_len=9)
+    assert check(KernelConfig(nsplit=8, ht=8, tk=32, block=256, wr=2, wk=4), H200, H=8, q_len=9) is None
 
 
-@pytest.mark.parametrize("field,value", [("tk", 48), ("block", 96), ("stages", 5), ("nsplit", 5000)])
+def test_warp_grid_rules_name_the_constant():
+    assert "WR*WK" in check(KernelConfig(8, 8, 32, 128, wr=2, wk=4), H200, H=8, q_len=9)  # 8 > 4 warps
+    assert "do not tile" in check(KernelConfig(8, 8, 16, 256, wr=1, wk=4), H200, H=8, q_len=9)  # 2 groups, 1 m16
+    assert "36 k-steps" in check(KernelConfig(8, 8, 32, 256, wr=1, wk=8), H200, H=8, q_len=9)
+    assert "n8 row tiles" in check(KernelConfig(8, 1, 32, 256, wr=2, wk=4), H200, H=8, q_len=1)
+    assert "SF=1" in check(KernelConfig(8, 8, 32, 256, wr=8, wk=1, sf=1), H200, H=8, q_len=9)
+    assert "QT=9" in check(KernelConfig(8, 8, 32, 256, qt=9), H200, H=8, q_len=9)
+
+
+def test_folded_scores_free_a_third_slot_at_72_rows():
+    three = KernelConfig(nsplit=8, ht=8, tk=32, block=256, stages=3)
+    assert "shared memory" in check(three, H200, H=8, q_len=9)
+    assert check(KernelConfig(nsplit=8, ht=8, tk=32, block=256, stages=3, sf=1), H200, H=8, q_len=9) is None
+
+
+@pytest.mark.parametrize("field,value", [("tk", 48), ("block", 96), ("stages", 5), ("nsplit", 5000), ("pipe", 2),
+                                         ("sf", 2)])
 def test_out_of_range_constants(field, value):
-    kwargs = dict(nsplit=8, ht=1, tk=32, block=256, stages=2) | {field: value}
+    kwargs = dict(nsplit=8, ht=1, tk=32, block=256, stages=2, wr=1) | {field: value}
     assert check(KernelConfig(**kwargs), H200, H=8, q_len=1) is not None
 
 

@@ -22,8 +22,8 @@ def test_default_is_valid_for_the_device(limits, H, q_len, prefix):
     assert smem_bytes(cfg, q_len) <= limits.max_smem_optin
 
 
-def _blocks(cfg, H):
-    return (H // cfg.ht) * cfg.nsplit
+def _blocks(cfg, H, q_len=9):
+    return (H // cfg.ht) * -(-q_len // cfg.row_tile(q_len)) * cfg.nsplit
 
 
 @pytest.mark.parametrize("H", [8, 16, 64, 128])
@@ -66,17 +66,36 @@ def test_pure_function():
     assert heuristic_config(H200, H=16, q_len=9, prefix=5000) == heuristic_config(H200, H=16, q_len=9, prefix=5000)
 
 
+KNOWN = [known_device(d) for d in ("h200", "h100", "rtx-pro-6000", "a100", "l40s")]
+
+
+@pytest.mark.parametrize("limits", KNOWN, ids=[d.name for d in KNOWN])
+def test_every_shape_has_a_valid_default_on_every_known_device(limits):
+    """H in powers of two up to 128, every q_len 1..64, prefixes 0..2^20: row tiles make every
+    q_len fit the 99 KB of the RTX PRO 6000 and L40S too."""
+    for H in (1, 2, 4, 8, 16, 32, 64, 128):
+        for q_len in range(1, 65):
+            for prefix in (0, 1000, 46000, 1 << 20):
+                cfg = heuristic_config(limits, H=H, q_len=q_len, prefix=prefix)
+                assert check(cfg, limits, H=H, q_len=q_len) is None, (H, q_len, prefix, cfg)
+
+
+def test_q_len_64_on_sm120_uses_row_tiles():
+    cfg = heuristic_config(PRO6000, H=8, q_len=64, prefix=46000)
+    assert 0 < cfg.qt < 64 and smem_bytes(cfg, 64) <= PRO6000.max_smem_optin
+
+
 def test_impossible_shape_raises_with_reason():
-    with pytest.raises(InvalidConfig, match="no kernel config fits"):
-        heuristic_config(PRO6000, H=8, q_len=64, prefix=1000)
+    with pytest.raises(InvalidConfig, match="no config for"):
+        heuristic_config(PRO6000, H=8, q_len=65, prefix=1000)
 
 
 @pytest.mark.parametrize("limits", [H200, PRO6000], ids=["sm_90", "sm_120"])
 @pytest.mark.parametrize("H, q_len, prefix", [(8, 9, 46000), (8, 1, 131072), (64, 9, 46000), (16, 9, 4096),
-                                              (128, 1, 1 << 20), (8, 9, 100)])
+                                              (128, 1, 1 << 20), (8, 9, 100), (8, 64, 46000), (1, 33, 5000)])
 def test_default_is_in_the_search_space_so_the_study_measures_it_first(limits, H, q_len, prefix):
     cfg = heuristic_config(limits, H=H, q_len=q_len, prefix=prefix)
-    c = space.choices(H, limits=limits)
+    c = space.choices(H, limits=limits, q_len=q_len)
     assert all(v in c[k] for k, v in cfg.as_params().items())
 
 
