@@ -2,7 +2,10 @@
 interleaved rounds (so clock drift hits both alike); each variant's output is checked against
 the fp32 reference first. Configs: the heuristic default of each shape.
 
-    python3 bench/ab_kernel.py --b-flags=-DVA_QK_B_X2 --label "Q via ldmatrix.x4 (A) vs x2 (B)" --out DIR
+    python3 bench/ab_kernel.py --b-flags=-DVA_NO_PDL --label "reduce: PDL (A) vs plain launch (B)" --out DIR
+
+A -D flag must name a macro the kernel source tests: a misspelt or removed one would silently
+compare A with A, so it is refused.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from kernels.build import SOURCE
 from tuner.heuristic import heuristic_config
 
 SHAPES = [(8, 9, 46000), (8, 1, 131072), (64, 9, 46000), (16, 9, 16384), (128, 1, 46000), (8, 9, 4096)]
@@ -41,6 +45,11 @@ def main() -> None:
 
     limits = read_device_limits(0)
     variants = {"A": tuple(args.a_flags.split()), "B": tuple(args.b_flags.split())}
+    source = SOURCE.read_text()
+    for flag in (f for fl in variants.values() for f in fl if f.startswith("-D")):
+        name = flag[2:].split("=", 1)[0]
+        if name not in source:
+            raise SystemExit(f"{flag}: the kernel source never tests {name}; the A/B would compare A with A")
     lines = [f"# Kernel A/B: {args.label} — {limits.name} ({limits.arch}), {dt.date.today().isoformat()}", "",
              f"A flags: `{' '.join(variants['A']) or '(none)'}`; B flags: `{' '.join(variants['B']) or '(none)'}`. "
              f"Median over {ROUNDS} interleaved rounds of the per-round median of {REPS} launches, inputs rotated "

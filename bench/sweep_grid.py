@@ -2,7 +2,10 @@
 parallel, then gated and timed by the tuner's own measurer). Writes JSON for
 bench/tpe_efficiency.py, which replays Optuna's TPE against these measurements.
 
-    python3 bench/sweep_grid.py --H 8 --q-len 9 --prefix 46000 --out $OUT
+    python3 bench/sweep_grid.py --H 8 --q-len 9 --prefix 46000 --only STAGES=2 --only PIPE=1 --out $OUT
+
+Kernel v2's space has tens of thousands of valid configs per key: narrow it with --only (the
+same NAME=v1,v2 form as `tuner study start --only`).
 """
 
 from __future__ import annotations
@@ -24,7 +27,10 @@ def main() -> None:
     ap.add_argument("--prefix", type=int, default=46000)
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
     ap.add_argument("--cache", type=Path, default=Path("/tmp/va-cache"))
+    ap.add_argument("--only", action="append", default=[], metavar="NAME=V1,V2",
+                    help="keep only these values of a constant (repeatable)")
     args = ap.parse_args()
+    restrict = {k.upper(): [int(v) for v in vals.split(",")] for k, vals in (o.split("=", 1) for o in args.only)}
 
     from kernels.build import precompile
     from kernels.limits import read_device_limits
@@ -33,7 +39,7 @@ def main() -> None:
     from tuner.gpu import GpuMeasurer
 
     limits = read_device_limits(0)
-    valid = space.valid_configs(limits, H=args.H, q_len=args.q_len)
+    valid = space.valid_configs(limits, H=args.H, q_len=args.q_len, restrict=restrict)
     t0 = time.perf_counter()
     failures = precompile(valid, args.q_len, limits.arch, args.cache)
     t_compile = time.perf_counter() - t0

@@ -59,7 +59,7 @@ def main() -> None:
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     sweep = json.loads(args.sweep.read_text())
-    table = {KernelConfig.from_params({k: r[k] for k in ("NSPLIT", "HT", "TK", "BLOCK", "STAGES")}): r
+    table = {KernelConfig.from_params({k: r[k] for k in PARAM_NAMES if k in r}): r
              for r in sweep["rows"]}
     best = min(r["median_us"] for r in sweep["rows"] if r["state"] == "ok")
     limits = known_device(sweep["device"]) or known_device("h200")

@@ -1,0 +1,109 @@
+"""A/B of this tree's kernel against another checkout's (e.g. the previous kernel version), each
+at its own heuristic default, same shapes, same inputs, timed the same way (CUDA-graph replays,
+inputs rotated past the L2) in one call on the local GPU. Each side's output is checked against
+the fp32 reference before it is timed.
+
+    git worktree add /tmp/v1 9941cce      # the commit to compare with
+    python3 bench/ab_versions.py --base-tree /tmp/v1 --out bench/results
+
+The base side runs in a child process with the other tree first on sys.path; it borrows only
+this file's timing code (kernels/timing.py of this tree, loaded by path), so both sides share
+the clock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parents[1]
+SHAPES = [(8, 9, 46000), (16, 9, 46000), (64, 9, 46000), (128, 9, 46000), (8, 1, 131072), (8, 9, 4096)]
+
+
+def time_defaults(shapes: list[tuple[int, int, int]], cache: str) -> list[dict]:
+    """Heuristic default of the tree on sys.path, checked and timed at every shape."""
+    import pycuda.autoprimaryctx  # noqa: F401
+    import pycuda.driver as cuda
+    import torch
+
+    from kernels.launch import VerifyAttention
+    from kernels.limits import read_device_limits
+    from kernels.reference import poisoned_run_error, reference
+    from kernels.timing import rotating_inputs
+    from tuner.heuristic import heuristic_config
+
+    spec = importlib.util.spec_from_file_location("_ab_timing", HERE / "kernels" / "timing.py")
+    timing = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = timing  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(timing)  # type: ignore[union-attr]
+    limits = read_device_limits(0)
+    stream = cuda.Stream()
+    rows = []
+    for H, Q, P in shapes:
+        cfg = heuristic_config(limits, H=H, q_len=Q, prefix=P)
+        sets = rotating_inputs(prefix_lens=[P], q_len=Q, H=H, l2_bytes=limits.l2_bytes, seed=H + Q + P)
+        out = torch.empty(1, Q, H, 512, dtype=torch.bfloat16, device="cuda")
+        va = VerifyAttention(cfg, H=H, q_len=Q, limits=limits, max_batch=1, cache_dir=Path(cache))
+
+        def launch(k: int, va=va, sets=sets, out=out) -> None:
+            va.run(sets[k], out, stream=stream)
+
+        err = poisoned_run_error(lambda: launch(0), out, reference(sets[0])[0])
+        t = timing.time_graph(launch, len(sets), stream=stream)
+        rows.append({"H": H, "Q": Q, "prefix": P, "config": str(cfg), "rel_err": err, "us": t.median_us,
+                     "p10_us": t.p10_us, "p90_us": t.p90_us})
+        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+        va = sets = launch = None
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--base-tree", type=Path, help="checkout of the kernel to compare against")
+    ap.add_argument("--out", type=Path, default=Path("bench/results"))
+    ap.add_argument("--cache", default=os.environ.get("TUNER_CACHE_DIR", "/tmp/va-cache"))
+    ap.add_argument("--base-label", help="name of the base in the report (default: its git revision)")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:  # child: the base tree is first on sys.path
+        print(json.dumps(time_defaults(SHAPES, args.cache + "-base")))
+        return
+    if args.base_tree is None:
+        ap.error("--base-tree is required")
+    env = {**os.environ, "PYTHONPATH": f"{args.base_tree.resolve()}:{os.environ.get('PYTHONPATH', '')}"}
+    child = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", "--cache", args.cache], env=env,
+                           cwd=args.base_tree, capture_output=True, text=True)
+    if child.returncode != 0:
+        raise SystemExit(f"base tree failed:\n{child.stderr[-3000:]}")
+    base = json.loads(child.stdout.strip().splitlines()[-1])
+    sys.path.insert(0, str(HERE))
+    new = time_defaults(SHAPES, args.cache)
+    from kernels.limits import read_device_limits
+
+    limits = read_device_limits(0)
+    rev = args.base_label or subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=args.base_tree,
+                                            capture_output=True, text=True).stdout.strip() or str(args.base_tree)
+    lines = [f"# Kernel A/B: this tree vs {rev} — {limits.name} ({limits.arch}), {dt.date.today().isoformat()}", "",
+             "Each side at its own heuristic default; µs per partial + reduce pair, median of CUDA-graph replays, "
+             "inputs rotated past the L2; rel. error against the fp32 reference.", "",
+             "| H | Q | prefix | base µs | base err | new µs | new err | speedup | base config | new config |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for b, n in zip(base, new):
+        lines.append(f"| {n['H']} | {n['Q']} | {n['prefix']} | {b['us']:.1f} | {b['rel_err']:.1e} | {n['us']:.1f} | "
+                     f"{n['rel_err']:.1e} | {b['us'] / n['us']:.2f}x | {b['config']} | {n['config']} |")
+    print("\n".join(lines))
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.out / f"ab_versions_{limits.arch}"
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    stem.with_suffix(".json").write_text(json.dumps({"base": base, "new": new, "base_rev": rev}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
