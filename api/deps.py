@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
+import hmac
+
 from fastapi import Depends, Header, HTTPException, Request
 from sqlalchemy.orm import Session, sessionmaker
 
+from tuner.errors import BadParameter
 from tuner.settings import Settings
 
 
@@ -30,11 +33,23 @@ def require_token(request: Request, authorization: Annotated[str | None, Header(
     token = request.app.state.settings.write_token
     if not token:
         raise HTTPException(403, "write endpoints are off: set TUNER_WRITE_TOKEN to enable them")
-    if authorization != f"Bearer {token}":
+    scheme, _, given = (authorization or "").partition(" ")
+    # the scheme is case-insensitive (RFC 9110); the token is compared in constant time
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
         raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+
+
+async def single_valued_query(request: Request) -> None:
+    """A query parameter given twice (H=8&H=16) is a 422 naming it, not a silent last-wins."""
+    seen: set[str] = set()
+    for name, _ in request.query_params.multi_items():
+        if name in seen:
+            raise BadParameter(name, "given more than once")
+        seen.add(name)
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 ReadSessions = Annotated[sessionmaker[Session], Depends(get_read_sessions)]
 WriteSessions = Annotated[sessionmaker[Session], Depends(get_write_sessions)]
 WriteAuth = Depends(require_token)
+SingleValued = Depends(single_valued_query)

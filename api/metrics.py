@@ -18,6 +18,7 @@ class Metrics:
         self._latency_sum: dict[str, float] = defaultdict(float)
         self._lookups: dict[str, int] = defaultdict(int)
         self._db_errors = 0
+        self._db_path = 0
 
     def request(self, route: str, method: str, status: int, seconds: float) -> None:
         with self._lock:
@@ -38,6 +39,11 @@ class Metrics:
     def db_error(self) -> None:
         with self._lock:
             self._db_errors += 1
+
+    def db_path(self) -> None:
+        """A lookup that had to read the database (no cached table, or the data changed)."""
+        with self._lock:
+            self._db_path += 1
 
     def render(self) -> str:
         with self._lock:
@@ -60,7 +66,10 @@ class Metrics:
             for source in ("tuned", "nearest", "heuristic"):
                 out.append(f'tuner_lookups_total{{source="{source}"}} {self._lookups[source]}')
             out += ["# HELP tuner_db_errors_total Database errors seen while serving.",
-                    "# TYPE tuner_db_errors_total counter", f"tuner_db_errors_total {self._db_errors}"]
+                    "# TYPE tuner_db_errors_total counter", f"tuner_db_errors_total {self._db_errors}",
+                    "# HELP tuner_db_path_lookups_total Lookups that read the database (no cached table, or "
+                    "the data changed); none while the data is unchanged.",
+                    "# TYPE tuner_db_path_lookups_total counter", f"tuner_db_path_lookups_total {self._db_path}"]
         return "\n".join(out) + "\n"
 
 

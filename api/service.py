@@ -1,11 +1,11 @@
 """Lookups behind the routes, with a cache that keeps serving the last good table when the
-database fails (with the reason in a header) and never serves a table older than the database:
-each request checks a cheap stamp of the best-config table first."""
+database fails (with the reason in a header). A background check reads a stamp that every write
+changes (repo.data_stamp) and the request path compares against the last stamp it read: no
+request waits on the database unless its table is missing or the data changed."""
 
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass, field, replace
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -42,7 +42,9 @@ class Table:
 class TableCache:
     """Per-key tables, validated against the database by one background check every
     `recheck_s` (a single cheap query for all keys), so the request path does no I/O while
-    nothing changed. Writes through this process's API clear it at once. While the background
+    nothing changed. A check that runs late (a saturated event loop) never sends requests to the
+    database: they keep the table of the last stamp read, and the check catches up off the
+    request path. Writes through this process's API clear it at once. While the background
     check fails, requests get the last good table at once, marked stale with the reason (or a
     503 for a key never served) instead of each waiting on the failing database."""
 
@@ -51,15 +53,14 @@ class TableCache:
         self._tables: dict[tuple[object, ...], Table] = {}
         self.max_entries, self.recheck_s = max_entries, recheck_s
         self._stamp: tuple[object, ...] | None = None
-        self._validated_at = 0.0
         self._failure: str | None = None  # why the last background check failed
 
     def fresh(self, *, device: str | None, default_device: str | None, H: int, q_len: int,
               dtype: str) -> Table | None:
-        """The cached table when the last background check (within 5 re-check periods) found the
-        database unchanged, or, while the check fails, the last good table marked stale; None
-        sends the caller to `table` (threadpool, database). StorageError: the database is failing
-        and this key has no good table."""
+        """The cached table when it was built at the stamp the last background check read, or,
+        while the check fails, the last good table marked stale; None (no table yet, or the data
+        changed) sends the caller to `table` (threadpool, database). StorageError: the database
+        is failing and this key has no good table."""
         key = (device or default_device, H, q_len, dtype)
         with self._lock:
             hit, failure = self._tables.get(key), self._failure
@@ -67,8 +68,7 @@ class TableCache:
                 if hit is None:
                     raise StorageError(failure)
                 return replace(hit, stale=failure)
-            if (hit is not None and hit.stale is None and hit.stamp == self._stamp
-                    and time.monotonic() - self._validated_at < 5 * self.recheck_s):
+            if hit is not None and hit.stale is None and hit.stamp == self._stamp:
                 return hit
         return None
 
@@ -82,7 +82,7 @@ class TableCache:
                 self._stamp, self._failure = None, str(exc).splitlines()[0][:300]
             return
         with self._lock:
-            self._stamp, self._validated_at, self._failure = stamp, time.monotonic(), None
+            self._stamp, self._failure = stamp, None
 
     def clear(self) -> None:
         with self._lock:
@@ -112,5 +112,5 @@ class TableCache:
             if len(self._tables) >= self.max_entries:
                 self._tables.clear()
             self._tables[key] = table
-            self._stamp, self._validated_at = stamp, time.monotonic()
+            self._stamp = stamp
         return table

@@ -1,9 +1,11 @@
 """Load test of a real `tuner serve` over loopback: N concurrent clients, bounded in count and
 time. Writes bench/results/load_test.{md,json}.
 
-    python bench/load_test.py --clients 200 --requests 50 --rate 20
-Each client keeps one connection and sends --requests lookups, paced at --rate per second
-(0 = back to back, which measures capacity rather than latency).
+    python bench/load_test.py --clients 200 --requests 100000 --max-seconds 10 --rate 0 2 --repeat 2
+Each client keeps one connection and sends --requests lookups (or until --max-seconds), paced at
+--rate per second (0 = back to back: flat out, which measures capacity and saturation latency).
+Each row also records how many lookups the server answered from the database path
+(`tuner_db_path_lookups_total` in /metrics, before and after): none while the data is unchanged.
 """
 
 from __future__ import annotations
@@ -74,9 +76,18 @@ async def client(base: str, n: int, rate: float, deadline: float, lat: list[floa
         writer.close()
 
 
+def _db_path_lookups(base: str) -> float:
+    import urllib.request
+
+    with urllib.request.urlopen(f"{base}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return float(next(ln for ln in text.splitlines() if ln.startswith("tuner_db_path_lookups_total")).split()[-1])
+
+
 async def run(base: str, clients: int, requests: int, rate: float, max_s: float) -> dict:
     lat: list[float] = []
     errors: list[str] = []
+    db_before = _db_path_lookups(base)
     deadline = time.monotonic() + max_s
     t0 = time.perf_counter()
     await asyncio.gather(*(client(base, requests, rate, deadline, lat, errors, random.Random(i))
@@ -85,7 +96,8 @@ async def run(base: str, clients: int, requests: int, rate: float, max_s: float)
     q = statistics.quantiles(lat, n=100)
     return {"clients": clients, "requests_per_client": requests, "rate_per_client": rate, "sent": len(lat),
             "errors": len(errors), "error_kinds": sorted(set(errors)), "wall_s": wall, "req_per_s": len(lat) / wall,
-            "p50_ms": q[49] * 1e3, "p90_ms": q[89] * 1e3, "p99_ms": q[98] * 1e3, "max_ms": max(lat) * 1e3}
+            "p50_ms": q[49] * 1e3, "p90_ms": q[89] * 1e3, "p99_ms": q[98] * 1e3, "max_ms": max(lat) * 1e3,
+            "db_path_lookups": _db_path_lookups(base) - db_before}
 
 
 def main() -> None:
@@ -109,6 +121,10 @@ def main() -> None:
     port = free_port()
     results = []
     with running_server(env, port=port):
+        import urllib.request
+
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/config?H=8&q_len=9&prefix=1", timeout=10).read()  # warm
+        time.sleep(0.5)
         for rate in args.rate:
             for _ in range(args.repeat):
                 res = asyncio.run(run(f"http://127.0.0.1:{port}", args.clients, args.requests, rate, args.max_seconds))
@@ -128,12 +144,13 @@ def write(out: Path, results: list[dict]) -> None:
              "client holds one keep-alive connection and sends Poisson-spaced requests at the given rate; "
              "latency is measured at the client (a minimal asyncio HTTP/1.1 client, sharing the 2 cores). "
              "Rate 'max' = back to back: that row measures capacity, its latency is queueing.", "",
-             "| clients | rate/client (req/s) | requests | errors | req/s | p50 ms | p90 ms | p99 ms | max ms |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| clients | rate/client (req/s) | requests | errors | req/s | p50 ms | p90 ms | p99 ms | max ms | "
+             "DB-path lookups |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         lines.append(f"| {r['clients']} | {r['rate_per_client'] or 'max'} | {r['sent']} | {r['errors']} | "
                      f"{r['req_per_s']:.0f} | {r['p50_ms']:.2f} | {r['p90_ms']:.2f} | {r['p99_ms']:.2f} | "
-                     f"{r['max_ms']:.1f} |")
+                     f"{r['max_ms']:.1f} | {r.get('db_path_lookups', '')} |")
     (out / "load_test.md").write_text("\n".join(lines) + "\n")
 
 

@@ -18,6 +18,12 @@ from tuner.errors import BadParameter
 from tuner.heuristic import heuristic_config
 
 
+#: A tuned neighbour bucket is served only this close (log2 of the prefix ratio): beyond it the
+#: heuristic, which adapts to the prefix, is the better guess (a config tuned for 4k prefixes
+#: is not one for an empty prefix).
+NEAREST_MAX_OCTAVES = 1.0
+
+
 @dataclass(frozen=True)
 class Answer:
     config: KernelConfig
@@ -52,14 +58,14 @@ def resolve_device(*, session: Session, name: str | None, default: str | None) -
 
 def _pick(rows: list[repo.BestRow], *, limits: DeviceLimits, H: int, q_len: int, bucket: buckets.Bucket,
           khash: str) -> Answer:
-    """Exact bucket, else nearest tuned bucket (log distance), else the heuristic at the bucket's
-    representative prefix (so /config and the /configs table always agree)."""
+    """Exact bucket, else the nearest tuned bucket within NEAREST_MAX_OCTAVES, else the heuristic
+    at the bucket's representative prefix (so /config and the /configs table always agree)."""
     exact = [r for r in rows if r.key.bucket == bucket.index]
     if exact:
         r = exact[0]
         return Answer(r.config, "tuned", bucket, limits.name, khash, r.median_us, r.speedup, r.tuned_at, bucket.index)
     r = repo.nearest_row(rows, bucket)
-    if r is not None:
+    if r is not None and buckets.log_distance(buckets.by_index(r.key.bucket), bucket) <= NEAREST_MAX_OCTAVES:
         return Answer(r.config, "nearest", bucket, limits.name, khash, None, r.speedup, r.tuned_at, r.key.bucket)
     try:
         cfg = heuristic_config(limits, H=H, q_len=q_len, prefix=bucket.mid)

@@ -10,6 +10,7 @@ from pathlib import Path
 from platformdirs import user_cache_dir, user_data_dir
 
 APP = "verify-tuner"
+MIN_TOKEN_LEN = 16
 
 
 def default_database_url() -> str:
@@ -32,6 +33,11 @@ class Settings:
     #: The database is meant to be read-only (a baked or read-only-mounted snapshot): the sidecar
     #: stays ready on it. Otherwise a database that cannot be written is a fault /readyz reports.
     database_read_only: bool = False
+
+    def __post_init__(self) -> None:
+        if self.write_token is not None and len(self.write_token) < MIN_TOKEN_LEN:
+            raise ValueError(f"TUNER_WRITE_TOKEN must be at least {MIN_TOKEN_LEN} characters (got "
+                             f"{len(self.write_token)}): a short token is guessable")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:

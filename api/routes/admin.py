@@ -6,13 +6,14 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, HTTPException, Query, Request
 
-from api.deps import WriteAuth, WriteSessions
+from api.deps import SingleValued, WriteAuth, WriteSessions
+from api.routes.config import DEVICE_PATTERN
 from api.schemas import DeleteOut, ImportOut
-from tuner import configs_io
+from tuner import buckets, configs_io, lookup
 from tuner.db import repo
 from tuner.db.session import session_scope
 
-router = APIRouter(tags=["admin"], dependencies=[WriteAuth])
+router = APIRouter(tags=["admin"], dependencies=[WriteAuth, SingleValued])
 
 
 @router.post("/configs/import", response_model=ImportOut)
@@ -28,11 +29,13 @@ def import_configs(request: Request, sessions: WriteSessions, rows: Annotated[li
 
 @router.delete("/configs", response_model=DeleteOut)
 def delete_configs(
-    request: Request, sessions: WriteSessions, device: Annotated[str, Query(max_length=200)],
-    H: Annotated[int | None, Query(gt=0)] = None, q_len: Annotated[int | None, Query(ge=1, le=64)] = None,
-    bucket: Annotated[int | None, Query(ge=0)] = None,
+    request: Request, sessions: WriteSessions,
+    device: Annotated[str, Query(max_length=200, pattern=DEVICE_PATTERN, description="CUDA name or alias")],
+    H: Annotated[int | None, Query(gt=0, le=1024)] = None, q_len: Annotated[int | None, Query(ge=1, le=64)] = None,
+    bucket: Annotated[int | None, Query(ge=0, le=len(buckets.ALL) - 1)] = None,
 ) -> DeleteOut:
     with session_scope(sessions) as session:
-        n = repo.delete_best(session=session, device=device, H=H, q_len=q_len, bucket=bucket)
+        name = lookup.resolve_device(session=session, name=device, default=None).name  # h200 -> NVIDIA H200
+        n = repo.delete_best(session=session, device=name, H=H, q_len=q_len, bucket=bucket)
     request.app.state.tables.clear()
     return DeleteOut(deleted=n)

@@ -29,7 +29,7 @@ def test_fetch_from_sidecar_then_snapshot_then_heuristic(tmp_path):
     with running_server(env, port=port):
         c = ConfigClient(f"http://127.0.0.1:{port}", H=8, q_len=9, device="NVIDIA H200", snapshot_dir=snap)
         assert c.fetch() == "sidecar"
-        assert c.lookup(46000).nsplit == 64 and c.lookup(0).nsplit == 64  # tuned + nearest
+        assert c.lookup(46000).nsplit == 64 and c.lookup(60000).nsplit == 64  # tuned + nearest (one octave)
         assert c.snapshot.exists()
     # sidecar gone: the snapshot answers the same
     c2 = ConfigClient(f"http://127.0.0.1:{port}", H=8, q_len=9, device="NVIDIA H200", snapshot_dir=snap,

@@ -21,19 +21,20 @@ from tuner.db import migrate
 from tuner.settings import Settings
 
 Q = {"H": 8, "q_len": 9, "prefix": 46000}
+TOKEN = "fault-test-token-0123"
 ROW = {"device": "NVIDIA H200", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256}
 
 
 def _client(path):
     url = f"sqlite:///{path}"
     migrate.upgrade(url)
-    return TestClient(create_app(Settings(database_url=url, device="h200", write_token="t")))
+    return TestClient(create_app(Settings(database_url=url, device="h200", write_token=TOKEN)))
 
 
 def test_removed_database_fails_readiness_and_never_serves_a_wrong_config(tmp_path):
     db = tmp_path / "c.db"
     with _client(db) as c:
-        c.post("/configs/import", json=[ROW], headers={"Authorization": "Bearer t"})
+        c.post("/configs/import", json=[ROW], headers={"Authorization": f"Bearer {TOKEN}"})
         good = c.get("/config", params=Q).json()
         assert good["source"] == "tuned"
         for suffix in ("", "-wal", "-shm"):
@@ -53,7 +54,7 @@ def test_removed_database_fails_readiness_and_never_serves_a_wrong_config(tmp_pa
 def test_unreadable_schema_serves_last_good_table_with_reason_or_503(tmp_path):
     db = tmp_path / "c.db"
     with _client(db) as c:
-        c.post("/configs/import", json=[ROW], headers={"Authorization": "Bearer t"})
+        c.post("/configs/import", json=[ROW], headers={"Authorization": f"Bearer {TOKEN}"})
         good = c.get("/config", params=Q).json()
         con = sqlite3.connect(db)
         con.execute("ALTER TABLE best_configs RENAME TO best_configs_gone")  # reads now fail
@@ -71,7 +72,7 @@ def test_unreadable_schema_serves_last_good_table_with_reason_or_503(tmp_path):
 def test_locked_database_keeps_answering(tmp_path):
     db = tmp_path / "c.db"
     with _client(db) as c:
-        c.post("/configs/import", json=[ROW], headers={"Authorization": "Bearer t"})
+        c.post("/configs/import", json=[ROW], headers={"Authorization": f"Bearer {TOKEN}"})
         locker = sqlite3.connect(db, isolation_level=None)
         locker.execute("BEGIN EXCLUSIVE")
         locker.execute("UPDATE best_configs SET nsplit = 999")  # uncommitted
@@ -157,7 +158,7 @@ def test_read_only_database_fails_readiness_keeps_serving_and_refuses_writes(tmp
     migrate.upgrade(url)
     rows = tmp_path / "rows.json"
     rows.write_text(json.dumps([ROW]))
-    env = {"TUNER_DATABASE_URL": url, "TUNER_DEVICE": "h200", "TUNER_WRITE_TOKEN": "t"}
+    env = {"TUNER_DATABASE_URL": url, "TUNER_DEVICE": "h200", "TUNER_WRITE_TOKEN": TOKEN}
     subprocess.run(tuner_cmd("configs", "import", str(rows)), env={**os.environ, **env}, check=True, capture_output=True)
     (tmp_path / "ro").write_text("")
     (tmp_path / "ro").chmod(0o444)
@@ -175,7 +176,7 @@ def test_read_only_database_fails_readiness_keeps_serving_and_refuses_writes(tmp
             time.sleep(0.3)  # several background re-checks on the read-only file
             r = httpx.get(f"{base}/config", params=Q)
             assert r.status_code == 200 and r.json()["NSPLIT"] == 64 and r.json()["source"] == "tuned"
-            w = httpx.post(f"{base}/configs/import", json=[{**ROW, "NSPLIT": 16}], headers={"Authorization": "Bearer t"})
+            w = httpx.post(f"{base}/configs/import", json=[{**ROW, "NSPLIT": 16}], headers={"Authorization": f"Bearer {TOKEN}"})
             assert w.status_code == 503 and "readonly" in w.json()["detail"]
             assert httpx.get(f"{base}/config", params=Q).json()["NSPLIT"] == 64  # nothing half-written
         finally:

@@ -31,6 +31,6 @@ def test_upgrade_serve_import_and_lookup(tmp_path):
         subprocess.run(tuner_cmd("configs", "import", str(tmp_path / "rows.json")), env=full, check=True,
                        capture_output=True, timeout=60)
         assert httpx.get(f"{base}/config", params={"H": 8, "q_len": 9, "prefix": 46000}).json()["source"] == "tuned"
-        assert httpx.get(f"{base}/config", params={"H": 8, "q_len": 9, "prefix": 300}).json()["source"] == "nearest"
+        assert httpx.get(f"{base}/config", params={"H": 8, "q_len": 9, "prefix": 60000}).json()["source"] == "nearest"
         assert httpx.get(f"{base}/config", params={"H": 0, "q_len": 9, "prefix": 1}).status_code == 422
         assert httpx.get(f"{base}/readyz").status_code == 200

@@ -10,7 +10,8 @@ from tuner.db import migrate
 from tuner.db.models import Base
 from tuner.db.session import make_engine
 
-TABLES = {"devices", "kernels", "tuning_studies", "tuning_trials", "best_configs", "tuner_alembic_version"}
+TABLES = {"devices", "kernels", "tuning_studies", "tuning_trials", "best_configs", "data_version",
+          "tuner_alembic_version"}
 
 
 def test_upgrade_from_empty_matches_the_models(db_url):
@@ -47,4 +48,41 @@ def test_own_version_table_leaves_optunas_alone(db_url):
     names = set(inspect(engine).get_table_names())
     assert {"alembic_version", "tuner_alembic_version", "studies", "trials"} | TABLES <= names
     migrate.ensure_current(engine)
+    engine.dispose()
+
+
+def test_0001_database_holding_rows_upgrades_and_back_keeping_them(db_url):
+    """An operator's database from before 0002: every row survives the upgrade and a downgrade, and
+    writes after the upgrade bump the version the sidecar's stamp reads."""
+    from sqlalchemy import text
+
+    from kernels.config import KernelConfig
+    from kernels.limits import known_device
+    from tuner.db import repo
+    from tuner.db.session import session_factory, session_scope
+    from tuner.workload import WorkloadKey
+
+    migrate.upgrade(db_url, "0001")
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO devices (name, compute_capability, sm_count, max_smem_optin, smem_per_sm, "
+                          "regs_per_sm, regs_per_block, max_threads_per_block, l2_bytes, recorded_at) VALUES "
+                          "('NVIDIA H200', '9.0', 132, 232448, 233472, 65536, 65536, 1024, 0, '2026-11-01')"))
+        conn.execute(text("INSERT INTO kernels (source_hash, name, version) VALUES ('abc', 'verify_attention', '1')"))
+        conn.execute(text("INSERT INTO best_configs (device_id, kernel_id, dtype, \"H\", q_len, bucket, nsplit, ht, "
+                          "tk, block, extra, tuned_at) SELECT d.id, k.id, 'bf16', 8, 9, 15, 64, 8, 32, 256, "
+                          "'{\"STAGES\": 2}', '2026-11-01' FROM devices d, kernels k"))
+    migrate.upgrade(db_url)
+    sessions = session_factory(engine)
+    with session_scope(sessions) as s:
+        assert [r.config.nsplit for r in repo.list_best(session=s)] == [64]
+        before = repo.data_stamp(session=s)
+        repo.upsert_best(session=s, key=WorkloadKey("NVIDIA H200", "abc", "bf16", 8, 9, 16),
+                         config=KernelConfig(nsplit=32, ht=8, tk=32, block=256), median_us=1.0)
+    with session_scope(sessions) as s:
+        assert repo.data_stamp(session=s)[0] == before[0] + 1
+    migrate.downgrade(db_url, "0001")
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM best_configs")).scalar_one() == 2
+        assert "data_version" not in set(inspect(conn).get_table_names())
     engine.dispose()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Float, ForeignKey, String, Text, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -107,3 +107,12 @@ class BestConfig(Base):
     speedup: Mapped[float | None] = mapped_column(Float)
     study_id: Mapped[int | None] = mapped_column(ForeignKey("tuning_studies.id", ondelete="SET NULL"))
     tuned_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class DataVersion(Base):
+    """One row (id 1): bumped in the same transaction as every write of best configs or devices,
+    so the sidecar's cache stamp changes on every write (migration 0002 says why)."""
+
+    __tablename__ = "data_version"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    version: Mapped[int] = mapped_column(BigInteger)

@@ -6,7 +6,7 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from kernels.build import KERNEL_NAME, KERNEL_VERSION
@@ -14,7 +14,15 @@ from kernels.config import KernelConfig
 from kernels.errors import StorageError
 from kernels.limits import DeviceLimits
 from tuner import buckets
-from tuner.db.models import BestConfig, Device, Kernel, Study, Trial, utcnow  # noqa: F401  (Study re-exported)
+from tuner.db.models import (  # noqa: F401  (Study re-exported)
+    BestConfig,
+    DataVersion,
+    Device,
+    Kernel,
+    Study,
+    Trial,
+    utcnow,
+)
 from tuner.workload import WorkloadKey
 
 
@@ -68,7 +76,16 @@ def upsert_device(*, session: Session, limits: DeviceLimits) -> Device:
     if limits.copy_bw_gbps is not None:  # a known-table record must not erase a measured figure
         values["copy_bw_gbps"] = limits.copy_bw_gbps
     _upsert(session, Device, key_cols={"name": limits.name}, values=values)
+    _bump_version(session)
     return session.scalars(select(Device).where(Device.name == limits.name)).one()
+
+
+def _bump_version(session: Session) -> None:
+    """Every write of best configs or devices calls this in its own transaction: the sidecar's
+    cache stamp (data_stamp) then changes with every write, whatever the rows' timestamps."""
+    if session.execute(update(DataVersion).where(DataVersion.id == 1)
+                       .values(version=DataVersion.version + 1)).rowcount == 0:
+        raise StorageError("the data_version row is missing: run `tuner db upgrade`")
 
 
 def get_device(*, session: Session, name: str) -> Device | None:
@@ -164,6 +181,7 @@ def upsert_best(*, session: Session, key: WorkloadKey, config: KernelConfig, med
                   study_id=study_id, tuned_at=tuned_at or utcnow())
     _upsert(session, BestConfig, key_cols=dict(device_id=device.id, kernel_id=kernel.id, dtype=key.dtype,
                                                H=key.H, q_len=key.q_len, bucket=key.bucket), values=values)
+    _bump_version(session)
 
 
 def delete_best(*, session: Session, device: str, H: int | None = None, q_len: int | None = None,
@@ -178,7 +196,10 @@ def delete_best(*, session: Session, device: str, H: int | None = None, q_len: i
         stmt = stmt.where(BestConfig.q_len == q_len)
     if bucket is not None:
         stmt = stmt.where(BestConfig.bucket == bucket)
-    return session.execute(stmt).rowcount or 0
+    n = session.execute(stmt).rowcount or 0
+    if n:
+        _bump_version(session)
+    return n
 
 
 # --- studies and trials ----------------------------------------------------------------------
@@ -227,10 +248,12 @@ def finish_study(*, session: Session, study_id: int, status: str = "finished") -
 
 
 def data_stamp(*, session: Session) -> tuple[object, ...]:
-    """Changes whenever best configs or devices change: the API's cache key."""
+    """Changes with every write of best configs or devices (the data_version counter, bumped in
+    the writer's transaction): the API's cache key."""
     from sqlalchemy import func
 
-    best = session.execute(select(func.count(BestConfig.id), func.max(BestConfig.tuned_at),
-                                  func.max(BestConfig.id))).one()
-    dev = session.execute(select(func.count(Device.id), func.max(Device.recorded_at))).one()
-    return (*best, *dev)
+    version = session.execute(select(DataVersion.version).where(DataVersion.id == 1)).scalar_one_or_none()
+    # the counts also notice rows removed behind the tuner's back, and reading the tables notices
+    # a database that can no longer serve them
+    return (version, session.execute(select(func.count(BestConfig.id))).scalar_one(),
+            session.execute(select(func.count(Device.id))).scalar_one())
