@@ -55,6 +55,8 @@ class ConfigTableOut(BaseModel):
 
 class ImportOut(BaseModel):
     imported: int
+    warnings: list[str] = Field(default_factory=list,
+                                description="rows stored but never served by this kernel (another kernel hash)")
 
 
 class DeleteOut(BaseModel):

@@ -6,17 +6,17 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import pool
 
+from tuner.db.migrate import VERSION_TABLE, include_name
 from tuner.db.models import Base
 from tuner.db.session import make_engine
 
-VERSION_TABLE = "tuner_alembic_version"
 config = context.config
 target_metadata = Base.metadata
 
 
 def run_offline() -> None:
     context.configure(url=config.get_main_option("sqlalchemy.url"), target_metadata=target_metadata,
-                      literal_binds=True, version_table=VERSION_TABLE)
+                      literal_binds=True, version_table=VERSION_TABLE, include_name=include_name)
     with context.begin_transaction():
         context.run_migrations()
 
@@ -35,7 +35,7 @@ def run_online() -> None:
 
 def _run(connection) -> None:  # type: ignore[no-untyped-def]
     context.configure(connection=connection, target_metadata=target_metadata, version_table=VERSION_TABLE,
-                      render_as_batch=connection.dialect.name == "sqlite")
+                      render_as_batch=connection.dialect.name == "sqlite", include_name=include_name)
     with context.begin_transaction():
         context.run_migrations()
 

@@ -68,7 +68,7 @@ class FakeBackend:
 
 class MisbehavingMeasurer:
     """Runs inside tuner.worker's child process. NSPLIT picks the behaviour: 2 kills the process
-    with SIGSEGV, 4 hangs, anything else answers normally."""
+    with SIGSEGV, 4 hangs, 12 raises a plain exception (a bug of ours), anything else answers."""
 
     def __init__(self) -> None:
         self.limits = H200
@@ -79,6 +79,8 @@ class MisbehavingMeasurer:
             os.kill(os.getpid(), signal.SIGSEGV)
         if cfg.nsplit == 4:
             time.sleep(3600)
+        if cfg.nsplit == 12:
+            raise ValueError("a deliberate bug in the measuring code")
         return self.inner.measure(cfg, wl)
 
     def remeasure(self, cfgs, wl, rounds):  # type: ignore[no-untyped-def]
@@ -86,3 +88,19 @@ class MisbehavingMeasurer:
 
     def pid(self) -> int:
         return os.getpid()
+
+
+class SlowFakeBackend(FakeBackend):
+    """FakeBackend whose measurements take `seconds` and leave a marker file while they run (so a
+    test can kill its process mid-measurement)."""
+
+    def __init__(self, marker: str, seconds: float = 0.5, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(**kwargs)
+        self.marker, self.seconds = marker, seconds
+
+    def measure(self, cfg: KernelConfig, wl: Workload) -> Measurement:
+        from pathlib import Path
+
+        Path(self.marker).write_text(str(cfg))
+        time.sleep(self.seconds)
+        return super().measure(cfg, wl)

@@ -61,7 +61,9 @@ def db_upgrade(settings: Settings, revision: str) -> None:
     from tuner.study import open_storage
 
     migrate.upgrade(settings.database_url, revision)
-    open_storage(settings.study_storage or settings.database_url)
+    study_url = settings.study_storage or settings.database_url
+    with migrate.upgrade_lock(study_url):  # Optuna creates its tables on first open: one at a time
+        open_storage(study_url)
     click.echo(f"database at revision {revision}: {_safe_url(settings.database_url)}")
 
 
@@ -172,6 +174,8 @@ def configs() -> None:
 @_errors_as_clean_exit
 def configs_list(settings: Settings, device: str | None, H: int | None, q_len: int | None) -> None:
     """One line per stored best config."""
+    from kernels import kernel_hash
+    from kernels.config import PARAM_NAMES
     from tuner import configs_io
     from tuner.db.session import session_scope
 
@@ -179,10 +183,13 @@ def configs_list(settings: Settings, device: str | None, H: int | None, q_len: i
         rows = configs_io.export_rows(session=s, device=device, H=H, q_len=q_len)
     if not rows:
         click.echo("no tuned configs")
+    current = kernel_hash()
     for r in rows:
+        consts = " ".join(f"{k}={r[k]}" for k in PARAM_NAMES)
+        served = "" if r["kernel_hash"] == current else "  (another kernel: not served)"
         click.echo(f"{r['device']}  H={r['H']} q_len={r['q_len']} prefix[{r['bucket_lo']},{r['bucket_hi']})  "
-                   f"NSPLIT={r['NSPLIT']} HT={r['HT']} TK={r['TK']} BLOCK={r['BLOCK']}  "
-                   f"{_us(r['median_us'])} (default {_us(r['default_us'])})")
+                   f"{consts}  {_us(r['median_us'])} (default {_us(r['default_us'])})  "
+                   f"kernel {r['kernel_hash']}{served}")
 
 
 def _us(v: float | None) -> str:
@@ -245,8 +252,10 @@ def configs_import(settings: Settings, path: Path, fmt: str | None) -> None:
     fmt = fmt or ("csv" if path.suffix.lower() == ".csv" else "json")
     rows = configs_io.loads(path.read_text(), fmt)
     with session_scope(_checked_sessions(settings)) as s:
-        n = configs_io.import_rows(session=s, rows=rows)
-    click.echo(f"imported {n} config(s)")
+        result = configs_io.import_rows(session=s, rows=rows)
+    for w in result.warnings:
+        click.echo(f"warning: {w}", err=True)
+    click.echo(f"imported {result.imported} config(s)")
 
 
 # --- study -----------------------------------------------------------------------------------

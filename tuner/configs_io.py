@@ -17,6 +17,7 @@ from kernels.config import PARAM_NAMES, KernelConfig
 from kernels.errors import InvalidConfig
 from kernels.validate import check
 from tuner import buckets
+from tuner import rows as rows_schema
 from tuner.db import repo
 from tuner.errors import BadParameter, TunerError
 from tuner.lookup import resolve_device
@@ -51,7 +52,7 @@ def export_rows(*, session: Session, device: str | None = None, H: int | None = 
 
 def dumps(rows: list[dict[str, Any]], fmt: str) -> str:
     if fmt == "json":
-        return json.dumps(rows, indent=2)
+        return json.dumps(rows, indent=2, allow_nan=False)
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=FIELDS)
     w.writeheader()
@@ -61,6 +62,9 @@ def dumps(rows: list[dict[str, Any]], fmt: str) -> str:
 
 
 def loads(text: str, fmt: str) -> list[dict[str, Any]]:
+    """Raw rows of a JSON or CSV file (a spreadsheet's UTF-8 byte-order mark is dropped); CSV
+    cells are converted strictly (tuner.rows.from_csv_cells)."""
+    text = text.removeprefix("\ufeff")
     if fmt == "json":
         try:
             data = json.loads(text)
@@ -69,7 +73,7 @@ def loads(text: str, fmt: str) -> list[dict[str, Any]]:
         if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
             raise ImportRejected(["JSON must be a list of objects"])
         return data
-    return [{k: v for k, v in r.items() if v not in ("", None)} for r in csv.DictReader(io.StringIO(text))]
+    return [rows_schema.from_csv_cells(r) for r in csv.DictReader(io.StringIO(text))]
 
 
 @dataclass(frozen=True)
@@ -81,66 +85,50 @@ class _Parsed:
     limits: Any
 
 
-def _int(row: dict[str, Any], name: str) -> int:
-    v = row.get(name)
-    if v is None:
-        raise ValueError(f"{name} is missing")
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be an integer, got {v!r}") from None
-    if f != int(f):
-        raise ValueError(f"{name} must be an integer, got {v!r}")
-    return int(f)
+@dataclass(frozen=True)
+class ImportResult:
+    imported: int
+    #: Rows stored but never served by this kernel (another kernel hash), one line each.
+    warnings: list[str]
 
 
-def _float(row: dict[str, Any], name: str) -> float | None:
-    v = row.get(name)
-    if v is None:
-        return None
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, got {v!r}") from None
-    if not f > 0:
-        raise ValueError(f"{name} must be > 0, got {v!r}")
-    return f
-
-
-def _parse(session: Session, row: dict[str, Any]) -> _Parsed:
-    limits = resolve_device(session=session, name=row.get("device"), default=None)
-    dtype = row.get("dtype", "bf16")
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
-    H, q_len = _int(row, "H"), _int(row, "q_len")
-    if "bucket" in row:
-        bucket = buckets.by_index(_int(row, "bucket"))
-    else:
-        bucket = buckets.bucket_of(_int(row, "prefix"))
-    cfg = KernelConfig.from_params({k: row[k] for k in PARAM_NAMES if k in row})
-    reason = check(cfg, limits, H=H, q_len=q_len)
+def _parse(session: Session, raw: dict[str, Any]) -> _Parsed:
+    row = rows_schema.parse_row(raw)
+    limits = resolve_device(session=session, name=row.device, default=None)  # never "the only recorded one"
+    cfg = KernelConfig.from_params(row.constants())
+    reason = check(cfg, limits, H=row.H, q_len=row.q_len)
     if reason:
         raise InvalidConfig(f"config {cfg} cannot run on {limits.name}: {reason}")
-    tuned_at = dt.datetime.fromisoformat(row["tuned_at"]) if row.get("tuned_at") else None
-    key = WorkloadKey(limits.name, str(row.get("kernel_hash") or current_kernel_hash()), dtype, H, q_len, bucket.index)
-    timing = {k: _float(row, k) for k in ("median_us", "p10_us", "p90_us", "default_us")}
-    return _Parsed(key, cfg, timing, tuned_at, limits)
+    key = WorkloadKey(limits.name, row.kernel_hash or current_kernel_hash(), row.dtype, row.H, row.q_len,
+                      row.bucket_index)
+    timing = {k: getattr(row, k) for k in rows_schema.TIMING_FIELDS}
+    return _Parsed(key, cfg, timing, row.tuned_at, limits)
 
 
-def import_rows(*, session: Session, rows: list[dict[str, Any]]) -> int:
-    """Validate all rows, then upsert them in the caller's transaction. Raises ImportRejected."""
-    parsed, errors = [], []
+def import_rows(*, session: Session, rows: list[dict[str, Any]]) -> ImportResult:
+    """Validate all rows, then upsert them in the caller's transaction. Raises ImportRejected with
+    one line per bad row (row number and field); the same key twice in one file is rejected."""
+    parsed, errors, seen = [], [], {}
     for i, row in enumerate(rows, start=1):
         try:
-            parsed.append(_parse(session, row))
+            p = _parse(session, row)
         except (ValueError, TunerError, BadParameter) as exc:
             errors.append(f"row {i}: {exc}")
+            continue
+        if p.key in seen:
+            errors.append(f"row {i}: the same key as row {seen[p.key]} ({p.key})")
+            continue
+        seen[p.key] = i
+        parsed.append(p)
     if errors:
         raise ImportRejected(errors)
     if not parsed:
         raise ImportRejected(["no rows"])
+    current = current_kernel_hash()
+    warnings = [f"row {seen[p.key]}: kernel hash {p.key.kernel_hash} is not this kernel's ({current}): stored, "
+                "but never served by this version" for p in parsed if p.key.kernel_hash != current]
     for p in parsed:
         if repo.get_device(session=session, name=p.limits.name) is None:
             repo.upsert_device(session=session, limits=p.limits)
         repo.upsert_best(session=session, key=p.key, config=p.config, tuned_at=p.tuned_at, **p.timing)
-    return len(parsed)
+    return ImportResult(len(parsed), warnings)

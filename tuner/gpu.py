@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,9 +73,24 @@ class GpuMeasurer:
         return launch
 
     def _sync(self) -> None:
-        try:
+        with self._kernel_failures():
             self.torch.cuda.synchronize()
-        except RuntimeError as exc:  # illegal address & co: the context is gone
+
+    @contextlib.contextmanager
+    def _kernel_failures(self) -> Iterator[None]:
+        """CUDA-side failures (the driver through PyCUDA, the runtime through torch: illegal
+        address, launch failure, a module that does not load) are the config's, not ours: they
+        become LaunchError, which fails the trial and restarts the worker. Anything else raises
+        as the bug it is (tuner.worker stops the study with it)."""
+        import pycuda.driver as cuda
+
+        try:
+            yield
+        except cuda.Error as exc:
+            raise LaunchError(f"{type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
+        except RuntimeError as exc:
+            if "CUDA" not in str(exc):
+                raise
             raise LaunchError(str(exc).splitlines()[0]) from exc
 
     def measure(self, cfg: KernelConfig, wl: Workload) -> Measurement:
@@ -82,34 +99,38 @@ class GpuMeasurer:
 
         sets, ref, out = self._prepare(wl)
         try:
-            va = self._launcher(cfg, wl)
+            with self._kernel_failures():
+                va = self._launcher(cfg, wl)
         except InvalidConfig as exc:
             return Measurement(INVALID, reason=str(exc))
         except CompileError as exc:
             return Measurement(COMPILE_ERROR, reason=str(exc)[-2000:])
         launch = self._launch_fn(va, sets, out)
-        out.fill_(float("nan"))  # poison: every element must be written
-        self._sync()
-        launch(0)
-        self._sync()
+        with self._kernel_failures():
+            out.fill_(float("nan"))  # poison: every element must be written
+            self._sync()
+            launch(0)
+            self._sync()
         err = rel_error(out, ref)
         if not err <= REL_TOL:
             return Measurement(WRONG, rel_error=err, reason=f"relative error {err:.3g} > {REL_TOL}")
-        t = time_graph(launch, len(sets), stream=self.stream, replays=self.reps)
-        self._sync()
+        with self._kernel_failures():
+            t = time_graph(launch, len(sets), stream=self.stream, replays=self.reps)
+            self._sync()
         return Measurement(OK, t.median_us, t.p10_us, t.p90_us, t.samples, rel_error=err)
 
     def remeasure(self, cfgs: list[KernelConfig], wl: Workload, rounds: int) -> list[Measurement]:
         from kernels.timing import summarize, time_graph
 
         sets, _, out = self._prepare(wl)
-        launches = [self._launch_fn(self._launcher(c, wl), sets, out) for c in cfgs]
         samples: list[list[float]] = [[] for _ in cfgs]
         per_round = max(10, self.reps // 2)
-        for _ in range(rounds):  # A/B/A/B: drift and clock changes hit every candidate alike
-            for i, launch in enumerate(launches):
-                samples[i] += time_graph(launch, len(sets), stream=self.stream, replays=per_round).samples
-        self._sync()
+        with self._kernel_failures():
+            launches = [self._launch_fn(self._launcher(c, wl), sets, out) for c in cfgs]
+            for _ in range(rounds):  # A/B/A/B: drift and clock changes hit every candidate alike
+                for i, launch in enumerate(launches):
+                    samples[i] += time_graph(launch, len(sets), stream=self.stream, replays=per_round).samples
+            self._sync()
         result = []
         for s in samples:
             t = summarize(s)

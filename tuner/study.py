@@ -29,6 +29,10 @@ from tuner.workload import WorkloadKey
 
 PARAMS = PARAM_NAMES
 MEASURED_ATTR, STATE_ATTR, REASON_ATTR = "measured", "state", "reason"
+#: Optuna's heartbeat: a trial whose process stops beating for HEARTBEAT_GRACE x this (kill -9, a
+#: lost host) is failed by the next process that opens the study and retried with its params.
+HEARTBEAT_S = 10.0
+HEARTBEAT_GRACE = 3
 
 
 @dataclass
@@ -66,8 +70,9 @@ def _params(cfg: KernelConfig) -> dict[str, int]:
     return cfg.as_params()
 
 
-def open_storage(url: str) -> optuna.storages.BaseStorage:
-    """Optuna's RDB storage at `url`, creating its schema if needed.
+def open_storage(url: str, heartbeat_s: float | None = None) -> optuna.storages.BaseStorage:
+    """Optuna's RDB storage at `url`, creating its schema if needed; with `heartbeat_s`, running
+    trials beat and stale ones are failed and retried (RetryFailedTrialCallback).
 
     `tuner db upgrade` calls this up front; the retry covers workers that start together on a
     fresh separate storage and race to create the same tables."""
@@ -78,9 +83,18 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
         kwargs: dict[str, object] = {"connect_args": {"timeout": 60}}
     else:
         kwargs = {"pool_pre_ping": True}
+    beat: dict[str, object] = {}
+    if heartbeat_s is not None:
+        with warnings.catch_warnings():  # Optuna marks the heartbeat experimental; pyproject pins the API
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            beat = {"heartbeat_interval": max(1, round(heartbeat_s)),
+                    "grace_period": max(2, round(heartbeat_s * HEARTBEAT_GRACE)),
+                    "heartbeat_stale_trial_callback": optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=2)}
     for attempt in range(5):
         try:
-            return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, **beat)
         except (IntegrityError, ProgrammingError):
             if attempt == 4:
                 raise
@@ -92,7 +106,8 @@ def _sampler(name: str, seed: int | None, choices: dict[str, list[int]]) -> optu
     if name == "tpe":
         with warnings.catch_warnings():  # multivariate TPE is marked experimental; it models the
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # constants jointly
-            return optuna.samplers.TPESampler(seed=seed, n_startup_trials=8, multivariate=True)
+            # constant_liar: processes sharing a study see each other's running trials as taken
+            return optuna.samplers.TPESampler(seed=seed, n_startup_trials=8, multivariate=True, constant_liar=True)
     if name == "grid":
         return optuna.samplers.GridSampler(choices, seed=seed)
     raise ValueError(f"unknown sampler {name!r}: use tpe or grid")
@@ -153,7 +168,7 @@ def run_study(
     *, backend: Backend, sessions: sessionmaker[Session], storage_url: str, workload: Workload, n_trials: int,
     sampler: str = "tpe", seed: int | None = None, timeout_s: float | None = None, top_k: int = 3, rounds: int = 4,
     on_progress: Callable[[Progress], None] | None = None, restrict: dict[str, list[int]] | None = None,
-    precompile_dir: Path | None = None,
+    precompile_dir: Path | None = None, heartbeat_s: float | None = HEARTBEAT_S,
 ) -> Outcome:
     """Search, pick the winner, store it. `restrict` narrows the choices of some constants
     (e.g. {"STAGES": [2]}); `n_trials` counts measurements, not invalid or repeated configs."""
@@ -170,7 +185,8 @@ def run_study(
         study_row = repo.get_or_create_study(session=s, key=key, prefix=workload.prefix, sampler=sampler, seed=seed)
         warm = warm_start_configs(session=s, key=key, limits=limits, workload=workload)
     out = Outcome(key, workload, study_row.id, default=warm[0])
-    study = optuna.create_study(study_name=key.study_name, storage=open_storage(storage_url), direction="minimize",
+    study = optuna.create_study(study_name=key.study_name, storage=open_storage(storage_url, heartbeat_s),
+                                direction="minimize",
                                 sampler=_sampler(sampler, seed, choices), load_if_exists=True)
     study.set_user_attr("workload_key", str(key))
     for cfg in warm:
@@ -194,6 +210,7 @@ def run_study(
         if reason is not None:  # never compiled, never run, not counted against the budget
             record(params, Measurement(INVALID, reason=reason))
             trial.set_user_attr(STATE_ATTR, INVALID)
+            trial.set_user_attr(REASON_ATTR, reason[:500])
             raise optuna.TrialPruned(reason)
         prev = ledger.known.get(tuple(params[p] for p in PARAMS))
         if prev is not None:  # answered from the stored measurement

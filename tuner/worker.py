@@ -2,6 +2,8 @@
 
 A config that faults (illegal address), hangs (no answer within the timeout) or kills the
 process fails only its own trial, with the reason; the child is restarted and the study goes on.
+Anything else the measurer raises is a bug in this project, not a kernel failure: the child
+sends its traceback, and the parent raises MeasurerBug with it, which stops the study.
 The measuring object inside the child is named by "module:Class" (the product uses
 tuner.gpu:GpuMeasurer; tests name their own doubles).
 """
@@ -12,6 +14,7 @@ import importlib
 import multiprocessing as mp
 import os
 import signal
+import traceback
 from typing import Any
 
 from kernels.config import KernelConfig
@@ -20,6 +23,10 @@ from kernels.limits import DeviceLimits
 from tuner.backend import CRASHED, TIMEOUT, Measurement, Workload
 
 DEFAULT_MEASURER = "tuner.gpu:GpuMeasurer"
+
+
+class MeasurerBug(RuntimeError):
+    """The measuring process raised something that is not a kernel failure; carries its traceback."""
 START_TIMEOUT_S = 180.0
 
 
@@ -50,6 +57,9 @@ def _child_main(conn: Any, target: str, kwargs: dict[str, Any], device_ordinal: 
         except LaunchError as exc:  # the CUDA context is poisoned: report and die
             conn.send(("crashed", str(exc)))
             os._exit(3)
+        except Exception:  # a bug, not the kernel: the parent stops the study with this traceback
+            conn.send(("bug", traceback.format_exc()))
+            os._exit(4)
 
 
 class IsolatedBackend:
@@ -114,6 +124,9 @@ class IsolatedBackend:
         if status == "crashed":
             self._restart()
             return Measurement(CRASHED, reason=f"kernel fault: {payload}")
+        if status == "bug":
+            self._kill()
+            raise MeasurerBug(f"the measuring process raised (a bug, not a kernel failure):\n{payload}")
         return payload
 
     def measure(self, cfg: KernelConfig, workload: Workload) -> Measurement:

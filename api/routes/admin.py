@@ -20,11 +20,11 @@ router = APIRouter(tags=["admin"], dependencies=[WriteAuth, SingleValued])
 def import_configs(request: Request, sessions: WriteSessions, rows: Annotated[list[dict[str, Any]], Body()]) -> ImportOut:
     try:
         with session_scope(sessions) as session:
-            n = configs_io.import_rows(session=session, rows=rows)
+            result = configs_io.import_rows(session=session, rows=rows)
         request.app.state.tables.clear()
     except configs_io.ImportRejected as exc:
         raise HTTPException(422, {"msg": "import rejected, nothing stored", "errors": exc.errors}) from exc
-    return ImportOut(imported=n)
+    return ImportOut(imported=result.imported, warnings=result.warnings)
 
 
 @router.delete("/configs", response_model=DeleteOut)

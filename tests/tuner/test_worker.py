@@ -45,6 +45,29 @@ def test_remeasure_failure_maps_to_every_candidate(backend):
     assert [m.state for m in ms] == [OK, OK]
 
 
+def test_a_bug_in_the_measuring_code_raises_with_its_traceback(backend):
+    from tuner.worker import MeasurerBug
+
+    with pytest.raises(MeasurerBug) as info:
+        backend.measure(KernelConfig(nsplit=12, ht=8, tk=32, block=256), WL)
+    assert "ValueError: a deliberate bug in the measuring code" in str(info.value)
+    assert "Traceback" in str(info.value) and "fakes.py" in str(info.value)
+
+
+def test_a_bug_stops_the_study_instead_of_failing_a_trial(sessions, db_url):
+    from tuner.study import run_study
+    from tuner.worker import MeasurerBug
+
+    b = IsolatedBackend(measurer="tests.fakes:MisbehavingMeasurer", timeout_s=3)
+    try:
+        with pytest.raises(MeasurerBug, match="deliberate bug"):
+            run_study(backend=b, sessions=sessions, storage_url=db_url, workload=WL, n_trials=8, seed=3,
+                      restrict={"NSPLIT": [12], "HT": [8], "TK": [32], "BLOCK": [256], "STAGES": [2], "QT": [0],
+                                "WR": [2], "WK": [4], "SF": [0], "PIPE": [1]})
+    finally:
+        b.close()
+
+
 def test_a_measurer_that_cannot_start_is_reported():
     with pytest.raises(LaunchError, match="failed to start"):
         IsolatedBackend(measurer="tests.fakes:NoSuchMeasurer", timeout_s=3)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 from alembic import command
@@ -37,7 +41,51 @@ def current_revision(engine: Engine) -> str | None:
 
 
 def upgrade(url: str, revision: str = "head") -> None:
-    command.upgrade(alembic_config(url), revision)
+    with upgrade_lock(url):
+        command.upgrade(alembic_config(url), revision)
+
+
+def include_name(name: str | None, type_: str, parent_names: object) -> bool:
+    """Autogenerate sees only this project's tables: Optuna's storage (studies, trials, its own
+    alembic_version, ...) may share the database and must never appear as tables to drop."""
+    from tuner.db.models import Base
+
+    return type_ != "table" or name in Base.metadata.tables or name == VERSION_TABLE
+
+
+@contextlib.contextmanager
+def upgrade_lock(url: str) -> Iterator[None]:
+    """Serialise schema creation across processes: several `tuner db upgrade` (or tuners and
+    sidecars started together) on one fresh database must all succeed, not race on the version
+    table. PostgreSQL: a session advisory lock; SQLite: flock(2) on the database file itself
+    (independent of SQLite's own fcntl locks; an empty new file is a valid empty database)."""
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "postgresql":
+        from tuner.db.session import make_engine
+
+        engine = make_engine(url)
+        key = zlib.crc32(b"verify-tuner schema upgrade")
+        try:
+            with engine.connect() as conn:
+                conn.exec_driver_sql(f"SELECT pg_advisory_lock({key})")
+                try:
+                    yield
+                finally:
+                    conn.exec_driver_sql(f"SELECT pg_advisory_unlock({key})")
+                    conn.commit()
+        finally:
+            engine.dispose()
+        return
+    if parsed.get_backend_name() == "sqlite" and parsed.database and parsed.database != ":memory:":
+        path = Path(parsed.database).expanduser()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "ab") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+        return
+    yield
 
 
 def downgrade(url: str, revision: str) -> None:

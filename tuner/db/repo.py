@@ -225,15 +225,11 @@ def record_trial(*, session: Session, study_id: int, params: dict[str, int], sta
     trial = Trial(study_id=study_id, params=params, state=state, reason=reason, median_us=median_us, p10_us=p10_us,
                   p90_us=p90_us, samples=samples, rel_error=rel_error)
     session.add(trial)
-    study = session.get(Study, study_id)
-    if study is not None:
-        study.n_trials += 1
-        if state == "ok":
-            study.n_ok += 1
-        elif state == "invalid":
-            study.n_invalid += 1
-        else:
-            study.n_failed += 1
+    # one atomic UPDATE (not read-modify-write in Python): processes sharing a study lose no count
+    session.execute(update(Study).where(Study.id == study_id).values(
+        n_trials=Study.n_trials + 1, n_ok=Study.n_ok + int(state == "ok"),
+        n_invalid=Study.n_invalid + int(state == "invalid"),
+        n_failed=Study.n_failed + int(state not in ("ok", "invalid"))))
     return trial
 
 

@@ -43,7 +43,7 @@ def _build(path: Path, devices: list[DeviceLimits], rows: list[dict[str, Any]]) 
         with session_scope(session_factory(engine)) as d:
             for limits in devices:
                 repo.upsert_device(session=d, limits=limits)
-            n = configs_io.import_rows(session=d, rows=rows) if rows else 0  # validated again on the way in
+            n = configs_io.import_rows(session=d, rows=rows).imported if rows else 0  # validated again on the way in
     finally:
         engine.dispose()  # leaving WAL needs the only connection to the file
     con = sqlite3.connect(path)

@@ -1,0 +1,147 @@
+"""Issue 11 items 7-9: import files as operators make them (a spreadsheet's CSV, a hand-edited
+JSON, a file from another kernel version), through the CLI on real SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from kernels import kernel_hash
+from tuner.cli import cli
+
+GOOD = {"device": "rtx-pro-6000", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 94, "HT": 4, "TK": 16,
+        "BLOCK": 256, "STAGES": 2, "WR": 4, "WK": 2, "median_us": 40.0}
+
+
+@pytest.fixture
+def run(db_url):
+    runner = CliRunner()
+
+    def invoke(*args: str):
+        return runner.invoke(cli, ["--database-url", db_url, *args], catch_exceptions=False)
+
+    assert invoke("db", "upgrade").exit_code == 0
+    return invoke
+
+
+def _csv(rows: list[dict], header: list[str] | None = None) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=header or list(rows[0]))
+    w.writeheader()
+    for r in rows:
+        w.writerow(r)
+    return buf.getvalue()
+
+
+def test_a_spreadsheet_csv_with_a_byte_order_mark_keeps_its_device(run, tmp_path):
+    path = tmp_path / "saved-by-excel.csv"
+    path.write_bytes(b"\xef\xbb\xbf" + _csv([GOOD]).encode())
+    r = run("configs", "import", str(path))
+    assert r.exit_code == 0, r.output
+    listed = run("configs", "list").output
+    assert "RTX PRO 6000" in listed and "NVIDIA H200" not in listed
+
+
+@pytest.mark.parametrize("rename, expect", [({"device": "Device"}, "'Device' (did you mean 'device'?)"),
+                                             ({"NSPLIT": "NSPLT"}, "'NSPLT' (did you mean 'NSPLIT'?)")])
+def test_unknown_or_misspelt_columns_are_rejected_naming_them(run, tmp_path, rename, expect):
+    row = {rename.get(k, k): v for k, v in GOOD.items()}
+    path = tmp_path / "rows.csv"
+    path.write_text(_csv([row]))
+    r = run("configs", "import", str(path))
+    assert r.exit_code == 1 and "row 1" in r.output and expect in r.output and "Traceback" not in r.output
+    assert "no tuned configs" in run("configs", "list").output
+
+
+def test_a_missing_device_never_falls_back_to_the_recorded_one(run, tmp_path):
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps([GOOD]))
+    assert run("configs", "import", str(path)).exit_code == 0  # one device is now recorded
+    path.write_text(json.dumps([{k: v for k, v in GOOD.items() if k != "device"} | {"prefix": 5000}]))
+    r = run("configs", "import", str(path))
+    assert r.exit_code == 1 and "row 1" in r.output and "device" in r.output
+
+
+BAD_VALUES = [
+    ({"H": 2**63}, "H"), ({"H": 1e30}, "H"), ({"NSPLIT": float("inf")}, "NSPLIT"), ({"tuned_at": 12345}, "tuned_at"),
+    ({"device": ["h200"]}, "device"), ({"NSPLIT": 128.7}, "NSPLIT"), ({"H": True}, "H"),
+    ({"median_us": float("inf")}, "median_us"), ({"median_us": -1.0}, "median_us"),
+    ({"p10_us": 50.0, "p90_us": 30.0}, "p10_us"), ({"bucket": 99, "prefix": None}, "bucket"),
+]
+
+
+@pytest.mark.parametrize("change, field", BAD_VALUES, ids=[f for _, f in BAD_VALUES])
+def test_bad_values_are_one_line_errors_naming_row_and_field(run, tmp_path, change, field):
+    row = {k: v for k, v in (GOOD | change).items() if v is not None}
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps([GOOD | {"prefix": 1000}, row]))  # Python writes inf as Infinity, as some tools do
+    r = run("configs", "import", str(path))
+    assert r.exit_code == 1, r.output
+    assert "Traceback" not in r.output and "row 2" in r.output and field in r.output, r.output
+    assert "row 1" not in r.output  # the good row is not blamed ...
+    assert "no tuned configs" in run("configs", "list").output  # ... and not stored: all or nothing
+
+
+def test_the_same_key_twice_in_one_file_is_rejected(run, tmp_path):
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps([GOOD, GOOD | {"NSPLIT": 47, "prefix": 40000}]))  # same bucket
+    r = run("configs", "import", str(path))
+    assert r.exit_code == 1 and "row 2: the same key as row 1" in r.output
+
+
+def test_rows_of_another_kernel_import_with_a_warning_and_are_listed_as_such(run, tmp_path):
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps([GOOD | {"kernel_hash": "0123456789abcdef"}]))
+    r = run("configs", "import", str(path))
+    assert r.exit_code == 0 and "warning: row 1: kernel hash 0123456789abcdef" in r.output
+    listed = run("configs", "list").output
+    assert "kernel 0123456789abcdef  (another kernel: not served)" in listed and "STAGES=2" in listed
+
+
+def test_export_is_valid_json_and_round_trips(run, tmp_path):
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps([GOOD, GOOD | {"prefix": 4000, "NSPLIT": 47}]))
+    assert run("configs", "import", str(path)).exit_code == 0
+    for fmt in ("json", "csv"):
+        out = tmp_path / f"export.{fmt}"
+        assert run("configs", "export", "--format", fmt, "-o", str(out)).exit_code == 0
+        if fmt == "json":
+            json.loads(out.read_text(), parse_constant=lambda c: pytest.fail(f"invalid JSON constant {c}"))
+        assert run("configs", "import", str(out)).exit_code == 0  # the export imports back as it is
+    assert run("configs", "list").output.count("RTX PRO 6000") == 2
+
+
+def test_the_api_import_reports_another_kernels_rows(client_factory):
+    with client_factory() as (c, auth):
+        body = c.post("/configs/import", json=[GOOD | {"kernel_hash": "0123456789abcdef"}], headers=auth).json()
+        assert body["imported"] == 1 and "0123456789abcdef" in body["warnings"][0]
+        body = c.post("/configs/import", json=[GOOD | {"kernel_hash": kernel_hash()}], headers=auth).json()
+        assert body == {"imported": 1, "warnings": []}
+        r = c.post("/configs/import", json=[GOOD | {"NSPLIT": 128.7}], headers=auth)
+        assert r.status_code == 422 and "row 1: NSPLIT" in r.json()["detail"]["errors"][0]
+
+
+@pytest.fixture
+def client_factory(db_url, tmp_path):
+    import contextlib
+
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+    from tuner.db import migrate
+    from tuner.settings import Settings
+
+    token = "import-files-token-0123"
+
+    @contextlib.contextmanager
+    def make():
+        migrate.upgrade(db_url)
+        settings = Settings(database_url=db_url, device="h200", write_token=token, cache_dir=tmp_path)
+        with TestClient(create_app(settings)) as c:
+            yield c, {"Authorization": f"Bearer {token}"}
+
+    return make

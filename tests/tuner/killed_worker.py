@@ -1,0 +1,20 @@
+"""Body of a `study start`-like process that the kill -9 test kills mid-measurement (fake backend:
+tests only)."""
+
+from __future__ import annotations
+
+from tests.fakes import SlowFakeBackend
+from tuner.backend import Workload
+from tuner.db.session import make_engine, session_factory
+from tuner.study import run_study
+
+FIXED = {"QT": [0], "WR": [2], "WK": [4], "SF": [0], "PIPE": [1], "STAGES": [2], "BLOCK": [256]}
+
+
+def run(url: str, marker: str, n_trials: int, seconds: float) -> None:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    run_study(backend=SlowFakeBackend(marker, seconds=seconds), sessions=session_factory(make_engine(url)),
+              storage_url=url, workload=Workload(8, 9, 46000), n_trials=n_trials, seed=0, restrict=FIXED,
+              heartbeat_s=1.0)

@@ -1,0 +1,50 @@
+"""A `tuner study start` killed with SIGKILL mid-measurement leaves no trial RUNNING once the study
+is resumed, and loses nothing: Optuna's heartbeat fails the stale trial and its retry callback
+runs it again (real SQLite and PostgreSQL through `db_url`)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import time
+
+import optuna
+
+from tests.tuner.killed_worker import FIXED
+from tests.tuner.killed_worker import run as worker
+from tuner.db import migrate
+
+
+def test_kill_9_then_resume_leaves_nothing_running_and_loses_nothing(db_url, tmp_path):
+    from tuner.study import open_storage
+
+    migrate.upgrade(db_url)
+    open_storage(db_url)
+    marker = tmp_path / "measuring"
+    proc = mp.get_context("spawn").Process(target=worker, args=(db_url, str(marker), 6, 5.0))
+    proc.start()
+    deadline = time.monotonic() + 120
+    while not marker.exists():  # wait until it is inside a measurement
+        assert time.monotonic() < deadline and proc.is_alive(), "the worker never started measuring"
+        time.sleep(0.1)
+    time.sleep(0.5)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join(10)
+    (summary,) = optuna.get_all_study_summaries(storage=db_url)
+    killed = optuna.load_study(study_name=summary.study_name, storage=db_url)
+    running = [t for t in killed.trials if t.state == optuna.trial.TrialState.RUNNING]
+    assert len(running) == 1, "the kill should leave the measured trial running"
+    killed_params = running[0].params
+
+    time.sleep(3.5)  # past the grace period (3 x the 1 s heartbeat)
+    worker(db_url, str(tmp_path / "resumed"), 6, 0.05)  # the same key, resumed in a new process
+    st = optuna.load_study(study_name=summary.study_name, storage=db_url)
+    assert not [t for t in st.trials if t.state == optuna.trial.TrialState.RUNNING]
+    failed = {t.number: t for t in st.trials if t.state == optuna.trial.TrialState.FAIL}
+    assert running[0].number in failed  # failed by the heartbeat check (other FAILs: wrong results)
+    retried = [t for t in st.trials if t.system_attrs.get("failed_trial") == running[0].number]
+    assert retried and retried[0].params == killed_params and retried[0].state.is_finished()
+    measured = [t for t in st.trials if t.user_attrs.get("measured")]
+    assert len(measured) >= 6  # the budget is met: the killed measurement was not lost
+    assert set(FIXED) <= set(killed_params)

@@ -1,0 +1,155 @@
+"""The one schema of a best-config row, shared by import, export and the API's import.
+
+Strict on purpose: a row that a spreadsheet, a script or a typo made wrong is rejected with one
+line naming the row and the field, never stored as something else (`NSPLIT: 128.7` is not 128,
+`"H": true` is not 1, an unknown column is not ignored, Infinity is not a time).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import difflib
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError, field_validator, model_validator
+
+from kernels.config import PARAM_NAMES
+from tuner.buckets import ALL, MAX_PREFIX
+
+MAX_H = 1024
+TIMING_FIELDS = ("median_us", "p10_us", "p90_us", "default_us")
+#: Written by export and accepted back, but derived: import ignores them after checking the type.
+DERIVED_FIELDS = ("bucket_lo", "bucket_hi", "speedup")
+
+
+class ConfigRow(BaseModel):
+    """One best config for (device, kernel hash, dtype, H, q_len, prefix bucket)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    device: StrictStr = Field(min_length=1, max_length=200)
+    kernel_hash: StrictStr | None = Field(None, min_length=1, max_length=64)
+    dtype: Literal["bf16"] = "bf16"
+    H: StrictInt = Field(ge=1, le=MAX_H)
+    q_len: StrictInt = Field(ge=1, le=64)
+    bucket: StrictInt | None = Field(None, ge=0, le=len(ALL) - 1)
+    prefix: StrictInt | None = Field(None, ge=0, le=MAX_PREFIX)
+    bucket_lo: StrictInt | None = None
+    bucket_hi: StrictInt | None = None
+    NSPLIT: StrictInt = Field(ge=1)
+    HT: StrictInt = Field(ge=1)
+    TK: StrictInt = Field(ge=1)
+    BLOCK: StrictInt = Field(ge=1)
+    STAGES: StrictInt | None = Field(None, ge=1)
+    QT: StrictInt | None = Field(None, ge=0)
+    WR: StrictInt | None = Field(None, ge=1)
+    WK: StrictInt | None = Field(None, ge=1)
+    SF: StrictInt | None = Field(None, ge=0)
+    PIPE: StrictInt | None = Field(None, ge=0)
+    median_us: float | None = None
+    p10_us: float | None = None
+    p90_us: float | None = None
+    default_us: float | None = None
+    speedup: float | None = None
+    tuned_at: dt.datetime | None = None
+
+    @field_validator("device")
+    @classmethod
+    def _printable(cls, v: str) -> str:
+        if any(ord(ch) < 32 or ord(ch) == 127 for ch in v):
+            raise ValueError("must not contain control characters")
+        return v
+
+    @field_validator(*TIMING_FIELDS, "speedup", mode="before")
+    @classmethod
+    def _finite_positive(cls, v: Any) -> Any:
+        if v is None:
+            return v
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise ValueError(f"must be a number, got {v!r}")
+        if not math.isfinite(v) or v <= 0:
+            raise ValueError(f"must be a finite number > 0, got {v!r}")
+        return float(v)
+
+    @field_validator("tuned_at", mode="before")
+    @classmethod
+    def _iso_text(cls, v: Any) -> Any:
+        if v is not None and not isinstance(v, str | dt.datetime):
+            raise ValueError(f"must be an ISO 8601 date-time string, got {v!r}")
+        return v
+
+    @field_validator("tuned_at")
+    @classmethod
+    def _aware(cls, v: dt.datetime | None) -> dt.datetime | None:
+        return v.replace(tzinfo=dt.UTC) if v is not None and v.tzinfo is None else v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ConfigRow:
+        if (self.bucket is None) == (self.prefix is None):
+            raise ValueError("give exactly one of bucket and prefix")
+        if self.bucket is not None and (self.bucket_lo, self.bucket_hi) != (None, None):
+            b = ALL[self.bucket]
+            if (self.bucket_lo, self.bucket_hi) != (b.lo, b.hi):
+                raise ValueError(f"bucket_lo/bucket_hi {self.bucket_lo}/{self.bucket_hi} do not match bucket "
+                                 f"{self.bucket} [{b.lo}, {b.hi})")
+        lo, mid, hi = self.p10_us, self.median_us, self.p90_us
+        if lo is not None and hi is not None and lo > hi:
+            raise ValueError(f"p10_us {lo} > p90_us {hi}")
+        if mid is not None and ((lo is not None and lo > mid) or (hi is not None and mid > hi)):
+            raise ValueError(f"median_us {mid} is outside [p10_us, p90_us]")
+        return self
+
+    def constants(self) -> dict[str, int]:
+        """The kernel constants the row gives (missing optional ones take KernelConfig's defaults)."""
+        return {k: getattr(self, k) for k in PARAM_NAMES if getattr(self, k) is not None}
+
+    @property
+    def bucket_index(self) -> int:
+        from tuner.buckets import bucket_of
+
+        return self.bucket if self.bucket is not None else bucket_of(self.prefix).index  # type: ignore[arg-type]
+
+
+#: CSV cells are text: these fields are converted to int / float strictly before validation.
+_INT_FIELDS = {"H", "q_len", "bucket", "prefix", "bucket_lo", "bucket_hi", *PARAM_NAMES}
+_FLOAT_FIELDS = {*TIMING_FIELDS, "speedup"}
+
+
+def from_csv_cells(cells: dict[str, str]) -> dict[str, Any]:
+    """Typed values from one CSV record ('' is absent); '128.7' stays text and fails as an int."""
+    out: dict[str, Any] = {}
+    for k, v in cells.items():
+        if v in ("", None):
+            continue
+        if k in _INT_FIELDS:
+            out[k] = int(v) if v.lstrip("-").isdigit() else v
+        elif k in _FLOAT_FIELDS:
+            try:
+                out[k] = float(v)
+            except ValueError:
+                out[k] = v
+        else:
+            out[k] = v
+    return out
+
+
+def parse_row(raw: dict[str, Any]) -> ConfigRow:
+    """Validate one row; ValueError with one line per problem, each naming its field."""
+    unknown = [k for k in raw if k not in ConfigRow.model_fields]
+    if unknown:
+        hints = []
+        for k in unknown:
+            close = difflib.get_close_matches(str(k), list(ConfigRow.model_fields), n=1)
+            hints.append(f"{k!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        raise ValueError(f"unknown column(s) {', '.join(hints)}")
+    try:
+        return ConfigRow.model_validate(raw)
+    except ValidationError as exc:
+        raise ValueError("; ".join(_one_line(e) for e in exc.errors())) from None
+
+
+def _one_line(err: Any) -> str:
+    where = ".".join(str(p) for p in err["loc"]) or "row"
+    msg = err["msg"].removeprefix("Value error, ")
+    return f"{where}: {msg}"
