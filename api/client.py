@@ -4,9 +4,11 @@
     client.fetch()                 # once, at startup: the whole bucket table (never raises)
     cfg = client.lookup(prefix)    # every decode step: a bisect, no I/O
 
-`fetch` falls back to the last snapshot saved on disk when the sidecar is unreachable, then to
-the heuristic default, and says which in `source` / `reason`; a worker never blocks on, or
-crashes because of, the sidecar.
+`fetch` falls back to the last snapshot saved on disk (the per-user cache dir unless given)
+when the sidecar is unreachable, then to the heuristic default, and says which in `source` /
+`reason`; a worker never blocks on, or crashes because of, the sidecar. A snapshot that cannot be
+saved is noted in `reason` (the sidecar's table is still used); a device the client does not know
+and no table for it leaves `source == "none"` for the worker to check, without raising.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+from platformdirs import user_cache_dir
 
 from kernels.config import PARAM_NAMES, KernelConfig
 from kernels.limits import DeviceLimits, known_device
@@ -42,23 +46,28 @@ class ConfigClient:
         self.timeout_s = timeout_s
         self.limits = limits or known_device(device)
         name = f"configs-{_slug(device)}-H{H}-q{q_len}-{dtype}.json"
-        self.snapshot = Path(snapshot_dir or Path(tempfile.gettempdir()) / "verify-tuner") / name
+        self.snapshot = Path(snapshot_dir or Path(user_cache_dir("verify-tuner")) / "snapshots") / name
         self._starts: list[int] = []
         self._entries: list[Entry] = []
-        self.source = "none"  # sidecar | snapshot | heuristic
+        self.source = "none"  # sidecar | snapshot | heuristic | none (nothing usable: see reason)
         self.reason = "fetch() not called yet"
 
     # --- startup ---------------------------------------------------------------------------
     def fetch(self) -> str:
-        """Load the table: sidecar, else saved snapshot, else heuristic. Returns the source."""
+        """Load the table: sidecar, else saved snapshot, else heuristic. Returns the source; never
+        raises (an unknown device with nothing fetched: "none", with the reason)."""
         try:
             table = self._get_table()
             self._load(table)
-            self._save(table)
-            self.source, self.reason = "sidecar", f"{self.base_url}: {len(self._entries)} buckets"
-            return self.source
         except (OSError, ValueError, KeyError) as exc:  # unreachable, HTTP error, bad body
             err = f"sidecar unavailable ({type(exc).__name__}: {exc})"
+        else:
+            self.source, self.reason = "sidecar", f"{self.base_url}: {len(self._entries)} buckets"
+            try:
+                self._save(table)
+            except OSError as exc:  # keep the good table; a later fetch without the sidecar has no snapshot
+                self.reason += f"; snapshot not saved ({type(exc).__name__}: {exc})"
+            return self.source
         try:
             self._load(json.loads(self.snapshot.read_text()))
             self.source, self.reason = "snapshot", f"{err}; using snapshot {self.snapshot}"
@@ -66,7 +75,9 @@ class ConfigClient:
         except (OSError, ValueError, KeyError) as exc:
             err += f"; no usable snapshot ({type(exc).__name__})"
         if self.limits is None:
-            raise RuntimeError(f"{err}; and device {self.device!r} is unknown, so no heuristic either")
+            self._entries, self._starts = [], []
+            self.source, self.reason = "none", f"{err}; device {self.device!r} is unknown, so no heuristic either"
+            return self.source
         self._entries = [Entry(b.lo, b.hi, heuristic_config(self.limits, H=self.H, q_len=self.q_len, prefix=b.mid),
                                "heuristic") for b in buckets.ALL]
         self._starts = [e.lo for e in self._entries]
@@ -100,7 +111,7 @@ class ConfigClient:
     def lookup(self, prefix: int) -> KernelConfig:
         """The config for this prefix length: a bisect over the cached table."""
         if not self._entries:
-            raise RuntimeError("call fetch() first")
+            raise RuntimeError(f"no config table ({self.reason})")
         i = bisect.bisect_right(self._starts, prefix) - 1
         e = self._entries[max(i, 0)]
         if not e.lo <= prefix < e.hi:

@@ -112,3 +112,78 @@ def test_snapshot_is_a_self_contained_read_only_copy_the_sidecar_serves(run, tmp
         assert r.status_code == 200 and r.json()["NSPLIT"] == 64 and r.json()["source"] == "tuned"
     again = run("db", "snapshot", str(snap))  # never overwritten
     assert again.exit_code != 0 and "exists" in again.output
+
+
+def _tuner(env: dict[str, str], *args: str, block: str | None = None):  # type: ignore[no-untyped-def]
+    """`tuner ARGS` in a fresh process, as an operator runs it (optionally with one package made
+    unimportable, as on a machine that lacks it)."""
+    import os
+    import subprocess
+    import sys
+
+    code = "import sys; sys.argv[0] = 'tuner'; from tuner.cli import main; main()"
+    if block:
+        code = f"import sys; sys.modules[{block!r}] = None; " + code
+    return subprocess.run([sys.executable, "-c", code, *args], env={**os.environ, **env}, capture_output=True,
+                          text=True, timeout=60)
+
+
+@pytest.mark.parametrize("env, args, block, expect", [
+    ({"TUNER_DATABASE_URL": "postgresql+psycopg://nobody@127.0.0.1:1/x"}, ("db", "upgrade"), None,
+     "database unavailable"),
+    ({"TUNER_DATABASE_URL": "postgresql+psycopg://nobody@127.0.0.1:1/x"}, ("db", "current"), None,
+     "database unavailable"),
+    ({"TUNER_PORT": "abc"}, ("serve",), None, "TUNER_PORT must be an integer"),
+    ({"TUNER_DATABASE_READ_ONLY": "maybe"}, ("db", "current"), None, "TUNER_DATABASE_READ_ONLY must be"),
+    ({"TUNER_DATABASE_URL": "notaurl"}, ("db", "current"), None, "is not a database URL"),
+    ({"TUNER_WRITE_TOKEN": "short"}, ("serve",), None, "at least 16 characters"),
+    ({}, ("device", "record"), "pycuda", "this command needs pycuda"),
+    ({}, ("study", "start", "--H", "0", "--q-len", "9", "--prefix", "1"), None, "'--H': 0 is not in the range"),
+    ({}, ("study", "start", "--H", "8", "--q-len", "65", "--prefix", "1"), None, "'--q-len'"),
+    ({}, ("study", "start", "--H", "8", "--q-len", "9", "--prefix", "-1"), None, "'--prefix'"),
+    ({}, ("study", "start", "--H", "8", "--q-len", "9", "--prefix", "1", "--only", "NSPLT=4"), None,
+     "unknown constant 'NSPLT'"),
+    ({}, ("study", "start", "--H", "8", "--q-len", "9", "--prefix", "1", "--trials", "0"), None, "'--trials'"),
+])
+def test_operator_mistakes_are_one_line_and_non_zero(sqlite_url, tmp_path, env, args, block, expect):
+    """Each of these printed a traceback before (issue 11 item 16)."""
+    base = {"TUNER_DATABASE_URL": sqlite_url}
+    assert _tuner(base, "db", "upgrade").returncode == 0
+    r = _tuner({**base, **env}, *[str(tmp_path / "rep") if a == "OUT" else a for a in args], block=block)
+    assert r.returncode != 0, r.stdout
+    assert "Traceback" not in r.stderr and expect in r.stderr, r.stderr
+    assert len([ln for ln in r.stderr.splitlines() if ln.strip()]) <= 3, r.stderr
+
+
+def test_version():
+    r = _tuner({}, "--version")
+    assert r.returncode == 0 and r.stdout.startswith("tuner ")
+
+
+def test_study_report_without_matplotlib_is_one_line(sqlite_url, tmp_path):
+    base = {"TUNER_DATABASE_URL": sqlite_url}
+    assert _tuner(base, "db", "upgrade").returncode == 0
+    rows = [{"device": "h200", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256,
+             "median_us": 40.0, "default_us": 80.0}]
+    (tmp_path / "r.json").write_text(json.dumps(rows))
+    assert _tuner(base, "configs", "import", str(tmp_path / "r.json")).returncode == 0
+    r = _tuner(base, "study", "report", "--out", str(tmp_path / "rep"), block="matplotlib")
+    assert r.returncode == 1 and "Traceback" not in r.stderr and "this command needs matplotlib" in r.stderr, r.stderr
+
+
+def test_study_start_exits_non_zero_when_a_key_stores_nothing(run, monkeypatch):
+    """A key whose every config failed the gate stores nothing: a script running `study start`
+    must see that in the exit code, not only in the table."""
+    from tuner import runner
+    from tuner.study import Outcome
+    from tuner.workload import WorkloadKey
+
+    def fake_tune(settings, job, ordinal, on_progress=None, on_key_done=None):  # noqa: ANN001, ANN202
+        wl = job.workloads[0]
+        key = WorkloadKey("NVIDIA H200", "x", "bf16", wl.H, wl.q_len, 15)
+        return [Outcome(key, wl, 1, decision="no config passed the correctness gate: nothing stored")]
+
+    monkeypatch.setattr(runner, "tune_on_device", fake_tune)
+    assert run("db", "upgrade").exit_code == 0
+    r = run("study", "start", "--H", "8", "--q-len", "9", "--prefix", "46000")
+    assert r.exit_code == 1 and "1 key(s) ended with nothing stored" in r.output and "correctness gate" in r.output

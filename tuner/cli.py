@@ -14,15 +14,31 @@ from tuner.errors import TunerError
 from tuner.settings import Settings
 
 
+#: Optional packages a command may need, with how to get them.
+_OPTIONAL = {"pycuda": "pip install -e '.[cuda]' (needs the CUDA toolkit)", "torch": "pip install -e '.[cuda]'",
+             "matplotlib": "pip install matplotlib", "numpy": "pip install numpy"}
+
+
 def _errors_as_clean_exit(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Expected failures (our typed errors, an unreachable database, a missing optional package)
+    become one line and exit 1; anything else is a bug and keeps its traceback."""
+
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from sqlalchemy.exc import InterfaceError, OperationalError
+
         try:
             return fn(*args, **kwargs)
         except TunerError as exc:
             raise click.ClickException(str(exc)) from None
-        except ValueError as exc:
-            raise click.ClickException(str(exc)) from None
+        except (OperationalError, InterfaceError) as exc:
+            first = str(exc.orig if getattr(exc, "orig", None) else exc).strip().splitlines()[0]
+            raise click.ClickException(f"database unavailable: {first}") from None
+        except ModuleNotFoundError as exc:
+            top = (exc.name or "").split(".")[0]
+            if top not in _OPTIONAL:
+                raise
+            raise click.ClickException(f"this command needs {top}: {_OPTIONAL[top]}") from None
 
     return wrapper
 
@@ -34,12 +50,17 @@ def _checked_sessions(settings: Settings):  # type: ignore[no-untyped-def]
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--database-url", envvar="TUNER_DATABASE_URL", default=None,
-              help="SQLAlchemy URL of the config database (default: SQLite in the user data dir).")
+@click.version_option(package_name="verify-tuner", message="%(prog)s %(version)s")
+@click.option("--database-url", default=None,
+              help="SQLAlchemy URL of the config database (default: TUNER_DATABASE_URL, else SQLite in the user "
+                   "data dir).")
 @click.pass_context
 def cli(ctx: click.Context, database_url: str | None) -> None:
     """Auto-tuner and config service for the MLA verify-attention kernel."""
-    ctx.obj = Settings.from_env().with_overrides(database_url=database_url)
+    try:
+        ctx.obj = Settings.from_env().with_overrides(database_url=database_url)
+    except TunerError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 # --- db --------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from tuner.buckets import MAX_PREFIX
 from tuner.settings import Settings
 
 
@@ -84,11 +85,12 @@ class _Bar:
 
 def register(study: click.Group, clean: Callable[..., Any]) -> None:
     @study.command("start")
-    @click.option("--H", "H", type=int, required=True, help="Heads per GPU.")
-    @click.option("--q-len", type=int, required=True, help="Draft nodes per request.")
-    @click.option("--prefix", type=int, multiple=True, help="Prefix length to tune (repeatable).")
+    @click.option("--H", "H", type=click.IntRange(1, 1024), required=True, help="Heads per GPU.")
+    @click.option("--q-len", type=click.IntRange(1, 64), required=True, help="Draft nodes per request.")
+    @click.option("--prefix", type=click.IntRange(0, MAX_PREFIX), multiple=True,
+                  help="Prefix length to tune (repeatable).")
     @click.option("--prefix-range", default=None, help="LO:HI - tune every prefix bucket in the range.")
-    @click.option("--trials", type=int, default=60, show_default=True,
+    @click.option("--trials", type=click.IntRange(min=1), default=60, show_default=True,
                   help="Measured trials per key (invalid configs are not counted).")
     @click.option("--timeout", type=float, default=None, help="Seconds per key for the search.")
     @click.option("--sampler", type=click.Choice(["tpe", "grid"]), default="tpe", show_default=True)
@@ -97,7 +99,7 @@ def register(study: click.Group, clean: Callable[..., Any]) -> None:
     @click.option("--device", "ordinal", type=int, default=0, show_default=True, help="CUDA device ordinal.")
     @click.option("--devices", default=None, metavar="0,1,...",
                   help="Several GPUs: one tuner process per GPU, all sharing the studies.")
-    @click.option("--measure-timeout", type=float, default=120.0, show_default=True,
+    @click.option("--measure-timeout", type=click.FloatRange(min=1), default=120.0, show_default=True,
                   help="Seconds before a hanging measurement is killed.")
     @click.option("--only", "only", multiple=True, metavar="NAME=V1,V2",
                   help="Restrict a constant's candidates, e.g. --only STAGES=2 --only BLOCK=256,512.")
@@ -112,12 +114,20 @@ def register(study: click.Group, clean: Callable[..., Any]) -> None:
         from tuner.backend import Workload
         from tuner.runner import TuneJob, tune_on_device, tune_on_devices
 
+        from tuner import space
+
         optuna.logging.set_verbosity(optuna.logging.ERROR)  # our progress bar says what matters
+        restrict = _parse_only(only)
+        try:  # every argument is checked here, before a worker or a GPU is touched
+            space.choices(H, restrict, q_len=q_len)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--only") from None
         job = TuneJob(workloads=[Workload(H, q_len, p) for p in prefixes_for(prefix, prefix_range)],
                       n_trials=trials, sampler=sampler, seed=seed, timeout_s=timeout, storage_url=storage,
-                      measure_timeout_s=measure_timeout, restrict=_parse_only(only))
-        if devices:
-            results = tune_on_devices(settings, job, _parse_devices(devices))
+                      measure_timeout_s=measure_timeout, restrict=restrict)
+        devices_list = _parse_devices(devices) if devices else None
+        if devices_list:
+            results = tune_on_devices(settings, job, devices_list)
             failed = False
             for dev, status, payload in results:
                 if status != "ok":
@@ -133,6 +143,11 @@ def register(study: click.Group, clean: Callable[..., Any]) -> None:
         bar = _Bar()
         outcomes = tune_on_device(settings, job, ordinal, on_progress=bar, on_key_done=bar.end)
         click.echo(summary_table(outcomes))
+        empty = [o for o in outcomes if not o.stored]
+        if empty:
+            raise click.ClickException(f"{len(empty)} key(s) ended with nothing stored: "
+                                       + "; ".join(f"H={o.key.H} q={o.key.q_len} prefix={o.workload.prefix}: "
+                                                   f"{o.decision}" for o in empty))
 
     @study.command("report")
     @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("bench/results"),

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from kernels.errors import CompileError, InvalidConfig, LaunchError, StorageError, TunerError, WrongResult
 
-__all__ = ["BadParameter", "CompileError", "InvalidConfig", "LaunchError", "StorageError", "TunerError",
+__all__ = ["BadParameter", "BadSetting", "CompileError", "InvalidConfig", "LaunchError", "StorageError", "TunerError",
            "WrongResult"]
+
+
+class BadSetting(TunerError, ValueError):
+    """A TUNER_* setting is malformed; the message names it and what it takes."""
 
 
 class BadParameter(TunerError):

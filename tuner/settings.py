@@ -9,6 +9,8 @@ from pathlib import Path
 
 from platformdirs import user_cache_dir, user_data_dir
 
+from tuner.errors import BadSetting
+
 APP = "verify-tuner"
 MIN_TOKEN_LEN = 16
 
@@ -35,8 +37,19 @@ class Settings:
     database_read_only: bool = False
 
     def __post_init__(self) -> None:
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+
+        for name, url in (("TUNER_DATABASE_URL", self.database_url), ("TUNER_STUDY_STORAGE", self.study_storage)):
+            if url is None:
+                continue
+            try:
+                make_url(url)
+            except ArgumentError:
+                raise BadSetting(f"{name} is not a database URL: {url!r} (e.g. sqlite:////var/lib/tuner/configs.db "
+                                 "or postgresql+psycopg://user@host/db)") from None
         if self.write_token is not None and len(self.write_token) < MIN_TOKEN_LEN:
-            raise ValueError(f"TUNER_WRITE_TOKEN must be at least {MIN_TOKEN_LEN} characters (got "
+            raise BadSetting(f"TUNER_WRITE_TOKEN must be at least {MIN_TOKEN_LEN} characters (got "
                              f"{len(self.write_token)}): a short token is guessable")
 
     @classmethod
@@ -53,7 +66,7 @@ class Settings:
             try:
                 kwargs["port"] = int(v)
             except ValueError as exc:
-                raise ValueError(f"TUNER_PORT must be an integer, got {v!r}") from exc
+                raise BadSetting(f"TUNER_PORT must be an integer, got {v!r}") from exc
         if v := env.get("TUNER_WRITE_TOKEN"):
             kwargs["write_token"] = v
         if v := env.get("TUNER_CACHE_DIR"):
@@ -62,7 +75,7 @@ class Settings:
             kwargs["device"] = v
         if v := env.get("TUNER_DATABASE_READ_ONLY"):
             if v.lower() not in ("1", "true", "yes", "0", "false", "no"):
-                raise ValueError(f"TUNER_DATABASE_READ_ONLY must be 1/true/yes or 0/false/no, got {v!r}")
+                raise BadSetting(f"TUNER_DATABASE_READ_ONLY must be 1/true/yes or 0/false/no, got {v!r}")
             kwargs["database_read_only"] = v.lower() in ("1", "true", "yes")
         return cls(**kwargs)  # type: ignore[arg-type]
 

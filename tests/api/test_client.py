@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from api.client import ConfigClient
 from kernels.limits import known_device
 from kernels.validate import check
@@ -63,3 +65,43 @@ def test_lookup_is_a_local_bisect(tmp_path):
     finally:
         socket.socket = real
     assert cfgs <= set(c.distinct_configs())
+
+
+def test_an_unwritable_snapshot_dir_keeps_the_sidecars_table(tmp_path, sqlite_url):
+    """The worker runs as a user who cannot write the snapshot dir: the good table is still used."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers import free_port, running_server
+
+    env = {"TUNER_DATABASE_URL": sqlite_url, "TUNER_DEVICE": "h200"}
+    full = {**os.environ, **env}
+    subprocess.run([sys.executable, "-m", "tuner", "db", "upgrade"], env=full, check=True, capture_output=True)
+    rows = [{"device": "h200", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256}]
+    (tmp_path / "r.json").write_text(json.dumps(rows))
+    subprocess.run([sys.executable, "-m", "tuner", "configs", "import", str(tmp_path / "r.json")], env=full,
+                   check=True, capture_output=True)
+    blocked = tmp_path / "a-file-not-a-dir"
+    blocked.write_text("")  # mkdir under a regular file fails for every user, root included
+    port = free_port()
+    with running_server(env, port=port):
+        c = ConfigClient(f"http://127.0.0.1:{port}", H=8, q_len=9, device="NVIDIA H200", snapshot_dir=blocked / "x")
+        assert c.fetch() == "sidecar"
+        assert "snapshot not saved" in c.reason and c.lookup(46000).nsplit == 64
+
+
+def test_an_unknown_device_is_a_state_not_an_exception(tmp_path):
+    c = ConfigClient("http://127.0.0.1:1", H=8, q_len=9, device="Some Future GPU", snapshot_dir=tmp_path,
+                     timeout_s=0.2)
+    assert c.fetch() == "none" and c.source == "none"
+    assert "unknown" in c.reason and "sidecar unavailable" in c.reason
+    with pytest.raises(RuntimeError, match="no config table"):
+        c.lookup(1000)
+
+
+def test_the_default_snapshot_lives_in_the_per_user_cache_dir(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    c = ConfigClient("http://127.0.0.1:1", H=8, q_len=9, device="h200")
+    assert c.snapshot.is_relative_to(tmp_path / "xdg") and "verify-tuner" in str(c.snapshot)

@@ -79,8 +79,10 @@ def upgrade_lock(url: str) -> Iterator[None]:
             engine.dispose()
         return
     if parsed.get_backend_name() == "sqlite" and parsed.database and parsed.database != ":memory:":
+        from tuner.db.session import check_writable
+
         path = Path(parsed.database).expanduser()
-        path.parent.mkdir(parents=True, exist_ok=True)
+        check_writable(path)  # the fix in one line, before anything tries to create the file
         with open(path, "ab") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             yield

@@ -35,7 +35,7 @@ def make_engine(url: str, *, immediate: bool = True, busy_timeout_ms: int = SQLI
         path = Path(parsed.database).expanduser().resolve()
         url = f"sqlite:///file:{quote(str(path))}?mode=ro&uri=true"
     elif file_db:
-        Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        check_writable(Path(parsed.database).expanduser())
     engine = create_engine(url, connect_args={"timeout": busy_timeout_ms / 1000}, **pool)
 
     @event.listens_for(engine, "connect")
@@ -55,6 +55,25 @@ def make_engine(url: str, *, immediate: bool = True, busy_timeout_ms: int = SQLI
         conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
     return engine
+
+
+def check_writable(path: Path) -> None:
+    """A database this process could not create or write fails here with the fix, instead of as
+    SQLite's bare "unable to open database file" at the first query (the classic case: a
+    container's non-root user on a fresh root-owned volume)."""
+    import os
+
+    directory = path.parent
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StorageError(f"cannot create {directory} for the database ({exc.strerror}): set TUNER_DATABASE_URL "
+                           "to a writable path, or create that directory for this user") from None
+    if not path.exists() and not os.access(directory, os.W_OK | os.X_OK):
+        owner = directory.stat().st_uid
+        raise StorageError(f"cannot create {path}: {directory} is not writable by uid {os.getuid()} (owned by uid "
+                           f"{owner}); mount a volume this user can write (e.g. `chown {os.getuid()} {directory}`) "
+                           "or set TUNER_DATABASE_URL to a writable path")
 
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:
