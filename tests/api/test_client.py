@@ -12,20 +12,25 @@ from kernels.validate import check
 from tests.helpers import free_port, running_server
 
 
-def test_fetch_from_sidecar_then_snapshot_then_heuristic(tmp_path):
+def _sidecar_env_with_one_tuned_row(tmp_path, url: str) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    """A migrated config database holding one tuned H=8 q=9 row (imported through the CLI, in
+    processes, as an operator does); the environment a `tuner serve` on it needs."""
+    import os
     import subprocess
     import sys
 
-    db = f"sqlite:///{tmp_path / 'c.db'}"
-    env = {"TUNER_DATABASE_URL": db, "TUNER_DEVICE": "h200"}
-    import os
-
+    env = {"TUNER_DATABASE_URL": url, "TUNER_DEVICE": "h200"}
     full = {**os.environ, **env}
     subprocess.run([sys.executable, "-m", "tuner", "db", "upgrade"], env=full, check=True, capture_output=True)
     rows = [{"device": "h200", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256}]
     (tmp_path / "r.json").write_text(json.dumps(rows))
     subprocess.run([sys.executable, "-m", "tuner", "configs", "import", str(tmp_path / "r.json")], env=full,
                    check=True, capture_output=True)
+    return env
+
+
+def test_fetch_from_sidecar_then_snapshot_then_heuristic(tmp_path):
+    env = _sidecar_env_with_one_tuned_row(tmp_path, f"sqlite:///{tmp_path / 'c.db'}")
     port = free_port()
     snap = tmp_path / "snap"
     with running_server(env, port=port):
@@ -69,20 +74,7 @@ def test_lookup_is_a_local_bisect(tmp_path):
 
 def test_an_unwritable_snapshot_dir_keeps_the_sidecars_table(tmp_path, sqlite_url):
     """The worker runs as a user who cannot write the snapshot dir: the good table is still used."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    from tests.helpers import free_port, running_server
-
-    env = {"TUNER_DATABASE_URL": sqlite_url, "TUNER_DEVICE": "h200"}
-    full = {**os.environ, **env}
-    subprocess.run([sys.executable, "-m", "tuner", "db", "upgrade"], env=full, check=True, capture_output=True)
-    rows = [{"device": "h200", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256}]
-    (tmp_path / "r.json").write_text(json.dumps(rows))
-    subprocess.run([sys.executable, "-m", "tuner", "configs", "import", str(tmp_path / "r.json")], env=full,
-                   check=True, capture_output=True)
+    env = _sidecar_env_with_one_tuned_row(tmp_path, sqlite_url)
     blocked = tmp_path / "a-file-not-a-dir"
     blocked.write_text("")  # mkdir under a regular file fails for every user, root included
     port = free_port()
