@@ -30,6 +30,7 @@ from kernels.limits import DeviceLimits, known_device
 from tuner import buckets
 from tuner.heuristic import heuristic_config
 
+
 @dataclass(frozen=True)
 class Entry:
     lo: int

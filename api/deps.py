@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
 import hmac
+from typing import Annotated
 
 from fastapi import Depends, Header, HTTPException, Request
 from sqlalchemy.orm import Session, sessionmaker
@@ -47,6 +46,10 @@ async def single_valued_query(request: Request) -> None:
             raise BadParameter(name, "given more than once")
         seen.add(name)
 
+
+#: A device parameter has no control characters (a NUL byte would reach the database driver):
+#: a 422, not a 503.
+DEVICE_PATTERN = r"^[^\x00-\x1f\x7f]+$"
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 ReadSessions = Annotated[sessionmaker[Session], Depends(get_read_sessions)]

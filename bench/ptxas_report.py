@@ -43,7 +43,8 @@ def main() -> None:
                 cfg = heuristic_config(limits, H=H, q_len=q, prefix=P)
                 r = ptxas_report(compile_cubin(cfg, q, limits.arch, Path(tmp)).ptxas_log)
                 lines.append(f"| {name} | {limits.arch} | {H} | {q} | {P} | {mode(cfg, q)} | "
-                             f"{cfg.ht * cfg.row_tile(q)} | {r['registers']} | {r['spill_stores']}/{r['spill_loads']} | "
+                             f"{cfg.ht * cfg.row_tile(q)} | {r['registers']} | "
+                             f"{r['spill_stores']}/{r['spill_loads']} | "
                              f"{smem_bytes(cfg, q) / 1024:.1f} ({limits.max_smem_optin // 1024}) | {cfg} |")
                 print(lines[-1], flush=True)
     args.out.mkdir(parents=True, exist_ok=True)

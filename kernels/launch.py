@@ -67,8 +67,9 @@ class VerifyAttention:
         self.partial = self.module.get_function("verify_attn_partial")
         self.reduce = self.module.get_function("verify_attn_reduce")
         self.smem = smem_bytes(cfg, q_len)
-        if _read_int(self.module, "kSmemBytes") != self.smem:  # a bug, not a bad config
-            raise RuntimeError(f"smem formula {self.smem} B != kernel layout {_read_int(self.module, 'kSmemBytes')} B")
+        layout = _read_int(self.module, "kSmemBytes")
+        if layout != self.smem:  # a bug, not a bad config: the formulas drifted apart
+            raise RuntimeError(f"smem formula {self.smem} B != kernel layout {layout} B")
         fa = cuda.function_attribute
         self.partial.set_attribute(fa.MAX_DYNAMIC_SHARED_SIZE_BYTES, self.smem)
         max_threads = self.partial.get_attribute(fa.MAX_THREADS_PER_BLOCK)

@@ -13,7 +13,6 @@ import click
 from tuner.errors import TunerError
 from tuner.settings import Settings
 
-
 #: Optional packages a command may need, with how to get them.
 _OPTIONAL = {"pycuda": "pip install -e '.[cuda]' (needs the CUDA toolkit)", "torch": "pip install -e '.[cuda]'",
              "matplotlib": "pip install matplotlib", "numpy": "pip install numpy"}

@@ -111,10 +111,9 @@ def register(study: click.Group, clean: Callable[..., Any]) -> None:
         """Tune the kernel on the local GPU(s) for each (H, q_len, prefix bucket); resumable."""
         import optuna
 
+        from tuner import space
         from tuner.backend import Workload
         from tuner.runner import TuneJob, tune_on_device, tune_on_devices
-
-        from tuner import space
 
         optuna.logging.set_verbosity(optuna.logging.ERROR)  # our progress bar says what matters
         restrict = _parse_only(only)

@@ -21,7 +21,7 @@ from tuner import rows as rows_schema
 from tuner.db import repo
 from tuner.errors import BadParameter, TunerError
 from tuner.lookup import resolve_device
-from tuner.workload import DTYPES, WorkloadKey
+from tuner.workload import WorkloadKey
 
 FIELDS = ["device", "kernel_hash", "dtype", "H", "q_len", "bucket", "bucket_lo", "bucket_hi", *PARAM_NAMES,
           "median_us", "p10_us", "p90_us", "default_us", "speedup", "tuned_at"]

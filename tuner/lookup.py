@@ -17,7 +17,6 @@ from tuner.db import repo
 from tuner.errors import BadParameter
 from tuner.heuristic import heuristic_config
 
-
 #: A tuned neighbour bucket is served only this close (log2 of the prefix ratio): beyond it the
 #: heuristic, which adapts to the prefix, is the better guess (a config tuned for 4k prefixes
 #: is not one for an empty prefix).

@@ -72,7 +72,7 @@ def _params(cfg: KernelConfig) -> dict[str, int]:
 
 def open_storage(url: str, heartbeat_s: float | None = None) -> optuna.storages.BaseStorage:
     """Optuna's RDB storage at `url`, creating its schema if needed; with `heartbeat_s`, running
-    trials beat and stale ones are failed and retried (RetryFailedTrialCallback).
+    trials beat and stale ones are failed and retried (RetryHeartbeatStaleTrialCallback).
 
     `tuner db upgrade` calls this up front; the retry covers workers that start together on a
     fresh separate storage and race to create the same tables."""
@@ -85,15 +85,15 @@ def open_storage(url: str, heartbeat_s: float | None = None) -> optuna.storages.
         kwargs = {"pool_pre_ping": True}
     beat: dict[str, object] = {}
     if heartbeat_s is not None:
-        with warnings.catch_warnings():  # Optuna marks the heartbeat experimental; pyproject pins the API
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            beat = {"heartbeat_interval": max(1, round(heartbeat_s)),
-                    "grace_period": max(2, round(heartbeat_s * HEARTBEAT_GRACE)),
-                    "heartbeat_stale_trial_callback": optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=2)}
+        beat = {"heartbeat_interval": max(1, round(heartbeat_s)),
+                "grace_period": max(2, round(heartbeat_s * HEARTBEAT_GRACE))}
     for attempt in range(5):
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings():  # Optuna marks the heartbeat experimental; pyproject pins it
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                if beat:
+                    beat["heartbeat_stale_trial_callback"] = optuna.storages.RetryHeartbeatStaleTrialCallback(
+                        max_retry=2)
                 return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, **beat)
         except (IntegrityError, ProgrammingError):
             if attempt == 4:

@@ -6,8 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, HTTPException, Query, Request
 
-from api.deps import SingleValued, WriteAuth, WriteSessions
-from api.routes.config import DEVICE_PATTERN
+from api.deps import DEVICE_PATTERN, SingleValued, WriteAuth, WriteSessions
 from api.schemas import DeleteOut, ImportOut
 from tuner import buckets, configs_io, lookup
 from tuner.db import repo
@@ -31,7 +30,8 @@ def import_configs(request: Request, sessions: WriteSessions, rows: Annotated[li
 def delete_configs(
     request: Request, sessions: WriteSessions,
     device: Annotated[str, Query(max_length=200, pattern=DEVICE_PATTERN, description="CUDA name or alias")],
-    H: Annotated[int | None, Query(gt=0, le=1024)] = None, q_len: Annotated[int | None, Query(ge=1, le=64)] = None,
+    H: Annotated[int | None, Query(gt=0, le=1024)] = None,
+    q_len: Annotated[int | None, Query(ge=1, le=64)] = None,
     bucket: Annotated[int | None, Query(ge=0, le=len(buckets.ALL) - 1)] = None,
 ) -> DeleteOut:
     with session_scope(sessions) as session:

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
-from api.deps import ReadSessions, SettingsDep, SingleValued
+from api.deps import DEVICE_PATTERN, ReadSessions, SettingsDep, SingleValued
 from api.schemas import ConfigOut, ConfigTableOut
 from api.service import Table
 from tuner.buckets import MAX_PREFIX
@@ -17,8 +17,6 @@ router = APIRouter(tags=["configs"], dependencies=[SingleValued])
 
 HParam = Annotated[int, Query(gt=0, le=1024, description="attention heads on this GPU (TP8 on 64 heads: 8)")]
 QParam = Annotated[int, Query(ge=1, le=64, description="draft tree nodes verified per request")]
-#: No control characters (a NUL byte would reach the database driver): a 422, not a 503.
-DEVICE_PATTERN = r"^[^\x00-\x1f\x7f]+$"
 DeviceParam = Annotated[str | None, Query(max_length=200, pattern=DEVICE_PATTERN,
                                           description="CUDA device name or alias; default: the sidecar's")]
 DtypeParam = Annotated[Literal["bf16"], Query(description="element type of q / kv / o")]

@@ -57,7 +57,6 @@ def test_0001_database_holding_rows_upgrades_and_back_keeping_them(db_url):
     from sqlalchemy import text
 
     from kernels.config import KernelConfig
-    from kernels.limits import known_device
     from tuner.db import repo
     from tuner.db.session import session_factory, session_scope
     from tuner.workload import WorkloadKey

@@ -248,8 +248,10 @@ def data_stamp(*, session: Session) -> tuple[object, ...]:
     the writer's transaction): the API's cache key."""
     from sqlalchemy import func
 
-    version = session.execute(select(DataVersion.version).where(DataVersion.id == 1)).scalar_one_or_none()
-    # the counts also notice rows removed behind the tuner's back, and reading the tables notices
-    # a database that can no longer serve them
-    return (version, session.execute(select(func.count(BestConfig.id))).scalar_one(),
-            session.execute(select(func.count(Device.id))).scalar_one())
+    # one round trip every re-check: the counts also notice rows removed behind the tuner's back,
+    # and reading the tables notices a database that can no longer serve them
+    row = session.execute(select(
+        select(DataVersion.version).where(DataVersion.id == 1).scalar_subquery(),
+        select(func.count(BestConfig.id)).scalar_subquery(),
+        select(func.count(Device.id)).scalar_subquery())).one()
+    return tuple(row)
