@@ -16,6 +16,12 @@ class BucketOut(BaseModel):
     hi: int = Field(description="exclusive")
 
 
+class BatchBucketOut(BaseModel):
+    index: int
+    lo: int = Field(description="inclusive")
+    hi: int = Field(description="inclusive")
+
+
 class ConfigOut(BaseModel):
     NSPLIT: int
     HT: int
@@ -29,6 +35,7 @@ class ConfigOut(BaseModel):
     PIPE: int
     source: Literal["tuned", "nearest", "heuristic"]
     bucket: BucketOut
+    batch_bucket: BatchBucketOut = Field(description="batch sizes this config serves; tuned rows never cross it")
     device: str
     kernel_hash: str
     expected_us: float | None
@@ -38,8 +45,9 @@ class ConfigOut(BaseModel):
 
     @classmethod
     def of(cls, a: Answer) -> ConfigOut:
-        b = a.bucket
+        b, bb = a.bucket, a.batch_bucket
         return cls(**a.config.as_params(), source=a.source, bucket=BucketOut(index=b.index, lo=b.lo, hi=b.hi),
+                   batch_bucket=BatchBucketOut(index=bb.index, lo=bb.lo, hi=bb.hi),
                    device=a.device, kernel_hash=a.kernel_hash, expected_us=a.expected_us,
                    speedup_vs_default=a.speedup_vs_default, tuned_at=a.tuned_at, tuned_bucket=a.from_bucket)
 

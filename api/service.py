@@ -21,7 +21,7 @@ from tuner.errors import StorageError
 
 @dataclass(frozen=True)
 class Table:
-    """One (device, H, q_len, dtype) bucket table, with each bucket's JSON body rendered once:
+    """One (device, H, q_len, dtype, batch bucket) bucket table, with each bucket's JSON body rendered once:
     a lookup is then a bisect and a bytes copy, not a model build and serialisation."""
 
     stamp: tuple[object, ...]
@@ -56,12 +56,12 @@ class TableCache:
         self._failure: str | None = None  # why the last background check failed
 
     def fresh(self, *, device: str | None, default_device: str | None, H: int, q_len: int,
-              dtype: str) -> Table | None:
+              dtype: str, batch_bucket: int = 0) -> Table | None:
         """The cached table when it was built at the stamp the last background check read, or,
         while the check fails, the last good table marked stale; None (no table yet, or the data
         changed) sends the caller to `table` (threadpool, database). StorageError: the database
         is failing and this key has no good table."""
-        key = (device or default_device, H, q_len, dtype)
+        key = (device or default_device, H, q_len, dtype, batch_bucket)
         with self._lock:
             hit, failure = self._tables.get(key), self._failure
             if failure is not None:
@@ -90,8 +90,8 @@ class TableCache:
             self._stamp = None
 
     def table(self, *, sessions: sessionmaker[Session], device: str | None, default_device: str | None, H: int,
-              q_len: int, dtype: str) -> Table:
-        key = (device or default_device, H, q_len, dtype)
+              q_len: int, dtype: str, batch_bucket: int = 0) -> Table:
+        key = (device or default_device, H, q_len, dtype, batch_bucket)
         try:
             with session_scope(sessions) as session:
                 stamp = repo.data_stamp(session=session)
@@ -100,7 +100,8 @@ class TableCache:
                 if hit is not None and hit.stamp == stamp:
                     return hit
                 limits = lookup.resolve_device(session=session, name=device, default=default_device)
-                answers = lookup.table(session=session, limits=limits, H=H, q_len=q_len, dtype=dtype)
+                answers = lookup.table(session=session, limits=limits, H=H, q_len=q_len, dtype=dtype,
+                                       batch_buckets=[batch_bucket])
         except (SQLAlchemyError, StorageError) as exc:
             with self._lock:
                 hit = self._tables.get(key)

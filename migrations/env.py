@@ -4,7 +4,6 @@ its own alembic_version, and both may live in one database."""
 from __future__ import annotations
 
 from alembic import context
-from sqlalchemy import pool
 
 from tuner.db.migrate import VERSION_TABLE, include_name
 from tuner.db.models import Base
@@ -26,8 +25,11 @@ def run_online() -> None:
     if connection is not None:
         _run(connection)
         return
-    engine = make_engine(config.get_main_option("sqlalchemy.url"))
-    engine.pool = pool.NullPool(engine.pool._creator)  # noqa: SLF001  one-shot
+    # one-shot, unpooled; built that way rather than by swapping the pool afterwards, which loses
+    # the first-connect hook that initialises the dialect (reflection in batch migrations needs it).
+    # SQLite alters a table by copying it: with foreign keys on, dropping the old copy of
+    # tuning_studies would cascade-delete every trial. They are off while migrating and checked after.
+    engine = make_engine(config.get_main_option("sqlalchemy.url"), pooled=False, foreign_keys=False)
     with engine.connect() as conn:
         _run(conn)
     engine.dispose()
@@ -38,6 +40,10 @@ def _run(connection) -> None:  # type: ignore[no-untyped-def]
                       render_as_batch=connection.dialect.name == "sqlite", include_name=include_name)
     with context.begin_transaction():
         context.run_migrations()
+        if connection.dialect.name == "sqlite":
+            broken = connection.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
+            if broken:  # rolls the migration back
+                raise RuntimeError(f"migration left rows pointing at missing parents: {broken[:5]}")
 
 
 if context.is_offline_mode():

@@ -36,7 +36,7 @@ def run(sqlite_url):
 
 def test_upgrade_import_show_list_export(run, tmp_path):
     assert run("db", "upgrade").exit_code == 0
-    assert "head: 0002" in run("db", "current").output
+    assert "head: 0003" in run("db", "current").output
     rows = [{"device": "h200", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256,
              "median_us": 40.0, "default_us": 80.0}]
     path = tmp_path / "rows.json"

@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from tuner.batches import MAX_BATCH
 from tuner.errors import TunerError
 from tuner.settings import Settings
 
@@ -207,7 +208,8 @@ def configs_list(settings: Settings, device: str | None, H: int | None, q_len: i
     for r in rows:
         consts = " ".join(f"{k}={r[k]}" for k in PARAM_NAMES)
         served = "" if r["kernel_hash"] == current else "  (another kernel: not served)"
-        click.echo(f"{r['device']}  H={r['H']} q_len={r['q_len']} prefix[{r['bucket_lo']},{r['bucket_hi']})  "
+        click.echo(f"{r['device']}  H={r['H']} q_len={r['q_len']} prefix[{r['bucket_lo']},{r['bucket_hi']}) "
+                   f"B[{r['batch_lo']},{r['batch_hi']}]  "
                    f"{consts}  {_us(r['median_us'])} (default {_us(r['default_us'])})  "
                    f"kernel {r['kernel_hash']}{served}")
 
@@ -219,11 +221,13 @@ def _us(v: float | None) -> str:
 @configs.command("show")
 @click.option("--H", "H", type=int, required=True)
 @click.option("--q-len", type=int, required=True)
-@click.option("--prefix", type=int, required=True)
+@click.option("--prefix", type=int, required=True, help="A batch's longest prefix (tuner.batches.prefix_of).")
+@click.option("--batch", type=click.IntRange(1, MAX_BATCH), default=1, show_default=True,
+              help="Requests verified in one launch.")
 @click.option("--device", default=None, help="Default: TUNER_DEVICE, else the only recorded device.")
 @click.pass_obj
 @_errors_as_clean_exit
-def configs_show(settings: Settings, H: int, q_len: int, prefix: int, device: str | None) -> None:
+def configs_show(settings: Settings, H: int, q_len: int, prefix: int, batch: int, device: str | None) -> None:
     """The config the service would answer for this key (tuned, nearest or heuristic)."""
     import json
 
@@ -232,8 +236,9 @@ def configs_show(settings: Settings, H: int, q_len: int, prefix: int, device: st
 
     with session_scope(_checked_sessions(settings)) as s:
         limits = lookup.resolve_device(session=s, name=device, default=settings.device)
-        a = lookup.answer(session=s, limits=limits, H=H, q_len=q_len, prefix=prefix)
+        a = lookup.answer(session=s, limits=limits, H=H, q_len=q_len, prefix=prefix, batch=batch)
     click.echo(json.dumps({**a.config.as_params(), "source": a.source, "bucket": [a.bucket.lo, a.bucket.hi],
+                           "batch_bucket": [a.batch_bucket.lo, a.batch_bucket.hi],
                            "device": a.device, "expected_us": a.expected_us}, indent=2))
 
 

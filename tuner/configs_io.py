@@ -16,14 +16,15 @@ from kernels import kernel_hash as current_kernel_hash
 from kernels.config import PARAM_NAMES, KernelConfig
 from kernels.errors import InvalidConfig
 from kernels.validate import check
-from tuner import buckets
+from tuner import batches, buckets
 from tuner import rows as rows_schema
 from tuner.db import repo
 from tuner.errors import BadParameter, TunerError
 from tuner.lookup import resolve_device
 from tuner.workload import WorkloadKey
 
-FIELDS = ["device", "kernel_hash", "dtype", "H", "q_len", "bucket", "bucket_lo", "bucket_hi", *PARAM_NAMES,
+FIELDS = ["device", "kernel_hash", "dtype", "H", "q_len", "bucket", "bucket_lo", "bucket_hi", "batch_bucket",
+          "batch_lo", "batch_hi", *PARAM_NAMES,
           "median_us", "p10_us", "p90_us", "default_us", "speedup", "tuned_at"]
 
 
@@ -39,11 +40,12 @@ def export_rows(*, session: Session, device: str | None = None, H: int | None = 
                 q_len: int | None = None) -> list[dict[str, Any]]:
     out = []
     for r in repo.list_best(session=session, device=device, H=H, q_len=q_len):
-        b = buckets.by_index(r.key.bucket)
+        b, bb = buckets.by_index(r.key.bucket), batches.by_index(r.key.batch_bucket)
         p = r.config.as_params()
         out.append({
             "device": r.key.device, "kernel_hash": r.key.kernel_hash, "dtype": r.key.dtype, "H": r.key.H,
-            "q_len": r.key.q_len, "bucket": b.index, "bucket_lo": b.lo, "bucket_hi": b.hi, **p,
+            "q_len": r.key.q_len, "bucket": b.index, "bucket_lo": b.lo, "bucket_hi": b.hi,
+            "batch_bucket": bb.index, "batch_lo": bb.lo, "batch_hi": bb.hi, **p,
             "median_us": r.median_us, "p10_us": r.p10_us, "p90_us": r.p90_us, "default_us": r.default_us,
             "speedup": r.speedup, "tuned_at": r.tuned_at.isoformat() if r.tuned_at else None,
         })
@@ -100,7 +102,7 @@ def _parse(session: Session, raw: dict[str, Any]) -> _Parsed:
     if reason:
         raise InvalidConfig(f"config {cfg} cannot run on {limits.name}: {reason}")
     key = WorkloadKey(limits.name, row.kernel_hash or current_kernel_hash(), row.dtype, row.H, row.q_len,
-                      row.bucket_index)
+                      row.bucket_index, row.batch_bucket)
     timing = {k: getattr(row, k) for k in rows_schema.TIMING_FIELDS}
     return _Parsed(key, cfg, timing, row.tuned_at, limits)
 

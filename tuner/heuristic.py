@@ -1,7 +1,9 @@
 """The heuristic default config: what the service answers before anything is tuned.
 
-A pure function of (device limits, H, q_len, prefix). It always returns a config that passes
-kernels.validate for that device, or raises InvalidConfig when none can exist.
+A pure function of (device limits, H, q_len, prefix, batch). It always returns a config that
+passes kernels.validate for that device, or raises InvalidConfig when none can exist. `prefix`
+is the batch's lookup prefix (tuner.batches.prefix_of: its longest request), so a split is sized
+for the request that finishes last.
 """
 
 from __future__ import annotations
@@ -55,9 +57,10 @@ def _templates(rows: int, tokens_per_group: int) -> tuple[tuple[int, ...], ...]:
     return _SHORT + _COMPUTE if tokens_per_group <= SHORT_TILES * 32 else _COMPUTE
 
 
-def _first_fit(limits: DeviceLimits, *, ht: int, qt: int, H: int, q_len: int, prefix: int) -> KernelConfig | None:
+def _first_fit(limits: DeviceLimits, *, ht: int, qt: int, H: int, q_len: int, prefix: int,
+               batch: int) -> KernelConfig | None:
     rows = ht * (qt or q_len)
-    groups = H // ht * -(-q_len // (qt or q_len))
+    groups = batch * (H // ht) * -(-q_len // (qt or q_len))
     tokens_per_group = (prefix + q_len) * groups // limits.sm_count  # tokens a one-wave block walks
     for tk, block, stages, wr, wk, sf, pipe in _templates(rows, tokens_per_group):
         probe = KernelConfig(nsplit=1, ht=ht, tk=tk, block=block, stages=stages, qt=qt, wr=wr, wk=wk, sf=sf,
@@ -76,19 +79,21 @@ def _row_tiles(H: int, q_len: int) -> list[tuple[int, int]]:
     return out + [(1, qt) for qt in sorted(qt_choices(q_len)[1:], reverse=True)]  # row tiles of one head
 
 
-def heuristic_config(limits: DeviceLimits, *, H: int, q_len: int, prefix: int) -> KernelConfig:
-    """The largest row tile whose grid fills at least half a wave, with NSPLIT the largest
-    choice that keeps the grid within one wave and each split at least MIN_TILES_PER_SPLIT
-    tiles long; when no row tile fills half a wave, the one with the most blocks."""
-    if H < 1 or not 1 <= q_len <= MAX_Q_LEN or prefix < 0:
-        raise InvalidConfig(f"no config for H={H}, q_len={q_len}, prefix={prefix}")
+def heuristic_config(limits: DeviceLimits, *, H: int, q_len: int, prefix: int, batch: int = 1) -> KernelConfig:
+    """The largest row tile whose grid (batch x head groups x row tiles x NSPLIT blocks) fills
+    at least half a wave, with NSPLIT the largest choice that keeps the grid within one wave
+    and each split at least MIN_TILES_PER_SPLIT tiles long; when no row tile fills half a wave,
+    the one with the most blocks. More requests per launch mean fewer splits each, hence also
+    fewer partial bytes (batch x rows x NSPLIT x 1 KB) for the reduce."""
+    if H < 1 or not 1 <= q_len <= MAX_Q_LEN or prefix < 0 or batch < 1:
+        raise InvalidConfig(f"no config for H={H}, q_len={q_len}, prefix={prefix}, batch={batch}")
     fallback: tuple[int, KernelConfig] | None = None
     for ht, qt in _row_tiles(H, q_len):
-        probe = _first_fit(limits, ht=ht, qt=qt, H=H, q_len=q_len, prefix=prefix)
+        probe = _first_fit(limits, ht=ht, qt=qt, H=H, q_len=q_len, prefix=prefix, batch=batch)
         if probe is None:
             continue
         slots = limits.sm_count * _blocks_per_sm(probe, q_len, limits)  # blocks in one wave
-        groups = H // ht * -(-q_len // (qt or q_len))
+        groups = batch * (H // ht) * -(-q_len // (qt or q_len))
         cap = max(1, (prefix + q_len) // (MIN_TILES_PER_SPLIT * probe.tk))
         n = max(1, min(slots // groups, cap))
         cfg = replace(probe, nsplit=max(c for c in nsplit_choices(H, limits) if c <= n))

@@ -24,16 +24,18 @@ from pydantic import (
 )
 
 from kernels.config import PARAM_NAMES
+from tuner import batches
 from tuner.buckets import ALL, MAX_PREFIX
 
 MAX_H = 1024
 TIMING_FIELDS = ("median_us", "p10_us", "p90_us", "default_us")
 #: Written by export and accepted back, but derived: import ignores them after checking the type.
-DERIVED_FIELDS = ("bucket_lo", "bucket_hi", "speedup")
+DERIVED_FIELDS = ("bucket_lo", "bucket_hi", "batch_lo", "batch_hi", "speedup")
 
 
 class ConfigRow(BaseModel):
-    """One best config for (device, kernel hash, dtype, H, q_len, prefix bucket)."""
+    """One best config for (device, kernel hash, dtype, H, q_len, prefix bucket, batch bucket);
+    a file without batch buckets (written before they existed) means B=1."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -46,6 +48,9 @@ class ConfigRow(BaseModel):
     prefix: StrictInt | None = Field(None, ge=0, le=MAX_PREFIX)
     bucket_lo: StrictInt | None = None
     bucket_hi: StrictInt | None = None
+    batch_bucket: StrictInt = Field(0, ge=0, le=len(batches.ALL) - 1)
+    batch_lo: StrictInt | None = None
+    batch_hi: StrictInt | None = None
     NSPLIT: StrictInt = Field(ge=1)
     HT: StrictInt = Field(ge=1)
     TK: StrictInt = Field(ge=1)
@@ -102,6 +107,10 @@ class ConfigRow(BaseModel):
             if (self.bucket_lo, self.bucket_hi) != (b.lo, b.hi):
                 raise ValueError(f"bucket_lo/bucket_hi {self.bucket_lo}/{self.bucket_hi} do not match bucket "
                                  f"{self.bucket} [{b.lo}, {b.hi})")
+        bb = batches.by_index(self.batch_bucket)
+        if (self.batch_lo, self.batch_hi) != (None, None) and (self.batch_lo, self.batch_hi) != (bb.lo, bb.hi):
+            raise ValueError(f"batch_lo/batch_hi {self.batch_lo}/{self.batch_hi} do not match batch bucket "
+                             f"{self.batch_bucket} [{bb.lo}, {bb.hi}]")
         lo, mid, hi = self.p10_us, self.median_us, self.p90_us
         if lo is not None and hi is not None and lo > hi:
             raise ValueError(f"p10_us {lo} > p90_us {hi}")
@@ -121,7 +130,8 @@ class ConfigRow(BaseModel):
 
 
 #: CSV cells are text: these fields are converted to int / float strictly before validation.
-_INT_FIELDS = {"H", "q_len", "bucket", "prefix", "bucket_lo", "bucket_hi", *PARAM_NAMES}
+_INT_FIELDS = {"H", "q_len", "bucket", "prefix", "bucket_lo", "bucket_hi", "batch_bucket", "batch_lo", "batch_hi",
+               *PARAM_NAMES}
 _FLOAT_FIELDS = {*TIMING_FIELDS, "speedup"}
 
 

@@ -32,13 +32,14 @@ from kernels.validate import MAX_NSPLIT, check
 SPACE_VERSION = 3
 
 
-def nsplit_choices(H: int, limits: DeviceLimits | None = None) -> list[int]:
-    """The fixed NSPLIT list, plus the one- and two-wave grids of `limits` for every head tile."""
+def nsplit_choices(H: int, limits: DeviceLimits | None = None, batch: int = 1) -> list[int]:
+    """The fixed NSPLIT list, plus the one- and two-wave grids of `limits` for every head tile
+    at this batch size."""
     extra: set[int] = set()
     if limits is not None:
         for ht in HT_CHOICES:
             if H % ht == 0:
-                extra |= {limits.sm_count * k // (H // ht) for k in (1, 2)}
+                extra |= {limits.sm_count * k // (batch * (H // ht)) for k in (1, 2)}
     return sorted(set(NSPLIT_CHOICES) | {n for n in extra if 1 <= n <= MAX_NSPLIT})
 
 
@@ -50,10 +51,10 @@ def qt_choices(q_len: int | None) -> list[int]:
 
 
 def choices(H: int, restrict: dict[str, list[int]] | None = None, limits: DeviceLimits | None = None,
-            q_len: int | None = None) -> dict[str, list[int]]:
+            q_len: int | None = None, batch: int = 1) -> dict[str, list[int]]:
     """Candidate values per constant; `restrict` keeps only the listed values of some of them."""
     full = {
-        "NSPLIT": nsplit_choices(H, limits),
+        "NSPLIT": nsplit_choices(H, limits, batch),
         "HT": [h for h in HT_CHOICES if H % h == 0],
         "TK": list(TK_CHOICES),
         "BLOCK": list(BLOCK_CHOICES),
@@ -76,9 +77,9 @@ def choices(H: int, restrict: dict[str, list[int]] | None = None, limits: Device
 
 
 def valid_configs(limits: DeviceLimits, *, H: int, q_len: int,
-                  restrict: dict[str, list[int]] | None = None) -> list[KernelConfig]:
+                  restrict: dict[str, list[int]] | None = None, batch: int = 1) -> list[KernelConfig]:
     """Every config of the space that passes kernels.validate for (limits, H, q_len)."""
-    c = choices(H, restrict, limits, q_len)
+    c = choices(H, restrict, limits, q_len, batch)
     structural = [name for name in PARAM_NAMES if name != "NSPLIT"]
     structures = []
     for values in itertools.product(*(c[n] for n in structural)):

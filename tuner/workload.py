@@ -17,13 +17,16 @@ class WorkloadKey:
     H: int
     q_len: int
     bucket: int
+    batch_bucket: int = 0  # tuner.batches index; 0 is B=1
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
 
     def __str__(self) -> str:
-        return f"{self.device}|{self.kernel_hash}|{self.dtype}|H{self.H}|Q{self.q_len}|b{self.bucket}"
+        # B=1 keys keep the form they had before batch buckets, so their studies resume
+        batch = f"|B{self.batch_bucket}" if self.batch_bucket else ""
+        return f"{self.device}|{self.kernel_hash}|{self.dtype}|H{self.H}|Q{self.q_len}|b{self.bucket}{batch}"
 
     @property
     def study_name(self) -> str:

@@ -1,4 +1,8 @@
-"""GET /config (one lookup) and GET /configs (the whole bucket table, with an ETag)."""
+"""GET /config (one lookup) and GET /configs (the whole bucket table, with an ETag).
+
+`batch` (default 1) picks the batch bucket; `prefix` is the batch's lookup prefix (its longest
+request: tuner.batches.prefix_of). `/configs?all_batches=true` is every batch bucket's table in
+one response, what a worker fetches at startup."""
 
 from __future__ import annotations
 
@@ -11,7 +15,9 @@ from fastapi.concurrency import run_in_threadpool
 from api.deps import DEVICE_PATTERN, ReadSessions, SettingsDep, SingleValued
 from api.schemas import ConfigOut, ConfigTableOut
 from api.service import Table
+from tuner import batches
 from tuner.buckets import MAX_PREFIX
+from tuner.errors import BadParameter
 
 router = APIRouter(tags=["configs"], dependencies=[SingleValued])
 
@@ -20,29 +26,34 @@ QParam = Annotated[int, Query(ge=1, le=64, description="draft tree nodes verifie
 DeviceParam = Annotated[str | None, Query(max_length=200, pattern=DEVICE_PATTERN,
                                           description="CUDA device name or alias; default: the sidecar's")]
 DtypeParam = Annotated[Literal["bf16"], Query(description="element type of q / kv / o")]
+BatchParam = Annotated[int | None, Query(ge=1, le=batches.MAX_BATCH,
+                                         description="requests verified in one launch (default 1)")]
 
 
 @router.get("/config", response_model=ConfigOut)
 async def get_config(
     sessions: ReadSessions, settings: SettingsDep, request: Request, H: HParam, q_len: QParam,
     prefix: Annotated[int, Query(ge=0, le=MAX_PREFIX, description="prefix (KV-cache) length in tokens")],
-    device: DeviceParam = None, dtype: DtypeParam = "bf16",
+    device: DeviceParam = None, dtype: DtypeParam = "bf16", batch: BatchParam = None,
 ) -> Response:
-    table = await _table(request, sessions, settings, device, H, q_len, dtype)
+    table = await _table(request, sessions, settings, device, H, q_len, dtype, batches.bucket_of(batch or 1).index)
     ans, body = table.pick(prefix)  # the body was rendered from ConfigOut when the table was built
     request.app.state.metrics.lookup(ans.source)
     return Response(body, media_type="application/json", headers=_stale_header(table))
 
 
-async def _table(request: Request, sessions, settings, device, H, q_len, dtype):  # type: ignore[no-untyped-def]
+async def _table(request: Request, sessions, settings, device, H, q_len, dtype,  # type: ignore[no-untyped-def]
+                 batch_bucket):
     """The hot path answers from memory; the database is consulted (in the threadpool, so the
     event loop never blocks on it) only when the cached table is due for a re-check."""
     cache = request.app.state.tables
-    table = cache.fresh(device=device, default_device=settings.device, H=H, q_len=q_len, dtype=dtype)
+    table = cache.fresh(device=device, default_device=settings.device, H=H, q_len=q_len, dtype=dtype,
+                        batch_bucket=batch_bucket)
     if table is None:
         request.app.state.metrics.db_path()
         table = await run_in_threadpool(cache.table, sessions=sessions, device=device,
-                                        default_device=settings.device, H=H, q_len=q_len, dtype=dtype)
+                                        default_device=settings.device, H=H, q_len=q_len, dtype=dtype,
+                                        batch_bucket=batch_bucket)
     if table.stale:
         request.app.state.metrics.db_error()
     return table
@@ -57,11 +68,19 @@ def _stale_header(table: Table) -> dict[str, str]:
 @router.get("/configs", response_model=ConfigTableOut)
 async def get_configs(
     sessions: ReadSessions, settings: SettingsDep, request: Request, response: Response, H: HParam, q_len: QParam,
-    device: DeviceParam = None, dtype: DtypeParam = "bf16",
+    device: DeviceParam = None, dtype: DtypeParam = "bf16", batch: BatchParam = None,
+    all_batches: Annotated[bool, Query(description="every batch bucket's table (then no `batch`)")] = False,
 ) -> ConfigTableOut | Response:
-    table = await _table(request, sessions, settings, device, H, q_len, dtype)
+    if all_batches and batch is not None:
+        raise BadParameter("batch", "give either batch or all_batches=true, not both")
+    wanted = [b.index for b in batches.ALL] if all_batches else [batches.bucket_of(batch or 1).index]
+    tables = [await _table(request, sessions, settings, device, H, q_len, dtype, i) for i in wanted]
+    table = tables[0]
+    for t in tables:
+        if t.stale:
+            table = t
     response.headers.update(_stale_header(table))
-    answers = table.answers
+    answers = [a for t in tables for a in t.answers]
     body = ConfigTableOut(device=table.limits.name, kernel_hash=answers[0].kernel_hash, dtype=dtype, H=H,
                           q_len=q_len, configs=[ConfigOut.of(a) for a in answers])
     etag = '"' + hashlib.sha256(body.model_dump_json().encode()).hexdigest()[:32] + '"'

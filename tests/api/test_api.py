@@ -154,3 +154,43 @@ def test_no_default_device_needs_the_parameter(db_url, tmp_path):
         r = c.get("/config", params={"H": 8, "q_len": 9, "prefix": 100})
         assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "device"]
         assert c.get("/config", params={"H": 8, "q_len": 9, "prefix": 100, "device": "h200"}).status_code == 200
+
+
+def test_batch_picks_its_bucket_and_never_borrows_a_b1_row(client):
+    """`batch` selects the batch bucket; the card's request (no batch) means B=1. A config tuned
+    at B=1 is not served at B=32 (not even as "nearest"): B=32 gets the heuristic for 32 requests,
+    whose grid of 32 x NSPLIT blocks fills one wave with far fewer splits."""
+    assert client.post("/configs/import", json=[ROW], headers=AUTH).json()["imported"] == 1
+    plain = get(client).json()
+    assert plain["source"] == "tuned" and plain["batch_bucket"] == {"index": 0, "lo": 1, "hi": 1}
+    assert get(client, batch=1).json() == plain
+    b32 = get(client, batch=32).json()
+    assert b32["batch_bucket"] == {"index": 5, "lo": 17, "hi": 32}
+    assert b32["source"] == "heuristic" and b32["NSPLIT"] * 32 <= H200.sm_count
+    assert get(client, batch=17).json() == b32
+    row32 = {**ROW, "batch_bucket": 5, "NSPLIT": 4, "median_us": 400.0, "default_us": 420.0}
+    assert client.post("/configs/import", json=[row32], headers=AUTH).json()["imported"] == 1
+    assert (get(client, batch=20).json()["source"], get(client, batch=20).json()["NSPLIT"]) == ("tuned", 4)
+    assert get(client).json()["NSPLIT"] == 64  # the B=1 row is untouched
+
+
+@pytest.mark.parametrize("value", ["0", "4097", "-1", "1.5", "x", ""])
+def test_bad_batch_is_a_422_naming_it(client, value):
+    r = client.get("/config", params={"H": 8, "q_len": 9, "prefix": 46000, "batch": value})
+    assert r.status_code == 422 and "batch" in r.text
+
+
+def test_configs_for_every_batch_bucket_in_one_request(client):
+    from tuner import batches, buckets
+
+    one = client.get("/configs", params={"H": 8, "q_len": 9}).json()["configs"]
+    assert len(one) == len(buckets.ALL) and {c["batch_bucket"]["index"] for c in one} == {0}
+    b8 = client.get("/configs", params={"H": 8, "q_len": 9, "batch": 8}).json()["configs"]
+    assert {c["batch_bucket"]["hi"] for c in b8} == {8}
+    every = client.get("/configs", params={"H": 8, "q_len": 9, "all_batches": "true"})
+    assert every.status_code == 200 and every.headers["etag"]
+    cfgs = every.json()["configs"]
+    assert len(cfgs) == len(buckets.ALL) * len(batches.ALL)
+    assert [c for c in cfgs if c["batch_bucket"]["index"] == 0] == one
+    both = client.get("/configs", params={"H": 8, "q_len": 9, "all_batches": "true", "batch": 8})
+    assert both.status_code == 422 and "batch" in both.text

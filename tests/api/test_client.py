@@ -97,3 +97,24 @@ def test_the_default_snapshot_lives_in_the_per_user_cache_dir(monkeypatch, tmp_p
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     c = ConfigClient("http://127.0.0.1:1", H=8, q_len=9, device="h200")
     assert c.snapshot.is_relative_to(tmp_path / "xdg") and "verify-tuner" in str(c.snapshot)
+
+
+def test_lookup_by_batch_uses_that_batch_buckets_table(tmp_path):
+    """fetch() gets every batch bucket in one request; lookup(prefix, batch) bisects the table of
+    the batch's bucket, and the snapshot keeps all of them."""
+    env = _sidecar_env_with_one_tuned_row(tmp_path, f"sqlite:///{tmp_path / 'c.db'}")
+    port = free_port()
+    with running_server(env, port=port):
+        c = ConfigClient(f"http://127.0.0.1:{port}", H=8, q_len=9, device="NVIDIA H200", snapshot_dir=tmp_path)
+        assert c.fetch() == "sidecar"
+    assert c.lookup(46000).nsplit == c.lookup(46000, batch=1).nsplit == 64  # the tuned B=1 row
+    h200 = known_device("h200")
+    for batch in (2, 8, 32, 256, 4096):
+        cfg = c.lookup(46000, batch=batch)
+        assert check(cfg, h200, H=8, q_len=9) is None
+        assert cfg.nsplit * batch <= max(h200.sm_count, batch)  # one wave at most
+    assert c.lookup(46000, batch=17) == c.lookup(46000, batch=32)
+    with pytest.raises(ValueError, match="batch"):
+        c.lookup(46000, batch=0)
+    snap = json.loads(c.snapshot.read_text())
+    assert len({cfg["batch_bucket"]["index"] for cfg in snap["configs"]}) == 13

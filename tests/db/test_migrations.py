@@ -87,6 +87,61 @@ def test_0001_database_holding_rows_upgrades_and_back_keeping_them(db_url):
     engine.dispose()
 
 
+def test_0002_database_with_rows_gains_batch_buckets_and_loses_nothing(db_url):
+    """Migration 0003: a database tuned before batch buckets keeps every best config and study as
+    batch bucket 0 (B=1), answers the same lookups, and can then store a B=32 row beside the B=1
+    row of the same key; a downgrade keeps the B=1 rows and drops only the B=32 one."""
+    from sqlalchemy import text
+
+    from kernels.config import KernelConfig
+    from tuner.db import repo
+    from tuner.db.session import session_factory, session_scope
+    from tuner.workload import WorkloadKey
+
+    migrate.upgrade(db_url, "0002")
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO devices (name, compute_capability, sm_count, max_smem_optin, smem_per_sm, "
+                          "regs_per_sm, regs_per_block, max_threads_per_block, l2_bytes, recorded_at) VALUES "
+                          "('NVIDIA H200', '9.0', 132, 232448, 233472, 65536, 65536, 1024, 0, '2026-11-01')"))
+        conn.execute(text("INSERT INTO kernels (source_hash, name, version) VALUES ('abc', 'verify_attention', '2')"))
+        for bucket, nsplit in ((15, 64), (16, 132), (9, 33)):
+            conn.execute(text("INSERT INTO best_configs (device_id, kernel_id, dtype, \"H\", q_len, bucket, nsplit, "
+                              f"ht, tk, block, extra, tuned_at) SELECT d.id, k.id, 'bf16', 8, 9, {bucket}, {nsplit}, "
+                              "8, 32, 256, '{\"STAGES\": 2}', '2026-11-01' FROM devices d, kernels k"))
+        conn.execute(text("INSERT INTO tuning_studies (workload_key, device_id, kernel_id, dtype, \"H\", q_len, bucket, "
+                          "prefix, status, sampler, started_at, n_trials, n_ok, n_invalid, n_failed) SELECT "
+                          "'NVIDIA H200|abc|bf16|H8|Q9|b16', d.id, k.id, 'bf16', 8, 9, 16, 46000, 'finished', 'tpe', "
+                          "'2026-11-01', 40, 38, 2, 0 FROM devices d, kernels k"))
+        conn.execute(text("INSERT INTO tuning_trials (study_id, params, state, created_at) SELECT id, "
+                          "'{\"NSPLIT\": 132}', 'ok', '2026-11-01' FROM tuning_studies"))
+    migrate.upgrade(db_url)
+    sessions = session_factory(engine)
+    key1 = WorkloadKey("NVIDIA H200", "abc", "bf16", 8, 9, 16)
+    with session_scope(sessions) as s:
+        rows = repo.list_best(session=s)
+        assert sorted((r.key.bucket, r.key.batch_bucket, r.config.nsplit) for r in rows) == [
+            (9, 0, 33), (15, 0, 64), (16, 0, 132)]
+        assert repo.get_best(session=s, key=key1).config.nsplit == 132
+        study = repo.get_or_create_study(session=s, key=key1, prefix=46000, sampler="tpe", seed=None)
+        assert (study.n_trials, study.batch_bucket) == (40, 0)  # the old study resumes, not a new one
+        assert len(repo.list_trials(session=s, study_id=study.id)) == 1
+        repo.upsert_best(session=s, key=WorkloadKey(**{**key1.__dict__, "batch_bucket": 5}),
+                         config=KernelConfig(nsplit=4, ht=8, tk=32, block=256), median_us=90.0)
+    with session_scope(sessions) as s:
+        assert repo.get_best(session=s, key=key1).config.nsplit == 132
+        assert len(repo.list_best(session=s)) == 4
+    migrate.downgrade(db_url, "0002")
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM best_configs")).scalar_one() == 3
+        assert conn.execute(text("SELECT count(*) FROM tuning_trials")).scalar_one() == 1
+        assert "batch_bucket" not in {c["name"] for c in inspect(conn).get_columns("best_configs")}
+    migrate.upgrade(db_url)
+    with session_scope(sessions) as s:
+        assert len(repo.list_best(session=s)) == 3
+    engine.dispose()
+
+
 def test_sixteen_concurrent_db_upgrades_on_a_fresh_database_all_succeed(db_url, tmp_path):
     """Operators start tuners and sidecars together: each runs `tuner db upgrade` first (it also
     creates Optuna's tables). Before the lock 2 of 16 failed on PostgreSQL, 1 of 16 on SQLite."""

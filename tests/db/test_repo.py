@@ -5,6 +5,7 @@ import pytest
 from kernels.config import KernelConfig
 from kernels.errors import StorageError
 from kernels.limits import known_device
+from tuner import buckets
 from tuner.db import repo
 from tuner.db.session import session_scope
 from tuner.workload import WorkloadKey
@@ -59,9 +60,30 @@ def test_nearest_bucket_by_log_distance(sessions):
         for b, us in ((5, 5.0), (20, 50.0)):
             repo.upsert_best(session=s, key=WorkloadKey(**{**KEY.__dict__, "bucket": b}), config=CFG, median_us=us)
     with session_scope(sessions) as s:
-        assert repo.nearest_best(session=s, key=KEY).key.bucket == 20  # 15 is 5 from 20, 10 from 5
-        assert repo.nearest_best(session=s, key=WorkloadKey(**{**KEY.__dict__, "bucket": 9})).key.bucket == 5
-        assert repo.nearest_best(session=s, key=WorkloadKey(**{**KEY.__dict__, "H": 16})) is None
+        rows = repo.list_best_for(session=s, device=KEY.device, kernel_hash=KEY.kernel_hash, dtype=KEY.dtype,
+                                  H=KEY.H, q_len=KEY.q_len)
+        assert repo.nearest_row(rows, buckets.by_index(KEY.bucket)).key.bucket == 20  # 15: 5 from 20, 10 from 5
+        assert repo.nearest_row(rows, buckets.by_index(9)).key.bucket == 5
+        assert repo.nearest_row([], buckets.by_index(9)) is None
+
+
+def test_batch_buckets_are_separate_keys(sessions):
+    """The same (device, kernel, H, q_len, prefix bucket) holds one row per batch bucket; a B=1
+    key's study name is the one it had before batch buckets existed (its study resumes)."""
+    _record(sessions)
+    b32 = WorkloadKey(**{**KEY.__dict__, "batch_bucket": 5})
+    with session_scope(sessions) as s:
+        repo.upsert_best(session=s, key=KEY, config=CFG, median_us=10.0)
+        repo.upsert_best(session=s, key=b32, config=KernelConfig(4, 8, 32, 256), median_us=90.0)
+    with session_scope(sessions) as s:
+        assert repo.get_best(session=s, key=KEY).config == CFG
+        assert repo.get_best(session=s, key=b32).config.nsplit == 4
+        only32 = repo.list_best_for(session=s, device=KEY.device, kernel_hash=KEY.kernel_hash, dtype=KEY.dtype,
+                                    H=KEY.H, q_len=KEY.q_len, batch_bucket=5)
+        assert [r.key for r in only32] == [b32]
+        assert repo.delete_best(session=s, device=H200.name, batch_bucket=5) == 1
+        assert [r.key for r in repo.list_best(session=s)] == [KEY]
+    assert "|B" not in str(KEY) and str(b32).endswith("|B5")
 
 
 def test_delete_filters(sessions):

@@ -53,7 +53,9 @@ class Study(Base):
     H: Mapped[int]
     q_len: Mapped[int]
     bucket: Mapped[int]
-    prefix: Mapped[int]  # the prefix length measured for this bucket
+    #: tuner.batches index (0: B=1); migration 0003
+    batch_bucket: Mapped[int] = mapped_column(default=0, server_default="0")
+    prefix: Mapped[int]  # the prefix length measured for this bucket (the batch's lookup prefix)
     status: Mapped[str] = mapped_column(String(16), default="running")
     sampler: Mapped[str] = mapped_column(String(16))
     seed: Mapped[int | None]
@@ -84,7 +86,8 @@ class Trial(Base):
 class BestConfig(Base):
     __tablename__ = "best_configs"
     __table_args__ = (
-        UniqueConstraint("device_id", "kernel_id", "dtype", "H", "q_len", "bucket", name="uq_best_key"),
+        UniqueConstraint("device_id", "kernel_id", "dtype", "H", "q_len", "bucket", "batch_bucket",
+                         name="uq_best_key"),
     )
     id: Mapped[int] = mapped_column(primary_key=True)
     device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"))
@@ -93,6 +96,8 @@ class BestConfig(Base):
     H: Mapped[int]
     q_len: Mapped[int]
     bucket: Mapped[int]
+    #: tuner.batches index (0: B=1); migration 0003
+    batch_bucket: Mapped[int] = mapped_column(default=0, server_default="0")
     nsplit: Mapped[int]
     ht: Mapped[int]
     tk: Mapped[int]

@@ -116,44 +116,42 @@ def upsert_kernel(*, session: Session, source_hash: str, name: str, version: str
 def _best_query(**filters: object):  # type: ignore[no-untyped-def]
     """Best configs joined with their device name and kernel hash; None filters are ignored."""
     cols = {"device": Device.name, "kernel_hash": Kernel.source_hash, "dtype": BestConfig.dtype,
-            "H": BestConfig.H, "q_len": BestConfig.q_len, "bucket": BestConfig.bucket}
+            "H": BestConfig.H, "q_len": BestConfig.q_len, "bucket": BestConfig.bucket,
+            "batch_bucket": BestConfig.batch_bucket}
     q = (select(BestConfig, Device.name, Kernel.source_hash)
          .join(Device, BestConfig.device_id == Device.id).join(Kernel, BestConfig.kernel_id == Kernel.id))
     for name, value in filters.items():
         if value is not None:
             q = q.where(cols[name] == value)
-    return q.order_by(Device.name, BestConfig.H, BestConfig.q_len, BestConfig.bucket)
+    return q.order_by(Device.name, BestConfig.H, BestConfig.q_len, BestConfig.batch_bucket, BestConfig.bucket)
 
 
 def _to_row(best: BestConfig, device: str, kernel_hash: str) -> BestRow:
     cfg = KernelConfig.from_params({"NSPLIT": best.nsplit, "HT": best.ht, "TK": best.tk, "BLOCK": best.block,
                                     **(best.extra or {})})
-    key = WorkloadKey(device, kernel_hash, best.dtype, best.H, best.q_len, best.bucket)
+    key = WorkloadKey(device, kernel_hash, best.dtype, best.H, best.q_len, best.bucket, best.batch_bucket)
     return BestRow(key, cfg, best.median_us, best.p10_us, best.p90_us, best.default_us, best.speedup,
                    best.study_id, best.tuned_at)
 
 
 def get_best(*, session: Session, key: WorkloadKey) -> BestRow | None:
     q = _best_query(device=key.device, kernel_hash=key.kernel_hash, dtype=key.dtype, H=key.H, q_len=key.q_len,
-                    bucket=key.bucket)
+                    bucket=key.bucket, batch_bucket=key.batch_bucket)
     hit = session.execute(q).one_or_none()
     return _to_row(*hit) if hit else None
 
 
-def list_best_for(*, session: Session, device: str, kernel_hash: str, dtype: str, H: int, q_len: int) -> list[BestRow]:
-    q = _best_query(device=device, kernel_hash=kernel_hash, dtype=dtype, H=H, q_len=q_len)
+def list_best_for(*, session: Session, device: str, kernel_hash: str, dtype: str, H: int, q_len: int,
+                  batch_bucket: int | None = None) -> list[BestRow]:
+    """Stored bests of one (device, kernel, dtype, H, q_len); every batch bucket unless given."""
+    q = _best_query(device=device, kernel_hash=kernel_hash, dtype=dtype, H=H, q_len=q_len,
+                    batch_bucket=batch_bucket)
     return [_to_row(*r) for r in session.execute(q)]
 
 
-def nearest_best(*, session: Session, key: WorkloadKey) -> BestRow | None:
-    """The stored best of the closest bucket (log distance) for the same device, kernel, H, q_len."""
-    rows = list_best_for(session=session, device=key.device, kernel_hash=key.kernel_hash, dtype=key.dtype,
-                         H=key.H, q_len=key.q_len)
-    return nearest_row(rows, buckets.by_index(key.bucket))
-
-
 def nearest_row(rows: list[BestRow], target: buckets.Bucket) -> BestRow | None:
-    """The row whose bucket is closest to `target` in log distance (ties: the smaller bucket)."""
+    """The row whose prefix bucket is closest to `target` in log distance (ties: the smaller
+    bucket). The caller passes rows of one batch bucket: nearest never crosses batch buckets."""
     if not rows:
         return None
     return min(rows, key=lambda r: (buckets.log_distance(buckets.by_index(r.key.bucket), target), r.key.bucket))
@@ -180,12 +178,13 @@ def upsert_best(*, session: Session, key: WorkloadKey, config: KernelConfig, med
                   median_us=median_us, p10_us=p10_us, p90_us=p90_us, default_us=default_us, speedup=speedup,
                   study_id=study_id, tuned_at=tuned_at or utcnow())
     _upsert(session, BestConfig, key_cols=dict(device_id=device.id, kernel_id=kernel.id, dtype=key.dtype,
-                                               H=key.H, q_len=key.q_len, bucket=key.bucket), values=values)
+                                               H=key.H, q_len=key.q_len, bucket=key.bucket,
+                                               batch_bucket=key.batch_bucket), values=values)
     _bump_version(session)
 
 
 def delete_best(*, session: Session, device: str, H: int | None = None, q_len: int | None = None,
-                bucket: int | None = None) -> int:
+                bucket: int | None = None, batch_bucket: int | None = None) -> int:
     dev = get_device(session=session, name=device)
     if dev is None:
         return 0
@@ -196,6 +195,8 @@ def delete_best(*, session: Session, device: str, H: int | None = None, q_len: i
         stmt = stmt.where(BestConfig.q_len == q_len)
     if bucket is not None:
         stmt = stmt.where(BestConfig.bucket == bucket)
+    if batch_bucket is not None:
+        stmt = stmt.where(BestConfig.batch_bucket == batch_bucket)
     n = session.execute(stmt).rowcount or 0
     if n:
         _bump_version(session)
@@ -211,7 +212,8 @@ def get_or_create_study(*, session: Session, key: WorkloadKey, prefix: int, samp
     kernel = upsert_kernel(session=session, source_hash=key.kernel_hash, name=KERNEL_NAME, version=KERNEL_VERSION)
     _insert_ignore(session, Study, key_cols={"workload_key": str(key)}, values=dict(
         device_id=device.id, kernel_id=kernel.id, dtype=key.dtype, H=key.H, q_len=key.q_len, bucket=key.bucket,
-        prefix=prefix, status="running", sampler=sampler, seed=seed, started_at=utcnow(),
+        batch_bucket=key.batch_bucket, prefix=prefix, status="running", sampler=sampler, seed=seed,
+        started_at=utcnow(),
         n_trials=0, n_ok=0, n_invalid=0, n_failed=0))
     study = session.scalars(select(Study).where(Study.workload_key == str(key))).one()
     if study.status != "running":

@@ -19,13 +19,15 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 
 def make_engine(url: str, *, immediate: bool = True, busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS,
-                pooled: bool = True, read_only: bool = False) -> Engine:
+                pooled: bool = True, read_only: bool = False, foreign_keys: bool = True) -> Engine:
     """An engine; SQLite gets WAL, a busy timeout and, for writers (`immediate`), transactions
     that take the write lock up front. Read-only users pass immediate=False so that they never
     queue behind writers (WAL readers need no lock). `pooled=False` opens a new connection per
     use: what a probe needs to see the database as a restarted process would. `read_only` opens
     an SQLite file read-only and leaves its journal mode alone (a read-only file cannot switch
-    to WAL; one already in WAL needs its -wal/-shm beside it)."""
+    to WAL; one already in WAL needs its -wal/-shm beside it). `foreign_keys=False` is for
+    migrations only: SQLite alters a table by copying it, and dropping the old copy with foreign
+    keys on would cascade into the rows that point at it."""
     parsed = make_url(url)
     pool = {} if pooled else {"poolclass": NullPool}
     if parsed.get_backend_name() != "sqlite":
@@ -45,7 +47,7 @@ def make_engine(url: str, *, immediate: bool = True, busy_timeout_ms: int = SQLI
         if not read_only:
             cur.execute("PRAGMA journal_mode=WAL")
         cur.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")
-        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute(f"PRAGMA foreign_keys={'ON' if foreign_keys else 'OFF'}")
         cur.close()
 
     @event.listens_for(engine, "begin")
