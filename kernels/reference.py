@@ -67,8 +67,10 @@ def make_inputs(
     draft = perm[sum(prefix_lens):].view(B, q_len).clone()
     indptr = torch.zeros(B + 1, dtype=torch.int32)
     indptr[1:] = torch.cumsum(torch.tensor(prefix_lens, dtype=torch.int64), 0).to(torch.int32)
-    q = torch.randn(B, q_len, H, D_QK, generator=gen).to(torch.bfloat16)
-    kv = torch.randn(S, D_QK, generator=gen).to(torch.bfloat16)
+    # values are drawn on the target device: a batch of 32 long requests is gigabytes of KV
+    dgen = torch.Generator(device=device).manual_seed(seed)
+    q = torch.randn(B, q_len, H, D_QK, generator=dgen, device=device).to(torch.bfloat16)
+    kv = torch.randn(S, D_QK, generator=dgen, device=device).to(torch.bfloat16)
     masks = [random_tree_mask(q_len, gen) for _ in range(B)]
     mask = torch.tensor([[m - (1 << 64) if m >= 1 << 63 else m for m in row] for row in masks], dtype=torch.int64)
     return Inputs(

@@ -36,3 +36,31 @@ def test_log_distance_prefers_the_closer_octave():
     b = buckets.bucket_of(46000)
     assert buckets.log_distance(buckets.bucket_of(40000), b) < buckets.log_distance(buckets.bucket_of(4000), b)
     assert [x.index for x in buckets.buckets_between(1000, 5000)] == list(range(4, 10))
+
+
+def test_batch_buckets_are_powers_of_two_ranges():
+    from tuner import batches
+
+    assert [str(b) for b in batches.ALL[:9]] == ["1", "2", "3-4", "5-8", "9-16", "17-32", "33-64", "65-128",
+                                                 "129-256"]
+    for a, b in zip(batches.ALL, batches.ALL[1:]):
+        assert a.hi + 1 == b.lo and a.index + 1 == b.index
+    for n in range(1, batches.MAX_BATCH + 1):
+        bb = batches.bucket_of(n)
+        assert bb.lo <= n <= bb.hi
+    for bad in (0, -3, batches.MAX_BATCH + 1, 2.0, True):
+        with pytest.raises(ValueError, match="batch"):
+            batches.bucket_of(bad)
+
+
+@pytest.mark.parametrize("statistic", ["mean", "max", "total"])
+@pytest.mark.parametrize("spread", ["uniform", "one-long", "equal"])
+def test_drawn_batches_have_the_centre_as_their_statistic(statistic, spread):
+    from tuner import batches
+
+    for batch in (1, 2, 5, 32, 256):
+        for centre in (0, 1, 300, 46000, 1 << 20):
+            lens = batches.draw_prefixes(batch=batch, centre=centre, spread=spread, statistic=statistic)
+            assert len(lens) == batch and min(lens) >= 0
+            assert batches.prefix_of(lens, statistic) == centre
+            assert lens == batches.draw_prefixes(batch=batch, centre=centre, spread=spread, statistic=statistic)

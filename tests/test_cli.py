@@ -187,3 +187,14 @@ def test_study_start_exits_non_zero_when_a_key_stores_nothing(run, monkeypatch):
     assert run("db", "upgrade").exit_code == 0
     r = run("study", "start", "--H", "8", "--q-len", "9", "--prefix", "46000")
     assert r.exit_code == 1 and "1 key(s) ended with nothing stored" in r.output and "correctness gate" in r.output
+
+
+@pytest.mark.parametrize("value", ["0", "1,x", "5000", ""])
+def test_study_start_rejects_a_bad_batch_in_one_line(value, tmp_path):
+    from click.testing import CliRunner
+
+    from tuner.cli import cli
+
+    r = CliRunner().invoke(cli, ["study", "start", "--H", "8", "--q-len", "9", "--prefix", "4096", "--batch", value],
+                           env={"TUNER_DATABASE_URL": f"sqlite:///{tmp_path / 'c.db'}"})
+    assert r.exit_code == 2 and "--batch" in r.output and "Traceback" not in r.output

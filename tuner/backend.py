@@ -19,14 +19,32 @@ OK, INVALID, COMPILE_ERROR, WRONG, CRASHED, TIMEOUT = "ok", "invalid", "compile_
 
 @dataclass(frozen=True)
 class Workload:
+    """What one study measures: `batch` requests whose prefixes are drawn reproducibly with
+    `spread` so that their lookup prefix (tuner.batches.prefix_of) is `prefix`."""
+
     H: int
     q_len: int
     prefix: int
     dtype: str = "bf16"
+    batch: int = 1
+    spread: str = "uniform"
+
+    def __post_init__(self) -> None:
+        from tuner import batches
+
+        batches.bucket_of(self.batch)  # ValueError naming the range
+        if self.spread not in batches.SPREADS:
+            raise ValueError(f"spread must be one of {batches.SPREADS}, got {self.spread!r}")
+
+    def prefix_lens(self) -> list[int]:
+        from tuner import batches
+
+        return batches.draw_prefixes(batch=self.batch, centre=self.prefix, spread=self.spread)
 
     def floor_bytes(self) -> int:
-        """Bytes that must move once: KV of prefix + draft, q in, o out."""
-        return (self.prefix + self.q_len) * 576 * 2 + self.q_len * self.H * (576 + 512) * 2
+        """Bytes that must move once: KV of every prefix + draft, q in, o out."""
+        tokens = sum(self.prefix_lens()) + self.batch * self.q_len
+        return tokens * 576 * 2 + self.batch * self.q_len * self.H * (576 + 512) * 2
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,18 @@ def _parse_devices(text: str) -> list[int]:
     return out
 
 
+def _parse_batches(text: str) -> list[int]:
+    from tuner.batches import MAX_BATCH
+
+    try:
+        out = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise click.BadParameter(f"--batch takes batch sizes like 1,8,32; got {text!r}") from None
+    if not out or not all(1 <= b <= MAX_BATCH for b in out):
+        raise click.BadParameter(f"--batch takes batch sizes in 1..{MAX_BATCH} like 1,8,32; got {text!r}")
+    return out
+
+
 def prefixes_for(prefix: tuple[int, ...], prefix_range: str | None) -> list[int]:
     """Explicit prefixes, plus one representative prefix per bucket of the range."""
     from tuner import buckets
@@ -70,7 +82,7 @@ class _Bar:
         sp = f" ({p.default_us / p.best_us:.2f}x vs default)" if p.best_us and p.default_us else ""
         width = 24
         done = int(width * min(p.measured, p.budget) / max(p.budget, 1))
-        line = f"H={p.key.H} q={p.key.q_len} b{p.key.bucket} [{'#' * done}{'.' * (width - done)}] " \
+        line = f"H={p.key.H} q={p.key.q_len} b{p.key.bucket} B{p.key.batch_bucket} [{'#' * done}{'.' * (width - done)}] " \
                f"{p.measured}/{p.budget}  best {best}{sp}"
         if self.tty:
             sys.stderr.write("\r" + line[:150].ljust(150))
@@ -90,6 +102,12 @@ def register(study: click.Group, clean: Callable[..., Any]) -> None:
     @click.option("--prefix", type=click.IntRange(0, MAX_PREFIX), multiple=True,
                   help="Prefix length to tune (repeatable).")
     @click.option("--prefix-range", default=None, help="LO:HI - tune every prefix bucket in the range.")
+    @click.option("--batch", "batch_text", default="1", show_default=True, metavar="B1,B2,...",
+                  help="Requests per launch to tune for, e.g. 1,8,32: one key per batch bucket; each measures a "
+                       "ragged batch whose longest prefix is the key's prefix.")
+    @click.option("--spread", type=click.Choice(["uniform", "one-long", "equal"]), default="uniform",
+                  show_default=True, help="How a batch's prefixes are drawn (seeded): uniform in 0.5x..1.5x, "
+                                          "or one long request among short ones; scaled so the longest is the prefix.")
     @click.option("--trials", type=click.IntRange(min=1), default=60, show_default=True,
                   help="Measured trials per key (invalid configs are not counted).")
     @click.option("--timeout", type=float, default=None, help="Seconds per key for the search.")
@@ -105,9 +123,10 @@ def register(study: click.Group, clean: Callable[..., Any]) -> None:
                   help="Restrict a constant's candidates, e.g. --only STAGES=2 --only BLOCK=256,512.")
     @click.pass_obj
     @clean
-    def start(settings: Settings, H: int, q_len: int, prefix: tuple[int, ...], prefix_range: str | None, trials: int,
-              timeout: float | None, sampler: str, seed: int | None, storage: str | None, ordinal: int,
-              devices: str | None, measure_timeout: float, only: tuple[str, ...]) -> None:
+    def start(settings: Settings, H: int, q_len: int, prefix: tuple[int, ...], prefix_range: str | None,
+              batch_text: str, spread: str, trials: int, timeout: float | None, sampler: str, seed: int | None,
+              storage: str | None, ordinal: int, devices: str | None, measure_timeout: float,
+              only: tuple[str, ...]) -> None:
         """Tune the kernel on the local GPU(s) for each (H, q_len, prefix bucket); resumable."""
         import optuna
 
@@ -121,7 +140,9 @@ def register(study: click.Group, clean: Callable[..., Any]) -> None:
             space.choices(H, restrict, q_len=q_len)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--only") from None
-        job = TuneJob(workloads=[Workload(H, q_len, p) for p in prefixes_for(prefix, prefix_range)],
+        batch_list = _parse_batches(batch_text)
+        job = TuneJob(workloads=[Workload(H, q_len, p, batch=b, spread=spread) for b in batch_list
+                                 for p in prefixes_for(prefix, prefix_range)],
                       n_trials=trials, sampler=sampler, seed=seed, timeout_s=timeout, storage_url=storage,
                       measure_timeout_s=measure_timeout, restrict=restrict)
         devices_list = _parse_devices(devices) if devices else None
@@ -134,7 +155,7 @@ def register(study: click.Group, clean: Callable[..., Any]) -> None:
                     click.echo(f"GPU {dev}: failed: {payload}", err=True)
                     continue
                 for r in payload:
-                    click.echo(f"GPU {dev}: {r['key']} prefix={r['prefix']} best {r['best']} "
+                    click.echo(f"GPU {dev}: {r['key']} prefix={r['prefix']} batch={r['batch']} best {r['best']} "
                                f"({r['best_us'] or float('nan'):.1f} us) {r['decision']} {r['counts']}")
             if failed:
                 raise click.ClickException("a GPU's tuner failed (see above); the others' results are stored")
@@ -164,14 +185,15 @@ def register(study: click.Group, clean: Callable[..., Any]) -> None:
 
 
 def summary_table(outcomes: list[Any]) -> str:
-    lines = ["| key | prefix | trials (ok/invalid/failed) | default | best | best µs | default µs | speedup | "
-             "decision | wall s |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| key | prefix | batch | trials (ok/invalid/failed) | default | best | best µs | default µs | speedup | "
+             "decision | wall s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for o in outcomes:
         c = o.counts
         best_us = f"{o.best_m.median_us:.1f}" if o.best_m else "-"
         def_us = f"{o.default_m.median_us:.1f}" if o.default_m else "-"
         sp = f"{o.speedup:.2f}x" if o.speedup else "-"
-        lines.append(f"| H={o.key.H} q={o.key.q_len} b{o.key.bucket} | {o.workload.prefix} | "
+        lines.append(f"| H={o.key.H} q={o.key.q_len} b{o.key.bucket} B{o.key.batch_bucket} | {o.workload.prefix} | "
+                     f"{o.workload.batch} | "
                      f"{c.get('trials', 0)} ({c.get('ok', 0)}/{c.get('invalid', 0)}/{c.get('failed', 0)}) | "
                      f"{o.default} | {o.best} | {best_us} | {def_us} | {sp} | {o.decision} | {o.wall_s:.0f} |")
     return "\n".join(lines)

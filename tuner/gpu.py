@@ -37,7 +37,7 @@ class GpuMeasurer:
         self._workloads: dict[Workload, tuple[list[Any], Any, Any]] = {}
         # Loaded modules + workspaces, least recently used evicted: a long study or a sweep of a
         # thousand configs must not keep every module and workspace alive on the GPU.
-        self._launchers: OrderedDict[tuple[KernelConfig, int, int], Any] = OrderedDict()
+        self._launchers: OrderedDict[tuple[KernelConfig, int, int, int], Any] = OrderedDict()
 
     def _prepare(self, wl: Workload) -> tuple[list[Any], Any, Any]:
         if wl not in self._workloads:
@@ -47,23 +47,23 @@ class GpuMeasurer:
             self._workloads.clear()  # one workload's inputs at a time: they are sized past the L2
             self._launchers.clear()
             self.torch.cuda.empty_cache()
-            sets = rotating_inputs(prefix_lens=[wl.prefix], q_len=wl.q_len, H=wl.H, l2_bytes=self.limits.l2_bytes,
-                                   seed=wl.H * 1000 + wl.q_len)
-            ref = reference(sets[0])[0]
-            out = self.torch.empty(1, wl.q_len, wl.H, 512, dtype=self.torch.bfloat16, device="cuda")
+            sets = rotating_inputs(prefix_lens=wl.prefix_lens(), q_len=wl.q_len, H=wl.H,
+                                   l2_bytes=self.limits.l2_bytes, seed=wl.H * 1000 + wl.q_len)
+            ref = reference(sets[0])[0]  # the gate covers every request of the batch
+            out = self.torch.empty(wl.batch, wl.q_len, wl.H, 512, dtype=self.torch.bfloat16, device="cuda")
             self._workloads[wl] = (sets, ref, out)
         return self._workloads[wl]
 
     def _launcher(self, cfg: KernelConfig, wl: Workload) -> Any:
         from kernels.launch import VerifyAttention
 
-        key = (cfg, wl.H, wl.q_len)
+        key = (cfg, wl.H, wl.q_len, wl.batch)
         if key in self._launchers:
             self._launchers.move_to_end(key)
         else:
             while len(self._launchers) >= MAX_LOADED:
                 self._launchers.popitem(last=False)
-            self._launchers[key] = VerifyAttention(cfg, H=wl.H, q_len=wl.q_len, limits=self.limits, max_batch=1,
+            self._launchers[key] = VerifyAttention(cfg, H=wl.H, q_len=wl.q_len, limits=self.limits, max_batch=wl.batch,
                                                    cache_dir=self.cache_dir, extra_flags=self.extra_flags)
         return self._launchers[key]
 

@@ -23,6 +23,11 @@ TARGET_ROWS = 72
 BANDWIDTH_ROWS = 16
 #: A split keeps at least this many KV tiles (a shorter one is mostly prologue and epilogue).
 MIN_TILES_PER_SPLIT = 2
+#: Ragged batches (B > 1) get a two-wave grid when each split still walks this many tiles: the
+#: blocks of shorter requests finish early and the second wave fills their SMs. Measured on the
+#: H200 at H=8 q=9 (bench/results/batch_sm_90.md): two waves win at B=8 and B=32 with 46k-70k
+#: prefixes (43-180 tiles a split; 1.13-1.21x), one wave wins at 4096 (4-16 tiles a split).
+TWO_WAVE_TILES = 32
 #: (TK, BLOCK, STAGES, WR, WK, SF, PIPE), preferred first. Measured on the H200 (bench/results/
 #: sweep_*_sm_90.md, 2026-11-29): at 72 rows the 2 row groups x 4 k-slices grid with 2 slots wins
 #: (56.5 us at H=8 q=9 P=46k; 60.8 for 2x2 with 3 slots, 61.4 for a third slot through folded
@@ -96,7 +101,9 @@ def heuristic_config(limits: DeviceLimits, *, H: int, q_len: int, prefix: int, b
         groups = batch * (H // ht) * -(-q_len // (qt or q_len))
         cap = max(1, (prefix + q_len) // (MIN_TILES_PER_SPLIT * probe.tk))
         n = max(1, min(slots // groups, cap))
-        cfg = replace(probe, nsplit=max(c for c in nsplit_choices(H, limits) if c <= n))
+        if batch > 1 and (prefix + q_len) // max(1, 2 * slots // groups) >= TWO_WAVE_TILES * probe.tk:
+            n = max(1, min(2 * slots // groups, cap))
+        cfg = replace(probe, nsplit=max(c for c in nsplit_choices(H, limits, batch) if c <= n))
         blocks = groups * cfg.nsplit
         if 2 * blocks >= slots:
             return cfg

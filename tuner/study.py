@@ -10,7 +10,7 @@ import math
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import optuna
@@ -20,7 +20,7 @@ from kernels import kernel_hash
 from kernels.config import PARAM_NAMES, KernelConfig
 from kernels.errors import InvalidConfig
 from kernels.validate import check
-from tuner import buckets, space
+from tuner import batches, buckets, space
 from tuner.backend import INVALID, OK, Backend, Measurement, Workload
 from tuner.db import repo
 from tuner.db.session import make_engine, session_scope
@@ -150,17 +150,24 @@ class _Ledger:
 
 
 def warm_start_configs(*, session: Session, key: WorkloadKey, limits, workload: Workload) -> list[KernelConfig]:
-    """The heuristic default, then stored bests of this key's other buckets (nearest first), then
-    of other H with the same q_len -- each only if valid here."""
-    cands = [heuristic_config(limits, H=key.H, q_len=key.q_len, prefix=workload.prefix)]
+    """The heuristic default, then stored bests of this key's other prefix buckets (nearest
+    first, same batch bucket), then of the neighbouring batch buckets (nearest batch first, then
+    nearest prefix), then of other H with the same q_len -- each only if valid here."""
+    cands = [heuristic_config(limits, H=key.H, q_len=key.q_len, prefix=workload.prefix, batch=workload.batch)]
     here = buckets.by_index(key.bucket)
     same = repo.list_best_for(session=session, device=key.device, kernel_hash=key.kernel_hash, dtype=key.dtype,
                               H=key.H, q_len=key.q_len)
-    same.sort(key=lambda r: buckets.log_distance(buckets.by_index(r.key.bucket), here))
+    same.sort(key=lambda r: (abs(r.key.batch_bucket - key.batch_bucket),
+                             buckets.log_distance(buckets.by_index(r.key.bucket), here)))
     others = [r for r in repo.list_best(session=session, device=key.device, q_len=key.q_len) if r.key.H != key.H]
+    nsplits = space.nsplit_choices(key.H, limits, workload.batch)
     for r in same + others:
-        if r.config not in cands and check(r.config, limits, H=key.H, q_len=key.q_len) is None:
-            cands.append(r.config)
+        cfg = r.config
+        if r.key.batch_bucket != key.batch_bucket:  # keep the structure, scale the splits to this batch
+            want = cfg.nsplit * batches.by_index(r.key.batch_bucket).hi / workload.batch
+            cfg = replace(cfg, nsplit=min(nsplits, key=lambda n: (abs(math.log2(n / want)), n)))
+        if cfg not in cands and check(cfg, limits, H=key.H, q_len=key.q_len) is None:
+            cands.append(cfg)
     return cands
 
 
@@ -175,9 +182,9 @@ def run_study(
     t0 = time.perf_counter()
     limits = backend.limits
     key = WorkloadKey(limits.name, kernel_hash(), workload.dtype, workload.H, workload.q_len,
-                      buckets.bucket_of(workload.prefix).index)
-    choices = space.choices(key.H, restrict, limits)
-    valid = space.valid_configs(limits, H=key.H, q_len=key.q_len, restrict=restrict)
+                      buckets.bucket_of(workload.prefix).index, batches.bucket_of(workload.batch).index)
+    choices = space.choices(key.H, restrict, limits, batch=workload.batch)
+    valid = space.valid_configs(limits, H=key.H, q_len=key.q_len, restrict=restrict, batch=workload.batch)
     if not valid:
         raise InvalidConfig(f"no valid config for H={key.H}, q_len={key.q_len} on {limits.name}")
     with session_scope(sessions) as s:

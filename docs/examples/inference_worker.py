@@ -23,6 +23,7 @@ def main() -> None:
     ap.add_argument("--q-len", type=int, default=9)
     ap.add_argument("--prefix", type=int, default=40_000, help="prefix length at the first step")
     ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--batch", type=int, default=1, help="requests verified per step")
     args = ap.parse_args()
 
     client = ConfigClient(args.url, H=args.H, q_len=args.q_len, device=args.device)
@@ -39,11 +40,13 @@ def main() -> None:
         return graphs[cfg]
 
     t0 = time.perf_counter()
-    prefix = args.prefix
-    for _ in range(args.steps):
-        cfg = client.lookup(prefix)  # no I/O: safe on the decode hot path
+    prefixes = [args.prefix] * args.batch  # one prefix length per request of the step
+    for step in range(args.steps):
+        # a batch is looked up by its longest request and its size (docs/batching.md)
+        cfg = client.lookup(max(prefixes), batch=len(prefixes))  # no I/O: safe on the decode hot path
         graph_for(cfg)  # .replay() on a GPU
-        prefix += args.q_len  # accepted tokens grow the prefix; a constant stands in here
+        i = step % len(prefixes)
+        prefixes[i] += args.q_len  # accepted tokens grow a prefix; a constant stands in here
     dt = (time.perf_counter() - t0) / args.steps * 1e6
     print(f"{args.steps} steps, {len(graphs)} graph(s), {dt:.2f} us per lookup+select")
 

@@ -103,3 +103,25 @@ def test_space_has_the_devices_one_wave_grid():
     assert H200.sm_count in space.nsplit_choices(8, H200)
     assert H200.sm_count not in space.nsplit_choices(8)  # without a device: the fixed list only
     assert heuristic_config(H200, H=8, q_len=9, prefix=46000).nsplit == H200.sm_count
+
+
+@pytest.mark.parametrize("limits", [known_device(d) for d in ("h200", "rtx-pro-6000")], ids=lambda x: x.arch)
+@pytest.mark.parametrize("batch", [2, 8, 32, 256, 4096])
+def test_batched_defaults_are_valid_and_split_less(limits, batch):
+    """More requests per launch: never more splits than at B=1, at most two waves of blocks
+    (unless one split per request already exceeds them), and valid for the device."""
+    for H, q_len, prefix in ((8, 9, 46000), (64, 9, 4096), (8, 1, 131072), (1, 64, 300)):
+        one = heuristic_config(limits, H=H, q_len=q_len, prefix=prefix)
+        cfg = heuristic_config(limits, H=H, q_len=q_len, prefix=prefix, batch=batch)
+        assert check(cfg, limits, H=H, q_len=q_len) is None
+        assert cfg.nsplit <= one.nsplit
+        blocks = batch * (H // cfg.ht) * -(-q_len // cfg.row_tile(q_len)) * cfg.nsplit
+        assert cfg.nsplit == 1 or blocks <= 2 * 2 * limits.sm_count  # two waves of (up to) two blocks per SM
+
+
+def test_ragged_batches_get_a_second_wave_only_for_long_splits():
+    """bench/results/batch_sm_90.md: at B=8/32 two waves won with 46k-70k prefixes, one wave at 4096."""
+    assert heuristic_config(H200, H=8, q_len=9, prefix=46000, batch=8).nsplit == 33
+    assert heuristic_config(H200, H=8, q_len=9, prefix=46000, batch=32).nsplit == 8
+    assert heuristic_config(H200, H=8, q_len=9, prefix=4096, batch=8).nsplit == 16
+    assert heuristic_config(H200, H=8, q_len=9, prefix=4096, batch=32).nsplit == 4

@@ -148,3 +148,42 @@ def test_a_clearly_faster_config_replaces_the_stored_best(sessions, db_url):
     assert slow_best in fb.remeasured[-1], "the incumbent must be re-timed beside the challengers"
     with session_scope(sessions) as s:
         assert repo.get_best(session=s, key=key).config == out.best
+
+
+def batch_cost(cfg: KernelConfig, wl: Workload) -> float:
+    """A landscape where the best NSPLIT fills one wave: 132 // batch blocks per request."""
+    import math
+
+    return (20.0 + 6 * abs(math.log2(cfg.nsplit * wl.batch / 132))) * (1 + wl.prefix / 100_000)
+
+
+def test_a_batch_study_is_its_own_key_and_warm_starts_from_b1(sessions, db_url):
+    """B=32 tunes its own key (batch bucket 17-32), measures the B=32 workload, finds the
+    one-wave NSPLIT for 32 requests and leaves the B=1 row alone; the B=1 winner, its NSPLIT
+    scaled to 32 requests, is among the B=32 study's warm-start candidates."""
+    b1 = study(sessions, db_url, FakeBackend(cost=batch_cost), n_trials=20, restrict={"STAGES": [2]})
+    fb = FakeBackend(cost=batch_cost)
+    wl32 = Workload(8, 9, 46000, batch=32)
+    b32 = study(sessions, db_url, fb, n_trials=20, workload=wl32, restrict={"STAGES": [2]})
+    assert (b1.key.batch_bucket, b32.key.batch_bucket) == (0, 5) and b32.key.bucket == b1.key.bucket
+    assert b32.stored and b32.best.nsplit * 32 <= 2 * 132 and b1.best.nsplit >= 64
+    # enqueued from the neighbouring batch bucket: its structure, its splits scaled by 1/32
+    from dataclasses import replace
+
+    assert replace(b1.best, nsplit=4) in fb.measured[:6]
+    with session_scope(sessions) as s:
+        assert repo.get_best(session=s, key=b1.key).config == b1.best
+        assert repo.get_best(session=s, key=b32.key).config == b32.best
+        assert s.get(repo.Study, b32.study_id).batch_bucket == 5
+
+
+def test_batch_workloads_draw_reproducible_ragged_prefixes():
+    from tuner import batches
+
+    wl = Workload(8, 9, 46000, batch=16)
+    lens = wl.prefix_lens()
+    assert lens == Workload(8, 9, 46000, batch=16).prefix_lens() and len(lens) == 16
+    assert batches.prefix_of(lens) == 46000 and min(lens) < 46000 * 0.8  # ragged, longest = the key's prefix
+    assert Workload(8, 9, 46000, batch=4, spread="equal").prefix_lens() == [46000] * 4
+    with pytest.raises(ValueError, match="batch"):
+        Workload(8, 9, 46000, batch=0)

@@ -57,3 +57,33 @@ def test_faulting_and_hanging_kernels_fail_only_their_trial(tmp_path):
         assert backend.restarts == 2
     finally:
         backend.close()
+
+
+def test_a_batch_study_measures_the_ragged_batch_and_serves_its_bucket(sqlite_url, tmp_path):
+    """B=8 on the GPU: the gate covers all 8 ragged requests, the winner is stored under batch
+    bucket 5-8 and the API serves it for batch=8 while B=1 stays heuristic."""
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+    from tuner.db import migrate
+    from tuner.db.session import make_engine, session_factory
+    from tuner.settings import Settings
+    from tuner.study import run_study
+    from tuner.worker import IsolatedBackend
+
+    migrate.upgrade(sqlite_url)
+    sessions = session_factory(make_engine(sqlite_url))
+    backend = IsolatedBackend(measurer_kwargs={"cache_dir": str(tmp_path / "cache")}, timeout_s=120)
+    try:
+        out = run_study(backend=backend, sessions=sessions, storage_url=sqlite_url,
+                        workload=Workload(8, 9, 8192, batch=8), n_trials=6, seed=0,
+                        restrict={"STAGES": [2, 3], "QT": [0]})
+    finally:
+        backend.close()
+    assert out.stored and out.key.batch_bucket == 3 and out.counts["ok"] >= 1
+    settings = Settings(database_url=sqlite_url, cache_dir=tmp_path)
+    with TestClient(create_app(settings)) as c:
+        b8 = c.get("/config", params={"H": 8, "q_len": 9, "prefix": 8192, "batch": 8}).json()
+        b1 = c.get("/config", params={"H": 8, "q_len": 9, "prefix": 8192}).json()
+    assert b8["source"] == "tuned" and b8["NSPLIT"] == out.best.nsplit and b8["batch_bucket"]["hi"] == 8
+    assert b1["source"] == "heuristic"
