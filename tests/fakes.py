@@ -104,3 +104,11 @@ class SlowFakeBackend(FakeBackend):
         Path(self.marker).write_text(str(cfg))
         time.sleep(self.seconds)
         return super().measure(cfg, wl)
+
+
+class PacedMeasurer(MisbehavingMeasurer):
+    """A measurement that takes a little while, as a real one does, so processes interleave."""
+
+    def measure(self, cfg: KernelConfig, wl: Workload) -> Measurement:
+        time.sleep(0.08)
+        return super().measure(cfg, wl)

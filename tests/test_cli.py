@@ -181,7 +181,9 @@ def test_study_start_exits_non_zero_when_a_key_stores_nothing(run, monkeypatch):
     def fake_tune(settings, job, ordinal, on_progress=None, on_key_done=None):  # noqa: ANN001, ANN202
         wl = job.workloads[0]
         key = WorkloadKey("NVIDIA H200", "x", "bf16", wl.H, wl.q_len, 15)
-        return [Outcome(key, wl, 1, decision="no config passed the correctness gate: nothing stored")]
+        from tuner.claims import JobResult
+
+        return JobResult([Outcome(key, wl, 1, decision="no config passed the correctness gate: nothing stored")])
 
     monkeypatch.setattr(runner, "tune_on_device", fake_tune)
     assert run("db", "upgrade").exit_code == 0

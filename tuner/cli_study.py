@@ -154,15 +154,23 @@ def register(study: click.Group, clean: Callable[..., Any]) -> None:
                     failed = True
                     click.echo(f"GPU {dev}: failed: {payload}", err=True)
                     continue
-                for r in payload:
+                for r in payload["keys"]:
                     click.echo(f"GPU {dev}: {r['key']} prefix={r['prefix']} batch={r['batch']} best {r['best']} "
                                f"({r['best_us'] or float('nan'):.1f} us) {r['decision']} {r['counts']}")
+                click.echo(f"GPU {dev}: owned {len(payload['keys'])} key(s), helped {payload['helped']}, "
+                           f"{payload['done_before']} already tuned")
             if failed:
                 raise click.ClickException("a GPU's tuner failed (see above); the others' results are stored")
             return
         bar = _Bar()
-        outcomes = tune_on_device(settings, job, ordinal, on_progress=bar, on_key_done=bar.end)
+        res = tune_on_device(settings, job, ordinal, on_progress=bar, on_key_done=bar.end)
+        outcomes = res.outcomes
         click.echo(summary_table(outcomes))
+        for wl in res.done_before:
+            click.echo(f"H={wl.H} q={wl.q_len} prefix={wl.prefix} batch={wl.batch}: already tuned with the full budget "
+                       "(raise --trials to search further)")
+        if res.helped:
+            click.echo(f"helped {len(res.helped)} key(s) owned by other tuner processes")
         empty = [o for o in outcomes if not o.stored]
         if empty:
             raise click.ClickException(f"{len(empty)} key(s) ended with nothing stored: "

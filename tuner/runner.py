@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.backend import Workload
+from tuner.claims import JobResult
 from tuner.settings import Settings
 from tuner.worker import DEFAULT_MEASURER, IsolatedBackend
 
@@ -28,28 +29,26 @@ class TuneJob:
 
 def tune_on_device(settings: Settings, job: TuneJob, device_ordinal: int,
                    on_progress: Callable[[Any], None] | None = None,
-                   on_key_done: Callable[[], None] | None = None) -> list[Any]:
-    """Every workload of `job`, one after the other, on GPU `device_ordinal`."""
+                   on_key_done: Callable[[], None] | None = None) -> JobResult:
+    """The workloads of `job` on GPU `device_ordinal`, sharing the keys with every other process
+    that runs the same job on the same databases (tuner.claims): other GPUs of this host, or
+    other hosts."""
+    from tuner.claims import owner_id, run_job
     from tuner.db.migrate import checked_sessions
-    from tuner.study import run_study
 
     sessions = checked_sessions(settings.database_url)
     backend = IsolatedBackend(measurer=job.measurer, measurer_kwargs={"cache_dir": str(settings.cache_dir)}
                               if job.measurer == DEFAULT_MEASURER else {}, device_ordinal=device_ordinal,
                               timeout_s=job.measure_timeout_s)
-    outcomes = []
+    study_kw = {"storage_url": job.storage_url or settings.study_storage or settings.database_url,
+                "sampler": job.sampler, "seed": job.seed, "timeout_s": job.timeout_s, "on_progress": on_progress,
+                "precompile_dir": settings.cache_dir}
     try:
-        for wl in job.workloads:
-            outcomes.append(run_study(
-                backend=backend, sessions=sessions, storage_url=job.storage_url or settings.study_storage
-                or settings.database_url, workload=wl, n_trials=job.n_trials, sampler=job.sampler, seed=job.seed,
-                timeout_s=job.timeout_s, on_progress=on_progress, precompile_dir=settings.cache_dir,
-                restrict=job.restrict or None))
-            if on_key_done:
-                on_key_done()
+        return run_job(backend=backend, sessions=sessions, workloads=job.workloads, n_trials=job.n_trials,
+                       owner=owner_id(device_ordinal), study_kw=study_kw, restrict=job.restrict or None,
+                       on_key_done=on_key_done)
     finally:
         backend.close()
-    return outcomes
 
 
 def _device_main(settings: Settings, job: TuneJob, index: int, device_ordinal: int, queue: Any) -> None:
@@ -57,10 +56,18 @@ def _device_main(settings: Settings, job: TuneJob, index: int, device_ordinal: i
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     try:
-        outcomes = tune_on_device(settings, job, device_ordinal)
-        queue.put((index, device_ordinal, "ok", [_summary(o) for o in outcomes]))
-    except Exception as exc:  # reported by the parent, which exits non-zero
-        queue.put((index, device_ordinal, "error", f"{type(exc).__name__}: {exc}"))
+        res = tune_on_device(settings, job, device_ordinal)
+        queue.put((index, device_ordinal, "ok", {"keys": [_summary(o) for o in res.outcomes],
+                                                  "helped": len(res.helped), "done_before": len(res.done_before)}))
+    except Exception as exc:  # reported by the parent, which exits non-zero; a bug keeps its traceback
+        import traceback
+
+        from tuner.errors import TunerError
+
+        detail = f"{type(exc).__name__}: {exc}"
+        if not isinstance(exc, TunerError):
+            detail = traceback.format_exc()
+        queue.put((index, device_ordinal, "error", detail))
 
 
 def _summary(o: Any) -> dict[str, Any]:
@@ -70,8 +77,9 @@ def _summary(o: Any) -> dict[str, Any]:
 
 
 def tune_on_devices(settings: Settings, job: TuneJob, devices: list[int]) -> list[tuple[int, str, Any]]:
-    """One process per GPU, all on the same studies: Optuna shares the trials out through the
-    storage. Each process seeds its sampler differently so they do not propose in lockstep."""
+    """One process per GPU, sharing the job's keys (tuner.claims: each key's winner is picked and
+    stored once) and, at the end, the trials of the keys still running. Each process seeds its
+    sampler differently so they do not propose in lockstep."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     procs = []

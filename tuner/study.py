@@ -139,6 +139,11 @@ class _Ledger:
         self.total = len(trials)
         self.since = 0
 
+    def stale(self) -> bool:
+        """True when the storage holds trials this ledger has not seen (another process's); the
+        one more is this process's own running trial."""
+        return self.study._storage.get_n_trials(self.study._study_id) > self.total + 1  # noqa: SLF001
+
     def after_trial(self, ft: optuna.trial.FrozenTrial) -> None:
         self.since += 1
         self.total += 1
@@ -171,18 +176,26 @@ def warm_start_configs(*, session: Session, key: WorkloadKey, limits, workload: 
     return cands
 
 
+def workload_key(limits, workload: Workload) -> WorkloadKey:  # type: ignore[no-untyped-def]
+    return WorkloadKey(limits.name, kernel_hash(), workload.dtype, workload.H, workload.q_len,
+                       buckets.bucket_of(workload.prefix).index, batches.bucket_of(workload.batch).index)
+
+
 def run_study(
     *, backend: Backend, sessions: sessionmaker[Session], storage_url: str, workload: Workload, n_trials: int,
     sampler: str = "tpe", seed: int | None = None, timeout_s: float | None = None, top_k: int = 3, rounds: int = 4,
     on_progress: Callable[[Progress], None] | None = None, restrict: dict[str, list[int]] | None = None,
-    precompile_dir: Path | None = None, heartbeat_s: float | None = HEARTBEAT_S,
+    precompile_dir: Path | None = None, heartbeat_s: float | None = HEARTBEAT_S, pick: bool = True,
+    owns: Callable[[], bool] | None = None,
 ) -> Outcome:
     """Search, pick the winner, store it. `restrict` narrows the choices of some constants
-    (e.g. {"STAGES": [2]}); `n_trials` counts measurements, not invalid or repeated configs."""
+    (e.g. {"STAGES": [2]}); `n_trials` counts measurements, not invalid or repeated configs.
+    `pick=False` only helps with the search of a key another process owns (tuner.claims): the
+    owner alone re-times the top candidates and stores the winner; `owns()` False at that point
+    (the claim went stale and another process took the key over) leaves the storing to it."""
     t0 = time.perf_counter()
     limits = backend.limits
-    key = WorkloadKey(limits.name, kernel_hash(), workload.dtype, workload.H, workload.q_len,
-                      buckets.bucket_of(workload.prefix).index, batches.bucket_of(workload.batch).index)
+    key = workload_key(limits, workload)
     choices = space.choices(key.H, restrict, limits, batch=workload.batch)
     valid = space.valid_configs(limits, H=key.H, q_len=key.q_len, restrict=restrict, batch=workload.batch)
     if not valid:
@@ -220,6 +233,9 @@ def run_study(
             trial.set_user_attr(REASON_ATTR, reason[:500])
             raise optuna.TrialPruned(reason)
         prev = ledger.known.get(tuple(params[p] for p in PARAMS))
+        if prev is None and ledger.stale():  # another process finished trials since: look again
+            ledger.refresh()
+            prev = ledger.known.get(tuple(params[p] for p in PARAMS))
         if prev is not None:  # answered from the stored measurement
             trial.set_user_attr("reused_trial", prev.number)
             for k in (STATE_ATTR, REASON_ATTR, "p10_us", "p90_us"):
@@ -258,7 +274,12 @@ def run_study(
                    precompile_dir)
     if ledger.measured < budget and len(ledger.known) < len(valid):
         study.optimize(objective, timeout=timeout_s, callbacks=[stop_when_done], gc_after_trial=False)
-    _pick_winner(out, study=study, backend=backend, sessions=sessions, workload=workload, top_k=top_k, rounds=rounds)
+    if not pick:
+        out.decision = "helped with the search (another process owns the key)"
+        out.wall_s = time.perf_counter() - t0
+        return out
+    _pick_winner(out, study=study, backend=backend, sessions=sessions, workload=workload, top_k=top_k, rounds=rounds,
+                 owns=owns)
     with session_scope(sessions) as s:
         repo.finish_study(session=s, study_id=out.study_id)
         study_row = s.get(type(study_row), out.study_id)
@@ -273,7 +294,7 @@ def _noise(m: Measurement) -> float:
 
 
 def _pick_winner(out: Outcome, *, study: optuna.Study, backend: Backend, sessions: sessionmaker[Session],
-                 workload: Workload, top_k: int, rounds: int) -> None:
+                 workload: Workload, top_k: int, rounds: int, owns: Callable[[], bool] | None = None) -> None:
     """Re-measure the top candidates, the default and the stored best interleaved; store the
     winner unless the stored best is within the measured noise of it."""
     ok = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
@@ -319,6 +340,9 @@ def _pick_winner(out: Outcome, *, study: optuna.Study, backend: Backend, session
             out.decision = f"kept stored best: new winner only {gain:.2f} us faster, within noise"
     if not out.decision:
         out.decision = "stored new best" if incumbent != out.best else "stored best re-timed"
+    if owns is not None and not owns():
+        out.decision = "claim lost while re-timing (this process stalled): the new owner stores this key"
+        return
     m = out.best_m
     with session_scope(sessions) as s:
         repo.upsert_best(session=s, key=out.key, config=out.best, median_us=m.median_us, p10_us=m.p10_us,

@@ -1,4 +1,6 @@
-"""batch_bucket: the batch-size bucket (tuner.batches) joins the key of studies and best configs.
+"""batch_bucket: the batch-size bucket (tuner.batches) joins the key of studies and best configs;
+studies get an owner and a heartbeat, so tuner processes on several GPUs or hosts share out the
+keys of one job (tuner.claims).
 
 Why: an inference server verifies B requests in one launch and the grid is B x H/HT x NSPLIT
 blocks, so the best NSPLIT at B=32 is not the one at B=1. Every existing row was tuned with one
@@ -25,6 +27,8 @@ OLD_KEY = ["device_id", "kernel_id", "dtype", "H", "q_len", "bucket"]
 def upgrade() -> None:
     with op.batch_alter_table("tuning_studies") as t:
         t.add_column(sa.Column("batch_bucket", sa.Integer, nullable=False, server_default="0"))
+        t.add_column(sa.Column("owner", sa.String(200), nullable=True))
+        t.add_column(sa.Column("heartbeat_at", sa.DateTime(timezone=True), nullable=True))
     with op.batch_alter_table("best_configs") as t:
         t.add_column(sa.Column("batch_bucket", sa.Integer, nullable=False, server_default="0"))
         t.drop_constraint("uq_best_key", type_="unique")
@@ -38,4 +42,6 @@ def downgrade() -> None:
         t.create_unique_constraint("uq_best_key", OLD_KEY)
         t.drop_column("batch_bucket")
     with op.batch_alter_table("tuning_studies") as t:
+        t.drop_column("heartbeat_at")
+        t.drop_column("owner")
         t.drop_column("batch_bucket")

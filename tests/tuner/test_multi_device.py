@@ -1,11 +1,14 @@
-"""`--devices 0,1`: one tuner process per GPU sharing one study (here with a CPU test double as the
-measurer, and SQLite as the shared storage)."""
+"""Several tuner processes on one job (`--devices 0,1`, or one command per host on one
+PostgreSQL): keys are shared out by claims, each winner is picked and stored once, nothing is
+measured twice or lost. CPU test doubles measure (tests.fakes)."""
 
 from __future__ import annotations
 
 import collections
+import datetime as dt
 
 import optuna
+import pytest
 
 from tuner.backend import Workload
 from tuner.db import migrate, repo
@@ -14,25 +17,103 @@ from tuner.runner import TuneJob, tune_on_devices
 from tuner.settings import Settings
 from tuner.study import open_storage
 
+RESTRICT = {"NSPLIT": [8, 16, 32, 64, 128], "QT": [0], "WR": [2], "WK": [4], "SF": [0], "PIPE": [1]}
 
-def test_two_device_processes_share_the_trials_and_lose_none(sqlite_url, tmp_path):
+
+def _job(workloads, n_trials):  # type: ignore[no-untyped-def]
+    return TuneJob(workloads=workloads, n_trials=n_trials, seed=0, measure_timeout_s=10, restrict=RESTRICT,
+                   measurer="tests.fakes:PacedMeasurer")
+
+
+def _measured_by_study(url):  # type: ignore[no-untyped-def]
+    out = {}
+    for summary in optuna.get_all_study_summaries(storage=url):
+        st = optuna.load_study(study_name=summary.study_name, storage=url)
+        assert all(t.state.is_finished() for t in st.trials), "a trial was left running"
+        out[summary.study_name] = [t for t in st.trials if t.user_attrs.get("measured")]
+    return out
+
+
+def _dupes(trials) -> int:  # type: ignore[no-untyped-def]
+    return sum(n - 1 for n in collections.Counter(tuple(sorted(t.params.items())) for t in trials).values())
+
+
+def test_ten_keys_on_two_processes_are_shared_out_and_stored_once(db_url, tmp_path):
+    migrate.upgrade(db_url)
+    open_storage(db_url)
+    settings = Settings(database_url=db_url, cache_dir=tmp_path / "cache")
+    prefixes = [1024 * 2 ** (k / 2) for k in range(10)]
+    workloads = [Workload(8, 9, round(p)) for p in prefixes]
+    results = tune_on_devices(settings, _job(workloads, 8), [0, 1])
+    assert [(d, s) for d, s, _ in results] == [(0, "ok"), (1, "ok")], results
+    owned = [r["key"] for _, _, payload in results for r in payload["keys"]]
+    assert len(owned) == len(set(owned)) == 10, owned  # every key picked and stored exactly once
+    assert all(payload["keys"] for _, _, payload in results), "one process did all the keys"
+    for name, measured in _measured_by_study(db_url).items():
+        assert len(measured) >= 8, name
+        assert _dupes(measured) == 0, f"{name}: {_dupes(measured)} duplicated measurements"
+    with session_scope(session_factory(make_engine(db_url))) as s:
+        assert len(repo.list_best(session=s)) == 10
+        assert all(st.owner is None and st.status == "finished" for st in s.query(repo.Study).all())
+    # the same job again: every key is done, nothing is measured or stored again
+    again = tune_on_devices(settings, _job(workloads, 8), [0, 1])
+    assert sum(p["done_before"] for _, _, p in again) == 20 and not any(p["keys"] for _, _, p in again)
+
+
+def test_one_key_on_two_processes_one_owns_the_other_helps(sqlite_url, tmp_path):
     migrate.upgrade(sqlite_url)
     open_storage(sqlite_url)
     settings = Settings(database_url=sqlite_url, cache_dir=tmp_path / "cache")
-    job = TuneJob(workloads=[Workload(8, 9, 46000)], n_trials=24, seed=0, measure_timeout_s=5,
-                  restrict={"NSPLIT": [8, 16, 32, 64, 128]}, measurer="tests.fakes:MisbehavingMeasurer")
-    results = tune_on_devices(settings, job, [0, 1])
-    assert [(d, s) for d, s, _ in results] == [(0, "ok"), (1, "ok")], results
-    assert all(len(payload) == 1 and payload[0]["best"] for _, _, payload in results)
-    (summary,) = optuna.get_all_study_summaries(storage=sqlite_url)
-    st = optuna.load_study(study_name=summary.study_name, storage=sqlite_url)
-    assert all(t.state.is_finished() for t in st.trials)
-    measured = [t for t in st.trials if t.user_attrs.get("measured")]
-    assert len(measured) >= 24
+    results = tune_on_devices(settings, _job([Workload(8, 9, 46000)], 20), [0, 1])
+    payloads = [p for _, _, p in results]
+    assert sorted(len(p["keys"]) for p in payloads) == [0, 1]
+    (measured,) = _measured_by_study(sqlite_url).values()
+    assert len(measured) >= 20 and _dupes(measured) <= 1
     with session_scope(session_factory(make_engine(sqlite_url))) as s:
-        (study_row,) = s.query(repo.Study).all()
-        rows = [t for t in repo.list_trials(session=s, study_id=study_row.id) if t.state != "invalid"]
         assert len(repo.list_best(session=s)) == 1
-    assert len(rows) >= len(measured), "a measured trial has no row in tuning_trials"
-    dupes = sum(n - 1 for n in collections.Counter(tuple(sorted(t.params.items())) for t in measured).values())
-    assert dupes <= len(measured) // 4, f"{dupes} duplicated measurements of {len(measured)}"
+
+
+def test_a_claim_is_exclusive_until_its_owner_stops_beating(sessions):
+    from kernels.limits import known_device
+    from tuner.workload import WorkloadKey
+
+    h200 = known_device("h200")
+    key = WorkloadKey(h200.name, "abc", "bf16", 8, 9, 15)
+    now = dt.datetime.now(dt.UTC)
+    with session_scope(sessions) as s:
+        repo.upsert_device(session=s, limits=h200)
+        sid = repo.get_or_create_study(session=s, key=key, prefix=46000, sampler="tpe", seed=None).id
+        assert repo.claim_study(session=s, study_id=sid, owner="hostA:1:gpu0", stale_before=now - dt.timedelta(60))
+        assert not repo.claim_study(session=s, study_id=sid, owner="hostB:2:gpu0",
+                                    stale_before=now - dt.timedelta(seconds=30))
+        assert repo.beat_study(session=s, study_id=sid, owner="hostA:1:gpu0")
+        # hostA dies: once its last beat is older than the stale limit, hostB takes the key over
+        assert repo.claim_study(session=s, study_id=sid, owner="hostB:2:gpu0",
+                                stale_before=repo.utcnow() + dt.timedelta(seconds=1))
+        assert not repo.beat_study(session=s, study_id=sid, owner="hostA:1:gpu0")  # A learns it lost it
+        repo.release_study(session=s, study_id=sid, owner="hostB:2:gpu0")
+        assert repo.find_study(session=s, key=key).owner is None
+
+
+@pytest.mark.postgres
+def test_two_hosts_share_a_job_through_postgresql(pg_url, tmp_path):
+    """The same job started as two separate processes (as on two machines: their own owner ids,
+    no parent in common) against one PostgreSQL shares its keys out."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    migrate.upgrade(pg_url)
+    open_storage(pg_url)
+    script = ("import json, sys; from tests.tuner.host_worker import run; "
+              "print(json.dumps(run(sys.argv[1], sys.argv[2])))")
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    procs = [subprocess.Popen([sys.executable, "-c", script, pg_url, str(tmp_path / f"cache{i}")], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [e[-1500:] for _, e in outs]
+    owned = [k for o, _ in outs for k in json.loads(o.strip().splitlines()[-1])]
+    assert len(owned) == len(set(owned)) == 6
+    with session_scope(session_factory(make_engine(pg_url))) as s:
+        assert len(repo.list_best(session=s)) == 6

@@ -65,6 +65,10 @@ class Study(Base):
     n_ok: Mapped[int] = mapped_column(default=0)
     n_invalid: Mapped[int] = mapped_column(default=0)
     n_failed: Mapped[int] = mapped_column(default=0)
+    #: the tuner process that picks and stores this key's winner, and when it last said so
+    #: (tuner.claims; migration 0003): other processes only help with its trials
+    owner: Mapped[str | None] = mapped_column(String(200))
+    heartbeat_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class Trial(Base):

@@ -204,8 +204,10 @@ def delete_best(*, session: Session, device: str, H: int | None = None, q_len: i
 
 
 # --- studies and trials ----------------------------------------------------------------------
-def get_or_create_study(*, session: Session, key: WorkloadKey, prefix: int, sampler: str, seed: int | None) -> Study:
-    """The study of `key`, created on first use; a finished one is reopened (resume)."""
+def get_or_create_study(*, session: Session, key: WorkloadKey, prefix: int, sampler: str, seed: int | None,
+                        reopen: bool = True) -> Study:
+    """The study of `key`, created on first use; a finished one is reopened (resume) unless
+    `reopen` is False (a look at its state)."""
     device = get_device(session=session, name=key.device)
     if device is None:
         raise StorageError(f"device {key.device!r} is not recorded")
@@ -216,9 +218,34 @@ def get_or_create_study(*, session: Session, key: WorkloadKey, prefix: int, samp
         started_at=utcnow(),
         n_trials=0, n_ok=0, n_invalid=0, n_failed=0))
     study = session.scalars(select(Study).where(Study.workload_key == str(key))).one()
-    if study.status != "running":
+    if reopen and study.status != "running":
         study.status, study.finished_at, study.sampler = "running", None, sampler
     return study
+
+
+def find_study(*, session: Session, key: WorkloadKey) -> Study | None:
+    return session.scalars(select(Study).where(Study.workload_key == str(key))).one_or_none()
+
+
+def claim_study(*, session: Session, study_id: int, owner: str, stale_before: dt.datetime) -> bool:
+    """Make `owner` the process that picks and stores this study's winner, unless another owner
+    beat after `stale_before` (one atomic UPDATE: two processes never both win a claim)."""
+    stmt = (update(Study).where(Study.id == study_id)
+            .where((Study.owner.is_(None)) | (Study.owner == owner) | (Study.heartbeat_at < stale_before))
+            .values(owner=owner, heartbeat_at=utcnow()).execution_options(synchronize_session=False))
+    return session.execute(stmt).rowcount == 1
+
+
+def beat_study(*, session: Session, study_id: int, owner: str) -> bool:
+    """Refresh the claim; False when another process has taken it over (we were stale)."""
+    stmt = (update(Study).where(Study.id == study_id, Study.owner == owner).values(heartbeat_at=utcnow())
+            .execution_options(synchronize_session=False))
+    return session.execute(stmt).rowcount == 1
+
+
+def release_study(*, session: Session, study_id: int, owner: str) -> None:
+    session.execute(update(Study).where(Study.id == study_id, Study.owner == owner).values(owner=None)
+                    .execution_options(synchronize_session=False))
 
 
 def record_trial(*, session: Session, study_id: int, params: dict[str, int], state: str, reason: str | None = None,

@@ -1,0 +1,133 @@
+"""Sharing out the keys of one tuning job between tuner processes: the GPUs of one host
+(`--devices 0,1`) or the same command on several hosts against one PostgreSQL.
+
+Each key (one Optuna study) has at most one **owner**: the process that claimed it in the config
+database (one atomic UPDATE, tuner.db.repo.claim_study) and beats every CLAIM_BEAT_S. Only the
+owner re-times the top candidates and stores the winner, so every key's winner is picked and
+stored once. A process walks the job's keys in order and claims the first free one; when every
+remaining key is owned by a live process it **helps** with the search of one whose budget is not
+spent (trials are shared through Optuna's storage, so nothing is measured twice), and otherwise
+waits for the owners. A key whose study finished with its budget measured is done and skipped (a
+re-run of the job, or another process that got there first). An owner killed with -9 stops
+beating: after CLAIM_STALE_S another process (or the re-run) claims the key and resumes its study,
+whose heartbeat-failed trials Optuna retries.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from tuner import space
+from tuner.backend import Backend, Workload
+from tuner.db import repo
+from tuner.db.session import session_scope
+from tuner.study import Outcome, run_study, workload_key
+
+CLAIM_BEAT_S = 5.0
+#: A claim this old belongs to a dead process. Longer than any single step of an owner that does
+#: not beat (the beat is a thread: measurements and compiles do not delay it).
+CLAIM_STALE_S = 30.0
+POLL_S = 1.0
+
+
+def owner_id(device_ordinal: int) -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:gpu{device_ordinal}"
+
+
+@dataclass
+class JobResult:
+    outcomes: list[Outcome] = field(default_factory=list)  # keys this process owned
+    done_before: list[Workload] = field(default_factory=list)  # finished already: skipped
+    helped: list[Workload] = field(default_factory=list)  # searched for another owner
+
+
+@contextlib.contextmanager
+def _beating(sessions: sessionmaker[Session], study_id: int, owner: str) -> Iterator[threading.Event]:
+    """Beat the claim from a thread while the body runs; the event is set if the claim was lost."""
+    stop, lost = threading.Event(), threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(CLAIM_BEAT_S):
+            with session_scope(sessions) as s:
+                if not repo.beat_study(session=s, study_id=study_id, owner=owner):
+                    lost.set()
+                    return
+
+    t = threading.Thread(target=beat, name=f"claim-{study_id}", daemon=True)
+    t.start()
+    try:
+        yield lost
+    finally:
+        stop.set()
+        t.join()
+
+
+def run_job(*, backend: Backend, sessions: sessionmaker[Session], workloads: list[Workload], n_trials: int,
+            owner: str, study_kw: dict[str, Any], restrict: dict[str, list[int]] | None = None,
+            on_key_done: Callable[[], None] | None = None) -> JobResult:
+    """Tune every key of `workloads` together with whatever other processes run the same job."""
+    limits = backend.limits
+    budgets: dict[Workload, int] = {}
+
+    def budget(wl: Workload) -> int:
+        if wl not in budgets:
+            budgets[wl] = min(n_trials, len(space.valid_configs(limits, H=wl.H, q_len=wl.q_len, restrict=restrict,
+                                                                batch=wl.batch)))
+        return budgets[wl]
+
+    result = JobResult()
+    pending = list(dict.fromkeys(workloads))
+    while pending:
+        acted = False
+        for wl in list(pending):
+            key = workload_key(limits, wl)
+            with session_scope(sessions) as s:
+                repo.upsert_device(session=s, limits=limits)
+                row = repo.get_or_create_study(session=s, key=key, prefix=wl.prefix, sampler=study_kw.get(
+                    "sampler", "tpe"), seed=study_kw.get("seed"), reopen=False)
+                measured = row.n_ok + row.n_failed
+                if row.status == "finished" and row.owner is None and measured >= budget(wl):
+                    pending.remove(wl)
+                    result.done_before.append(wl)
+                    continue
+                stale = repo.utcnow() - timedelta(seconds=CLAIM_STALE_S)
+                claimed = repo.claim_study(session=s, study_id=row.id, owner=owner, stale_before=stale)
+                study_id = row.id
+            if not claimed:
+                continue
+            with _beating(sessions, study_id, owner) as lost:
+                out = run_study(backend=backend, sessions=sessions, workload=wl, n_trials=n_trials,
+                                restrict=restrict, pick=True, owns=lambda lost=lost: not lost.is_set(), **study_kw)
+            with session_scope(sessions) as s:
+                repo.release_study(session=s, study_id=study_id, owner=owner)
+            result.outcomes.append(out)
+            pending.remove(wl)
+            if on_key_done:
+                on_key_done()
+            acted = True
+            break  # rescan from the top: keys finished meanwhile are dropped
+        if acted or not pending:
+            continue
+        for wl in pending:  # every remaining key is owned by a live process
+            with session_scope(sessions) as s:
+                row = repo.find_study(session=s, key=workload_key(limits, wl))
+                open_search = row is not None and row.n_ok + row.n_failed < budget(wl)
+            if open_search:
+                run_study(backend=backend, sessions=sessions, workload=wl, n_trials=n_trials, restrict=restrict,
+                          pick=False, **study_kw)
+                result.helped.append(wl)
+                acted = True
+                break
+        if not acted:
+            time.sleep(POLL_S)
+    return result
