@@ -20,6 +20,7 @@ import os
 import socket
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -87,12 +88,13 @@ def run_job(*, backend: Backend, sessions: sessionmaker[Session], workloads: lis
 
     result = JobResult()
     pending = list(dict.fromkeys(workloads))
+    with session_scope(sessions) as s:  # alone: it locks data_version, which winners' writes also take
+        repo.upsert_device(session=s, limits=limits)
     while pending:
         acted = False
         for wl in list(pending):
             key = workload_key(limits, wl)
             with session_scope(sessions) as s:
-                repo.upsert_device(session=s, limits=limits)
                 row = repo.get_or_create_study(session=s, key=key, prefix=wl.prefix, sampler=study_kw.get(
                     "sampler", "tpe"), seed=study_kw.get("seed"), reopen=False)
                 measured = row.n_ok + row.n_failed
@@ -122,9 +124,10 @@ def run_job(*, backend: Backend, sessions: sessionmaker[Session], workloads: lis
             with session_scope(sessions) as s:
                 row = repo.find_study(session=s, key=workload_key(limits, wl))
                 open_search = row is not None and row.n_ok + row.n_failed < budget(wl)
-            if open_search:
+            if open_search:  # its own seed: the owner samples with the job's, lockstep would repeat it
+                seed = zlib.crc32(owner.encode()) + (study_kw.get("seed") or 0)
                 run_study(backend=backend, sessions=sessions, workload=wl, n_trials=n_trials, restrict=restrict,
-                          pick=False, **study_kw)
+                          pick=False, **{**study_kw, "seed": seed})
                 result.helped.append(wl)
                 acted = True
                 break

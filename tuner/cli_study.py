@@ -157,8 +157,8 @@ def register(study: click.Group, clean: Callable[..., Any]) -> None:
                 for r in payload["keys"]:
                     click.echo(f"GPU {dev}: {r['key']} prefix={r['prefix']} batch={r['batch']} best {r['best']} "
                                f"({r['best_us'] or float('nan'):.1f} us) {r['decision']} {r['counts']}")
-                click.echo(f"GPU {dev}: owned {len(payload['keys'])} key(s), helped {payload['helped']}, "
-                           f"{payload['done_before']} already tuned")
+                click.echo(f"GPU {dev}: owned {len(payload['keys'])} key(s), helped with {payload['helped']}, "
+                           f"left {payload['done_before']} to the other processes or to an earlier run")
             if failed:
                 raise click.ClickException("a GPU's tuner failed (see above); the others' results are stored")
             return

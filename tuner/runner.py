@@ -78,14 +78,14 @@ def _summary(o: Any) -> dict[str, Any]:
 
 def tune_on_devices(settings: Settings, job: TuneJob, devices: list[int]) -> list[tuple[int, str, Any]]:
     """One process per GPU, sharing the job's keys (tuner.claims: each key's winner is picked and
-    stored once) and, at the end, the trials of the keys still running. Each process seeds its
-    sampler differently so they do not propose in lockstep."""
+    stored once) and, at the end, the trials of the keys still running. An owner samples with the
+    job's seed, as a lone process would (the processes then propose, and compile, the configs a
+    single GPU would); a helper samples with its own seed so it does not propose in lockstep."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     procs = []
     for i, dev in enumerate(devices):
-        seed = None if job.seed is None else job.seed + i
-        p = ctx.Process(target=_device_main, args=(settings, _with_seed(job, seed), i, dev, queue),
+        p = ctx.Process(target=_device_main, args=(settings, job, i, dev, queue),
                         name=f"tuner-gpu{dev}")  # not daemonic: it starts its own measuring child
         p.start()
         procs.append(p)
@@ -96,9 +96,3 @@ def tune_on_devices(settings: Settings, job: TuneJob, devices: list[int]) -> lis
     for p in procs:
         p.join()
     return [results[i] for i in sorted(results)]
-
-
-def _with_seed(job: TuneJob, seed: int | None) -> TuneJob:
-    from dataclasses import replace
-
-    return replace(job, seed=seed)

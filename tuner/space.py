@@ -10,6 +10,7 @@ structure once and multiplies: the full product has millions of points, the vali
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import replace
 
@@ -78,12 +79,20 @@ def choices(H: int, restrict: dict[str, list[int]] | None = None, limits: Device
 
 def valid_configs(limits: DeviceLimits, *, H: int, q_len: int,
                   restrict: dict[str, list[int]] | None = None, batch: int = 1) -> list[KernelConfig]:
-    """Every config of the space that passes kernels.validate for (limits, H, q_len)."""
-    c = choices(H, restrict, limits, q_len, batch)
+    """Every config of the space that passes kernels.validate for (limits, H, q_len). Cached:
+    every key of a table shares one (H, q_len, batch), and enumerating takes ~0.5 s."""
+    frozen = tuple(sorted((k, tuple(v)) for k, v in (restrict or {}).items()))
+    return list(_valid_configs(limits, H, q_len, frozen, batch))
+
+
+@functools.lru_cache(maxsize=64)
+def _valid_configs(limits: DeviceLimits, H: int, q_len: int, restrict: tuple[tuple[str, tuple[int, ...]], ...],
+                   batch: int) -> tuple[KernelConfig, ...]:
+    c = choices(H, {k: list(v) for k, v in restrict}, limits, q_len, batch)
     structural = [name for name in PARAM_NAMES if name != "NSPLIT"]
     structures = []
     for values in itertools.product(*(c[n] for n in structural)):
         probe = KernelConfig(nsplit=1, **{n.lower(): v for n, v in zip(structural, values)})
         if check(probe, limits, H=H, q_len=q_len) is None:
             structures.append(probe)
-    return [replace(s, nsplit=n) for s in structures for n in c["NSPLIT"]]
+    return tuple(replace(s, nsplit=n) for s in structures for n in c["NSPLIT"])

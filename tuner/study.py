@@ -200,8 +200,9 @@ def run_study(
     valid = space.valid_configs(limits, H=key.H, q_len=key.q_len, restrict=restrict, batch=workload.batch)
     if not valid:
         raise InvalidConfig(f"no valid config for H={key.H}, q_len={key.q_len} on {limits.name}")
-    with session_scope(sessions) as s:
+    with session_scope(sessions) as s:  # its own transaction: it locks data_version (see repo.upsert_kernel)
         repo.upsert_device(session=s, limits=limits)
+    with session_scope(sessions) as s:
         study_row = repo.get_or_create_study(session=s, key=key, prefix=workload.prefix, sampler=sampler, seed=seed)
         warm = warm_start_configs(session=s, key=key, limits=limits, workload=workload)
     out = Outcome(key, workload, study_row.id, default=warm[0])

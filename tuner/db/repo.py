@@ -75,14 +75,16 @@ def upsert_device(*, session: Session, limits: DeviceLimits) -> Device:
     )
     if limits.copy_bw_gbps is not None:  # a known-table record must not erase a measured figure
         values["copy_bw_gbps"] = limits.copy_bw_gbps
-    _upsert(session, Device, key_cols={"name": limits.name}, values=values)
     _bump_version(session)
+    _upsert(session, Device, key_cols={"name": limits.name}, values=values)
     return session.scalars(select(Device).where(Device.name == limits.name)).one()
 
 
 def _bump_version(session: Session) -> None:
-    """Every write of best configs or devices calls this in its own transaction: the sidecar's
-    cache stamp (data_stamp) then changes with every write, whatever the rows' timestamps."""
+    """Every write of best configs or devices calls this in its own transaction, before its
+    other writes: the sidecar's cache stamp (data_stamp) then changes with every write, whatever
+    the rows' timestamps, and every writer takes this row's lock first (one lock order: writers
+    on PostgreSQL queue instead of deadlocking)."""
     if session.execute(update(DataVersion).where(DataVersion.id == 1)
                        .values(version=DataVersion.version + 1)).rowcount == 0:
         raise StorageError("the data_version row is missing: run `tuner db upgrade`")
@@ -108,7 +110,10 @@ def device_limits(device: Device) -> DeviceLimits:
 
 
 def upsert_kernel(*, session: Session, source_hash: str, name: str, version: str) -> Kernel:
-    _upsert(session, Kernel, key_cols={"source_hash": source_hash}, values={"name": name, "version": version})
+    """The kernel row of `source_hash`, inserted on first use. An existing row is not rewritten
+    (its name and version come from the same source): a rewrite would lock the row, and two
+    tuners storing winners then deadlock against each other's data_version bump."""
+    _insert_ignore(session, Kernel, key_cols={"source_hash": source_hash}, values={"name": name, "version": version})
     return session.scalars(select(Kernel).where(Kernel.source_hash == source_hash)).one()
 
 
@@ -177,10 +182,10 @@ def upsert_best(*, session: Session, key: WorkloadKey, config: KernelConfig, med
     values = dict(nsplit=p["NSPLIT"], ht=p["HT"], tk=p["TK"], block=p["BLOCK"], extra=extra,
                   median_us=median_us, p10_us=p10_us, p90_us=p90_us, default_us=default_us, speedup=speedup,
                   study_id=study_id, tuned_at=tuned_at or utcnow())
+    _bump_version(session)
     _upsert(session, BestConfig, key_cols=dict(device_id=device.id, kernel_id=kernel.id, dtype=key.dtype,
                                                H=key.H, q_len=key.q_len, bucket=key.bucket,
                                                batch_bucket=key.batch_bucket), values=values)
-    _bump_version(session)
 
 
 def delete_best(*, session: Session, device: str, H: int | None = None, q_len: int | None = None,
@@ -188,6 +193,7 @@ def delete_best(*, session: Session, device: str, H: int | None = None, q_len: i
     dev = get_device(session=session, name=device)
     if dev is None:
         return 0
+    _bump_version(session)  # first, like every writer (one lock order)
     stmt = delete(BestConfig).where(BestConfig.device_id == dev.id)
     if H is not None:
         stmt = stmt.where(BestConfig.H == H)
@@ -197,10 +203,7 @@ def delete_best(*, session: Session, device: str, H: int | None = None, q_len: i
         stmt = stmt.where(BestConfig.bucket == bucket)
     if batch_bucket is not None:
         stmt = stmt.where(BestConfig.batch_bucket == batch_bucket)
-    n = session.execute(stmt).rowcount or 0
-    if n:
-        _bump_version(session)
-    return n
+    return session.execute(stmt).rowcount or 0
 
 
 # --- studies and trials ----------------------------------------------------------------------

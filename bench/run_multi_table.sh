@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Issue-15 measurement: a whole table (10 prefix buckets of H=8 q_len=9, a fixed trial budget per
+# key) tuned by one GPU, then by several sharing the keys (tuner.claims). Each run starts from an
+# empty database and an empty compile cache, so neither inherits the other's compiles.
+# Usage: bench/run_multi_table.sh OUTDIR DEVICES [TRIALS]   (DEVICES like 0,1)
+set -uo pipefail
+out=${1:?outdir}; devices=${2:?devices}; trials=${3:-8}
+mkdir -p "$out"
+args=(--H 8 --q-len 9 --prefix-range 1500:45000 --trials "$trials" --seed 0 --only STAGES=2,3 --only QT=0)
+for mode in single multi; do
+  db=sqlite:////tmp/table-$mode.db; rm -f /tmp/table-$mode.db*; rm -rf /tmp/tc-table-$mode
+  export TUNER_CACHE_DIR=/tmp/tc-table-$mode
+  env TUNER_DATABASE_URL=$db python3 -m tuner db upgrade >/dev/null
+  extra=(); [ $mode = multi ] && extra=(--devices "$devices")
+  s=$(date +%s%N)
+  env TUNER_DATABASE_URL=$db python3 -m tuner study start "${args[@]}" "${extra[@]}" > "$out/table_$mode.log" 2>&1
+  rc=$?; e=$(date +%s%N)
+  python3 - "$db" "$mode" "$(( (e - s) / 1000000 ))" "$rc" "$out" <<'PY'
+import collections, json, sys
+import optuna
+from sqlalchemy import create_engine, text
+url, mode, wall_ms, rc, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+keys = []
+for s in optuna.get_all_study_summaries(storage=url):
+    st = optuna.load_study(study_name=s.study_name, storage=url)
+    m = [t for t in st.trials if t.user_attrs.get("measured")]
+    dup = sum(n - 1 for n in collections.Counter(tuple(sorted(t.params.items())) for t in m).values())
+    keys.append({"study": s.study_name, "measured": len(m), "duplicates": dup,
+                 "unfinished": sum(not t.state.is_finished() for t in st.trials)})
+with create_engine(url).connect() as c:
+    stored = dict(c.execute(text("select bucket, count(*) from best_configs group by bucket")).all())
+    owners = c.execute(text("select count(*) from tuning_studies where owner is not null")).scalar()
+res = {"mode": mode, "wall_s": wall_ms / 1000, "rc": rc, "keys": len(keys),
+       "measured": sum(k["measured"] for k in keys), "duplicates": sum(k["duplicates"] for k in keys),
+       "unfinished": sum(k["unfinished"] for k in keys), "winners_per_key": sorted(set(stored.values())),
+       "keys_with_a_winner": len(stored), "claims_left": owners, "per_key": keys}
+json.dump(res, open(f"{out}/table_{mode}.json", "w"), indent=1)
+print(f"{mode}: wall {res['wall_s']:.1f} s rc={rc} keys {res['keys']} measured {res['measured']} "
+      f"duplicates {res['duplicates']} unfinished {res['unfinished']} winners/key {res['winners_per_key']} "
+      f"keys with a winner {res['keys_with_a_winner']} claims left {owners}")
+PY
+done
