@@ -10,7 +10,7 @@ COPY tuner ./tuner
 COPY kernels ./kernels
 COPY api ./api
 COPY migrations ./migrations
-RUN pip install --no-compile '.[postgres]' && rm -rf /root/.cache
+RUN pip install --no-compile '.[server,postgres]' && rm -rf /root/.cache
 USER 10001:10001
 ENV TUNER_DATABASE_URL=sqlite:////data/configs.db TUNER_HOST=0.0.0.0 TUNER_PORT=8177
 VOLUME ["/data"]

@@ -8,9 +8,9 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse
 
 from api.metrics import Metrics, MetricsMiddleware
 from api.routes import admin, config, health
@@ -29,7 +29,8 @@ async def _revalidate_forever(app: FastAPI) -> None:
     cache = app.state.tables
     while True:
         try:
-            await run_in_threadpool(cache.revalidate, app.state.read_sessions)
+            if await run_in_threadpool(cache.revalidate, app.state.read_sessions):
+                app.state.metrics.tables_checked()
         except Exception:  # a bug here must not stop the checks: the request path would go to the DB
             log.exception("config cache re-check failed")
         await asyncio.sleep(cache.recheck_s)
@@ -62,7 +63,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                   description="Tuned NSPLIT/HT/TK/BLOCK for the MLA verify-attention kernel, per device, H, "
                               "q_len and prefix bucket.")
     app.state.settings = settings
-    app.state.metrics = Metrics()
+    from importlib.metadata import PackageNotFoundError, version
+
+    from kernels import KERNEL_VERSION, kernel_hash
+
+    try:
+        pkg_version = version("verify-tuner")
+    except PackageNotFoundError:  # run from a checkout without installing (the GPU machine)
+        pkg_version = "unknown"
+    app.state.metrics = Metrics(version=pkg_version, kernel_hash=kernel_hash(), kernel_version=KERNEL_VERSION)
     app.state.tables = TableCache()
     app.include_router(config.router)
     app.include_router(health.router)
@@ -80,8 +89,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.metrics.db_error()
         return JSONResponse({"detail": f"config database unavailable: {exc}"}, status_code=503)
 
-    @app.get("/metrics", response_class=PlainTextResponse, tags=["health"])
-    def metrics() -> str:
-        return app.state.metrics.render()
+    @app.get("/metrics", tags=["health"], response_class=Response)
+    def metrics() -> Response:
+        return Response(app.state.metrics.render(), media_type=app.state.metrics.content_type)
 
     return app

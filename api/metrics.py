@@ -1,76 +1,80 @@
-"""Prometheus text-format metrics, kept in-process (one sidecar process per host)."""
+"""Prometheus metrics through prometheus_client, one registry per app (tests build many apps in
+one process): requests and their duration by route, answers by source, database errors, lookups
+that had to read the database, the age of the data served, build info, and the process metrics
+(CPU, memory, open files) the library collects."""
 
 from __future__ import annotations
 
-import threading
 import time
-from collections import defaultdict
 from typing import Any
 
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+SOURCES = ("tuned", "nearest", "heuristic")
 
 
 class Metrics:
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._requests: dict[tuple[str, str, int], int] = defaultdict(int)
-        self._latency: dict[str, list[int]] = defaultdict(lambda: [0] * (len(LATENCY_BUCKETS) + 1))
-        self._latency_sum: dict[str, float] = defaultdict(float)
-        self._lookups: dict[str, int] = defaultdict(int)
-        self._db_errors = 0
-        self._db_path = 0
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, *, version: str, kernel_hash: str, kernel_version: str) -> None:
+        self.registry = r = CollectorRegistry()
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        Info("tuner_build", "Versions this sidecar serves.", registry=r).info(
+            {"version": version, "kernel_hash": kernel_hash, "kernel_version": kernel_version})
+        self._requests = Counter("tuner_requests", "HTTP requests by route, method and status.",
+                                 ("route", "method", "status"), registry=r)
+        self._duration = Histogram("tuner_request_duration_seconds", "Request latency by route.", ("route",),
+                                   buckets=LATENCY_BUCKETS, registry=r)
+        self._lookups = Counter("tuner_lookups", "Config answers by source.", ("source",), registry=r)
+        self._by_source = {s: self._lookups.labels(s) for s in SOURCES}
+        self._db_errors = Counter("tuner_db_errors", "Database errors seen while serving.", registry=r)
+        self._db_path = Counter("tuner_db_path_lookups", "Lookups that read the database (no cached table, or the "
+                                "data changed); none while the data is unchanged.", registry=r)
+        self._checked_at: float | None = None
+        Gauge("tuner_table_age_seconds", "Seconds since the served tables were last confirmed current against the "
+              "database (grows while the database cannot be read); -1 before the first check.",
+              registry=r).set_function(lambda: -1.0 if self._checked_at is None
+                                       else time.monotonic() - self._checked_at)
+        # label children cached: the middleware then costs a dict lookup, not a labels() call
+        self._children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
 
     def request(self, route: str, method: str, status: int, seconds: float) -> None:
-        with self._lock:
-            self._requests[(route, method, status)] += 1
-            counts = self._latency[route]
-            for i, edge in enumerate(LATENCY_BUCKETS):
-                if seconds <= edge:
-                    counts[i] += 1
-                    break
-            else:
-                counts[-1] += 1
-            self._latency_sum[route] += seconds
+        key = (route, method, status)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = (self._requests.labels(route, method, str(status)),
+                                           self._duration.labels(route))
+        child[0].inc()
+        child[1].observe(seconds)
 
     def lookup(self, source: str) -> None:
-        with self._lock:
-            self._lookups[source] += 1
+        self._by_source[source].inc()
 
     def db_error(self) -> None:
-        with self._lock:
-            self._db_errors += 1
+        self._db_errors.inc()
 
     def db_path(self) -> None:
         """A lookup that had to read the database (no cached table, or the data changed)."""
-        with self._lock:
-            self._db_path += 1
+        self._db_path.inc()
 
-    def render(self) -> str:
-        with self._lock:
-            out = ["# HELP tuner_requests_total HTTP requests by route, method and status.",
-                   "# TYPE tuner_requests_total counter"]
-            for (route, method, status), n in sorted(self._requests.items()):
-                out.append(f'tuner_requests_total{{route="{route}",method="{method}",status="{status}"}} {n}')
-            out += ["# HELP tuner_request_seconds Request latency by route.",
-                    "# TYPE tuner_request_seconds histogram"]
-            for route, counts in sorted(self._latency.items()):
-                cum = 0
-                for edge, n in zip(LATENCY_BUCKETS, counts):
-                    cum += n
-                    out.append(f'tuner_request_seconds_bucket{{route="{route}",le="{edge}"}} {cum}')
-                cum += counts[-1]
-                out.append(f'tuner_request_seconds_bucket{{route="{route}",le="+Inf"}} {cum}')
-                out.append(f'tuner_request_seconds_sum{{route="{route}"}} {self._latency_sum[route]:.6f}')
-                out.append(f'tuner_request_seconds_count{{route="{route}"}} {cum}')
-            out += ["# HELP tuner_lookups_total Config answers by source.", "# TYPE tuner_lookups_total counter"]
-            for source in ("tuned", "nearest", "heuristic"):
-                out.append(f'tuner_lookups_total{{source="{source}"}} {self._lookups[source]}')
-            out += ["# HELP tuner_db_errors_total Database errors seen while serving.",
-                    "# TYPE tuner_db_errors_total counter", f"tuner_db_errors_total {self._db_errors}",
-                    "# HELP tuner_db_path_lookups_total Lookups that read the database (no cached table, or "
-                    "the data changed); none while the data is unchanged.",
-                    "# TYPE tuner_db_path_lookups_total counter", f"tuner_db_path_lookups_total {self._db_path}"]
-        return "\n".join(out) + "\n"
+    def tables_checked(self) -> None:
+        """The background check read the database's stamp: the served tables are current."""
+        self._checked_at = time.monotonic()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
 
 
 class MetricsMiddleware:

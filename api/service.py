@@ -72,17 +72,18 @@ class TableCache:
                 return hit
         return None
 
-    def revalidate(self, sessions: sessionmaker[Session]) -> None:
-        """The background check: read the stamp, or record why it could not be read."""
+    def revalidate(self, sessions: sessionmaker[Session]) -> bool:
+        """The background check: read the stamp (True), or record why it could not be read."""
         try:
             with session_scope(sessions) as session:
                 stamp = repo.data_stamp(session=session)
         except (SQLAlchemyError, StorageError) as exc:
             with self._lock:
                 self._stamp, self._failure = None, str(exc).splitlines()[0][:300]
-            return
+            return False
         with self._lock:
             self._stamp, self._failure = stamp, None
+        return True
 
     def clear(self) -> None:
         with self._lock:

@@ -63,10 +63,30 @@ _ALIASES = {
 }
 
 
+#: Variants that share a known device's limits, by name prefix (normalised as below).
+_FAMILIES = {
+    "nvidia h200": "NVIDIA H200",  # H200 NVL
+    "nvidia rtx pro 6000 blackwell": "NVIDIA RTX PRO 6000 Blackwell Server Edition",  # workstation, max-q
+}
+
+
+def _norm(name: str) -> str:
+    return " ".join(name.replace("_", " ").lower().split())
+
+
+_BY_NORM = {_norm(n): n for n in KNOWN_DEVICES}
+
+
 def known_device(name: str) -> DeviceLimits | None:
-    """Look a device up by its CUDA name or a short alias (h200, rtx-pro-6000, ...)."""
-    key = _ALIASES.get(name.lower(), name)
-    return KNOWN_DEVICES.get(key)
+    """Look a device up by its CUDA name, spelled as torch or the engines spell it (`NVIDIA
+    H200`, `NVIDIA_H200`), a short alias (h200, rtx-pro-6000, ...) or a variant of a known
+    family (`NVIDIA H200 NVL`); None when unknown."""
+    key = _ALIASES.get(name.lower()) or _BY_NORM.get(_norm(name))
+    if key is None:
+        n = _norm(name)
+        family = max((f for f in _FAMILIES if n == f or n.startswith(f + " ")), key=len, default=None)
+        key = _FAMILIES.get(family) if family else None
+    return KNOWN_DEVICES.get(key) if key else None
 
 
 def read_device_limits(ordinal: int = 0) -> DeviceLimits:

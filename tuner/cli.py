@@ -263,6 +263,38 @@ def configs_export(settings: Settings, fmt: str, output: Path | None, device: st
         click.echo(f"wrote {output}")
 
 
+@configs.command("dump")
+@click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="Folder for the files (created if missing); point VERIFY_TUNER_CONFIG_DIR at it.")
+@click.option("--device", default=None, help="Default: every recorded device.")
+@click.option("--shape", "shapes", multiple=True, metavar="H:Q",
+              help="Also write this (H, q_len) where nothing is tuned (heuristic table); repeatable.")
+@click.pass_obj
+@_errors_as_clean_exit
+def configs_dump(settings: Settings, out_dir: Path, device: str | None, shapes: tuple[str, ...]) -> None:
+    """Write engine-style files, one per (H, q_len, device, dtype), named like vLLM's tuned
+    configs (H=8,q_len=9,device_name=NVIDIA_H200,dtype=bf16.json): the whole answer table for
+    the kernel this version launches, for workers that read configs from a folder."""
+    from tuner import engine_files
+    from tuner.db.session import session_scope
+
+    parsed = []
+    for text in shapes:
+        try:
+            H, q = (int(x) for x in text.split(":"))
+        except ValueError:
+            raise click.BadParameter(f"expected H:Q like 8:9, got {text!r}", param_hint="--shape") from None
+        if not (1 <= H <= 1024 and 1 <= q <= 64):
+            raise click.BadParameter(f"need 1 <= H <= 1024 and 1 <= Q <= 64, got {text!r}", param_hint="--shape")
+        parsed.append((H, q))
+    with session_scope(_checked_sessions(settings)) as s:
+        paths = engine_files.dump(session=s, out_dir=out_dir, device=device, shapes=parsed)
+    if not paths:
+        click.echo("nothing tuned for this kernel: no files written (give --shape H:Q for heuristic tables)")
+    for p in paths:
+        click.echo(f"wrote {p}")
+
+
 @configs.command("import")
 @click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--format", "fmt", type=click.Choice(["json", "csv"]), default=None,
@@ -275,9 +307,10 @@ def configs_import(settings: Settings, path: Path, fmt: str | None) -> None:
     from tuner.db.session import session_scope
 
     fmt = fmt or ("csv" if path.suffix.lower() == ".csv" else "json")
-    rows = configs_io.loads(path.read_text(), fmt)
+    text = path.read_text()
+    rows = configs_io.loads(text, fmt)
     with session_scope(_checked_sessions(settings)) as s:
-        result = configs_io.import_rows(session=s, rows=rows)
+        result = configs_io.import_rows(session=s, rows=rows, allow_empty=fmt == "json" and configs_io.is_dump(text))
     for w in result.warnings:
         click.echo(f"warning: {w}", err=True)
     click.echo(f"imported {result.imported} config(s)")

@@ -16,7 +16,7 @@ from kernels import kernel_hash as current_kernel_hash
 from kernels.config import PARAM_NAMES, KernelConfig
 from kernels.errors import InvalidConfig
 from kernels.validate import check
-from tuner import batches, buckets
+from tuner import batches, buckets, engine_files
 from tuner import rows as rows_schema
 from tuner.db import repo
 from tuner.errors import BadParameter, TunerError
@@ -72,8 +72,10 @@ def loads(text: str, fmt: str) -> list[dict[str, Any]]:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ImportRejected([f"not valid JSON: {exc}"]) from exc
+        if isinstance(data, dict) and data.get("format") == engine_files.FORMAT:
+            return engine_files.tuned_rows(data)  # a `configs dump` file: its tuned entries
         if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
-            raise ImportRejected(["JSON must be a list of objects"])
+            raise ImportRejected(["JSON must be a list of objects (or a `tuner configs dump` file)"])
         return data
     return [rows_schema.from_csv_cells(r) for r in csv.DictReader(io.StringIO(text))]
 
@@ -107,7 +109,16 @@ def _parse(session: Session, raw: dict[str, Any]) -> _Parsed:
     return _Parsed(key, cfg, timing, row.tuned_at, limits)
 
 
-def import_rows(*, session: Session, rows: list[dict[str, Any]]) -> ImportResult:
+def is_dump(text: str) -> bool:
+    """Whether `text` is a `tuner configs dump` file (its tuned entries are the rows)."""
+    try:
+        data = json.loads(text.removeprefix("\ufeff"))
+    except json.JSONDecodeError:
+        return False
+    return isinstance(data, dict) and data.get("format") == engine_files.FORMAT
+
+
+def import_rows(*, session: Session, rows: list[dict[str, Any]], allow_empty: bool = False) -> ImportResult:
     """Validate all rows, then upsert them in the caller's transaction. Raises ImportRejected with
     one line per bad row (row number and field); the same key twice in one file is rejected."""
     parsed, errors, seen = [], [], {}
@@ -125,6 +136,8 @@ def import_rows(*, session: Session, rows: list[dict[str, Any]]) -> ImportResult
     if errors:
         raise ImportRejected(errors)
     if not parsed:
+        if allow_empty:  # a dump of heuristic tables: nothing tuned to restore
+            return ImportResult(0, [])
         raise ImportRejected(["no rows"])
     current = current_kernel_hash()
     warnings = [f"row {seen[p.key]}: kernel hash {p.key.kernel_hash} is not this kernel's ({current}): stored, "

@@ -136,9 +136,9 @@ def test_health_ready_metrics_docs(client):
     get(client)
     get(client, H=0)
     text = client.get("/metrics").text
-    assert 'tuner_requests_total{route="/config",method="GET",status="200"} 1' in text
-    assert 'tuner_requests_total{route="/config",method="GET",status="422"} 1' in text
-    assert 'tuner_lookups_total{source="heuristic"} 1' in text
+    assert 'tuner_requests_total{method="GET",route="/config",status="200"} 1.0' in text
+    assert 'tuner_requests_total{method="GET",route="/config",status="422"} 1.0' in text
+    assert 'tuner_lookups_total{source="heuristic"} 1.0' in text
     assert "/config" in client.get("/openapi.json").json()["paths"]
 
 
@@ -194,3 +194,28 @@ def test_configs_for_every_batch_bucket_in_one_request(client):
     assert [c for c in cfgs if c["batch_bucket"]["index"] == 0] == one
     both = client.get("/configs", params={"H": 8, "q_len": 9, "all_batches": "true", "batch": 8})
     assert both.status_code == 422 and "batch" in both.text
+
+
+def test_metrics_are_prometheus_client_exposition_and_parse(client):
+    """/metrics is prometheus_client's output (standard content type, process metrics, build info,
+    the served tables' age) and passes the library's own parser."""
+    import time
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from kernels import kernel_hash
+
+    get(client)
+    time.sleep(client.app.state.tables.recheck_s * 3)  # a background check has run
+    r = client.get("/metrics")
+    assert r.headers["content-type"].startswith("text/plain; version=")
+    fams = {f.name: f for f in text_string_to_metric_families(r.text)}
+    assert {"tuner_requests", "tuner_request_duration_seconds", "tuner_lookups", "tuner_db_errors",
+            "tuner_db_path_lookups", "tuner_build_info", "tuner_table_age_seconds", "process_cpu_seconds"} <= set(fams)
+    (info,) = fams["tuner_build_info"].samples
+    assert info.labels["kernel_hash"] == kernel_hash() and info.labels["kernel_version"]
+    (age,) = fams["tuner_table_age_seconds"].samples
+    assert 0 <= age.value < 5
+    done = [s for s in fams["tuner_request_duration_seconds"].samples
+            if s.name.endswith("_count") and s.labels["route"] == "/config"]
+    assert done and done[0].value >= 1
