@@ -200,3 +200,30 @@ def test_study_start_rejects_a_bad_batch_in_one_line(value, tmp_path):
     r = CliRunner().invoke(cli, ["study", "start", "--H", "8", "--q-len", "9", "--prefix", "4096", "--batch", value],
                            env={"TUNER_DATABASE_URL": f"sqlite:///{tmp_path / 'c.db'}"})
     assert r.exit_code == 2 and "--batch" in r.output and "Traceback" not in r.output
+
+
+def test_json_flags_print_valid_json(run):
+    """`configs list --json | python -m json.tool` and `device list --json` work for scripts."""
+    import subprocess
+    import sys
+
+    assert run("db", "upgrade").exit_code == 0
+    empty = run("configs", "list", "--json")
+    assert empty.exit_code == 0 and json.loads(empty.output) == []
+    assert run("device", "list", "--json").exit_code == 0
+    rows = [{"device": "h200", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256}]
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "r.json").write_text(json.dumps(rows))
+        assert run("configs", "import", str(Path(d) / "r.json")).exit_code == 0
+    listed = run("configs", "list", "--json").output
+    (row,) = json.loads(listed)
+    assert row["NSPLIT"] == 64 and row["STAGES"] == 2 and row["kernel_hash"] and row["served"] is True
+    tool = subprocess.run([sys.executable, "-m", "json.tool"], input=listed, capture_output=True, text=True)
+    assert tool.returncode == 0
+    (dev,) = json.loads(run("device", "list", "--json").output)
+    assert dev["name"] == "NVIDIA H200" and dev["sm_count"] == 132
+    show = json.loads(run("configs", "show", "--H", "8", "--q-len", "9", "--prefix", "46000", "--json").output)
+    assert show["source"] == "tuned" and show["batch_bucket"] == [1, 1]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +14,8 @@ import click
 from tuner.batches import MAX_BATCH
 from tuner.errors import TunerError
 from tuner.settings import Settings
+
+JSON_OPT = click.option("--json", "as_json", is_flag=True, help="Machine-readable output (JSON).")
 
 #: Optional packages a command may need, with how to get them.
 _OPTIONAL = {"pycuda": "pip install -e '.[cuda]' (needs the CUDA toolkit)", "torch": "pip install -e '.[cuda]'",
@@ -169,16 +172,25 @@ def device_record(settings: Settings, ordinal: int) -> None:
 
 
 @device.command("list")
+@JSON_OPT
 @click.pass_obj
 @_errors_as_clean_exit
-def device_list(settings: Settings) -> None:
+def device_list(settings: Settings, as_json: bool) -> None:
     """List recorded devices."""
+    from dataclasses import asdict
+
     from tuner.db import repo
     from tuner.db.session import session_scope
 
     with session_scope(_checked_sessions(settings)) as s:
-        for d in repo.list_devices(session=s):
-            click.echo(f"{d.name}\tcc {d.compute_capability}\t{d.sm_count} SMs\t{d.max_smem_optin} B smem")
+        devices = repo.list_devices(session=s)
+        limits = [asdict(repo.device_limits(d)) for d in devices]
+    if as_json:
+        click.echo(json.dumps(limits, indent=1, allow_nan=False))
+        return
+    for d in limits:
+        click.echo(f"{d['name']}\tcc {d['cc_major']}.{d['cc_minor']}\t{d['sm_count']} SMs\t"
+                   f"{d['max_smem_optin']} B smem")
 
 
 # --- configs ---------------------------------------------------------------------------------
@@ -191,10 +203,11 @@ def configs() -> None:
 @click.option("--device", default=None)
 @click.option("--H", "H", type=int, default=None)
 @click.option("--q-len", type=int, default=None)
+@JSON_OPT
 @click.pass_obj
 @_errors_as_clean_exit
-def configs_list(settings: Settings, device: str | None, H: int | None, q_len: int | None) -> None:
-    """One line per stored best config."""
+def configs_list(settings: Settings, device: str | None, H: int | None, q_len: int | None, as_json: bool) -> None:
+    """One line per stored best config (with STAGES and the kernel hash)."""
     from kernels import kernel_hash
     from kernels.config import PARAM_NAMES
     from tuner import configs_io
@@ -202,9 +215,13 @@ def configs_list(settings: Settings, device: str | None, H: int | None, q_len: i
 
     with session_scope(_checked_sessions(settings)) as s:
         rows = configs_io.export_rows(session=s, device=device, H=H, q_len=q_len)
+    current = kernel_hash()
+    if as_json:
+        click.echo(json.dumps([{**r, "served": r["kernel_hash"] == current} for r in rows], indent=1,
+                              allow_nan=False))
+        return
     if not rows:
         click.echo("no tuned configs")
-    current = kernel_hash()
     for r in rows:
         consts = " ".join(f"{k}={r[k]}" for k in PARAM_NAMES)
         served = "" if r["kernel_hash"] == current else "  (another kernel: not served)"
@@ -225,12 +242,13 @@ def _us(v: float | None) -> str:
 @click.option("--batch", type=click.IntRange(1, MAX_BATCH), default=1, show_default=True,
               help="Requests verified in one launch.")
 @click.option("--device", default=None, help="Default: TUNER_DEVICE, else the only recorded device.")
+@JSON_OPT
 @click.pass_obj
 @_errors_as_clean_exit
-def configs_show(settings: Settings, H: int, q_len: int, prefix: int, batch: int, device: str | None) -> None:
-    """The config the service would answer for this key (tuned, nearest or heuristic)."""
-    import json
-
+def configs_show(settings: Settings, H: int, q_len: int, prefix: int, batch: int, device: str | None,
+                 as_json: bool) -> None:
+    """The config the service would answer for this key (tuned, nearest or heuristic); JSON
+    either way (--json is accepted for symmetry with the other commands)."""
     from tuner import lookup
     from tuner.db.session import session_scope
 

@@ -119,13 +119,14 @@ def register(study: click.Group, clean: Callable[..., Any]) -> None:
                   help="Several GPUs: one tuner process per GPU, all sharing the studies.")
     @click.option("--measure-timeout", type=click.FloatRange(min=1), default=120.0, show_default=True,
                   help="Seconds before a hanging measurement is killed.")
+    @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (one object per key).")
     @click.option("--only", "only", multiple=True, metavar="NAME=V1,V2",
                   help="Restrict a constant's candidates, e.g. --only STAGES=2 --only BLOCK=256,512.")
     @click.pass_obj
     @clean
     def start(settings: Settings, H: int, q_len: int, prefix: tuple[int, ...], prefix_range: str | None,
               batch_text: str, spread: str, trials: int, timeout: float | None, sampler: str, seed: int | None,
-              storage: str | None, ordinal: int, devices: str | None, measure_timeout: float,
+              storage: str | None, ordinal: int, devices: str | None, measure_timeout: float, as_json: bool,
               only: tuple[str, ...]) -> None:
         """Tune the kernel on the local GPU(s) for each (H, q_len, prefix bucket); resumable."""
         import optuna
@@ -148,6 +149,14 @@ def register(study: click.Group, clean: Callable[..., Any]) -> None:
         devices_list = _parse_devices(devices) if devices else None
         if devices_list:
             results = tune_on_devices(settings, job, devices_list)
+            if as_json:
+                import json
+
+                click.echo(json.dumps([{"gpu": dev, "status": status, "result": payload}
+                                       for dev, status, payload in results], indent=1, allow_nan=False))
+                if any(status != "ok" for _, status, _ in results):
+                    raise click.ClickException("a GPU's tuner failed; the others' results are stored")
+                return
             failed = False
             for dev, status, payload in results:
                 if status != "ok":
@@ -163,9 +172,18 @@ def register(study: click.Group, clean: Callable[..., Any]) -> None:
                 raise click.ClickException("a GPU's tuner failed (see above); the others' results are stored")
             return
         bar = _Bar()
-        res = tune_on_device(settings, job, ordinal, on_progress=bar, on_key_done=bar.end)
+        res = tune_on_device(settings, job, ordinal, on_progress=None if as_json else bar,
+                             on_key_done=None if as_json else bar.end)
         outcomes = res.outcomes
-        click.echo(summary_table(outcomes))
+        if as_json:
+            import json
+
+            from tuner.runner import summary
+
+            click.echo(json.dumps({"keys": [summary(o) for o in outcomes], "helped": len(res.helped),
+                                   "done_before": [vars(w) for w in res.done_before]}, indent=1, allow_nan=False))
+        else:
+            click.echo(summary_table(outcomes))
         for wl in res.done_before:
             click.echo(f"H={wl.H} q={wl.q_len} prefix={wl.prefix} batch={wl.batch}: already tuned with the full budget "
                        "(raise --trials to search further)")

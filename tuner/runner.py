@@ -57,7 +57,7 @@ def _device_main(settings: Settings, job: TuneJob, index: int, device_ordinal: i
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     try:
         res = tune_on_device(settings, job, device_ordinal)
-        queue.put((index, device_ordinal, "ok", {"keys": [_summary(o) for o in res.outcomes],
+        queue.put((index, device_ordinal, "ok", {"keys": [summary(o) for o in res.outcomes],
                                                   "helped": len(res.helped), "done_before": len(res.done_before)}))
     except Exception as exc:  # reported by the parent, which exits non-zero; a bug keeps its traceback
         import traceback
@@ -70,7 +70,7 @@ def _device_main(settings: Settings, job: TuneJob, index: int, device_ordinal: i
         queue.put((index, device_ordinal, "error", detail))
 
 
-def _summary(o: Any) -> dict[str, Any]:
+def summary(o: Any) -> dict[str, Any]:
     return {"key": str(o.key), "prefix": o.workload.prefix, "batch": o.workload.batch,
             "best": str(o.best) if o.best else None, "best_us": o.best_m.median_us if o.best_m else None, "decision": o.decision, "counts": o.counts,
             "wall_s": o.wall_s}
