@@ -125,7 +125,7 @@ def run_job(*, backend: Backend, sessions: sessionmaker[Session], workloads: lis
                 row = repo.find_study(session=s, key=workload_key(limits, wl))
                 open_search = row is not None and row.n_ok + row.n_failed < budget(wl)
             if open_search:  # its own seed: the owner samples with the job's, lockstep would repeat it
-                seed = zlib.crc32(owner.encode()) + (study_kw.get("seed") or 0)
+                seed = (zlib.crc32(owner.encode()) + (study_kw.get("seed") or 0)) % (2**31 - 1)  # an INTEGER column
                 run_study(backend=backend, sessions=sessions, workload=wl, n_trials=n_trials, restrict=restrict,
                           pick=False, **{**study_kw, "seed": seed})
                 result.helped.append(wl)
