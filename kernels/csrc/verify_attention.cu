@@ -14,7 +14,9 @@
 //           (slice k+WK/2 adds into slice k's buffer after a barrier), which frees the shared
 //           memory of a third ring slot at 72 rows
 //   PIPE    pipeline: 0 fuses PV(t) and QK(t+1) (two barriers a tile), 1 refills a slot right
-//           after its PV (three barriers, loads overlap a whole iteration even with two slots)
+//           after its PV (three barriers, loads overlap a whole iteration even with two slots),
+//           2 splits the rows between two warp groups a phase apart (named barriers, no
+//           block-wide one per tile: one group's softmax overlaps the other's MMAs)
 //
 // Layout of the work. A block owns HT heads x QT nodes of one request (ROWS = HT*QT query
 // rows; a request has ceil(QN/QT) row tiles) and one split of the request's token sequence,
@@ -72,7 +74,7 @@ constexpr int NWARPS = BLOCK / 32;
 constexpr int MW = (D_V / 16) / NWARPS;  // PV: latent-dim m16 tiles per warp
 constexpr int TM = TK / 16;              // token m16 tiles per KV tile
 constexpr int WT = NWARPS / (WR * WK);   // QK: token groups
-constexpr int MQ = TM / WT;              // QK: m16 token tiles per warp
+constexpr int MQ = TM / WT > 0 ? TM / WT : 1;  // QK: m16 token tiles per warp (PIPE 2: unused)
 constexpr int NQ = (NR + WR - 1) / WR;   // QK: n8 row tiles per warp (strided over row groups)
 constexpr int KS = KSTEPS / WK;          // QK: k16 steps per warp
 constexpr int NSB = SF ? WK / 2 : WK;    // partial-score buffers
@@ -84,12 +86,15 @@ static_assert(QN >= 1 && QN <= 64, "q_len must be in 1..64 (uint64 tree mask)");
 static_assert(QT >= 1 && QT <= QN, "QT must be in 1..QN");
 static_assert(TK % 16 == 0 && TK >= 16 && TK <= 128, "TK must be 16, 32, 64 or 128");
 static_assert(BLOCK % 32 == 0 && (D_V / 16) % NWARPS == 0, "BLOCK/32 must divide 32");
-static_assert(WR >= 1 && WK >= 1 && NWARPS % (WR * WK) == 0, "WR*WK must divide the warp count");
-static_assert(TM % WT == 0, "the QK token groups must tile the KV tile");
+static_assert(WR >= 1 && WK >= 1 && (PIPE == 2 ? 4 : NWARPS) % (WR * WK) == 0,
+              "WR*WK must divide the warp count (of a group with PIPE=2)");
+static_assert(PIPE == 2 || TM % WT == 0, "the QK token groups must tile the KV tile");
 static_assert(KSTEPS % WK == 0, "WK must divide the 36 k-steps");
-static_assert(WR <= NR, "more QK row groups than n8 row tiles");
+static_assert(WR <= (PIPE == 2 ? NR / 2 : NR), "more QK row groups than n8 row tiles");
 static_assert(STAGES >= 2 && STAGES <= 8, "STAGES must be 2..8");
-static_assert(PIPE == 0 || PIPE == 1, "PIPE must be 0 or 1");
+static_assert(PIPE == 0 || PIPE == 1 || PIPE == 2, "PIPE must be 0, 1 or 2");
+static_assert(PIPE != 2 || (NWARPS == 8 && SF == 0 && NR >= 2 && STAGES <= 4),
+              "PIPE=2 needs 8 warps (two groups of 4), SF=0, at least two n8 row tiles and STAGES <= 4");
 static_assert(SF == 0 || (SF == 1 && WK % 2 == 0), "SF=1 needs an even WK");
 static_assert(NSPLIT >= 1, "NSPLIT must be >= 1");
 static_assert(TK <= BLOCK, "one thread per token fetches a tile's slot index");
@@ -364,22 +369,227 @@ __device__ __forceinline__ void pv_tile(float (&acc)[MW][NR][4], const bf16* Kt,
   }
 }
 
+// ---- PIPE 2: two warp groups, each owning half of the query rows (n8 tiles), offset by a phase.
+// Group 1 (the fewer rows) issues every load; the KV ring is shared. Per tile a group runs
+// QK -> softmax -> PV on its own rows behind named barriers of 128 threads, so while one group
+// is in its softmax the other keeps the tensor cores busy. Slots hand over through named
+// barriers of 256: FULL (loader arrives once a tile has landed, the other group syncs) and
+// EMPTY (the other group arrives after its PV of a tile, the loader syncs before refilling).
+namespace {
+constexpr int G_NR0 = (NR + 1) / 2;            // n8 tiles of group 0 (the larger half)
+constexpr int G_WT = 4 / (WR * WK > 4 ? 4 : WR * WK);  // QK token groups within a group
+constexpr int G_MQ = TM / G_WT > 0 ? TM / G_WT : 1;   // m16 token tiles per warp
+constexpr int G_NQ = (G_NR0 + WR - 1) / WR;    // n8 row tiles per warp (strided over WR)
+constexpr int G_MW = (D_V / 16) / 4;           // PV: 8 m16 dim tiles per warp (128 dims)
+constexpr int G_KS = KSTEPS / WK;
+constexpr int BAR_GROUP = 1;                   // + group
+constexpr int BAR_FULL = 3;                    // + slot
+constexpr int BAR_EMPTY = 3 + STAGES;          // + slot
+constexpr int BAR_START = 3 + 2 * STAGES;
+static_assert(PIPE != 2 || BAR_START < 16, "named barrier ids");
+static_assert(PIPE != 2 || (TM % G_WT == 0), "PIPE=2: the QK token groups must tile the KV tile");
+}  // namespace
+
+__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void bar_arrive(int id, int n) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+
+// QK of one group: S^T for its n8 tiles [nb, nb + nn) into the score buffers (rows are global).
+__device__ __forceinline__ void qk_group(const bf16* Qs, const bf16* Kt, float* Ss, int gw, int lane, int nb,
+                                         int nn) {
+  const int wk = gw % WK, wr = (gw / WK) % WR, wt = gw / (WK * WR);
+  const int mat = lane >> 3, r8 = lane & 7, g = lane >> 2, tq = lane & 3;
+  float acc[G_MQ][G_NQ][4];
+#pragma unroll
+  for (int a = 0; a < G_MQ; ++a)
+#pragma unroll
+    for (int n = 0; n < G_NQ; ++n)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[a][n][c] = 0.f;
+  const int k0 = wk * G_KS;
+#pragma unroll 2
+  for (int kp = 0; kp < G_KS / 2; ++kp) {
+    const int ks = k0 + 2 * kp;
+    uint32_t fb4[G_NQ][4];
+#pragma unroll
+    for (int n = 0; n < G_NQ; ++n) {
+      const int nl = wr + n * WR;
+      if (nl < nn) ldsm_x4(fb4[n], smem_u32(Qs + ((nb + nl) * 8 + r8) * KSTRIDE + ks * 16 + mat * 8));
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      uint32_t fa[G_MQ][4];
+#pragma unroll
+      for (int a = 0; a < G_MQ; ++a) {
+        const int tok = (wt * G_MQ + a) * 16 + r8 + (mat & 1) * 8;
+        ldsm_x4(fa[a], smem_u32(Kt + tok * KSTRIDE + (ks + h) * 16 + (mat >> 1) * 8));
+      }
+#pragma unroll
+      for (int n = 0; n < G_NQ; ++n) {
+        if (wr + n * WR >= nn) continue;
+        const uint32_t fb[2] = {fb4[n][2 * h], fb4[n][2 * h + 1]};
+#pragma unroll
+        for (int a = 0; a < G_MQ; ++a) mma16816(acc[a][n], fa[a], fb);
+      }
+    }
+  }
+  if constexpr (G_KS % 2 == 1) {
+    const int ks = k0 + G_KS - 1;
+    uint32_t fa[G_MQ][4];
+#pragma unroll
+    for (int a = 0; a < G_MQ; ++a) {
+      const int tok = (wt * G_MQ + a) * 16 + r8 + (mat & 1) * 8;
+      ldsm_x4(fa[a], smem_u32(Kt + tok * KSTRIDE + ks * 16 + (mat >> 1) * 8));
+    }
+#pragma unroll
+    for (int n = 0; n < G_NQ; ++n) {
+      const int nl = wr + n * WR;
+      if (nl >= nn) continue;
+      uint32_t fb[2];
+      ldsm_x2(fb, smem_u32(Qs + ((nb + nl) * 8 + r8) * KSTRIDE + ks * 16 + (mat & 1) * 8));
+#pragma unroll
+      for (int a = 0; a < G_MQ; ++a) mma16816(acc[a][n], fa[a], fb);
+    }
+  }
+  float* Sw = Ss + wk * ROWS_PAD * SSTRIDE;
+#pragma unroll
+  for (int a = 0; a < G_MQ; ++a)
+#pragma unroll
+    for (int n = 0; n < G_NQ; ++n) {
+      const int nl = wr + n * WR;
+      if (nl >= nn) continue;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int t = (wt * G_MQ + a) * 16 + g + (c >> 1) * 8;
+        const int r = (nb + nl) * 8 + 2 * tq + (c & 1);
+        Sw[r * SSTRIDE + t] = acc[a][n][c];
+      }
+    }
+}
+
+// Online softmax of one group's rows [r_lo, r_hi) (4 warps): as softmax_tile.
+__device__ __forceinline__ void softmax_group(const float* Ss, bf16* Ps, float* m_s, float* l_s, float* a_s,
+                                              const unsigned long long* mask_s, const Span& sp, int rows_here,
+                                              int it, float scale_log2, int gw, int lane, int r_lo, int r_hi) {
+  const int vbase = sp.v0 + it * TK;
+  const int sub = lane / LPR, sl = lane % LPR;
+#pragma unroll 1
+  for (int r0 = r_lo + gw * RPP; r0 < r_hi; r0 += 4 * RPP) {  // uniform across the warp
+    const int r = r0 + sub;
+    float s[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int k = 0; k < WK; ++k) {
+      const float4 x = *reinterpret_cast<const float4*>(Ss + (k * ROWS_PAD + r) * SSTRIDE + sl * 4);
+      s[0] += x.x; s[1] += x.y; s[2] += x.z; s[3] += x.w;
+    }
+    const bool row_ok = r < rows_here;
+    const unsigned long long tmask = row_ok ? mask_s[r / HT] : 0ull;
+    float mx = NEG_INF;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int v = vbase + sl * 4 + j;
+      bool ok = row_ok && v < sp.v1;
+      if (ok && v >= sp.P) ok = (tmask >> (v - sp.P)) & 1ull;
+      s[j] = ok ? s[j] * scale_log2 : NEG_INF;
+      mx = fmaxf(mx, s[j]);
+    }
+#pragma unroll
+    for (int o = LPR / 2; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    const float m_old = m_s[r];
+    const float m_new = fmaxf(m_old, mx);
+    const float base = m_new == NEG_INF ? 0.f : m_new;
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) { s[j] = exp2f(s[j] - base); sum += s[j]; }
+#pragma unroll
+    for (int o = LPR / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    __nv_bfloat162* prow = reinterpret_cast<__nv_bfloat162*>(Ps + r * PSTRIDE + sl * 4);
+    prow[0] = __floats2bfloat162_rn(s[0], s[1]);
+    prow[1] = __floats2bfloat162_rn(s[2], s[3]);
+    if (sl == 0) {
+      const float alpha = exp2f(m_old - base);
+      m_s[r] = m_new;
+      l_s[r] = l_s[r] * alpha + sum;
+      a_s[r] = alpha;
+    }
+  }
+}
+
+// O^T (this warp's 128 dims x its group's rows) = alpha * O^T + V^T . P^T.
+__device__ __forceinline__ void pv_group(float (&acc)[G_MW][G_NR0][4], const bf16* Kt, const bf16* Ps,
+                                         const float* a_s, int gw, int lane, int nb, int nn) {
+  const int tq = lane & 3, mat = lane >> 3, r8 = lane & 7;
+#pragma unroll
+  for (int nr = 0; nr < G_NR0; ++nr) {
+    if (nr >= nn) continue;
+    const float a0 = a_s[(nb + nr) * 8 + 2 * tq], a1 = a_s[(nb + nr) * 8 + 2 * tq + 1];
+#pragma unroll
+    for (int mw = 0; mw < G_MW; ++mw) {
+      acc[mw][nr][0] *= a0; acc[mw][nr][1] *= a1;
+      acc[mw][nr][2] *= a0; acc[mw][nr][3] *= a1;
+    }
+  }
+#pragma unroll
+  for (int kk = 0; kk < TM; ++kk) {
+    uint32_t fb[G_NR0][2];
+#pragma unroll
+    for (int nr = 0; nr < G_NR0; ++nr)
+      if (nr < nn) ldsm_x2(fb[nr], smem_u32(Ps + ((nb + nr) * 8 + r8) * PSTRIDE + kk * 16 + (mat & 1) * 8));
+#pragma unroll
+    for (int mw = 0; mw < G_MW; ++mw) {
+      uint32_t fa[4];
+      const int tok = kk * 16 + r8 + (mat >> 1) * 8;
+      const int dim = (gw * G_MW + mw) * 16 + (mat & 1) * 8;
+      ldsm_x4_t(fa, smem_u32(Kt + tok * KSTRIDE + dim));
+#pragma unroll
+      for (int nr = 0; nr < G_NR0; ++nr)
+        if (nr < nn) mma16816(acc[mw][nr], fa, fb[nr]);
+    }
+  }
+}
+
+// Loader-group (128 threads, gt = thread in group) versions of fetch_indices / load_kv_tile.
+__device__ __forceinline__ void fetch_indices_g(int* idx_s, const Span& sp, int X, int gt) {
+  const int v = sp.v0 + X * TK + gt;
+  if (gt < TK && v < sp.v1)
+    cp_async4(smem_u32(idx_s + (X % STAGES) * TK + gt), v < sp.P ? sp.prefix + v : sp.draft + (v - sp.P));
+}
+__device__ __forceinline__ void load_kv_tile_g(bf16* Kt, const bf16* __restrict__ kv, const int* idx_s, const Span& sp,
+                                               int X, int gt) {
+  const int* idx = idx_s + (X % STAGES) * TK;
+  const int vb = sp.v0 + X * TK;
+  for (int c = gt; c < TK * CHUNKS; c += 128) {
+    const int t = c / CHUNKS;
+    const int part = c - t * CHUNKS;
+    const bool valid = vb + t < sp.v1;
+    const int slot = valid ? idx[t] : 0;
+    cp_async16(smem_u32(Kt + t * KSTRIDE + part * 8), kv + (size_t)slot * D_QK + part * 8, valid);
+  }
+}
+
 // Profiling variants leave one phase out (bench/sweep_structures.py --phases); their output is
 // wrong by design and never checked.
 #ifdef VA_PROFILE_SKIP_QK
 #define QK_TILE(...)
+#define QK_TILE_G(...)
 #else
 #define QK_TILE(...) qk_tile(__VA_ARGS__)
+#define QK_TILE_G(...) qk_group(__VA_ARGS__)
 #endif
 #ifdef VA_PROFILE_SKIP_SOFTMAX
 #define SOFTMAX_TILE(...)
+#define SOFTMAX_TILE_G(...)
 #else
 #define SOFTMAX_TILE(...) softmax_tile(__VA_ARGS__)
+#define SOFTMAX_TILE_G(...) softmax_group(__VA_ARGS__)
 #endif
 #ifdef VA_PROFILE_SKIP_PV
 #define PV_TILE(...)
+#define PV_TILE_G(...)
 #else
 #define PV_TILE(...) pv_tile(__VA_ARGS__)
+#define PV_TILE_G(...) pv_group(__VA_ARGS__)
 #endif
 
 #ifndef VA_MINB
@@ -444,7 +654,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
 
   // ---- prologue: Q and the first tiles (Q rides in the first cp.async group). PIPE 0 keeps one
   // slot free for the first iteration to fill; PIPE 1 fills every slot now.
-  constexpr int PRE = PIPE == 0 ? STAGES - 1 : STAGES;
+  constexpr int PRE = PIPE == 1 ? STAGES : STAGES - 1;
   for (int c = tid; c < ROWS_PAD * CHUNKS; c += BLOCK) {  // Q rows r = i*HT + hl; pad rows zero
     const int r = c / CHUNKS, part = c - r * CHUNKS;
     const bool valid = r < rows_here;
@@ -474,12 +684,13 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
     if (v < sp.v1) idx_s[(X % STAGES) * TK + t] = sp.slot(v);
   }
   // Refill: KV tile X into its slot, and the indices of tile X+STAGES-1, as one cp.async group.
-  auto refill = [&](int X) {
+  [[maybe_unused]] auto refill = [&](int X) {
     if (X < ntiles) load_kv_tile(Ks + (X % STAGES) * TK * KSTRIDE, kv, idx_s, sp, X);
     fetch_indices(idx_s, sp, X + STAGES - 1);
     cp_async_commit();  // possibly empty: keeps the group count uniform for the waits
   };
 
+#if PIPE != 2
   float acc[MW][NR][4];
 #pragma unroll
   for (int mw = 0; mw < MW; ++mw)
@@ -487,8 +698,9 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
     for (int nr = 0; nr < NR; ++nr)
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[mw][nr][c] = 0.f;
+#endif
 
-  cp_async_wait<PRE - 1>();  // Q and tile 0 have landed
+  cp_async_wait<PIPE == 2 ? 0 : PRE - 1>();  // Q and tile 0 (PIPE 2: every prologue tile) have landed
   __syncthreads();
 #if PIPE == 0
   // Two barriers a tile; PV(t) and QK(t+1) back to back. The slot of tile t-1 is refilled with
@@ -505,7 +717,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
     PV_TILE(acc, Ks + (it % STAGES) * TK * KSTRIDE, Ps, a_s, warp, lane);
     if (it + 1 < ntiles) QK_TILE(Qs, Ks + ((it + 1) % STAGES) * TK * KSTRIDE, Ss, warp, lane);
   }
-#else
+#elif PIPE == 1
   // Three barriers a tile; the slot of tile t is refilled with tile t+STAGES right after PV(t),
   // so every load overlaps a whole iteration of compute even with two slots.
 #pragma unroll 1
@@ -521,6 +733,72 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
     refill(it + STAGES);
   }
 #endif
+#if PIPE == 2
+  // Two groups of 4 warps own n8 row tiles [nb, nb + nn); group 1 (fewer rows) loads. The
+  // prologue loaded tiles 0..PRE-1 with every thread and everyone waited for them; from here on
+  // only the loader issues copies (the refill in iteration t brings tile t+STAGES-1 into the slot
+  // of tile t-1, after the other group's EMPTY for it).
+  const int grp = warp >> 2, gw = warp & 3, gt = tid & 127;
+  const int nb = grp == 0 ? 0 : G_NR0, nn = grp == 0 ? G_NR0 : NR - G_NR0;
+  const bool loader = grp == 1;
+  float gacc[G_MW][G_NR0][4];
+#pragma unroll
+  for (int mw = 0; mw < G_MW; ++mw)
+#pragma unroll
+    for (int nr = 0; nr < G_NR0; ++nr)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) gacc[mw][nr][c] = 0.f;
+#pragma unroll 1
+  for (int it = 0; it < ntiles; ++it) {
+    const int slot = it % STAGES;
+    const bf16* Kt = Ks + slot * TK * KSTRIDE;
+    if (loader) {
+      cp_async_wait<STAGES - 2>();        // tile it (this thread's copies)
+      bar_sync(BAR_GROUP + 1, 128);       // ... and every loader thread's
+      bar_arrive(BAR_FULL + slot, 256);   // the other group may read it
+    } else {
+      bar_sync(BAR_FULL + slot, 256);
+      if (it == 0) bar_sync(BAR_START, 256);  // start one phase behind the loader
+    }
+    QK_TILE_G(Qs, Kt, Ss, gw, lane, nb, nn);
+    if (loader) {
+      if (it == 0) bar_arrive(BAR_START, 256);
+      const int X = it + STAGES - 1;      // into the slot of tile it-1
+      if (it >= 1) bar_sync(BAR_EMPTY + (it - 1) % STAGES, 256);  // the other group's PV(it-1) is done
+      if (X < ntiles) load_kv_tile_g(Ks + (X % STAGES) * TK * KSTRIDE, kv, idx_s, sp, X, gt);
+      fetch_indices_g(idx_s, sp, X + STAGES - 1, gt);
+      cp_async_commit();
+    }
+    bar_sync(BAR_GROUP + grp, 128);       // S(it) of this group complete
+    SOFTMAX_TILE_G(Ss, Ps, m_s, l_s, a_s, mask_s, sp, rows_here, it, scale_log2, gw, lane, nb * 8, (nb + nn) * 8);
+    bar_sync(BAR_GROUP + grp, 128);       // P(it) of this group ready
+    PV_TILE_G(gacc, Kt, Ps, a_s, gw, lane, nb, nn);
+    if (!loader) bar_arrive(BAR_EMPTY + slot, 256);
+  }
+  if (loader && ntiles >= 1) bar_sync(BAR_EMPTY + (ntiles - 1) % STAGES, 256);  // match the last arrive
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is past its last QK: the Q region can hold O
+  bf16* Os = Qs;
+  {
+    const int g = lane >> 2, tq = lane & 3;
+#pragma unroll
+    for (int nr = 0; nr < G_NR0; ++nr) {
+      if (nr >= nn) continue;
+      const int r = (nb + nr) * 8 + 2 * tq;
+      const float l0 = l_s[r], l1 = l_s[r + 1];
+      const float i0 = l0 > 0.f ? 1.f / l0 : 0.f, i1 = l1 > 0.f ? 1.f / l1 : 0.f;
+#pragma unroll
+      for (int mw = 0; mw < G_MW; ++mw) {
+        const int d = (gw * G_MW + mw) * 16 + g;
+        Os[r * KSTRIDE + d] = __float2bfloat16_rn(gacc[mw][nr][0] * i0);
+        Os[(r + 1) * KSTRIDE + d] = __float2bfloat16_rn(gacc[mw][nr][1] * i1);
+        Os[r * KSTRIDE + d + 8] = __float2bfloat16_rn(gacc[mw][nr][2] * i0);
+        Os[(r + 1) * KSTRIDE + d + 8] = __float2bfloat16_rn(gacc[mw][nr][3] * i1);
+      }
+    }
+  }
+  __syncthreads();
+#else
   cp_async_wait<0>();
   __syncthreads();  // every warp is past its last QK: the Q region can hold O
 
@@ -542,6 +820,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
     }
   }
   __syncthreads();
+#endif
   constexpr int VCH = D_V * 2 / 16;  // 16-byte chunks per output row
   for (int c = tid; c < rows_here * VCH; c += BLOCK) {
     const int r = c / VCH, part = c - r * VCH;

@@ -21,6 +21,9 @@ CONFIG_POOL = [
         (33, 32, 256, 4, 1, 4, 0, 0),   # bandwidth mode: one row group, deep ring
         (12, 64, 128, 2, 1, 2, 0, 1),   # four warps, two token groups of 32
         (132, 32, 256, 3, 2, 4, 1, 1),  # the compute-mode default structure
+        (132, 32, 256, 3, 1, 2, 0, 2),  # two row groups a phase apart, three slots
+        (5, 64, 256, 2, 2, 1, 0, 2),    # two groups, two row groups each, 64-token tiles, two slots
+        (9, 32, 256, 4, 2, 2, 0, 2),    # two groups, deep ring, odd NSPLIT
     ]
     for ht in (1, 2, 8)
     for qt in (0, 3)
