@@ -128,72 +128,14 @@ def register(study: click.Group, clean: Callable[..., Any]) -> None:
               batch_text: str, spread: str, trials: int, timeout: float | None, sampler: str, seed: int | None,
               storage: str | None, ordinal: int, devices: str | None, measure_timeout: float, as_json: bool,
               only: tuple[str, ...]) -> None:
-        """Tune the kernel on the local GPU(s) for each (H, q_len, prefix bucket); resumable."""
-        import optuna
-
-        from tuner import space
-        from tuner.backend import Workload
-        from tuner.runner import TuneJob, tune_on_device, tune_on_devices
-
-        optuna.logging.set_verbosity(optuna.logging.ERROR)  # our progress bar says what matters
-        restrict = _parse_only(only)
-        try:  # every argument is checked here, before a worker or a GPU is touched
-            space.choices(H, restrict, q_len=q_len)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc), param_hint="--only") from None
-        batch_list = _parse_batches(batch_text)
-        job = TuneJob(workloads=[Workload(H, q_len, p, batch=b, spread=spread) for b in batch_list
-                                 for p in prefixes_for(prefix, prefix_range)],
-                      n_trials=trials, sampler=sampler, seed=seed, timeout_s=timeout, storage_url=storage,
-                      measure_timeout_s=measure_timeout, restrict=restrict)
-        devices_list = _parse_devices(devices) if devices else None
-        if devices_list:
-            results = tune_on_devices(settings, job, devices_list)
-            if as_json:
-                import json
-
-                click.echo(json.dumps([{"gpu": dev, "status": status, "result": payload}
-                                       for dev, status, payload in results], indent=1, allow_nan=False))
-                if any(status != "ok" for _, status, _ in results):
-                    raise click.ClickException("a GPU's tuner failed; the others' results are stored")
-                return
-            failed = False
-            for dev, status, payload in results:
-                if status != "ok":
-                    failed = True
-                    click.echo(f"GPU {dev}: failed: {payload}", err=True)
-                    continue
-                for r in payload["keys"]:
-                    click.echo(f"GPU {dev}: {r['key']} prefix={r['prefix']} batch={r['batch']} best {r['best']} "
-                               f"({r['best_us'] or float('nan'):.1f} us) {r['decision']} {r['counts']}")
-                click.echo(f"GPU {dev}: owned {len(payload['keys'])} key(s), helped with {payload['helped']}, "
-                           f"left {payload['done_before']} to the other processes or to an earlier run")
-            if failed:
-                raise click.ClickException("a GPU's tuner failed (see above); the others' results are stored")
-            return
-        bar = _Bar()
-        res = tune_on_device(settings, job, ordinal, on_progress=None if as_json else bar,
-                             on_key_done=None if as_json else bar.end)
-        outcomes = res.outcomes
-        if as_json:
-            import json
-
-            from tuner.runner import summary
-
-            click.echo(json.dumps({"keys": [summary(o) for o in outcomes], "helped": len(res.helped),
-                                   "done_before": [vars(w) for w in res.done_before]}, indent=1, allow_nan=False))
+        """Tune the kernel on the local GPU(s) for each (H, q_len, prefix bucket, batch bucket);
+        resumable, and shared with other processes running the same job (docs/operations.md)."""
+        job = _job(H, q_len, prefix, prefix_range, batch_text, spread, only, trials=trials, sampler=sampler,
+                   seed=seed, timeout=timeout, storage=storage, measure_timeout=measure_timeout)
+        if devices:
+            _start_on_devices(settings, job, _parse_devices(devices), as_json)
         else:
-            click.echo(summary_table(outcomes))
-        for wl in res.done_before:
-            click.echo(f"H={wl.H} q={wl.q_len} prefix={wl.prefix} batch={wl.batch}: already tuned with the full budget "
-                       "(raise --trials to search further)")
-        if res.helped:
-            click.echo(f"helped {len(res.helped)} key(s) owned by other tuner processes")
-        empty = [o for o in outcomes if not o.stored]
-        if empty:
-            raise click.ClickException(f"{len(empty)} key(s) ended with nothing stored: "
-                                       + "; ".join(f"H={o.key.H} q={o.key.q_len} prefix={o.workload.prefix}: "
-                                                   f"{o.decision}" for o in empty))
+            _start_on_one(settings, job, ordinal, as_json)
 
     @study.command("report")
     @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("bench/results"),
@@ -208,6 +150,77 @@ def register(study: click.Group, clean: Callable[..., Any]) -> None:
 
         for path in write_report(sessions=checked_sessions(settings.database_url), out_dir=out_dir, device=device):
             click.echo(f"wrote {path}")
+
+
+def _job(H: int, q_len: int, prefix: tuple[int, ...], prefix_range: str | None, batch_text: str, spread: str,
+         only: tuple[str, ...], **kw: Any) -> Any:
+    """The TuneJob the arguments describe; every argument is checked here, before a worker or a
+    GPU is touched."""
+    import optuna
+
+    from tuner import space
+    from tuner.backend import Workload
+    from tuner.runner import TuneJob
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # our progress bar says what matters
+    restrict = _parse_only(only)
+    try:
+        space.choices(H, restrict, q_len=q_len)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--only") from None
+    workloads = [Workload(H, q_len, p, batch=b, spread=spread) for b in _parse_batches(batch_text)
+                 for p in prefixes_for(prefix, prefix_range)]
+    return TuneJob(workloads=workloads, n_trials=kw["trials"], sampler=kw["sampler"], seed=kw["seed"],
+                   timeout_s=kw["timeout"], storage_url=kw["storage"], measure_timeout_s=kw["measure_timeout"],
+                   restrict=restrict)
+
+
+def _start_on_devices(settings: Settings, job: Any, devices: list[int], as_json: bool) -> None:
+    import json
+
+    from tuner.runner import tune_on_devices
+
+    results = tune_on_devices(settings, job, devices)
+    failed = [(dev, payload) for dev, status, payload in results if status != "ok"]
+    if as_json:
+        click.echo(json.dumps([{"gpu": dev, "status": status, "result": payload}
+                               for dev, status, payload in results], indent=1, allow_nan=False))
+    else:
+        for dev, status, payload in results:
+            if status != "ok":
+                click.echo(f"GPU {dev}: failed: {payload}", err=True)
+                continue
+            for r in payload["keys"]:
+                click.echo(f"GPU {dev}: {r['key']} prefix={r['prefix']} batch={r['batch']} best {r['best']} "
+                           f"({r['best_us'] or float('nan'):.1f} us) {r['decision']} {r['counts']}")
+            click.echo(f"GPU {dev}: owned {len(payload['keys'])} key(s), helped with {payload['helped']}, "
+                       f"left {payload['done_before']} to the other processes or to an earlier run")
+    if failed:
+        raise click.ClickException("a GPU's tuner failed (see above); the others' results are stored")
+
+
+def _start_on_one(settings: Settings, job: Any, ordinal: int, as_json: bool) -> None:
+    import json
+
+    from tuner.runner import summary, tune_on_device
+
+    bar = None if as_json else _Bar()
+    res = tune_on_device(settings, job, ordinal, on_progress=bar, on_key_done=bar.end if bar else None)
+    if as_json:
+        click.echo(json.dumps({"keys": [summary(o) for o in res.outcomes], "helped": len(res.helped),
+                               "done_before": [vars(w) for w in res.done_before]}, indent=1, allow_nan=False))
+    else:
+        click.echo(summary_table(res.outcomes))
+        for wl in res.done_before:
+            click.echo(f"H={wl.H} q={wl.q_len} prefix={wl.prefix} batch={wl.batch}: already tuned with the full "
+                       "budget (raise --trials to search further)")
+        if res.helped:
+            click.echo(f"helped {len(res.helped)} key(s) owned by other tuner processes")
+    empty = [o for o in res.outcomes if not o.stored]
+    if empty:
+        raise click.ClickException(f"{len(empty)} key(s) ended with nothing stored: "
+                                   + "; ".join(f"H={o.key.H} q={o.key.q_len} prefix={o.workload.prefix}: "
+                                               f"{o.decision}" for o in empty))
 
 
 def summary_table(outcomes: list[Any]) -> str:

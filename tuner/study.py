@@ -181,6 +181,96 @@ def workload_key(limits, workload: Workload) -> WorkloadKey:  # type: ignore[no-
                        buckets.bucket_of(workload.prefix).index, batches.bucket_of(workload.batch).index)
 
 
+class _Search:
+    """One key's search: the objective Optuna calls, the callback that stops it, and the state
+    they share (the ledger of measured configs, the best and default times for progress)."""
+
+    def __init__(self, *, backend: Backend, sessions: sessionmaker[Session], workload: Workload, out: Outcome,
+                 study: optuna.Study, choices: dict[str, list[int]], n_valid: int, budget: int,
+                 on_progress: Callable[[Progress], None] | None) -> None:
+        self.backend, self.sessions, self.workload, self.out = backend, sessions, workload, out
+        self.choices, self.n_valid, self.budget, self.on_progress = choices, n_valid, budget, on_progress
+        self.ledger = _Ledger(study)
+        self.best_us: float | None = None
+        self.default_us: float | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.ledger.measured >= self.budget or len(self.ledger.known) >= self.n_valid
+
+    def record(self, params: dict[str, int], m: Measurement) -> None:
+        with session_scope(self.sessions) as s:
+            repo.record_trial(session=s, study_id=self.out.study_id, params=params, state=m.state, reason=m.reason,
+                              median_us=m.median_us, p10_us=m.p10_us, p90_us=m.p90_us, samples=m.samples or None,
+                              rel_error=m.rel_error)
+
+    def objective(self, trial: optuna.Trial) -> float:
+        params = {p: trial.suggest_categorical(p, self.choices[p]) for p in PARAMS}
+        cfg = KernelConfig.from_params(params)
+        key = self.out.key
+        reason = check(cfg, self.backend.limits, H=key.H, q_len=key.q_len)
+        if reason is not None:  # never compiled, never run, not counted against the budget
+            self.record(params, Measurement(INVALID, reason=reason))
+            trial.set_user_attr(STATE_ATTR, INVALID)
+            trial.set_user_attr(REASON_ATTR, reason[:500])
+            raise optuna.TrialPruned(reason)
+        prev = self._measured_before(params)
+        if prev is not None:  # answered from the stored measurement
+            trial.set_user_attr("reused_trial", prev.number)
+            for k in (STATE_ATTR, REASON_ATTR, "p10_us", "p90_us"):
+                if k in prev.user_attrs:
+                    trial.set_user_attr(k, prev.user_attrs[k])
+            return prev.value if prev.value is not None else math.nan
+        return self._measure(trial, params, cfg)
+
+    def _measured_before(self, params: dict[str, int]) -> optuna.trial.FrozenTrial | None:
+        sig = tuple(params[p] for p in PARAMS)
+        prev = self.ledger.known.get(sig)
+        if prev is None and self.ledger.stale():  # another process finished trials since: look again
+            self.ledger.refresh()
+            prev = self.ledger.known.get(sig)
+        return prev
+
+    def _measure(self, trial: optuna.Trial, params: dict[str, int], cfg: KernelConfig) -> float:
+        m = self.backend.measure(cfg, self.workload)
+        self.record(params, m)
+        trial.set_user_attr(MEASURED_ATTR, True)
+        trial.set_user_attr(STATE_ATTR, m.state)
+        if m.reason:
+            trial.set_user_attr(REASON_ATTR, m.reason[:500])
+        if not m.ok:
+            return math.nan  # a failed trial: it can never become the best
+        trial.set_user_attr("p10_us", m.p10_us)
+        trial.set_user_attr("p90_us", m.p90_us)
+        if cfg == self.out.default:
+            self.default_us = m.median_us
+        if self.best_us is None or m.median_us < self.best_us:  # type: ignore[operator]
+            self.best_us = m.median_us
+        return m.median_us  # type: ignore[return-value]
+
+    def after_trial(self, st: optuna.Study, ft: optuna.trial.FrozenTrial) -> None:
+        """Optuna's callback: progress, and stop at the budget (or when nothing new is proposed)."""
+        self.ledger.after_trial(ft)
+        if self.on_progress:
+            last = f"{ft.params} -> {ft.user_attrs.get(STATE_ATTR, ft.state.name)}"
+            self.on_progress(Progress(self.out.key, self.ledger.measured, self.budget, self.best_us,
+                                      self.default_us, last))
+        if self.done or self.ledger.total >= 20 * self.budget + self.n_valid:
+            st.stop()
+
+
+def _open_study(key: WorkloadKey, storage_url: str, heartbeat_s: float | None, sampler: str, seed: int | None,
+                choices: dict[str, list[int]], warm: list[KernelConfig]) -> optuna.Study:
+    """The key's Optuna study (created or resumed) with the warm-start configs enqueued once."""
+    study = optuna.create_study(study_name=key.study_name, storage=open_storage(storage_url, heartbeat_s),
+                                direction="minimize", sampler=_sampler(sampler, seed, choices), load_if_exists=True)
+    study.set_user_attr("workload_key", str(key))
+    for cfg in warm:
+        if all(v in choices[k] for k, v in _params(cfg).items()):
+            study.enqueue_trial(_params(cfg), skip_if_exists=True)
+    return study
+
+
 def run_study(
     *, backend: Backend, sessions: sessionmaker[Session], storage_url: str, workload: Workload, n_trials: int,
     sampler: str = "tpe", seed: int | None = None, timeout_s: float | None = None, top_k: int = 3, rounds: int = 4,
@@ -206,86 +296,25 @@ def run_study(
         study_row = repo.get_or_create_study(session=s, key=key, prefix=workload.prefix, sampler=sampler, seed=seed)
         warm = warm_start_configs(session=s, key=key, limits=limits, workload=workload)
     out = Outcome(key, workload, study_row.id, default=warm[0])
-    study = optuna.create_study(study_name=key.study_name, storage=open_storage(storage_url, heartbeat_s),
-                                direction="minimize",
-                                sampler=_sampler(sampler, seed, choices), load_if_exists=True)
-    study.set_user_attr("workload_key", str(key))
-    for cfg in warm:
-        if all(v in choices[k] for k, v in _params(cfg).items()):
-            study.enqueue_trial(_params(cfg), skip_if_exists=True)
-    ledger = _Ledger(study)
-    budget = min(n_trials, len(valid))
-    best: list[float | None] = [None]
-    default_us: list[float | None] = [None]
-
-    def record(params: dict[str, int], m: Measurement) -> None:
-        with session_scope(sessions) as s:
-            repo.record_trial(session=s, study_id=out.study_id, params=params, state=m.state, reason=m.reason,
-                              median_us=m.median_us, p10_us=m.p10_us, p90_us=m.p90_us, samples=m.samples or None,
-                              rel_error=m.rel_error)
-
-    def objective(trial: optuna.Trial) -> float:
-        params = {p: trial.suggest_categorical(p, choices[p]) for p in PARAMS}
-        cfg = KernelConfig.from_params(params)
-        reason = check(cfg, limits, H=key.H, q_len=key.q_len)
-        if reason is not None:  # never compiled, never run, not counted against the budget
-            record(params, Measurement(INVALID, reason=reason))
-            trial.set_user_attr(STATE_ATTR, INVALID)
-            trial.set_user_attr(REASON_ATTR, reason[:500])
-            raise optuna.TrialPruned(reason)
-        prev = ledger.known.get(tuple(params[p] for p in PARAMS))
-        if prev is None and ledger.stale():  # another process finished trials since: look again
-            ledger.refresh()
-            prev = ledger.known.get(tuple(params[p] for p in PARAMS))
-        if prev is not None:  # answered from the stored measurement
-            trial.set_user_attr("reused_trial", prev.number)
-            for k in (STATE_ATTR, REASON_ATTR, "p10_us", "p90_us"):
-                if k in prev.user_attrs:
-                    trial.set_user_attr(k, prev.user_attrs[k])
-            return prev.value if prev.value is not None else math.nan
-        m = backend.measure(cfg, workload)
-        record(params, m)
-        trial.set_user_attr(MEASURED_ATTR, True)
-        trial.set_user_attr(STATE_ATTR, m.state)
-        if m.reason:
-            trial.set_user_attr(REASON_ATTR, m.reason[:500])
-        if not m.ok:
-            return math.nan  # a failed trial: it can never become the best
-        trial.set_user_attr("p10_us", m.p10_us)
-        trial.set_user_attr("p90_us", m.p90_us)
-        if cfg == out.default:
-            default_us[0] = m.median_us
-        if best[0] is None or m.median_us < best[0]:
-            best[0] = m.median_us
-        return m.median_us  # type: ignore[return-value]
-
-    def stop_when_done(st: optuna.Study, ft: optuna.trial.FrozenTrial) -> None:
-        ledger.after_trial(ft)
-        n = ledger.measured
-        if on_progress:
-            last = f"{ft.params} -> {ft.user_attrs.get(STATE_ATTR, ft.state.name)}"
-            on_progress(Progress(key, n, budget, best[0], default_us[0], last))
-        if n >= budget or len(ledger.known) >= len(valid) or ledger.total >= 20 * budget + len(valid):
-            st.stop()
-
+    study = _open_study(key, storage_url, heartbeat_s, sampler, seed, choices, warm)
+    search = _Search(backend=backend, sessions=sessions, workload=workload, out=out, study=study, choices=choices,
+                     n_valid=len(valid), budget=min(n_trials, len(valid)), on_progress=on_progress)
     if sampler == "grid" and precompile_dir is not None:  # the grid is known: build it all up front
         from kernels.build import precompile
 
-        precompile([c for c in valid if tuple(_params(c).values()) not in ledger.known], key.q_len, limits.arch,
-                   precompile_dir)
-    if ledger.measured < budget and len(ledger.known) < len(valid):
-        study.optimize(objective, timeout=timeout_s, callbacks=[stop_when_done], gc_after_trial=False)
+        todo = [c for c in valid if tuple(_params(c).values()) not in search.ledger.known]
+        precompile(todo, key.q_len, limits.arch, precompile_dir)
+    if not search.done:
+        study.optimize(search.objective, timeout=timeout_s, callbacks=[search.after_trial], gc_after_trial=False)
     if not pick:
         out.decision = "helped with the search (another process owns the key)"
-        out.wall_s = time.perf_counter() - t0
-        return out
-    _pick_winner(out, study=study, backend=backend, sessions=sessions, workload=workload, top_k=top_k, rounds=rounds,
-                 owns=owns)
-    with session_scope(sessions) as s:
-        repo.finish_study(session=s, study_id=out.study_id)
-        study_row = s.get(type(study_row), out.study_id)
-        out.counts = {"trials": study_row.n_trials, "ok": study_row.n_ok, "invalid": study_row.n_invalid,
-                      "failed": study_row.n_failed}
+    else:
+        _pick_winner(out, study=study, backend=backend, sessions=sessions, workload=workload, top_k=top_k,
+                     rounds=rounds, owns=owns)
+        with session_scope(sessions) as s:
+            repo.finish_study(session=s, study_id=out.study_id)
+            row = s.get(repo.Study, out.study_id)
+            out.counts = {"trials": row.n_trials, "ok": row.n_ok, "invalid": row.n_invalid, "failed": row.n_failed}
     out.wall_s = time.perf_counter() - t0
     return out
 

@@ -284,6 +284,50 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
   }
 }
 
+// Online softmax of one query row r of tile `it` (LPR lanes, four scores each): sums the NSB
+// partial-score buffers, masks, updates the row's running max and sum, writes P (bf16) and the
+// rescale factor PV applies to the row's accumulator.
+__device__ __forceinline__ void softmax_row(const float* Ss, bf16* Ps, float* m_s, float* l_s, float* a_s,
+                                            const unsigned long long* mask_s, const Span& sp, int rows_here,
+                                            int vbase, float scale_log2, int r, int sl) {
+  float s[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int k = 0; k < NSB; ++k) {
+    const float4 x = *reinterpret_cast<const float4*>(Ss + (k * ROWS_PAD + r) * SSTRIDE + sl * 4);
+    s[0] += x.x; s[1] += x.y; s[2] += x.z; s[3] += x.w;
+  }
+  const bool row_ok = r < rows_here;
+  const unsigned long long tmask = row_ok ? mask_s[r / HT] : 0ull;
+  float mx = NEG_INF;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int v = vbase + sl * 4 + j;
+    bool ok = row_ok && v < sp.v1;
+    if (ok && v >= sp.P) ok = (tmask >> (v - sp.P)) & 1ull;
+    s[j] = ok ? s[j] * scale_log2 : NEG_INF;
+    mx = fmaxf(mx, s[j]);
+  }
+#pragma unroll
+  for (int o = LPR / 2; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  const float m_old = m_s[r];
+  const float m_new = fmaxf(m_old, mx);
+  const float base = m_new == NEG_INF ? 0.f : m_new;  // a row with nothing visible stays 0
+  float sum = 0.f;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) { s[j] = exp2f(s[j] - base); sum += s[j]; }
+#pragma unroll
+  for (int o = LPR / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  __nv_bfloat162* prow = reinterpret_cast<__nv_bfloat162*>(Ps + r * PSTRIDE + sl * 4);
+  prow[0] = __floats2bfloat162_rn(s[0], s[1]);
+  prow[1] = __floats2bfloat162_rn(s[2], s[3]);
+  if (sl == 0) {
+    const float alpha = exp2f(m_old - base);
+    m_s[r] = m_new;
+    l_s[r] = l_s[r] * alpha + sum;
+    a_s[r] = alpha;
+  }
+}
+
 // Online softmax of tile `it` over the summed partial scores: LPR lanes per row, RPP rows per
 // warp pass; writes P (bf16) and the row's rescale factor for PV.
 __device__ __forceinline__ void softmax_tile(const float* Ss, bf16* Ps, float* m_s, float* l_s, float* a_s,
@@ -298,43 +342,7 @@ __device__ __forceinline__ void softmax_tile(const float* Ss, bf16* Ps, float* m
   for (int pass = 0; pass < PASSES; ++pass) {
     const int r0 = (pass * NWARPS + warp) * RPP;
     if (r0 >= ROWS_PAD) break;  // uniform across the warp: the shuffles below stay converged
-    const int r = r0 + sub;
-    float s[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int k = 0; k < NSB; ++k) {
-      const float4 x = *reinterpret_cast<const float4*>(Ss + (k * ROWS_PAD + r) * SSTRIDE + sl * 4);
-      s[0] += x.x; s[1] += x.y; s[2] += x.z; s[3] += x.w;
-    }
-    const bool row_ok = r < rows_here;
-    const unsigned long long tmask = row_ok ? mask_s[r / HT] : 0ull;
-    float mx = NEG_INF;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int v = vbase + sl * 4 + j;
-      bool ok = row_ok && v < sp.v1;
-      if (ok && v >= sp.P) ok = (tmask >> (v - sp.P)) & 1ull;
-      s[j] = ok ? s[j] * scale_log2 : NEG_INF;
-      mx = fmaxf(mx, s[j]);
-    }
-#pragma unroll
-    for (int o = LPR / 2; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    const float m_old = m_s[r];
-    const float m_new = fmaxf(m_old, mx);
-    const float base = m_new == NEG_INF ? 0.f : m_new;  // a row with nothing visible stays 0
-    float sum = 0.f;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) { s[j] = exp2f(s[j] - base); sum += s[j]; }
-#pragma unroll
-    for (int o = LPR / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    __nv_bfloat162* prow = reinterpret_cast<__nv_bfloat162*>(Ps + r * PSTRIDE + sl * 4);
-    prow[0] = __floats2bfloat162_rn(s[0], s[1]);
-    prow[1] = __floats2bfloat162_rn(s[2], s[3]);
-    if (sl == 0) {
-      const float alpha = exp2f(m_old - base);
-      m_s[r] = m_new;
-      l_s[r] = l_s[r] * alpha + sum;
-      a_s[r] = alpha;
-    }
+    softmax_row(Ss, Ps, m_s, l_s, a_s, mask_s, sp, rows_here, vbase, scale_log2, r0 + sub, sl);
   }
 }
 
@@ -476,43 +484,7 @@ __device__ __forceinline__ void softmax_group(const float* Ss, bf16* Ps, float* 
   const int sub = lane / LPR, sl = lane % LPR;
 #pragma unroll 1
   for (int r0 = r_lo + gw * RPP; r0 < r_hi; r0 += 4 * RPP) {  // uniform across the warp
-    const int r = r0 + sub;
-    float s[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int k = 0; k < WK; ++k) {
-      const float4 x = *reinterpret_cast<const float4*>(Ss + (k * ROWS_PAD + r) * SSTRIDE + sl * 4);
-      s[0] += x.x; s[1] += x.y; s[2] += x.z; s[3] += x.w;
-    }
-    const bool row_ok = r < rows_here;
-    const unsigned long long tmask = row_ok ? mask_s[r / HT] : 0ull;
-    float mx = NEG_INF;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int v = vbase + sl * 4 + j;
-      bool ok = row_ok && v < sp.v1;
-      if (ok && v >= sp.P) ok = (tmask >> (v - sp.P)) & 1ull;
-      s[j] = ok ? s[j] * scale_log2 : NEG_INF;
-      mx = fmaxf(mx, s[j]);
-    }
-#pragma unroll
-    for (int o = LPR / 2; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    const float m_old = m_s[r];
-    const float m_new = fmaxf(m_old, mx);
-    const float base = m_new == NEG_INF ? 0.f : m_new;
-    float sum = 0.f;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) { s[j] = exp2f(s[j] - base); sum += s[j]; }
-#pragma unroll
-    for (int o = LPR / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    __nv_bfloat162* prow = reinterpret_cast<__nv_bfloat162*>(Ps + r * PSTRIDE + sl * 4);
-    prow[0] = __floats2bfloat162_rn(s[0], s[1]);
-    prow[1] = __floats2bfloat162_rn(s[2], s[3]);
-    if (sl == 0) {
-      const float alpha = exp2f(m_old - base);
-      m_s[r] = m_new;
-      l_s[r] = l_s[r] * alpha + sum;
-      a_s[r] = alpha;
-    }
+    softmax_row(Ss, Ps, m_s, l_s, a_s, mask_s, sp, rows_here, vbase, scale_log2, r0 + sub, sl);
   }
 }
 

@@ -51,6 +51,17 @@ def test_own_version_table_leaves_optunas_alone(db_url):
     engine.dispose()
 
 
+def _old_device_and_kernel(conn, *, version: str) -> None:  # type: ignore[no-untyped-def]
+    """The device and kernel rows an older schema's database holds, written with plain SQL."""
+    from sqlalchemy import text
+
+    conn.execute(text("INSERT INTO devices (name, compute_capability, sm_count, max_smem_optin, smem_per_sm, "
+                      "regs_per_sm, regs_per_block, max_threads_per_block, l2_bytes, recorded_at) VALUES "
+                      "('NVIDIA H200', '9.0', 132, 232448, 233472, 65536, 65536, 1024, 0, '2026-11-01')"))
+    conn.execute(text("INSERT INTO kernels (source_hash, name, version) VALUES ('abc', 'verify_attention', :v)"),
+                 {"v": version})
+
+
 def test_0001_database_holding_rows_upgrades_and_back_keeping_them(db_url):
     """An operator's database from before 0002: every row survives the upgrade and a downgrade, and
     writes after the upgrade bump the version the sidecar's stamp reads."""
@@ -64,10 +75,7 @@ def test_0001_database_holding_rows_upgrades_and_back_keeping_them(db_url):
     migrate.upgrade(db_url, "0001")
     engine = make_engine(db_url)
     with engine.begin() as conn:
-        conn.execute(text("INSERT INTO devices (name, compute_capability, sm_count, max_smem_optin, smem_per_sm, "
-                          "regs_per_sm, regs_per_block, max_threads_per_block, l2_bytes, recorded_at) VALUES "
-                          "('NVIDIA H200', '9.0', 132, 232448, 233472, 65536, 65536, 1024, 0, '2026-11-01')"))
-        conn.execute(text("INSERT INTO kernels (source_hash, name, version) VALUES ('abc', 'verify_attention', '1')"))
+        _old_device_and_kernel(conn, version="1")
         conn.execute(text("INSERT INTO best_configs (device_id, kernel_id, dtype, \"H\", q_len, bucket, nsplit, ht, "
                           "tk, block, extra, tuned_at) SELECT d.id, k.id, 'bf16', 8, 9, 15, 64, 8, 32, 256, "
                           "'{\"STAGES\": 2}', '2026-11-01' FROM devices d, kernels k"))
@@ -101,10 +109,7 @@ def test_0002_database_with_rows_gains_batch_buckets_and_loses_nothing(db_url):
     migrate.upgrade(db_url, "0002")
     engine = make_engine(db_url)
     with engine.begin() as conn:
-        conn.execute(text("INSERT INTO devices (name, compute_capability, sm_count, max_smem_optin, smem_per_sm, "
-                          "regs_per_sm, regs_per_block, max_threads_per_block, l2_bytes, recorded_at) VALUES "
-                          "('NVIDIA H200', '9.0', 132, 232448, 233472, 65536, 65536, 1024, 0, '2026-11-01')"))
-        conn.execute(text("INSERT INTO kernels (source_hash, name, version) VALUES ('abc', 'verify_attention', '2')"))
+        _old_device_and_kernel(conn, version="2")
         for bucket, nsplit in ((15, 64), (16, 132), (9, 33)):
             conn.execute(text("INSERT INTO best_configs (device_id, kernel_id, dtype, \"H\", q_len, bucket, nsplit, "
                               f"ht, tk, block, extra, tuned_at) SELECT d.id, k.id, 'bf16', 8, 9, {bucket}, {nsplit}, "
