@@ -82,7 +82,8 @@ def test_study_goes_on_past_crashes_and_hangs(sessions, db_url):
     b = IsolatedBackend(measurer="tests.fakes:MisbehavingMeasurer", timeout_s=3)
     try:
         out = run_study(backend=b, sessions=sessions, storage_url=db_url, workload=WL, n_trials=8, seed=3,
-                        restrict={"NSPLIT": [2, 4, 64], "HT": [8], "TK": [32], "BLOCK": [256, 512], "STAGES": [2]},
+                        restrict={"NSPLIT": [2, 4, 64], "HT": [8], "TK": [32], "BLOCK": [256, 512], "STAGES": [2],
+                                  "QT": [0], "WR": [2], "WK": [4], "SF": [0], "PIPE": [1]},  # every config of the grid
                         sampler="grid")
     finally:
         b.close()
