@@ -32,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels.config import KernelConfig
+from kernels.shapes import floor_bytes, flops
 from tuner import batches, buckets
 from tuner.heuristic import heuristic_config
 
@@ -66,10 +67,8 @@ class Bench:
         self.memo: dict[tuple, float | None] = {}
 
     def floor_us(self, lens: list[int]) -> float:
-        tokens = sum(lens) + len(lens) * Q
-        mem = (tokens * 576 * 2 + len(lens) * Q * H * 1088 * 2) / self.bw * 1e6
-        flop = 2 * Q * H * tokens * 1088
-        return max(mem, flop / (MMA_TFLOPS * 1e12) * 1e6)
+        mem = floor_bytes(lens, q_len=Q, H=H) / self.bw * 1e6
+        return max(mem, flops(lens, q_len=Q, H=H) / (MMA_TFLOPS * 1e12) * 1e6)
 
     def time_all(self, lens: list[int], cfgs: list[KernelConfig], tag: str) -> dict[KernelConfig, float | None]:
         """Gate then time every config on this batch (one input build); None = failed the gate."""

@@ -17,6 +17,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels.build import precompile
+from kernels.shapes import floor_bytes as bytes_moved_once
+from kernels.shapes import flops
 from kernels.config import KernelConfig
 from kernels.validate import check
 from tuner import space
@@ -96,13 +98,13 @@ def main() -> None:
             va.run(sets[k], out, reduce=False, stream=stream)
 
         partial_us = time_graph(partial_only, len(sets), stream=stream).median_us
-        floor_bytes = (P + Q) * 576 * 2 + Q * H * (576 + 512) * 2
+        floor_bytes = bytes_moved_once([P], q_len=Q, H=H)
         row = {
             "H": H, "Q": Q, "prefix": P, "floor_us": floor_bytes / bw * 1e6,
             "naive_us": naive.median_us, "default_us": results[base].median_us if base in results else None,
             "default": str(base), "best_us": results[best_cfg].median_us, "best": str(best_cfg),
             "best_p10_us": results[best_cfg].p10_us, "best_p90_us": results[best_cfg].p90_us,
-            "n_configs": len(results), "gflop": 2 * Q * H * (P + Q) * 1088 / 1e9, "best_partial_us": partial_us,
+            "n_configs": len(results), "gflop": flops([P], q_len=Q, H=H) / 1e9, "best_partial_us": partial_us,
         }
         rows.append(row)
         print(f"H={H:4d} Q={Q:2d} P={P:7d} floor {row['floor_us']:7.1f} naive {row['naive_us']:8.1f} "

@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels.build import precompile
 from kernels.config import KernelConfig
+from kernels.shapes import floor_bytes, flops
 from kernels.validate import check
 
 TARGETS = [(8, 9, 46000), (16, 9, 46000), (64, 9, 46000), (128, 9, 46000), (8, 1, 131072), (8, 9, 4096)]
@@ -108,8 +109,8 @@ def main() -> None:
                                    layout=layout)
             ref = reference(sets[0])[0]
             out = torch.empty(1, Q, H, 512, dtype=torch.bfloat16, device="cuda")
-            floor = ((P + Q) * 576 * 2 + Q * H * 1088 * 2) / bw * 1e6
-            gflop = 2 * Q * H * (P + Q) * 1088 / 1e9
+            floor = floor_bytes([P], q_len=Q, H=H) / bw * 1e6
+            gflop = flops([P], q_len=Q, H=H) / 1e9
             for cfg in cfgs:
                 for vname, flags in variants.items():
                     row = {"H": H, "Q": Q, "prefix": P, "config": str(cfg), "variant": vname, "layout": layout,

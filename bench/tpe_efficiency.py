@@ -50,7 +50,7 @@ def main() -> None:
     args = ap.parse_args()
     import optuna
 
-    from kernels.config import KernelConfig
+    from kernels.config import PARAM_NAMES, KernelConfig
     from kernels.limits import known_device
     from tuner.backend import Workload
     from tuner.db import migrate

@@ -6,12 +6,12 @@ Import-light on purpose: nothing here imports PyCUDA or torch until a GPU path i
 
 from kernels.build import KERNEL_NAME, KERNEL_VERSION, kernel_hash, render
 from kernels.config import KernelConfig
-from kernels.errors import CompileError, InvalidConfig, LaunchError, TunerError, WrongResult
+from kernels.errors import CompileError, InvalidConfig, LaunchError, TunerError
 from kernels.limits import DeviceLimits, known_device
 from kernels.validate import check, smem_bytes, validate
 
 __all__ = [
     "KERNEL_NAME", "KERNEL_VERSION", "CompileError", "DeviceLimits", "InvalidConfig",
-    "KernelConfig", "LaunchError", "TunerError", "WrongResult", "check", "kernel_hash",
+    "KernelConfig", "LaunchError", "TunerError", "check", "kernel_hash",
     "known_device", "render", "smem_bytes", "validate",
 ]

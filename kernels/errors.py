@@ -23,9 +23,5 @@ class LaunchError(TunerError):
     """The kernel failed at launch or while running (fault, timeout, dead worker)."""
 
 
-class WrongResult(TunerError):
-    """The kernel ran but its output does not match the fp32 reference."""
-
-
 class StorageError(TunerError):
     """The configuration database failed or holds something it should not."""

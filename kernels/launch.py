@@ -62,7 +62,6 @@ class VerifyAttention:
         self.cfg, self.H, self.q_len, self.max_batch = cfg, H, q_len, max_batch
         built = compile_cubin(cfg, q_len, limits.arch, cache_dir, extra_flags)
         self.report = ptxas_report(built.ptxas_log) if built.ptxas_log else {}
-        self.compiled_from_cache = built.cached
         self.module = cuda.module_from_buffer(built.cubin)
         self.partial = self.module.get_function("verify_attn_partial")
         self.reduce = self.module.get_function("verify_attn_reduce")

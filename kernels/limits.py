@@ -6,7 +6,7 @@ without CUDA.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -34,9 +34,6 @@ class DeviceLimits:
     @property
     def compute_capability(self) -> str:
         return f"{self.cc_major}.{self.cc_minor}"
-
-    def as_dict(self) -> dict[str, object]:
-        return asdict(self)
 
 
 _KB = 1024

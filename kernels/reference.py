@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-D_QK, D_V = 576, 512
+from kernels.shapes import D_QK, D_V
 
 
 @dataclass

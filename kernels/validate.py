@@ -13,7 +13,7 @@ from kernels.config import BLOCK_CHOICES, PIPE_CHOICES, SF_CHOICES, STAGES_CHOIC
 from kernels.errors import InvalidConfig
 from kernels.limits import DeviceLimits
 
-D_QK, D_V = 576, 512
+from kernels.shapes import D_QK, D_V  # noqa: F401  (re-exported: the .cu mirrors)
 KSTRIDE = D_QK + 8
 KSTEPS = D_QK // 16
 MAX_Q_LEN = 64

@@ -42,9 +42,10 @@ class Workload:
         return batches.draw_prefixes(batch=self.batch, centre=self.prefix, spread=self.spread)
 
     def floor_bytes(self) -> int:
-        """Bytes that must move once: KV of every prefix + draft, q in, o out."""
-        tokens = sum(self.prefix_lens()) + self.batch * self.q_len
-        return tokens * 576 * 2 + self.batch * self.q_len * self.H * (576 + 512) * 2
+        """Bytes that must move once (kernels.shapes)."""
+        from kernels.shapes import floor_bytes
+
+        return floor_bytes(self.prefix_lens(), q_len=self.q_len, H=self.H)
 
 
 @dataclass(frozen=True)

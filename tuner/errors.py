@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from kernels.errors import CompileError, InvalidConfig, LaunchError, StorageError, TunerError, WrongResult
+from kernels.errors import CompileError, InvalidConfig, LaunchError, StorageError, TunerError
 
-__all__ = ["BadParameter", "BadSetting", "CompileError", "InvalidConfig", "LaunchError", "StorageError", "TunerError",
-           "WrongResult"]
+__all__ = ["BadParameter", "BadSetting", "CompileError", "InvalidConfig", "LaunchError", "StorageError", "TunerError"]
 
 
 class BadSetting(TunerError, ValueError):

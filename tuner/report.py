@@ -7,6 +7,7 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from kernels.shapes import floor_bytes
 from tuner import buckets
 from tuner.db import repo
 from tuner.db.session import session_scope
@@ -55,7 +56,7 @@ def _f(v: float | None, suffix: str = "") -> str:
 def _floor_us(H: int, q_len: int, prefix: int, bw_gbps: float | None) -> float | None:
     if not bw_gbps:
         return None
-    return ((prefix + q_len) * 576 * 2 + q_len * H * 1088 * 2) / (bw_gbps * 1e9) * 1e6
+    return floor_bytes([prefix], q_len=q_len, H=H) / (bw_gbps * 1e9) * 1e6
 
 
 def _plot(path: Path, dev_name: str, rows, prefixes, bw) -> Path:  # type: ignore[no-untyped-def]

@@ -33,6 +33,9 @@ MEASURED_ATTR, STATE_ATTR, REASON_ATTR = "measured", "state", "reason"
 #: lost host) is failed by the next process that opens the study and retried with its params.
 HEARTBEAT_S = 10.0
 HEARTBEAT_GRACE = 3
+#: How long a trial waits for another process's running trial of the same config before measuring
+#: it itself (a dead process's trial is failed by the heartbeat well within this).
+TWIN_WAIT_S = 300.0
 
 
 @dataclass
@@ -139,11 +142,6 @@ class _Ledger:
         self.total = len(trials)
         self.since = 0
 
-    def stale(self) -> bool:
-        """True when the storage holds trials this ledger has not seen (another process's); the
-        one more is this process's own running trial."""
-        return self.study._storage.get_n_trials(self.study._study_id) > self.total + 1  # noqa: SLF001
-
     def after_trial(self, ft: optuna.trial.FrozenTrial) -> None:
         self.since += 1
         self.total += 1
@@ -214,7 +212,7 @@ class _Search:
             trial.set_user_attr(STATE_ATTR, INVALID)
             trial.set_user_attr(REASON_ATTR, reason[:500])
             raise optuna.TrialPruned(reason)
-        prev = self._measured_before(params)
+        prev = self._measured_before(params, trial.number)
         if prev is not None:  # answered from the stored measurement
             trial.set_user_attr("reused_trial", prev.number)
             for k in (STATE_ATTR, REASON_ATTR, "p10_us", "p90_us"):
@@ -223,13 +221,26 @@ class _Search:
             return prev.value if prev.value is not None else math.nan
         return self._measure(trial, params, cfg)
 
-    def _measured_before(self, params: dict[str, int]) -> optuna.trial.FrozenTrial | None:
+    def _measured_before(self, params: dict[str, int], number: int) -> optuna.trial.FrozenTrial | None:
+        """The finished measurement of these params, if any process made one; if an earlier trial
+        of another process is measuring them right now, its result once it finishes (only earlier
+        ones are waited for, so two twins never wait for each other). Two processes sharing a key
+        thus never measure one config twice."""
         sig = tuple(params[p] for p in PARAMS)
         prev = self.ledger.known.get(sig)
-        if prev is None and self.ledger.stale():  # another process finished trials since: look again
-            self.ledger.refresh()
-            prev = self.ledger.known.get(sig)
-        return prev
+        if prev is not None:
+            return prev
+        deadline = time.monotonic() + TWIN_WAIT_S
+        while True:
+            same = [t for t in self.ledger.study.get_trials(deepcopy=False)
+                    if t.number != number and tuple(t.params.get(p) for p in PARAMS) == sig]
+            if any(t.state.is_finished() and t.user_attrs.get(MEASURED_ATTR) for t in same):
+                self.ledger.refresh()  # another process measured it since this ledger last looked
+                return self.ledger.known.get(sig)
+            running = any(t.state == optuna.trial.TrialState.RUNNING and t.number < number for t in same)
+            if not running or time.monotonic() > deadline:
+                return None
+            time.sleep(0.2)
 
     def _measure(self, trial: optuna.Trial, params: dict[str, int], cfg: KernelConfig) -> float:
         m = self.backend.measure(cfg, self.workload)
@@ -293,7 +304,9 @@ def run_study(
     with session_scope(sessions) as s:  # its own transaction: it locks data_version (see repo.upsert_kernel)
         repo.upsert_device(session=s, limits=limits)
     with session_scope(sessions) as s:
-        study_row = repo.get_or_create_study(session=s, key=key, prefix=workload.prefix, sampler=sampler, seed=seed)
+        # a helper must not reopen a study its owner just finished: the key would look unclaimed
+        study_row = repo.get_or_create_study(session=s, key=key, prefix=workload.prefix, sampler=sampler, seed=seed,
+                                             reopen=pick)
         warm = warm_start_configs(session=s, key=key, limits=limits, workload=workload)
     out = Outcome(key, workload, study_row.id, default=warm[0])
     study = _open_study(key, storage_url, heartbeat_s, sampler, seed, choices, warm)

@@ -41,8 +41,15 @@ def test_hang_times_out_and_the_worker_restarts(backend):
 
 
 def test_remeasure_failure_maps_to_every_candidate(backend):
-    ms = backend.remeasure([GOOD, GOOD], WL, 2)
-    assert [m.state for m in ms] == [OK, OK]
+    """A pool re-timed together fails together: the worker dies once, and each candidate gets the
+    failure (one Measurement per config, as the winner phase expects), then the worker restarts."""
+    from tuner.backend import CRASHED
+
+    assert [m.state for m in backend.remeasure([GOOD, GOOD], WL, 2)] == [OK, OK]
+    crashing = KernelConfig(nsplit=2, ht=8, tk=32, block=256)
+    ms = backend.remeasure([GOOD, crashing, GOOD], WL, 2)
+    assert [m.state for m in ms] == [CRASHED, CRASHED, CRASHED] and all(m.reason for m in ms)
+    assert [m.state for m in backend.remeasure([GOOD], WL, 2)] == [OK]
 
 
 def test_a_bug_in_the_measuring_code_raises_with_its_traceback(backend):
