@@ -23,5 +23,3 @@ class LaunchError(TunerError):
     """The kernel failed at launch or while running (fault, timeout, dead worker)."""
 
 
-class StorageError(TunerError):
-    """The configuration database failed or holds something it should not."""

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from kernels.config import BLOCK_CHOICES, PIPE_CHOICES, SF_CHOICES, STAGES_CHOICES, TK_CHOICES, KernelConfig
 from kernels.errors import InvalidConfig
 from kernels.limits import DeviceLimits
-
 from kernels.shapes import D_QK, D_V  # noqa: F401  (re-exported: the .cu mirrors)
+
 KSTRIDE = D_QK + 8
 KSTEPS = D_QK // 16
 MAX_Q_LEN = 64

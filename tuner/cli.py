@@ -98,7 +98,7 @@ def db_upgrade(settings: Settings, revision: str) -> None:
 def db_snapshot(settings: Settings, dest: Path) -> None:
     """Write DEST: an SQLite file with the devices and best configs of the config database, in
     rollback-journal mode, to mount read-only under `tuner serve --read-only-database`."""
-    from tuner.db.snapshot import write_snapshot
+    from tuner.snapshot import write_snapshot
 
     n = write_snapshot(settings.database_url, dest)
     click.echo(f"wrote {dest}: {n} best configs")

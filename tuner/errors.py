@@ -1,10 +1,14 @@
-"""The project's typed errors (defined with the kernel, the lowest layer) plus lookup errors."""
+"""The project's typed errors: the kernel's (kernels.errors, the lowest layer) plus storage and lookup errors."""
 
 from __future__ import annotations
 
-from kernels.errors import CompileError, InvalidConfig, LaunchError, StorageError, TunerError
+from kernels.errors import CompileError, InvalidConfig, LaunchError, TunerError
 
 __all__ = ["BadParameter", "BadSetting", "CompileError", "InvalidConfig", "LaunchError", "StorageError", "TunerError"]
+
+
+class StorageError(TunerError):
+    """The configuration database failed or holds something it should not."""
 
 
 class BadSetting(TunerError, ValueError):

@@ -5,10 +5,10 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect
 
-from kernels.errors import StorageError
 from tuner.db import migrate
 from tuner.db.models import Base
 from tuner.db.session import make_engine
+from tuner.errors import StorageError
 
 TABLES = {"devices", "kernels", "tuning_studies", "tuning_trials", "best_configs", "data_version",
           "tuner_alembic_version"}

@@ -3,11 +3,11 @@ from __future__ import annotations
 import pytest
 
 from kernels.config import KernelConfig
-from kernels.errors import StorageError
 from kernels.limits import known_device
 from tuner import buckets
 from tuner.db import repo
 from tuner.db.session import session_scope
+from tuner.errors import StorageError
 from tuner.workload import WorkloadKey
 
 H200 = known_device("h200")

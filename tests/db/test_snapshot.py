@@ -10,8 +10,8 @@ from kernels.config import KernelConfig
 from kernels.limits import known_device
 from tuner.db import migrate, repo
 from tuner.db.session import make_engine, session_factory, session_scope
-from tuner.db.snapshot import write_snapshot
 from tuner.errors import StorageError
+from tuner.snapshot import write_snapshot
 from tuner.workload import WorkloadKey
 
 H200 = known_device("h200")

@@ -16,7 +16,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 import migrations
-from kernels.errors import StorageError
+from tuner.errors import StorageError
 
 VERSION_TABLE = "tuner_alembic_version"
 UPGRADE_HINT = "run `tuner db upgrade` (with the same TUNER_DATABASE_URL)"

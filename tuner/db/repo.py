@@ -11,7 +11,6 @@ from sqlalchemy.orm import Session
 
 from kernels.build import KERNEL_NAME, KERNEL_VERSION
 from kernels.config import KernelConfig
-from kernels.errors import StorageError
 from kernels.limits import DeviceLimits
 from tuner import buckets
 from tuner.db.models import (  # noqa: F401  (Study re-exported)
@@ -23,6 +22,7 @@ from tuner.db.models import (  # noqa: F401  (Study re-exported)
     Trial,
     utcnow,
 )
+from tuner.errors import StorageError
 from tuner.workload import WorkloadKey
 
 

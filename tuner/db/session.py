@@ -13,7 +13,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
-from kernels.errors import StorageError
+from tuner.errors import StorageError
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
