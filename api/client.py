@@ -24,7 +24,6 @@ import bisect
 import itertools
 import json
 import os
-import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -87,7 +86,7 @@ class ConfigClient:
                 self.source, self.reason = "sidecar", f"{self.base_url}: {self._count()}"
                 try:
                     self._save(table)
-                except OSError as exc:  # keep the good table; a later fetch without the sidecar has no snapshot
+                except (OSError, ValueError) as exc:  # keep the good table; a later fetch without the sidecar has no snapshot
                     self.reason += f"; snapshot not saved ({type(exc).__name__}: {exc})"
                 return self._done(passed)
         else:
@@ -176,11 +175,7 @@ class ConfigClient:
         self._entries, self._starts = by_batch, {i: [e.lo for e in es] for i, es in by_batch.items()}
 
     def _save(self, table: dict) -> None:
-        self.snapshot.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.snapshot.parent, prefix=self.snapshot.name)
-        with os.fdopen(fd, "w") as f:
-            json.dump(table, f)
-        os.replace(tmp, self.snapshot)
+        engine_files.write_atomic(self.snapshot, table)
 
     # --- every decode step -----------------------------------------------------------------
     def lookup(self, prefix: int, batch: int = 1) -> KernelConfig:

@@ -78,13 +78,10 @@ def run_job(*, backend: Backend, sessions: sessionmaker[Session], workloads: lis
             on_key_done: Callable[[], None] | None = None) -> JobResult:
     """Tune every key of `workloads` together with whatever other processes run the same job."""
     limits = backend.limits
-    budgets: dict[Workload, int] = {}
 
-    def budget(wl: Workload) -> int:
-        if wl not in budgets:
-            budgets[wl] = min(n_trials, len(space.valid_configs(limits, H=wl.H, q_len=wl.q_len, restrict=restrict,
-                                                                batch=wl.batch)))
-        return budgets[wl]
+    def budget(wl: Workload) -> int:  # space.valid_configs is cached per (H, q_len, batch)
+        return min(n_trials, len(space.valid_configs(limits, H=wl.H, q_len=wl.q_len, restrict=restrict,
+                                                     batch=wl.batch)))
 
     result = JobResult()
     pending = list(dict.fromkeys(workloads))

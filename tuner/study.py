@@ -228,7 +228,7 @@ class _Search:
         thus never measure one config twice."""
         sig = tuple(params[p] for p in PARAMS)
         prev = self.ledger.known.get(sig)
-        if prev is not None:
+        if prev is not None or self._alone(number):
             return prev
         deadline = time.monotonic() + TWIN_WAIT_S
         while True:
@@ -241,6 +241,16 @@ class _Search:
             if not running or time.monotonic() > deadline:
                 return None
             time.sleep(0.2)
+
+    def _alone(self, number: int) -> bool:
+        """No other process is running a trial of this study, and none has added one since the
+        ledger last read them: the ledger is the whole truth (the common case, checked with two
+        small queries instead of reading every trial)."""
+        running = self.ledger.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+        if any(t.number != number for t in running):
+            return False
+        storage = self.ledger.study._storage  # noqa: SLF001
+        return storage.get_n_trials(self.ledger.study._study_id) <= self.ledger.total + 1  # noqa: SLF001
 
     def _measure(self, trial: optuna.Trial, params: dict[str, int], cfg: KernelConfig) -> float:
         m = self.backend.measure(cfg, self.workload)
