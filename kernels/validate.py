@@ -14,7 +14,7 @@ from kernels.errors import InvalidConfig
 from kernels.limits import DeviceLimits
 from kernels.shapes import D_QK, D_V  # noqa: F401  (re-exported: the .cu mirrors)
 
-KSTRIDE = D_QK + 8
+KSTRIDE = D_QK  # shared-memory row of Q, KV and the O staging (swizzled, no padding)
 KSTEPS = D_QK // 16
 MAX_Q_LEN = 64
 MAX_NSPLIT = 1024
@@ -58,27 +58,16 @@ def smem_bytes(cfg: KernelConfig, q_len: int) -> int:
     kv = cfg.stages * cfg.tk * KSTRIDE * 2
     scores = (cfg.wk // 2 if cfg.sf else cfg.wk) * rp * (cfg.tk + 4) * 4
     p = rp * (cfg.tk + 8) * 2
-    stats = 3 * rp * 4
+    stats = 3 * rp * 4 + 16  # m, l, alpha per row; two rescale flags and padding
     mask = cfg.row_tile(q_len) * 8
     slots = cfg.stages * cfg.tk * 4  # slot-index ring
     return q + kv + scores + p + stats + mask + slots
-
-
-def _group_grid(cfg: KernelConfig, nr: int) -> tuple[int, int, int]:
-    """PIPE=2: per warp group of 4 (n8 tiles of the larger group, QK token groups, m16 tiles)."""
-    nr0 = (nr + 1) // 2
-    gwt = max(1, 4 // (cfg.wr * cfg.wk))
-    return nr0, gwt, max(1, cfg.tk // 16 // gwt)
 
 
 def registers_needed(cfg: KernelConfig, q_len: int) -> int:
     """Estimated registers per thread: the O^T accumulator, the larger of the QK and PV working
     sets and a calibrated overhead."""
     s = shape(cfg, q_len)
-    if cfg.pipe == 2:  # each warp: 128 dims x its group's rows; QK over its group's rows
-        nr0, _, gmq = _group_grid(cfg, s.nr)
-        gnq = -(-nr0 // cfg.wr)
-        return 8 * nr0 * 4 + max(gmq * gnq * 4 + gnq * 4 + gmq * 4, nr0 * 2 + 4) + REG_OVERHEAD
     o_acc = s.mw * s.nr * 4
     qk = s.mq * s.nq * 4 + s.nq * 4 + s.mq * 4
     pv = s.nr * 2 + 4
@@ -138,25 +127,6 @@ def check(cfg: KernelConfig, limits: DeviceLimits, *, H: int, q_len: int) -> str
 def _warp_grid_reason(cfg: KernelConfig, q_len: int) -> str | None:
     """The static_asserts of the .cu on the QK warp grid, as messages."""
     s = shape(cfg, q_len)
-    if cfg.pipe == 2:
-        nr0, gwt, _ = _group_grid(cfg, s.nr)
-        if cfg.block != 256:
-            return f"PIPE=2 runs two groups of 4 warps: BLOCK must be 256, got {cfg.block}"
-        if cfg.sf:
-            return "PIPE=2 keeps one score buffer per k-slice: SF must be 0"
-        if cfg.stages > 4:
-            return f"PIPE=2 has named barriers for at most 4 slots, STAGES={cfg.stages}"
-        if s.nr < 2:
-            return f"PIPE=2 splits the n8 row tiles between two groups: {s.rows} rows are one tile"
-        if 4 % (cfg.wr * cfg.wk):
-            return f"WR*WK={cfg.wr * cfg.wk} does not divide the 4 warps of a PIPE=2 group"
-        if (cfg.tk // 16) % gwt:
-            return f"{gwt} QK token groups (4/(WR*WK)) do not tile TK={cfg.tk}"
-        if KSTEPS % cfg.wk:
-            return f"WK={cfg.wk} does not divide the {KSTEPS} k-steps"
-        if cfg.wr > s.nr // 2:
-            return f"WR={cfg.wr} over the {s.nr // 2} n8 row tiles of the smaller PIPE=2 group"
-        return None
     if s.warps % (cfg.wr * cfg.wk):
         return f"WR*WK={cfg.wr * cfg.wk} does not divide the {s.warps} warps of BLOCK={cfg.block}"
     if (cfg.tk // 16) % s.wt:

@@ -30,7 +30,7 @@ from kernels.config import (
 from kernels.limits import DeviceLimits
 from kernels.validate import MAX_NSPLIT, check
 
-SPACE_VERSION = 4  # 4: PIPE=2 (two row groups a phase apart) joined the space
+SPACE_VERSION = 5  # 5: PIPE=2 left the space again (slower at every measured shape); swizzled smem rows
 
 
 def nsplit_choices(H: int, limits: DeviceLimits | None = None, batch: int = 1) -> list[int]:

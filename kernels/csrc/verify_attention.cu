@@ -14,9 +14,7 @@
 //           (slice k+WK/2 adds into slice k's buffer after a barrier), which frees the shared
 //           memory of a third ring slot at 72 rows
 //   PIPE    pipeline: 0 fuses PV(t) and QK(t+1) (two barriers a tile), 1 refills a slot right
-//           after its PV (three barriers, loads overlap a whole iteration even with two slots),
-//           2 splits the rows between two warp groups a phase apart (named barriers, no
-//           block-wide one per tile: one group's softmax overlaps the other's MMAs)
+//           after its PV (three barriers, loads overlap a whole iteration even with two slots)
 //
 // Layout of the work. A block owns HT heads x QT nodes of one request (ROWS = HT*QT query
 // rows; a request has ceil(QN/QT) row tiles) and one split of the request's token sequence,
@@ -63,7 +61,7 @@ typedef __nv_bfloat16 bf16;
 namespace {
 constexpr int D_QK = 576;
 constexpr int D_V = 512;
-constexpr int KSTRIDE = D_QK + 8;      // bf16 per smem row: +16 B keeps ldmatrix rows conflict-free
+constexpr int KSTRIDE = D_QK;  // bf16 per smem row (1152 B = 9 x 128 B); sw() swizzles 16-byte chunks
 constexpr int CHUNKS = D_QK * 2 / 16;  // 16-byte cp.async chunks per KV row
 constexpr int KSTEPS = D_QK / 16;      // k16 steps of the QK product
 constexpr int NQT = (QN + QT - 1) / QT;  // row tiles per head group
@@ -74,7 +72,7 @@ constexpr int NWARPS = BLOCK / 32;
 constexpr int MW = (D_V / 16) / NWARPS;  // PV: latent-dim m16 tiles per warp
 constexpr int TM = TK / 16;              // token m16 tiles per KV tile
 constexpr int WT = NWARPS / (WR * WK);   // QK: token groups
-constexpr int MQ = TM / WT > 0 ? TM / WT : 1;  // QK: m16 token tiles per warp (PIPE 2: unused)
+constexpr int MQ = TM / WT;                // QK: m16 token tiles per warp
 constexpr int NQ = (NR + WR - 1) / WR;   // QK: n8 row tiles per warp (strided over row groups)
 constexpr int KS = KSTEPS / WK;          // QK: k16 steps per warp
 constexpr int NSB = SF ? WK / 2 : WK;    // partial-score buffers
@@ -86,15 +84,12 @@ static_assert(QN >= 1 && QN <= 64, "q_len must be in 1..64 (uint64 tree mask)");
 static_assert(QT >= 1 && QT <= QN, "QT must be in 1..QN");
 static_assert(TK % 16 == 0 && TK >= 16 && TK <= 128, "TK must be 16, 32, 64 or 128");
 static_assert(BLOCK % 32 == 0 && (D_V / 16) % NWARPS == 0, "BLOCK/32 must divide 32");
-static_assert(WR >= 1 && WK >= 1 && (PIPE == 2 ? 4 : NWARPS) % (WR * WK) == 0,
-              "WR*WK must divide the warp count (of a group with PIPE=2)");
-static_assert(PIPE == 2 || TM % WT == 0, "the QK token groups must tile the KV tile");
+static_assert(WR >= 1 && WK >= 1 && NWARPS % (WR * WK) == 0, "WR*WK must divide the warp count");
+static_assert(TM % WT == 0, "the QK token groups must tile the KV tile");
 static_assert(KSTEPS % WK == 0, "WK must divide the 36 k-steps");
-static_assert(WR <= (PIPE == 2 ? NR / 2 : NR), "more QK row groups than n8 row tiles");
+static_assert(WR <= NR, "more QK row groups than n8 row tiles");
 static_assert(STAGES >= 2 && STAGES <= 8, "STAGES must be 2..8");
-static_assert(PIPE == 0 || PIPE == 1 || PIPE == 2, "PIPE must be 0, 1 or 2");
-static_assert(PIPE != 2 || (NWARPS == 8 && SF == 0 && NR >= 2 && STAGES <= 4),
-              "PIPE=2 needs 8 warps (two groups of 4), SF=0, at least two n8 row tiles and STAGES <= 4");
+static_assert(PIPE == 0 || PIPE == 1, "PIPE must be 0 or 1");
 static_assert(SF == 0 || (SF == 1 && WK % 2 == 0), "SF=1 needs an even WK");
 static_assert(NSPLIT >= 1, "NSPLIT must be >= 1");
 static_assert(TK <= BLOCK, "one thread per token fetches a tile's slot index");
@@ -103,13 +98,19 @@ constexpr int SMEM_Q = ROWS_PAD * KSTRIDE * 2;
 constexpr int SMEM_K = STAGES * TK * KSTRIDE * 2;
 constexpr int SMEM_S = NSB * ROWS_PAD * SSTRIDE * 4;
 constexpr int SMEM_P = ROWS_PAD * PSTRIDE * 2;
-constexpr int SMEM_STATS = 3 * ROWS_PAD * 4;
+constexpr int SMEM_STATS = 3 * ROWS_PAD * 4 + 16;  // m, l, alpha per row; two rescale flags (+pad)
 constexpr int SMEM_MASK = QT * 8;
 constexpr int SMEM_SLOTS = STAGES * TK * 4;
-// softmax: LPR lanes share a row, each holding 4 consecutive scores; RPP rows per warp pass
-constexpr int LPR = TK / 4 < 32 ? TK / 4 : 32;
+// softmax: LPR lanes share a row, each holding SPL consecutive scores; RPP rows per warp pass.
+// As few passes as SPL <= 16 allows (one at 72 rows, 8 warps, TK=32): the passes are latency
+// chains (loads, shuffles, exp) that the warps cannot overlap with anything else.
+constexpr int pow2ceil(int x) { return x <= 1 ? 1 : 2 * pow2ceil((x + 1) / 2); }
+constexpr int cmax(int a, int b) { return a > b ? a : b; }
+constexpr int cmin(int a, int b) { return a < b ? a : b; }
+constexpr int LPR = cmin(cmin(TK / 4, 32), cmax(32 / cmin(32, pow2ceil((ROWS_PAD + NWARPS - 1) / NWARPS)), TK / 16));
+constexpr int SPL = TK / LPR;
 constexpr int RPP = 32 / LPR;
-static_assert(TK / LPR == 4, "softmax: four scores per lane");
+static_assert(SPL % 4 == 0 && SPL <= 32 && LPR * SPL == TK, "softmax: a lane holds 4..32 scores");
 // the epilogue stages O (bf16, rows of D_V) in the Q region
 static_assert(D_V <= KSTRIDE, "O staging fits the Q rows");
 }  // namespace
@@ -118,6 +119,24 @@ static_assert(D_V <= KSTRIDE, "O staging fits the Q rows");
 extern "C" __device__ const int kSmemBytes = SMEM_Q + SMEM_K + SMEM_S + SMEM_P + SMEM_STATS + SMEM_MASK + SMEM_SLOTS;
 extern "C" __device__ const int kUsesPdl = VA_PDL;
 extern "C" __device__ const int kReduceThreads = 128;
+
+// Offset of element (row, col) in a Q, KV or O-staging buffer. Rows are 1152 B (9 x 128 B, no
+// padding) and the 16-byte chunk c of row r sits at chunk c ^ (r & 7) of its 128-byte group, so a
+// warp's cp.async of 512 contiguous global bytes fills whole 128-byte shared-memory lines and
+// ldmatrix's eight rows at one column read eight different chunks (all 32 banks, no conflict).
+// The padded rows this replaces (1168 B) split every 128-byte copy over two lines: Nsight Compute
+// counted 2.5x the ideal shared-memory wavefronts and 1.5x the L2 sectors for the KV cp.async.
+__device__ __forceinline__ int sw(int row, int col) {
+  return row * KSTRIDE + (((col >> 3) ^ (row & 7)) << 3) + (col & 7);
+}
+
+// Byte offset, within its row, of 16-byte chunk c0 + D of a row r with r & 7 == r8, where c0 is a
+// per-lane value and D a compile-time step: the XOR only touches the low three bits, so the
+// result is a per-lane term for each D mod 8 (computed once) plus a constant for the rest of D.
+__device__ __forceinline__ int swz(int c0, int r8, int D) {
+  const int m = D & 7;
+  return (((c0 + m) ^ r8) + (D - m)) * 16;
+}
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -185,22 +204,31 @@ __device__ __forceinline__ void fetch_indices(int* idx_s, const Span& sp, int X)
 }
 
 // Stage KV tile X into Kt from its ring indices; tokens past the split's end are zero-filled.
+// Warp w copies tokens w, w+NWARPS, ...; lane l the 16-byte chunks l, l+32 and l+64 (< 72) of
+// the token's 1152-byte row: one index read and one swizzle XOR per token (chunk l+32i lands at
+// (l ^ (t&7)) + 32i), not a division and an index read per chunk.
 __device__ __forceinline__ void load_kv_tile(bf16* Kt, const bf16* __restrict__ kv, const int* idx_s, const Span& sp,
                                              int X) {
   const int* idx = idx_s + (X % STAGES) * TK;
   const int vb = sp.v0 + X * TK;
-  for (int c = threadIdx.x; c < TK * CHUNKS; c += BLOCK) {
-    const int t = c / CHUNKS;
-    const int part = c - t * CHUNKS;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const uint32_t base = smem_u32(Kt);
+#pragma unroll
+  for (int t = warp; t < TK; t += NWARPS) {
     const bool valid = vb + t < sp.v1;
-    const int slot = valid ? idx[t] : 0;
-    cp_async16(smem_u32(Kt + t * KSTRIDE + part * 8), kv + (size_t)slot * D_QK + part * 8, valid);
+    const char* src = reinterpret_cast<const char*>(kv + (size_t)(valid ? idx[t] : 0) * D_QK) + lane * 16;
+    const uint32_t dst = base + t * (KSTRIDE * 2) + ((lane ^ (t & 7)) << 4);
+    cp_async16(dst, src, valid);
+    cp_async16(dst + 512, src + 512, valid);
+    if (lane < CHUNKS - 64) cp_async16(dst + 1024, src + 1024, valid);
   }
 }
 
 // S^T partial of this warp's k-slice: raw dot products into its buffer of Ss[row][token] (fp32);
 // with SF=1 the upper half of the k-slices adds into the lower half's buffers after a barrier
-// (every thread of the block calls this at the same point).
+// (every thread of the block calls this at the same point). The k-slices interleave: slice wk
+// takes k-steps wk, wk+WK, wk+2WK, ..., so each ldmatrix address is a per-lane base plus a
+// compile-time offset (swz) once the loop is unrolled.
 __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* Ss, int warp, int lane) {
   const int wk = warp % WK, wr = (warp / WK) % WR, wt = warp / (WK * WR);
   const int mat = lane >> 3, r8 = lane & 7, g = lane >> 2, tq = lane & 3;
@@ -211,29 +239,22 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
     for (int n = 0; n < NQ; ++n)
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[a][n][c] = 0.f;
-  const int k0 = wk * KS;
-  // k-step pairs: one ldmatrix.x4 brings an n-tile's Q fragments for both steps of the pair
-#if defined(VA_QK_UNROLL)
+  constexpr int ROWB = KSTRIDE * 2;
+  const uint32_t qrow = smem_u32(Qs) + (wr * 8 + r8) * ROWB;                        // + n*WR*8 rows
+  const uint32_t krow = smem_u32(Kt) + (wt * MQ * 16 + r8 + (mat & 1) * 8) * ROWB;  // + a*16 rows
+  const int cq = 2 * wk + 2 * WK * (mat >> 1) + (mat & 1);  // Q x4: steps j, j+1 (mat>>1), k halves (mat&1)
+  const int ck = 2 * wk + (mat >> 1);                       // K x4: tokens +8 (mat&1), k halves (mat>>1)
 #pragma unroll
-#else
-#pragma unroll 3
-#endif
-  for (int kp = 0; kp < KS / 2; ++kp) {
-    const int ks = k0 + 2 * kp;
+  for (int j = 0; j + 1 < KS; j += 2) {  // the warp's k-step pairs (j, j+1): ks = wk + WK*j
     uint32_t fb4[NQ][4];
 #pragma unroll
-    for (int n = 0; n < NQ; ++n) {
-      const int nj = wr + n * WR;
-      if (nj < NR) ldsm_x4(fb4[n], smem_u32(Qs + (nj * 8 + r8) * KSTRIDE + ks * 16 + mat * 8));
-    }
+    for (int n = 0; n < NQ; ++n)
+      if (wr + n * WR < NR) ldsm_x4(fb4[n], qrow + n * WR * 8 * ROWB + swz(cq, r8, 2 * WK * j));
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       uint32_t fa[MQ][4];
 #pragma unroll
-      for (int a = 0; a < MQ; ++a) {
-        const int tok = (wt * MQ + a) * 16 + r8 + (mat & 1) * 8;
-        ldsm_x4(fa[a], smem_u32(Kt + tok * KSTRIDE + (ks + h) * 16 + (mat >> 1) * 8));
-      }
+      for (int a = 0; a < MQ; ++a) ldsm_x4(fa[a], krow + a * 16 * ROWB + swz(ck, r8, 2 * WK * (j + h)));
 #pragma unroll
       for (int n = 0; n < NQ; ++n) {
         if (wr + n * WR >= NR) continue;
@@ -244,19 +265,16 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
     }
   }
   if constexpr (KS % 2 == 1) {  // odd k-slice: the last step alone
-    const int ks = k0 + KS - 1;
+    constexpr int j = KS - 1;
     uint32_t fa[MQ][4];
 #pragma unroll
-    for (int a = 0; a < MQ; ++a) {
-      const int tok = (wt * MQ + a) * 16 + r8 + (mat & 1) * 8;
-      ldsm_x4(fa[a], smem_u32(Kt + tok * KSTRIDE + ks * 16 + (mat >> 1) * 8));
-    }
+    for (int a = 0; a < MQ; ++a) ldsm_x4(fa[a], krow + a * 16 * ROWB + swz(ck, r8, 2 * WK * j));
+    const int cq1 = 2 * wk + (mat & 1);  // Q x2: k halves
 #pragma unroll
     for (int n = 0; n < NQ; ++n) {
-      const int nj = wr + n * WR;
-      if (nj >= NR) continue;
+      if (wr + n * WR >= NR) continue;
       uint32_t fb[2];
-      ldsm_x2(fb, smem_u32(Qs + (nj * 8 + r8) * KSTRIDE + ks * 16 + (mat & 1) * 8));
+      ldsm_x2(fb, qrow + n * WR * 8 * ROWB + swz(cq1, r8, 2 * WK * j));
 #pragma unroll
       for (int a = 0; a < MQ; ++a) mma16816(acc[a][n], fa[a], fb);
     }
@@ -284,28 +302,46 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
   }
 }
 
-// Online softmax of one query row r of tile `it` (LPR lanes, four scores each): sums the NSB
+// Online softmax of one query row r of tile `it` (LPR lanes, SPL scores each): sums the NSB
 // partial-score buffers, masks, updates the row's running max and sum, writes P (bf16) and the
-// rescale factor PV applies to the row's accumulator.
+// rescale factor PV applies to the row's accumulator; raises the tile's rescale flag when a row
+// that already holds weight gets a larger max (PV skips the rescale otherwise: alpha is 1, or
+// the row's accumulator is still 0).
 __device__ __forceinline__ void softmax_row(const float* Ss, bf16* Ps, float* m_s, float* l_s, float* a_s,
-                                            const unsigned long long* mask_s, const Span& sp, int rows_here,
-                                            int vbase, float scale_log2, int r, int sl) {
-  float s[4] = {0.f, 0.f, 0.f, 0.f};
+                                            int* resc, const unsigned long long* mask_s, const Span& sp,
+                                            int rows_here, int vbase, float scale_log2, int r, int sl) {
+  // RPP need not divide ROWS_PAD: lanes past it compute on the last row (their shuffles stay
+  // converged) and store nothing
+  const bool real = r < ROWS_PAD;
+  r = real ? r : ROWS_PAD - 1;
+  float s[SPL];
 #pragma unroll
-  for (int k = 0; k < NSB; ++k) {
-    const float4 x = *reinterpret_cast<const float4*>(Ss + (k * ROWS_PAD + r) * SSTRIDE + sl * 4);
-    s[0] += x.x; s[1] += x.y; s[2] += x.z; s[3] += x.w;
-  }
-  const bool row_ok = r < rows_here;
-  const unsigned long long tmask = row_ok ? mask_s[r / HT] : 0ull;
+  for (int j = 0; j < SPL; ++j) s[j] = 0.f;
+#pragma unroll
+  for (int k = 0; k < NSB; ++k)
+#pragma unroll
+    for (int q4 = 0; q4 < SPL / 4; ++q4) {
+      const float4 x = *reinterpret_cast<const float4*>(Ss + (k * ROWS_PAD + r) * SSTRIDE + sl * SPL + q4 * 4);
+      s[4 * q4] += x.x; s[4 * q4 + 1] += x.y; s[4 * q4 + 2] += x.z; s[4 * q4 + 3] += x.w;
+    }
+  const bool row_ok = real && r < rows_here;
   float mx = NEG_INF;
+  if (vbase + TK <= sp.P && vbase + TK <= sp.v1) {  // a whole prefix tile of the split (warp-uniform)
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int v = vbase + sl * 4 + j;
-    bool ok = row_ok && v < sp.v1;
-    if (ok && v >= sp.P) ok = (tmask >> (v - sp.P)) & 1ull;
-    s[j] = ok ? s[j] * scale_log2 : NEG_INF;
-    mx = fmaxf(mx, s[j]);
+    for (int j = 0; j < SPL; ++j) {
+      s[j] = row_ok ? s[j] * scale_log2 : NEG_INF;
+      mx = fmaxf(mx, s[j]);
+    }
+  } else {  // the split's end or the draft nodes: per-token bounds and the tree mask
+    const unsigned long long tmask = row_ok ? mask_s[r / HT] : 0ull;
+#pragma unroll
+    for (int j = 0; j < SPL; ++j) {
+      const int v = vbase + sl * SPL + j;
+      bool ok = row_ok && v < sp.v1;
+      if (ok && v >= sp.P) ok = (tmask >> (v - sp.P)) & 1ull;
+      s[j] = ok ? s[j] * scale_log2 : NEG_INF;
+      mx = fmaxf(mx, s[j]);
+    }
   }
 #pragma unroll
   for (int o = LPR / 2; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
@@ -314,24 +350,29 @@ __device__ __forceinline__ void softmax_row(const float* Ss, bf16* Ps, float* m_
   const float base = m_new == NEG_INF ? 0.f : m_new;  // a row with nothing visible stays 0
   float sum = 0.f;
 #pragma unroll
-  for (int j = 0; j < 4; ++j) { s[j] = exp2f(s[j] - base); sum += s[j]; }
+  for (int j = 0; j < SPL; ++j) { s[j] = exp2f(s[j] - base); sum += s[j]; }
 #pragma unroll
   for (int o = LPR / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  __nv_bfloat162* prow = reinterpret_cast<__nv_bfloat162*>(Ps + r * PSTRIDE + sl * 4);
-  prow[0] = __floats2bfloat162_rn(s[0], s[1]);
-  prow[1] = __floats2bfloat162_rn(s[2], s[3]);
+  if (!real) return;
+#pragma unroll
+  for (int q8 = 0; q8 < SPL / 4; ++q8) {  // 8-byte stores of 4 bf16
+    __nv_bfloat162 pk[2] = {__floats2bfloat162_rn(s[4 * q8], s[4 * q8 + 1]),
+                            __floats2bfloat162_rn(s[4 * q8 + 2], s[4 * q8 + 3])};
+    *reinterpret_cast<uint2*>(Ps + r * PSTRIDE + sl * SPL + q8 * 4) = *reinterpret_cast<const uint2*>(pk);
+  }
   if (sl == 0) {
     const float alpha = exp2f(m_old - base);
     m_s[r] = m_new;
     l_s[r] = l_s[r] * alpha + sum;
     a_s[r] = alpha;
+    if (m_old != NEG_INF && m_new > m_old) *resc = 1;  // every writer writes 1
   }
 }
 
 // Online softmax of tile `it` over the summed partial scores: LPR lanes per row, RPP rows per
 // warp pass; writes P (bf16) and the row's rescale factor for PV.
 __device__ __forceinline__ void softmax_tile(const float* Ss, bf16* Ps, float* m_s, float* l_s, float* a_s,
-                                             const unsigned long long* mask_s, const Span& sp, int rows_here,
+                                             int* resc_s, const unsigned long long* mask_s, const Span& sp, int rows_here,
                                              int it, float scale_log2, int warp, int lane) {
   const int vbase = sp.v0 + it * TK;
   const int sub = lane / LPR, sl = lane % LPR;
@@ -342,21 +383,30 @@ __device__ __forceinline__ void softmax_tile(const float* Ss, bf16* Ps, float* m
   for (int pass = 0; pass < PASSES; ++pass) {
     const int r0 = (pass * NWARPS + warp) * RPP;
     if (r0 >= ROWS_PAD) break;  // uniform across the warp: the shuffles below stay converged
-    softmax_row(Ss, Ps, m_s, l_s, a_s, mask_s, sp, rows_here, vbase, scale_log2, r0 + sub, sl);
+    softmax_row(Ss, Ps, m_s, l_s, a_s, resc_s + (it & 1), mask_s, sp, rows_here, vbase, scale_log2, r0 + sub, sl);
   }
+  // the next tile's flag: last read by PV(it-1), which every thread finished before this tile's
+  // scores were complete (a barrier lies between them in both pipelines)
+  if (warp == 0 && lane == 0) resc_s[(it + 1) & 1] = 0;
 }
 
-// O^T = alpha * O^T + V^T . P^T for one tile (V = the first 512 dims of the KV tile Kt).
+// O^T = alpha * O^T + V^T . P^T for one tile (V = the first 512 dims of the KV tile Kt); the
+// alpha product only when the tile's rescale flag says some row needs it.
 __device__ __forceinline__ void pv_tile(float (&acc)[MW][NR][4], const bf16* Kt, const bf16* Ps, const float* a_s,
-                                        int warp, int lane) {
+                                        bool rescale, int warp, int lane) {
   const int tq = lane & 3, mat = lane >> 3, r8 = lane & 7;
+  constexpr int ROWB = KSTRIDE * 2;
+  const uint32_t vrow = smem_u32(Kt) + (r8 + (mat >> 1) * 8) * ROWB;
+  const int cv = 2 * warp * MW + (mat & 1);
+  if (rescale) {  // some row's max grew this tile (block-uniform)
 #pragma unroll
-  for (int nr = 0; nr < NR; ++nr) {
-    const float a0 = a_s[nr * 8 + 2 * tq], a1 = a_s[nr * 8 + 2 * tq + 1];
+    for (int nr = 0; nr < NR; ++nr) {
+      const float a0 = a_s[nr * 8 + 2 * tq], a1 = a_s[nr * 8 + 2 * tq + 1];
 #pragma unroll
-    for (int mw = 0; mw < MW; ++mw) {
-      acc[mw][nr][0] *= a0; acc[mw][nr][1] *= a1;
-      acc[mw][nr][2] *= a0; acc[mw][nr][3] *= a1;
+      for (int mw = 0; mw < MW; ++mw) {
+        acc[mw][nr][0] *= a0; acc[mw][nr][1] *= a1;
+        acc[mw][nr][2] *= a0; acc[mw][nr][3] *= a1;
+      }
     }
   }
 #pragma unroll
@@ -367,176 +417,11 @@ __device__ __forceinline__ void pv_tile(float (&acc)[MW][NR][4], const bf16* Kt,
       ldsm_x2(fb[nr], smem_u32(Ps + (nr * 8 + r8) * PSTRIDE + kk * 16 + (mat & 1) * 8));
 #pragma unroll
     for (int mw = 0; mw < MW; ++mw) {
-      uint32_t fa[4];
-      const int tok = kk * 16 + r8 + (mat >> 1) * 8;
-      const int dim = (warp * MW + mw) * 16 + (mat & 1) * 8;
-      ldsm_x4_t(fa, smem_u32(Kt + tok * KSTRIDE + dim));
+      uint32_t fa[4];  // V^T: tokens kk*16 + r8 (+8: mat>>1), dims (warp*MW+mw)*16 (+8: mat&1)
+      ldsm_x4_t(fa, vrow + kk * 16 * ROWB + swz(cv, r8, 2 * mw));
 #pragma unroll
       for (int nr = 0; nr < NR; ++nr) mma16816(acc[mw][nr], fa, fb[nr]);
     }
-  }
-}
-
-// ---- PIPE 2: two warp groups, each owning half of the query rows (n8 tiles), offset by a phase.
-// Group 1 (the fewer rows) issues every load; the KV ring is shared. Per tile a group runs
-// QK -> softmax -> PV on its own rows behind named barriers of 128 threads, so while one group
-// is in its softmax the other keeps the tensor cores busy. Slots hand over through named
-// barriers of 256: FULL (loader arrives once a tile has landed, the other group syncs) and
-// EMPTY (the other group arrives after its PV of a tile, the loader syncs before refilling).
-namespace {
-constexpr int G_NR0 = (NR + 1) / 2;            // n8 tiles of group 0 (the larger half)
-constexpr int G_WT = 4 / (WR * WK > 4 ? 4 : WR * WK);  // QK token groups within a group
-constexpr int G_MQ = TM / G_WT > 0 ? TM / G_WT : 1;   // m16 token tiles per warp
-constexpr int G_NQ = (G_NR0 + WR - 1) / WR;    // n8 row tiles per warp (strided over WR)
-constexpr int G_MW = (D_V / 16) / 4;           // PV: 8 m16 dim tiles per warp (128 dims)
-constexpr int G_KS = KSTEPS / WK;
-constexpr int BAR_GROUP = 1;                   // + group
-constexpr int BAR_FULL = 3;                    // + slot
-constexpr int BAR_EMPTY = 3 + STAGES;          // + slot
-constexpr int BAR_START = 3 + 2 * STAGES;
-static_assert(PIPE != 2 || BAR_START < 16, "named barrier ids");
-static_assert(PIPE != 2 || (TM % G_WT == 0), "PIPE=2: the QK token groups must tile the KV tile");
-}  // namespace
-
-__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
-__device__ __forceinline__ void bar_arrive(int id, int n) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
-
-// QK of one group: S^T for its n8 tiles [nb, nb + nn) into the score buffers (rows are global).
-__device__ __forceinline__ void qk_group(const bf16* Qs, const bf16* Kt, float* Ss, int gw, int lane, int nb,
-                                         int nn) {
-  const int wk = gw % WK, wr = (gw / WK) % WR, wt = gw / (WK * WR);
-  const int mat = lane >> 3, r8 = lane & 7, g = lane >> 2, tq = lane & 3;
-  float acc[G_MQ][G_NQ][4];
-#pragma unroll
-  for (int a = 0; a < G_MQ; ++a)
-#pragma unroll
-    for (int n = 0; n < G_NQ; ++n)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[a][n][c] = 0.f;
-  const int k0 = wk * G_KS;
-#pragma unroll 2
-  for (int kp = 0; kp < G_KS / 2; ++kp) {
-    const int ks = k0 + 2 * kp;
-    uint32_t fb4[G_NQ][4];
-#pragma unroll
-    for (int n = 0; n < G_NQ; ++n) {
-      const int nl = wr + n * WR;
-      if (nl < nn) ldsm_x4(fb4[n], smem_u32(Qs + ((nb + nl) * 8 + r8) * KSTRIDE + ks * 16 + mat * 8));
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      uint32_t fa[G_MQ][4];
-#pragma unroll
-      for (int a = 0; a < G_MQ; ++a) {
-        const int tok = (wt * G_MQ + a) * 16 + r8 + (mat & 1) * 8;
-        ldsm_x4(fa[a], smem_u32(Kt + tok * KSTRIDE + (ks + h) * 16 + (mat >> 1) * 8));
-      }
-#pragma unroll
-      for (int n = 0; n < G_NQ; ++n) {
-        if (wr + n * WR >= nn) continue;
-        const uint32_t fb[2] = {fb4[n][2 * h], fb4[n][2 * h + 1]};
-#pragma unroll
-        for (int a = 0; a < G_MQ; ++a) mma16816(acc[a][n], fa[a], fb);
-      }
-    }
-  }
-  if constexpr (G_KS % 2 == 1) {
-    const int ks = k0 + G_KS - 1;
-    uint32_t fa[G_MQ][4];
-#pragma unroll
-    for (int a = 0; a < G_MQ; ++a) {
-      const int tok = (wt * G_MQ + a) * 16 + r8 + (mat & 1) * 8;
-      ldsm_x4(fa[a], smem_u32(Kt + tok * KSTRIDE + ks * 16 + (mat >> 1) * 8));
-    }
-#pragma unroll
-    for (int n = 0; n < G_NQ; ++n) {
-      const int nl = wr + n * WR;
-      if (nl >= nn) continue;
-      uint32_t fb[2];
-      ldsm_x2(fb, smem_u32(Qs + ((nb + nl) * 8 + r8) * KSTRIDE + ks * 16 + (mat & 1) * 8));
-#pragma unroll
-      for (int a = 0; a < G_MQ; ++a) mma16816(acc[a][n], fa[a], fb);
-    }
-  }
-  float* Sw = Ss + wk * ROWS_PAD * SSTRIDE;
-#pragma unroll
-  for (int a = 0; a < G_MQ; ++a)
-#pragma unroll
-    for (int n = 0; n < G_NQ; ++n) {
-      const int nl = wr + n * WR;
-      if (nl >= nn) continue;
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int t = (wt * G_MQ + a) * 16 + g + (c >> 1) * 8;
-        const int r = (nb + nl) * 8 + 2 * tq + (c & 1);
-        Sw[r * SSTRIDE + t] = acc[a][n][c];
-      }
-    }
-}
-
-// Online softmax of one group's rows [r_lo, r_hi) (4 warps): as softmax_tile.
-__device__ __forceinline__ void softmax_group(const float* Ss, bf16* Ps, float* m_s, float* l_s, float* a_s,
-                                              const unsigned long long* mask_s, const Span& sp, int rows_here,
-                                              int it, float scale_log2, int gw, int lane, int r_lo, int r_hi) {
-  const int vbase = sp.v0 + it * TK;
-  const int sub = lane / LPR, sl = lane % LPR;
-#pragma unroll 1
-  for (int r0 = r_lo + gw * RPP; r0 < r_hi; r0 += 4 * RPP) {  // uniform across the warp
-    softmax_row(Ss, Ps, m_s, l_s, a_s, mask_s, sp, rows_here, vbase, scale_log2, r0 + sub, sl);
-  }
-}
-
-// O^T (this warp's 128 dims x its group's rows) = alpha * O^T + V^T . P^T.
-__device__ __forceinline__ void pv_group(float (&acc)[G_MW][G_NR0][4], const bf16* Kt, const bf16* Ps,
-                                         const float* a_s, int gw, int lane, int nb, int nn) {
-  const int tq = lane & 3, mat = lane >> 3, r8 = lane & 7;
-#pragma unroll
-  for (int nr = 0; nr < G_NR0; ++nr) {
-    if (nr >= nn) continue;
-    const float a0 = a_s[(nb + nr) * 8 + 2 * tq], a1 = a_s[(nb + nr) * 8 + 2 * tq + 1];
-#pragma unroll
-    for (int mw = 0; mw < G_MW; ++mw) {
-      acc[mw][nr][0] *= a0; acc[mw][nr][1] *= a1;
-      acc[mw][nr][2] *= a0; acc[mw][nr][3] *= a1;
-    }
-  }
-#pragma unroll
-  for (int kk = 0; kk < TM; ++kk) {
-    uint32_t fb[G_NR0][2];
-#pragma unroll
-    for (int nr = 0; nr < G_NR0; ++nr)
-      if (nr < nn) ldsm_x2(fb[nr], smem_u32(Ps + ((nb + nr) * 8 + r8) * PSTRIDE + kk * 16 + (mat & 1) * 8));
-#pragma unroll
-    for (int mw = 0; mw < G_MW; ++mw) {
-      uint32_t fa[4];
-      const int tok = kk * 16 + r8 + (mat >> 1) * 8;
-      const int dim = (gw * G_MW + mw) * 16 + (mat & 1) * 8;
-      ldsm_x4_t(fa, smem_u32(Kt + tok * KSTRIDE + dim));
-#pragma unroll
-      for (int nr = 0; nr < G_NR0; ++nr)
-        if (nr < nn) mma16816(acc[mw][nr], fa, fb[nr]);
-    }
-  }
-}
-
-// Loader-group (128 threads, gt = thread in group) versions of fetch_indices / load_kv_tile.
-__device__ __forceinline__ void fetch_indices_g(int* idx_s, const Span& sp, int X, int gt) {
-  const int v = sp.v0 + X * TK + gt;
-  if (gt < TK && v < sp.v1)
-    cp_async4(smem_u32(idx_s + (X % STAGES) * TK + gt), v < sp.P ? sp.prefix + v : sp.draft + (v - sp.P));
-}
-__device__ __forceinline__ void load_kv_tile_g(bf16* Kt, const bf16* __restrict__ kv, const int* idx_s, const Span& sp,
-                                               int X, int gt) {
-  const int* idx = idx_s + (X % STAGES) * TK;
-  const int vb = sp.v0 + X * TK;
-  for (int c = gt; c < TK * CHUNKS; c += 128) {
-    const int t = c / CHUNKS;
-    const int part = c - t * CHUNKS;
-    const bool valid = vb + t < sp.v1;
-    const int slot = valid ? idx[t] : 0;
-    cp_async16(smem_u32(Kt + t * KSTRIDE + part * 8), kv + (size_t)slot * D_QK + part * 8, valid);
   }
 }
 
@@ -544,24 +429,18 @@ __device__ __forceinline__ void load_kv_tile_g(bf16* Kt, const bf16* __restrict_
 // wrong by design and never checked.
 #ifdef VA_PROFILE_SKIP_QK
 #define QK_TILE(...)
-#define QK_TILE_G(...)
 #else
 #define QK_TILE(...) qk_tile(__VA_ARGS__)
-#define QK_TILE_G(...) qk_group(__VA_ARGS__)
 #endif
 #ifdef VA_PROFILE_SKIP_SOFTMAX
 #define SOFTMAX_TILE(...)
-#define SOFTMAX_TILE_G(...)
 #else
 #define SOFTMAX_TILE(...) softmax_tile(__VA_ARGS__)
-#define SOFTMAX_TILE_G(...) softmax_group(__VA_ARGS__)
 #endif
 #ifdef VA_PROFILE_SKIP_PV
 #define PV_TILE(...)
-#define PV_TILE_G(...)
 #else
 #define PV_TILE(...) pv_tile(__VA_ARGS__)
-#define PV_TILE_G(...) pv_group(__VA_ARGS__)
 #endif
 
 #ifndef VA_MINB
@@ -586,7 +465,8 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
   float* m_s = reinterpret_cast<float*>(Ps + ROWS_PAD * PSTRIDE);
   float* l_s = m_s + ROWS_PAD;
   float* a_s = l_s + ROWS_PAD;
-  unsigned long long* mask_s = reinterpret_cast<unsigned long long*>(a_s + ROWS_PAD);
+  int* resc_s = reinterpret_cast<int*>(a_s + ROWS_PAD);  // [2] rescale flags by tile parity (+2 pad)
+  unsigned long long* mask_s = reinterpret_cast<unsigned long long*>(resc_s + 4);
   int* idx_s = reinterpret_cast<int*>(mask_s + QT);  // [STAGES][TK] slot indices, fetched ahead by cp.async
 
   const int split = blockIdx.x, hg = blockIdx.y / NQT, qt = blockIdx.y % NQT, b = blockIdx.z;
@@ -601,6 +481,19 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
 #endif
   const int node0 = qt * QT;
   const int rows_here = HT * min(QT, QN - node0);  // the last row tile may hold fewer nodes
+  auto row_index = [&](int r) {  // query row r of this block -> flat (b, node, head)
+    return ((size_t)b * QN + node0 + r / HT) * H + hg * HT + r % HT;
+  };
+  // ---- prologue. Q first: its rows depend on nothing this block reads from memory, so its copies
+  // are in flight while the request's bounds and slot indices load. Q rides in the first
+  // cp.async group; PIPE 0 keeps one slot free for the first iteration to fill, PIPE 1
+  // fills every slot now.
+  for (int c = tid; c < ROWS_PAD * CHUNKS; c += BLOCK) {  // Q rows r = i*HT + hl; pad rows zero
+    const int r = c / CHUNKS, part = c - r * CHUNKS;
+    const bool valid = r < rows_here;
+    const bf16* src = valid ? q + row_index(r) * D_QK + part * 8 : q;
+    cp_async16(smem_u32(Qs + sw(r, part * 8)), src, valid);
+  }
   const int p0 = prefix_indptr[b];
   Span sp;
   sp.P = prefix_indptr[b + 1] - p0;
@@ -610,11 +503,8 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
   sp.v0 = (int)(L * split / NSPLIT);
   sp.v1 = (int)(L * (split + 1) / NSPLIT);
 
-  auto row_index = [&](int r) {  // query row r of this block -> flat (b, node, head)
-    return ((size_t)b * QN + node0 + r / HT) * H + hg * HT + r % HT;
-  };
-
   if (sp.v0 >= sp.v1) {  // empty split (L < NSPLIT): weight 0 and finite zeros in the reduce
+    cp_async_wait<0>();  // Q's copies land before the block's shared memory goes away
     for (int r = tid; r < rows_here; r += BLOCK) part_lse[row_index(r) * NSPLIT + split] = NEG_INF;
     for (int c = tid; c < rows_here * (D_V / 8); c += BLOCK) {
       const int r = c / (D_V / 8), part = c % (D_V / 8);
@@ -623,38 +513,38 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
     return;
   }
   const int ntiles = (sp.v1 - sp.v0 + TK - 1) / TK;
-
-  // ---- prologue: Q and the first tiles (Q rides in the first cp.async group). PIPE 0 keeps one
-  // slot free for the first iteration to fill; PIPE 1 fills every slot now.
   constexpr int PRE = PIPE == 1 ? STAGES : STAGES - 1;
-  for (int c = tid; c < ROWS_PAD * CHUNKS; c += BLOCK) {  // Q rows r = i*HT + hl; pad rows zero
-    const int r = c / CHUNKS, part = c - r * CHUNKS;
-    const bool valid = r < rows_here;
-    const bf16* src = valid ? q + row_index(r) * D_QK + part * 8 : q;
-    cp_async16(smem_u32(Qs + r * KSTRIDE + part * 8), src, valid);
+
+  // Slot indices of tiles 0 .. PRE+STAGES-2 in one round trip (token i of the split is virtual
+  // token v0+i): tiles < PRE go to the ring now and feed the prologue's copies; the rest, which the
+  // first STAGES-1 refills use, take their ring entries once those copies have read theirs. From
+  // then on each refill fetches, in its own cp.async group, the indices of the tile STAGES-1
+  // refills later, so no thread ever waits on an index load.
+  constexpr int NPI = (PRE + STAGES - 1) * TK, PER = (NPI + BLOCK - 1) / BLOCK;
+  int pre_slot[PER];
+#pragma unroll
+  for (int k = 0; k < PER; ++k) {
+    const int i = tid + k * BLOCK;
+    pre_slot[k] = i < NPI ? sp.slot(sp.v0 + i) : -1;
   }
+#pragma unroll
+  for (int k = 0; k < PER; ++k)
+    if (tid + k * BLOCK < PRE * TK) idx_s[tid + k * BLOCK] = pre_slot[k];  // PRE <= STAGES: no wrap
+  __syncthreads();
 #pragma unroll 1
   for (int s = 0; s < PRE; ++s) {
-    if (s < ntiles) {
-      bf16* Kt = Ks + s * TK * KSTRIDE;
-      for (int c = tid; c < TK * CHUNKS; c += BLOCK) {
-        const int t = c / CHUNKS, part = c - t * CHUNKS;
-        const int slot = sp.slot(sp.v0 + s * TK + t);
-        cp_async16(smem_u32(Kt + t * KSTRIDE + part * 8), kv + (size_t)max(slot, 0) * D_QK + part * 8, slot >= 0);
-      }
-    }
+    if (s < ntiles) load_kv_tile(Ks + s * TK * KSTRIDE, kv, idx_s, sp, s);
     cp_async_commit();
   }
-  for (int r = tid; r < ROWS_PAD; r += BLOCK) { m_s[r] = NEG_INF; l_s[r] = 0.f; a_s[r] = 1.f; }
-  for (int i = tid; i < QT; i += BLOCK) mask_s[i] = node0 + i < QN ? tree_mask[b * QN + node0 + i] : 0ull;
-  // Indices of the tiles the first STAGES-1 refills issue (PRE .. PRE+STAGES-2), read now; from
-  // then on each refill also fetches, in its own cp.async group, the indices of the tile
-  // STAGES-1 refills later, so no thread ever waits on an index load.
-  for (int i = tid; i < (STAGES - 1) * TK; i += BLOCK) {
-    const int X = PRE + i / TK, t = i % TK;
-    const int v = sp.v0 + X * TK + t;
-    if (v < sp.v1) idx_s[(X % STAGES) * TK + t] = sp.slot(v);
+  __syncthreads();  // every prologue copy has read its index
+#pragma unroll
+  for (int k = 0; k < PER; ++k) {
+    const int i = tid + k * BLOCK;
+    if (i >= PRE * TK && i < NPI && sp.v0 + i < sp.v1) idx_s[(i / TK % STAGES) * TK + i % TK] = pre_slot[k];
   }
+  for (int r = tid; r < ROWS_PAD; r += BLOCK) { m_s[r] = NEG_INF; l_s[r] = 0.f; a_s[r] = 1.f; }
+  if (tid < 2) resc_s[tid] = 0;
+  for (int i = tid; i < QT; i += BLOCK) mask_s[i] = node0 + i < QN ? tree_mask[b * QN + node0 + i] : 0ull;
   // Refill: KV tile X into its slot, and the indices of tile X+STAGES-1, as one cp.async group.
   [[maybe_unused]] auto refill = [&](int X) {
     if (X < ntiles) load_kv_tile(Ks + (X % STAGES) * TK * KSTRIDE, kv, idx_s, sp, X);
@@ -662,7 +552,6 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
     cp_async_commit();  // possibly empty: keeps the group count uniform for the waits
   };
 
-#if PIPE != 2
   float acc[MW][NR][4];
 #pragma unroll
   for (int mw = 0; mw < MW; ++mw)
@@ -670,9 +559,8 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
     for (int nr = 0; nr < NR; ++nr)
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[mw][nr][c] = 0.f;
-#endif
 
-  cp_async_wait<PIPE == 2 ? 0 : PRE - 1>();  // Q and tile 0 (PIPE 2: every prologue tile) have landed
+  cp_async_wait<PRE - 1>();  // Q and tile 0 have landed
   __syncthreads();
 #if PIPE == 0
   // Two barriers a tile; PV(t) and QK(t+1) back to back. The slot of tile t-1 is refilled with
@@ -683,10 +571,10 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
   for (int it = 0; it < ntiles; ++it) {
     __syncthreads();  // S(it) complete; PV(it-1) done, so the slot of tile it-1 is free
     refill(it + STAGES - 1);
-    SOFTMAX_TILE(Ss, Ps, m_s, l_s, a_s, mask_s, sp, rows_here, it, scale_log2, warp, lane);
+    SOFTMAX_TILE(Ss, Ps, m_s, l_s, a_s, resc_s, mask_s, sp, rows_here, it, scale_log2, warp, lane);
     cp_async_wait<STAGES - 2>();  // tile it+1 has landed (this thread's copies)
     __syncthreads();              // P(it) ready; everyone's copies of tile it+1 visible
-    PV_TILE(acc, Ks + (it % STAGES) * TK * KSTRIDE, Ps, a_s, warp, lane);
+    PV_TILE(acc, Ks + (it % STAGES) * TK * KSTRIDE, Ps, a_s, resc_s[it & 1] != 0, warp, lane);
     if (it + 1 < ntiles) QK_TILE(Qs, Ks + ((it + 1) % STAGES) * TK * KSTRIDE, Ss, warp, lane);
   }
 #elif PIPE == 1
@@ -697,80 +585,14 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
     const bf16* Kt = Ks + (it % STAGES) * TK * KSTRIDE;
     QK_TILE(Qs, Kt, Ss, warp, lane);
     __syncthreads();  // S(it) complete
-    SOFTMAX_TILE(Ss, Ps, m_s, l_s, a_s, mask_s, sp, rows_here, it, scale_log2, warp, lane);
+    SOFTMAX_TILE(Ss, Ps, m_s, l_s, a_s, resc_s, mask_s, sp, rows_here, it, scale_log2, warp, lane);
     __syncthreads();  // P(it) ready
-    PV_TILE(acc, Kt, Ps, a_s, warp, lane);
+    PV_TILE(acc, Kt, Ps, a_s, resc_s[it & 1] != 0, warp, lane);
     cp_async_wait<STAGES - 2>();  // tile it+1 has landed (this thread's copies)
     __syncthreads();              // PV(it) done everywhere: the slot is free; tile it+1 visible
     refill(it + STAGES);
   }
 #endif
-#if PIPE == 2
-  // Two groups of 4 warps own n8 row tiles [nb, nb + nn); group 1 (fewer rows) loads. The
-  // prologue loaded tiles 0..PRE-1 with every thread and everyone waited for them; from here on
-  // only the loader issues copies (the refill in iteration t brings tile t+STAGES-1 into the slot
-  // of tile t-1, after the other group's EMPTY for it).
-  const int grp = warp >> 2, gw = warp & 3, gt = tid & 127;
-  const int nb = grp == 0 ? 0 : G_NR0, nn = grp == 0 ? G_NR0 : NR - G_NR0;
-  const bool loader = grp == 1;
-  float gacc[G_MW][G_NR0][4];
-#pragma unroll
-  for (int mw = 0; mw < G_MW; ++mw)
-#pragma unroll
-    for (int nr = 0; nr < G_NR0; ++nr)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) gacc[mw][nr][c] = 0.f;
-#pragma unroll 1
-  for (int it = 0; it < ntiles; ++it) {
-    const int slot = it % STAGES;
-    const bf16* Kt = Ks + slot * TK * KSTRIDE;
-    if (loader) {
-      cp_async_wait<STAGES - 2>();        // tile it (this thread's copies)
-      bar_sync(BAR_GROUP + 1, 128);       // ... and every loader thread's
-      bar_arrive(BAR_FULL + slot, 256);   // the other group may read it
-    } else {
-      bar_sync(BAR_FULL + slot, 256);
-      if (it == 0) bar_sync(BAR_START, 256);  // start one phase behind the loader
-    }
-    QK_TILE_G(Qs, Kt, Ss, gw, lane, nb, nn);
-    if (loader) {
-      if (it == 0) bar_arrive(BAR_START, 256);
-      const int X = it + STAGES - 1;      // into the slot of tile it-1
-      if (it >= 1) bar_sync(BAR_EMPTY + (it - 1) % STAGES, 256);  // the other group's PV(it-1) is done
-      if (X < ntiles) load_kv_tile_g(Ks + (X % STAGES) * TK * KSTRIDE, kv, idx_s, sp, X, gt);
-      fetch_indices_g(idx_s, sp, X + STAGES - 1, gt);
-      cp_async_commit();
-    }
-    bar_sync(BAR_GROUP + grp, 128);       // S(it) of this group complete
-    SOFTMAX_TILE_G(Ss, Ps, m_s, l_s, a_s, mask_s, sp, rows_here, it, scale_log2, gw, lane, nb * 8, (nb + nn) * 8);
-    bar_sync(BAR_GROUP + grp, 128);       // P(it) of this group ready
-    PV_TILE_G(gacc, Kt, Ps, a_s, gw, lane, nb, nn);
-    if (!loader) bar_arrive(BAR_EMPTY + slot, 256);
-  }
-  if (loader && ntiles >= 1) bar_sync(BAR_EMPTY + (ntiles - 1) % STAGES, 256);  // match the last arrive
-  cp_async_wait<0>();
-  __syncthreads();  // every warp is past its last QK: the Q region can hold O
-  bf16* Os = Qs;
-  {
-    const int g = lane >> 2, tq = lane & 3;
-#pragma unroll
-    for (int nr = 0; nr < G_NR0; ++nr) {
-      if (nr >= nn) continue;
-      const int r = (nb + nr) * 8 + 2 * tq;
-      const float l0 = l_s[r], l1 = l_s[r + 1];
-      const float i0 = l0 > 0.f ? 1.f / l0 : 0.f, i1 = l1 > 0.f ? 1.f / l1 : 0.f;
-#pragma unroll
-      for (int mw = 0; mw < G_MW; ++mw) {
-        const int d = (gw * G_MW + mw) * 16 + g;
-        Os[r * KSTRIDE + d] = __float2bfloat16_rn(gacc[mw][nr][0] * i0);
-        Os[(r + 1) * KSTRIDE + d] = __float2bfloat16_rn(gacc[mw][nr][1] * i1);
-        Os[r * KSTRIDE + d + 8] = __float2bfloat16_rn(gacc[mw][nr][2] * i0);
-        Os[(r + 1) * KSTRIDE + d + 8] = __float2bfloat16_rn(gacc[mw][nr][3] * i1);
-      }
-    }
-  }
-  __syncthreads();
-#else
   cp_async_wait<0>();
   __syncthreads();  // every warp is past its last QK: the Q region can hold O
 
@@ -785,18 +607,17 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
     for (int mw = 0; mw < MW; ++mw) {
       const int d = (warp * MW + mw) * 16 + g;
       const int r = nr * 8 + 2 * tq;
-      Os[r * KSTRIDE + d] = __float2bfloat16_rn(acc[mw][nr][0] * i0);
-      Os[(r + 1) * KSTRIDE + d] = __float2bfloat16_rn(acc[mw][nr][1] * i1);
-      Os[r * KSTRIDE + d + 8] = __float2bfloat16_rn(acc[mw][nr][2] * i0);
-      Os[(r + 1) * KSTRIDE + d + 8] = __float2bfloat16_rn(acc[mw][nr][3] * i1);
+      Os[sw(r, d)] = __float2bfloat16_rn(acc[mw][nr][0] * i0);
+      Os[sw(r + 1, d)] = __float2bfloat16_rn(acc[mw][nr][1] * i1);
+      Os[sw(r, d + 8)] = __float2bfloat16_rn(acc[mw][nr][2] * i0);
+      Os[sw(r + 1, d + 8)] = __float2bfloat16_rn(acc[mw][nr][3] * i1);
     }
   }
   __syncthreads();
-#endif
   constexpr int VCH = D_V * 2 / 16;  // 16-byte chunks per output row
   for (int c = tid; c < rows_here * VCH; c += BLOCK) {
     const int r = c / VCH, part = c - r * VCH;
-    const uint4 v = *reinterpret_cast<const uint4*>(Os + r * KSTRIDE + part * 8);
+    const uint4 v = *reinterpret_cast<const uint4*>(Os + sw(r, part * 8));
     *reinterpret_cast<uint4*>(part_o + (row_index(r) * NSPLIT + split) * D_V + part * 8) = v;
   }
   for (int r = tid; r < rows_here; r += BLOCK) {
