@@ -79,6 +79,7 @@ constexpr int NSB = SF ? WK / 2 : WK;    // partial-score buffers
 constexpr int SSTRIDE = TK + 4;          // floats per partial-score row (16 B aligned, conflict-free)
 constexpr int PSTRIDE = TK + 8;          // bf16 per P row (ldmatrix rows conflict-free)
 constexpr float NEG_INF = -__builtin_huge_valf();
+constexpr float RESCALE_LOG2 = 8.f;  // softmax: how far (log2) a row's max may pass its reference
 
 static_assert(QN >= 1 && QN <= 64, "q_len must be in 1..64 (uint64 tree mask)");
 static_assert(QT >= 1 && QT <= QN, "QT must be in 1..QN");
@@ -305,8 +306,8 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
 // Online softmax of one query row r of tile `it` (LPR lanes, SPL scores each): sums the NSB
 // partial-score buffers, masks, updates the row's running max and sum, writes P (bf16) and the
 // rescale factor PV applies to the row's accumulator; raises the tile's rescale flag when a row
-// that already holds weight gets a larger max (PV skips the rescale otherwise: alpha is 1, or
-// the row's accumulator is still 0).
+// that already holds weight moves its reference max (PV skips the rescale otherwise: alpha is
+// 1, or the row's accumulator is still 0).
 __device__ __forceinline__ void softmax_row(const float* Ss, bf16* Ps, float* m_s, float* l_s, float* a_s,
                                             int* resc, const unsigned long long* mask_s, const Span& sp,
                                             int rows_here, int vbase, float scale_log2, int r, int sl) {
@@ -345,8 +346,12 @@ __device__ __forceinline__ void softmax_row(const float* Ss, bf16* Ps, float* m_
   }
 #pragma unroll
   for (int o = LPR / 2; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  // Lazy reference max (exact either way: P, l and O all use the same reference): a row keeps its
+  // max until a tile's exceeds it by more than RESCALE_LOG2, so P stays below 2^RESCALE_LOG2 (far
+  // inside bf16 and fp32) and PV rescales the accumulators on few tiles instead of most (at 72
+  // rows some row's max grows in most tiles of a split). A first finite max always replaces -inf.
   const float m_old = m_s[r];
-  const float m_new = fmaxf(m_old, mx);
+  const float m_new = mx > m_old + RESCALE_LOG2 ? mx : m_old;
   const float base = m_new == NEG_INF ? 0.f : m_new;  // a row with nothing visible stays 0
   float sum = 0.f;
 #pragma unroll
@@ -365,7 +370,7 @@ __device__ __forceinline__ void softmax_row(const float* Ss, bf16* Ps, float* m_
     m_s[r] = m_new;
     l_s[r] = l_s[r] * alpha + sum;
     a_s[r] = alpha;
-    if (m_old != NEG_INF && m_new > m_old) *resc = 1;  // every writer writes 1
+    if (m_old != NEG_INF && m_new != m_old) *resc = 1;  // every writer writes 1
   }
 }
 
