@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
-import statistics
 import sys
 from pathlib import Path
 
@@ -40,8 +39,8 @@ def main() -> None:
 
     from kernels.launch import VerifyAttention
     from kernels.limits import read_device_limits
-    from kernels.reference import poisoned_run_error, reference
-    from kernels.timing import rotating_inputs, time_launches
+    from kernels.reference import checked_launcher, reference
+    from kernels.timing import interleaved_medians, rotating_inputs
 
     limits = read_device_limits(0)
     variants = {"A": tuple(args.a_flags.split()), "B": tuple(args.b_flags.split())}
@@ -60,19 +59,13 @@ def main() -> None:
         sets = rotating_inputs(prefix_lens=[P], q_len=Q, H=H, l2_bytes=limits.l2_bytes, seed=H + Q + P)
         ref = reference(sets[0])[0]
         out = torch.empty(1, Q, H, 512, dtype=torch.bfloat16, device="cuda")
-        launchers = {}
-        for name, flags in variants.items():
-            va = VerifyAttention(cfg, H=H, q_len=Q, limits=limits, max_batch=1, cache_dir=Path(args.cache),
-                                 extra_flags=flags)
-            err = poisoned_run_error(lambda va=va: va.run(sets[0], out), out, ref)
-            if err > 1e-2:
-                raise SystemExit(f"variant {name} WRONG at H={H} Q={Q} P={P} {cfg}: rel err {err:.3g}")
-            launchers[name] = lambda k, va=va: va.run(sets[k], out)
-        med: dict[str, list[float]] = {n: [] for n in launchers}
-        for _ in range(ROUNDS):
-            for name, launch in launchers.items():
-                med[name].append(time_launches(launch, len(sets), reps=REPS).median_us)
-        a, b = statistics.median(med["A"]), statistics.median(med["B"])
+        launchers = {
+            name: checked_launcher(VerifyAttention(cfg, H=H, q_len=Q, limits=limits, max_batch=1,
+                                                   cache_dir=Path(args.cache), extra_flags=flags),
+                                   sets, out, ref, f"variant {name} at H={H} Q={Q} P={P} {cfg}")
+            for name, flags in variants.items()}
+        med = interleaved_medians(launchers, len(sets), rounds=ROUNDS, reps=REPS)
+        a, b = med["A"], med["B"]
         lines.append(f"| {H} | {Q} | {P} | {cfg} | {a:.1f} | {b:.1f} | {b / a:.3f} |")
         print(lines[-1], flush=True)
         sets = []

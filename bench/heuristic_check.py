@@ -49,8 +49,8 @@ def main() -> None:
 
     from kernels.launch import VerifyAttention
     from kernels.limits import read_device_limits
-    from kernels.reference import poisoned_run_error, reference
-    from kernels.timing import rotating_inputs, time_launches
+    from kernels.reference import checked_launcher, reference
+    from kernels.timing import interleaved_medians, rotating_inputs
 
     limits = read_device_limits(0)
     recorded = json.loads(args.bench_json.read_text())
@@ -72,19 +72,12 @@ def main() -> None:
         sets = rotating_inputs(prefix_lens=[P], q_len=Q, H=H, l2_bytes=limits.l2_bytes, seed=H + Q + P)
         ref = reference(sets[0])[0]
         out = torch.empty(1, Q, H, 512, dtype=torch.bfloat16, device="cuda")
-        launchers = {}
-        for cfg in set(named.values()):
-            va = VerifyAttention(cfg, H=H, q_len=Q, limits=limits, max_batch=1, cache_dir=Path(args.cache))
-
-            err = poisoned_run_error(lambda va=va: va.run(sets[0], out), out, ref)
-            if err > 1e-2:
-                raise SystemExit(f"WRONG H={H} Q={Q} P={P} {cfg}: rel err {err:.3g}")
-            launchers[cfg] = lambda k, va=va: va.run(sets[k], out)
-        medians: dict[KernelConfig, list[float]] = {c: [] for c in launchers}
-        for _ in range(ROUNDS):
-            for cfg, launch in launchers.items():
-                medians[cfg].append(time_launches(launch, len(sets), reps=REPS).median_us)
-        us = {name: statistics.median(medians[cfg]) for name, cfg in named.items()}
+        launchers = {
+            cfg: checked_launcher(VerifyAttention(cfg, H=H, q_len=Q, limits=limits, max_batch=1,
+                                                  cache_dir=Path(args.cache)), sets, out, ref, f"H={H} Q={Q} P={P} {cfg}")
+            for cfg in set(named.values())}
+        medians = interleaved_medians(launchers, len(sets), rounds=ROUNDS, reps=REPS)
+        us = {name: medians[cfg] for name, cfg in named.items()}
         row = {"H": H, "Q": Q, "prefix": P, **{f"{k} us": v for k, v in us.items()},
                **{k: str(v) for k, v in named.items()}}
         rows.append(row)

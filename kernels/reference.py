@@ -138,6 +138,15 @@ def poisoned_run_error(launch: Any, out: Any, ref: Any) -> float:
     return rel_error(out, ref)
 
 
+def checked_launcher(va: Any, sets: list[Inputs], out: Any, ref: Any, what: str, tol: float = 1e-2) -> Any:
+    """`k -> va.run(sets[k], out)` once `va` passed the poisoned-output check on sets[0] against
+    `ref`; a wrong result stops the benchmark with `what` and the error (its numbers would lie)."""
+    err = poisoned_run_error(lambda: va.run(sets[0], out), out, ref)
+    if err > tol:
+        raise SystemExit(f"WRONG {what}: rel err {err:.3g}")
+    return lambda k: va.run(sets[k], out)
+
+
 def rel_error(out: Any, ref: Any) -> float:
     """||out - ref|| / ||ref|| in fp32; NaN anywhere gives inf."""
     import torch

@@ -7,9 +7,9 @@ inputs rotated over enough sets that their KV exceeds the L2, so no config wins 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from kernels.reference import D_QK, Inputs, make_inputs
 
@@ -84,6 +84,30 @@ def time_graph(launch: Callable[[int], None], n_sets: int, *, stream: Any, repla
     samples = [start.elapsed_time(stop) * 1000.0 / len(order) for start, stop in events]
     del graph
     return summarize(samples)
+
+
+T = TypeVar("T")
+K = TypeVar("K", bound=Hashable)
+
+
+def interleave(measures: Sequence[Callable[[], T]], rounds: int) -> list[list[T]]:
+    """Run every measurement once per round, in turn (A, B, A, B, ...), so drift and clock changes
+    hit every candidate alike; per candidate, its results in round order."""
+    results: list[list[T]] = [[] for _ in measures]
+    for _ in range(rounds):
+        for i, measure in enumerate(measures):
+            results[i].append(measure())
+    return results
+
+
+def interleaved_medians(launchers: Mapping[K, Callable[[int], None]], n_sets: int, *, rounds: int,
+                        reps: int) -> dict[K, float]:
+    """Median over `rounds` interleaved rounds of each launcher's per-round median of `reps`
+    event-timed launches (the benchmarks' A/B)."""
+    keys = list(launchers)
+    per_round = interleave([lambda k=k: time_launches(launchers[k], n_sets, reps=reps).median_us for k in keys],
+                           rounds)
+    return {k: statistics.median(r) for k, r in zip(keys, per_round)}
 
 
 def copy_bandwidth(reps: int = 10) -> float:

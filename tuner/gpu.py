@@ -120,19 +120,18 @@ class GpuMeasurer:
         return Measurement(OK, t.median_us, t.p10_us, t.p90_us, t.samples, rel_error=err)
 
     def remeasure(self, cfgs: list[KernelConfig], wl: Workload, rounds: int) -> list[Measurement]:
-        from kernels.timing import summarize, time_graph
+        from kernels.timing import interleave, summarize, time_graph
 
         sets, _, out = self._prepare(wl)
-        samples: list[list[float]] = [[] for _ in cfgs]
         per_round = max(10, self.reps // 2)
         with self._kernel_failures():
             launches = [self._launch_fn(self._launcher(c, wl), sets, out) for c in cfgs]
-            for _ in range(rounds):  # A/B/A/B: drift and clock changes hit every candidate alike
-                for i, launch in enumerate(launches):
-                    samples[i] += time_graph(launch, len(sets), stream=self.stream, replays=per_round).samples
+            rounds_ = interleave([lambda f=f: time_graph(f, len(sets), stream=self.stream, replays=per_round).samples
+                                  for f in launches], rounds)
             self._sync()
         result = []
-        for s in samples:
+        for per in rounds_:
+            s = [x for samples in per for x in samples]
             t = summarize(s)
             result.append(Measurement(OK, t.median_us, t.p10_us, t.p90_us, s))
         return result

@@ -139,6 +139,14 @@ __device__ __forceinline__ int swz(int c0, int r8, int D) {
   return (((c0 + m) ^ r8) + (D - m)) * 16;
 }
 
+// Zero an mma accumulator array (any rank), fully unrolled: it stays in registers.
+__device__ __forceinline__ void zero_fill(float& a) { a = 0.f; }
+template <typename T, int N>
+__device__ __forceinline__ void zero_fill(T (&a)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) zero_fill(a[i]);
+}
+
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
@@ -234,12 +242,7 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
   const int wk = warp % WK, wr = (warp / WK) % WR, wt = warp / (WK * WR);
   const int mat = lane >> 3, r8 = lane & 7, g = lane >> 2, tq = lane & 3;
   float acc[MQ][NQ][4];
-#pragma unroll
-  for (int a = 0; a < MQ; ++a)
-#pragma unroll
-    for (int n = 0; n < NQ; ++n)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[a][n][c] = 0.f;
+  zero_fill(acc);
   constexpr int ROWB = KSTRIDE * 2;
   const uint32_t qrow = smem_u32(Qs) + (wr * 8 + r8) * ROWB;                        // + n*WR*8 rows
   const uint32_t krow = smem_u32(Kt) + (wt * MQ * 16 + r8 + (mat & 1) * 8) * ROWB;  // + a*16 rows
@@ -558,12 +561,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
   };
 
   float acc[MW][NR][4];
-#pragma unroll
-  for (int mw = 0; mw < MW; ++mw)
-#pragma unroll
-    for (int nr = 0; nr < NR; ++nr)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[mw][nr][c] = 0.f;
+  zero_fill(acc);
 
   cp_async_wait<PRE - 1>();  // Q and tile 0 have landed
   __syncthreads();
