@@ -16,12 +16,11 @@ import json
 import os
 import statistics
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels.build import compile_cubin
+from kernels.build import precompile
 from kernels.config import KernelConfig
 from tuner.heuristic import heuristic_config
 
@@ -30,11 +29,6 @@ ROUNDS, REPS = 3, 30
 
 def parse_config(text: str) -> KernelConfig:
     return KernelConfig.from_params(dict(part.split("=") for part in text.split()))
-
-
-def _compile(args):
-    cfg, Q, arch, cache = args
-    compile_cubin(cfg, Q, arch, Path(cache))
 
 
 def main() -> None:
@@ -63,8 +57,9 @@ def main() -> None:
                  "heuristic now": heuristic_config(limits, H=H, q_len=Q, prefix=P)}
         plans.append((H, Q, P, named))
     jobs = {(c, Q) for _, Q, _, named in plans for c in named.values()}
-    with ProcessPoolExecutor(max_workers=os.cpu_count()) as pool:
-        list(pool.map(_compile, [(c, Q, limits.arch, args.cache) for c, Q in jobs]))
+    for q in sorted({Q for _, Q in jobs}):
+        for failure in precompile(sorted(c for c, Q in jobs if Q == q), q, limits.arch, Path(args.cache)):
+            raise SystemExit(f"COMPILE FAILED {failure[:300]}")
     print(f"compiled {len(jobs)} modules for {limits.arch}", flush=True)
 
     rows = []
