@@ -33,6 +33,7 @@ from tuner.backend import Backend, Workload
 from tuner.db import repo
 from tuner.db.session import session_scope
 from tuner.study import Outcome, run_study, workload_key
+from tuner.workload import WorkloadKey
 
 CLAIM_BEAT_S = 5.0
 #: A claim this old belongs to a dead process. Longer than any single step of an owner that does
@@ -73,6 +74,32 @@ def _beating(sessions: sessionmaker[Session], study_id: int, owner: str) -> Iter
         t.join()
 
 
+_DONE = -1
+
+
+def _claim(sessions: sessionmaker[Session], key: WorkloadKey, wl: Workload, owner: str, budget: int,
+           study_kw: dict[str, Any]) -> int | None:
+    """Claim the key's study: its id when this process now owns it, _DONE when it is finished with
+    its budget measured (a re-run, or another process got there first), None when a live process
+    owns it. The claim comes first and the check after, on the row this process then owns: a
+    check before the claim could read a study that its owner finishes and releases before the
+    claim's UPDATE, and the key was tuned twice (seen on PostgreSQL, 2 of 6 runs of the 10-key test)."""
+    with session_scope(sessions) as s:
+        row = repo.get_or_create_study(session=s, key=key, prefix=wl.prefix, sampler=study_kw.get("sampler", "tpe"),
+                                       seed=study_kw.get("seed"), reopen=False)
+        study_id = row.id
+    stale = repo.utcnow() - timedelta(seconds=CLAIM_STALE_S)
+    with session_scope(sessions) as s:
+        if not repo.claim_study(session=s, study_id=study_id, owner=owner, stale_before=stale):
+            return None
+    with session_scope(sessions) as s:
+        row = s.get(repo.Study, study_id)
+        if row.status == "finished" and row.n_ok + row.n_failed >= budget:
+            repo.release_study(session=s, study_id=study_id, owner=owner)
+            return _DONE
+    return study_id
+
+
 def run_job(*, backend: Backend, sessions: sessionmaker[Session], workloads: list[Workload], n_trials: int,
             owner: str, study_kw: dict[str, Any], restrict: dict[str, list[int]] | None = None,
             on_key_done: Callable[[], None] | None = None) -> JobResult:
@@ -90,19 +117,12 @@ def run_job(*, backend: Backend, sessions: sessionmaker[Session], workloads: lis
     while pending:
         acted = False
         for wl in list(pending):
-            key = workload_key(limits, wl)
-            with session_scope(sessions) as s:
-                row = repo.get_or_create_study(session=s, key=key, prefix=wl.prefix, sampler=study_kw.get(
-                    "sampler", "tpe"), seed=study_kw.get("seed"), reopen=False)
-                measured = row.n_ok + row.n_failed
-                if row.status == "finished" and row.owner is None and measured >= budget(wl):
-                    pending.remove(wl)
-                    result.done_before.append(wl)
-                    continue
-                stale = repo.utcnow() - timedelta(seconds=CLAIM_STALE_S)
-                claimed = repo.claim_study(session=s, study_id=row.id, owner=owner, stale_before=stale)
-                study_id = row.id
-            if not claimed:
+            study_id = _claim(sessions, workload_key(limits, wl), wl, owner, budget(wl), study_kw)
+            if study_id == _DONE:
+                pending.remove(wl)
+                result.done_before.append(wl)
+                continue
+            if study_id is None:
                 continue
             with _beating(sessions, study_id, owner) as lost:
                 out = run_study(backend=backend, sessions=sessions, workload=wl, n_trials=n_trials,

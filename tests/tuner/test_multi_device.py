@@ -117,3 +117,37 @@ def test_two_hosts_share_a_job_through_postgresql(pg_url, tmp_path):
     assert len(owned) == len(set(owned)) == 6
     with session_scope(session_factory(make_engine(pg_url))) as s:
         assert len(repo.list_best(session=s)) == 6
+
+
+def test_a_key_its_owner_finishes_between_scan_and_claim_is_not_tuned_again(db_url, monkeypatch):
+    """The interleaving that tuned a key twice (2 of 6 runs of the 10-key test on PostgreSQL):
+    another process finishes the key and releases its claim just before this process's claim
+    UPDATE. The claim then succeeds, and the check that follows it must see the key done."""
+    from kernels.limits import known_device
+    from tuner import claims
+    from tuner.study import workload_key
+
+    migrate.upgrade(db_url)
+    sessions = session_factory(make_engine(db_url))
+    wl, limits = Workload(8, 9, 4096), known_device("h200")
+    key = workload_key(limits, wl)
+    with session_scope(sessions) as s:
+        repo.upsert_device(session=s, limits=limits)
+    with session_scope(sessions) as s:  # the other owner is mid-search
+        row = repo.get_or_create_study(session=s, key=key, prefix=wl.prefix, sampler="tpe", seed=0, reopen=False)
+        row.n_ok, sid = 8, row.id
+    with session_scope(sessions) as s:
+        assert repo.claim_study(session=s, study_id=sid, owner="other", stale_before=repo.utcnow())
+    real_claim = repo.claim_study
+
+    def claim_after_the_owner_finished(*, session, study_id, owner, stale_before):  # type: ignore[no-untyped-def]
+        with session_scope(sessions) as s2:
+            repo.finish_study(session=s2, study_id=study_id)
+            repo.release_study(session=s2, study_id=study_id, owner="other")
+        return real_claim(session=session, study_id=study_id, owner=owner, stale_before=stale_before)
+
+    monkeypatch.setattr(repo, "claim_study", claim_after_the_owner_finished)
+    assert claims._claim(sessions, key, wl, "me", 8, {"sampler": "tpe", "seed": 0}) == claims._DONE
+    with session_scope(sessions) as s:
+        row = s.get(repo.Study, sid)
+        assert row.owner is None and row.status == "finished"
