@@ -1,4 +1,4 @@
-"""One Optuna study per workload key: search, dedupe, warm start, winner, storage.
+"""One Optuna study per workload key: search, dedupe, warm start; the winner is tuner.winner's.
 
 Data flow: kernels (validate/compile/launch) -> this module (through a Backend) -> the config
 database (tuner.db.repo) -> the API.
@@ -25,6 +25,7 @@ from tuner.backend import INVALID, OK, Backend, Measurement, Workload
 from tuner.db import repo
 from tuner.db.session import make_engine, session_scope
 from tuner.heuristic import heuristic_config
+from tuner.winner import pick_winner
 from tuner.workload import WorkloadKey
 
 PARAMS = PARAM_NAMES
@@ -249,8 +250,8 @@ class _Search:
         running = self.ledger.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
         if any(t.number != number for t in running):
             return False
-        storage = self.ledger.study._storage  # noqa: SLF001
-        return storage.get_n_trials(self.ledger.study._study_id) <= self.ledger.total + 1  # noqa: SLF001
+        storage = self.ledger.study._storage
+        return storage.get_n_trials(self.ledger.study._study_id) <= self.ledger.total + 1
 
     def _measure(self, trial: optuna.Trial, params: dict[str, int], cfg: KernelConfig) -> float:
         m = self.backend.measure(cfg, self.workload)
@@ -332,8 +333,8 @@ def run_study(
     if not pick:
         out.decision = "helped with the search (another process owns the key)"
     else:
-        _pick_winner(out, study=study, backend=backend, sessions=sessions, workload=workload, top_k=top_k,
-                     rounds=rounds, owns=owns)
+        pick_winner(out, ranked=_ranked_configs(study), backend=backend, sessions=sessions, workload=workload,
+                    top_k=top_k, rounds=rounds, owns=owns)
         with session_scope(sessions) as s:
             repo.finish_study(session=s, study_id=out.study_id)
             row = s.get(repo.Study, out.study_id)
@@ -342,63 +343,8 @@ def run_study(
     return out
 
 
-def _noise(m: Measurement) -> float:
-    return max((m.p90_us or 0) - (m.p10_us or 0), 0.0) / 2
-
-
-def _pick_winner(out: Outcome, *, study: optuna.Study, backend: Backend, sessions: sessionmaker[Session],
-                 workload: Workload, top_k: int, rounds: int, owns: Callable[[], bool] | None = None) -> None:
-    """Re-measure the top candidates, the default and the stored best interleaved; store the
-    winner unless the stored best is within the measured noise of it."""
+def _ranked_configs(study: optuna.Study) -> list[KernelConfig]:
+    """Distinct configs of the study's measured trials that passed the gate, fastest first."""
     ok = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
           if t.user_attrs.get(STATE_ATTR) == OK and t.value is not None]
-    ranked: list[KernelConfig] = []
-    for t in sorted(ok, key=lambda t: t.value):
-        cfg = KernelConfig.from_params(t.params)
-        if cfg not in ranked:
-            ranked.append(cfg)
-    top = ranked[:top_k]
-    if not top:
-        out.decision = "no config passed the correctness gate: nothing stored"
-        return
-    with session_scope(sessions) as s:
-        stored = repo.get_best(session=s, key=out.key)
-    pool = list(top)
-    default = out.default
-    if default is not None and default not in pool:
-        # a default the search never measured must pass the correctness gate before it is timed
-        if default in ranked or backend.measure(default, workload).ok:
-            pool.append(default)
-    incumbent = stored.config if stored else None
-    if incumbent is not None and check(incumbent, backend.limits, H=out.key.H, q_len=out.key.q_len) is not None:
-        incumbent = None  # e.g. imported for another device's limits: never compiled here, simply replaced
-    if incumbent is not None and incumbent not in pool:
-        if backend.measure(incumbent, workload).ok:
-            pool.append(incumbent)
-        else:
-            incumbent = None
-    ms = backend.remeasure(pool, workload, rounds)
-    by_cfg = dict(zip(pool, ms))
-    if not all(m.ok for m in ms):
-        out.decision = f"re-measurement failed: {[m.reason for m in ms if not m.ok]}; nothing stored"
-        return
-    winner = min(top, key=lambda c: by_cfg[c].median_us)  # type: ignore[arg-type, return-value]
-    out.best, out.best_m = winner, by_cfg[winner]
-    out.default_m = by_cfg.get(default) if default is not None else None
-    if incumbent is not None and incumbent != winner:
-        inc_m = by_cfg[incumbent]
-        gain = inc_m.median_us - out.best_m.median_us  # type: ignore[operator]
-        if gain <= max(_noise(inc_m), _noise(out.best_m)):
-            out.best, out.best_m = incumbent, inc_m
-            out.decision = f"kept stored best: new winner only {gain:.2f} us faster, within noise"
-    if not out.decision:
-        out.decision = "stored new best" if incumbent != out.best else "stored best re-timed"
-    if owns is not None and not owns():
-        out.decision = "claim lost while re-timing (this process stalled): the new owner stores this key"
-        return
-    m = out.best_m
-    with session_scope(sessions) as s:
-        repo.upsert_best(session=s, key=out.key, config=out.best, median_us=m.median_us, p10_us=m.p10_us,
-                         p90_us=m.p90_us, default_us=out.default_m.median_us if out.default_m else None,
-                         study_id=out.study_id)
-    out.stored = True
+    return list(dict.fromkeys(KernelConfig.from_params(t.params) for t in sorted(ok, key=lambda t: t.value)))
