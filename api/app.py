@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 
 from api.metrics import Metrics, MetricsMiddleware
 from api.routes import admin, config, health
-from api.service import TableCache
+from api.table_cache import TableCache
 from tuner.db.migrate import ensure_current
 from tuner.db.session import make_engine, session_factory
 from tuner.errors import BadParameter, StorageError

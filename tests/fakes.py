@@ -67,7 +67,7 @@ class FakeBackend:
 
 
 class MisbehavingMeasurer:
-    """Runs inside tuner.worker's child process. NSPLIT picks the behaviour: 2 kills the process
+    """Runs inside tuner.isolation's child process. NSPLIT picks the behaviour: 2 kills the process
     with SIGSEGV, 4 hangs, 12 raises a plain exception (a bug of ours), anything else answers."""
 
     def __init__(self) -> None:

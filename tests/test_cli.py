@@ -175,12 +175,12 @@ def test_study_start_exits_non_zero_when_a_key_stores_nothing(run, monkeypatch):
     """A key whose every config failed the gate stores nothing: a script running `study start`
     must see that in the exit code, not only in the table."""
     from tuner import runner
+    from tuner.keys import ConfigKey
     from tuner.study import Outcome
-    from tuner.workload import WorkloadKey
 
     def fake_tune(settings, job, ordinal, on_progress=None, on_key_done=None):  # noqa: ANN001, ANN202
         wl = job.workloads[0]
-        key = WorkloadKey("NVIDIA H200", "x", "bf16", wl.H, wl.q_len, 15)
+        key = ConfigKey("NVIDIA H200", "x", "bf16", wl.H, wl.q_len, 15)
         from tuner.claims import JobResult
 
         return JobResult([Outcome(key, wl, 1, decision="no config passed the correctness gate: nothing stored")])

@@ -1,6 +1,6 @@
 """The interface between the tuner's logic and whatever measures a config.
 
-The tuner only talks to `Backend`; the product backend (tuner.worker.IsolatedBackend) measures
+The tuner only talks to `Backend`; the product backend (tuner.isolation.IsolatedBackend) measures
 on the local GPU in a separate process. Tests drive the same logic with a fake backend that
 lives under tests/ only.
 """

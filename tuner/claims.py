@@ -32,8 +32,8 @@ from tuner import space
 from tuner.backend import Backend, Workload
 from tuner.db import repo
 from tuner.db.session import session_scope
+from tuner.keys import ConfigKey
 from tuner.study import Outcome, run_study, workload_key
-from tuner.workload import WorkloadKey
 
 CLAIM_BEAT_S = 5.0
 #: A claim this old belongs to a dead process. Longer than any single step of an owner that does
@@ -77,7 +77,7 @@ def _beating(sessions: sessionmaker[Session], study_id: int, owner: str) -> Iter
 _DONE = -1
 
 
-def _claim(sessions: sessionmaker[Session], key: WorkloadKey, wl: Workload, owner: str, budget: int,
+def _claim(sessions: sessionmaker[Session], key: ConfigKey, wl: Workload, owner: str, budget: int,
            study_kw: dict[str, Any]) -> int | None:
     """Claim the key's study: its id when this process now owns it, _DONE when it is finished with
     its budget measured (a re-run, or another process got there first), None when a live process

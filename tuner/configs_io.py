@@ -20,8 +20,8 @@ from tuner import batches, buckets, engine_files
 from tuner import rows as rows_schema
 from tuner.db import repo
 from tuner.errors import BadParameter, TunerError
+from tuner.keys import ConfigKey
 from tuner.lookup import resolve_device
-from tuner.workload import WorkloadKey
 
 FIELDS = ["device", "kernel_hash", "dtype", "H", "q_len", "bucket", "bucket_lo", "bucket_hi", "batch_bucket",
           "batch_lo", "batch_hi", *PARAM_NAMES,
@@ -82,7 +82,7 @@ def loads(text: str, fmt: str) -> list[dict[str, Any]]:
 
 @dataclass(frozen=True)
 class _Parsed:
-    key: WorkloadKey
+    key: ConfigKey
     config: KernelConfig
     timing: dict[str, float | None]
     tuned_at: dt.datetime | None
@@ -103,7 +103,7 @@ def _parse(session: Session, raw: dict[str, Any]) -> _Parsed:
     reason = check(cfg, limits, H=row.H, q_len=row.q_len)
     if reason:
         raise InvalidConfig(f"config {cfg} cannot run on {limits.name}: {reason}")
-    key = WorkloadKey(limits.name, row.kernel_hash or current_kernel_hash(), row.dtype, row.H, row.q_len,
+    key = ConfigKey(limits.name, row.kernel_hash or current_kernel_hash(), row.dtype, row.H, row.q_len,
                       row.bucket_index, row.batch_bucket)
     timing = {k: getattr(row, k) for k in rows_schema.TIMING_FIELDS}
     return _Parsed(key, cfg, timing, row.tuned_at, limits)

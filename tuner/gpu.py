@@ -81,7 +81,7 @@ class GpuMeasurer:
         """CUDA-side failures (the driver through PyCUDA, the runtime through torch: illegal
         address, launch failure, a module that does not load) are the config's, not ours: they
         become LaunchError, which fails the trial and restarts the worker. Anything else raises
-        as the bug it is (tuner.worker stops the study with it)."""
+        as the bug it is (tuner.isolation stops the study with it)."""
         import pycuda.driver as cuda
 
         try:

@@ -10,8 +10,8 @@ from typing import Any
 
 from tuner.backend import Workload
 from tuner.claims import JobResult
+from tuner.isolation import DEFAULT_MEASURER, IsolatedBackend
 from tuner.settings import Settings
-from tuner.worker import DEFAULT_MEASURER, IsolatedBackend
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,8 @@ from tuner.backend import INVALID, OK, Backend, Measurement, Workload
 from tuner.db import repo
 from tuner.db.session import make_engine, session_scope
 from tuner.heuristic import heuristic_config
+from tuner.keys import ConfigKey
 from tuner.winner import pick_winner
-from tuner.workload import WorkloadKey
 
 PARAMS = PARAM_NAMES
 MEASURED_ATTR, STATE_ATTR, REASON_ATTR = "measured", "state", "reason"
@@ -41,7 +41,7 @@ TWIN_WAIT_S = 300.0
 
 @dataclass
 class Progress:
-    key: WorkloadKey
+    key: ConfigKey
     measured: int
     budget: int
     best_us: float | None
@@ -51,7 +51,7 @@ class Progress:
 
 @dataclass
 class Outcome:
-    key: WorkloadKey
+    key: ConfigKey
     workload: Workload
     study_id: int
     best: KernelConfig | None = None
@@ -153,7 +153,7 @@ class _Ledger:
             self.refresh()
 
 
-def warm_start_configs(*, session: Session, key: WorkloadKey, limits, workload: Workload) -> list[KernelConfig]:
+def warm_start_configs(*, session: Session, key: ConfigKey, limits, workload: Workload) -> list[KernelConfig]:
     """The heuristic default, then stored bests of this key's other prefix buckets (nearest
     first, same batch bucket), then of the neighbouring batch buckets (nearest batch first, then
     nearest prefix), then of other H with the same q_len -- each only if valid here."""
@@ -175,8 +175,8 @@ def warm_start_configs(*, session: Session, key: WorkloadKey, limits, workload: 
     return cands
 
 
-def workload_key(limits, workload: Workload) -> WorkloadKey:  # type: ignore[no-untyped-def]
-    return WorkloadKey(limits.name, kernel_hash(), workload.dtype, workload.H, workload.q_len,
+def workload_key(limits, workload: Workload) -> ConfigKey:  # type: ignore[no-untyped-def]
+    return ConfigKey(limits.name, kernel_hash(), workload.dtype, workload.H, workload.q_len,
                        buckets.bucket_of(workload.prefix).index, batches.bucket_of(workload.batch).index)
 
 
@@ -281,7 +281,7 @@ class _Search:
             st.stop()
 
 
-def _open_study(key: WorkloadKey, storage_url: str, heartbeat_s: float | None, sampler: str, seed: int | None,
+def _open_study(key: ConfigKey, storage_url: str, heartbeat_s: float | None, sampler: str, seed: int | None,
                 choices: dict[str, list[int]], warm: list[KernelConfig]) -> optuna.Study:
     """The key's Optuna study (created or resumed) with the warm-start configs enqueued once."""
     study = optuna.create_study(study_name=key.study_name, storage=open_storage(storage_url, heartbeat_s),

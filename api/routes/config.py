@@ -14,7 +14,7 @@ from fastapi.concurrency import run_in_threadpool
 
 from api.deps import DEVICE_PATTERN, ReadSessions, SettingsDep, SingleValued
 from api.schemas import ConfigOut, ConfigTableOut
-from api.service import Table
+from api.table_cache import Table
 from tuner import batches
 from tuner.buckets import MAX_PREFIX
 from tuner.errors import BadParameter

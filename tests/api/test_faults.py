@@ -92,14 +92,14 @@ from kernels.config import KernelConfig
 from kernels.limits import known_device
 from tuner.db import repo
 from tuner.db.session import make_engine, session_factory, session_scope
-from tuner.workload import WorkloadKey
+from tuner.keys import ConfigKey
 sessions = session_factory(make_engine(sys.argv[1]))
 h = known_device("h200")
 with session_scope(sessions) as s:
     repo.upsert_device(session=s, limits=h)
 for i in range(100000):
     with session_scope(sessions) as s:
-        repo.upsert_best(session=s, key=WorkloadKey(h.name, "k" * 16, "bf16", 1 + i // 26, 1, i % 26),
+        repo.upsert_best(session=s, key=ConfigKey(h.name, "k" * 16, "bf16", 1 + i // 26, 1, i % 26),
                          config=KernelConfig(8, 1, 32, 256), median_us=float(i + 1))
     print(i, flush=True)
 """

@@ -16,8 +16,8 @@ from kernels.limits import known_device
 from tuner.buckets import bucket_of
 from tuner.db import migrate, repo
 from tuner.db.session import make_engine, session_factory, session_scope
+from tuner.keys import ConfigKey
 from tuner.settings import Settings
-from tuner.workload import WorkloadKey
 
 H200 = known_device("h200")
 TOKEN = "hardening-token-0123"
@@ -41,7 +41,7 @@ def _write_elsewhere(db_url: str, *, H: int, prefix: int, nsplit: int, tuned_at:
     with session_scope(session_factory(engine)) as s:
         if repo.get_device(session=s, name=H200.name) is None:  # as an import does: record it once
             repo.upsert_device(session=s, limits=H200)
-        key = WorkloadKey(H200.name, kernel_hash(), "bf16", H, 9, bucket_of(prefix).index)
+        key = ConfigKey(H200.name, kernel_hash(), "bf16", H, 9, bucket_of(prefix).index)
         repo.upsert_best(session=s, key=key, config=KernelConfig(nsplit=nsplit, ht=8, tk=32, block=256),
                          median_us=50.0, tuned_at=tuned_at)
     engine.dispose()

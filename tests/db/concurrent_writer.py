@@ -6,7 +6,7 @@ from kernels.config import KernelConfig
 from kernels.limits import known_device
 from tuner.db import repo
 from tuner.db.session import make_engine, session_factory, session_scope
-from tuner.workload import WorkloadKey
+from tuner.keys import ConfigKey
 
 
 def write_many(url: str, worker: int, n: int) -> int:
@@ -15,8 +15,8 @@ def write_many(url: str, worker: int, n: int) -> int:
     for i in range(n):
         with session_scope(sessions) as s:
             repo.upsert_device(session=s, limits=h200)  # every writer touches the same row too
-            own = WorkloadKey(h200.name, "k" * 16, "bf16", 8, 1 + worker, i % 26)
+            own = ConfigKey(h200.name, "k" * 16, "bf16", 8, 1 + worker, i % 26)
             repo.upsert_best(session=s, key=own, config=KernelConfig(8 + i, 1, 32, 256), median_us=float(i + 1))
-            shared = WorkloadKey(h200.name, "k" * 16, "bf16", 16, 9, i % 26)
+            shared = ConfigKey(h200.name, "k" * 16, "bf16", 16, 9, i % 26)
             repo.upsert_best(session=s, key=shared, config=KernelConfig(worker + 1, 1, 32, 256), median_us=1.0)
     return n

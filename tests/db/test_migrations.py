@@ -70,7 +70,7 @@ def test_0001_database_holding_rows_upgrades_and_back_keeping_them(db_url):
     from kernels.config import KernelConfig
     from tuner.db import repo
     from tuner.db.session import session_factory, session_scope
-    from tuner.workload import WorkloadKey
+    from tuner.keys import ConfigKey
 
     migrate.upgrade(db_url, "0001")
     engine = make_engine(db_url)
@@ -84,7 +84,7 @@ def test_0001_database_holding_rows_upgrades_and_back_keeping_them(db_url):
     with session_scope(sessions) as s:
         assert [r.config.nsplit for r in repo.list_best(session=s)] == [64]
         before = repo.data_stamp(session=s)
-        repo.upsert_best(session=s, key=WorkloadKey("NVIDIA H200", "abc", "bf16", 8, 9, 16),
+        repo.upsert_best(session=s, key=ConfigKey("NVIDIA H200", "abc", "bf16", 8, 9, 16),
                          config=KernelConfig(nsplit=32, ht=8, tk=32, block=256), median_us=1.0)
     with session_scope(sessions) as s:
         assert repo.data_stamp(session=s)[0] == before[0] + 1
@@ -104,7 +104,7 @@ def test_0002_database_with_rows_gains_batch_buckets_and_loses_nothing(db_url):
     from kernels.config import KernelConfig
     from tuner.db import repo
     from tuner.db.session import session_factory, session_scope
-    from tuner.workload import WorkloadKey
+    from tuner.keys import ConfigKey
 
     migrate.upgrade(db_url, "0002")
     engine = make_engine(db_url)
@@ -122,7 +122,7 @@ def test_0002_database_with_rows_gains_batch_buckets_and_loses_nothing(db_url):
                           "'{\"NSPLIT\": 132}', 'ok', '2026-11-01' FROM tuning_studies"))
     migrate.upgrade(db_url)
     sessions = session_factory(engine)
-    key1 = WorkloadKey("NVIDIA H200", "abc", "bf16", 8, 9, 16)
+    key1 = ConfigKey("NVIDIA H200", "abc", "bf16", 8, 9, 16)
     with session_scope(sessions) as s:
         rows = repo.list_best(session=s)
         assert sorted((r.key.bucket, r.key.batch_bucket, r.config.nsplit) for r in rows) == [
@@ -131,7 +131,7 @@ def test_0002_database_with_rows_gains_batch_buckets_and_loses_nothing(db_url):
         study = repo.get_or_create_study(session=s, key=key1, prefix=46000, sampler="tpe", seed=None)
         assert (study.n_trials, study.batch_bucket) == (40, 0)  # the old study resumes, not a new one
         assert len(repo.list_trials(session=s, study_id=study.id)) == 1
-        repo.upsert_best(session=s, key=WorkloadKey(**{**key1.__dict__, "batch_bucket": 5}),
+        repo.upsert_best(session=s, key=ConfigKey(**{**key1.__dict__, "batch_bucket": 5}),
                          config=KernelConfig(nsplit=4, ht=8, tk=32, block=256), median_us=90.0)
     with session_scope(sessions) as s:
         assert repo.get_best(session=s, key=key1).config.nsplit == 132

@@ -8,10 +8,10 @@ from tuner import buckets
 from tuner.db import repo
 from tuner.db.session import session_scope
 from tuner.errors import StorageError
-from tuner.workload import WorkloadKey
+from tuner.keys import ConfigKey
 
 H200 = known_device("h200")
-KEY = WorkloadKey(H200.name, "k" * 16, "bf16", 8, 9, 15)
+KEY = ConfigKey(H200.name, "k" * 16, "bf16", 8, 9, 15)
 CFG = KernelConfig(nsplit=64, ht=8, tk=32, block=256, stages=3)
 
 
@@ -58,7 +58,7 @@ def test_nearest_bucket_by_log_distance(sessions):
     _record(sessions)
     with session_scope(sessions) as s:
         for b, us in ((5, 5.0), (20, 50.0)):
-            repo.upsert_best(session=s, key=WorkloadKey(**{**KEY.__dict__, "bucket": b}), config=CFG, median_us=us)
+            repo.upsert_best(session=s, key=ConfigKey(**{**KEY.__dict__, "bucket": b}), config=CFG, median_us=us)
     with session_scope(sessions) as s:
         rows = repo.list_best_for(session=s, device=KEY.device, kernel_hash=KEY.kernel_hash, dtype=KEY.dtype,
                                   H=KEY.H, q_len=KEY.q_len)
@@ -71,7 +71,7 @@ def test_batch_buckets_are_separate_keys(sessions):
     """The same (device, kernel, H, q_len, prefix bucket) holds one row per batch bucket; a B=1
     key's study name is the one it had before batch buckets existed (its study resumes)."""
     _record(sessions)
-    b32 = WorkloadKey(**{**KEY.__dict__, "batch_bucket": 5})
+    b32 = ConfigKey(**{**KEY.__dict__, "batch_bucket": 5})
     with session_scope(sessions) as s:
         repo.upsert_best(session=s, key=KEY, config=CFG, median_us=10.0)
         repo.upsert_best(session=s, key=b32, config=KernelConfig(4, 8, 32, 256), median_us=90.0)
@@ -90,7 +90,7 @@ def test_delete_filters(sessions):
     _record(sessions)
     with session_scope(sessions) as s:
         for b in (1, 2, 3):
-            repo.upsert_best(session=s, key=WorkloadKey(**{**KEY.__dict__, "bucket": b}), config=CFG, median_us=1.0)
+            repo.upsert_best(session=s, key=ConfigKey(**{**KEY.__dict__, "bucket": b}), config=CFG, median_us=1.0)
     with session_scope(sessions) as s:
         assert repo.delete_best(session=s, device=H200.name, bucket=2) == 1
         assert repo.delete_best(session=s, device="nope") == 0

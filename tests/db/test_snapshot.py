@@ -11,8 +11,8 @@ from kernels.limits import known_device
 from tuner.db import migrate, repo
 from tuner.db.session import make_engine, session_factory, session_scope
 from tuner.errors import StorageError
+from tuner.keys import ConfigKey
 from tuner.snapshot import write_snapshot
-from tuner.workload import WorkloadKey
 
 H200 = known_device("h200")
 
@@ -23,7 +23,7 @@ def test_snapshot_copies_devices_and_best_configs(db_url, tmp_path):
     with session_scope(sessions) as s:
         repo.upsert_device(session=s, limits=H200)
         for bucket in (10, 15):
-            repo.upsert_best(session=s, key=WorkloadKey(H200.name, "k" * 16, "bf16", 8, 9, bucket),
+            repo.upsert_best(session=s, key=ConfigKey(H200.name, "k" * 16, "bf16", 8, 9, bucket),
                              config=KernelConfig(132, 8, 32, 256), median_us=70.0 + bucket)
     dest = tmp_path / "snap.db"
     assert write_snapshot(db_url, dest) == 2

@@ -75,10 +75,10 @@ def test_one_key_on_two_processes_one_owns_the_other_helps(sqlite_url, tmp_path)
 
 def test_a_claim_is_exclusive_until_its_owner_stops_beating(sessions):
     from kernels.limits import known_device
-    from tuner.workload import WorkloadKey
+    from tuner.keys import ConfigKey
 
     h200 = known_device("h200")
-    key = WorkloadKey(h200.name, "abc", "bf16", 8, 9, 15)
+    key = ConfigKey(h200.name, "abc", "bf16", 8, 9, 15)
     now = dt.datetime.now(dt.UTC)
     with session_scope(sessions) as s:
         repo.upsert_device(session=s, limits=h200)

@@ -10,7 +10,7 @@ from kernels.limits import known_device
 from tuner.cli import cli
 from tuner.db import migrate, repo
 from tuner.db.session import make_engine, session_factory, session_scope
-from tuner.workload import WorkloadKey
+from tuner.keys import ConfigKey
 
 
 def test_report_writes_table_and_plot(sqlite_url, tmp_path):
@@ -20,7 +20,7 @@ def test_report_writes_table_and_plot(sqlite_url, tmp_path):
     with session_scope(sessions) as s:
         repo.upsert_device(session=s, limits=h200)
         for bucket, us in ((9, 20.0), (15, 75.0)):
-            repo.upsert_best(session=s, key=WorkloadKey(h200.name, kernel_hash(), "bf16", 8, 9, bucket),
+            repo.upsert_best(session=s, key=ConfigKey(h200.name, kernel_hash(), "bf16", 8, 9, bucket),
                              config=KernelConfig(128, 8, 32, 256), median_us=us, default_us=us * 1.2)
     r = CliRunner().invoke(cli, ["--database-url", sqlite_url, "study", "report", "--out", str(tmp_path / "rep")])
     assert r.exit_code == 0, r.output

@@ -89,9 +89,9 @@ def test_warm_start_measures_the_default_then_neighbours_first(sessions, db_url)
     with session_scope(sessions) as s:
         repo.upsert_device(session=s, limits=H200)
         from kernels import kernel_hash
-        from tuner.workload import WorkloadKey
+        from tuner.keys import ConfigKey
 
-        repo.upsert_best(session=s, key=WorkloadKey(H200.name, kernel_hash(), "bf16", 8, 9, 14), config=neighbour,
+        repo.upsert_best(session=s, key=ConfigKey(H200.name, kernel_hash(), "bf16", 8, 9, 14), config=neighbour,
                          median_us=30.0)
     study(sessions, db_url, fb, n_trials=5)
     assert fb.measured[0] == heuristic_config(H200, H=8, q_len=9, prefix=46000)
@@ -135,10 +135,10 @@ def test_stored_best_is_kept_when_the_new_winner_is_within_noise(sessions, db_ur
 def test_a_clearly_faster_config_replaces_the_stored_best(sessions, db_url):
     from kernels import kernel_hash
     from tuner.buckets import bucket_of
-    from tuner.workload import WorkloadKey
+    from tuner.keys import ConfigKey
 
     slow_best = KernelConfig(nsplit=8, ht=1, tk=16, block=128, wr=1, wk=4)
-    key = WorkloadKey(H200.name, kernel_hash(), "bf16", 8, 9, bucket_of(46000).index)
+    key = ConfigKey(H200.name, kernel_hash(), "bf16", 8, 9, bucket_of(46000).index)
     with session_scope(sessions) as s:
         repo.upsert_device(session=s, limits=H200)
         repo.upsert_best(session=s, key=key, config=slow_best, median_us=1000.0)

@@ -15,9 +15,9 @@ def test_small_real_study_then_api(sqlite_url, tmp_path):
     from api.app import create_app
     from tuner.db import migrate
     from tuner.db.session import make_engine, session_factory
+    from tuner.isolation import IsolatedBackend
     from tuner.settings import Settings
     from tuner.study import run_study
-    from tuner.worker import IsolatedBackend
 
     migrate.upgrade(sqlite_url)
     sessions = session_factory(make_engine(sqlite_url))
@@ -38,10 +38,9 @@ def test_small_real_study_then_api(sqlite_url, tmp_path):
 
 
 def test_faulting_and_hanging_kernels_fail_only_their_trial(tmp_path):
-    from tests.gpu_measurers import FAULT, HANG
-    from tuner.worker import IsolatedBackend
-
     from kernels.config import KernelConfig
+    from tests.gpu_measurers import FAULT, HANG
+    from tuner.isolation import IsolatedBackend
 
     backend = IsolatedBackend(measurer="tests.gpu_measurers:FaultInjectingGpuMeasurer",
                               measurer_kwargs={"cache_dir": str(tmp_path / "cache")}, timeout_s=45)
@@ -67,9 +66,9 @@ def test_a_batch_study_measures_the_ragged_batch_and_serves_its_bucket(sqlite_ur
     from api.app import create_app
     from tuner.db import migrate
     from tuner.db.session import make_engine, session_factory
+    from tuner.isolation import IsolatedBackend
     from tuner.settings import Settings
     from tuner.study import run_study
-    from tuner.worker import IsolatedBackend
 
     migrate.upgrade(sqlite_url)
     sessions = session_factory(make_engine(sqlite_url))

@@ -23,14 +23,14 @@ from tuner.db.models import (  # noqa: F401  (Study re-exported)
     utcnow,
 )
 from tuner.errors import StorageError
-from tuner.workload import WorkloadKey
+from tuner.keys import ConfigKey
 
 
 @dataclass(frozen=True)
 class BestRow:
     """A stored best config with its key, detached from the session."""
 
-    key: WorkloadKey
+    key: ConfigKey
     config: KernelConfig
     median_us: float | None
     p10_us: float | None
@@ -134,12 +134,12 @@ def _best_query(**filters: object):  # type: ignore[no-untyped-def]
 def _to_row(best: BestConfig, device: str, kernel_hash: str) -> BestRow:
     cfg = KernelConfig.from_params({"NSPLIT": best.nsplit, "HT": best.ht, "TK": best.tk, "BLOCK": best.block,
                                     **(best.extra or {})})
-    key = WorkloadKey(device, kernel_hash, best.dtype, best.H, best.q_len, best.bucket, best.batch_bucket)
+    key = ConfigKey(device, kernel_hash, best.dtype, best.H, best.q_len, best.bucket, best.batch_bucket)
     return BestRow(key, cfg, best.median_us, best.p10_us, best.p90_us, best.default_us, best.speedup,
                    best.study_id, best.tuned_at)
 
 
-def get_best(*, session: Session, key: WorkloadKey) -> BestRow | None:
+def get_best(*, session: Session, key: ConfigKey) -> BestRow | None:
     q = _best_query(device=key.device, kernel_hash=key.kernel_hash, dtype=key.dtype, H=key.H, q_len=key.q_len,
                     bucket=key.bucket, batch_bucket=key.batch_bucket)
     hit = session.execute(q).one_or_none()
@@ -167,7 +167,7 @@ def list_best(*, session: Session, device: str | None = None, H: int | None = No
     return [_to_row(*r) for r in session.execute(_best_query(device=device, H=H, q_len=q_len))]
 
 
-def upsert_best(*, session: Session, key: WorkloadKey, config: KernelConfig, median_us: float | None,
+def upsert_best(*, session: Session, key: ConfigKey, config: KernelConfig, median_us: float | None,
                 p10_us: float | None = None, p90_us: float | None = None, default_us: float | None = None,
                 study_id: int | None = None, tuned_at: dt.datetime | None = None,
                 kernel_name: str = KERNEL_NAME, kernel_version: str = KERNEL_VERSION) -> None:
@@ -207,7 +207,7 @@ def delete_best(*, session: Session, device: str, H: int | None = None, q_len: i
 
 
 # --- studies and trials ----------------------------------------------------------------------
-def get_or_create_study(*, session: Session, key: WorkloadKey, prefix: int, sampler: str, seed: int | None,
+def get_or_create_study(*, session: Session, key: ConfigKey, prefix: int, sampler: str, seed: int | None,
                         reopen: bool = True) -> Study:
     """The study of `key`, created on first use; a finished one is reopened (resume) unless
     `reopen` is False (a look at its state)."""
@@ -226,7 +226,7 @@ def get_or_create_study(*, session: Session, key: WorkloadKey, prefix: int, samp
     return study
 
 
-def find_study(*, session: Session, key: WorkloadKey) -> Study | None:
+def find_study(*, session: Session, key: ConfigKey) -> Study | None:
     return session.scalars(select(Study).where(Study.workload_key == str(key))).one_or_none()
 
 

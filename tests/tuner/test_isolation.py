@@ -7,7 +7,7 @@ import pytest
 from kernels.config import KernelConfig
 from kernels.errors import LaunchError
 from tuner.backend import CRASHED, OK, TIMEOUT, Workload
-from tuner.worker import IsolatedBackend
+from tuner.isolation import IsolatedBackend
 
 WL = Workload(8, 9, 46000)
 GOOD = KernelConfig(nsplit=64, ht=8, tk=32, block=256)
@@ -53,7 +53,7 @@ def test_remeasure_failure_maps_to_every_candidate(backend):
 
 
 def test_a_bug_in_the_measuring_code_raises_with_its_traceback(backend):
-    from tuner.worker import MeasurerBug
+    from tuner.isolation import MeasurerBug
 
     with pytest.raises(MeasurerBug) as info:
         backend.measure(KernelConfig(nsplit=12, ht=8, tk=32, block=256), WL)
@@ -62,8 +62,8 @@ def test_a_bug_in_the_measuring_code_raises_with_its_traceback(backend):
 
 
 def test_a_bug_stops_the_study_instead_of_failing_a_trial(sessions, db_url):
+    from tuner.isolation import MeasurerBug
     from tuner.study import run_study
-    from tuner.worker import MeasurerBug
 
     b = IsolatedBackend(measurer="tests.fakes:MisbehavingMeasurer", timeout_s=3)
     try:

@@ -1,4 +1,6 @@
-"""The key every stored result hangs off: the study, the DB row and the API lookup share it."""
+"""The key every stored config hangs off (device, kernel, dtype, H, q_len, prefix bucket, batch
+bucket): the study, the DB row and the API lookup share it. Not to be confused with
+tuner.backend.Workload, what one study measures (its prefix lengths and batch)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ DTYPES = ("bf16",)
 
 
 @dataclass(frozen=True, order=True)
-class WorkloadKey:
+class ConfigKey:
     device: str
     kernel_hash: str
     dtype: str
