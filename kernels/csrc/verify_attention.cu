@@ -116,10 +116,18 @@ static_assert(SPL % 4 == 0 && SPL <= 32 && LPR * SPL == TK, "softmax: a lane hol
 static_assert(D_V <= KSTRIDE, "O staging fits the Q rows");
 }  // namespace
 
+// The reduce's block (verify_attn_reduce says why these sizes).
+namespace {
+constexpr int RED_THREADS = NSPLIT > 64 ? 256 : 128;
+constexpr int RED_GROUPS = RED_THREADS / 16;
+constexpr int RED_SHARE = (NSPLIT + RED_GROUPS - 1) / RED_GROUPS;
+constexpr int RED_UNROLL = RED_SHARE <= 24 ? RED_SHARE : 8;
+}  // namespace
+
 // Read back by kernels/launch.py to check that validate.py's smem formula matches this layout.
 extern "C" __device__ const int kSmemBytes = SMEM_Q + SMEM_K + SMEM_S + SMEM_P + SMEM_STATS + SMEM_MASK + SMEM_SLOTS;
 extern "C" __device__ const int kUsesPdl = VA_PDL;
-extern "C" __device__ const int kReduceThreads = 128;
+extern "C" __device__ const int kReduceThreads = RED_THREADS;
 
 // Offset of element (row, col) in a Q, KV or O-staging buffer. Rows are 1152 B (9 x 128 B, no
 // padding) and the 16-byte chunk c of row r sits at chunk c ^ (r & 7) of its 128-byte group, so a
@@ -631,15 +639,11 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
 
 // Merge the NSPLIT partials of one (b, i, h) row with the log-sum-exp rule. Grid (rows, 4): a
 // block covers 128 of the 512 latent dims with 16 threads of 8 dims (one 16-byte load each);
-// its 8 thread groups walk the splits in parallel, each merging online (running max), so the
+// its RED_GROUPS thread groups walk the splits in parallel, each merging online (running max), so the
 // partials and their lse are loaded together, RED_UNROLL splits in flight per thread, with no
-// first pass over the lse. Every split wrote its partial (zeros with lse = -inf when empty).
-namespace {
-constexpr int RED_THREADS = 128;
-constexpr int RED_GROUPS = RED_THREADS / 16;
-constexpr int RED_UNROLL = 8;
-}  // namespace
-
+// first pass over the lse. With up to 384 splits every group's share is in flight at once (256
+// threads past 64 splits): the reduce waits on one L2 round trip, not ceil(share / 8) of them.
+// Every split wrote its partial (zeros with lse = -inf when empty).
 extern "C" __global__ void __launch_bounds__(RED_THREADS)
 verify_attn_reduce(const bf16* __restrict__ part_o, const float* __restrict__ part_lse,
                    bf16* __restrict__ out,     // [B*QN*H, 512]
