@@ -12,31 +12,46 @@ for mode in single multi; do
   export TUNER_CACHE_DIR=/tmp/tc-table-$mode
   env TUNER_DATABASE_URL=$db python3 -m tuner db upgrade >/dev/null
   extra=(); [ $mode = multi ] && extra=(--devices "$devices")
-  s=$(date +%s%N)
+  s=$(date +%s%N); export RUN_START_NS=$s
   env TUNER_DATABASE_URL=$db python3 -m tuner study start "${args[@]}" "${extra[@]}" > "$out/table_$mode.log" 2>&1
   rc=$?; e=$(date +%s%N)
   python3 - "$db" "$mode" "$(( (e - s) / 1000000 ))" "$rc" "$out" <<'PY'
-import collections, json, sys
+import collections, json, os, sys
 import optuna
 from sqlalchemy import create_engine, text
 url, mode, wall_ms, rc, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
-keys = []
+keys, spans = [], []
+t0 = int(os.environ["RUN_START_NS"]) / 1e9
 for s in optuna.get_all_study_summaries(storage=url):
     st = optuna.load_study(study_name=s.study_name, storage=url)
     m = [t for t in st.trials if t.user_attrs.get("measured")]
+    spans += [(t.datetime_start.timestamp() - t0, t.datetime_complete.timestamp() - t0) for t in st.trials
+              if t.datetime_start and t.datetime_complete]
     dup = sum(n - 1 for n in collections.Counter(tuple(sorted(t.params.items())) for t in m).values())
     keys.append({"study": s.study_name, "measured": len(m), "duplicates": dup,
                  "unfinished": sum(not t.state.is_finished() for t in st.trials)})
 with create_engine(url).connect() as c:
     stored = dict(c.execute(text("select bucket, count(*) from best_configs group by bucket")).all())
     owners = c.execute(text("select count(*) from tuning_studies where owner is not null")).scalar()
-res = {"mode": mode, "wall_s": wall_ms / 1000, "rc": rc, "keys": len(keys),
+spans.sort()
+busy, end = 0.0, None  # union of the intervals in which at least one trial ran
+for a, b in spans:
+    if end is None or a > end:
+        busy += b - a
+        end = b
+    elif b > end:
+        busy += b - end
+        end = b
+timeline = {"first_trial_start_s": round(spans[0][0], 2) if spans else None,
+            "last_trial_end_s": round(max(b for _, b in spans), 2) if spans else None,
+            "trial_seconds_summed": round(sum(b - a for a, b in spans), 2), "some_trial_running_s": round(busy, 2)}
+res = {"mode": mode, "wall_s": wall_ms / 1000, "rc": rc, "keys": len(keys), "timeline": timeline,
        "measured": sum(k["measured"] for k in keys), "duplicates": sum(k["duplicates"] for k in keys),
        "unfinished": sum(k["unfinished"] for k in keys), "winners_per_key": sorted(set(stored.values())),
        "keys_with_a_winner": len(stored), "claims_left": owners, "per_key": keys}
 json.dump(res, open(f"{out}/table_{mode}.json", "w"), indent=1)
 print(f"{mode}: wall {res['wall_s']:.1f} s rc={rc} keys {res['keys']} measured {res['measured']} "
       f"duplicates {res['duplicates']} unfinished {res['unfinished']} winners/key {res['winners_per_key']} "
-      f"keys with a winner {res['keys_with_a_winner']} claims left {owners}")
+      f"keys with a winner {res['keys_with_a_winner']} claims left {owners} timeline {timeline}")
 PY
 done
