@@ -63,7 +63,7 @@ class ConfigClient:
         self.limits = limits or known_device(device)
         #: the kernel this worker launches: tables made for another are refused
         self.kernel_hash = kernel_hash or current_kernel_hash()
-        name = f"configs-{_slug(device)}-H{H}-q{q_len}-{dtype}.json"
+        name = f"configs-{engine_files.slug(device)}-H{H}-q{q_len}-{dtype}.json"
         self.snapshot = Path(snapshot_dir or Path(user_cache_dir("verify-tuner")) / "snapshots") / name
         # per batch bucket index: bucket starts and entries, sorted by prefix
         self._starts: dict[int, list[int]] = {}
@@ -196,7 +196,3 @@ class ConfigClient:
     def distinct_configs(self) -> list[KernelConfig]:
         """Every config the table can answer: what a worker pre-compiles / graph-captures."""
         return sorted({e.config for es in self._entries.values() for e in es})
-
-
-def _slug(s: str) -> str:
-    return "".join(ch if ch.isalnum() else "-" for ch in s).strip("-")

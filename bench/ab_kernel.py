@@ -19,6 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels.build import SOURCE
+from kernels.shapes import D_V
 from tuner.heuristic import heuristic_config
 
 SHAPES = [(8, 9, 46000), (8, 1, 131072), (64, 9, 46000), (16, 9, 16384), (128, 1, 46000), (8, 9, 4096)]
@@ -58,7 +59,7 @@ def main() -> None:
         cfg = heuristic_config(limits, H=H, q_len=Q, prefix=P)
         sets = rotating_inputs(prefix_lens=[P], q_len=Q, H=H, l2_bytes=limits.l2_bytes, seed=H + Q + P)
         ref = reference(sets[0])[0]
-        out = torch.empty(1, Q, H, 512, dtype=torch.bfloat16, device="cuda")
+        out = torch.empty(1, Q, H, D_V, dtype=torch.bfloat16, device="cuda")
         launchers = {
             name: checked_launcher(VerifyAttention(cfg, H=H, q_len=Q, limits=limits, max_batch=1,
                                                    cache_dir=Path(args.cache), extra_flags=flags),

@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels.config import KernelConfig
-from kernels.shapes import floor_bytes, flops
+from kernels.shapes import D_V, floor_bytes, flops
 from tuner import batches, buckets
 from tuner.heuristic import heuristic_config
 
@@ -83,7 +83,7 @@ class Bench:
         if todo:
             sets = rotating_inputs(prefix_lens=lens, q_len=Q, H=H, l2_bytes=self.limits.l2_bytes, seed=len(lens))
             ref = reference(sets[0])[0]
-            out = torch.empty(len(lens), Q, H, 512, dtype=torch.bfloat16, device="cuda")
+            out = torch.empty(len(lens), Q, H, D_V, dtype=torch.bfloat16, device="cuda")
             for c in todo:
                 va = VerifyAttention(c, H=H, q_len=Q, limits=self.limits, max_batch=len(lens), cache_dir=self.cache,
                                      extra_flags=self.flags)

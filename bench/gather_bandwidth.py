@@ -15,6 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from kernels.shapes import D_QK
+
 
 def main() -> None:
     ap = argparse.ArgumentParser()
@@ -28,10 +30,10 @@ def main() -> None:
     copy = copy_bandwidth()
     for n in (46009, 131073):
         sets = 4
-        kv = [torch.randn(n, 576, device="cuda").to(torch.bfloat16) for _ in range(sets)]
+        kv = [torch.randn(n, D_QK, device="cuda").to(torch.bfloat16) for _ in range(sets)]
         idx = {"scattered": [torch.randperm(n, device="cuda") for _ in range(sets)],
                "contiguous": [torch.arange(n, device="cuda") for _ in range(sets)]}
-        out = torch.empty(n, 576, dtype=torch.bfloat16, device="cuda")
+        out = torch.empty(n, D_QK, dtype=torch.bfloat16, device="cuda")
         for layout, ids in idx.items():
             for k in range(sets):
                 torch.index_select(kv[k], 0, ids[k], out=out)

@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels.build import precompile
 from kernels.config import KernelConfig
+from kernels.shapes import D_V
 from tuner.heuristic import heuristic_config
 
 ROUNDS, REPS = 3, 30
@@ -66,7 +67,7 @@ def main() -> None:
     for H, Q, P, named in plans:
         sets = rotating_inputs(prefix_lens=[P], q_len=Q, H=H, l2_bytes=limits.l2_bytes, seed=H + Q + P)
         ref = reference(sets[0])[0]
-        out = torch.empty(1, Q, H, 512, dtype=torch.bfloat16, device="cuda")
+        out = torch.empty(1, Q, H, D_V, dtype=torch.bfloat16, device="cuda")
         launchers = {
             cfg: checked_launcher(VerifyAttention(cfg, H=H, q_len=Q, limits=limits, max_batch=1,
                                                   cache_dir=Path(args.cache)), sets, out, ref, f"H={H} Q={Q} P={P} {cfg}")

@@ -15,6 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernels.config import KernelConfig
+from kernels.shapes import D_V
 
 
 def main() -> None:
@@ -42,7 +43,7 @@ def main() -> None:
     va = VerifyAttention(cfg, H=H, q_len=Q, limits=limits, max_batch=1, cache_dir=Path(args.cache),
                          extra_flags=tuple(args.flags.split()))
     sets = rotating_inputs(prefix_lens=[P], q_len=Q, H=H, l2_bytes=limits.l2_bytes, seed=1)
-    out = torch.empty(1, Q, H, 512, dtype=torch.bfloat16, device="cuda")
+    out = torch.empty(1, Q, H, D_V, dtype=torch.bfloat16, device="cuda")
     stream = cuda.Stream()
     for k in range(args.launches):
         va.run(sets[k % len(sets)], out, stream=stream)

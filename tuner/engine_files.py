@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,11 @@ ROW_FIELDS = ("median_us", "p10_us", "p90_us", "default_us", "tuned_at")
 
 def device_slug(device: str) -> str:
     return "_".join(device.split())
+
+
+def slug(name: str) -> str:
+    """`name` with every run of non-alphanumerics as one dash, for file names (reports, snapshots)."""
+    return re.sub(r"[^0-9A-Za-z]+", "-", name).strip("-")
 
 
 def file_name(*, H: int, q_len: int, device: str, dtype: str) -> str:

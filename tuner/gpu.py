@@ -10,6 +10,7 @@ from typing import Any
 
 from kernels.config import KernelConfig
 from kernels.errors import CompileError, InvalidConfig, LaunchError
+from kernels.shapes import D_V
 from tuner.backend import COMPILE_ERROR, INVALID, OK, WRONG, Measurement, Workload
 
 REL_TOL = 1e-2
@@ -50,7 +51,7 @@ class GpuMeasurer:
             sets = rotating_inputs(prefix_lens=wl.prefix_lens(), q_len=wl.q_len, H=wl.H,
                                    l2_bytes=self.limits.l2_bytes, seed=wl.H * 1000 + wl.q_len)
             ref = reference(sets[0])[0]  # the gate covers every request of the batch
-            out = self.torch.empty(wl.batch, wl.q_len, wl.H, 512, dtype=self.torch.bfloat16, device="cuda")
+            out = self.torch.empty(wl.batch, wl.q_len, wl.H, D_V, dtype=self.torch.bfloat16, device="cuda")
             self._workloads[wl] = (sets, ref, out)
         return self._workloads[wl]
 

@@ -8,13 +8,9 @@ from pathlib import Path
 from sqlalchemy.orm import Session, sessionmaker
 
 from kernels.shapes import floor_bytes
-from tuner import buckets
+from tuner import buckets, engine_files
 from tuner.db import repo
 from tuner.db.session import session_scope
-
-
-def _slug(name: str) -> str:
-    return "".join(ch if ch.isalnum() else "-" for ch in name.lower()).strip("-")
 
 
 def write_report(*, sessions: sessionmaker[Session], out_dir: Path, device: str | None = None) -> list[Path]:
@@ -31,7 +27,7 @@ def write_report(*, sessions: sessionmaker[Session], out_dir: Path, device: str 
     for dev_name in sorted({r.key.device for r in rows}):
         dev_rows = [r for r in rows if r.key.device == dev_name]
         bw = devices[dev_name].copy_bw_gbps if dev_name in devices else None
-        stem = out_dir / f"tuned_{_slug(dev_name)}"
+        stem = out_dir / f"tuned_{engine_files.slug(dev_name.lower())}"
         lines = [f"# Tuned vs default — {dev_name}, {dt.date.today().isoformat()}", "",
                  "From the config database (`tuner study report`). µs are medians of interleaved re-measurements; "
                  f"floor = bytes moved once / measured copy bandwidth ({bw:.0f} GB/s)." if bw else "", "",
