@@ -194,6 +194,14 @@ def test_configs_for_every_batch_bucket_in_one_request(client):
     assert [c for c in cfgs if c["batch_bucket"]["index"] == 0] == one
     both = client.get("/configs", params={"H": 8, "q_len": 9, "all_batches": "true", "batch": 8})
     assert both.status_code == 422 and "batch" in both.text
+    # the rendered body is kept per set of tables; new data must still show at once
+    again = client.get("/configs", params={"H": 8, "q_len": 9, "all_batches": "true"})
+    assert again.content == every.content and again.headers["etag"] == every.headers["etag"]
+    client.post("/configs/import", json=[{**ROW, "NSPLIT": 32}], headers=AUTH)
+    fresh = client.get("/configs", params={"H": 8, "q_len": 9, "all_batches": "true"})
+    assert fresh.headers["etag"] != every.headers["etag"]
+    tuned = [c for c in fresh.json()["configs"] if c["source"] == "tuned"]
+    assert tuned and all(c["NSPLIT"] == 32 for c in tuned), tuned
 
 
 def test_metrics_are_prometheus_client_exposition_and_parse(client):
