@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from tuner import cli_study
 from tuner.batches import MAX_BATCH
 from tuner.errors import TunerError
 from tuner.settings import Settings
@@ -340,9 +341,7 @@ def study() -> None:
     """Optuna studies that tune the kernel on the local GPU."""
 
 
-from tuner import cli_study  # imported here: it registers `study start` and `study report` on `study`
-
-cli_study.register(study, _errors_as_clean_exit)
+cli_study.register(study, _errors_as_clean_exit)  # `study start`, `study report`
 
 
 def main() -> None:
