@@ -73,7 +73,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         pkg_version = "unknown"
     app.state.metrics = Metrics(version=pkg_version, kernel_hash=kernel_hash(), kernel_version=KERNEL_VERSION)
     app.state.tables = TableCache()
-    app.state.table_bodies = config.TableBodies()
     app.include_router(config.router)
     app.include_router(health.router)
     app.include_router(admin.router)

@@ -1,7 +1,12 @@
 """What the sidecar spends on GET /configs?all_batches=true (every batch bucket's table, what a
-worker fetches at startup): rendered per request (the body cache off) vs kept per set of cached
-tables (api.routes.config.TableBodies), in-process through FastAPI's TestClient on an empty
-SQLite database (heuristic answers, the same body size as a tuned table). Writes JSON.
+worker fetches at startup), in-process on an empty SQLite database (heuristic answers: the same
+body size as a tuned table):
+
+- the request through FastAPI's TestClient, which splices the body from the answers each cached
+  table rendered once (api.routes.config._table_body), and /config and a one-bucket /configs for
+  comparison;
+- the body built the way the route did before, per request: a ConfigTableOut of every answer,
+  serialised, hashed (timed directly on the same cached tables), against the splice and hash.
 
     python3 bench/configs_body_cost.py --out bench/results
 """
@@ -10,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import hashlib
 import json
 import os
 import platform
@@ -22,6 +28,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
+def _ms(fn, n: int) -> float:  # type: ignore[no-untyped-def]
+    rounds = []
+    for _ in range(3):
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        rounds.append((time.perf_counter() - t) / n * 1e3)
+    return round(statistics.median(rounds), 3)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
@@ -31,7 +47,9 @@ def main() -> None:
     from fastapi.testclient import TestClient
 
     from api.app import create_app
-    from api.routes.config import TableBodies
+    from api.routes.config import _table_body
+    from api.schemas import ConfigOut, ConfigTableOut
+    from tuner import batches
     from tuner.db import migrate
     from tuner.settings import Settings
 
@@ -40,24 +58,37 @@ def main() -> None:
     paths = {"/configs all_batches": "/configs?H=8&q_len=9&device=h200&all_batches=true",
              "/configs one batch bucket": "/configs?H=8&q_len=9&device=h200",
              "/config one lookup": "/config?H=8&q_len=9&prefix=46000&device=h200"}
-    result: dict[str, dict[str, float]] = {}
-    for mode, keep in (("rendered per request", 0), ("kept per table set", TableBodies.MAX_ENTRIES)):
-        TableBodies.MAX_ENTRIES = keep
-        app = create_app(Settings(database_url=url))
-        with TestClient(app) as c:
-            for name, path in paths.items():
-                size = len(c.get(path).content)
-                rounds = []
-                for _ in range(3):  # median of three rounds
-                    t = time.perf_counter()
-                    for _ in range(args.requests):
-                        c.get(path)
-                    rounds.append((time.perf_counter() - t) / args.requests * 1e3)
-                result.setdefault(name, {"bytes": size})[mode] = round(statistics.median(rounds), 3)
-                print(f"{mode:22s} {name:28s} {result[name][mode]:6.2f} ms/request ({size} B)", flush=True)
+    app = create_app(Settings(database_url=url))
+    result: dict[str, object] = {}
+    with TestClient(app) as c:
+        for name, path in paths.items():
+            size = len(c.get(path).content)
+            result[name] = {"bytes": size, "ms_per_request_testclient": _ms(lambda p=path: c.get(p), args.requests)}
+            print(f"{name:28s} {result[name]['ms_per_request_testclient']:6.2f} ms/request ({size} B)", flush=True)
+        cache = app.state.tables
+        tables = [cache.fresh(device="h200", default_device=None, H=8, q_len=9, dtype="bf16", batch_bucket=b.index)
+                  for b in batches.ALL]
+        assert all(t is not None for t in tables)
+
+    def rendered() -> bytes:  # the route before: a model of every answer, serialised, hashed
+        answers = [a for t in tables for a in t.answers]
+        body = ConfigTableOut(device=tables[0].limits.name, kernel_hash=answers[0].kernel_hash, dtype="bf16", H=8,
+                              q_len=9, configs=[ConfigOut.of(a) for a in answers]).model_dump_json().encode()
+        hashlib.sha256(body).hexdigest()
+        return body
+
+    def spliced() -> bytes:
+        body = _table_body(tables, dtype="bf16", H=8, q_len=9)
+        hashlib.sha256(body).hexdigest()
+        return body
+
+    assert rendered() == spliced()
+    result["all_batches body + ETag, ms"] = {"rendered per request": _ms(rendered, args.requests),
+                                            "spliced from the tables": _ms(spliced, args.requests)}
+    print(f"all_batches body + ETag: {result['all_batches body + ETag, ms']}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {"date": dt.date.today().isoformat(), "machine": f"{platform.node()} {os.cpu_count()} cores",
-            "python": platform.python_version(), "requests_per_round": args.requests, "ms_per_request": result}
+            "python": platform.python_version(), "requests_per_round": args.requests, "results": result}
     (args.out / "configs_body_cost.json").write_text(json.dumps(meta, indent=1) + "\n")
 
 

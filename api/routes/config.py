@@ -6,8 +6,8 @@ one response, what a worker fetches at startup."""
 
 from __future__ import annotations
 
-import collections
 import hashlib
+import json
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request, Response
@@ -80,37 +80,19 @@ async def get_configs(
     for t in tables:
         if t.stale:
             table = t
-    body, etag = request.app.state.table_bodies.render(tables, dtype=dtype, H=H, q_len=q_len)
+    body = _table_body(tables, dtype=dtype, H=H, q_len=q_len)
+    etag = '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
     headers = {"ETag": etag, "Cache-Control": "no-cache"}
     if request.headers.get("if-none-match") == etag:
         return Response(status_code=304, headers=headers)
     return Response(body, media_type="application/json", headers=headers | _stale_header(table))
 
 
-class TableBodies:
-    """The rendered /configs body and its ETag per combination of cached tables: a worker fleet
-    starting at once asks for the same 13 tables (`all_batches`), ~113 KB of JSON whose rendering
-    held the event loop for every request (bench/configs_body_cost.py, 2-core VM, through
-    TestClient: 10.9 ms a request rendered, 2.4 ms kept, the same as one /config lookup). A table
-    rebuilt (new data, a database error) is a new object, hence a new entry; the oldest of more
-    than MAX_ENTRIES go."""
-
-    MAX_ENTRIES = 64
-
-    def __init__(self) -> None:
-        self._bodies: collections.OrderedDict[tuple, tuple[list[Table], bytes, str]] = collections.OrderedDict()
-
-    def render(self, tables: list[Table], *, dtype: str, H: int, q_len: int) -> tuple[bytes, str]:
-        key = (dtype, H, q_len, *map(id, tables))  # the entry holds the tables: their ids stay theirs
-        hit = self._bodies.get(key)
-        if hit is not None:
-            self._bodies.move_to_end(key)
-            return hit[1], hit[2]
-        answers = [a for t in tables for a in t.answers]
-        body = ConfigTableOut(device=tables[0].limits.name, kernel_hash=answers[0].kernel_hash, dtype=dtype, H=H,
-                              q_len=q_len, configs=[ConfigOut.of(a) for a in answers]).model_dump_json().encode()
-        etag = '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
-        self._bodies[key] = (tables, body, etag)
-        while len(self._bodies) > self.MAX_ENTRIES:
-            self._bodies.popitem(last=False)
-        return body, etag
+def _table_body(tables: list[Table], *, dtype: str, H: int, q_len: int) -> bytes:
+    """ConfigTableOut's JSON spliced from the bodies each table rendered once when it was built (the
+    ones /config answers with), so a worker fleet fetching `all_batches` at startup costs a join
+    and a hash per request, not a model build and serialisation of every answer."""
+    answers = tables[0].answers
+    head = json.dumps({"device": tables[0].limits.name, "kernel_hash": answers[0].kernel_hash, "dtype": dtype,
+                       "H": H, "q_len": q_len}, separators=(",", ":"), ensure_ascii=False).encode()
+    return head[:-1] + b',"configs":[' + b",".join(b for t in tables for b in t.bodies) + b"]}"
