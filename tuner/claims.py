@@ -89,11 +89,10 @@ def _claim(sessions: sessionmaker[Session], key: ConfigKey, wl: Workload, owner:
                                        seed=study_kw.get("seed"), reopen=False)
         study_id = row.id
     stale = repo.utcnow() - timedelta(seconds=CLAIM_STALE_S)
-    with session_scope(sessions) as s:
+    with session_scope(sessions) as s:  # one transaction: the claim's UPDATE holds the row for the check
         if not repo.claim_study(session=s, study_id=study_id, owner=owner, stale_before=stale):
             return None
-    with session_scope(sessions) as s:
-        row = s.get(repo.Study, study_id)
+        row = s.get(repo.Study, study_id, populate_existing=True)
         if row.status == "finished" and row.n_ok + row.n_failed >= budget:
             repo.release_study(session=s, study_id=study_id, owner=owner)
             return _DONE

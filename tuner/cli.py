@@ -326,10 +326,9 @@ def configs_import(settings: Settings, path: Path, fmt: str | None) -> None:
     from tuner.db.session import session_scope
 
     fmt = fmt or ("csv" if path.suffix.lower() == ".csv" else "json")
-    text = path.read_text()
-    rows = configs_io.loads(text, fmt)
+    loaded = configs_io.loads(path.read_text(), fmt)
     with session_scope(_checked_sessions(settings)) as s:
-        result = configs_io.import_rows(session=s, rows=rows, allow_empty=fmt == "json" and configs_io.is_dump(text))
+        result = configs_io.import_rows(session=s, rows=loaded.rows, allow_empty=loaded.dump)
     for w in result.warnings:
         click.echo(f"warning: {w}", err=True)
     click.echo(f"imported {result.imported} config(s)")

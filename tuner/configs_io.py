@@ -63,7 +63,13 @@ def dumps(rows: list[dict[str, Any]], fmt: str) -> str:
     return buf.getvalue()
 
 
-def loads(text: str, fmt: str) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class Loaded:
+    rows: list[dict[str, Any]]
+    dump: bool  # a `tuner configs dump` file: its tuned entries are the rows (there may be none)
+
+
+def loads(text: str, fmt: str) -> Loaded:
     """Raw rows of a JSON or CSV file (a spreadsheet's UTF-8 byte-order mark is dropped); CSV
     cells are converted strictly (tuner.rows.from_csv_cells)."""
     text = text.removeprefix("\ufeff")
@@ -73,11 +79,11 @@ def loads(text: str, fmt: str) -> list[dict[str, Any]]:
         except json.JSONDecodeError as exc:
             raise ImportRejected([f"not valid JSON: {exc}"]) from exc
         if isinstance(data, dict) and data.get("format") == engine_files.FORMAT:
-            return engine_files.tuned_rows(data)  # a `configs dump` file: its tuned entries
+            return Loaded(engine_files.tuned_rows(data), dump=True)
         if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
             raise ImportRejected(["JSON must be a list of objects (or a `tuner configs dump` file)"])
-        return data
-    return [rows_schema.from_csv_cells(r) for r in csv.DictReader(io.StringIO(text))]
+        return Loaded(data, dump=False)
+    return Loaded([rows_schema.from_csv_cells(r) for r in csv.DictReader(io.StringIO(text))], dump=False)
 
 
 @dataclass(frozen=True)
@@ -104,18 +110,9 @@ def _parse(session: Session, raw: dict[str, Any]) -> _Parsed:
     if reason:
         raise InvalidConfig(f"config {cfg} cannot run on {limits.name}: {reason}")
     key = ConfigKey(limits.name, row.kernel_hash or current_kernel_hash(), row.dtype, row.H, row.q_len,
-                      row.bucket_index, row.batch_bucket)
+                    row.bucket_index, row.batch_bucket)
     timing = {k: getattr(row, k) for k in rows_schema.TIMING_FIELDS}
     return _Parsed(key, cfg, timing, row.tuned_at, limits)
-
-
-def is_dump(text: str) -> bool:
-    """Whether `text` is a `tuner configs dump` file (its tuned entries are the rows)."""
-    try:
-        data = json.loads(text.removeprefix("\ufeff"))
-    except json.JSONDecodeError:
-        return False
-    return isinstance(data, dict) and data.get("format") == engine_files.FORMAT
 
 
 def import_rows(*, session: Session, rows: list[dict[str, Any]], allow_empty: bool = False) -> ImportResult:
