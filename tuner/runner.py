@@ -72,8 +72,8 @@ def _device_main(settings: Settings, job: TuneJob, index: int, device_ordinal: i
 
 def summary(o: Any) -> dict[str, Any]:
     return {"key": str(o.key), "prefix": o.workload.prefix, "batch": o.workload.batch,
-            "best": str(o.best) if o.best else None, "best_us": o.best_m.median_us if o.best_m else None, "decision": o.decision, "counts": o.counts,
-            "wall_s": o.wall_s}
+            "best": str(o.best) if o.best else None, "best_us": o.best_m.median_us if o.best_m else None,
+            "decision": o.decision, "counts": o.counts, "wall_s": o.wall_s}
 
 
 def tune_on_devices(settings: Settings, job: TuneJob, devices: list[int]) -> list[tuple[int, str, Any]]:

@@ -177,7 +177,7 @@ def warm_start_configs(*, session: Session, key: ConfigKey, limits, workload: Wo
 
 def workload_key(limits, workload: Workload) -> ConfigKey:  # type: ignore[no-untyped-def]
     return ConfigKey(limits.name, kernel_hash(), workload.dtype, workload.H, workload.q_len,
-                       buckets.bucket_of(workload.prefix).index, batches.bucket_of(workload.batch).index)
+                     buckets.bucket_of(workload.prefix).index, batches.bucket_of(workload.batch).index)
 
 
 class _Search:

@@ -72,7 +72,7 @@ constexpr int NWARPS = BLOCK / 32;
 constexpr int MW = (D_V / 16) / NWARPS;  // PV: latent-dim m16 tiles per warp
 constexpr int TM = TK / 16;              // token m16 tiles per KV tile
 constexpr int WT = NWARPS / (WR * WK);   // QK: token groups
-constexpr int MQ = TM / WT;                // QK: m16 token tiles per warp
+constexpr int MQ = TM / WT;              // QK: m16 token tiles per warp
 constexpr int NQ = (NR + WR - 1) / WR;   // QK: n8 row tiles per warp (strided over row groups)
 constexpr int KS = KSTEPS / WK;          // QK: k16 steps per warp
 constexpr int NSB = SF ? WK / 2 : WK;    // partial-score buffers
@@ -562,7 +562,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
   if (tid < 2) resc_s[tid] = 0;
   for (int i = tid; i < QT; i += BLOCK) mask_s[i] = node0 + i < QN ? tree_mask[b * QN + node0 + i] : 0ull;
   // Refill: KV tile X into its slot, and the indices of tile X+STAGES-1, as one cp.async group.
-  [[maybe_unused]] auto refill = [&](int X) {
+  auto refill = [&](int X) {
     if (X < ntiles) load_kv_tile(Ks + (X % STAGES) * TK * KSTRIDE, kv, idx_s, sp, X);
     fetch_indices(idx_s, sp, X + STAGES - 1);
     cp_async_commit();  // possibly empty: keeps the group count uniform for the waits
