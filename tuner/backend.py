@@ -41,12 +41,6 @@ class Workload:
 
         return batches.draw_prefixes(batch=self.batch, centre=self.prefix, spread=self.spread)
 
-    def floor_bytes(self) -> int:
-        """Bytes that must move once (kernels.shapes)."""
-        from kernels.shapes import floor_bytes
-
-        return floor_bytes(self.prefix_lens(), q_len=self.q_len, H=self.H)
-
 
 @dataclass(frozen=True)
 class Measurement:
