@@ -48,8 +48,14 @@ class TableCache:
     check fails, requests get the last good table at once, marked stale with the reason (or a
     503 for a key never served) instead of each waiting on the failing database."""
 
+    #: Builds of one key are single-flight: concurrent misses (a worker fleet starting at once asks
+    #: for the same 13 tables) wait for the one build instead of each reading the database. Keys
+    #: share BUILD_STRIPES locks by hash, so the locks stay bounded.
+    BUILD_STRIPES = 64
+
     def __init__(self, max_entries: int = 4096, recheck_s: float = 0.1) -> None:
         self._lock = threading.Lock()
+        self._build_locks = [threading.Lock() for _ in range(self.BUILD_STRIPES)]
         self._tables: dict[tuple[object, ...], Table] = {}
         self.max_entries, self.recheck_s = max_entries, recheck_s
         self._stamp: tuple[object, ...] | None = None
@@ -91,8 +97,20 @@ class TableCache:
             self._stamp = None
 
     def table(self, *, sessions: sessionmaker[Session], device: str | None, default_device: str | None, H: int,
-              q_len: int, dtype: str, batch_bucket: int = 0) -> Table:
+              q_len: int, dtype: str, batch_bucket: int = 0) -> tuple[Table, bool]:
+        """The key's table and whether this call read the database: False when another request
+        built it while this one waited for the key's build lock."""
         key = (device or default_device, H, q_len, dtype, batch_bucket)
+        with self._build_locks[hash(key) % self.BUILD_STRIPES]:
+            with self._lock:
+                hit = self._tables.get(key)
+                if hit is not None and self._failure is None and hit.stamp == self._stamp:
+                    return hit, False  # built meanwhile at the stamp last read
+            return self._build(key, sessions=sessions, device=device, default_device=default_device, H=H,
+                               q_len=q_len, dtype=dtype, batch_bucket=batch_bucket), True
+
+    def _build(self, key: tuple[object, ...], *, sessions: sessionmaker[Session], device: str | None,
+               default_device: str | None, H: int, q_len: int, dtype: str, batch_bucket: int) -> Table:
         try:
             with session_scope(sessions) as session:
                 stamp = repo.data_stamp(session=session)

@@ -45,8 +45,18 @@ async def _get(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host:
     return int(status_line.split()[1])
 
 
+TARGETS = {"config": "GET /config (random prefix)",
+           "configs_all": "GET /configs?all_batches=true (every batch bucket's table, ~113 KB: a worker's startup fetch)"}
+
+
+def _path(target: str, rng: random.Random) -> str:
+    if target == "configs_all":
+        return "/configs?H=8&q_len=9&all_batches=true"
+    return f"/config?H=8&q_len=9&prefix={rng.randrange(0, 200_000)}"
+
+
 async def client(base: str, n: int, rate: float, deadline: float, lat: list[float], errors: list[str],
-                 rng: random.Random) -> None:
+                 rng: random.Random, target: str = "config") -> None:
     host, port = base.removeprefix("http://").split(":")
     await asyncio.sleep(rng.random() / rate if rate > 0 else 0)  # spread the first requests
     reader, writer = await asyncio.open_connection(host, int(port))
@@ -54,7 +64,7 @@ async def client(base: str, n: int, rate: float, deadline: float, lat: list[floa
         for _ in range(n):
             if time.monotonic() > deadline:
                 return
-            path = f"/config?H=8&q_len=9&prefix={rng.randrange(0, 200_000)}"
+            path = _path(target, rng)
             t0 = time.perf_counter()
             try:
                 try:
@@ -84,13 +94,13 @@ def _db_path_lookups(base: str) -> float:
     return float(next(ln for ln in text.splitlines() if ln.startswith("tuner_db_path_lookups_total")).split()[-1])
 
 
-async def run(base: str, clients: int, requests: int, rate: float, max_s: float) -> dict:
+async def run(base: str, clients: int, requests: int, rate: float, max_s: float, target: str = "config") -> dict:
     lat: list[float] = []
     errors: list[str] = []
     db_before = _db_path_lookups(base)
     deadline = time.monotonic() + max_s
     t0 = time.perf_counter()
-    await asyncio.gather(*(client(base, requests, rate, deadline, lat, errors, random.Random(i))
+    await asyncio.gather(*(client(base, requests, rate, deadline, lat, errors, random.Random(i), target)
                            for i in range(clients)))
     wall = time.perf_counter() - t0
     q = statistics.quantiles(lat, n=100)
@@ -107,6 +117,8 @@ def main() -> None:
     ap.add_argument("--rate", type=float, nargs="+", default=[2.0, 10.0, 0.0])
     ap.add_argument("--max-seconds", type=float, default=60.0)
     ap.add_argument("--repeat", type=int, default=1, help="runs per rate (each its own row)")
+    ap.add_argument("--target", choices=sorted(TARGETS), default="config",
+                    help="what the clients request; results go to load_test.* (config) or load_test_<target>.*")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp())
@@ -127,20 +139,23 @@ def main() -> None:
         time.sleep(0.5)
         for rate in args.rate:
             for _ in range(args.repeat):
-                res = asyncio.run(run(f"http://127.0.0.1:{port}", args.clients, args.requests, rate, args.max_seconds))
+                res = asyncio.run(run(f"http://127.0.0.1:{port}", args.clients, args.requests, rate, args.max_seconds,
+                                      args.target))
                 results.append(res)
                 print(json.dumps(res))
-    write(args.out, results)
+    write(args.out, results, args.target)
 
 
-def write(out: Path, results: list[dict]) -> None:
+def write(out: Path, results: list[dict], target: str = "config") -> None:
     out.mkdir(parents=True, exist_ok=True)
     meta = {"date": dt.date.today().isoformat(), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
             "cpu": _cpu_model(), "load_avg_at_end": os.getloadavg(), "python": platform.python_version(),
             "results": results}
-    (out / "load_test.json").write_text(json.dumps(meta, indent=1))
+    stem = "load_test" if target == "config" else f"load_test_{target}"
+    (out / f"{stem}.json").write_text(json.dumps(meta | {"target": target}, indent=1))
     lines = [f"# Load test of `tuner serve` — {meta['date']}, {meta['machine']} (server and clients share them)",
-             "", f"CPU: {meta['cpu']}; Python {meta['python']}.", "", "GET /config (random prefix) over loopback to one `tuner serve` process (uvicorn, SQLite). Each "
+             "", f"CPU: {meta['cpu']}; Python {meta['python']}.", "", f"{TARGETS[target]} over loopback to one `tuner serve` "
+             "process (uvicorn, SQLite). Each "
              "client holds one keep-alive connection and sends Poisson-spaced requests at the given rate; "
              "latency is measured at the client (a minimal asyncio HTTP/1.1 client, sharing the 2 cores). "
              "Rate 'max' = back to back: that row measures capacity, its latency is queueing.", "",
@@ -151,7 +166,7 @@ def write(out: Path, results: list[dict]) -> None:
         lines.append(f"| {r['clients']} | {r['rate_per_client'] or 'max'} | {r['sent']} | {r['errors']} | "
                      f"{r['req_per_s']:.0f} | {r['p50_ms']:.2f} | {r['p90_ms']:.2f} | {r['p99_ms']:.2f} | "
                      f"{r['max_ms']:.1f} | {r.get('db_path_lookups', '')} |")
-    (out / "load_test.md").write_text("\n".join(lines) + "\n")
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
 
 
 def _cpu_model() -> str:

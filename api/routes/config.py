@@ -51,10 +51,11 @@ async def _table(request: Request, sessions, settings, device, H, q_len, dtype, 
     table = cache.fresh(device=device, default_device=settings.device, H=H, q_len=q_len, dtype=dtype,
                         batch_bucket=batch_bucket)
     if table is None:
-        request.app.state.metrics.db_path()
-        table = await run_in_threadpool(cache.table, sessions=sessions, device=device,
-                                        default_device=settings.device, H=H, q_len=q_len, dtype=dtype,
-                                        batch_bucket=batch_bucket)
+        table, read_db = await run_in_threadpool(cache.table, sessions=sessions, device=device,
+                                                 default_device=settings.device, H=H, q_len=q_len, dtype=dtype,
+                                                 batch_bucket=batch_bucket)
+        if read_db:
+            request.app.state.metrics.db_path()
     if table.stale:
         request.app.state.metrics.db_error()
     return table
