@@ -149,14 +149,20 @@ def part_benchmark(b: Bench) -> list[dict]:
                    "floor_us": floor, "tuned": str(tuned), "tuned_us": res[tuned], "heuristic": str(heur),
                    "heuristic_us": res[heur], "b1": str(b1_best), "b1_us": res[b1_best]}
             rows.append(row)
+    return rows + [part_target(b)]
+
+
+def part_target(b: Bench) -> dict:
+    """Issue 10's ragged target: B=32, prefixes ~27k..70k (seeded)."""
     lens = batches.draw_prefixes(batch=32, centre=70000, spread="uniform", statistic="max", seed=3)
     heur = heuristic_config(b.limits, H=H, q_len=Q, prefix=70000, batch=32)
     res = b.time_all(lens, candidates(b.limits, 32, [heur]), "target B=32 20k..70k")
     tuned = best_of(res)
-    rows.append({"centre": 70000, "batch": 32, "lens_min": min(lens), "lens_max": max(lens),
-                 "floor_us": b.floor_us(lens), "tuned": str(tuned), "tuned_us": res[tuned], "heuristic": str(heur),
-                 "heuristic_us": res[heur], "b1": None, "b1_us": None, "target": True})
-    return rows
+    return {"centre": 70000, "batch": 32, "lens_min": min(lens), "lens_max": max(lens),
+            "floor_us": b.floor_us(lens), "tuned": str(tuned), "tuned_us": res[tuned], "heuristic": str(heur),
+            "heuristic_us": res[heur], "b1": None, "b1_us": None, "target": True,
+            "tflops": flops(lens, q_len=Q, H=H) / (res[tuned] * 1e-6) / 1e12,
+            "tbps": floor_bytes(lens, q_len=Q, H=H) / (res[tuned] * 1e-6) / 1e12}
 
 
 def write(out: Path, b: Bench, stat_rows: list[dict], bench_rows: list[dict]) -> None:
@@ -190,6 +196,25 @@ def write(out: Path, b: Bench, stat_rows: list[dict], bench_rows: list[dict]) ->
     print("\n".join(lines))
 
 
+def write_target(out: Path, b: Bench, r: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    arch = b.limits.arch
+    meta = {"device": b.limits.name, "arch": arch, "date": dt.date.today().isoformat(), "copy_bw_gbps": b.bw / 1e9,
+            "flags": list(b.flags)}
+    (out / f"batch_target_{arch}.json").write_text(json.dumps({"meta": meta, "target": r}, indent=1))
+    f = r["floor_us"]
+    lines = [f"# Issue 10's ragged batch target, H={H} q_len={Q} — {b.limits.name} ({arch}), {meta['date']}", "",
+             "`python3 bench/batch_bench.py --target-only --out bench/results`; CUDA-graph replays, inputs past the "
+             "L2, every config gated against the fp32 reference on the batch; limit = max(memory floor at "
+             f"{b.bw / 1e9:.0f} GB/s, FLOP / {MMA_TFLOPS:.0f} TFLOP/s); target <= 1.5x the limit.", "",
+             "| prefixes | B | limit µs | best swept µs (× limit) | heuristic µs (× limit) | TFLOP/s | TB/s | best config |",
+             "|---|---|---|---|---|---|---|---|",
+             f"| {r['lens_min']}..{r['lens_max']} | {r['batch']} | {f:.1f} | {_us(r['tuned_us'], f)} | "
+             f"{_us(r['heuristic_us'], f)} | {r['tflops']:.0f} | {r['tbps']:.2f} | {r['tuned']} |"]
+    (out / f"batch_target_{arch}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def _x(v: float | None) -> str:
     return "failed" if v is None else f"{v:.2f}×"
 
@@ -204,8 +229,13 @@ def main() -> None:
     ap.add_argument("--cache", default=os.environ.get("TUNER_CACHE_DIR", "/tmp/va-cache"))
     ap.add_argument("--flags", default="", help="nvcc flags for every config (e.g. -DVA_SOFTMAX_ILP)")
     ap.add_argument("--mean-centre", type=int, default=16384)
+    ap.add_argument("--target-only", action="store_true",
+                    help="only issue 10's B=32 ragged target shape: writes batch_target_<arch>.{md,json}")
     args = ap.parse_args()
     b = Bench(args)
+    if args.target_only:
+        write_target(args.out, b, part_target(b))
+        return
     stat_rows = part_statistic(b, args.mean_centre)
     bench_rows = part_benchmark(b)
     write(args.out, b, stat_rows, bench_rows)

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Issue-15 measurement: a whole table (10 prefix buckets of H=8 q_len=9, a fixed trial budget per
 # key) tuned by one GPU, then by several sharing the keys (tuner.claims). Each run starts from an
-# empty database and an empty compile cache, so neither inherits the other's compiles.
+# empty database and an empty compile cache, so neither inherits the other's compiles. Trials in
+# flight per GPU: the CLI's default (--compile-jobs: cores / GPUs, at most 8) unless COMPILE_JOBS is set.
 # Usage: bench/run_multi_table.sh OUTDIR DEVICES [TRIALS]   (DEVICES like 0,1)
 set -uo pipefail
 out=${1:?outdir}; devices=${2:?devices}; trials=${3:-8}
 mkdir -p "$out"
 args=(--H 8 --q-len 9 --prefix-range 1500:45000 --trials "$trials" --seed 0 --only STAGES=2,3 --only QT=0)
+[ -n "${COMPILE_JOBS:-}" ] && args+=(--compile-jobs "$COMPILE_JOBS")
 for mode in single multi; do
   db=sqlite:////tmp/table-$mode.db; rm -f /tmp/table-$mode.db*; rm -rf /tmp/tc-table-$mode
   export TUNER_CACHE_DIR=/tmp/tc-table-$mode
@@ -43,6 +45,7 @@ for a, b in spans:
         busy += b - end
         end = b
 timeline = {"first_trial_start_s": round(spans[0][0], 2) if spans else None,
+            "first_trial_end_s": round(min(b for _, b in spans), 2) if spans else None,
             "last_trial_end_s": round(max(b for _, b in spans), 2) if spans else None,
             "trial_seconds_summed": round(sum(b - a for a, b in spans), 2), "some_trial_running_s": round(busy, 2)}
 res = {"mode": mode, "wall_s": wall_ms / 1000, "rc": rc, "keys": len(keys), "timeline": timeline,

@@ -37,6 +37,7 @@ class FakeBackend:
         self.wrong_nsplit, self.crash_nsplit, self.cost = wrong_nsplit, crash_nsplit, cost
         self.measured: list[KernelConfig] = []
         self.remeasured: list[list[KernelConfig]] = []
+        self.compiled: list[KernelConfig] = []
 
     def _samples(self, cfg: KernelConfig, wl: Workload, n: int) -> list[float]:
         base = self.cost(cfg, wl)
@@ -61,6 +62,9 @@ class FakeBackend:
             n = len(s)
             out.append(Measurement(OK, s[n // 2], s[n // 10], s[9 * n // 10], s))
         return out
+
+    def compile_ahead(self, cfg: KernelConfig, q_len: int) -> None:
+        self.compiled.append(cfg)
 
     def close(self) -> None:
         pass
@@ -114,3 +118,24 @@ class PacedMeasurer(MisbehavingMeasurer):
     def measure(self, cfg: KernelConfig, wl: Workload) -> Measurement:
         time.sleep(0.08)
         return super().measure(cfg, wl)
+
+
+class SlowStartMeasurer(MisbehavingMeasurer):
+    """A measurer whose start takes a while after its limits are known (a real one starts torch
+    and a CUDA context): it offers probe_limits, and when it is ready it writes `marker` and adds
+    a measured copy bandwidth to its limits. `fail=True` raises at the end of its start."""
+
+    def __init__(self, marker: str, seconds: float = 2.0, fail: bool = False) -> None:
+        from dataclasses import replace
+        from pathlib import Path
+
+        super().__init__()
+        time.sleep(seconds)
+        if fail:
+            raise RuntimeError("no CUDA context (fake)")
+        self.limits = replace(H200, copy_bw_gbps=4000.0)
+        Path(marker).write_text("ready")
+
+    @staticmethod
+    def probe_limits():  # type: ignore[no-untyped-def]
+        return H200

@@ -144,6 +144,8 @@ def _tuner(env: dict[str, str], *args: str, block: str | None = None):  # type: 
     ({}, ("study", "start", "--H", "8", "--q-len", "9", "--prefix", "1", "--only", "NSPLT=4"), None,
      "unknown constant 'NSPLT'"),
     ({}, ("study", "start", "--H", "8", "--q-len", "9", "--prefix", "1", "--trials", "0"), None, "'--trials'"),
+    ({}, ("study", "start", "--H", "8", "--q-len", "9", "--prefix", "1", "--compile-jobs", "0"), None,
+     "'--compile-jobs'"),
 ])
 def test_operator_mistakes_are_one_line_and_non_zero(sqlite_url, tmp_path, env, args, block, expect):
     """Each of these printed a traceback before (issue 11 item 16)."""
@@ -189,6 +191,20 @@ def test_study_start_exits_non_zero_when_a_key_stores_nothing(run, monkeypatch):
     assert run("db", "upgrade").exit_code == 0
     r = run("study", "start", "--H", "8", "--q-len", "9", "--prefix", "46000")
     assert r.exit_code == 1 and "1 key(s) ended with nothing stored" in r.output and "correctness gate" in r.output
+
+
+@pytest.mark.parametrize("args", [(), ("--compile-jobs", "3")])
+def test_study_start_puts_trials_in_flight_per_gpu(run, monkeypatch, args):
+    """Without --compile-jobs a GPU gets the host's cores divided by the GPUs (at most 8)."""
+    from tuner import runner
+    from tuner.claims import JobResult
+
+    seen = []
+    monkeypatch.setattr(runner, "tune_on_device", lambda settings, job, ordinal, **kw: seen.append(job) or JobResult())
+    assert run("db", "upgrade").exit_code == 0
+    assert run("study", "start", "--H", "8", "--q-len", "9", "--prefix", "46000", *args).exit_code == 0
+    assert seen[0].compile_jobs == (3 if args else runner.default_compile_jobs(1))
+    assert runner.default_compile_jobs(10**6) == 1 and 1 <= runner.default_compile_jobs(1) <= 8
 
 
 @pytest.mark.parametrize("value", ["0", "1,x", "5000", ""])

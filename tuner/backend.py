@@ -68,4 +68,10 @@ class Backend(Protocol):
         """Time already-checked configs interleaved (A/B/A/B...) so drift hits all alike."""
         ...
 
+    def compile_ahead(self, cfg: KernelConfig, q_len: int) -> None:
+        """Build `cfg` now, in the calling thread, so its measurement finds it built (the tuner
+        calls this from several threads while another trial measures). A compile error is left
+        for the measurement to report; backends that build nothing do nothing."""
+        ...
+
     def close(self) -> None: ...

@@ -119,6 +119,9 @@ def register(study: click.Group, clean: Callable[..., Any]) -> None:
                   help="Several GPUs: one tuner process per GPU, all sharing the studies.")
     @click.option("--measure-timeout", type=click.FloatRange(min=1), default=120.0, show_default=True,
                   help="Seconds before a hanging measurement is killed.")
+    @click.option("--compile-jobs", type=click.IntRange(min=1), default=None, metavar="N",
+                  help="Trials in flight per GPU: each compiles its config in its own thread while one at a time "
+                       "measures. Default: the host's cores / GPUs, at most 8.")
     @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (one object per key).")
     @click.option("--only", "only", multiple=True, metavar="NAME=V1,V2",
                   help="Restrict a constant's candidates, e.g. --only STAGES=2 --only BLOCK=256,512.")
@@ -126,14 +129,18 @@ def register(study: click.Group, clean: Callable[..., Any]) -> None:
     @clean
     def start(settings: Settings, H: int, q_len: int, prefix: tuple[int, ...], prefix_range: str | None,
               batch_text: str, spread: str, trials: int, timeout: float | None, sampler: str, seed: int | None,
-              storage: str | None, ordinal: int, devices: str | None, measure_timeout: float, as_json: bool,
-              only: tuple[str, ...]) -> None:
+              storage: str | None, ordinal: int, devices: str | None, compile_jobs: int | None, measure_timeout: float,
+              as_json: bool, only: tuple[str, ...]) -> None:
         """Tune the kernel on the local GPU(s) for each (H, q_len, prefix bucket, batch bucket);
         resumable, and shared with other processes running the same job (docs/operations.md)."""
+        from tuner.runner import default_compile_jobs
+
+        ordinals = _parse_devices(devices) if devices else [ordinal]
         job = _job(H, q_len, prefix, prefix_range, batch_text, spread, only, trials=trials, sampler=sampler,
-                   seed=seed, timeout=timeout, storage=storage, measure_timeout=measure_timeout)
+                   seed=seed, timeout=timeout, storage=storage, measure_timeout=measure_timeout,
+                   compile_jobs=compile_jobs or default_compile_jobs(len(ordinals)))
         if devices:
-            _start_on_devices(settings, job, _parse_devices(devices), as_json)
+            _start_on_devices(settings, job, ordinals, as_json)
         else:
             _start_on_one(settings, job, ordinal, as_json)
 
@@ -172,7 +179,7 @@ def _job(H: int, q_len: int, prefix: tuple[int, ...], prefix_range: str | None, 
                  for p in prefixes_for(prefix, prefix_range)]
     return TuneJob(workloads=workloads, n_trials=kw["trials"], sampler=kw["sampler"], seed=kw["seed"],
                    timeout_s=kw["timeout"], storage_url=kw["storage"], measure_timeout_s=kw["measure_timeout"],
-                   restrict=restrict)
+                   restrict=restrict, compile_jobs=kw["compile_jobs"])
 
 
 def _start_on_devices(settings: Settings, job: Any, devices: list[int], as_json: bool) -> None:

@@ -40,6 +40,27 @@ class GpuMeasurer:
         # thousand configs must not keep every module and workspace alive on the GPU.
         self._launchers: OrderedDict[tuple[KernelConfig, int, int, int], Any] = OrderedDict()
 
+    @staticmethod
+    def probe_limits() -> Any:
+        """The device's limits, before torch and the CUDA context start (tuner.isolation sends
+        them to the parent first)."""
+        from kernels.limits import read_device_limits
+
+        return read_device_limits(0)
+
+    @staticmethod
+    def build(cfg: KernelConfig, q_len: int, arch: str, *, cache_dir: str, extra_flags: tuple[str, ...] = (),
+              **_: Any) -> None:
+        """Compile `cfg` into the cache the measurement loads from (no GPU needed: any process,
+        any thread). A compile error is the measurement's to report: it compiles again and
+        fails the trial with nvcc's message."""
+        from kernels.build import compile_cubin
+
+        try:
+            compile_cubin(cfg, q_len, arch, Path(cache_dir), tuple(extra_flags))
+        except CompileError:
+            pass
+
     def _prepare(self, wl: Workload) -> tuple[list[Any], Any, Any]:
         if wl not in self._workloads:
             from kernels.reference import reference

@@ -14,6 +14,7 @@ import importlib
 import multiprocessing as mp
 import os
 import signal
+import threading
 import traceback
 from typing import Any
 
@@ -39,7 +40,11 @@ def _child_main(conn: Any, target: str, kwargs: dict[str, Any], device_ordinal: 
     if device_ordinal is not None:  # before anything touches CUDA: the child sees one GPU
         os.environ["CUDA_VISIBLE_DEVICES"] = str(device_ordinal)
     try:
-        measurer = _load(target)(**kwargs)
+        cls = _load(target)
+        probe = getattr(cls, "probe_limits", None)
+        if probe is not None:  # the parent plans and compiles with these while the measurer starts
+            conn.send(("limits", probe()))
+        measurer = cls(**kwargs)
     except Exception as exc:  # reported to the parent, which raises it there
         conn.send(("init_error", f"{type(exc).__name__}: {exc}"))
         return
@@ -63,7 +68,15 @@ def _child_main(conn: Any, target: str, kwargs: dict[str, Any], device_ordinal: 
 
 
 class IsolatedBackend:
-    """Backend whose measurements run in a restartable child process."""
+    """Backend whose measurements run in a restartable child process.
+
+    A measurer class may offer `probe_limits()` (the device's limits, read before the slow part
+    of its start: torch, the CUDA context, the bandwidth probe) and `build(cfg, q_len, arch,
+    **measurer_kwargs)` (compile without a GPU). With the first, the constructor returns as
+    soon as the limits are known and the first measurement waits for the rest of the start, so
+    the caller's own setup and first compiles overlap it; `limits` then gains what the measurer
+    measured at start (the copy bandwidth). With the second, `compile_ahead` builds in the
+    calling thread. Calls into the child are serialised: any thread may call."""
 
     def __init__(self, *, measurer: str = DEFAULT_MEASURER, measurer_kwargs: dict[str, Any] | None = None,
                  device_ordinal: int | None = None, timeout_s: float = 120.0) -> None:
@@ -72,8 +85,26 @@ class IsolatedBackend:
         self._ctx = mp.get_context("spawn")  # never fork a process that may hold a CUDA context
         self._proc: Any = None
         self._conn: Any = None
+        self._ready = False
+        self._lock = threading.Lock()
+        try:
+            self._build = getattr(_load(measurer), "build", None)
+        except (ImportError, AttributeError):  # the child's start reports it, with the same name
+            self._build = None
         self.restarts = 0
         self.limits: DeviceLimits = self._start()
+
+    def _recv_start(self, what: str) -> tuple[str, Any]:
+        if not self._conn.poll(START_TIMEOUT_S):
+            self._kill()
+            raise LaunchError(f"measurement worker did not {what} within {START_TIMEOUT_S:.0f} s")
+        try:
+            status, payload = self._conn.recv()
+        except EOFError:
+            raise LaunchError(f"measurement worker died while starting (exit {self._proc.exitcode})") from None
+        if status not in ("limits", "ready"):
+            raise LaunchError(f"measurement worker failed to start: {payload}")
+        return status, payload
 
     def _start(self) -> DeviceLimits:
         parent, child = self._ctx.Pipe()
@@ -82,16 +113,14 @@ class IsolatedBackend:
         self._proc.start()
         child.close()
         self._conn = parent
-        if not parent.poll(START_TIMEOUT_S):
-            self._kill()
-            raise LaunchError(f"measurement worker did not start within {START_TIMEOUT_S:.0f} s")
-        try:
-            status, payload = parent.recv()
-        except EOFError:
-            raise LaunchError(f"measurement worker died while starting (exit {self._proc.exitcode})") from None
-        if status != "ready":
-            raise LaunchError(f"measurement worker failed to start: {payload}")
+        status, payload = self._recv_start("start")
+        self._ready = status == "ready"
         return payload
+
+    def _await_ready(self) -> None:
+        if not self._ready:
+            status, payload = self._recv_start("finish starting")
+            self._ready, self.limits = True, payload
 
     def _kill(self) -> None:
         if self._proc is not None and self._proc.is_alive():
@@ -105,8 +134,14 @@ class IsolatedBackend:
         self._kill()
         self.restarts += 1
         self._start()
+        self._await_ready()
 
     def _call(self, method: str, args: tuple[Any, ...], timeout: float) -> Any:
+        with self._lock:
+            self._await_ready()
+            return self._call_ready(method, args, timeout)
+
+    def _call_ready(self, method: str, args: tuple[Any, ...], timeout: float) -> Any:
         if not self._proc.is_alive():
             self._restart()
         self._conn.send((method, args))
@@ -135,6 +170,10 @@ class IsolatedBackend:
     def remeasure(self, cfgs: list[KernelConfig], workload: Workload, rounds: int) -> list[Measurement]:
         out = self._call("remeasure", (cfgs, workload, rounds), self.timeout_s * max(1, len(cfgs)))
         return out if isinstance(out, list) else [out] * len(cfgs)
+
+    def compile_ahead(self, cfg: KernelConfig, q_len: int) -> None:
+        if self._build is not None:
+            self._build(cfg, q_len, self.limits.arch, **self._kwargs)
 
     def close(self) -> None:
         if self._proc is not None and self._proc.is_alive():

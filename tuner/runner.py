@@ -4,6 +4,7 @@ GPU, all sharing one Optuna storage and one config database)."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,15 @@ class TuneJob:
     measure_timeout_s: float = 120.0
     restrict: dict[str, list[int]] = field(default_factory=dict)
     measurer: str = DEFAULT_MEASURER
+    #: trials in flight per GPU: each compiles in its own thread while one at a time measures
+    compile_jobs: int = 1
+
+
+def default_compile_jobs(n_devices: int) -> int:
+    """This host's cores shared by its tuner processes, at most 8 trials in flight each (more
+    would mostly make TPE propose with less information)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(8, cores // max(1, n_devices)))
 
 
 def tune_on_device(settings: Settings, job: TuneJob, device_ordinal: int,
@@ -42,7 +52,7 @@ def tune_on_device(settings: Settings, job: TuneJob, device_ordinal: int,
                               timeout_s=job.measure_timeout_s)
     study_kw = {"storage_url": job.storage_url or settings.study_storage or settings.database_url,
                 "sampler": job.sampler, "seed": job.seed, "timeout_s": job.timeout_s, "on_progress": on_progress,
-                "precompile_dir": settings.cache_dir}
+                "precompile_dir": settings.cache_dir, "parallel": job.compile_jobs}
     try:
         return run_job(backend=backend, sessions=sessions, workloads=job.workloads, n_trials=job.n_trials,
                        owner=owner_id(device_ordinal), study_kw=study_kw, restrict=job.restrict or None,

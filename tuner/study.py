@@ -7,6 +7,7 @@ database (tuner.db.repo) -> the API.
 from __future__ import annotations
 
 import math
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import optuna
+from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from kernels import kernel_hash
@@ -98,12 +100,34 @@ def open_storage(url: str, heartbeat_s: float | None = None) -> optuna.storages.
                 if beat:
                     beat["heartbeat_stale_trial_callback"] = optuna.storages.RetryHeartbeatStaleTrialCallback(
                         max_retry=2)
-                return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, **beat)
+                storage = optuna.storages.RDBStorage(url, engine_kwargs=kwargs, **beat)
+            if url.startswith("sqlite"):
+                _immediate_transactions(storage.engine)
+            return storage
         except (IntegrityError, ProgrammingError):
             if attempt == 4:
                 raise
             time.sleep(0.5 * (attempt + 1))
     raise AssertionError("unreachable")
+
+
+def _immediate_transactions(engine: Engine) -> None:
+    """Make Optuna's SQLite transactions take the write lock at BEGIN, as the config database's
+    do (tuner.db.session). Optuna hands a queued (enqueue_trial) trial to whoever asks by reading
+    that it is WAITING and then marking it RUNNING; PostgreSQL locks the row in between, SQLite
+    does not, and two threads (or processes) asking at once both took the same trial (seen with
+    parallel trials: one measured it, the other then failed telling it)."""
+    from sqlalchemy import event
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+        dbapi_conn.isolation_level = None  # BEGIN is issued below
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn) -> None:  # type: ignore[no-untyped-def]
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    engine.dispose()  # connections opened before the hooks reconnect with them
 
 
 def _sampler(name: str, seed: int | None, choices: dict[str, list[int]]) -> optuna.samplers.BaseSampler:
@@ -117,11 +141,17 @@ def _sampler(name: str, seed: int | None, choices: dict[str, list[int]]) -> optu
     raise ValueError(f"unknown sampler {name!r}: use tpe or grid")
 
 
+class _BudgetSpent(Exception):
+    """A trial asked while the key's last budgeted measurements were in flight: not measured
+    (Optuna marks it failed, which its samplers ignore)."""
+
+
 class _Ledger:
     """Which parameter sets this study has measured (in any process sharing the storage).
 
     Reading every trial back from storage costs O(trials) per call, so the ledger re-reads it
-    every REFRESH trials and tracks its own process's trials in between."""
+    every REFRESH trials and tracks its own process's trials in between. Measured trials are
+    counted by number, so a trial seen both by a refresh and by its own callback counts once."""
 
     REFRESH = 10
 
@@ -129,9 +159,13 @@ class _Ledger:
         self.study = study
         self.since = 0
         self.known: dict[tuple[int, ...], optuna.trial.FrozenTrial] = {}
-        self.measured = 0
+        self.measured_ids: set[int] = set()
         self.total = 0
         self.refresh()
+
+    @property
+    def measured(self) -> int:
+        return len(self.measured_ids)
 
     def refresh(self) -> None:
         trials = self.study.get_trials(deepcopy=False)
@@ -139,7 +173,7 @@ class _Ledger:
         for t in trials:
             if t.user_attrs.get(MEASURED_ATTR) and t.state.is_finished():
                 self.known.setdefault(tuple(t.params[p] for p in PARAMS), t)
-        self.measured = sum(1 for t in trials if t.user_attrs.get(MEASURED_ATTR))
+        self.measured_ids = {t.number for t in trials if t.user_attrs.get(MEASURED_ATTR)}
         self.total = len(trials)
         self.since = 0
 
@@ -147,7 +181,7 @@ class _Ledger:
         self.since += 1
         self.total += 1
         if ft.user_attrs.get(MEASURED_ATTR):
-            self.measured += 1
+            self.measured_ids.add(ft.number)
             self.known.setdefault(tuple(ft.params[p] for p in PARAMS), ft)
         if self.since >= self.REFRESH:
             self.refresh()
@@ -182,7 +216,17 @@ def workload_key(limits, workload: Workload) -> ConfigKey:  # type: ignore[no-un
 
 class _Search:
     """One key's search: the objective Optuna calls, the callback that stops it, and the state
-    they share (the ledger of measured configs, the best and default times for progress)."""
+    they share (the ledger of measured configs, the best and default times for progress).
+
+    Optuna may run the objective in several threads (`run_study(parallel=N)`): each trial then
+    compiles its config in its own thread (nvcc is single-threaded; a GPU host has cores to
+    spare) while one trial at a time holds the GPU. The budget has places: a trial is admitted
+    only while one is free (otherwise it waits for the trials in flight, so threads do not spin
+    through proposals), and takes its place, in the order the trials were asked, before it
+    compiles: nothing is compiled or measured past the budget. A trial left without a place once
+    the trials in flight fill the budget is failed unmeasured (_BudgetSpent). Twins (the same
+    config proposed twice) are resolved in this process by whoever registered first, across
+    processes by trial number through the storage."""
 
     def __init__(self, *, backend: Backend, sessions: sessionmaker[Session], workload: Workload, out: Outcome,
                  study: optuna.Study, choices: dict[str, list[int]], n_valid: int, budget: int,
@@ -192,10 +236,36 @@ class _Search:
         self.ledger = _Ledger(study)
         self.best_us: float | None = None
         self.default_us: float | None = None
+        self.state = threading.Condition()  # guards everything below and the ledger
+        self.gpu = threading.Lock()  # one measurement at a time
+        self.mine: set[int] = set()  # this process's trials in the objective
+        self.arrived: set[int] = set()  # ... admitted, not yet past _reserve (the order of places)
+        self.reserved: set[int] = set()  # ... holding a place, not yet counted by the ledger
+        self.own: dict[tuple[int, ...], int] = {}  # config -> this process's trial measuring it
 
     @property
     def done(self) -> bool:
         return self.ledger.measured >= self.budget or len(self.ledger.known) >= self.n_valid
+
+    def _spent(self) -> bool:
+        """Every place is measured or held by a trial in flight (called with `state` held); raises
+        _BudgetSpent when they are all measured."""
+        if len(self.ledger.measured_ids | self.reserved) < self.budget:
+            return False
+        if not self.reserved - self.ledger.measured_ids:
+            raise _BudgetSpent(f"not measured: the budget of {self.budget} measurements was spent by the trials "
+                               "in flight when it was asked")
+        return True
+
+    def _reserve(self, number: int) -> None:
+        """Take a place for trial `number` once the trials asked before it have taken theirs (the
+        warm-start configs, asked first, are measured first)."""
+        with self.state:
+            while min(self.arrived) != number or self._spent():
+                self.state.wait()
+            self.arrived.discard(number)
+            self.reserved.add(number)
+            self.state.notify_all()
 
     def record(self, params: dict[str, int], m: Measurement) -> None:
         with session_scope(self.sessions) as s:
@@ -204,6 +274,33 @@ class _Search:
                               rel_error=m.rel_error)
 
     def objective(self, trial: optuna.Trial) -> float:
+        n = trial.number
+        try:
+            with self.state:
+                while self._spent():  # admission: no proposal while every place is taken
+                    self.state.wait()
+                self.mine.add(n)
+                self.arrived.add(n)
+            return self._objective(trial)
+        except _BudgetSpent as exc:
+            trial.set_user_attr(REASON_ATTR, str(exc))
+            raise
+        except BaseException:
+            self._forget(n)  # a failure Optuna does not catch: no callback will tidy up
+            raise
+        finally:
+            with self.state:
+                self.mine.discard(n)
+                self.arrived.discard(n)
+                self.state.notify_all()
+
+    def _forget(self, number: int) -> None:
+        with self.state:
+            self.reserved.discard(number)
+            self.own = {sig: n for sig, n in self.own.items() if n != number}
+            self.state.notify_all()
+
+    def _objective(self, trial: optuna.Trial) -> float:
         params = {p: trial.suggest_categorical(p, self.choices[p]) for p in PARAMS}
         cfg = KernelConfig.from_params(params)
         key = self.out.key
@@ -220,38 +317,54 @@ class _Search:
                 if k in prev.user_attrs:
                     trial.set_user_attr(k, prev.user_attrs[k])
             return prev.value if prev.value is not None else math.nan
-        return self._measure(trial, params, cfg)
+        self._reserve(trial.number)
+        self.backend.compile_ahead(cfg, key.q_len)  # in this thread, while another trial measures
+        with self.gpu:
+            return self._measure(trial, params, cfg)
 
     def _measured_before(self, params: dict[str, int], number: int) -> optuna.trial.FrozenTrial | None:
-        """The finished measurement of these params, if any process made one; if an earlier trial
-        of another process is measuring them right now, its result once it finishes (only earlier
-        ones are waited for, so two twins never wait for each other). Two processes sharing a key
-        thus never measure one config twice."""
+        """The finished measurement of these params, if any thread or process made one. A twin
+        in flight is waited for: one of this process (whichever registered the config first),
+        or an earlier trial of another process (only earlier ones, so two twins never wait for
+        each other; an earlier trial whose params are still being written may be one). So one
+        config is never measured twice."""
         sig = tuple(params[p] for p in PARAMS)
-        prev = self.ledger.known.get(sig)
-        if prev is not None or self._alone(number):
-            return prev
+        with self.state:
+            while (prev := self.ledger.known.get(sig)) is None and self.own.get(sig, number) != number:
+                self.arrived.discard(number)  # queued behind the twin, not for a place: let later trials pass
+                self.state.wait()  # this process measures it in another thread: its callback wakes us
+            self.arrived.add(number)
+            if prev is not None:
+                return prev
+            self.own[sig] = number
+            if self._alone(number):
+                return None
         deadline = time.monotonic() + TWIN_WAIT_S
         while True:
-            same = [t for t in self.ledger.study.get_trials(deepcopy=False)
-                    if t.number != number and tuple(t.params.get(p) for p in PARAMS) == sig]
+            trials = self.ledger.study.get_trials(deepcopy=False)
+            same = [t for t in trials if t.number != number and tuple(t.params.get(p) for p in PARAMS) == sig]
             if any(t.state.is_finished() and t.user_attrs.get(MEASURED_ATTR) for t in same):
-                self.ledger.refresh()  # another process measured it since this ledger last looked
-                return self.ledger.known.get(sig)
-            running = any(t.state == optuna.trial.TrialState.RUNNING and t.number < number for t in same)
+                with self.state:
+                    self.ledger.refresh()  # another process measured it since the ledger last looked
+                    return self.ledger.known.get(sig)
+            with self.state:
+                mine = set(self.mine)
+            running = any(t.state == optuna.trial.TrialState.RUNNING and t.number < number and t.number not in mine
+                          and (t in same or len(t.params) < len(PARAMS)) for t in trials)
             if not running or time.monotonic() > deadline:
                 return None
             time.sleep(0.2)
 
     def _alone(self, number: int) -> bool:
         """No other process is running a trial of this study, and none has added one since the
-        ledger last read them: the ledger is the whole truth (the common case, checked with two
-        small queries instead of reading every trial)."""
+        ledger last read them: the ledger (and this process's registry of configs in flight) is
+        the whole truth -- the common case, checked with two small queries instead of reading
+        every trial. Called with `state` held."""
         running = self.ledger.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
-        if any(t.number != number for t in running):
+        if any(t.number not in self.mine for t in running):
             return False
         storage = self.ledger.study._storage
-        return storage.get_n_trials(self.ledger.study._study_id) <= self.ledger.total + 1
+        return storage.get_n_trials(self.ledger.study._study_id) <= self.ledger.total + len(self.mine)
 
     def _measure(self, trial: optuna.Trial, params: dict[str, int], cfg: KernelConfig) -> float:
         m = self.backend.measure(cfg, self.workload)
@@ -264,20 +377,26 @@ class _Search:
             return math.nan  # a failed trial: it can never become the best
         trial.set_user_attr("p10_us", m.p10_us)
         trial.set_user_attr("p90_us", m.p90_us)
-        if cfg == self.out.default:
-            self.default_us = m.median_us
-        if self.best_us is None or m.median_us < self.best_us:  # type: ignore[operator]
-            self.best_us = m.median_us
+        with self.state:
+            if cfg == self.out.default:
+                self.default_us = m.median_us
+            if self.best_us is None or m.median_us < self.best_us:  # type: ignore[operator]
+                self.best_us = m.median_us
         return m.median_us  # type: ignore[return-value]
 
     def after_trial(self, st: optuna.Study, ft: optuna.trial.FrozenTrial) -> None:
         """Optuna's callback: progress, and stop at the budget (or when nothing new is proposed)."""
-        self.ledger.after_trial(ft)
+        with self.state:
+            self.ledger.after_trial(ft)  # counted by the ledger now: its place and its config are known
+            self.reserved.discard(ft.number)
+            self.own = {sig: n for sig, n in self.own.items() if n != ft.number}
+            self.state.notify_all()
+            progress = Progress(self.out.key, self.ledger.measured, self.budget, self.best_us, self.default_us,
+                                f"{ft.params} -> {ft.user_attrs.get(STATE_ATTR, ft.state.name)}")
+            stop = self.done or self.ledger.total >= 20 * self.budget + self.n_valid
         if self.on_progress:
-            last = f"{ft.params} -> {ft.user_attrs.get(STATE_ATTR, ft.state.name)}"
-            self.on_progress(Progress(self.out.key, self.ledger.measured, self.budget, self.best_us,
-                                      self.default_us, last))
-        if self.done or self.ledger.total >= 20 * self.budget + self.n_valid:
+            self.on_progress(progress)
+        if stop:
             st.stop()
 
 
@@ -298,13 +417,15 @@ def run_study(
     sampler: str = "tpe", seed: int | None = None, timeout_s: float | None = None, top_k: int = 3, rounds: int = 4,
     on_progress: Callable[[Progress], None] | None = None, restrict: dict[str, list[int]] | None = None,
     precompile_dir: Path | None = None, heartbeat_s: float | None = HEARTBEAT_S, pick: bool = True,
-    owns: Callable[[], bool] | None = None,
+    owns: Callable[[], bool] | None = None, parallel: int = 1,
 ) -> Outcome:
     """Search, pick the winner, store it. `restrict` narrows the choices of some constants
     (e.g. {"STAGES": [2]}); `n_trials` counts measurements, not invalid or repeated configs.
     `pick=False` only helps with the search of a key another process owns (tuner.claims): the
     owner alone re-times the top candidates and stores the winner; `owns()` False at that point
-    (the claim went stale and another process took the key over) leaves the storing to it."""
+    (the claim went stale and another process took the key over) leaves the storing to it.
+    `parallel` trials are in flight at once: each compiles in its own thread while one at a time
+    measures (Optuna's n_jobs; the sampler's constant liar keeps their proposals apart)."""
     t0 = time.perf_counter()
     limits = backend.limits
     key = workload_key(limits, workload)
@@ -329,7 +450,8 @@ def run_study(
         todo = [c for c in valid if tuple(_params(c).values()) not in search.ledger.known]
         precompile(todo, key.q_len, limits.arch, precompile_dir)
     if not search.done:
-        study.optimize(search.objective, timeout=timeout_s, callbacks=[search.after_trial], gc_after_trial=False)
+        study.optimize(search.objective, timeout=timeout_s, callbacks=[search.after_trial], gc_after_trial=False,
+                       n_jobs=parallel, catch=(_BudgetSpent,))
     if not pick:
         out.decision = "helped with the search (another process owns the key)"
     else:

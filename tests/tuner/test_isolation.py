@@ -98,3 +98,30 @@ def test_study_goes_on_past_crashes_and_hangs(sessions, db_url):
         states = sorted(t.state for t in repo.list_trials(session=s, study_id=out.study_id))
     assert "crashed" in states and "timeout" in states and "ok" in states
     assert out.stored and out.best.nsplit == 64
+
+
+def test_the_backend_returns_with_the_limits_while_the_measurer_still_starts(tmp_path):
+    """A measurer with probe_limits: the caller gets the limits (to plan and compile) before the
+    measurer's slow start ends; the first measurement waits for it, and the limits then carry
+    what the start measured."""
+    marker = tmp_path / "ready"
+    b = IsolatedBackend(measurer="tests.fakes:SlowStartMeasurer", measurer_kwargs={"marker": str(marker)},
+                        timeout_s=10)
+    try:
+        assert b.limits.name == "NVIDIA H200" and b.limits.copy_bw_gbps is None
+        assert not marker.exists(), "the constructor waited for the measurer's whole start"
+        m = b.measure(KernelConfig(nsplit=64, ht=8, tk=32, block=256), WL)
+        assert m.ok and marker.exists()
+        assert b.limits.copy_bw_gbps == 4000.0
+    finally:
+        b.close()
+
+
+def test_a_measurer_that_fails_after_its_limits_fails_the_first_call(tmp_path):
+    b = IsolatedBackend(measurer="tests.fakes:SlowStartMeasurer",
+                        measurer_kwargs={"marker": str(tmp_path / "m"), "seconds": 0.1, "fail": True}, timeout_s=10)
+    try:
+        with pytest.raises(LaunchError, match="failed to start: RuntimeError: no CUDA context"):
+            b.measure(KernelConfig(nsplit=64, ht=8, tk=32, block=256), WL)
+    finally:
+        b.close()

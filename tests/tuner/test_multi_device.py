@@ -21,8 +21,9 @@ RESTRICT = {"NSPLIT": [8, 16, 32, 64, 128], "QT": [0], "WR": [2], "WK": [4], "SF
 
 
 def _job(workloads, n_trials):  # type: ignore[no-untyped-def]
+    # three trials in flight per process, as on a GPU host (tuner.runner.default_compile_jobs)
     return TuneJob(workloads=workloads, n_trials=n_trials, seed=0, measure_timeout_s=10, restrict=RESTRICT,
-                   measurer="tests.fakes:PacedMeasurer")
+                   measurer="tests.fakes:PacedMeasurer", compile_jobs=3)
 
 
 def _measured_by_study(url):  # type: ignore[no-untyped-def]

@@ -187,3 +187,57 @@ def test_batch_workloads_draw_reproducible_ragged_prefixes():
     assert Workload(8, 9, 46000, batch=4, spread="equal").prefix_lens() == [46000] * 4
     with pytest.raises(ValueError, match="batch"):
         Workload(8, 9, 46000, batch=0)
+
+
+class _ThreadedBackend(FakeBackend):
+    """FakeBackend that takes a little while to compile and to measure, and counts how many
+    compiles and measurements overlap (the tuner must never run two measurements at once)."""
+
+    def __init__(self, **kw) -> None:  # type: ignore[no-untyped-def]
+        import threading
+
+        super().__init__(**kw)
+        self.lock = threading.Lock()
+        self.compiling = self.measuring = self.max_compiling = self.max_measuring = 0
+
+    def _enter(self, what: str, seconds: float) -> None:
+        import time
+
+        with self.lock:
+            setattr(self, what, getattr(self, what) + 1)
+            setattr(self, f"max_{what}", max(getattr(self, f"max_{what}"), getattr(self, what)))
+        time.sleep(seconds)
+        with self.lock:
+            setattr(self, what, getattr(self, what) - 1)
+
+    def compile_ahead(self, cfg, q_len):  # type: ignore[no-untyped-def]
+        self._enter("compiling", 0.4)
+        super().compile_ahead(cfg, q_len)
+
+    def measure(self, cfg, wl):  # type: ignore[no-untyped-def]
+        self._enter("measuring", 0.03)
+        return super().measure(cfg, wl)
+
+
+@pytest.mark.parametrize("budget", [1, 9])
+def test_parallel_trials_compile_ahead_measure_one_at_a_time_and_keep_the_budget(sessions, db_url, budget):
+    fb = _ThreadedBackend()
+    out = study(sessions, db_url, fb, n_trials=budget, parallel=4, restrict={"STAGES": [2]})
+    assert out.stored
+    st = optuna.load_study(study_name=out.key.study_name, storage=db_url)
+    assert all(t.state.is_finished() for t in st.trials), "a trial was left running"
+    measured = [t for t in st.trials if t.user_attrs.get("measured")]
+    assert len(measured) == budget == len(fb.measured), "the budget was over- or under-spent"
+    assert len({tuple(sorted(t.params.items())) for t in measured}) == budget, "a config was measured twice"
+    assert fb.max_measuring == 1, "two measurements ran at once"
+    assert budget == 1 or fb.max_compiling > 1, "no two compiles overlapped"
+    assert fb.measured[0] == heuristic_config(H200, H=8, q_len=9, prefix=46000), "the default was not measured first"
+    assert set(fb.measured) <= set(fb.compiled), "a config was measured without being compiled ahead"
+    assert len(fb.compiled) == budget, "a compile went past the budget"
+    unmeasured = [t for t in st.trials if t.state == optuna.trial.TrialState.FAIL and not t.user_attrs.get("measured")
+                  and "reused_trial" not in t.user_attrs]  # (a reused failed measurement is failed too)
+    assert all("budget" in t.user_attrs.get("reason", "") for t in unmeasured)
+    # a larger budget resumes the same study and measures only the difference
+    more = _ThreadedBackend(seed=2)
+    study(sessions, db_url, more, n_trials=budget + 3, parallel=4, restrict={"STAGES": [2]})
+    assert len(more.measured) == 3
