@@ -15,7 +15,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import optuna
-from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from kernels import kernel_hash
@@ -100,34 +99,12 @@ def open_storage(url: str, heartbeat_s: float | None = None) -> optuna.storages.
                 if beat:
                     beat["heartbeat_stale_trial_callback"] = optuna.storages.RetryHeartbeatStaleTrialCallback(
                         max_retry=2)
-                storage = optuna.storages.RDBStorage(url, engine_kwargs=kwargs, **beat)
-            if url.startswith("sqlite"):
-                _immediate_transactions(storage.engine)
-            return storage
+                return optuna.storages.RDBStorage(url, engine_kwargs=kwargs, **beat)
         except (IntegrityError, ProgrammingError):
             if attempt == 4:
                 raise
             time.sleep(0.5 * (attempt + 1))
     raise AssertionError("unreachable")
-
-
-def _immediate_transactions(engine: Engine) -> None:
-    """Make Optuna's SQLite transactions take the write lock at BEGIN, as the config database's
-    do (tuner.db.session). Optuna hands a queued (enqueue_trial) trial to whoever asks by reading
-    that it is WAITING and then marking it RUNNING; PostgreSQL locks the row in between, SQLite
-    does not, and two threads (or processes) asking at once both took the same trial (seen with
-    parallel trials: one measured it, the other then failed telling it)."""
-    from sqlalchemy import event
-
-    @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
-        dbapi_conn.isolation_level = None  # BEGIN is issued below
-
-    @event.listens_for(engine, "begin")
-    def _on_begin(conn) -> None:  # type: ignore[no-untyped-def]
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
-
-    engine.dispose()  # connections opened before the hooks reconnect with them
 
 
 def _sampler(name: str, seed: int | None, choices: dict[str, list[int]]) -> optuna.samplers.BaseSampler:
@@ -139,6 +116,53 @@ def _sampler(name: str, seed: int | None, choices: dict[str, list[int]]) -> optu
     if name == "grid":
         return optuna.samplers.GridSampler(choices, seed=seed)
     raise ValueError(f"unknown sampler {name!r}: use tpe or grid")
+
+
+class _WarmFirst(optuna.samplers.BaseSampler):
+    """Proposes the warm-start configs first, in order, then defers to `inner`.
+
+    Optuna's enqueue_trial keeps its queue in the storage, and a queued trial goes to whoever
+    marks it running first: PostgreSQL locks the row, SQLite does not, and two threads (or two
+    processes on one SQLite file) asking at once both took the same queued trial (seen with
+    parallel trials: one measured it, the other then failed telling it). This queue lives in the
+    process, and a config is handed out when a trial first suggests (one trial at a time, in
+    the order they were asked: _Search), so each goes to exactly one trial."""
+
+    def __init__(self, inner: optuna.samplers.BaseSampler, warm: list[dict[str, int]],
+                 choices: dict[str, list[int]]) -> None:
+        self.inner, self.warm = inner, list(warm)
+        self.space = {k: optuna.distributions.CategoricalDistribution(v) for k, v in choices.items()}
+        self.handed: dict[int, dict[str, int]] = {}  # trial number -> its warm config
+        self.lock = threading.Lock()
+
+    def reseed_rng(self) -> None:
+        self.inner.reseed_rng()
+
+    def before_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> None:
+        self.inner.before_trial(study, trial)
+
+    def infer_relative_search_space(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> dict:
+        with self.lock:
+            if trial.number not in self.handed and self.warm:
+                self.handed[trial.number] = self.warm.pop(0)
+            if trial.number in self.handed:
+                return dict(self.space)
+        return self.inner.infer_relative_search_space(study, trial)
+
+    def sample_relative(self, study: optuna.Study, trial: optuna.trial.FrozenTrial, search_space: dict) -> dict:
+        with self.lock:
+            params = self.handed.pop(trial.number, None)
+        if params is not None:
+            return dict(params)
+        return self.inner.sample_relative(study, trial, search_space)
+
+    def sample_independent(self, study: optuna.Study, trial: optuna.trial.FrozenTrial, param_name: str,
+                           param_distribution: optuna.distributions.BaseDistribution) -> object:
+        return self.inner.sample_independent(study, trial, param_name, param_distribution)
+
+    def after_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial, state: optuna.trial.TrialState,
+                    values: object) -> None:
+        self.inner.after_trial(study, trial, state, values)  # type: ignore[arg-type]
 
 
 class _BudgetSpent(Exception):
@@ -220,13 +244,14 @@ class _Search:
 
     Optuna may run the objective in several threads (`run_study(parallel=N)`): each trial then
     compiles its config in its own thread (nvcc is single-threaded; a GPU host has cores to
-    spare) while one trial at a time holds the GPU. The budget has places: a trial is admitted
-    only while one is free (otherwise it waits for the trials in flight, so threads do not spin
-    through proposals), and takes its place, in the order the trials were asked, before it
-    compiles: nothing is compiled or measured past the budget. A trial left without a place once
-    the trials in flight fill the budget is failed unmeasured (_BudgetSpent). Twins (the same
-    config proposed twice) are resolved in this process by whoever registered first, across
-    processes by trial number through the storage."""
+    spare) while one trial at a time holds the GPU. One trial at a time proposes -- suggests its
+    config, checks it, looks for a measurement to reuse, takes a place in the budget -- in the
+    order the trials were asked (the warm-start configs first), and only while a place is free:
+    proposals are as informed as one thread's (an invalid config costs one proposal, not a
+    thread spinning through many), and nothing is compiled or measured past the budget. A trial
+    left without a place once the trials in flight fill the budget is failed unmeasured
+    (_BudgetSpent). Twins (the same config proposed twice) are resolved in this process by
+    whoever registered first, across processes by trial number through the storage."""
 
     def __init__(self, *, backend: Backend, sessions: sessionmaker[Session], workload: Workload, out: Outcome,
                  study: optuna.Study, choices: dict[str, list[int]], n_valid: int, budget: int,
@@ -239,7 +264,8 @@ class _Search:
         self.state = threading.Condition()  # guards everything below and the ledger
         self.gpu = threading.Lock()  # one measurement at a time
         self.mine: set[int] = set()  # this process's trials in the objective
-        self.arrived: set[int] = set()  # ... admitted, not yet past _reserve (the order of places)
+        self.waiting: set[int] = set()  # ... waiting to propose
+        self.proposer: int | None = None  # ... proposing now
         self.reserved: set[int] = set()  # ... holding a place, not yet counted by the ledger
         self.own: dict[tuple[int, ...], int] = {}  # config -> this process's trial measuring it
 
@@ -258,14 +284,19 @@ class _Search:
         return True
 
     def _reserve(self, number: int) -> None:
-        """Take a place for trial `number` once the trials asked before it have taken theirs (the
-        warm-start configs, asked first, are measured first)."""
+        """Take a place for trial `number` (the proposer, or a trial back from waiting on a twin
+        that failed), waiting while the trials in flight hold every place."""
         with self.state:
-            while min(self.arrived) != number or self._spent():
+            while self._spent():
                 self.state.wait()
-            self.arrived.discard(number)
             self.reserved.add(number)
-            self.state.notify_all()
+            self._done_proposing(number)
+
+    def _done_proposing(self, number: int) -> None:
+        """The next asked trial may propose (called with `state` held)."""
+        if self.proposer == number:
+            self.proposer = None
+        self.state.notify_all()
 
     def record(self, params: dict[str, int], m: Measurement) -> None:
         with session_scope(self.sessions) as s:
@@ -277,10 +308,12 @@ class _Search:
         n = trial.number
         try:
             with self.state:
-                while self._spent():  # admission: no proposal while every place is taken
-                    self.state.wait()
                 self.mine.add(n)
-                self.arrived.add(n)
+                self.waiting.add(n)
+                while self.proposer is not None or min(self.waiting) != n or self._spent():
+                    self.state.wait()
+                self.waiting.discard(n)
+                self.proposer = n
             return self._objective(trial)
         except _BudgetSpent as exc:
             trial.set_user_attr(REASON_ATTR, str(exc))
@@ -291,8 +324,8 @@ class _Search:
         finally:
             with self.state:
                 self.mine.discard(n)
-                self.arrived.discard(n)
-                self.state.notify_all()
+                self.waiting.discard(n)
+                self._done_proposing(n)
 
     def _forget(self, number: int) -> None:
         with self.state:
@@ -331,9 +364,8 @@ class _Search:
         sig = tuple(params[p] for p in PARAMS)
         with self.state:
             while (prev := self.ledger.known.get(sig)) is None and self.own.get(sig, number) != number:
-                self.arrived.discard(number)  # queued behind the twin, not for a place: let later trials pass
+                self._done_proposing(number)  # the next trial proposes while this one waits
                 self.state.wait()  # this process measures it in another thread: its callback wakes us
-            self.arrived.add(number)
             if prev is not None:
                 return prev
             self.own[sig] = number
@@ -353,6 +385,8 @@ class _Search:
                           and (t in same or len(t.params) < len(PARAMS)) for t in trials)
             if not running or time.monotonic() > deadline:
                 return None
+            with self.state:
+                self._done_proposing(number)  # the next trial proposes while this one waits
             time.sleep(0.2)
 
     def _alone(self, number: int) -> bool:
@@ -402,13 +436,17 @@ class _Search:
 
 def _open_study(key: ConfigKey, storage_url: str, heartbeat_s: float | None, sampler: str, seed: int | None,
                 choices: dict[str, list[int]], warm: list[KernelConfig]) -> optuna.Study:
-    """The key's Optuna study (created or resumed) with the warm-start configs enqueued once."""
+    """The key's Optuna study (created or resumed); its sampler proposes the warm-start configs
+    the study has not seen first."""
+    inner = _sampler(sampler, seed, choices)
     study = optuna.create_study(study_name=key.study_name, storage=open_storage(storage_url, heartbeat_s),
-                                direction="minimize", sampler=_sampler(sampler, seed, choices), load_if_exists=True)
+                                direction="minimize", sampler=inner, load_if_exists=True)
     study.set_user_attr("workload_key", str(key))
-    for cfg in warm:
-        if all(v in choices[k] for k, v in _params(cfg).items()):
-            study.enqueue_trial(_params(cfg), skip_if_exists=True)
+    seen = {tuple(sorted(t.params.items())) for t in study.get_trials(deepcopy=False)}
+    queue = [_params(c) for c in warm if all(v in choices[k] for k, v in _params(c).items())]
+    queue = [q for q in queue if tuple(sorted(q.items())) not in seen]
+    if queue and sampler != "grid":  # a grid sweeps every config anyway
+        study.sampler = _WarmFirst(inner, queue, choices)
     return study
 
 
@@ -441,7 +479,8 @@ def run_study(
                                              reopen=pick)
         warm = warm_start_configs(session=s, key=key, limits=limits, workload=workload)
     out = Outcome(key, workload, study_row.id, default=warm[0])
-    study = _open_study(key, storage_url, heartbeat_s, sampler, seed, choices, warm)
+    # a helper leaves the warm start to the owner, whose proposals it would otherwise repeat
+    study = _open_study(key, storage_url, heartbeat_s, sampler, seed, choices, warm if pick else [])
     search = _Search(backend=backend, sessions=sessions, workload=workload, out=out, study=study, choices=choices,
                      n_valid=len(valid), budget=min(n_trials, len(valid)), on_progress=on_progress)
     if sampler == "grid" and precompile_dir is not None:  # the grid is known: build it all up front
