@@ -119,7 +119,7 @@ class IsolatedBackend:
 
     def _await_ready(self) -> None:
         if not self._ready:
-            status, payload = self._recv_start("finish starting")
+            _, payload = self._recv_start("finish starting")
             self._ready, self.limits = True, payload
 
     def _kill(self) -> None:
