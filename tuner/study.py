@@ -8,11 +8,13 @@ database (tuner.db.repo) -> the API.
 from __future__ import annotations
 
 import math
+import threading
 import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import optuna
 from sqlalchemy.orm import Session, sessionmaker
@@ -186,6 +188,8 @@ def run_study(
         todo = [c for c in valid if tuple(_params(c).values()) not in search.ledger.known]
         precompile(todo, key.q_len, limits.arch, precompile_dir)
     if not search.done:
+        if parallel > 1:
+            _one_ask_at_a_time(study)
         study.optimize(search.objective, timeout=timeout_s, callbacks=[search.after_trial], gc_after_trial=False,
                        n_jobs=parallel, catch=(BudgetSpent,))
     if not pick:
@@ -199,6 +203,21 @@ def run_study(
             out.counts = {"trials": row.n_trials, "ok": row.n_ok, "invalid": row.n_invalid, "failed": row.n_failed}
     out.wall_s = time.perf_counter() - t0
     return out
+
+
+def _one_ask_at_a_time(study: optuna.Study) -> None:
+    """Serialise this study object's `ask` across Optuna's n_jobs threads. A queued trial (the
+    heartbeat's retry of a killed process's trial) goes to whoever marks it running first, and on
+    SQLite nothing locks it in between: two threads asking at once both took it (one measured it,
+    the other failed telling it). The threads' proposals are serialised anyway (tuner.search)."""
+    lock = threading.Lock()
+    ask = study.ask
+
+    def locked_ask(*args: Any, **kwargs: Any) -> optuna.Trial:
+        with lock:
+            return ask(*args, **kwargs)
+
+    study.ask = locked_ask  # type: ignore[method-assign]
 
 
 def _ranked_configs(study: optuna.Study) -> list[KernelConfig]:

@@ -11,10 +11,10 @@ from tuner.study import run_study
 FIXED = {"QT": [0], "WR": [2], "WK": [4], "SF": [0], "PIPE": [1], "STAGES": [2], "BLOCK": [256]}
 
 
-def run(url: str, marker: str, n_trials: int, seconds: float) -> None:
+def run(url: str, marker: str, n_trials: int, seconds: float, parallel: int = 1) -> None:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     run_study(backend=SlowFakeBackend(marker, seconds=seconds), sessions=session_factory(make_engine(url)),
               storage_url=url, workload=Workload(8, 9, 46000), n_trials=n_trials, seed=0, restrict=FIXED,
-              heartbeat_s=1.0)
+              heartbeat_s=1.0, parallel=parallel)

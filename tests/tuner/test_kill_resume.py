@@ -38,7 +38,9 @@ def test_kill_9_then_resume_leaves_nothing_running_and_loses_nothing(db_url, tmp
     killed_params = running[0].params
 
     time.sleep(3.5)  # past the grace period (3 x the 1 s heartbeat)
-    worker(db_url, str(tmp_path / "resumed"), 6, 0.05)  # the same key, resumed in a new process
+    # the same key, resumed in a new process with trials in flight, as `study start` runs on a GPU
+    # host: one of its threads takes the retry of the killed trial
+    worker(db_url, str(tmp_path / "resumed"), 6, 0.05, parallel=3)
     st = optuna.load_study(study_name=summary.study_name, storage=db_url)
     assert not [t for t in st.trials if t.state == optuna.trial.TrialState.RUNNING]
     failed = {t.number: t for t in st.trials if t.state == optuna.trial.TrialState.FAIL}
