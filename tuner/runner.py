@@ -52,7 +52,7 @@ def tune_on_device(settings: Settings, job: TuneJob, device_ordinal: int,
                               timeout_s=job.measure_timeout_s)
     study_kw = {"storage_url": job.storage_url or settings.study_storage or settings.database_url,
                 "sampler": job.sampler, "seed": job.seed, "timeout_s": job.timeout_s, "on_progress": on_progress,
-                "precompile_dir": settings.cache_dir, "parallel": job.compile_jobs}
+                "parallel": job.compile_jobs}
     try:
         return run_job(backend=backend, sessions=sessions, workloads=job.workloads, n_trials=job.n_trials,
                        owner=owner_id(device_ordinal), study_kw=study_kw, restrict=job.restrict or None,

@@ -8,12 +8,12 @@ database (tuner.db.repo) -> the API.
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import optuna
@@ -153,7 +153,7 @@ def run_study(
     *, backend: Backend, sessions: sessionmaker[Session], storage_url: str, workload: Workload, n_trials: int,
     sampler: str = "tpe", seed: int | None = None, timeout_s: float | None = None, top_k: int = 3, rounds: int = 4,
     on_progress: Callable[[Progress], None] | None = None, restrict: dict[str, list[int]] | None = None,
-    precompile_dir: Path | None = None, heartbeat_s: float | None = HEARTBEAT_S, pick: bool = True,
+    heartbeat_s: float | None = HEARTBEAT_S, pick: bool = True,
     owns: Callable[[], bool] | None = None, parallel: int = 1,
 ) -> Outcome:
     """Search, pick the winner, store it. `restrict` narrows the choices of some constants
@@ -182,11 +182,12 @@ def run_study(
     study = _open_study(key, storage_url, heartbeat_s, sampler, seed, choices, warm if pick else [])
     search = Search(backend=backend, sessions=sessions, workload=workload, out=out, study=study, choices=choices,
                      n_valid=len(valid), budget=min(n_trials, len(valid)), on_progress=on_progress)
-    if sampler == "grid" and precompile_dir is not None:  # the grid is known: build it all up front
-        from kernels.build import precompile
+    if sampler == "grid":  # the grid is known: build it all up front, on every core (nvcc is single-threaded)
+        from concurrent.futures import ThreadPoolExecutor
 
         todo = [c for c in valid if tuple(_params(c).values()) not in search.ledger.known]
-        precompile(todo, key.q_len, limits.arch, precompile_dir)
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            list(pool.map(lambda c: backend.compile_ahead(c, key.q_len), todo))
     if not search.done:
         if parallel > 1:
             _one_ask_at_a_time(study)
