@@ -19,7 +19,10 @@ BLOCK_CHOICES = (128, 256, 512, 1024)
 STAGES_CHOICES = (2, 3, 4, 6, 8)
 WR_CHOICES = (1, 2, 3, 4, 8)
 WK_CHOICES = (1, 2, 3, 4, 6)
-PIPE_CHOICES = (0, 1)  # 2 (two row groups a phase apart, session 3) measured slower everywhere: removed
+#: 0, 1: one group of warps, block-wide barriers; 3: the seesaw (two groups of 4 warps take turns at
+#: QK + softmax, each applies every P to its half of the latent dims). 2 (two row groups a phase
+#: apart, session 3) measured slower everywhere and was removed; its number is not reused.
+PIPE_CHOICES = (0, 1, 3)
 SF_CHOICES = (0, 1)
 
 #: The constants, in the order tables and exports show them.
@@ -34,7 +37,8 @@ class KernelConfig:
     STAGES cp.async ring slots, QT draft nodes per block (0: all q_len nodes in one block),
     WR x WK the QK warp grid (row groups x k-slices), SF the score fold (1: the k-slices share
     half as many partial-score buffers), PIPE the pipeline (0: PV(t) and QK(t+1) fused, two
-    barriers a tile; 1: a slot is refilled right after its PV, three barriers)."""
+    barriers a tile; 1: a slot is refilled right after its PV, three barriers; 3: the seesaw, two
+    groups of 4 warps alternate tiles for QK + softmax, named barriers only, 3 slots)."""
 
     nsplit: int
     ht: int

@@ -46,9 +46,14 @@ def shape(cfg: KernelConfig, q_len: int) -> Shape:
     rows = cfg.ht * cfg.row_tile(q_len)
     nr = (rows + 7) // 8
     warps = cfg.block // 32
-    wt = max(1, warps // (cfg.wr * cfg.wk))
+    wt = max(1, warps // groups(cfg) // (cfg.wr * cfg.wk))
     return Shape(rows=rows, nr=nr, warps=warps, mw=max(1, 32 // warps), wt=wt, mq=max(1, cfg.tk // 16 // wt),
                  nq=-(-nr // cfg.wr))
+
+
+def groups(cfg: KernelConfig) -> int:
+    """Warp groups that take turns at QK + softmax (NGROUPS): 2 in the seesaw (PIPE 3)."""
+    return 2 if cfg.pipe == 3 else 1
 
 
 def smem_bytes(cfg: KernelConfig, q_len: int) -> int:
@@ -56,9 +61,10 @@ def smem_bytes(cfg: KernelConfig, q_len: int) -> int:
     rp = shape(cfg, q_len).rows_padded
     q = rp * KSTRIDE * 2
     kv = cfg.stages * cfg.tk * KSTRIDE * 2
-    scores = (cfg.wk // 2 if cfg.sf else cfg.wk) * rp * (cfg.tk + 4) * 4
-    p = rp * (cfg.tk + 8) * 2
-    stats = 3 * rp * 4 + 16  # m, l, alpha per row; two rescale flags and padding
+    g = groups(cfg)  # the seesaw: score buffers per group, P and alpha for two tiles
+    scores = g * (cfg.wk // 2 if cfg.sf else cfg.wk) * rp * (cfg.tk + 4) * 4
+    p = g * rp * (cfg.tk + 8) * 2
+    stats = (2 + g) * rp * 4 + 16  # m, l, alpha per row; two rescale flags and padding
     mask = cfg.row_tile(q_len) * 8
     slots = cfg.stages * cfg.tk * 4  # slot-index ring
     return q + kv + scores + p + stats + mask + slots
@@ -127,8 +133,12 @@ def check(cfg: KernelConfig, limits: DeviceLimits, *, H: int, q_len: int) -> str
 def _warp_grid_reason(cfg: KernelConfig, q_len: int) -> str | None:
     """The static_asserts of the .cu on the QK warp grid, as messages."""
     s = shape(cfg, q_len)
-    if s.warps % (cfg.wr * cfg.wk):
-        return f"WR*WK={cfg.wr * cfg.wk} does not divide the {s.warps} warps of BLOCK={cfg.block}"
+    if cfg.pipe == 3 and (cfg.block != 256 or cfg.stages != 3):
+        return f"PIPE=3 (seesaw) runs two groups of 4 warps on 3 slots: needs BLOCK=256 and STAGES=3"
+    qk_warps = s.warps // groups(cfg)
+    if qk_warps % (cfg.wr * cfg.wk):
+        group = " of a group" if cfg.pipe == 3 else ""
+        return f"WR*WK={cfg.wr * cfg.wk} does not divide the {qk_warps} warps{group} of BLOCK={cfg.block}"
     if (cfg.tk // 16) % s.wt:
         return f"{s.wt} QK token groups (warps/(WR*WK)) do not tile TK={cfg.tk}"
     if KSTEPS % cfg.wk:

@@ -30,7 +30,9 @@ from kernels.config import (
 from kernels.limits import DeviceLimits
 from kernels.validate import MAX_NSPLIT, check
 
-SPACE_VERSION = 5  # 5: PIPE=2 left the space again (slower at every measured shape); swizzled smem rows
+#: 5: PIPE=2 left the space again (slower at every measured shape); swizzled smem rows.
+#: 6: PIPE=3, the seesaw (two warp groups alternate tiles).
+SPACE_VERSION = 6
 
 
 def nsplit_choices(H: int, limits: DeviceLimits | None = None, batch: int = 1) -> list[int]:

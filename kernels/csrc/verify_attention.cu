@@ -71,7 +71,9 @@ constexpr int ROWS_PAD = NR * 8;
 constexpr int NWARPS = BLOCK / 32;
 constexpr int MW = (D_V / 16) / NWARPS;  // PV: latent-dim m16 tiles per warp
 constexpr int TM = TK / 16;              // token m16 tiles per KV tile
-constexpr int WT = NWARPS / (WR * WK);   // QK: token groups
+constexpr int NGROUPS = PIPE == 3 ? 2 : 1;  // warp groups taking turns at QK + softmax (PIPE 3)
+constexpr int GWARPS = NWARPS / NGROUPS;    // warps of one group: QK and softmax of a tile
+constexpr int WT = GWARPS / (WR * WK);   // QK: token groups
 constexpr int MQ = TM / WT;              // QK: m16 token tiles per warp
 constexpr int NQ = (NR + WR - 1) / WR;   // QK: n8 row tiles per warp (strided over row groups)
 constexpr int KS = KSTEPS / WK;          // QK: k16 steps per warp
@@ -85,21 +87,23 @@ static_assert(QN >= 1 && QN <= 64, "q_len must be in 1..64 (uint64 tree mask)");
 static_assert(QT >= 1 && QT <= QN, "QT must be in 1..QN");
 static_assert(TK % 16 == 0 && TK >= 16 && TK <= 128, "TK must be 16, 32, 64 or 128");
 static_assert(BLOCK % 32 == 0 && (D_V / 16) % NWARPS == 0, "BLOCK/32 must divide 32");
-static_assert(WR >= 1 && WK >= 1 && NWARPS % (WR * WK) == 0, "WR*WK must divide the warp count");
+static_assert(WR >= 1 && WK >= 1 && GWARPS % (WR * WK) == 0, "WR*WK must divide the (group's) warp count");
 static_assert(TM % WT == 0, "the QK token groups must tile the KV tile");
 static_assert(KSTEPS % WK == 0, "WK must divide the 36 k-steps");
 static_assert(WR <= NR, "more QK row groups than n8 row tiles");
 static_assert(STAGES >= 2 && STAGES <= 8, "STAGES must be 2..8");
-static_assert(PIPE == 0 || PIPE == 1, "PIPE must be 0 or 1");
+static_assert(PIPE == 0 || PIPE == 1 || PIPE == 3, "PIPE must be 0, 1 or 3");
+static_assert(PIPE != 3 || (NWARPS == 8 && STAGES == 3), "PIPE 3 (seesaw) runs two groups of 4 warps on 3 slots");
 static_assert(SF == 0 || (SF == 1 && WK % 2 == 0), "SF=1 needs an even WK");
 static_assert(NSPLIT >= 1, "NSPLIT must be >= 1");
 static_assert(TK <= BLOCK, "one thread per token fetches a tile's slot index");
 
 constexpr int SMEM_Q = ROWS_PAD * KSTRIDE * 2;
 constexpr int SMEM_K = STAGES * TK * KSTRIDE * 2;
-constexpr int SMEM_S = NSB * ROWS_PAD * SSTRIDE * 4;
-constexpr int SMEM_P = ROWS_PAD * PSTRIDE * 2;
-constexpr int SMEM_STATS = 3 * ROWS_PAD * 4 + 16;  // m, l, alpha per row; two rescale flags (+pad)
+constexpr int NPB = PIPE == 3 ? 2 : 1;  // P and alpha buffers: PIPE 3 keeps tiles t and t+1 apart
+constexpr int SMEM_S = NGROUPS * NSB * ROWS_PAD * SSTRIDE * 4;
+constexpr int SMEM_P = NPB * ROWS_PAD * PSTRIDE * 2;
+constexpr int SMEM_STATS = (2 + NPB) * ROWS_PAD * 4 + 16;  // m, l, alpha per row; two rescale flags (+pad)
 constexpr int SMEM_MASK = QT * 8;
 constexpr int SMEM_SLOTS = STAGES * TK * 4;
 // softmax: LPR lanes share a row, each holding SPL consecutive scores; RPP rows per warp pass.
@@ -108,7 +112,9 @@ constexpr int SMEM_SLOTS = STAGES * TK * 4;
 constexpr int pow2ceil(int x) { return x <= 1 ? 1 : 2 * pow2ceil((x + 1) / 2); }
 constexpr int cmax(int a, int b) { return a > b ? a : b; }
 constexpr int cmin(int a, int b) { return a < b ? a : b; }
-constexpr int LPR = cmin(cmin(TK / 4, 32), cmax(32 / cmin(32, pow2ceil((ROWS_PAD + NWARPS - 1) / NWARPS)), TK / 16));
+// (PIPE 3's softmax runs on 4 warps and allows 32 scores a lane, which keeps it at one pass.)
+constexpr int LPR = cmin(cmin(TK / 4, 32), cmax(32 / cmin(32, pow2ceil((ROWS_PAD + GWARPS - 1) / GWARPS)),
+                                                PIPE == 3 ? cmax(1, TK / 32) : TK / 16));
 constexpr int SPL = TK / LPR;
 constexpr int RPP = 32 / LPR;
 static_assert(SPL % 4 == 0 && SPL <= 32 && LPR * SPL == TK, "softmax: a lane holds 4..32 scores");
@@ -196,6 +202,18 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// Named barriers (PIPE 3): bar.sync waits for `n` threads to arrive at barrier `id`, bar.arrive
+// counts this thread and goes on; both order the shared-memory accesses made before them.
+__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void bar_arrive(int id, int n) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+namespace {
+constexpr int BAR_GROUP = 1;      // + group: the group's 128 threads
+constexpr int BAR_P = 3;          // + tile parity: P(t) is ready (owner arrives, the other group syncs)
+constexpr int BAR_EMPTY = 5;      // + slot: the owner's PV of the slot's tile is done (same roles)
+}  // namespace
+
 namespace {
 // The block's slice of one request: which virtual tokens, where their slots come from.
 struct Span {
@@ -214,24 +232,27 @@ struct Span {
 
 // Slot indices of tile X into the ring, asynchronously (threads < TK, one token each). Entries
 // past the split's end are left alone: every reader checks v < v1 first.
-__device__ __forceinline__ void fetch_indices(int* idx_s, const Span& sp, int X) {
-  const int v = sp.v0 + X * TK + threadIdx.x;
-  if (threadIdx.x < TK && v < sp.v1)
-    cp_async4(smem_u32(idx_s + (X % STAGES) * TK + threadIdx.x), v < sp.P ? sp.prefix + v : sp.draft + (v - sp.P));
+// `t` is the thread's index among the threads that fetch (the block, or one PIPE 3 group).
+__device__ __forceinline__ void fetch_indices(int* idx_s, const Span& sp, int X, int t) {
+  const int v = sp.v0 + X * TK + t;
+  if (t < TK && v < sp.v1)
+    cp_async4(smem_u32(idx_s + (X % STAGES) * TK + t), v < sp.P ? sp.prefix + v : sp.draft + (v - sp.P));
 }
 
 // Stage KV tile X into Kt from its ring indices; tokens past the split's end are zero-filled.
-// Warp w copies tokens w, w+NWARPS, ...; lane l the 16-byte chunks l, l+32 and l+64 (< 72) of
-// the token's 1152-byte row: one index read and one swizzle XOR per token (chunk l+32i lands at
-// (l ^ (t&7)) + 32i), not a division and an index read per chunk.
+// Warp w of the NW copying warps (the block, or one PIPE 3 group) copies tokens w, w+NW, ...;
+// lane l the 16-byte chunks l, l+32 and l+64 (< 72) of the token's 1152-byte row: one index
+// read and one swizzle XOR per token (chunk l+32i lands at (l ^ (t&7)) + 32i), not a division
+// and an index read per chunk.
+template <int NW>
 __device__ __forceinline__ void load_kv_tile(bf16* Kt, const bf16* __restrict__ kv, const int* idx_s, const Span& sp,
-                                             int X) {
+                                             int X, int warp) {
   const int* idx = idx_s + (X % STAGES) * TK;
   const int vb = sp.v0 + X * TK;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int lane = threadIdx.x & 31;
   const uint32_t base = smem_u32(Kt);
 #pragma unroll
-  for (int t = warp; t < TK; t += NWARPS) {
+  for (int t = warp; t < TK; t += NW) {
     const bool valid = vb + t < sp.v1;
     const char* src = reinterpret_cast<const char*>(kv + (size_t)(valid ? idx[t] : 0) * D_QK) + lane * 16;
     const uint32_t dst = base + t * (KSTRIDE * 2) + ((lane ^ (t & 7)) << 4);
@@ -246,7 +267,7 @@ __device__ __forceinline__ void load_kv_tile(bf16* Kt, const bf16* __restrict__ 
 // (every thread of the block calls this at the same point). The k-slices interleave: slice wk
 // takes k-steps wk, wk+WK, wk+2WK, ..., so each ldmatrix address is a per-lane base plus a
 // compile-time offset (swz) once the loop is unrolled.
-__device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* Ss, int warp, int lane) {
+__device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* Ss, int warp, int lane, int grp = 0) {
   const int wk = warp % WK, wr = (warp / WK) % WR, wt = warp / (WK * WR);
   const int mat = lane >> 3, r8 = lane & 7, g = lane >> 2, tq = lane & 3;
   float acc[MQ][NQ][4];
@@ -294,7 +315,10 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
   float* Sw = Ss + (wk % NSB) * ROWS_PAD * SSTRIDE;
 #pragma unroll
   for (int pass = 0; pass < (SF ? 2 : 1); ++pass) {
-    if (SF && pass == 1) __syncthreads();  // the lower half's partials are in place
+    if (SF && pass == 1) {  // the lower half's partials are in place
+      if constexpr (PIPE == 3) bar_sync(BAR_GROUP + grp, GWARPS * 32);
+      else __syncthreads();
+    }
     if (wk / NSB == pass) {
 #pragma unroll
       for (int a = 0; a < MQ; ++a)
@@ -392,12 +416,12 @@ __device__ __forceinline__ void softmax_tile(const float* Ss, bf16* Ps, float* m
                                              int it, float scale_log2, int warp, int lane) {
   const int vbase = sp.v0 + it * TK;
   const int sub = lane / LPR, sl = lane % LPR;
-  constexpr int PASSES = (ROWS_PAD + NWARPS * RPP - 1) / (NWARPS * RPP);
+  constexpr int PASSES = (ROWS_PAD + GWARPS * RPP - 1) / (GWARPS * RPP);
   // (unrolling the passes so their loads overlap measured within noise: 0-1 %,
   // bench/results/sweep_ilp_sm_90.md)
 #pragma unroll 1
   for (int pass = 0; pass < PASSES; ++pass) {
-    const int r0 = (pass * NWARPS + warp) * RPP;
+    const int r0 = (pass * GWARPS + warp) * RPP;
     if (r0 >= ROWS_PAD) break;  // uniform across the warp: the shuffles below stay converged
     softmax_row(Ss, Ps, m_s, l_s, a_s, resc_s + (it & 1), mask_s, sp, rows_here, vbase, scale_log2, r0 + sub, sl);
   }
@@ -477,16 +501,17 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
   bf16* Qs = reinterpret_cast<bf16*>(smem);
   bf16* Ks = Qs + ROWS_PAD * KSTRIDE;
   float* Ss = reinterpret_cast<float*>(Ks + STAGES * TK * KSTRIDE);
-  bf16* Ps = reinterpret_cast<bf16*>(Ss + NSB * ROWS_PAD * SSTRIDE);
-  float* m_s = reinterpret_cast<float*>(Ps + ROWS_PAD * PSTRIDE);
+  bf16* Ps = reinterpret_cast<bf16*>(Ss + NGROUPS * NSB * ROWS_PAD * SSTRIDE);  // [NPB] P buffers
+  float* m_s = reinterpret_cast<float*>(Ps + NPB * ROWS_PAD * PSTRIDE);
   float* l_s = m_s + ROWS_PAD;
-  float* a_s = l_s + ROWS_PAD;
-  int* resc_s = reinterpret_cast<int*>(a_s + ROWS_PAD);  // [2] rescale flags by tile parity (+2 pad)
+  float* a_s = l_s + ROWS_PAD;                                // [NPB] alpha buffers
+  int* resc_s = reinterpret_cast<int*>(a_s + NPB * ROWS_PAD);  // [2] rescale flags by tile parity (+2 pad)
   unsigned long long* mask_s = reinterpret_cast<unsigned long long*>(resc_s + 4);
   int* idx_s = reinterpret_cast<int*>(mask_s + QT);  // [STAGES][TK] slot indices, fetched ahead by cp.async
 
   const int split = blockIdx.x, hg = blockIdx.y / NQT, qt = blockIdx.y % NQT, b = blockIdx.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int grp = NGROUPS == 1 ? 0 : warp / GWARPS, gw = NGROUPS == 1 ? warp : warp % GWARPS;  // PIPE 3's groups
 #if VA_PDL
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");  // the reduce may be scheduled now
 #endif
@@ -502,14 +527,15 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
   };
   // ---- prologue. Q first: its rows depend on nothing this block reads from memory, so its copies
   // are in flight while the request's bounds and slot indices load. Q rides in the first
-  // cp.async group; PIPE 0 keeps one slot free for the first iteration to fill, PIPE 1
-  // fills every slot now.
+  // cp.async group (PIPE 3: a group of its own); PIPE 0 keeps one slot free for the first
+  // iteration to fill, PIPE 1 and 3 fill every slot now.
   for (int c = tid; c < ROWS_PAD * CHUNKS; c += BLOCK) {  // Q rows r = i*HT + hl; pad rows zero
     const int r = c / CHUNKS, part = c - r * CHUNKS;
     const bool valid = r < rows_here;
     const bf16* src = valid ? q + row_index(r) * D_QK + part * 8 : q;
     cp_async16(smem_u32(Qs + sw(r, part * 8)), src, valid);
   }
+  if constexpr (PIPE == 3) cp_async_commit();  // Q alone: each group then commits its own tiles
   const int p0 = prefix_indptr[b];
   Span sp;
   sp.P = prefix_indptr[b + 1] - p0;
@@ -529,7 +555,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
     return;
   }
   const int ntiles = (sp.v1 - sp.v0 + TK - 1) / TK;
-  constexpr int PRE = PIPE == 1 ? STAGES : STAGES - 1;
+  constexpr int PRE = PIPE == 0 ? STAGES - 1 : STAGES;  // tiles the prologue loads
 
   // Slot indices of tiles 0 .. PRE+STAGES-2 in one round trip (token i of the split is virtual
   // token v0+i): tiles < PRE go to the ring now and feed the prologue's copies; the rest, which the
@@ -548,8 +574,8 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
     if (tid + k * BLOCK < PRE * TK) idx_s[tid + k * BLOCK] = pre_slot[k];  // PRE <= STAGES: no wrap
   __syncthreads();
 #pragma unroll 1
-  for (int s = 0; s < PRE; ++s) {
-    if (s < ntiles) load_kv_tile(Ks + s * TK * KSTRIDE, kv, idx_s, sp, s);
+  for (int s = PIPE == 3 ? grp : 0; s < PRE; s += NGROUPS) {  // PIPE 3: a tile's owner loads it
+    if (s < ntiles) load_kv_tile<GWARPS>(Ks + s * TK * KSTRIDE, kv, idx_s, sp, s, gw);
     cp_async_commit();
   }
   __syncthreads();  // every prologue copy has read its index
@@ -558,20 +584,28 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
     const int i = tid + k * BLOCK;
     if (i >= PRE * TK && i < NPI && sp.v0 + i < sp.v1) idx_s[(i / TK % STAGES) * TK + i % TK] = pre_slot[k];
   }
-  for (int r = tid; r < ROWS_PAD; r += BLOCK) { m_s[r] = NEG_INF; l_s[r] = 0.f; a_s[r] = 1.f; }
+  for (int r = tid; r < ROWS_PAD; r += BLOCK) {
+    m_s[r] = NEG_INF; l_s[r] = 0.f; a_s[r] = 1.f;
+    if constexpr (NPB == 2) a_s[ROWS_PAD + r] = 1.f;
+  }
   if (tid < 2) resc_s[tid] = 0;
   for (int i = tid; i < QT; i += BLOCK) mask_s[i] = node0 + i < QN ? tree_mask[b * QN + node0 + i] : 0ull;
   // Refill: KV tile X into its slot, and the indices of tile X+STAGES-1, as one cp.async group.
+  // (PIPE 3: by the owner group of X, which also owns X+STAGES-1.)
   auto refill = [&](int X) {
-    if (X < ntiles) load_kv_tile(Ks + (X % STAGES) * TK * KSTRIDE, kv, idx_s, sp, X);
-    fetch_indices(idx_s, sp, X + STAGES - 1);
+    if (X < ntiles) load_kv_tile<GWARPS>(Ks + (X % STAGES) * TK * KSTRIDE, kv, idx_s, sp, X, gw);
+    fetch_indices(idx_s, sp, X + STAGES - 1, NGROUPS == 1 ? tid : tid % (GWARPS * 32));
     cp_async_commit();  // possibly empty: keeps the group count uniform for the waits
   };
 
   float acc[MW][NR][4];
   zero_fill(acc);
 
+#if PIPE == 3
+  if (grp == 0) cp_async_wait<2>(); else cp_async_wait<1>();  // Q (0: tiles 0, 2 pending; 1: tile 1)
+#else
   cp_async_wait<PRE - 1>();  // Q and tile 0 have landed
+#endif
   __syncthreads();
 #if PIPE == 0
   // Two barriers a tile; PV(t) and QK(t+1) back to back. The slot of tile t-1 is refilled with
@@ -602,6 +636,44 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
     cp_async_wait<STAGES - 2>();  // tile it+1 has landed (this thread's copies)
     __syncthreads();              // PV(it) done everywhere: the slot is free; tile it+1 visible
     refill(it + STAGES);
+  }
+#elif PIPE == 3
+  // Seesaw: two groups of 4 warps. Group t&1 owns tile t: it loads it, computes S(t) and the
+  // softmax; both groups apply P(t) to their half of the latent dims (warp w owns dims 64w..64w+63
+  // as in the other pipelines). A group's turn at tile t: QK(t); PV(t-1) with the other group's
+  // P; free the slot of t-1 and refill it with t+2 (its own); softmax(t) (after the other group's
+  // softmax(t-1): the running max and sum pass along through the P barrier); PV(t). While one
+  // group is in its softmax the other runs MMAs. Named barriers only: BAR_GROUP within a group,
+  // BAR_P and BAR_EMPTY hand a tile from its owner to the other group (arrive / sync; each use
+  // completes before the next use of the same id can start, see docs/kernel.md).
+  constexpr int SGROUP = NSB * ROWS_PAD * SSTRIDE, PBUF = ROWS_PAD * PSTRIDE;
+  float* Sg = Ss + grp * SGROUP;
+#pragma unroll 1
+  for (int t = grp; t <= ntiles; t += 2) {
+    const bool own = t < ntiles;
+    const bf16* Kt = Ks + (t % STAGES) * TK * KSTRIDE;
+    if (own) {
+      if (t == 0) cp_async_wait<1>(); else cp_async_wait<0>();  // tile t (group 0 has tile 2 pending at t=0)
+      bar_sync(BAR_GROUP + grp, GWARPS * 32);                     // ... landed for the whole group
+      QK_TILE(Qs, Kt, Sg, gw, lane, grp);
+    }
+    if (t >= 1) {
+      const int u = t - 1;  // the other group's tile
+      bar_sync(BAR_P + (u & 1), BLOCK);  // P(u), its alphas and flag are ready
+      PV_TILE(acc, Ks + (u % STAGES) * TK * KSTRIDE, Ps + (u & 1) * PBUF, a_s + (u & 1) * ROWS_PAD,
+              resc_s[u & 1] != 0, warp, lane);
+      bar_sync(BAR_EMPTY + u % STAGES, BLOCK);  // the owner's PV(u) is done too: the slot is free
+      if (own) refill(t + STAGES - 1);
+    }
+    if (own) {
+      bar_sync(BAR_GROUP + grp, GWARPS * 32);  // S(t) complete
+      SOFTMAX_TILE(Sg, Ps + (t & 1) * PBUF, m_s, l_s, a_s + (t & 1) * ROWS_PAD, resc_s, mask_s, sp, rows_here, t,
+                   scale_log2, gw, lane);
+      bar_sync(BAR_GROUP + grp, GWARPS * 32);  // P(t) ready for this group
+      bar_arrive(BAR_P + (t & 1), BLOCK);      // ... and for the other
+      PV_TILE(acc, Kt, Ps + (t & 1) * PBUF, a_s + (t & 1) * ROWS_PAD, resc_s[t & 1] != 0, warp, lane);
+      bar_arrive(BAR_EMPTY + t % STAGES, BLOCK);
+    }
   }
 #endif
   cp_async_wait<0>();

@@ -30,6 +30,7 @@ def test_render_defines_sorted_constants_and_points_errors_at_the_cu():
 @pytest.mark.parametrize("cfg,q_len", [
     (KernelConfig(nsplit=64, ht=8, tk=32, block=256), 9),
     (KernelConfig(nsplit=16, ht=1, tk=16, block=128, stages=3, wr=1, wk=4, sf=1, pipe=0), 1),
+    (KernelConfig(nsplit=132, ht=8, tk=32, block=256, stages=3, wr=2, wk=2, sf=1, pipe=3), 9),  # the seesaw
 ])
 def test_compiles_for_every_target(tmp_path, arch, cfg, q_len):
     built = compile_cubin(cfg, q_len, arch, tmp_path)

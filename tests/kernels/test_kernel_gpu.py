@@ -21,9 +21,10 @@ CONFIG_POOL = [
         (33, 32, 256, 4, 1, 4, 0, 0),   # bandwidth mode: one row group, deep ring
         (12, 64, 128, 2, 1, 2, 0, 1),   # four warps, two token groups of 32
         (132, 32, 256, 3, 2, 4, 1, 1),  # the compute-mode default structure
-        (132, 32, 256, 3, 1, 2, 0, 2),  # two row groups a phase apart, three slots
-        (5, 64, 256, 2, 2, 1, 0, 2),    # two groups, two row groups each, 64-token tiles, two slots
-        (9, 32, 256, 4, 2, 2, 0, 2),    # two groups, deep ring, odd NSPLIT
+        (132, 32, 256, 3, 2, 2, 1, 3),  # seesaw: two groups alternate tiles, folded k-slices
+        (7, 32, 256, 3, 4, 1, 0, 3),    # seesaw, four row groups, odd NSPLIT
+        (5, 16, 256, 3, 1, 4, 0, 3),    # seesaw, 16-token tiles, split-K 4 per group
+        (9, 32, 256, 3, 1, 2, 0, 3),    # seesaw, two token groups per group
     ]
     for ht in (1, 2, 8)
     for qt in (0, 3)
@@ -89,7 +90,9 @@ def test_long_prefix_many_tiles(gpu):
     inp = make_inputs(prefix_lens=[46000], q_len=9, H=8, seed=7)
     ref_o, _ = reference(inp)
     for cfg in (KernelConfig(nsplit=132, ht=8, tk=32, block=256, stages=3, wr=2, wk=4, sf=1, pipe=1),
-                KernelConfig(nsplit=7, ht=4, tk=32, block=256, stages=3, wr=2, wk=2, pipe=0)):
+                KernelConfig(nsplit=7, ht=4, tk=32, block=256, stages=3, wr=2, wk=2, pipe=0),
+                KernelConfig(nsplit=132, ht=8, tk=32, block=256, stages=3, wr=2, wk=2, sf=1, pipe=3),
+                KernelConfig(nsplit=7, ht=8, tk=32, block=256, stages=3, wr=4, wk=1, pipe=3)):
         _, out, _ = _run(cfg, inp, limits, cache, lse=False)
         assert rel_error(out, ref_o) <= 1e-2
 
