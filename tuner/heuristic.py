@@ -36,8 +36,10 @@ TWO_WAVE_TILES = 32
 #: mode: two blocks per SM. Session 6 (bench/results/sweep_seesaw_sm_90.md, 2026-11-30): the
 #: seesaw (PIPE=3, two groups of 4 warps, 2x2 grid per group, folded scores, 3 slots) beats the
 #: 2x4 PIPE=1 grid at every 46k-prefix shape: H=8 40.5 vs 43.8 us, H=16 64.5 vs 76.3, H=64 219.7
-#: vs 266.8, H=128 427.1 vs 520.4; it loses in bandwidth mode (q=1: 53.9 vs 45.6).
-_COMPUTE = ((32, 256, 3, 2, 2, 1, 3), (32, 256, 2, 2, 4, 0, 1), (32, 256, 3, 2, 4, 1, 1), (32, 256, 3, 2, 2, 0, 1),
+#: vs 266.8, H=128 427.1 vs 520.4, H=32 P=16k 50.3 vs 59.2; it loses in bandwidth mode (q=1: 53.9
+#: vs 45.6). Where a score buffer per k-slice fits (32-36 rows) the unfolded one is faster (H=8 q=4
+#: 27.3 vs 28.7 folded vs 29.6 PIPE=1; sweep_seesaw_mid_sm_90.md); at 72 rows only the folded fits.
+_COMPUTE = ((32, 256, 3, 2, 2, 0, 3), (32, 256, 3, 2, 2, 1, 3), (32, 256, 2, 2, 4, 0, 1), (32, 256, 3, 2, 4, 1, 1), (32, 256, 3, 2, 2, 0, 1),
             (32, 256, 2, 4, 2, 0, 1), (16, 256, 3, 2, 4, 0, 1), (16, 256, 2, 4, 2, 0, 1),
             (16, 256, 2, 2, 4, 0, 1), (16, 128, 2, 1, 4, 0, 1), (16, 128, 2, 2, 2, 0, 1))
 #: Splits of at most SHORT_TILES tiles (short prefixes): one barrier fewer per tile and a third
