@@ -32,7 +32,9 @@ BANDWIDTH = [(32, 256, 2, 1, 4, 1), (32, 256, 2, 1, 4, 0), (32, 256, 3, 1, 4, 1)
              (16, 128, 3, 1, 4, 1), (16, 128, 4, 1, 4, 1), (64, 256, 2, 1, 2, 1), (32, 128, 3, 1, 2, 1)]
 PHASES = [("whole", (), True), ("partial only", (), False), ("no QK", ("-DVA_PROFILE_SKIP_QK",), False),
           ("no softmax", ("-DVA_PROFILE_SKIP_SOFTMAX",), False), ("no PV", ("-DVA_PROFILE_SKIP_PV",), False),
-          ("loads only", ("-DVA_PROFILE_SKIP_QK", "-DVA_PROFILE_SKIP_SOFTMAX", "-DVA_PROFILE_SKIP_PV"), False)]
+          ("loads only", ("-DVA_PROFILE_SKIP_QK", "-DVA_PROFILE_SKIP_SOFTMAX", "-DVA_PROFILE_SKIP_PV"), False),
+          ("no KV loads", ("-DVA_PROFILE_SKIP_LOADS",), False), ("empty partial", ("-DVA_PROFILE_EMPTY",), False),
+          ("empty pair", ("-DVA_PROFILE_EMPTY",), True)]
 
 
 def candidates(limits, H: int, Q: int, P: int) -> list[KernelConfig]:
