@@ -26,8 +26,9 @@ def _noise(m: Measurement) -> float:
 def pick_winner(out: Outcome, *, ranked: list[KernelConfig], backend: Backend, sessions: sessionmaker[Session],
                 workload: Workload, top_k: int, rounds: int, owns: Callable[[], bool] | None = None) -> None:
     """Re-measure the `top_k` fastest of `ranked` (the study's gated configs, fastest first), the
-    default and the stored best interleaved; store the winner unless the stored best is within
-    the measured noise of it. Fills `out` (best, default timing, decision, stored)."""
+    default and the stored best interleaved; the fastest of the top configs and the default wins
+    and is stored unless the stored best is within the measured noise of it. Fills `out` (best,
+    default timing, decision, stored)."""
     top = ranked[:top_k]
     if not top:
         out.decision = "no config passed the correctness gate: nothing stored"
@@ -53,7 +54,10 @@ def pick_winner(out: Outcome, *, ranked: list[KernelConfig], backend: Backend, s
     if not all(m.ok for m in ms):
         out.decision = f"re-measurement failed: {[m.reason for m in ms if not m.ok]}; nothing stored"
         return
-    winner = min(top, key=lambda c: by_cfg[c].median_us)  # type: ignore[arg-type, return-value]
+    # the default competes too: a search restricted away from it (`--only`), or one whose top
+    # configs lose in the re-timing, must not store a config slower than what workers already run
+    contenders = top + [default] if default is not None and default in by_cfg and default not in top else top
+    winner = min(contenders, key=lambda c: by_cfg[c].median_us)  # type: ignore[arg-type, return-value]
     out.best, out.best_m = winner, by_cfg[winner]
     out.default_m = by_cfg.get(default) if default is not None else None
     if incumbent is not None and incumbent != winner:

@@ -18,9 +18,10 @@ from tuner.study import run_study
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 WL = Workload(8, 9, 46000)
 #: The fake landscape depends on the four core constants and STAGES only: the searches here fix
-#: kernel v2's structural choices at the heuristic's, so a few dozen trials explore what the
-#: assertions are about (the structural dimensions are exercised by test_space_* below).
-FIXED = {"QT": [0], "WR": [2], "WK": [4], "SF": [0], "PIPE": [1]}
+#: kernel v2's structural choices at the heuristic's for WL (the seesaw: 3 slots, 256 threads, 2x2
+#: folded), so a few dozen trials explore what the assertions are about (the structural dimensions
+#: are exercised by test_space_* below).
+FIXED = {"QT": [0], "WR": [2], "WK": [2], "SF": [1], "PIPE": [3], "STAGES": [3], "BLOCK": [256]}
 
 
 def study(sessions, db_url, backend, **kw):
@@ -62,7 +63,7 @@ def test_invalid_configs_never_reach_the_backend_and_do_not_use_the_budget(sessi
 def test_failed_trials_are_recorded_with_reasons(sessions, db_url):
     # the default (NSPLIT=132, measured first) computes wrong results; the fake optimum crashes
     fb = FakeBackend(wrong_nsplit=132, crash_nsplit=64)
-    out = study(sessions, db_url, fb, n_trials=30)
+    out = study(sessions, db_url, fb, n_trials=30, restrict={"NSPLIT": [64, 96, 128, 132]})
     states = {t.state for t in trials(sessions, out.study_id)}
     assert {"wrong", "crashed"} <= states
     rows = [t for t in trials(sessions, out.study_id) if t.state in ("wrong", "crashed")]
@@ -71,7 +72,7 @@ def test_failed_trials_are_recorded_with_reasons(sessions, db_url):
 
 def test_repeated_params_are_answered_from_storage(sessions, db_url):
     fb = FakeBackend()
-    out = study(sessions, db_url, fb, n_trials=30, restrict={"STAGES": [2], "BLOCK": [256]})
+    out = study(sessions, db_url, fb, n_trials=30)
     search = [t for t in trials(sessions, out.study_id) if t.state != "invalid"]
     keys = [tuple(sorted(t.params.items())) for t in search]
     assert len(keys) == 30 and len(keys) == len(set(keys)), "a parameter set was measured twice"
@@ -85,7 +86,7 @@ def test_repeated_params_are_answered_from_storage(sessions, db_url):
 
 def test_warm_start_measures_the_default_then_neighbours_first(sessions, db_url):
     fb = FakeBackend()
-    neighbour = KernelConfig(nsplit=96, ht=4, tk=16, block=256, stages=3)
+    neighbour = KernelConfig(nsplit=96, ht=4, tk=16, block=256, stages=3, wk=2, sf=1, pipe=3)  # in FIXED's space
     with session_scope(sessions) as s:
         repo.upsert_device(session=s, limits=H200)
         from kernels import kernel_hash
@@ -96,6 +97,19 @@ def test_warm_start_measures_the_default_then_neighbours_first(sessions, db_url)
     study(sessions, db_url, fb, n_trials=5)
     assert fb.measured[0] == heuristic_config(H200, H=8, q_len=9, prefix=46000)
     assert fb.measured[1] == neighbour
+
+
+def test_a_search_restricted_away_from_a_faster_default_stores_the_default(sessions, db_url):
+    # `--only NSPLIT=1,2`: every config the search may try is slower than the heuristic's default
+    # (NSPLIT=132 here), which the winner phase gates and times; the default must win, not the
+    # fastest of the search's top configs
+    fb = FakeBackend()
+    out = study(sessions, db_url, fb, n_trials=6, restrict={"NSPLIT": [1, 2]})
+    default = heuristic_config(H200, H=8, q_len=9, prefix=46000)
+    assert out.default == default and default.nsplit not in (1, 2)
+    assert out.stored and out.best == default and out.speedup == pytest.approx(1.0)
+    with session_scope(sessions) as s:
+        assert repo.get_best(session=s, key=out.key).config == default
 
 
 def test_resume_reuses_measurements(sessions, db_url):
@@ -111,7 +125,7 @@ def test_resume_reuses_measurements(sessions, db_url):
 
 
 def test_grid_sampler_sweeps_every_valid_config(sessions, db_url):
-    restrict = {**FIXED, "NSPLIT": [16, 64, 128], "TK": [32, 64], "STAGES": [2]}
+    restrict = {**FIXED, "NSPLIT": [16, 64, 128], "TK": [32, 64]}
     valid = space.valid_configs(H200, H=8, q_len=9, restrict=restrict)
     fb = FakeBackend(wrong_nsplit=-1, crash_nsplit=-1, noise=0.0)
     out = study(sessions, db_url, fb, n_trials=10_000, sampler="grid", restrict=restrict)
@@ -161,10 +175,10 @@ def test_a_batch_study_is_its_own_key_and_warm_starts_from_b1(sessions, db_url):
     """B=32 tunes its own key (batch bucket 17-32), measures the B=32 workload, finds the
     one-wave NSPLIT for 32 requests and leaves the B=1 row alone; the B=1 winner, its NSPLIT
     scaled to 32 requests, is among the B=32 study's warm-start candidates."""
-    b1 = study(sessions, db_url, FakeBackend(cost=batch_cost), n_trials=20, restrict={"STAGES": [2]})
+    b1 = study(sessions, db_url, FakeBackend(cost=batch_cost), n_trials=20)
     fb = FakeBackend(cost=batch_cost)
     wl32 = Workload(8, 9, 46000, batch=32)
-    b32 = study(sessions, db_url, fb, n_trials=20, workload=wl32, restrict={"STAGES": [2]})
+    b32 = study(sessions, db_url, fb, n_trials=20, workload=wl32)
     assert (b1.key.batch_bucket, b32.key.batch_bucket) == (0, 5) and b32.key.bucket == b1.key.bucket
     assert b32.stored and b32.best.nsplit * 32 <= 2 * 132 and b1.best.nsplit >= 64
     # enqueued from the neighbouring batch bucket: its structure, its splits scaled by 1/32
@@ -222,7 +236,7 @@ class _ThreadedBackend(FakeBackend):
 @pytest.mark.parametrize("budget", [1, 9])
 def test_parallel_trials_compile_ahead_measure_one_at_a_time_and_keep_the_budget(sessions, db_url, budget):
     fb = _ThreadedBackend()
-    out = study(sessions, db_url, fb, n_trials=budget, parallel=4, restrict={"STAGES": [2]})
+    out = study(sessions, db_url, fb, n_trials=budget, parallel=4)
     assert out.stored
     st = optuna.load_study(study_name=out.key.study_name, storage=db_url)
     assert all(t.state.is_finished() for t in st.trials), "a trial was left running"
@@ -239,5 +253,5 @@ def test_parallel_trials_compile_ahead_measure_one_at_a_time_and_keep_the_budget
     assert all("budget" in t.user_attrs.get("reason", "") for t in unmeasured)
     # a larger budget resumes the same study and measures only the difference
     more = _ThreadedBackend(seed=2)
-    study(sessions, db_url, more, n_trials=budget + 3, parallel=4, restrict={"STAGES": [2]})
+    study(sessions, db_url, more, n_trials=budget + 3, parallel=4)
     assert len(more.measured) == 3
