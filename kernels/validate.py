@@ -67,8 +67,7 @@ def smem_bytes(cfg: KernelConfig, q_len: int) -> int:
     stats = (2 + g) * rp * 4 + 16  # m, l, alpha per row; two rescale flags and padding
     mask = cfg.row_tile(q_len) * 8
     slots = cfg.stages * cfg.tk * 4  # slot-index ring
-    mbar = 64 if cfg.pipe == 3 else 0  # the seesaw's full / empty mbarriers
-    return q + kv + scores + p + stats + mask + slots + mbar
+    return q + kv + scores + p + stats + mask + slots
 
 
 def registers_needed(cfg: KernelConfig, q_len: int) -> int:

@@ -106,12 +106,6 @@ constexpr int SMEM_P = NPB * ROWS_PAD * PSTRIDE * 2;
 constexpr int SMEM_STATS = (2 + NPB) * ROWS_PAD * 4 + 16;  // m, l, alpha per row; two rescale flags (+pad)
 constexpr int SMEM_MASK = QT * 8;
 constexpr int SMEM_SLOTS = STAGES * TK * 4;
-constexpr int SMEM_MBAR = PIPE == 3 ? 64 : 0;  // PIPE 3: full and empty mbarriers per slot (VA_MBAR)
-#if PIPE == 3 && defined(VA_MBAR)
-#define MBAR_RING 1
-#else
-#define MBAR_RING 0
-#endif
 // softmax: LPR lanes share a row, each holding SPL consecutive scores; RPP rows per warp pass.
 // As few passes as SPL <= 16 allows (one at 72 rows, 8 warps, TK=32): the passes are latency
 // chains (loads, shuffles, exp) that the warps cannot overlap with anything else.
@@ -137,8 +131,7 @@ constexpr int RED_UNROLL = RED_SHARE <= 24 ? RED_SHARE : 8;
 }  // namespace
 
 // Read back by kernels/launch.py to check that validate.py's smem formula matches this layout.
-extern "C" __device__ const int kSmemBytes =
-    SMEM_Q + SMEM_K + SMEM_S + SMEM_P + SMEM_STATS + SMEM_MASK + SMEM_SLOTS + SMEM_MBAR;
+extern "C" __device__ const int kSmemBytes = SMEM_Q + SMEM_K + SMEM_S + SMEM_P + SMEM_STATS + SMEM_MASK + SMEM_SLOTS;
 extern "C" __device__ const int kUsesPdl = VA_PDL;
 extern "C" __device__ const int kReduceThreads = RED_THREADS;
 
@@ -221,29 +214,6 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], 
 __device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
 __device__ __forceinline__ void bar_arrive(int id, int n) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
-}
-// mbarriers (PIPE 3 with VA_MBAR): a cp.async ring with full / empty flags per slot.
-__device__ __forceinline__ void mbar_init(unsigned long long* bar, int count) {
-  asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count) : "memory");
-}
-// Arrives on `bar` once every cp.async this thread issued before has landed.
-__device__ __forceinline__ void mbar_arrive_on_copies(unsigned long long* bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\n" ::"r"(smem_u32(bar)) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
-  asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.shared.b64 st, [%0];\n}\n" ::"r"(smem_u32(bar)) : "memory");
-}
-// Waits until the phase with this parity has completed.
-__device__ __forceinline__ void mbar_wait(unsigned long long* bar, int parity) {
-  asm volatile(
-      "{\n .reg .pred p;\n"
-      "WAIT_%=:\n"
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(VA_MBAR_TRY)
-      " mbarrier.try_wait.parity.shared.b64 p, [%0], %1;\n"  // the hardware suspends the warp a while
-#else
-      " mbarrier.test_wait.parity.shared.b64 p, [%0], %1;\n"
-#endif
-      " @!p bra WAIT_%=;\n}\n" ::"r"(smem_u32(bar)), "r"(parity) : "memory");
 }
 namespace {
 constexpr int BAR_GROUP = 1;      // + group: the group's 128 threads
@@ -563,8 +533,6 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
   int* resc_s = reinterpret_cast<int*>(a_s + NPB * ROWS_PAD);  // [2] rescale flags by tile parity (+2 pad)
   unsigned long long* mask_s = reinterpret_cast<unsigned long long*>(resc_s + 4);
   int* idx_s = reinterpret_cast<int*>(mask_s + QT);  // [STAGES][TK] slot indices, fetched ahead by cp.async
-  [[maybe_unused]] unsigned long long* full_b = reinterpret_cast<unsigned long long*>(idx_s + STAGES * TK);
-  [[maybe_unused]] unsigned long long* empty_b = full_b + STAGES;  // (MBAR_RING: STAGES = 3, 48 of 64 B)
 
   const int split = blockIdx.x, hg = blockIdx.y / NQT, qt = blockIdx.y % NQT, b = blockIdx.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -632,21 +600,11 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
 #pragma unroll
   for (int k = 0; k < PER; ++k)
     if (tid + k * BLOCK < PRE * TK) idx_s[tid + k * BLOCK] = pre_slot[k];  // PRE <= STAGES: no wrap
-#if MBAR_RING
-  if (tid < STAGES) {
-    mbar_init(full_b + tid, GWARPS * 32);  // the owner group's threads, once their copies landed
-    mbar_init(empty_b + tid, BLOCK);       // every thread, after its PV of the slot's tile
-  }
-#endif
   __syncthreads();
 #pragma unroll 1
   for (int s = PIPE == 3 ? grp : 0; s < PRE; s += NGROUPS) {  // PIPE 3: a tile's owner loads it
     if (s < ntiles) load_kv_tile<GWARPS>(Ks + s * TK * KSTRIDE, kv, idx_s, sp, s, gw);
-#if MBAR_RING
-    mbar_arrive_on_copies(full_b + s);
-#else
     cp_async_commit();
-#endif
   }
   __syncthreads();  // every prologue copy has read its index
 #pragma unroll
@@ -665,19 +623,13 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
   auto refill = [&](int X) {
     if (X < ntiles) load_kv_tile<GWARPS>(Ks + (X % STAGES) * TK * KSTRIDE, kv, idx_s, sp, X, gw);
     fetch_indices(idx_s, sp, X + STAGES - 1, NGROUPS == 1 ? tid : tid % (GWARPS * 32));
-#if MBAR_RING
-    mbar_arrive_on_copies(full_b + X % STAGES);  // also when empty: the slot's phases stay in step
-#else
     cp_async_commit();  // possibly empty: keeps the group count uniform for the waits
-#endif
   };
 
   float acc[MW][NR][4];
   zero_fill(acc);
 
-#if MBAR_RING
-  cp_async_wait<0>();  // Q (its own group; the tiles' copies are tracked by the full mbarriers)
-#elif PIPE == 3
+#if PIPE == 3
   if (grp == 0) cp_async_wait<2>(); else cp_async_wait<1>();  // Q (0: tiles 0, 2 pending; 1: tile 1)
 #else
   cp_async_wait<PRE - 1>();  // Q and tile 0 have landed
@@ -729,12 +681,8 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
     const bool own = t < ntiles;
     const bf16* Kt = Ks + (t % STAGES) * TK * KSTRIDE;
     if (own) {
-#if MBAR_RING
-      mbar_wait(full_b + t % STAGES, (t / STAGES) & 1);  // tile t and the indices of t+2 have landed
-#else
       if (t == 0) cp_async_wait<1>(); else cp_async_wait<0>();  // tile t (group 0 has tile 2 pending at t=0)
       bar_sync(BAR_GROUP + grp, GWARPS * 32);                     // ... landed for the whole group
-#endif
       QK_TILE(Qs, Kt, Sg, gw, lane, grp);
     }
     if (t >= 1) {
@@ -742,16 +690,8 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
       bar_sync(BAR_P + (u & 1), BLOCK);  // P(u), its alphas and flag are ready
       PV_TILE(acc, Ks + (u % STAGES) * TK * KSTRIDE, Ps + (u & 1) * PBUF, a_s + (u & 1) * ROWS_PAD,
               resc_s[u & 1] != 0, warp, lane);
-#if MBAR_RING
-      mbar_arrive(empty_b + u % STAGES);
-      if (own) {
-        mbar_wait(empty_b + u % STAGES, (u / STAGES) & 1);  // both groups' PV(u) done: the slot is free
-        refill(t + STAGES - 1);
-      }
-#else
       bar_sync(BAR_EMPTY + u % STAGES, BLOCK);  // the owner's PV(u) is done too: the slot is free
       if (own) refill(t + STAGES - 1);
-#endif
     }
     if (own) {
       bar_sync(BAR_GROUP + grp, GWARPS * 32);  // S(t) complete
@@ -761,11 +701,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
       const bool rescale = resc_s[t & 1] != 0;  // read before the arrive lets the other group's softmax reset it
       bar_arrive(BAR_P + (t & 1), BLOCK);      // ... and for the other
       PV_TILE(acc, Kt, Ps + (t & 1) * PBUF, a_s + (t & 1) * ROWS_PAD, rescale, warp, lane);
-#if MBAR_RING
-      mbar_arrive(empty_b + t % STAGES);
-#else
       bar_arrive(BAR_EMPTY + t % STAGES, BLOCK);
-#endif
     }
   }
 #endif
