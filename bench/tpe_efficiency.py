@@ -74,7 +74,7 @@ def main() -> None:
         # the search may only propose what the sweep measured (a sweep of an older, smaller space)
         run_study(backend=rb, sessions=session_factory(make_engine(url)), storage_url=url,
                   workload=Workload(sweep["H"], sweep["q_len"], sweep["prefix"]), n_trials=args.budget, seed=seed,
-                  restrict={"NSPLIT": sorted({c.nsplit for c in table})})
+                  restrict={p: sorted({c.as_params()[p] for c in table}) for p in PARAM_NAMES})
         hit = next((i + 1 for i, c in enumerate(rb.calls) if c in table
                     and table[c]["state"] == "ok" and table[c]["median_us"] <= 1.03 * best), None)
         needed.append(hit if hit is not None else float("inf"))
