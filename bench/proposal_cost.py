@@ -98,8 +98,8 @@ def main() -> None:
     stamp = dt.date.today().isoformat()
     (args.out / f"{args.tag}.json").write_text(json.dumps({"date": stamp, "rows": rows}, indent=1))
     lines = [f"# Search cost per key without measuring — H=8 q=9, SQLite, this machine, {stamp}", "",
-             "`python bench/proposal_cost.py`: each key's study against an instant backend (analytic landscape), so "
-             "the time is proposing, checking, storing and picking the winner.", "",
+             ("`python bench/proposal_cost.py`: each key's study against an instant backend (analytic landscape), "
+              "so the time is proposing, checking, storing and picking the winner."), "",
              "| trials a key | keys | proposals a key | invalid share | wall s a key |", "|---|---|---|---|---|"]
     for n in sorted({r["trials"] for r in rows}):
         rs = [r for r in rows if r["trials"] == n]
