@@ -14,7 +14,9 @@
 //           (slice k+WK/2 adds into slice k's buffer after a barrier), which frees the shared
 //           memory of a third ring slot at 72 rows
 //   PIPE    pipeline: 0 fuses PV(t) and QK(t+1) (two barriers a tile), 1 refills a slot right
-//           after its PV (three barriers, loads overlap a whole iteration even with two slots)
+//           after its PV (three barriers, loads overlap a whole iteration even with two slots),
+//           3 the seesaw: two groups of 4 warps alternate tiles for QK + softmax and both apply
+//           every P to their half of the latent dims (named barriers only, 3 slots)
 //
 // Layout of the work. A block owns HT heads x QT nodes of one request (ROWS = HT*QT query
 // rows; a request has ceil(QN/QT) row tiles) and one split of the request's token sequence,
@@ -24,7 +26,8 @@
 // -- tokens and latent dims on the M side, query rows on the N side -- because ROWS is small:
 //   QK:  S^T[TK, ROWS]  = K[TK, 576]  . Q^T[576, ROWS]
 //   PV:  O^T[512, ROWS] += V^T[512, TK] . P^T[TK, ROWS]
-// QK warp grid: WR row groups x WT token groups x WK k-slices (WT = warps / (WR*WK)). Each
+// QK warp grid: WR row groups x WT token groups x WK k-slices (WT = warps / (WR*WK), the warps
+// of one group in PIPE 3). Each
 // k-slice writes its partial scores to its own buffer; the softmax sums them. Smaller WK reads
 // Q more often, larger WK moves more partial scores: the tuner picks. The O^T accumulator lives
 // in registers, split over all warps by latent dim.
@@ -37,6 +40,7 @@
 //   PIPE 1, three barriers a tile: QK(t) [barrier] softmax(t) [barrier] PV(t); wait tile t+1
 //           [barrier] refill the slot of tile t with tile t+STAGES: every load overlaps a whole
 //           iteration of compute, also with two slots (which is all 72 rows leave room for).
+//   PIPE 3, the seesaw (two groups of 4 warps; the loop below says how they take turns).
 // Partials: normalised o/l in bf16 plus lse (log2 domain, fp32) per (row, split); the reduce
 // merges them with the log-sum-exp rule.
 #include <cuda_bf16.h>
@@ -176,9 +180,15 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool v
 // The same copy issued only where `pred` holds, as a predicated instruction (no branch).
 __device__ __forceinline__ void cp_async16_if(bool pred, uint32_t dst, const void* src, bool valid) {
   const int n = valid ? 16 : 0;
+#if defined(VA_CP_L2_256B)
+#define VA_CP_OP "cp.async.cg.shared.global.L2::256B"
+#else
+#define VA_CP_OP "cp.async.cg.shared.global"
+#endif
   asm volatile(
       "{\n .reg .pred p;\n setp.ne.b32 p, %0, 0;\n"
-      "@p cp.async.cg.shared.global [%1], [%2], 16, %3;\n}\n" ::"r"((int)pred), "r"(dst), "l"(src), "r"(n));
+      "@p " VA_CP_OP " [%1], [%2], 16, %3;\n}\n" ::"r"((int)pred), "r"(dst), "l"(src), "r"(n));
+#undef VA_CP_OP
 }
 __device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
