@@ -255,3 +255,20 @@ def test_parallel_trials_compile_ahead_measure_one_at_a_time_and_keep_the_budget
     more = _ThreadedBackend(seed=2)
     study(sessions, db_url, more, n_trials=budget + 3, parallel=4)
     assert len(more.measured) == 3
+
+
+def test_optuna_commits_trials_without_fsync_and_the_config_db_keeps_full(tmp_path):
+    from sqlalchemy import text
+
+    from tuner.db import migrate
+    from tuner.db.session import make_engine
+    from tuner.study import open_storage
+
+    url = f"sqlite:///{tmp_path}/configs.db"
+    migrate.upgrade(url)
+    storage = open_storage(url)
+    with storage.engine.connect() as c:  # Optuna's trials: NORMAL (1)
+        assert c.execute(text("PRAGMA synchronous")).scalar() == 1
+        assert c.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+    with make_engine(url).connect() as c:  # best configs and claims: FULL (2)
+        assert c.execute(text("PRAGMA synchronous")).scalar() == 2
