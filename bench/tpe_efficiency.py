@@ -48,6 +48,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("sweep", type=Path)
     ap.add_argument("--seeds", type=int, default=20)
+    ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--budget", type=int, default=150)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
@@ -67,7 +68,7 @@ def main() -> None:
     best = min(r["median_us"] for r in sweep["rows"] if r["state"] == "ok")
     limits = known_device(sweep["device"]) or known_device("h200")
     needed = []
-    for seed in range(args.seeds):
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
         url = f"sqlite:///{tempfile.mkdtemp()}/r.db"
         migrate.upgrade(url)
         rb = Replay(limits, table)

@@ -60,6 +60,23 @@ def test_invalid_configs_never_reach_the_backend_and_do_not_use_the_budget(sessi
     # FakeBackend.measure asserts it never sees an invalid config
 
 
+def test_refused_proposals_are_pruned_trials_of_their_own_and_logged(sessions, db_url):
+    # the whole space: most of TPE's proposals do not fit; the sampler stores each as a pruned
+    # trial (one write) and proposes again, so the objective only ever sees configs that fit
+    fb = FakeBackend()
+    out = run_study(backend=fb, sessions=sessions, storage_url=db_url, workload=WL, n_trials=12, seed=2)
+    st = optuna.load_study(study_name=out.key.study_name, storage=db_url)
+    refused = [t for t in st.trials if t.user_attrs.get("state") == "invalid"]
+    assert refused and all(t.state == optuna.trial.TrialState.PRUNED and t.user_attrs.get("reason")
+                           and check(KernelConfig.from_params(t.params), H200, H=8, q_len=9) is not None
+                           for t in refused)
+    logged = [t for t in trials(sessions, out.study_id) if t.state == "invalid"]
+    assert len(logged) == len(refused) and all(t.reason for t in logged)
+    taken = [t for t in st.trials if t.user_attrs.get("state") != "invalid"]
+    assert all(check(KernelConfig.from_params(t.params), H200, H=8, q_len=9) is None for t in taken)
+    assert len(fb.measured) >= 12
+
+
 def test_failed_trials_are_recorded_with_reasons(sessions, db_url):
     # the default (NSPLIT=132, measured first) computes wrong results; the fake optimum crashes
     fb = FakeBackend(wrong_nsplit=132, crash_nsplit=64)
