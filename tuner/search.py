@@ -49,8 +49,7 @@ class WarmFirst(optuna.samplers.BaseSampler):
     checked before a trial takes them: one `reject` refuses is stored as a finished, pruned trial
     of its own (one storage write, where a trial that suggests it costs one per constant plus its
     state; ~72 % of TPE's proposals do not fit at H=8 q=9) and the inner sampler proposes again,
-    having seen it, as it would have after the pruned trial (`record_invalid` logs it like the
-    objective does).
+    having seen it, as it would have after the pruned trial (`refused` keeps the books: Search.refused).
 
     Optuna's enqueue_trial keeps its queue in the storage, and a queued trial goes to whoever
     marks it running first: PostgreSQL locks the row, SQLite does not, and two threads (or two
@@ -64,11 +63,11 @@ class WarmFirst(optuna.samplers.BaseSampler):
 
     def __init__(self, inner: optuna.samplers.BaseSampler, warm: list[dict[str, int]],
                  choices: dict[str, list[int]], reject: Callable[[dict[str, int]], str | None] | None = None,
-                 record_invalid: Callable[[dict[str, int], str], None] | None = None) -> None:
+                 refused: Callable[[dict[str, int], str], None] | None = None) -> None:
         self.inner, self.warm = inner, list(warm)
         self.space = {k: optuna.distributions.CategoricalDistribution(v) for k, v in choices.items()}
         self.handed: dict[int, dict[str, int]] = {}  # trial number -> its warm config
-        self.reject, self.record_invalid = reject, record_invalid
+        self.reject, self.refused = reject, refused
         self.lock = threading.Lock()
 
     def reseed_rng(self) -> None:
@@ -93,8 +92,8 @@ class WarmFirst(optuna.samplers.BaseSampler):
         if self.reject is None:
             return self.inner.sample_relative(study, trial, search_space)
         proposal: dict = {}
+        inner_space = self.inner.infer_relative_search_space(study, trial)  # every trial has the same space
         for _ in range(self.REDRAWS):
-            inner_space = self.inner.infer_relative_search_space(study, trial)
             proposal = dict(self.inner.sample_relative(study, trial, inner_space)) if inner_space else {}
             for name, dist in self.space.items():  # what the inner sampler draws one by one, in order
                 if name not in proposal:
@@ -102,11 +101,11 @@ class WarmFirst(optuna.samplers.BaseSampler):
             reason = self.reject(proposal)
             if reason is None:
                 return proposal
-            if self.record_invalid is not None:
-                self.record_invalid(proposal, reason)
             study.add_trial(optuna.trial.create_trial(
                 state=optuna.trial.TrialState.PRUNED, params=proposal, distributions=self.space,
                 user_attrs={STATE_ATTR: INVALID, REASON_ATTR: reason[:500]}))
+            if self.refused is not None:
+                self.refused(proposal, reason)
         return proposal
 
     def sample_independent(self, study: optuna.Study, trial: optuna.trial.FrozenTrial, param_name: str,
@@ -224,6 +223,18 @@ class Search:
             self.proposer = None
         self.state.notify_all()
 
+    def refusal(self, params: dict[str, int]) -> str | None:
+        """Why `validate` refuses these params for this key, or None."""
+        return check(KernelConfig.from_params(params), self.backend.limits, H=self.out.key.H, q_len=self.out.key.q_len)
+
+    def refused(self, params: dict[str, int], reason: str) -> None:
+        """The sampler stored these params as a pruned trial without a trial taking them: log it as
+        the objective logs an invalid config, and count the trial it added (no callback sees it),
+        so `_alone` keeps telling this process's trials from another's."""
+        self.record(params, Measurement(INVALID, reason=reason))
+        with self.state:
+            self.ledger.total += 1
+
     def record(self, params: dict[str, int], m: Measurement) -> None:
         with session_scope(self.sessions) as s:
             repo.record_trial(session=s, study_id=self.out.study_id, params=params, state=m.state, reason=m.reason,
@@ -263,7 +274,7 @@ class Search:
         params = {p: trial.suggest_categorical(p, self.choices[p]) for p in PARAMS}
         cfg = KernelConfig.from_params(params)
         key = self.out.key
-        reason = check(cfg, self.backend.limits, H=key.H, q_len=key.q_len)
+        reason = self.refusal(params)
         if reason is not None:  # never compiled, never run, not counted against the budget
             self.record(params, Measurement(INVALID, reason=reason))
             trial.set_user_attr(STATE_ATTR, INVALID)

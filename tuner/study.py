@@ -22,10 +22,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from kernels import kernel_hash
 from kernels.config import KernelConfig
 from kernels.errors import InvalidConfig
-from kernels.limits import DeviceLimits
 from kernels.validate import check
 from tuner import batches, buckets, space
-from tuner.backend import INVALID, OK, Backend, Measurement, Workload
+from tuner.backend import OK, Backend, Measurement, Workload
 from tuner.db import repo
 from tuner.db.session import make_engine, session_scope
 from tuner.heuristic import heuristic_config
@@ -154,24 +153,15 @@ def workload_key(limits, workload: Workload) -> ConfigKey:  # type: ignore[no-un
 
 
 def _open_study(key: ConfigKey, storage_url: str, heartbeat_s: float | None, sampler: str, seed: int | None,
-                choices: dict[str, list[int]], warm: list[KernelConfig], limits: DeviceLimits,
-                record_invalid: Callable[[dict[str, int], str], None]) -> optuna.Study:
-    """The key's Optuna study (created or resumed); its sampler proposes the warm-start configs
-    the study has not seen first, and (TPE) stores the proposals `validate` refuses as pruned
-    trials of their own before a trial takes one (search.WarmFirst)."""
-    inner = _sampler(sampler, seed, choices)
+                choices: dict[str, list[int]], warm: list[KernelConfig]) -> tuple[optuna.Study, list[dict[str, int]]]:
+    """The key's Optuna study (created or resumed) with its plain sampler, and the warm-start
+    configs the study has not seen (run_study wraps the sampler in search.WarmFirst)."""
     study = optuna.create_study(study_name=key.study_name, storage=open_storage(storage_url, heartbeat_s),
-                                direction="minimize", sampler=inner, load_if_exists=True)
+                                direction="minimize", sampler=_sampler(sampler, seed, choices), load_if_exists=True)
     study.set_user_attr("workload_key", str(key))
     seen = {tuple(sorted(t.params.items())) for t in study.get_trials(deepcopy=False)}
     queue = [_params(c) for c in warm if all(v in choices[k] for k, v in _params(c).items())]
-    queue = [q for q in queue if tuple(sorted(q.items())) not in seen]
-    if sampler != "grid":  # a grid sweeps every config anyway
-        def reject(params: dict[str, int]) -> str | None:
-            return check(KernelConfig.from_params(params), limits, H=key.H, q_len=key.q_len)
-
-        study.sampler = WarmFirst(inner, queue, choices, reject=reject, record_invalid=record_invalid)
-    return study
+    return study, [q for q in queue if tuple(sorted(q.items())) not in seen]
 
 
 def run_study(
@@ -204,15 +194,11 @@ def run_study(
         warm = warm_start_configs(session=s, key=key, limits=limits, workload=workload)
     out = Outcome(key, workload, study_row.id, default=warm[0])
     # a helper leaves the warm start to the owner, whose proposals it would otherwise repeat
-    def record_invalid(params: dict[str, int], reason: str) -> None:  # as Search.record logs an invalid trial
-        with session_scope(sessions) as s:
-            repo.record_trial(session=s, study_id=out.study_id, params=params, state=INVALID, reason=reason,
-                              median_us=None, p10_us=None, p90_us=None, samples=None, rel_error=None)
-
-    study = _open_study(key, storage_url, heartbeat_s, sampler, seed, choices, warm if pick else [], limits,
-                        record_invalid)
+    study, queue = _open_study(key, storage_url, heartbeat_s, sampler, seed, choices, warm if pick else [])
     search = Search(backend=backend, sessions=sessions, workload=workload, out=out, study=study, choices=choices,
                      n_valid=len(valid), budget=min(n_trials, len(valid)), on_progress=on_progress)
+    if sampler != "grid":  # a grid sweeps every config anyway, invalid ones pruned by the objective
+        study.sampler = WarmFirst(study.sampler, queue, choices, reject=search.refusal, refused=search.refused)
     if sampler == "grid":  # the grid is known: build it all up front, on every core (nvcc is single-threaded)
         from concurrent.futures import ThreadPoolExecutor
 
