@@ -461,7 +461,9 @@ __device__ __forceinline__ void softmax_tile(const float* Ss, bf16* Ps, float* m
     softmax_row(Ss, Ps, m_s, l_s, a_s, resc_s + (it & 1), mask_s, sp, rows_here, vbase, scale_log2, r0 + sub, sl);
   }
   // the next tile's flag: last read by PV(it-1), which every thread finished before this tile's
-  // scores were complete (a barrier lies between them in both pipelines)
+  // scores were complete (a barrier lies between them in PIPE 0 and 1; in PIPE 3 this group's
+  // PV(it-1) precedes its S barrier, and the other group's precedes the EMPTY sync before this
+  // softmax)
   if (warp == 0 && lane == 0) resc_s[(it + 1) & 1] = 0;
 }
 
