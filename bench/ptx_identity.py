@@ -1,0 +1,71 @@
+"""Whether this tree's kernel source generates the same PTX as another revision's, for a set of
+configs and arches (line info and comments stripped): a source change that is meant to touch
+comments or flag-only paths is checked here, without a GPU, against the revision the gpu tests
+and benchmarks measured.
+
+    python bench/ptx_identity.py --base 5dfc59b --out bench/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from kernels.build import NVCC_FLAGS, SOURCE, nvcc_path
+from kernels.config import KernelConfig
+
+CONFIGS = [(KernelConfig(132, 8, 32, 256, stages=3, wr=2, wk=2, sf=1, pipe=3), 9),
+           (KernelConfig(132, 8, 32, 256, stages=2, wr=2, wk=4, pipe=1), 9),
+           (KernelConfig(64, 4, 32, 256, stages=3, wr=2, wk=2, pipe=0), 9),
+           (KernelConfig(264, 8, 32, 256, stages=2, wr=1, wk=4, pipe=1), 1),
+           (KernelConfig(5, 1, 16, 256, stages=3, wr=1, wk=4, pipe=3), 9),
+           (KernelConfig(94, 4, 16, 256, stages=2, wr=4, wk=2, pipe=1), 9)]
+ARCHES = ("sm_80", "sm_90", "sm_120")
+
+
+def _ptx(source: str, cfg: KernelConfig, q_len: int, arch: str) -> str:
+    consts = {**cfg.as_params(), "QN": q_len, "QT": cfg.row_tile(q_len)}
+    text = "".join(f"#define {k} {int(v)}\n" for k, v in sorted(consts.items())) + source
+    with tempfile.TemporaryDirectory() as d:
+        src, out = Path(d) / "k.cu", Path(d) / "k.ptx"
+        src.write_text(text)
+        flags = [f for f in NVCC_FLAGS if f != "-lineinfo"]
+        subprocess.run([nvcc_path(), "-ptx", f"-arch={arch}", *flags, "-o", str(out), str(src)], check=True,
+                       capture_output=True)
+        return "\n".join(line for line in out.read_text().splitlines()
+                         if not line.strip().startswith((".loc", ".file", "//")))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--base", required=True, help="git revision to compare with")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    args = ap.parse_args()
+    rel = SOURCE.relative_to(ROOT)
+    base = subprocess.run(["git", "-C", str(ROOT), "show", f"{args.base}:{rel}"], capture_output=True, text=True,
+                          check=True).stdout
+    here = SOURCE.read_text()
+    rows = []
+    for cfg, q in CONFIGS:
+        for arch in ARCHES:
+            same = _ptx(base, cfg, q, arch) == _ptx(here, cfg, q, arch)
+            rows.append(f"| {arch} | {q} | {cfg} | {'identical' if same else 'DIFFERENT'} |")
+            print(rows[-1], flush=True)
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    lines = [f"# PTX of {rel} at {head} (working tree) vs {args.base} — {dt.date.today().isoformat()}", "",
+             (f"`python bench/ptx_identity.py --base {args.base}`; nvcc {' '.join(NVCC_FLAGS)} without "
+              "-lineinfo, `.loc`/`.file`/comment lines stripped."), "", "| arch | q_len | config | PTX |", "|---|---|---|---|"]
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "ptx_identity.md").write_text("\n".join(lines + rows) + "\n")
+
+
+if __name__ == "__main__":
+    main()
