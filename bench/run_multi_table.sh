@@ -3,20 +3,23 @@
 # key) tuned by one GPU, then by several sharing the keys (tuner.claims). Each run starts from an
 # empty database and an empty compile cache, so neither inherits the other's compiles. Trials in
 # flight per GPU: the CLI's default (--compile-jobs: cores / GPUs, at most 8) unless COMPILE_JOBS is set.
+# Each mode's databases are copied to OUTDIR (table_MODE.db) with per-key spans and nvcc compile
+# times in its JSON. WRAP, if set, prefixes the tuner command (e.g. a sampling profiler).
 # Usage: bench/run_multi_table.sh OUTDIR DEVICES [TRIALS]   (DEVICES like 0,1)
 set -uo pipefail
 out=${1:?outdir}; devices=${2:?devices}; trials=${3:-8}
 mkdir -p "$out"
 args=(--H 8 --q-len 9 --prefix-range 1500:45000 --trials "$trials" --seed 0 --only STAGES=2,3 --only QT=0)
 [ -n "${COMPILE_JOBS:-}" ] && args+=(--compile-jobs "$COMPILE_JOBS")
-for mode in single multi; do
+for mode in ${MODES:-single multi}; do
   db=sqlite:////tmp/table-$mode.db; rm -f /tmp/table-$mode.db*; rm -rf /tmp/tc-table-$mode
   export TUNER_CACHE_DIR=/tmp/tc-table-$mode
   env TUNER_DATABASE_URL=$db python3 -m tuner db upgrade >/dev/null
   extra=(); [ $mode = multi ] && extra=(--devices "$devices")
   s=$(date +%s%N); export RUN_START_NS=$s
-  env TUNER_DATABASE_URL=$db python3 -m tuner study start "${args[@]}" "${extra[@]}" > "$out/table_$mode.log" 2>&1
+  env TUNER_DATABASE_URL=$db ${WRAP:-} python3 -m tuner study start "${args[@]}" "${extra[@]}" > "$out/table_$mode.log" 2>&1
   rc=$?; e=$(date +%s%N)
+  cp /tmp/table-$mode.db "$out/table_$mode.db" 2>/dev/null
   python3 - "$db" "$mode" "$(( (e - s) / 1000000 ))" "$rc" "$out" <<'PY'
 import collections, json, os, sys
 import optuna
@@ -27,11 +30,21 @@ t0 = int(os.environ["RUN_START_NS"]) / 1e9
 for s in optuna.get_all_study_summaries(storage=url):
     st = optuna.load_study(study_name=s.study_name, storage=url)
     m = [t for t in st.trials if t.user_attrs.get("measured")]
-    spans += [(t.datetime_start.timestamp() - t0, t.datetime_complete.timestamp() - t0) for t in st.trials
-              if t.datetime_start and t.datetime_complete]
+    own = [(t.datetime_start.timestamp() - t0, t.datetime_complete.timestamp() - t0) for t in st.trials
+           if t.datetime_start and t.datetime_complete]
+    spans += own
     dup = sum(n - 1 for n in collections.Counter(tuple(sorted(t.params.items())) for t in m).values())
-    keys.append({"study": s.study_name, "measured": len(m), "duplicates": dup,
-                 "unfinished": sum(not t.state.is_finished() for t in st.trials)})
+    keys.append({"study": s.study_name, "measured": len(m), "duplicates": dup, "trials": len(st.trials),
+                 "unfinished": sum(not t.state.is_finished() for t in st.trials),
+                 "span_s": [round(min(a for a, _ in own), 2), round(max(b for _, b in own), 2)] if own else None})
+cache = os.environ.get("TUNER_CACHE_DIR", "")
+compiles = []  # a compile holds its .lock from nvcc's start; the .cubin is written when it ends
+for lock in (os.scandir(cache) if os.path.isdir(cache) else []):
+    cubin = lock.path[:-len(".lock")] + ".cubin"
+    if lock.name.endswith(".lock") and os.path.exists(cubin):
+        a, b = os.stat(lock.path).st_mtime - t0, os.stat(cubin).st_mtime - t0
+        compiles.append([round(a, 2), round(b - a, 2)])
+compiles.sort()
 with create_engine(url).connect() as c:
     stored = dict(c.execute(text("select bucket, count(*) from best_configs group by bucket")).all())
     owners = c.execute(text("select count(*) from tuning_studies where owner is not null")).scalar()
@@ -51,10 +64,13 @@ timeline = {"first_trial_start_s": round(spans[0][0], 2) if spans else None,
 res = {"mode": mode, "wall_s": wall_ms / 1000, "rc": rc, "keys": len(keys), "timeline": timeline,
        "measured": sum(k["measured"] for k in keys), "duplicates": sum(k["duplicates"] for k in keys),
        "unfinished": sum(k["unfinished"] for k in keys), "winners_per_key": sorted(set(stored.values())),
-       "keys_with_a_winner": len(stored), "claims_left": owners, "per_key": keys}
+       "keys_with_a_winner": len(stored), "claims_left": owners, "per_key": keys,
+       "compiles": {"n": len(compiles), "seconds_summed": round(sum(d for _, d in compiles), 1),
+                    "start_and_seconds": compiles}}
 json.dump(res, open(f"{out}/table_{mode}.json", "w"), indent=1)
 print(f"{mode}: wall {res['wall_s']:.1f} s rc={rc} keys {res['keys']} measured {res['measured']} "
       f"duplicates {res['duplicates']} unfinished {res['unfinished']} winners/key {res['winners_per_key']} "
-      f"keys with a winner {res['keys_with_a_winner']} claims left {owners} timeline {timeline}")
+      f"keys with a winner {res['keys_with_a_winner']} claims left {owners} compiles {len(compiles)} "
+      f"({res['compiles']['seconds_summed']} s summed) timeline {timeline}")
 PY
 done
