@@ -6,9 +6,13 @@ database (one atomic UPDATE, tuner.db.repo.claim_study) and beats every CLAIM_BE
 owner re-times the top candidates and stores the winner, so every key's winner is picked and
 stored once. A process walks the job's keys in order and claims the first free one; when every
 remaining key is owned by a live process it **helps** with the search of one whose budget is not
-spent (trials are shared through Optuna's storage, so nothing is measured twice), and otherwise
-waits for the owners. A key whose study finished with its budget measured is done and skipped (a
-re-run of the job, or another process that got there first). An owner killed with -9 stops
+spent (trials are shared through Optuna's storage, so nothing is measured twice) by more than its
+owner's trials in flight, and otherwise waits for the owners: the owner's trials in flight already
+take the last places, and a helper there only adds proposals and storage writes to the owner's
+(on the H200 pair, a 20-trial key that an idle process joined for its last few places took
+10.5 s where the others took 7; bench/results/multi_table). A key whose study finished with its
+budget measured is done and skipped (a re-run of the job, or another process that got there
+first). An owner killed with -9 stops
 beating: after CLAIM_STALE_S another process (or the re-run) claims the key and resumes its study,
 whose heartbeat-failed trials Optuna retries.
 """
@@ -110,6 +114,7 @@ def run_job(*, backend: Backend, sessions: sessionmaker[Session], workloads: lis
                                                      batch=wl.batch)))
 
     result = JobResult()
+    in_flight = max(1, study_kw.get("parallel", 1))  # an owner's trials in flight (the same job: the same)
     pending = list(dict.fromkeys(workloads))
     with session_scope(sessions) as s:  # alone: it locks data_version, which winners' writes also take
         repo.upsert_device(session=s, limits=limits)
@@ -139,8 +144,8 @@ def run_job(*, backend: Backend, sessions: sessionmaker[Session], workloads: lis
         for wl in pending:  # every remaining key is owned by a live process
             with session_scope(sessions) as s:
                 row = repo.find_study(session=s, key=workload_key(limits, wl))
-                open_search = row is not None and row.n_ok + row.n_failed < budget(wl)
-            if open_search:  # its own seed: the owner samples with the job's, lockstep would repeat it
+                left = budget(wl) - (row.n_ok + row.n_failed) if row is not None else 0
+            if left > in_flight:  # its own seed: the owner samples with the job's, lockstep would repeat it
                 seed = (zlib.crc32(owner.encode()) + (study_kw.get("seed") or 0)) % (2**31 - 1)  # an INTEGER column
                 run_study(backend=backend, sessions=sessions, workload=wl, n_trials=n_trials, restrict=restrict,
                           pick=False, **{**study_kw, "seed": seed})

@@ -152,3 +152,53 @@ def test_a_key_its_owner_finishes_between_scan_and_claim_is_not_tuned_again(db_u
     with session_scope(sessions) as s:
         row = s.get(repo.Study, sid)
         assert row.owner is None and row.status == "finished"
+
+
+@pytest.mark.parametrize(("left", "helps"), [(3, False), (4, True)])
+def test_an_idle_process_helps_only_a_key_with_more_places_left_than_its_owner_has_in_flight(
+        sqlite_url, monkeypatch, left, helps):
+    """With 3 trials in flight per process, an owner's own trials take a key's last 3 places: an
+    idle process waits for it there (it would only add proposals and storage writes), and joins
+    a key with 4 places left."""
+    import threading
+
+    from kernels.limits import known_device
+    from tests.fakes import FakeBackend
+    from tuner import claims
+    from tuner.study import workload_key
+
+    migrate.upgrade(sqlite_url)
+    sessions = session_factory(make_engine(sqlite_url))
+    wl, limits, budget = Workload(8, 9, 4096), known_device("h200"), 8
+    with session_scope(sessions) as s:
+        repo.upsert_device(session=s, limits=limits)
+    with session_scope(sessions) as s:  # a live owner is mid-search
+        row = repo.get_or_create_study(session=s, key=workload_key(limits, wl), prefix=wl.prefix, sampler="tpe",
+                                       seed=0, reopen=False)
+        row.n_ok, sid = budget - left, row.id
+    with session_scope(sessions) as s:
+        assert repo.claim_study(session=s, study_id=sid, owner="other", stale_before=repo.utcnow())
+    calls = []
+
+    def owner_finishes() -> None:
+        with session_scope(sessions) as s:
+            row = s.get(repo.Study, sid)
+            row.n_ok = budget
+            repo.finish_study(session=s, study_id=sid)
+            repo.release_study(session=s, study_id=sid, owner="other")
+
+    def helper_search(**kw):  # type: ignore[no-untyped-def]
+        calls.append(kw)
+        owner_finishes()
+
+    monkeypatch.setattr(claims, "run_study", helper_search)
+    timer = threading.Timer(2.5, owner_finishes)  # the owner's end, if nobody helps
+    timer.start()
+    try:
+        res = claims.run_job(backend=FakeBackend(), sessions=sessions, workloads=[wl], n_trials=budget, owner="me",
+                             study_kw={"storage_url": sqlite_url, "sampler": "tpe", "seed": 0, "parallel": 3})
+    finally:
+        timer.cancel()
+    assert [c["pick"] for c in calls] == ([False] if helps else [])
+    assert res.done_before == [wl] and not res.outcomes
+    assert res.helped == ([wl] if helps else [])
