@@ -44,6 +44,36 @@ class Progress:
     last: str
 
 
+class _HeldWrites:
+    """A storage whose set_trial_system_attr calls are held, not written; everything else goes to
+    `storage`. TPE with the constant liar writes each relative proposal to the asking trial (so
+    other processes see what a running trial is about to suggest); WarmFirst lets through only
+    the proposal it accepts, where every refused redraw would have been one more write."""
+
+    def __init__(self, storage: object) -> None:
+        self._storage = storage
+        self.held: list[tuple[object, ...]] = []
+
+    def set_trial_system_attr(self, *args: object) -> None:
+        self.held.append(args)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._storage, name)
+
+
+class _QuietStudy:
+    """The study as the inner sampler sees it during redraws: the same object in every respect
+    (its methods are the real study's, bound to the real storage) except `_storage`, whose
+    system-attribute writes are held (_HeldWrites)."""
+
+    def __init__(self, study: optuna.Study) -> None:
+        self._study = study
+        self._storage = _HeldWrites(study._storage)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._study, name)
+
+
 class WarmFirst(optuna.samplers.BaseSampler):
     """Proposes the warm-start configs first, in order, then the inner sampler's proposals --
     checked before a trial takes them: one `reject` refuses is stored as a finished, pruned trial
@@ -93,13 +123,17 @@ class WarmFirst(optuna.samplers.BaseSampler):
             return self.inner.sample_relative(study, trial, search_space)
         proposal: dict = {}
         inner_space = self.inner.infer_relative_search_space(study, trial)  # every trial has the same space
+        quiet = _QuietStudy(study)
         for _ in range(self.REDRAWS):
-            proposal = dict(self.inner.sample_relative(study, trial, inner_space)) if inner_space else {}
+            quiet._storage.held.clear()
+            proposal = dict(self.inner.sample_relative(quiet, trial, inner_space)) if inner_space else {}  # type: ignore[arg-type]
             for name, dist in self.space.items():  # what the inner sampler draws one by one, in order
                 if name not in proposal:
                     proposal[name] = self.inner.sample_independent(study, trial, name, dist)
             reason = self.reject(proposal)
             if reason is None:
+                for args in quiet._storage.held:  # the accepted proposal is shared as the sampler shares it
+                    study._storage.set_trial_system_attr(*args)
                 return proposal
             study.add_trial(optuna.trial.create_trial(
                 state=optuna.trial.TrialState.PRUNED, params=proposal, distributions=self.space,
@@ -193,6 +227,8 @@ class Search:
         self.proposer: int | None = None  # ... proposing now
         self.reserved: set[int] = set()  # ... holding a place, not yet counted by the ledger
         self.own: dict[tuple[int, ...], int] = {}  # config -> this process's trial measuring it
+        self.log_lock = threading.Lock()
+        self.unlogged: list[tuple[dict[str, int], Measurement]] = []  # invalid configs' rows (record)
 
     @property
     def done(self) -> bool:
@@ -236,10 +272,32 @@ class Search:
             self.ledger.total += 1
 
     def record(self, params: dict[str, int], m: Measurement) -> None:
+        """Log a trial in the config database. An invalid config's row waits for the next
+        measurement's transaction (or `flush`, when the search ends): refused proposals are most
+        of a key's trials, and a commit each held the write lock of an SQLite file that the other
+        tuner processes of the job wait on. A killed process loses only waiting rows of this log
+        (Optuna's storage has every refused config as a pruned trial); the counts of measured
+        trials, which the claims read, are written with their measurement."""
+        with self.log_lock:
+            self.unlogged.append((params, m))
+            if m.state == INVALID:
+                return
+            rows, self.unlogged = self.unlogged, []
+        self._write_log(rows)
+
+    def flush(self) -> None:
+        """Write the invalid configs' rows still waiting (the search is over)."""
+        with self.log_lock:
+            rows, self.unlogged = self.unlogged, []
+        if rows:
+            self._write_log(rows)
+
+    def _write_log(self, rows: list[tuple[dict[str, int], Measurement]]) -> None:
         with session_scope(self.sessions) as s:
-            repo.record_trial(session=s, study_id=self.out.study_id, params=params, state=m.state, reason=m.reason,
-                              median_us=m.median_us, p10_us=m.p10_us, p90_us=m.p90_us, samples=m.samples or None,
-                              rel_error=m.rel_error)
+            for params, m in rows:
+                repo.record_trial(session=s, study_id=self.out.study_id, params=params, state=m.state,
+                                  reason=m.reason, median_us=m.median_us, p10_us=m.p10_us, p90_us=m.p90_us,
+                                  samples=m.samples or None, rel_error=m.rel_error)
 
     def objective(self, trial: optuna.Trial) -> float:
         n = trial.number
@@ -283,7 +341,7 @@ class Search:
         prev = self._measured_before(params, trial.number)
         if prev is not None:  # answered from the stored measurement
             trial.set_user_attr("reused_trial", prev.number)
-            for k in (STATE_ATTR, REASON_ATTR, "p10_us", "p90_us"):
+            for k in (STATE_ATTR, REASON_ATTR):
                 if k in prev.user_attrs:
                     trial.set_user_attr(k, prev.user_attrs[k])
             return prev.value if prev.value is not None else math.nan
@@ -346,9 +404,7 @@ class Search:
             trial.set_user_attr(REASON_ATTR, m.reason[:500])
         if not m.ok:
             return math.nan  # a failed trial: it can never become the best
-        trial.set_user_attr("p10_us", m.p10_us)
-        trial.set_user_attr("p90_us", m.p90_us)
-        with self.state:
+        with self.state:  # the spread (p10/p90) is in the config database's row, not a write each here
             if cfg == self.out.default:
                 self.default_us = m.median_us
             if self.best_us is None or m.median_us < self.best_us:  # type: ignore[operator]

@@ -208,8 +208,11 @@ def run_study(
     if not search.done:
         if parallel > 1:
             _one_ask_at_a_time(study)
-        study.optimize(search.objective, timeout=timeout_s, callbacks=[search.after_trial], gc_after_trial=False,
-                       n_jobs=parallel, catch=(BudgetSpent,))
+        try:
+            study.optimize(search.objective, timeout=timeout_s, callbacks=[search.after_trial], gc_after_trial=False,
+                           n_jobs=parallel, catch=(BudgetSpent,))
+        finally:
+            search.flush()
     if not pick:
         out.decision = "helped with the search (another process owns the key)"
     else:

@@ -60,12 +60,30 @@ def test_invalid_configs_never_reach_the_backend_and_do_not_use_the_budget(sessi
     # FakeBackend.measure asserts it never sees an invalid config
 
 
-def test_refused_proposals_are_pruned_trials_of_their_own_and_logged(sessions, db_url):
+def test_refused_proposals_are_pruned_trials_of_their_own_and_logged(sessions, db_url, monkeypatch):
     # the whole space: most of TPE's proposals do not fit; the sampler stores each as a pruned
     # trial (one write) and proposes again, so the objective only ever sees configs that fit
+    from optuna.storages._cached_storage import _CachedStorage
+    from sqlalchemy import event
+
+    shares, commits = [], []
+    real_share = _CachedStorage.set_trial_system_attr
+
+    def counted_share(self, trial_id, key, value):  # type: ignore[no-untyped-def]
+        shares.append(key)
+        return real_share(self, trial_id, key, value)
+
+    monkeypatch.setattr(_CachedStorage, "set_trial_system_attr", counted_share)
+    event.listen(sessions.kw["bind"], "commit", lambda conn: commits.append(1))
     fb = FakeBackend()
     out = run_study(backend=fb, sessions=sessions, storage_url=db_url, workload=WL, n_trials=12, seed=2)
     st = optuna.load_study(study_name=out.key.study_name, storage=db_url)
+    taken_n = sum(t.user_attrs.get("state") != "invalid" for t in st.trials)
+    # TPE shares a proposal with other processes (the constant liar) once per trial that takes one,
+    # not once per refused redraw
+    assert 0 < sum(k.startswith("tpe:relative_params") for k in shares) <= taken_n
+    # refused configs' rows go to the config database with the measurements, not a commit each
+    assert len(commits) < sum(t.user_attrs.get("state") == "invalid" for t in st.trials)
     refused = [t for t in st.trials if t.user_attrs.get("state") == "invalid"]
     assert refused and all(t.state == optuna.trial.TrialState.PRUNED and t.user_attrs.get("reason")
                            and check(KernelConfig.from_params(t.params), H200, H=8, q_len=9) is not None
