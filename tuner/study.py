@@ -27,7 +27,6 @@ from tuner import batches, buckets, space
 from tuner.backend import OK, Backend, Measurement, Workload
 from tuner.db import repo
 from tuner.db.session import make_engine, session_scope
-from tuner.db.writer_queue import QueuedWriterConnection
 from tuner.heuristic import heuristic_config
 from tuner.keys import ConfigKey
 from tuner.search import STATE_ATTR, BudgetSpent, Progress, Search, WarmFirst
@@ -90,8 +89,7 @@ def open_storage(url: str, heartbeat_s: float | None = None) -> optuna.storages.
 
     if url.startswith("sqlite"):
         make_engine(url).dispose()  # journal_mode=WAL is stored in the file: set it once
-        # writers queue on a lock file, as the config database's do (tuner.db.writer_queue)
-        kwargs: dict[str, object] = {"connect_args": {"timeout": 60, "factory": QueuedWriterConnection}}
+        kwargs: dict[str, object] = {"connect_args": {"timeout": 60}}
     else:
         kwargs = {"pool_pre_ping": True}
     beat: dict[str, object] = {}

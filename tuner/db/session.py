@@ -13,7 +13,6 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
-from tuner.db.writer_queue import QueuedWriterConnection
 from tuner.errors import StorageError
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
@@ -37,11 +36,9 @@ def make_engine(url: str, *, immediate: bool = True, busy_timeout_ms: int = SQLI
     if file_db and read_only:
         path = Path(parsed.database).expanduser().resolve()
         url = f"sqlite:///file:{quote(str(path))}?mode=ro&uri=true"
-    connect_args: dict[str, object] = {"timeout": busy_timeout_ms / 1000}
-    if file_db and not read_only:
+    elif file_db:
         check_writable(Path(parsed.database).expanduser())
-        connect_args["factory"] = QueuedWriterConnection  # writers queue on a lock file (tuner.db.writer_queue)
-    engine = create_engine(url, connect_args=connect_args, **pool)
+    engine = create_engine(url, connect_args={"timeout": busy_timeout_ms / 1000}, **pool)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
