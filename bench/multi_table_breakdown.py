@@ -1,0 +1,71 @@
+"""Where a table's wall time goes, one GPU against several (issue 15), from the JSON and log that
+bench/run_multi_table.sh leaves per mode: the start (before the first trial), each process's keys
+(first trial start to last trial end, from the study's timestamps), the wait of the process that
+finished first for the last key, and the end (the last winner's re-timing, exit).
+
+    python bench/multi_table_breakdown.py bench/results/multi_table/run13_new [more run prefixes]
+
+A prefix names `<prefix>_table_single.{json,log}` and `<prefix>_table_multi.{json,log}`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+from pathlib import Path
+
+
+def _owners(log: Path) -> dict[str, str]:
+    """bucket ('b6') -> the GPU whose process owned it, from the multi run's log."""
+    out = {}
+    for line in log.read_text().splitlines():
+        if m := re.match(r"GPU (\d+): .*\|(b\d+) prefix=", line):
+            out[m.group(2)] = m.group(1)
+    return out
+
+
+def breakdown(prefix: str) -> dict:
+    runs = {}
+    for mode in ("single", "multi"):
+        d = json.loads(Path(f"{prefix}_table_{mode}.json").read_text())
+        keys = {k["study"].rsplit("|", 1)[1]: k for k in d["per_key"]}
+        spans = {b: k["span_s"][1] - k["span_s"][0] for b, k in keys.items()}
+        owners = _owners(Path(f"{prefix}_table_{mode}.log")) if mode == "multi" else dict.fromkeys(keys, "0")
+        finish: dict[str, float] = {}
+        for b, k in keys.items():
+            g = owners.get(b, "?")
+            finish[g] = max(finish.get(g, 0.0), k["span_s"][1])
+        tl = d["timeline"]
+        later = [b for b in spans if b not in ("b6", "b7")]  # the first keys also pay the cold compile cache
+        runs[mode] = {
+            "wall_s": d["wall_s"], "start_s": tl["first_trial_start_s"],
+            "end_s": round(d["wall_s"] - tl["last_trial_end_s"], 2),
+            "keys_summed_s": round(sum(spans.values()), 1),
+            "s_per_later_key": round(statistics.mean(spans[b] for b in later), 2),
+            "trials_per_later_key": round(statistics.mean(keys[b]["trials"] for b in later)),
+            "first_done_waits_s": round(max(finish.values()) - min(finish.values()), 1) if len(finish) > 1 else 0.0,
+        }
+    runs["ratio"] = round(runs["single"]["wall_s"] / runs["multi"]["wall_s"], 2)
+    return runs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("prefixes", nargs="+")
+    args = ap.parse_args()
+    print("| run | 1 GPU wall | 2 GPUs wall | ratio | start 1 / 2 | s per later key 1 / 2 (trials a key) | "
+          "keys summed 1 / 2 | first process done waits | end 1 / 2 |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for p in args.prefixes:
+        r = breakdown(p)
+        s, m = r["single"], r["multi"]
+        print(f"| {Path(p).name} | {s['wall_s']:.1f} s | {m['wall_s']:.1f} s | {r['ratio']:.2f}x | "
+              f"{s['start_s']:.1f} / {m['start_s']:.1f} s | {s['s_per_later_key']:.2f} ({s['trials_per_later_key']}) / "
+              f"{m['s_per_later_key']:.2f} ({m['trials_per_later_key']}) s | {s['keys_summed_s']:.1f} / "
+              f"{m['keys_summed_s']:.1f} s | {m['first_done_waits_s']:.1f} s | {s['end_s']:.1f} / {m['end_s']:.1f} s |")
+
+
+if __name__ == "__main__":
+    main()
