@@ -347,8 +347,9 @@ class Search:
             return prev.value if prev.value is not None else math.nan
         self._reserve(trial.number)
         self.backend.compile_ahead(cfg, key.q_len)  # in this thread, while another trial measures
-        with self.gpu:
-            return self._measure(trial, params, cfg)
+        with self.gpu:  # one measurement at a time; its storage writes (below) do not hold the GPU
+            m = self.backend.measure(cfg, self.workload)
+        return self._measured(trial, params, cfg, m)
 
     def _measured_before(self, params: dict[str, int], number: int) -> optuna.trial.FrozenTrial | None:
         """The finished measurement of these params, if any thread or process made one. A twin
@@ -395,8 +396,12 @@ class Search:
         storage = self.ledger.study._storage
         return storage.get_n_trials(self.ledger.study._study_id) <= self.ledger.total + len(self.mine)
 
-    def _measure(self, trial: optuna.Trial, params: dict[str, int], cfg: KernelConfig) -> float:
-        m = self.backend.measure(cfg, self.workload)
+    def _measured(self, trial: optuna.Trial, params: dict[str, int], cfg: KernelConfig, m: Measurement) -> float:
+        """Store a measurement: the config database's row (with the invalid rows waiting for it)
+        and the trial's attributes -- a commit and two or three of Optuna's, which with several
+        processes on one SQLite file wait on the others' writes. While they held the GPU lock they
+        were 4.4 of its 16.8 s in a one-GPU table and 10 of 24.4 s in two processes' (py-spy,
+        bench/results/multi_table/README.md, session 7)."""
         self.record(params, m)
         trial.set_user_attr(MEASURED_ATTR, True)
         trial.set_user_attr(STATE_ATTR, m.state)
