@@ -134,7 +134,7 @@ def _warp_grid_reason(cfg: KernelConfig, q_len: int) -> str | None:
     """The static_asserts of the .cu on the QK warp grid, as messages."""
     s = shape(cfg, q_len)
     if cfg.pipe == 3 and (cfg.block != 256 or cfg.stages != 3):
-        return f"PIPE=3 (seesaw) runs two groups of 4 warps on 3 slots: needs BLOCK=256 and STAGES=3"
+        return "PIPE=3 (seesaw) runs two groups of 4 warps on 3 slots: needs BLOCK=256 and STAGES=3"
     qk_warps = s.warps // groups(cfg)
     if qk_warps % (cfg.wr * cfg.wk):
         group = " of a group" if cfg.pipe == 3 else ""

@@ -12,9 +12,8 @@ take the last places, and a helper there only adds proposals and storage writes 
 (on the H200 pair, a 20-trial key that an idle process joined for its last few places took
 10.5 s where the others took 7; bench/results/multi_table). A key whose study finished with its
 budget measured is done and skipped (a re-run of the job, or another process that got there
-first). An owner killed with -9 stops
-beating: after CLAIM_STALE_S another process (or the re-run) claims the key and resumes its study,
-whose heartbeat-failed trials Optuna retries.
+first). An owner killed with -9 stops beating: after CLAIM_STALE_S another process (or the
+re-run) claims the key and resumes its study, whose heartbeat-failed trials Optuna retries.
 """
 
 from __future__ import annotations

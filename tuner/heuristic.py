@@ -39,7 +39,8 @@ TWO_WAVE_TILES = 32
 #: vs 266.8, H=128 427.1 vs 520.4, H=32 P=16k 50.3 vs 59.2; it loses in bandwidth mode (q=1: 53.9
 #: vs 45.6). Where a score buffer per k-slice fits (32-36 rows) the unfolded one is faster (H=8 q=4
 #: 27.3 vs 28.7 folded vs 29.6 PIPE=1; sweep_seesaw_mid_sm_90.md); at 72 rows only the folded fits.
-_COMPUTE = ((32, 256, 3, 2, 2, 0, 3), (32, 256, 3, 2, 2, 1, 3), (32, 256, 2, 2, 4, 0, 1), (32, 256, 3, 2, 4, 1, 1), (32, 256, 3, 2, 2, 0, 1),
+_COMPUTE = ((32, 256, 3, 2, 2, 0, 3), (32, 256, 3, 2, 2, 1, 3),
+            (32, 256, 2, 2, 4, 0, 1), (32, 256, 3, 2, 4, 1, 1), (32, 256, 3, 2, 2, 0, 1),
             (32, 256, 2, 4, 2, 0, 1), (16, 256, 3, 2, 4, 0, 1), (16, 256, 2, 4, 2, 0, 1),
             (16, 256, 2, 2, 4, 0, 1), (16, 128, 2, 1, 4, 0, 1), (16, 128, 2, 2, 2, 0, 1))
 #: Splits of at most SHORT_TILES tiles (short prefixes): one barrier fewer per tile and a third
