@@ -87,8 +87,11 @@ def open_storage(url: str, heartbeat_s: float | None = None) -> optuna.storages.
     fresh separate storage and race to create the same tables."""
     from sqlalchemy.exc import IntegrityError, ProgrammingError
 
-    if url.startswith("sqlite"):
-        make_engine(url).dispose()  # journal_mode=WAL is stored in the file: set it once
+    if url.startswith("sqlite"):  # journal_mode=WAL is stored in the file: set it once, on a connection
+        engine = make_engine(url)  # (the config database's engine sets it on connect; Optuna's does not)
+        with engine.connect():
+            pass
+        engine.dispose()
         kwargs: dict[str, object] = {"connect_args": {"timeout": 60}}
     else:
         kwargs = {"pool_pre_ping": True}

@@ -307,3 +307,18 @@ def test_optuna_commits_trials_without_fsync_and_the_config_db_keeps_full(tmp_pa
         assert c.execute(text("PRAGMA journal_mode")).scalar() == "wal"
     with make_engine(url).connect() as c:  # best configs and claims: FULL (2)
         assert c.execute(text("PRAGMA synchronous")).scalar() == 2
+
+
+def test_a_study_storage_of_its_own_is_in_wal_mode(tmp_path):
+    """A study storage apart from the config database (TUNER_STUDY_STORAGE, a file per key) is
+    created by Optuna's engine, which sets no journal mode: it must still be WAL, where readers
+    (every process's sampler reads the trials) never block a writer. It was left in rollback-journal
+    mode until session 8."""
+    from sqlalchemy import text
+
+    from tuner.study import open_storage
+
+    storage = open_storage(f"sqlite:///{tmp_path}/studies.db")
+    with storage.engine.connect() as c:
+        assert c.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+        assert c.execute(text("PRAGMA synchronous")).scalar() == 1
