@@ -4,7 +4,9 @@
 # empty database and an empty compile cache, so neither inherits the other's compiles. Trials in
 # flight per GPU: the CLI's default (--compile-jobs: cores / GPUs, at most 8) unless COMPILE_JOBS is set.
 # Each mode's databases are copied to OUTDIR (table_MODE.db) with per-key spans and nvcc compile
-# times in its JSON. WRAP, if set, prefixes the tuner command (e.g. a sampling profiler).
+# times in its JSON. WRAP, if set, prefixes the tuner command (e.g. a sampling profiler). DBDIR
+# (default /tmp) holds the databases; STUDY_FILE=1 keeps Optuna's studies in a file of their own
+# (TUNER_STUDY_STORAGE) instead of the config database.
 # Usage: bench/run_multi_table.sh OUTDIR DEVICES [TRIALS]   (DEVICES like 0,1)
 set -uo pipefail
 out=${1:?outdir}; devices=${2:?devices}; trials=${3:-8}
@@ -12,14 +14,16 @@ mkdir -p "$out"
 args=(--H 8 --q-len 9 --prefix-range 1500:45000 --trials "$trials" --seed 0 --only STAGES=2,3 --only QT=0)
 [ -n "${COMPILE_JOBS:-}" ] && args+=(--compile-jobs "$COMPILE_JOBS")
 for mode in ${MODES:-single multi}; do
-  db=sqlite:////tmp/table-$mode.db; rm -f /tmp/table-$mode.db*; rm -rf /tmp/tc-table-$mode
+  dir=${DBDIR:-/tmp}; db=sqlite:///$dir/table-$mode.db; rm -f $dir/table-$mode*.db*; rm -rf /tmp/tc-table-$mode
   export TUNER_CACHE_DIR=/tmp/tc-table-$mode
+  if [ "${STUDY_FILE:-0}" = 1 ]; then export TUNER_STUDY_STORAGE=sqlite:///$dir/table-$mode-studies.db
+  else unset TUNER_STUDY_STORAGE; fi
   env TUNER_DATABASE_URL=$db python3 -m tuner db upgrade >/dev/null
   extra=(); [ $mode = multi ] && extra=(--devices "$devices")
   s=$(date +%s%N); export RUN_START_NS=$s
   env TUNER_DATABASE_URL=$db ${WRAP:-} python3 -m tuner study start "${args[@]}" "${extra[@]}" > "$out/table_$mode.log" 2>&1
   rc=$?; e=$(date +%s%N)
-  cp /tmp/table-$mode.db "$out/table_$mode.db" 2>/dev/null
+  cp $dir/table-$mode.db "$out/table_$mode.db" 2>/dev/null
   python3 - "$db" "$mode" "$(( (e - s) / 1000000 ))" "$rc" "$out" <<'PY'
 import collections, json, os, sys
 import optuna
@@ -27,8 +31,9 @@ from sqlalchemy import create_engine, text
 url, mode, wall_ms, rc, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 keys, spans = [], []
 t0 = int(os.environ["RUN_START_NS"]) / 1e9
-for s in optuna.get_all_study_summaries(storage=url):
-    st = optuna.load_study(study_name=s.study_name, storage=url)
+studies = os.environ.get("TUNER_STUDY_STORAGE") or url
+for s in optuna.get_all_study_summaries(storage=studies):
+    st = optuna.load_study(study_name=s.study_name, storage=studies)
     m = [t for t in st.trials if t.user_attrs.get("measured")]
     own = [(t.datetime_start.timestamp() - t0, t.datetime_complete.timestamp() - t0) for t in st.trials
            if t.datetime_start and t.datetime_complete]
