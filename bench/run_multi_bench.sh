@@ -17,7 +17,7 @@ print("precompiled the valid grid (warm cache for both runs), failures:", len(fa
 PY
 t() { local s=$(date +%s%N); "$@"; local rc=$?; local e=$(date +%s%N); echo "wall $(( (e - s) / 1000000 )) ms rc=$rc :: $*" | tee -a "$out/multi_walltimes.txt"; }
 for mode in single multi; do
-  db=sqlite:////tmp/multi-$mode.db; rm -f /tmp/multi-$mode.db*
+  db=sqlite:////tmp/multi-$mode.db; rm -rf /tmp/multi-$mode.db* /tmp/multi-$mode.studies
   env TUNER_DATABASE_URL=$db python3 -m tuner db upgrade >/dev/null
   if [ $mode = single ]; then
     t env TUNER_DATABASE_URL=$db python3 -m tuner study start --H 8 --q-len 9 --prefix 46000 --trials 80 --seed 0 2>&1 | tail -3
@@ -25,8 +25,10 @@ for mode in single multi; do
     t env TUNER_DATABASE_URL=$db python3 -m tuner study start --H 8 --q-len 9 --prefix 46000 --trials 80 --seed 0 --devices "$devices" 2>&1 | tail -3
   fi
   python3 - "$db" <<'PY' | tee -a "$out/multi_walltimes.txt"
-import collections, sys, optuna
+import collections, os, sys, optuna
 url = sys.argv[1]
+from tuner.study_files import default_study_storage, study_urls
+(url,) = study_urls(os.environ.get("TUNER_STUDY_STORAGE") or default_study_storage(url))  # one key: one study
 (s,) = optuna.get_all_study_summaries(storage=url)
 st = optuna.load_study(study_name=s.study_name, storage=url)
 m = [t for t in st.trials if t.user_attrs.get("measured")]

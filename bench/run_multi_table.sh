@@ -6,7 +6,7 @@
 # Each mode's databases are copied to OUTDIR (table_MODE.db) with per-key spans and nvcc compile
 # times in its JSON. WRAP, if set, prefixes the tuner command (e.g. a sampling profiler). DBDIR
 # (default /tmp) holds the databases; STUDY_FILE=1 keeps Optuna's studies in a file of their own
-# (TUNER_STUDY_STORAGE) instead of the config database.
+# (TUNER_STUDY_STORAGE) instead of an SQLite file per key beside the config database (the default).
 # Usage: bench/run_multi_table.sh OUTDIR DEVICES [TRIALS]   (DEVICES like 0,1)
 set -uo pipefail
 out=${1:?outdir}; devices=${2:?devices}; trials=${3:-8}
@@ -14,7 +14,7 @@ mkdir -p "$out"
 args=(--H 8 --q-len 9 --prefix-range 1500:45000 --trials "$trials" --seed 0 --only STAGES=2,3 --only QT=0)
 [ -n "${COMPILE_JOBS:-}" ] && args+=(--compile-jobs "$COMPILE_JOBS")
 for mode in ${MODES:-single multi}; do
-  dir=${DBDIR:-/tmp}; db=sqlite:///$dir/table-$mode.db; rm -f $dir/table-$mode*.db*; rm -rf /tmp/tc-table-$mode
+  dir=${DBDIR:-/tmp}; db=sqlite:///$dir/table-$mode.db; rm -rf $dir/table-$mode*.db* $dir/table-$mode.studies /tmp/tc-table-$mode
   export TUNER_CACHE_DIR=/tmp/tc-table-$mode
   if [ "${STUDY_FILE:-0}" = 1 ]; then export TUNER_STUDY_STORAGE=sqlite:///$dir/table-$mode-studies.db
   else unset TUNER_STUDY_STORAGE; fi
@@ -24,6 +24,7 @@ for mode in ${MODES:-single multi}; do
   env TUNER_DATABASE_URL=$db ${WRAP:-} python3 -m tuner study start "${args[@]}" "${extra[@]}" > "$out/table_$mode.log" 2>&1
   rc=$?; e=$(date +%s%N)
   cp $dir/table-$mode.db "$out/table_$mode.db" 2>/dev/null
+  [ -d $dir/table-$mode.studies ] && rm -rf "$out/table_$mode.studies" && cp -r $dir/table-$mode.studies "$out/table_$mode.studies"
   python3 - "$db" "$mode" "$(( (e - s) / 1000000 ))" "$rc" "$out" <<'PY'
 import collections, json, os, sys
 import optuna
@@ -31,15 +32,17 @@ from sqlalchemy import create_engine, text
 url, mode, wall_ms, rc, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 keys, spans = [], []
 t0 = int(os.environ["RUN_START_NS"]) / 1e9
-studies = os.environ.get("TUNER_STUDY_STORAGE") or url
-for s in optuna.get_all_study_summaries(storage=studies):
-    st = optuna.load_study(study_name=s.study_name, storage=studies)
+from tuner.study_files import default_study_storage, study_urls
+pairs = [(u, s.study_name) for u in study_urls(os.environ.get("TUNER_STUDY_STORAGE") or default_study_storage(url))
+         for s in optuna.get_all_study_summaries(storage=u)]  # a file per key (the default) or one storage
+for studies, name in pairs:
+    st = optuna.load_study(study_name=name, storage=studies)
     m = [t for t in st.trials if t.user_attrs.get("measured")]
     own = [(t.datetime_start.timestamp() - t0, t.datetime_complete.timestamp() - t0) for t in st.trials
            if t.datetime_start and t.datetime_complete]
     spans += own
     dup = sum(n - 1 for n in collections.Counter(tuple(sorted(t.params.items())) for t in m).values())
-    keys.append({"study": s.study_name, "measured": len(m), "duplicates": dup, "trials": len(st.trials),
+    keys.append({"study": name, "measured": len(m), "duplicates": dup, "trials": len(st.trials),
                  "unfinished": sum(not t.state.is_finished() for t in st.trials),
                  "span_s": [round(min(a for a, _ in own), 2), round(max(b for _, b in own), 2)] if own else None})
 cache = os.environ.get("TUNER_CACHE_DIR", "")

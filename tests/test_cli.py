@@ -146,6 +146,12 @@ def _tuner(env: dict[str, str], *args: str, block: str | None = None):  # type: 
     ({}, ("study", "start", "--H", "8", "--q-len", "9", "--prefix", "1", "--trials", "0"), None, "'--trials'"),
     ({}, ("study", "start", "--H", "8", "--q-len", "9", "--prefix", "1", "--compile-jobs", "0"), None,
      "'--compile-jobs'"),
+    ({}, ("study", "start", "--H", "8", "--q-len", "9", "--prefix", "1", "--storage", "postgresql://h/{study}"), None,
+     "Invalid value for --storage: {study} stands for each key's study in the name of an SQLite file"),
+    ({}, ("study", "start", "--H", "8", "--q-len", "9", "--prefix", "1", "--storage", "no-url"), None,
+     "Invalid value for --storage: not a database URL"),
+    ({"TUNER_STUDY_STORAGE": "sqlite:////tmp/{study}/x.db"}, ("db", "upgrade"), None,
+     "TUNER_STUDY_STORAGE: {study} stands for"),
 ])
 def test_operator_mistakes_are_one_line_and_non_zero(sqlite_url, tmp_path, env, args, block, expect):
     """Each of these printed a traceback before (issue 11 item 16)."""

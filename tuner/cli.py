@@ -80,15 +80,25 @@ def db() -> None:
 def db_upgrade(settings: Settings, revision: str) -> None:
     """Create or migrate the schema (run once before `tuner serve` or `tuner study start`).
 
-    Also creates Optuna's tables in the study storage, so that tuners starting together on
-    several GPUs never race to create them."""
+    Also creates Optuna's tables in a shared study storage, so that tuners starting together on
+    several GPUs never race to create them (a file per key is created when its key is first tuned;
+    here only its directory)."""
+    from pathlib import Path
+
+    from sqlalchemy.engine import make_url
+
     from tuner.db import migrate
+    from tuner.db.session import check_writable
     from tuner.study import open_storage
+    from tuner.study_files import STUDY
 
     migrate.upgrade(settings.database_url, revision)
-    study_url = settings.study_storage or settings.database_url
-    with migrate.upgrade_lock(study_url):  # Optuna creates its tables on first open: one at a time
-        open_storage(study_url)
+    study_url = settings.studies
+    if STUDY in study_url:
+        check_writable(Path(make_url(study_url).database or "").expanduser())  # creates the directory
+    else:
+        with migrate.upgrade_lock(study_url):  # Optuna creates its tables on first open: one at a time
+            open_storage(study_url)
     click.echo(f"database at revision {revision}: {_safe_url(settings.database_url)}")
 
 

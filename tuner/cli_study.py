@@ -113,7 +113,9 @@ def register(study: click.Group, clean: Callable[..., Any]) -> None:
     @click.option("--timeout", type=float, default=None, help="Seconds per key for the search.")
     @click.option("--sampler", type=click.Choice(["tpe", "grid"]), default="tpe", show_default=True)
     @click.option("--seed", type=int, default=None)
-    @click.option("--storage", default=None, help="Optuna storage URL (default: TUNER_STUDY_STORAGE or the config DB).")
+    @click.option("--storage", default=None,
+                  help="Optuna storage URL, or an SQLite file per key with {study} in its name (default: "
+                       "TUNER_STUDY_STORAGE, else a file per key beside an SQLite config DB, else the config DB).")
     @click.option("--device", "ordinal", type=int, default=0, show_default=True, help="CUDA device ordinal.")
     @click.option("--devices", default=None, metavar="0,1,...",
                   help="Several GPUs: one tuner process per GPU, all sharing the studies.")
@@ -168,8 +170,11 @@ def _job(H: int, q_len: int, prefix: tuple[int, ...], prefix_range: str | None, 
     from tuner import space
     from tuner.backend import Workload
     from tuner.runner import TuneJob
+    from tuner.study_files import study_storage_error
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # our progress bar says what matters
+    if kw["storage"] is not None and (why := study_storage_error(kw["storage"])):
+        raise click.BadParameter(why, param_hint="--storage")
     restrict = _parse_only(only)
     try:
         space.choices(H, restrict, q_len=q_len)

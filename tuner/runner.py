@@ -1,10 +1,12 @@
 """Run studies for a list of workloads on one GPU, or on several GPUs at once (one process per
-GPU, all sharing one Optuna storage and one config database)."""
+GPU, all sharing one config database and the study storage: one Optuna storage, or an SQLite file
+per key)."""
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any

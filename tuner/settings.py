@@ -10,6 +10,7 @@ from pathlib import Path
 from platformdirs import user_cache_dir, user_data_dir
 
 from tuner.errors import BadSetting
+from tuner.study_files import default_study_storage, study_storage_error
 
 APP = "verify-tuner"
 MIN_TOKEN_LEN = 16
@@ -23,7 +24,9 @@ def default_database_url() -> str:
 @dataclass(frozen=True)
 class Settings:
     database_url: str = field(default_factory=default_database_url)
-    #: Optuna storage; None means the config database itself.
+    #: Optuna storage URL, or a template with {study} in an SQLite file name (a file per key);
+    #: None means the default (tuner.study_files.default_study_storage): a file per key beside an
+    #: SQLite config database, a PostgreSQL config database itself.
     study_storage: str | None = None
     host: str = "127.0.0.1"
     port: int = 8177
@@ -48,9 +51,16 @@ class Settings:
             except ArgumentError:
                 raise BadSetting(f"{name} is not a database URL: {url!r} (e.g. sqlite:////var/lib/tuner/configs.db "
                                  "or postgresql+psycopg://user@host/db)") from None
+        if self.study_storage is not None and (why := study_storage_error(self.study_storage)):
+            raise BadSetting(f"TUNER_STUDY_STORAGE: {why}")
         if self.write_token is not None and len(self.write_token) < MIN_TOKEN_LEN:
             raise BadSetting(f"TUNER_WRITE_TOKEN must be at least {MIN_TOKEN_LEN} characters (got "
                              f"{len(self.write_token)}): a short token is guessable")
+
+    @property
+    def studies(self) -> str:
+        """The study storage URL (or per-key template) the tuner uses."""
+        return self.study_storage or default_study_storage(self.database_url)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:

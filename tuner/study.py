@@ -30,6 +30,7 @@ from tuner.db.session import make_engine, session_scope
 from tuner.heuristic import heuristic_config
 from tuner.keys import ConfigKey
 from tuner.search import STATE_ATTR, BudgetSpent, Progress, Search, WarmFirst
+from tuner.study_files import study_file_url
 from tuner.winner import pick_winner
 
 #: Optuna's heartbeat: a trial whose process stops beating for HEARTBEAT_GRACE x this (kill -9, a
@@ -77,6 +78,20 @@ def _trials_without_fsync(storage: optuna.storages.RDBStorage) -> None:
         dbapi_conn.execute("PRAGMA synchronous=NORMAL")
 
     storage.engine.dispose()  # connections made while Optuna created its tables: made again
+
+
+def open_study_storage(template: str, study_name: str,
+                       heartbeat_s: float | None = None) -> optuna.storages.BaseStorage:
+    """The storage of one study (open_storage). A file of its own is created by whoever opens it
+    first -- an owner and a process helping it may do so at once -- one at a time, as `tuner db
+    upgrade` creates a shared storage."""
+    url = study_file_url(template, study_name)
+    if url == template:
+        return open_storage(url, heartbeat_s)
+    from tuner.db import migrate
+
+    with migrate.upgrade_lock(url):
+        return open_storage(url, heartbeat_s)
 
 
 def open_storage(url: str, heartbeat_s: float | None = None) -> optuna.storages.BaseStorage:
@@ -159,7 +174,8 @@ def _open_study(key: ConfigKey, storage_url: str, heartbeat_s: float | None, sam
                 choices: dict[str, list[int]], warm: list[KernelConfig]) -> tuple[optuna.Study, list[dict[str, int]]]:
     """The key's Optuna study (created or resumed) with its plain sampler, and the warm-start
     configs the study has not seen (run_study wraps the sampler in search.WarmFirst)."""
-    study = optuna.create_study(study_name=key.study_name, storage=open_storage(storage_url, heartbeat_s),
+    study = optuna.create_study(study_name=key.study_name, storage=open_study_storage(storage_url, key.study_name,
+                                                                                      heartbeat_s),
                                 direction="minimize", sampler=_sampler(sampler, seed, choices), load_if_exists=True)
     study.set_user_attr("workload_key", str(key))
     seen = {tuple(sorted(t.params.items())) for t in study.get_trials(deepcopy=False)}

@@ -16,6 +16,7 @@ from tuner.db.session import make_engine, session_factory, session_scope
 from tuner.runner import TuneJob, tune_on_devices
 from tuner.settings import Settings
 from tuner.study import open_storage
+from tuner.study_files import study_urls
 
 RESTRICT = {"NSPLIT": [8, 16, 32, 64, 128], "QT": [0], "WR": [2], "WK": [4], "SF": [0], "PIPE": [1]}
 
@@ -26,12 +27,15 @@ def _job(workloads, n_trials):  # type: ignore[no-untyped-def]
                    measurer="tests.fakes:PacedMeasurer", compile_jobs=3)
 
 
-def _measured_by_study(url):  # type: ignore[no-untyped-def]
+def _measured_by_study(settings):  # type: ignore[no-untyped-def]
+    """Each study's measured trials, from the storage the job used (a file per key on SQLite)."""
     out = {}
-    for summary in optuna.get_all_study_summaries(storage=url):
-        st = optuna.load_study(study_name=summary.study_name, storage=url)
-        assert all(t.state.is_finished() for t in st.trials), "a trial was left running"
-        out[summary.study_name] = [t for t in st.trials if t.user_attrs.get("measured")]
+    for url in study_urls(settings.studies):
+        for summary in optuna.get_all_study_summaries(storage=url):
+            st = optuna.load_study(study_name=summary.study_name, storage=url)
+            assert all(t.state.is_finished() for t in st.trials), "a trial was left running"
+            assert summary.study_name not in out, f"{summary.study_name} is in two storages"
+            out[summary.study_name] = [t for t in st.trials if t.user_attrs.get("measured")]
     return out
 
 
@@ -50,7 +54,9 @@ def test_ten_keys_on_two_processes_are_shared_out_and_stored_once(db_url, tmp_pa
     owned = [r["key"] for _, _, payload in results for r in payload["keys"]]
     assert len(owned) == len(set(owned)) == 10, owned  # every key picked and stored exactly once
     assert all(payload["keys"] for _, _, payload in results), "one process did all the keys"
-    for name, measured in _measured_by_study(db_url).items():
+    measured_by_study = _measured_by_study(settings)
+    assert len(measured_by_study) == 10
+    for name, measured in measured_by_study.items():
         assert len(measured) >= 8, name
         assert _dupes(measured) == 0, f"{name}: {_dupes(measured)} duplicated measurements"
     with session_scope(session_factory(make_engine(db_url))) as s:
@@ -68,7 +74,7 @@ def test_one_key_on_two_processes_one_owns_the_other_helps(sqlite_url, tmp_path)
     results = tune_on_devices(settings, _job([Workload(8, 9, 46000)], 20), [0, 1])
     payloads = [p for _, _, p in results]
     assert sorted(len(p["keys"]) for p in payloads) == [0, 1]
-    (measured,) = _measured_by_study(sqlite_url).values()
+    (measured,) = _measured_by_study(settings).values()  # owner and helper wrote one study file
     assert len(measured) >= 20 and _dupes(measured) == 0
     with session_scope(session_factory(make_engine(sqlite_url))) as s:
         assert len(repo.list_best(session=s)) == 1

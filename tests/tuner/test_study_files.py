@@ -1,0 +1,115 @@
+"""Where Optuna's studies live (tuner.study_files): beside an SQLite config database, an SQLite
+file per key, so tuner processes on different keys never wait on one write lock; a PostgreSQL
+config database keeps them itself. What an operator sets, mistypes, and runs twice."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import optuna
+import pytest
+from sqlalchemy import text
+
+from tests.fakes import FakeBackend
+from tuner.backend import Workload
+from tuner.db import migrate
+from tuner.db.session import make_engine, session_factory
+from tuner.errors import BadSetting
+from tuner.settings import Settings
+from tuner.study import open_study_storage, run_study
+from tuner.study_files import STUDY, default_study_storage, study_file_url, study_urls
+
+RESTRICT = {"QT": [0], "WR": [2], "WK": [4], "SF": [0], "PIPE": [1]}
+
+
+def test_the_default_is_a_file_per_key_beside_an_sqlite_config_database_and_postgresql_itself():
+    assert Settings(database_url="sqlite:////var/lib/tuner/configs.db").studies == \
+        "sqlite:////var/lib/tuner/configs.studies/{study}.db"
+    assert Settings(database_url="sqlite:///rel/configs.db").studies == "sqlite:///rel/configs.studies/{study}.db"
+    pg = "postgresql+psycopg://tuner@db/tuner"
+    assert Settings(database_url=pg).studies == pg
+    assert default_study_storage("sqlite://") == "sqlite://"  # in memory: nothing beside it
+    # an operator's choice wins: one shared file, or PostgreSQL for studies of an SQLite config DB
+    env = {"TUNER_DATABASE_URL": "sqlite:////d/configs.db", "TUNER_STUDY_STORAGE": "sqlite:////d/optuna.db"}
+    assert Settings.from_env(env).studies == "sqlite:////d/optuna.db"
+
+
+@pytest.mark.parametrize("url", ["postgresql://h/{study}", "sqlite:////x/{study}/a.db",
+                                 "sqlite:////x/{study}-{study}.db", "not a url"])
+def test_a_bad_study_storage_is_one_clear_setting_error(url):
+    with pytest.raises(BadSetting, match="TUNER_STUDY_STORAGE") as exc:
+        Settings.from_env({"TUNER_STUDY_STORAGE": url})
+    assert "\n" not in str(exc.value)
+
+
+def test_study_names_map_to_distinct_readable_file_names():
+    t = "sqlite:////s/{study}.db"
+    a = study_file_url(t, "verify-s6:NVIDIA H200|abc|bf16|H8|Q9|b6")
+    assert a.startswith("sqlite:////s/verify-s6_NVIDIA_H200_abc_bf16_H8_Q9_b6-") and a.endswith(".db")
+    # names that sanitise alike still get files of their own (the hash of the exact name)
+    assert study_file_url(t, "x|y") != study_file_url(t, "x y")
+    assert study_file_url("sqlite:////s/one.db", "anything") == "sqlite:////s/one.db"
+    assert STUDY not in a
+
+
+def test_keys_get_files_of_their_own_and_a_rerun_resumes_its_file(tmp_path):
+    url = f"sqlite:///{tmp_path / 'configs.db'}"
+    migrate.upgrade(url)
+    template = Settings(database_url=url).studies
+    sessions = session_factory(make_engine(url))
+
+    def tune(prefix: int, n: int):  # type: ignore[no-untyped-def]
+        return run_study(backend=FakeBackend(), sessions=sessions, storage_url=template, n_trials=n, seed=0,
+                         workload=Workload(8, 9, prefix), restrict=RESTRICT)
+
+    tune(4096, 6)
+    key = tune(46000, 6).key
+    files = study_urls(template)
+    assert len(files) == 2 and all(Path(f.removeprefix("sqlite:///")).parent == tmp_path / "configs.studies"
+                                   for f in files)
+    assert sorted(len(optuna.get_all_study_summaries(storage=u)) for u in files) == [1, 1]
+    with make_engine(url).connect() as c:  # the config database holds no Optuna tables of its own now
+        assert c.execute(text("SELECT count(*) FROM sqlite_master WHERE name = 'trials'")).scalar() == 0
+    tune(46000, 10)  # more budget for one key: its own file again, its 6 measured trials counted
+    assert study_urls(template) == files
+    st = optuna.load_study(study_name=key.study_name, storage=study_file_url(template, key.study_name))
+    assert sum(1 for t in st.trials if t.user_attrs.get("measured")) == 10
+
+
+def test_an_owner_and_a_helper_opening_a_new_study_file_at_once_both_get_it(tmp_path):
+    """The first open creates Optuna's tables; two processes (here threads: flock excludes
+    separate opens in one process too) racing on a fresh file must both succeed."""
+    template = f"sqlite:///{tmp_path / 's' / '{study}.db'}"
+    (tmp_path / "s").mkdir()
+    errors: list[BaseException] = []
+    go = threading.Barrier(4)
+
+    def open_it() -> None:
+        try:
+            go.wait()
+            storage = open_study_storage(template, "verify:k|b6")
+            optuna.create_study(study_name="verify:k|b6", storage=storage, load_if_exists=True)
+        except BaseException as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_it) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    (only,) = study_urls(template)
+    assert [s.study_name for s in optuna.get_all_study_summaries(storage=only)] == ["verify:k|b6"]
+    with make_engine(only).connect() as c:
+        assert c.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+
+
+def test_db_upgrade_makes_the_study_directory_and_reports_a_bad_one(tmp_path):
+    from click.testing import CliRunner
+
+    from tuner.cli import cli
+
+    r = CliRunner().invoke(cli, ["db", "upgrade"], env={"TUNER_DATABASE_URL": f"sqlite:///{tmp_path / 'c.db'}"})
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "c.studies").is_dir()
