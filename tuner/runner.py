@@ -52,7 +52,7 @@ def tune_on_device(settings: Settings, job: TuneJob, device_ordinal: int,
     backend = IsolatedBackend(measurer=job.measurer, measurer_kwargs={"cache_dir": str(settings.cache_dir)}
                               if job.measurer == DEFAULT_MEASURER else {}, device_ordinal=device_ordinal,
                               timeout_s=job.measure_timeout_s)
-    study_kw = {"storage_url": job.storage_url or settings.study_storage or settings.database_url,
+    study_kw = {"storage_url": job.storage_url or settings.studies,
                 "sampler": job.sampler, "seed": job.seed, "timeout_s": job.timeout_s, "on_progress": on_progress,
                 "parallel": job.compile_jobs}
     try:
@@ -88,12 +88,28 @@ def summary(o: Any) -> dict[str, Any]:
             "decision": o.decision, "counts": o.counts, "wall_s": o.wall_s}
 
 
+def _start_method() -> str:
+    """How the per-GPU processes start. A fork inherits the modules this process has imported
+    (the tuner, Optuna, SQLAlchemy: ~1 s a process to import again, paid before the first trial
+    where one GPU alone pays nothing), and is safe here only while this process runs no other
+    thread (a lock held by one would stay held in the child) and has no CUDA context and no open
+    database connection -- as `tuner study start` when it gets here: it only parsed its arguments.
+    Otherwise (a test runner, an embedding program) the processes are spawned."""
+    import threading
+
+    if os.name != "posix" or threading.active_count() > 1 or "pycuda.driver" in sys.modules:
+        return "spawn"
+    import tuner.db.migrate  # noqa: F401 - what each child imports first (tuner.claims is imported above)
+
+    return "fork"
+
+
 def tune_on_devices(settings: Settings, job: TuneJob, devices: list[int]) -> list[tuple[int, str, Any]]:
     """One process per GPU, sharing the job's keys (tuner.claims: each key's winner is picked and
     stored once) and, at the end, the trials of the keys still running. An owner samples with the
     job's seed, as a lone process would (the processes then propose, and compile, the configs a
     single GPU would); a helper samples with its own seed so it does not propose in lockstep."""
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context(_start_method())
     queue = ctx.Queue()
     procs = []
     for i, dev in enumerate(devices):

@@ -208,3 +208,24 @@ def test_an_idle_process_helps_only_a_key_with_more_places_left_than_its_owner_h
     assert [c["pick"] for c in calls] == ([False] if helps else [])
     assert res.done_before == [wl] and not res.outcomes
     assert res.helped == ([wl] if helps else [])
+
+
+def test_gpu_processes_fork_only_from_a_single_threaded_process():
+    """Forked, the per-GPU processes skip re-importing the tuner (~1 s each before the first
+    trial); a fork while another thread runs could inherit a lock held forever, so then they are
+    spawned."""
+    import os
+    import threading
+
+    from tuner.runner import _start_method
+
+    if os.name == "posix" and threading.active_count() == 1:
+        assert _start_method() == "fork"
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait)
+    t.start()
+    try:
+        assert _start_method() == "spawn"
+    finally:
+        stop.set()
+        t.join()
