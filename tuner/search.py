@@ -7,7 +7,6 @@ at a time, twins -- lives here.
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections.abc import Callable
@@ -344,7 +343,9 @@ class Search:
             for k in (STATE_ATTR, REASON_ATTR):
                 if k in prev.user_attrs:
                     trial.set_user_attr(k, prev.user_attrs[k])
-            return prev.value if prev.value is not None else math.nan
+            if prev.value is None:  # a failed measurement: pruned again, as the first one was
+                raise optuna.TrialPruned(prev.user_attrs.get(REASON_ATTR, "failed before"))
+            return prev.value
         self._reserve(trial.number)
         self.backend.compile_ahead(cfg, key.q_len)  # in this thread, while another trial measures
         with self.gpu:  # one measurement at a time; its storage writes (below) do not hold the GPU
@@ -407,8 +408,10 @@ class Search:
         trial.set_user_attr(STATE_ATTR, m.state)
         if m.reason:
             trial.set_user_attr(REASON_ATTR, m.reason[:500])
-        if not m.ok:
-            return math.nan  # a failed trial: it can never become the best
+        if not m.ok:  # pruned, not failed: TPE ranks a pruned trial among the worst and steers away
+            # from it, where a failed one is invisible to it and its config was proposed again and
+            # again (each answered from storage) until the trial cap: 632 trials for 20 measured
+            raise optuna.TrialPruned(m.reason or m.state)
         with self.state:  # the spread (p10/p90) is in the config database's row, not a write each here
             if cfg == self.out.default:
                 self.default_us = m.median_us
