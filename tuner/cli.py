@@ -81,21 +81,16 @@ def db_upgrade(settings: Settings, revision: str) -> None:
     """Create or migrate the schema (run once before `tuner serve` or `tuner study start`).
 
     Also creates Optuna's tables in a shared study storage, so that tuners starting together on
-    several GPUs never race to create them (a file per key is created when its key is first tuned;
-    here only its directory)."""
-    from pathlib import Path
-
-    from sqlalchemy.engine import make_url
-
+    several GPUs never race to create them (with a file per key: its directory and the blank
+    storage each key's file is copied from when the key is first tuned)."""
     from tuner.db import migrate
-    from tuner.db.session import check_writable
-    from tuner.study import open_storage
+    from tuner.study import open_storage, prepare_study_files
     from tuner.study_files import STUDY
 
     migrate.upgrade(settings.database_url, revision)
     study_url = settings.studies
     if STUDY in study_url:
-        check_writable(Path(make_url(study_url).database or "").expanduser())  # creates the directory
+        prepare_study_files(study_url)
     else:
         with migrate.upgrade_lock(study_url):  # Optuna creates its tables on first open: one at a time
             open_storage(study_url)

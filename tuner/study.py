@@ -103,6 +103,18 @@ def open_study_storage(template: str, study_name: str,
         return open_storage(url, heartbeat_s)
 
 
+def prepare_study_files(template: str) -> None:
+    """What `tuner db upgrade` does for a file per key: the directory, and the blank storage new
+    files copy (so a job's first key does not make it)."""
+    from sqlalchemy.engine import make_url
+
+    from tuner.db.session import check_writable
+
+    path = Path(make_url(template).database).expanduser()  # type: ignore[arg-type]
+    check_writable(path)  # creates the directory, or says how to make it writable
+    _blank_storage(path.parent)
+
+
 def _blank_storage(directory: Path) -> Path:
     """An SQLite file holding Optuna's empty schema (this Optuna version's, in WAL mode, nothing in
     its -wal), made once per directory. Optuna creating its schema took 0.2-0.4 s a file -- it

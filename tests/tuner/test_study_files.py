@@ -4,6 +4,7 @@ config database keeps them itself. What an operator sets, mistypes, and runs twi
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -124,11 +125,32 @@ def test_a_new_key_file_is_a_copy_of_a_blank_schema_and_takes_trials(tmp_path):
             assert c.execute(text("PRAGMA integrity_check")).scalar() == "ok"
 
 
-def test_db_upgrade_makes_the_study_directory_and_reports_a_bad_one(tmp_path):
+def test_db_upgrade_makes_the_study_directory_and_its_blank_storage(tmp_path):
     from click.testing import CliRunner
 
     from tuner.cli import cli
 
     r = CliRunner().invoke(cli, ["db", "upgrade"], env={"TUNER_DATABASE_URL": f"sqlite:///{tmp_path / 'c.db'}"})
     assert r.exit_code == 0, r.output
-    assert (tmp_path / "c.studies").is_dir()
+    assert (tmp_path / "c.studies" / f".blank-optuna-{optuna.__version__}.db").is_file()  # the first key copies it
+
+
+def test_db_upgrade_on_a_study_directory_it_cannot_write_is_one_line(tmp_path):
+    """An operator's TUNER_STUDY_STORAGE under a directory this user cannot write (root loses its
+    override here, as a container's non-root user would be)."""
+    import shutil
+    import subprocess
+    import sys
+
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv: file modes do not apply")
+        prefix = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search,-fowner"]
+    (tmp_path / "ro").mkdir(mode=0o500)
+    env = {**os.environ, "TUNER_DATABASE_URL": f"sqlite:///{tmp_path / 'c.db'}",
+           "TUNER_STUDY_STORAGE": f"sqlite:///{tmp_path}/ro/s/{STUDY}.db"}
+    r = subprocess.run([*prefix, sys.executable, "-m", "tuner", "db", "upgrade"], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+    assert "cannot create" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
