@@ -58,11 +58,13 @@ def study_file_url(template: str, study_name: str) -> str:
 
 def study_urls(template: str) -> list[str]:
     """Every study storage that exists under `template` (the URL itself if it has no STUDY): what
-    a report, a bench or `optuna-dashboard` reads. Hidden files are not studies."""
+    a report, a bench or `optuna-dashboard` reads. Hidden files and SQLite's -wal/-shm files are
+    not studies (a template without an extension matches them too)."""
     if STUDY not in template:
         return [template]
     path = Path(make_url(template).database)  # type: ignore[arg-type]
     if not path.parent.is_dir():
         return []
     return [f"sqlite:///{p}" for p in sorted(path.parent.glob(path.name.replace(STUDY, "*")))
-            if not p.name.startswith(".")]  # .blank-optuna-*.db: the empty schema new files copy
+            if not p.name.startswith(".")  # .blank-optuna-*.db: the empty schema new files copy
+            and not p.name.endswith(("-wal", "-shm", "-journal"))]  # SQLite's own, beside a file

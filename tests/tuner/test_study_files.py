@@ -54,6 +54,14 @@ def test_study_names_map_to_distinct_readable_file_names():
     assert STUDY not in a
 
 
+def test_listing_the_study_files_skips_sqlites_own_and_the_blank(tmp_path):
+    for name in ("s-a", "s-a-wal", "s-a-shm", "s-b", "s-b-journal", ".blank-optuna-5.db", "other"):
+        (tmp_path / name).touch()
+    template = f"sqlite:///{tmp_path}/s-{STUDY}"
+    assert study_urls(template) == [f"sqlite:///{tmp_path}/s-a", f"sqlite:///{tmp_path}/s-b"]
+    assert study_urls(f"sqlite:///{tmp_path}/missing/{STUDY}.db") == []
+
+
 def test_keys_get_files_of_their_own_and_a_rerun_resumes_its_file(tmp_path):
     url = f"sqlite:///{tmp_path / 'configs.db'}"
     migrate.upgrade(url)
