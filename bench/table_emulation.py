@@ -85,18 +85,19 @@ def _run(mode: str, procs: int, trials: int, prefix_range: str, root: Path) -> d
     from tuner.db import migrate
     from tuner.runner import tune_on_device, tune_on_devices
     from tuner.settings import Settings
-    from tuner.study import open_storage
+    from tuner.study import prepare_study_storage
+    from tuner.study_files import study_urls
 
     url = f"sqlite:///{root}/{mode}.db"
     cache = root / f"cache-{mode}"
     cache.mkdir()
     os.environ["EMU_CACHE_DIR"] = str(cache)
     migrate.upgrade(url)
-    open_storage(url).engine.dispose()
     job = _job(8, 9, (), prefix_range, "1", "uniform", ("STAGES=2,3", "QT=0"), trials=trials, sampler="tpe",
                seed=0, timeout=None, storage=None, measure_timeout=120.0, compile_jobs=8)
     job = type(job)(**{**vars(job), "measurer": "bench.table_emulation:Emulated"})
     settings = Settings(database_url=url, cache_dir=cache)
+    prepare_study_storage(settings.studies)  # as `tuner db upgrade`
     t0 = time.time()
     if procs == 1:
         tune_on_device(settings, job, 0)
@@ -107,14 +108,16 @@ def _run(mode: str, procs: int, trials: int, prefix_range: str, root: Path) -> d
             raise RuntimeError(f"a process failed: {bad}")
     wall = time.time() - t0
     per_key, measured, dups = [], 0, 0
-    for s in optuna.get_all_study_summaries(storage=url):
-        st = optuna.load_study(study_name=s.study_name, storage=url)
+    studies = [(u, s.study_name) for u in study_urls(settings.studies)  # a file per key (the default)
+               for s in optuna.get_all_study_summaries(storage=u)]
+    for storage, name in studies:
+        st = optuna.load_study(study_name=name, storage=storage)
         m = [t for t in st.trials if t.user_attrs.get("measured")]
         measured += len(m)
         dups += sum(n - 1 for n in collections.Counter(tuple(sorted(t.params.items())) for t in m).values())
         spans = [(t.datetime_start.timestamp() - t0, t.datetime_complete.timestamp() - t0) for t in st.trials
                  if t.datetime_start and t.datetime_complete]
-        per_key.append({"study": s.study_name, "trials": len(st.trials), "measured": len(m),
+        per_key.append({"study": name, "trials": len(st.trials), "measured": len(m),
                         "span_s": [round(min(a for a, _ in spans), 2), round(max(b for _, b in spans), 2)]})
     with create_engine(url).connect() as c:
         winners = sorted(set(dict(c.execute(text("select bucket, count(*) from best_configs group by bucket"))

@@ -84,16 +84,10 @@ def db_upgrade(settings: Settings, revision: str) -> None:
     several GPUs never race to create them (with a file per key: its directory and the blank
     storage each key's file is copied from when the key is first tuned)."""
     from tuner.db import migrate
-    from tuner.study import open_storage, prepare_study_files
-    from tuner.study_files import STUDY
+    from tuner.study import prepare_study_storage
 
     migrate.upgrade(settings.database_url, revision)
-    study_url = settings.studies
-    if STUDY in study_url:
-        prepare_study_files(study_url)
-    else:
-        with migrate.upgrade_lock(study_url):  # Optuna creates its tables on first open: one at a time
-            open_storage(study_url)
+    prepare_study_storage(settings.studies)
     click.echo(f"database at revision {revision}: {_safe_url(settings.database_url)}")
 
 

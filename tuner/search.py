@@ -399,10 +399,10 @@ class Search:
 
     def _measured(self, trial: optuna.Trial, params: dict[str, int], cfg: KernelConfig, m: Measurement) -> float:
         """Store a measurement: the config database's row (with the invalid rows waiting for it)
-        and the trial's attributes -- a commit and two or three of Optuna's, which with several
-        processes on one SQLite file wait on the others' writes. While they held the GPU lock they
-        were 4.4 of its 16.8 s in a one-GPU table and 10 of 24.4 s in two processes' (py-spy,
-        bench/results/multi_table/README.md, session 7)."""
+        and the trial's attributes -- a commit to the database every tuner process of the job
+        shares, and two or three of Optuna's. Outside the GPU lock: while they held it they were
+        4.4 of its 16.8 s in a one-GPU table and 10 of 24.4 s in two processes' (py-spy, session 7,
+        when the studies still shared the config database's file; bench/results/multi_table)."""
         self.record(params, m)
         trial.set_user_attr(MEASURED_ATTR, True)
         trial.set_user_attr(STATE_ATTR, m.state)

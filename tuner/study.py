@@ -32,7 +32,7 @@ from tuner.db.session import make_engine, session_scope
 from tuner.heuristic import heuristic_config
 from tuner.keys import ConfigKey
 from tuner.search import STATE_ATTR, BudgetSpent, Progress, Search, WarmFirst
-from tuner.study_files import study_file_url
+from tuner.study_files import STUDY, study_file_url
 from tuner.winner import pick_winner
 
 #: Optuna's heartbeat: a trial whose process stops beating for HEARTBEAT_GRACE x this (kill -9, a
@@ -103,14 +103,22 @@ def open_study_storage(template: str, study_name: str,
         return open_storage(url, heartbeat_s)
 
 
-def prepare_study_files(template: str) -> None:
-    """What `tuner db upgrade` does for a file per key: the directory, and the blank storage new
-    files copy (so a job's first key does not make it)."""
+def prepare_study_storage(url: str) -> None:
+    """What `tuner db upgrade` does for the study storage, so that tuners starting together on
+    several GPUs never race to create it: a shared storage gets Optuna's tables (one process at a
+    time); a file per key, its directory and the blank storage new files copy (so a job's first
+    key does not make it)."""
+    from tuner.db import migrate
+
+    if STUDY not in url:
+        with migrate.upgrade_lock(url):  # Optuna creates its tables on first open: one at a time
+            open_storage(url)
+        return
     from sqlalchemy.engine import make_url
 
     from tuner.db.session import check_writable
 
-    path = Path(make_url(template).database).expanduser()  # type: ignore[arg-type]
+    path = Path(make_url(url).database).expanduser()  # type: ignore[arg-type]
     check_writable(path)  # creates the directory, or says how to make it writable
     _blank_storage(path.parent)
 

@@ -15,7 +15,7 @@ from tuner.db import migrate, repo
 from tuner.db.session import make_engine, session_factory, session_scope
 from tuner.runner import TuneJob, tune_on_devices
 from tuner.settings import Settings
-from tuner.study import open_storage
+from tuner.study import open_storage, prepare_study_storage
 from tuner.study_files import study_urls
 
 RESTRICT = {"NSPLIT": [8, 16, 32, 64, 128], "QT": [0], "WR": [2], "WK": [4], "SF": [0], "PIPE": [1]}
@@ -45,8 +45,8 @@ def _dupes(trials) -> int:  # type: ignore[no-untyped-def]
 
 def test_ten_keys_on_two_processes_are_shared_out_and_stored_once(db_url, tmp_path):
     migrate.upgrade(db_url)
-    open_storage(db_url)
     settings = Settings(database_url=db_url, cache_dir=tmp_path / "cache")
+    prepare_study_storage(settings.studies)  # as `tuner db upgrade`
     prefixes = [1024 * 2 ** (k / 2) for k in range(10)]
     workloads = [Workload(8, 9, round(p)) for p in prefixes]
     results = tune_on_devices(settings, _job(workloads, 8), [0, 1])
@@ -69,8 +69,8 @@ def test_ten_keys_on_two_processes_are_shared_out_and_stored_once(db_url, tmp_pa
 
 def test_one_key_on_two_processes_one_owns_the_other_helps(sqlite_url, tmp_path):
     migrate.upgrade(sqlite_url)
-    open_storage(sqlite_url)
     settings = Settings(database_url=sqlite_url, cache_dir=tmp_path / "cache")
+    prepare_study_storage(settings.studies)  # as `tuner db upgrade`
     results = tune_on_devices(settings, _job([Workload(8, 9, 46000)], 20), [0, 1])
     payloads = [p for _, _, p in results]
     assert sorted(len(p["keys"]) for p in payloads) == [0, 1]
