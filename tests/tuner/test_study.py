@@ -95,6 +95,65 @@ def test_refused_proposals_are_pruned_trials_of_their_own_and_logged(sessions, d
     assert len(fb.measured) >= 12
 
 
+def test_tpe_proposes_among_its_candidates_that_fit(sessions, db_url):
+    # the whole space at H=8 q=9: 5.5 % of the structures fit. Once TPE models the trials, it ranks
+    # only its candidates that fit (search.FitTPE): ranking all of them, 69 % of its proposals were
+    # refused (93 proposals for 20 measurements); the random start still draws until one fits
+    fb = FakeBackend()
+    out = run_study(backend=fb, sessions=sessions, storage_url=db_url, workload=WL, n_trials=20, seed=0)
+    st = optuna.load_study(study_name=out.key.study_name, storage=db_url)
+    refused = [t.user_attrs.get("state") == "invalid" for t in st.trials]
+    # TPE models the trials from the first trial asked once 8 are finished (refused ones count)
+    first_modelled = next(i for i, r in enumerate(refused) if i >= 8 and not r)
+    later = refused[first_modelled + 1:]
+    assert len(later) >= 15 and sum(later) / len(later) < 0.35, f"{sum(later)} of {len(later)} refused"
+
+
+def test_fit_tpe_ranks_only_candidates_that_fit_and_keeps_its_choice_when_none_does():
+    from tuner.search import FitTPE
+
+    choices = {"X": list(range(8)), "Y": list(range(8)), "Z": [5]}  # Z: one value, outside TPE's model
+
+    def run(fits):  # type: ignore[no-untyped-def]
+        sampler = FitTPE(choices=choices, fits=fits, seed=3, n_startup_trials=5, multivariate=True)
+        st = optuna.create_study(sampler=sampler)
+        st.optimize(lambda t: (t.suggest_categorical("X", choices["X"]) - 2) ** 2
+                    + t.suggest_categorical("Y", choices["Y"]) + 0 * t.suggest_categorical("Z", choices["Z"]),
+                    n_trials=40)
+        return [t.params for t in st.trials[5:]]
+
+    seen: list[dict[str, int]] = []
+
+    def x_above_y(p):  # type: ignore[no-untyped-def]
+        seen.append(p)
+        return p["X"] > p["Y"] and p["Z"] == 5
+
+    modelled = run(x_above_y)
+    assert len(seen) > len(modelled)  # candidates, not only proposals, are checked
+    assert all(p["X"] > p["Y"] for p in modelled)
+    assert len(run(lambda p: False)) == 35  # none fits: TPE's own choice stands
+
+
+def test_fit_tpe_says_so_when_optuna_lacks_its_hook(monkeypatch):
+    from tuner.search import FitTPE
+
+    monkeypatch.delattr(optuna.samplers.TPESampler, "_compute_acquisition_func")
+    with pytest.raises(RuntimeError, match="_compute_acquisition_func"):
+        FitTPE(choices={"X": [1, 2]}, fits=lambda p: True)
+
+
+def test_the_search_proposes_qt_row_tiles(sessions, db_url):
+    # QT's row tiles (2, 3, 5 at q_len=9) are 70 % of the valid space: searched (space 7), and
+    # `--only QT=3` is a search of its own, where it once failed as not a candidate
+    fb = FakeBackend()
+    out = study(sessions, db_url, fb, n_trials=20, restrict={"QT": [0, 2, 3, 5]})
+    assert {c.qt for c in fb.measured} > {0}
+    fb = FakeBackend()
+    out = study(sessions, db_url, fb, n_trials=6, restrict={"QT": [3]}, workload=Workload(8, 9, 4000))
+    assert {c.qt for c in fb.measured if c != out.default} == {3}  # the default is measured to compare
+    assert out.best.qt == 3 or out.best == out.default
+
+
 def test_failed_trials_are_recorded_with_reasons(sessions, db_url):
     # the default (NSPLIT=132, measured first) computes wrong results; the fake optimum crashes
     fb = FakeBackend(wrong_nsplit=132, crash_nsplit=64)
