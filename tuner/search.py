@@ -7,9 +7,10 @@ at a time, twins -- lives here.
 
 from __future__ import annotations
 
+import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -126,6 +127,9 @@ class WarmFirst(optuna.samplers.BaseSampler):
     of its own (one storage write, where a trial that suggests it costs one per constant plus its
     state; ~72 % of TPE's proposals do not fit at H=8 q=9) and the inner sampler proposes again,
     having seen it, as it would have after the pruned trial (`refused` keeps the books: Search.refused).
+    While the inner sampler has too few trials to model them (its random start), the proposal is
+    drawn from `valid` (every config that fits), uniformly -- what redrawing uniform proposals until
+    one fits gives, without the ~18 refused trials each (5.5 % of the structures fit at H=8 q=9).
 
     Optuna's enqueue_trial keeps its queue in the storage, and a queued trial goes to whoever
     marks it running first: PostgreSQL locks the row, SQLite does not, and two threads (or two
@@ -139,11 +143,13 @@ class WarmFirst(optuna.samplers.BaseSampler):
 
     def __init__(self, inner: optuna.samplers.BaseSampler, warm: list[dict[str, int]],
                  choices: dict[str, list[int]], reject: Callable[[dict[str, int]], str | None] | None = None,
-                 refused: Callable[[dict[str, int], str], None] | None = None) -> None:
+                 refused: Callable[[dict[str, int], str], None] | None = None,
+                 valid: Sequence[KernelConfig] = (), seed: int | None = None) -> None:
         self.inner, self.warm = inner, list(warm)
         self.space = {k: optuna.distributions.CategoricalDistribution(v) for k, v in choices.items()}
         self.handed: dict[int, dict[str, int]] = {}  # trial number -> its warm config
         self.reject, self.refused = reject, refused
+        self.valid, self.rng = valid, random.Random(seed)
         self.lock = threading.Lock()
 
     def reseed_rng(self) -> None:
@@ -173,6 +179,8 @@ class WarmFirst(optuna.samplers.BaseSampler):
         for _ in range(self.REDRAWS):
             quiet._storage.held.clear()
             proposal = dict(self.inner.sample_relative(quiet, trial, inner_space)) if inner_space else {}  # type: ignore[arg-type]
+            if not proposal and self.valid:  # the inner sampler's random start: one of the configs that fit,
+                return self.valid[self.rng.randrange(len(self.valid))].as_params()  # as its redraws would find
             for name, dist in self.space.items():  # what the inner sampler draws one by one, in order
                 if name not in proposal:
                     proposal[name] = self.inner.sample_independent(study, trial, name, dist)

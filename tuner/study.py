@@ -179,6 +179,10 @@ def open_storage(url: str, heartbeat_s: float | None = None) -> optuna.storages.
     raise AssertionError("unreachable")
 
 
+#: Finished trials (warm-start configs first, then random configs that fit) before TPE models them.
+N_STARTUP = 4
+
+
 def _good_share(n: int) -> int:
     """How many of n finished trials TPE models as the good ones: a quarter (at most 25), where
     Optuna's default is a tenth. Its default counted ~2.5 refused proposals per measurement, so a
@@ -196,7 +200,7 @@ def _sampler(name: str, seed: int | None, choices: dict[str, list[int]],
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # constants jointly
             warnings.simplefilter("ignore", FutureWarning)  # gamma: deprecated in 4.9, kept until 6
             # constant_liar: processes sharing a study see each other's running trials as taken
-            return FitTPE(choices=choices, fits=fits, seed=seed, n_startup_trials=8, multivariate=True,
+            return FitTPE(choices=choices, fits=fits, seed=seed, n_startup_trials=N_STARTUP, multivariate=True,
                           constant_liar=True, gamma=_good_share)
     if name == "grid":
         return optuna.samplers.GridSampler(choices, seed=seed)
@@ -281,7 +285,8 @@ def run_study(
     search = Search(backend=backend, sessions=sessions, workload=workload, out=out, study=study, choices=choices,
                      n_valid=len(valid), budget=min(n_trials, len(valid)), on_progress=on_progress)
     if sampler != "grid":  # a grid sweeps every config anyway, invalid ones pruned by the objective
-        study.sampler = WarmFirst(study.sampler, queue, choices, reject=search.refusal, refused=search.refused)
+        study.sampler = WarmFirst(study.sampler, queue, choices, reject=search.refusal, refused=search.refused,
+                                  valid=valid, seed=seed)
     if sampler == "grid":  # the grid is known: build it all up front, on every core (nvcc is single-threaded)
         from concurrent.futures import ThreadPoolExecutor
 

@@ -49,7 +49,16 @@ def test_search_stores_a_valid_winner_with_speedup(sessions, db_url):
     assert out.best.nsplit not in (12, 24)  # wrong / crashed configs never win
 
 
-def test_invalid_configs_never_reach_the_backend_and_do_not_use_the_budget(sessions, db_url):
+def rank_every_candidate(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """TPE ranks all its candidates, as when none of them fits (search.FitTPE keeps its choice):
+    most of its proposals then do not fit, so a test sees the refusal path."""
+    from tuner.search import FitTPE
+
+    monkeypatch.setattr(FitTPE, "_compute_acquisition_func", optuna.samplers.TPESampler._compute_acquisition_func)
+
+
+def test_invalid_configs_never_reach_the_backend_and_do_not_use_the_budget(sessions, db_url, monkeypatch):
+    rank_every_candidate(monkeypatch)
     fb = FakeBackend()
     out = study(sessions, db_url, fb, n_trials=20)
     rows = trials(sessions, out.study_id)
@@ -61,11 +70,13 @@ def test_invalid_configs_never_reach_the_backend_and_do_not_use_the_budget(sessi
 
 
 def test_refused_proposals_are_pruned_trials_of_their_own_and_logged(sessions, db_url, monkeypatch):
-    # the whole space: most of TPE's proposals do not fit; the sampler stores each as a pruned
-    # trial (one write) and proposes again, so the objective only ever sees configs that fit
+    # the whole space, TPE ranking all its candidates: most proposals do not fit; the sampler
+    # stores each as a pruned trial (one write) and proposes again, so the objective only ever
+    # sees configs that fit
     from optuna.storages._cached_storage import _CachedStorage
     from sqlalchemy import event
 
+    rank_every_candidate(monkeypatch)
     shares, commits = [], []
     real_share = _CachedStorage.set_trial_system_attr
 
@@ -76,7 +87,7 @@ def test_refused_proposals_are_pruned_trials_of_their_own_and_logged(sessions, d
     monkeypatch.setattr(_CachedStorage, "set_trial_system_attr", counted_share)
     event.listen(sessions.kw["bind"], "commit", lambda conn: commits.append(1))
     fb = FakeBackend()
-    out = run_study(backend=fb, sessions=sessions, storage_url=db_url, workload=WL, n_trials=12, seed=2)
+    out = run_study(backend=fb, sessions=sessions, storage_url=db_url, workload=WL, n_trials=20, seed=2)
     st = optuna.load_study(study_name=out.key.study_name, storage=db_url)
     taken_n = sum(t.user_attrs.get("state") != "invalid" for t in st.trials)
     # TPE shares a proposal with other processes (the constant liar) once per trial that takes one,
@@ -96,17 +107,16 @@ def test_refused_proposals_are_pruned_trials_of_their_own_and_logged(sessions, d
 
 
 def test_tpe_proposes_among_its_candidates_that_fit(sessions, db_url):
-    # the whole space at H=8 q=9: 5.5 % of the structures fit. Once TPE models the trials, it ranks
-    # only its candidates that fit (search.FitTPE): ranking all of them, 69 % of its proposals were
-    # refused (93 proposals for 20 measurements); the random start still draws until one fits
+    # the whole space at H=8 q=9: 5.5 % of the structures fit. TPE ranks only its candidates that
+    # fit (search.FitTPE) and its random start draws among the configs that fit (WarmFirst):
+    # ranking all candidates and drawing uniform proposals until one fit, 69 % of the proposals
+    # were refused (93 proposals for 20 measurements)
     fb = FakeBackend()
     out = run_study(backend=fb, sessions=sessions, storage_url=db_url, workload=WL, n_trials=20, seed=0)
     st = optuna.load_study(study_name=out.key.study_name, storage=db_url)
     refused = [t.user_attrs.get("state") == "invalid" for t in st.trials]
-    # TPE models the trials from the first trial asked once 8 are finished (refused ones count)
-    first_modelled = next(i for i, r in enumerate(refused) if i >= 8 and not r)
-    later = refused[first_modelled + 1:]
-    assert len(later) >= 15 and sum(later) / len(later) < 0.35, f"{sum(later)} of {len(later)} refused"
+    assert sum(refused) < 0.25 * len(refused), f"{sum(refused)} of {len(refused)} refused"
+    assert len(st.trials) < 40
 
 
 def test_fit_tpe_ranks_only_candidates_that_fit_and_keeps_its_choice_when_none_does():
