@@ -57,7 +57,24 @@ def main() -> None:
     ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--budget", type=int, default=150)
     ap.add_argument("--out", type=Path, default=None)
+    # what-if settings of the tuner's TPE (bench/results/tpe_fit.md); unset: the tuner's own
+    ap.add_argument("--n-startup", type=int, default=None, help="finished trials before TPE models them")
+    ap.add_argument("--good-share", type=float, default=None, help="share of trials TPE models as the good ones")
+    ap.add_argument("--ei-candidates", type=int, default=None, help="candidates TPE draws per proposal")
     args = ap.parse_args()
+    import math
+
+    import tuner.study
+
+    if args.n_startup is not None:
+        tuner.study.N_STARTUP = args.n_startup
+    if args.good_share is not None:
+        tuner.study._good_share = lambda n: min(math.ceil(args.good_share * n), 25)  # type: ignore[assignment]
+    if args.ei_candidates is not None:
+        from tuner.search import FitTPE
+
+        init = FitTPE.__init__
+        FitTPE.__init__ = lambda self, **kw: init(self, **{**kw, "n_ei_candidates": args.ei_candidates})  # type: ignore
     import optuna
 
     from kernels.config import PARAM_NAMES, KernelConfig
