@@ -125,7 +125,8 @@ class WarmFirst(optuna.samplers.BaseSampler):
     """Proposes the warm-start configs first, in order, then the inner sampler's proposals --
     checked before a trial takes them: one `reject` refuses is stored as a finished, pruned trial
     of its own (one storage write, where a trial that suggests it costs one per constant plus its
-    state; ~72 % of TPE's proposals do not fit at H=8 q=9) and the inner sampler proposes again,
+    state; with FitTPE only when none of TPE's candidates fit, ~6 % of proposals at H=8 q=9, 72 %
+    with plain TPE) and the inner sampler proposes again,
     having seen it, as it would have after the pruned trial (`refused` keeps the books: Search.refused).
     While the inner sampler has too few trials to model them (its random start), the proposal is
     drawn from `valid` (every config that fits), uniformly -- what redrawing uniform proposals until
