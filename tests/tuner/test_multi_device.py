@@ -229,3 +229,40 @@ def test_gpu_processes_fork_only_from_a_single_threaded_process():
     finally:
         stop.set()
         t.join()
+
+
+def test_a_process_waiting_on_owned_keys_goes_on_when_one_is_released_not_a_poll_later(sessions):
+    # the job's last process used to sleep POLL_S (1 s) between scans: a key another process
+    # finished just after the scan kept it waiting, and the job ended 0.8 s later on two GPUs
+    import threading
+    import time
+
+    from kernels.limits import known_device
+    from tuner import claims
+    from tuner.keys import ConfigKey
+
+    h200 = known_device("h200")
+    keys = [ConfigKey(h200.name, "abc", "bf16", 8, 9, b) for b in (14, 15)]
+    with session_scope(sessions) as s:
+        repo.upsert_device(session=s, limits=h200)
+        ids = [repo.get_or_create_study(session=s, key=k, prefix=46000, sampler="tpe", seed=None).id for k in keys]
+        for sid in ids:
+            assert repo.claim_study(session=s, study_id=sid, owner="other", stale_before=repo.utcnow())
+
+    t0 = time.monotonic()
+    claims._wait_for_a_release(sessions, keys, 0.3)  # nobody releases: back after the timeout
+    assert 0.3 <= time.monotonic() - t0 < 3
+
+    def release() -> None:
+        with session_scope(sessions) as s:
+            repo.release_study(session=s, study_id=ids[1], owner="other")
+
+    timer = threading.Timer(0.2, release)
+    timer.start()
+    t0 = time.monotonic()
+    claims._wait_for_a_release(sessions, keys, 30.0)
+    timer.join()
+    assert 0.2 <= time.monotonic() - t0 < 5  # on the release, not at the 30 s timeout
+    with session_scope(sessions) as s:
+        assert repo.owners_of(session=s, workload_keys=[str(k) for k in keys]) == {str(keys[0]): "other",
+                                                                                    str(keys[1]): None}

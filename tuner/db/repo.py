@@ -246,6 +246,12 @@ def beat_study(*, session: Session, study_id: int, owner: str) -> bool:
     return session.execute(stmt).rowcount == 1
 
 
+def owners_of(*, session: Session, workload_keys: list[str]) -> dict[str, str | None]:
+    """The owner of each of these keys' studies (None: unowned); keys with no study are left out."""
+    rows = session.execute(select(Study.workload_key, Study.owner).where(Study.workload_key.in_(workload_keys)))
+    return {k: o for k, o in rows}
+
+
 def release_study(*, session: Session, study_id: int, owner: str) -> None:
     session.execute(update(Study).where(Study.id == study_id, Study.owner == owner).values(owner=None)
                     .execution_options(synchronize_session=False))
