@@ -19,6 +19,7 @@ import optuna
 from sqlalchemy.orm import Session, sessionmaker
 
 from kernels.config import PARAM_NAMES, KernelConfig
+from kernels.limits import DeviceLimits
 from kernels.validate import check
 from tuner.backend import INVALID, Backend, Measurement, Workload
 from tuner.db import repo
@@ -75,6 +76,11 @@ class _QuietStudy:
         return getattr(self._study, name)
 
 
+def refusal(params: dict[str, int], limits: DeviceLimits, key: ConfigKey) -> str | None:
+    """Why kernels.validate refuses these params for `key` on this device, or None."""
+    return check(KernelConfig.from_params(params), limits, H=key.H, q_len=key.q_len)
+
+
 class FitTPE(optuna.samplers.TPESampler):
     """Optuna's TPE whose proposal is the best of its candidates that `fits` (kernels.validate
     accepts), not the best of all of them.
@@ -100,7 +106,6 @@ class FitTPE(optuna.samplers.TPESampler):
                                "tuner.search.FitTPE needs it to rank only the candidates that fit")
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.choices, self.fits = choices, fits
-        self._fit: dict[tuple[tuple[str, int], ...], bool] = {}  # validity of a candidate, by its params
 
     def _compute_acquisition_func(self, samples: dict[str, np.ndarray], mpe_below: object,
                                   mpe_above: object) -> np.ndarray:
@@ -108,14 +113,9 @@ class FitTPE(optuna.samplers.TPESampler):
         fixed = {name: v[0] for name, v in self.choices.items() if name not in samples and len(v) == 1}
         if set(samples) | set(fixed) != set(self.choices):  # TPE leaves single-valued constants out of its
             return acq  # model; any other partial space (one constant at a time) is ranked as TPE ranks it
-        n = len(acq)
-        ok = np.zeros(n, dtype=bool)
-        for i in range(n):  # categorical candidates are indices into the choices
-            params = tuple((name, fixed[name] if name in fixed else self.choices[name][int(samples[name][i])])
-                           for name in self.choices)
-            if (fit := self._fit.get(params)) is None:
-                fit = self._fit[params] = bool(self.fits(dict(params)))
-            ok[i] = fit
+        ok = np.array([self.fits({name: fixed[name] if name in fixed else self.choices[name][int(samples[name][i])]
+                                  for name in self.choices})  # categorical candidates: indices into the choices
+                       for i in range(len(acq))], dtype=bool)
         if not ok.any():
             return acq
         return np.where(ok, acq, -np.inf)
@@ -316,7 +316,7 @@ class Search:
 
     def refusal(self, params: dict[str, int]) -> str | None:
         """Why `validate` refuses these params for this key, or None."""
-        return check(KernelConfig.from_params(params), self.backend.limits, H=self.out.key.H, q_len=self.out.key.q_len)
+        return refusal(params, self.backend.limits, self.out.key)
 
     def refused(self, params: dict[str, int], reason: str) -> None:
         """The sampler stored these params as a pruned trial without a trial taking them: log it as

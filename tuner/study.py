@@ -31,7 +31,7 @@ from tuner.db import repo
 from tuner.db.session import make_engine, session_scope
 from tuner.heuristic import heuristic_config
 from tuner.keys import ConfigKey
-from tuner.search import STATE_ATTR, BudgetSpent, FitTPE, Progress, Search, WarmFirst
+from tuner.search import STATE_ATTR, BudgetSpent, FitTPE, Progress, Search, WarmFirst, refusal
 from tuner.study_files import STUDY, study_file_url
 from tuner.winner import pick_winner
 
@@ -279,7 +279,7 @@ def run_study(
     out = Outcome(key, workload, study_row.id, default=warm[0])
     # a helper leaves the warm start to the owner, whose proposals it would otherwise repeat
     def fits(params: dict[str, int]) -> bool:
-        return check(KernelConfig.from_params(params), limits, H=key.H, q_len=key.q_len) is None
+        return refusal(params, limits, key) is None
 
     study, queue = _open_study(key, storage_url, heartbeat_s, sampler, seed, choices, warm if pick else [], fits)
     search = Search(backend=backend, sessions=sessions, workload=workload, out=out, study=study, choices=choices,
