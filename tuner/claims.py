@@ -5,12 +5,15 @@ Each key (one Optuna study) has at most one **owner**: the process that claimed 
 database (one atomic UPDATE, tuner.db.repo.claim_study) and beats every CLAIM_BEAT_S. Only the
 owner re-times the top candidates and stores the winner, so every key's winner is picked and
 stored once. A process walks the job's keys in order and claims the first free one; when every
-remaining key is owned by a live process it **helps** with the search of one whose budget is not
-spent (trials are shared through Optuna's storage, so nothing is measured twice) by more than its
-owner's trials in flight, and otherwise waits for the owners: the owner's trials in flight already
-take the last places, and a helper there only adds proposals and storage writes to the owner's
-(on the H200 pair, a 20-trial key that an idle process joined for its last few places took
-10.5 s where the others took 7; bench/results/multi_table). A key whose study finished with its
+remaining key is owned by a live process it **helps** with the search of one whose budget has
+more places left than twice its owner's trials in flight (trials are shared through Optuna's
+storage, so nothing is measured twice), and otherwise waits for the owners. Each process takes
+places in the budget from its own count (the other's trials in flight are not in it): an owner's
+trials in flight already take the last places, and a helper that joins there adds its own
+proposals, storage writes and measurements past the budget to the owner's key. On the H200 pair a
+20-trial key that an idle process joined for its last ~12 places took 8.4 s and 29 measurements
+where the others took 3.8-5.2 s and 20 (run23_H1, session 10), 10.5 s vs 7 in session 7
+(bench/results/multi_table). A key whose study finished with its
 budget measured is done and skipped (a re-run of the job, or another process that got there
 first). An owner killed with -9 stops beating: after CLAIM_STALE_S another process (or the
 re-run) claims the key and resumes its study, whose heartbeat-failed trials Optuna retries.
@@ -151,7 +154,7 @@ def run_job(*, backend: Backend, sessions: sessionmaker[Session], workloads: lis
             with session_scope(sessions) as s:
                 row = repo.find_study(session=s, key=workload_key(limits, wl))
                 left = budget(wl) - (row.n_ok + row.n_failed) if row is not None else 0
-            if left > in_flight:  # its own seed: the owner samples with the job's, lockstep would repeat it
+            if left > 2 * in_flight:  # its own seed: the owner samples with the job's, lockstep would repeat it
                 seed = (zlib.crc32(owner.encode()) + (study_kw.get("seed") or 0)) % (2**31 - 1)  # an INTEGER column
                 run_study(backend=backend, sessions=sessions, workload=wl, n_trials=n_trials, restrict=restrict,
                           pick=False, **{**study_kw, "seed": seed})

@@ -160,12 +160,13 @@ def test_a_key_its_owner_finishes_between_scan_and_claim_is_not_tuned_again(db_u
         assert row.owner is None and row.status == "finished"
 
 
-@pytest.mark.parametrize(("left", "helps"), [(3, False), (4, True)])
-def test_an_idle_process_helps_only_a_key_with_more_places_left_than_its_owner_has_in_flight(
+@pytest.mark.parametrize(("left", "helps"), [(6, False), (7, True)])
+def test_an_idle_process_helps_only_a_key_with_more_places_left_than_twice_its_owners_trials_in_flight(
         sqlite_url, monkeypatch, left, helps):
-    """With 3 trials in flight per process, an owner's own trials take a key's last 3 places: an
-    idle process waits for it there (it would only add proposals and storage writes), and joins
-    a key with 4 places left."""
+    """With 3 trials in flight per process, an owner's own trials take a key's last 3 places and
+    a helper's would take 3 more, counted by neither: an idle process waits for a key with 6
+    places left (it would add proposals, storage writes and measurements past the budget), and
+    joins one with 7."""
     import threading
 
     from kernels.limits import known_device
