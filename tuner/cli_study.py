@@ -164,15 +164,12 @@ def register(study: click.Group, clean: Callable[..., Any]) -> None:
 def _job(H: int, q_len: int, prefix: tuple[int, ...], prefix_range: str | None, batch_text: str, spread: str,
          only: tuple[str, ...], **kw: Any) -> Any:
     """The TuneJob the arguments describe; every argument is checked here, before a worker or a
-    GPU is touched."""
-    import optuna
-
+    GPU is touched (and before Optuna is imported: the measuring child starts first)."""
     from tuner import space
     from tuner.backend import Workload
     from tuner.runner import TuneJob
     from tuner.study_files import study_storage_error
 
-    optuna.logging.set_verbosity(optuna.logging.ERROR)  # our progress bar says what matters
     if kw["storage"] is not None and (why := study_storage_error(kw["storage"])):
         raise click.BadParameter(why, param_hint="--storage")
     restrict = _parse_only(only)

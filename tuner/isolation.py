@@ -70,13 +70,16 @@ def _child_main(conn: Any, target: str, kwargs: dict[str, Any], device_ordinal: 
 class IsolatedBackend:
     """Backend whose measurements run in a restartable child process.
 
-    A measurer class may offer `probe_limits()` (the device's limits, read before the slow part
-    of its start: torch, the CUDA context, the bandwidth probe) and `build(cfg, q_len, arch,
-    **measurer_kwargs)` (compile without a GPU). With the first, the constructor returns as
-    soon as the limits are known and the first measurement waits for the rest of the start, so
-    the caller's own setup and first compiles overlap it; `limits` then gains what the measurer
-    measured at start (the copy bandwidth). With the second, `compile_ahead` builds in the
-    calling thread. Calls into the child are serialised: any thread may call."""
+    The constructor starts the child and returns: the caller's own start (its imports, the
+    database) overlaps the child's. `limits` waits for the device's limits, and a child that
+    cannot start raises there. A measurer class may offer `probe_limits()` (the device's limits,
+    read before the slow part of its start: torch, the CUDA context, the bandwidth probe) and
+    `build(cfg, q_len, arch, **measurer_kwargs)` (compile without a GPU). With the first,
+    `limits` is known ~0.5 s after the start and the first measurement waits for the rest of it
+    (~3.5 s on an H200, most of it importing torch: bench/results/measurer_start.md), so the
+    caller's setup and first compiles overlap it; `limits` then gains what the measurer measured
+    at start (the copy bandwidth). With the second, `compile_ahead` builds in the calling
+    thread. Calls into the child are serialised: any thread may call."""
 
     def __init__(self, *, measurer: str = DEFAULT_MEASURER, measurer_kwargs: dict[str, Any] | None = None,
                  device_ordinal: int | None = None, timeout_s: float = 120.0) -> None:
@@ -92,7 +95,17 @@ class IsolatedBackend:
         except (ImportError, AttributeError):  # the child's start reports it, with the same name
             self._build = None
         self.restarts = 0
-        self.limits: DeviceLimits = self._start()
+        self._limits: DeviceLimits | None = None
+        self._start()
+
+    @property
+    def limits(self) -> DeviceLimits:
+        """The device's limits (waits for the child's first word; LaunchError if it cannot start)."""
+        if self._limits is None:
+            with self._lock:
+                while self._limits is None:
+                    self._read_start()
+        return self._limits
 
     def _recv_start(self, what: str) -> tuple[str, Any]:
         if not self._conn.poll(START_TIMEOUT_S):
@@ -106,21 +119,27 @@ class IsolatedBackend:
             raise LaunchError(f"measurement worker failed to start: {payload}")
         return status, payload
 
-    def _start(self) -> DeviceLimits:
+    def _start(self) -> None:
         parent, child = self._ctx.Pipe()
         self._proc = self._ctx.Process(target=_child_main, args=(child, self._target, self._kwargs, self._ordinal),
                                        daemon=True, name="tuner-measure")
         self._proc.start()
         child.close()
         self._conn = parent
-        status, payload = self._recv_start("start")
+        self._ready = self._probed = False
+
+    def _read_start(self) -> None:
+        """Read the child's next word of its start (with `_lock` held): its probed limits, or
+        that it is ready (with the limits it measured, which replace them)."""
+        status, payload = self._recv_start("finish starting" if self._probed else "start")
+        self._probed = True
         self._ready = status == "ready"
-        return payload
+        if self._ready or self._limits is None:  # a restart's probe leaves the measured limits
+            self._limits = payload
 
     def _await_ready(self) -> None:
-        if not self._ready:
-            _, payload = self._recv_start("finish starting")
-            self._ready, self.limits = True, payload
+        while not self._ready:
+            self._read_start()
 
     def _kill(self) -> None:
         if self._proc is not None and self._proc.is_alive():

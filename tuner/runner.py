@@ -9,12 +9,14 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuner.backend import Workload
-from tuner.claims import JobResult
 from tuner.isolation import DEFAULT_MEASURER, IsolatedBackend
 from tuner.settings import Settings
+
+if TYPE_CHECKING:  # tuner.claims imports Optuna and SQLAlchemy: not before the measuring child starts
+    from tuner.claims import JobResult
 
 
 @dataclass(frozen=True)
@@ -44,18 +46,24 @@ def tune_on_device(settings: Settings, job: TuneJob, device_ordinal: int,
                    on_key_done: Callable[[], None] | None = None) -> JobResult:
     """The workloads of `job` on GPU `device_ordinal`, sharing the keys with every other process
     that runs the same job on the same databases (tuner.claims): other GPUs of this host, or
-    other hosts."""
-    from tuner.claims import owner_id, run_job
-    from tuner.db.migrate import checked_sessions
-
-    sessions = checked_sessions(settings.database_url)
+    other hosts. The measuring child starts first: its start (~4 s on an H200, most of it
+    importing torch; bench/results/measurer_start.md) is what the job's first measurement waits
+    for, and this process's imports, database check and first compiles overlap it. Optuna's own
+    log lines (one per trial) are turned off; `on_progress` says what matters."""
     backend = IsolatedBackend(measurer=job.measurer, measurer_kwargs={"cache_dir": str(settings.cache_dir)}
                               if job.measurer == DEFAULT_MEASURER else {}, device_ordinal=device_ordinal,
                               timeout_s=job.measure_timeout_s)
-    study_kw = {"storage_url": job.storage_url or settings.studies,
-                "sampler": job.sampler, "seed": job.seed, "timeout_s": job.timeout_s, "on_progress": on_progress,
-                "parallel": job.compile_jobs}
     try:
+        import optuna
+
+        from tuner.claims import owner_id, run_job
+        from tuner.db.migrate import checked_sessions
+
+        optuna.logging.set_verbosity(optuna.logging.ERROR)
+        sessions = checked_sessions(settings.database_url)
+        study_kw = {"storage_url": job.storage_url or settings.studies,
+                    "sampler": job.sampler, "seed": job.seed, "timeout_s": job.timeout_s, "on_progress": on_progress,
+                    "parallel": job.compile_jobs}
         return run_job(backend=backend, sessions=sessions, workloads=job.workloads, n_trials=job.n_trials,
                        owner=owner_id(device_ordinal), study_kw=study_kw, restrict=job.restrict or None,
                        on_key_done=on_key_done)
@@ -64,9 +72,6 @@ def tune_on_device(settings: Settings, job: TuneJob, device_ordinal: int,
 
 
 def _device_main(settings: Settings, job: TuneJob, index: int, device_ordinal: int, queue: Any) -> None:
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
     try:
         res = tune_on_device(settings, job, device_ordinal)
         queue.put((index, device_ordinal, "ok", {"keys": [summary(o) for o in res.outcomes],
@@ -99,7 +104,8 @@ def _start_method() -> str:
 
     if os.name != "posix" or threading.active_count() > 1 or "pycuda.driver" in sys.modules:
         return "spawn"
-    import tuner.db.migrate  # noqa: F401 - what each child imports first (tuner.claims is imported above)
+    import tuner.claims  # noqa: F401 - what each child imports after starting its measuring child
+    import tuner.db.migrate  # noqa: F401
 
     return "fork"
 

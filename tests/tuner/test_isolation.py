@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from kernels.config import KernelConfig
@@ -76,8 +78,14 @@ def test_a_bug_stops_the_study_instead_of_failing_a_trial(sessions, db_url):
 
 
 def test_a_measurer_that_cannot_start_is_reported():
-    with pytest.raises(LaunchError, match="failed to start"):
-        IsolatedBackend(measurer="tests.fakes:NoSuchMeasurer", timeout_s=3)
+    """The constructor only starts the child (the caller's start overlaps it); the limits, the
+    first thing any caller needs, report that it could not start."""
+    b = IsolatedBackend(measurer="tests.fakes:NoSuchMeasurer", timeout_s=3)
+    try:
+        with pytest.raises(LaunchError, match="failed to start"):
+            b.limits  # noqa: B018
+    finally:
+        b.close()
 
 
 def test_study_goes_on_past_crashes_and_hangs(sessions, db_url):
@@ -105,9 +113,11 @@ def test_the_backend_returns_with_the_limits_while_the_measurer_still_starts(tmp
     measurer's slow start ends; the first measurement waits for it, and the limits then carry
     what the start measured."""
     marker = tmp_path / "ready"
+    t0 = time.monotonic()
     b = IsolatedBackend(measurer="tests.fakes:SlowStartMeasurer", measurer_kwargs={"marker": str(marker)},
                         timeout_s=10)
     try:
+        assert time.monotonic() - t0 < 1.0, "the constructor waited for the child"
         assert b.limits.name == "NVIDIA H200" and b.limits.copy_bw_gbps is None
         assert not marker.exists(), "the constructor waited for the measurer's whole start"
         m = b.measure(KernelConfig(nsplit=64, ht=8, tk=32, block=256), WL)
