@@ -212,9 +212,9 @@ def test_an_idle_process_helps_only_a_key_with_more_places_left_than_twice_its_o
 
 
 def test_gpu_processes_fork_only_from_a_single_threaded_process():
-    """Forked, the per-GPU processes skip re-importing the tuner (~1 s each before the first
-    trial); a fork while another thread runs could inherit a lock held forever, so then they are
-    spawned."""
+    """Forked, the per-GPU processes start at once (spawned, each imports the CLI's modules
+    again); a fork while another thread runs could inherit a lock held forever, so then they
+    are spawned."""
     import os
     import threading
 
