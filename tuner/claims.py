@@ -11,7 +11,7 @@ storage, so nothing is measured twice), and otherwise waits for the owners. Each
 places in the budget from its own count (the other's trials in flight are not in it): an owner's
 trials in flight already take the last places, and a helper that joins there adds its own
 proposals, storage writes and measurements past the budget to the owner's key. On the H200 pair a
-20-trial key that an idle process joined for its last ~12 places took 8.4 s and 29 measurements
+20-trial key that an idle process joined with more than 8 places left took 8.4 s and 29 measurements
 where the others took 3.8-5.2 s and 20 (run23_H1, session 10), 10.5 s vs 7 in session 7
 (bench/results/multi_table). A key whose study finished with its
 budget measured is done and skipped (a re-run of the job, or another process that got there

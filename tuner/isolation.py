@@ -195,7 +195,9 @@ class IsolatedBackend:
             self._build(cfg, q_len, self.limits.arch, **self._kwargs)
 
     def close(self) -> None:
-        if self._proc is not None and self._proc.is_alive():
+        """Ask a ready child to exit; one still starting is killed (it reads nothing until it is
+        ready: a caller stopping early -- a database not upgraded -- would wait out its start)."""
+        if self._proc is not None and self._proc.is_alive() and self._ready:
             try:
                 self._conn.send(("close",))
             except (BrokenPipeError, OSError):

@@ -99,11 +99,10 @@ def _start_method() -> str:
     measuring child before it imports Optuna and SQLAlchemy (tune_on_device), as one GPU's job
     does: importing them here, before the fork, delayed every GPU's measuring child by those
     imports (~0.5 s; in run24 the first trial ended 6.2-7.0 s into two GPUs' job, 4.5 s into
-    one's). A fork is safe
-    only while this process runs no other thread (a lock held by one would stay held in the
-    child) and has no CUDA context and no open database connection -- as `tuner study start`
-    when it gets here: it only parsed and checked its arguments. Otherwise (a test runner, an
-    embedding program) the processes are spawned."""
+    one's). A fork is safe only while this process runs no other thread (a lock held by one
+    would stay held in the child) and has no CUDA context and no open database connection -- as
+    `tuner study start` when it gets here: it only parsed and checked its arguments. Otherwise
+    (a test runner, an embedding program) the processes are spawned."""
     import threading
 
     if os.name != "posix" or threading.active_count() > 1 or "pycuda.driver" in sys.modules:

@@ -135,3 +135,15 @@ def test_a_measurer_that_fails_after_its_limits_fails_the_first_call(tmp_path):
             b.measure(KernelConfig(nsplit=64, ht=8, tk=32, block=256), WL)
     finally:
         b.close()
+
+
+def test_closing_a_backend_whose_measurer_still_starts_does_not_wait_for_it(tmp_path):
+    """A caller that stops early (its database not upgraded, say) closes the backend right after
+    starting it: the child, which reads nothing until its start ends, is killed, not waited for."""
+    b = IsolatedBackend(measurer="tests.fakes:SlowStartMeasurer",
+                        measurer_kwargs={"marker": str(tmp_path / "m"), "seconds": 20.0}, timeout_s=10)
+    assert b.limits.name == "NVIDIA H200"  # the probe came; the rest of the start takes 20 s
+    t0 = time.monotonic()
+    b.close()
+    assert time.monotonic() - t0 < 5.0
+    assert not (tmp_path / "m").exists()
