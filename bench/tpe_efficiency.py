@@ -62,14 +62,12 @@ def main() -> None:
     ap.add_argument("--good-share", type=float, default=None, help="share of trials TPE models as the good ones")
     ap.add_argument("--ei-candidates", type=int, default=None, help="candidates TPE draws per proposal")
     args = ap.parse_args()
-    import math
-
     import tuner.study
 
     if args.n_startup is not None:
         tuner.study.N_STARTUP = args.n_startup
     if args.good_share is not None:
-        tuner.study._good_share = lambda n: min(math.ceil(args.good_share * n), 25)  # type: ignore[assignment]
+        tuner.study.GOOD_SHARE = args.good_share
     if args.ei_candidates is not None:
         from tuner.search import FitTPE
 

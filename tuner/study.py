@@ -181,6 +181,8 @@ def open_storage(url: str, heartbeat_s: float | None = None) -> optuna.storages.
 
 #: Finished trials (warm-start configs first, then random configs that fit) before TPE models them.
 N_STARTUP = 4
+#: The share of finished trials (at most 25) TPE models as the good ones (_good_share).
+GOOD_SHARE = 0.25
 
 
 def _good_share(n: int) -> int:
@@ -190,7 +192,7 @@ def _good_share(n: int) -> int:
     tenth its search settled early. Replaying the recorded H=8 q=9 sweep (bench/tpe_efficiency.py,
     40 seeds, bench/results/tpe_fit.md): a tenth 17 of 40 seeds within 3 % of the best in 80
     measurements, a quarter 24 -- as many as ranking every candidate did."""
-    return min(math.ceil(0.25 * n), 25)
+    return min(math.ceil(GOOD_SHARE * n), 25)
 
 
 def _sampler(name: str, seed: int | None, choices: dict[str, list[int]],
