@@ -4,7 +4,8 @@
 Each key (one Optuna study) has at most one **owner**: the process that claimed it in the config
 database (one atomic UPDATE, tuner.db.repo.claim_study) and beats every CLAIM_BEAT_S. Only the
 owner re-times the top candidates and stores the winner, so every key's winner is picked and
-stored once. A process walks the job's keys in order and claims the first free one; when every
+stored once. A process walks the job's keys in order from its own starting key (process i of P
+on one host starts at key i*K/P of K and wraps around) and claims the first free one; when every
 remaining key is owned by a live process it **helps** with the search of one whose budget has
 more places left than twice its owner's trials in flight (trials are shared through Optuna's
 storage, so nothing is measured twice), and otherwise waits for the owners. Each process takes
@@ -64,6 +65,10 @@ class JobResult:
     outcomes: list[Outcome] = field(default_factory=list)  # keys this process owned
     done_before: list[Workload] = field(default_factory=list)  # finished already: skipped
     helped: list[Workload] = field(default_factory=list)  # searched for another owner
+    #: keys owned by another live process that this process did not help: the places left in the
+    #: budget when it first looked (too few to share: see the module docstring)
+    declined: dict[Workload, int] = field(default_factory=dict)
+    waited_s: float = 0.0  # idle: every remaining key owned by another live process, none helped
 
 
 @contextlib.contextmanager
@@ -114,8 +119,14 @@ def _claim(sessions: sessionmaker[Session], key: ConfigKey, wl: Workload, owner:
 
 def run_job(*, backend: Backend, sessions: sessionmaker[Session], workloads: list[Workload], n_trials: int,
             owner: str, study_kw: dict[str, Any], restrict: dict[str, list[int]] | None = None,
-            on_key_done: Callable[[], None] | None = None) -> JobResult:
-    """Tune every key of `workloads` together with whatever other processes run the same job."""
+            on_key_done: Callable[[], None] | None = None, place: tuple[int, int] = (0, 1)) -> JobResult:
+    """Tune every key of `workloads` together with whatever other processes run the same job.
+
+    `place` is this process's (index, count) among the job's processes on this host: it starts
+    its walk at key index*K/count, so each process goes on to its own last key's neighbour -- whose
+    best is then stored to start from (tuner.study.warm_start_configs) and whose compiles are
+    cached -- as a lone process does, instead of the processes taking alternate keys side by side.
+    Processes of other hosts start where their own index says; a claim taken meanwhile is skipped."""
     limits = backend.limits
 
     def budget(wl: Workload) -> int:  # space.valid_configs is cached per (H, q_len, batch)
@@ -125,6 +136,11 @@ def run_job(*, backend: Backend, sessions: sessionmaker[Session], workloads: lis
     result = JobResult()
     in_flight = max(1, study_kw.get("parallel", 1))  # an owner's trials in flight (the same job: the same)
     pending = list(dict.fromkeys(workloads))
+    index, count = place
+    if not 0 <= index < count:
+        raise ValueError(f"place {place}: the index must be in [0, count)")
+    first = index * len(pending) // count
+    pending = pending[first:] + pending[:first]  # finished keys leave it: a rescan walks on from here
     with session_scope(sessions) as s:  # alone: it locks data_version, which winners' writes also take
         repo.upsert_device(session=s, limits=limits)
     while pending:
@@ -161,8 +177,11 @@ def run_job(*, backend: Backend, sessions: sessionmaker[Session], workloads: lis
                 result.helped.append(wl)
                 acted = True
                 break
+            result.declined.setdefault(wl, left)
         if not acted:
+            t = time.monotonic()
             _wait_for_a_release(sessions, [workload_key(limits, wl) for wl in pending], POLL_S)
+            result.waited_s += time.monotonic() - t
     return result
 
 

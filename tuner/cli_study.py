@@ -202,8 +202,12 @@ def _start_on_devices(settings: Settings, job: Any, devices: list[int], as_json:
             for r in payload["keys"]:
                 click.echo(f"GPU {dev}: {r['key']} prefix={r['prefix']} batch={r['batch']} best {r['best']} "
                            f"({r['best_us'] or float('nan'):.1f} us) {r['decision']} {r['counts']}")
+            declined = ", ".join(f"prefix={d['prefix']} batch={d['batch']} with {d['places_left']} places left"
+                                 for d in payload["declined"])
             click.echo(f"GPU {dev}: owned {len(payload['keys'])} key(s), helped with {payload['helped']}, "
-                       f"left {payload['done_before']} to the other processes or to an earlier run")
+                       f"left {payload['done_before']} to the other processes or to an earlier run, "
+                       f"waited {payload['waited_s']:.1f} s for keys other processes owned"
+                       + (f" (not helped: {declined})" if declined else ""))
     if failed:
         raise click.ClickException("a GPU's tuner failed (see above); the others' results are stored")
 

@@ -43,13 +43,15 @@ def default_compile_jobs(n_devices: int) -> int:
 
 def tune_on_device(settings: Settings, job: TuneJob, device_ordinal: int,
                    on_progress: Callable[[Any], None] | None = None,
-                   on_key_done: Callable[[], None] | None = None) -> JobResult:
+                   on_key_done: Callable[[], None] | None = None, place: tuple[int, int] = (0, 1)) -> JobResult:
     """The workloads of `job` on GPU `device_ordinal`, sharing the keys with every other process
     that runs the same job on the same databases (tuner.claims): other GPUs of this host, or
     other hosts. The measuring child starts first: its start (~4 s on an H200, most of it
     importing torch; bench/results/measurer_start.md) is what the job's first measurement waits
     for, and this process's imports, database check and first compiles overlap it. Optuna's own
-    log lines (one per trial) are turned off; `on_progress` says what matters."""
+    log lines (one per trial) are turned off; `on_progress` says what matters. `place` is this
+    process's (index, count) among the job's processes on this host: where it starts its walk
+    through the keys (tuner.claims.run_job)."""
     backend = IsolatedBackend(measurer=job.measurer, measurer_kwargs={"cache_dir": str(settings.cache_dir)}
                               if job.measurer == DEFAULT_MEASURER else {}, device_ordinal=device_ordinal,
                               timeout_s=job.measure_timeout_s)
@@ -66,16 +68,19 @@ def tune_on_device(settings: Settings, job: TuneJob, device_ordinal: int,
                     "parallel": job.compile_jobs}
         return run_job(backend=backend, sessions=sessions, workloads=job.workloads, n_trials=job.n_trials,
                        owner=owner_id(device_ordinal), study_kw=study_kw, restrict=job.restrict or None,
-                       on_key_done=on_key_done)
+                       on_key_done=on_key_done, place=place)
     finally:
         backend.close()
 
 
-def _device_main(settings: Settings, job: TuneJob, index: int, device_ordinal: int, queue: Any) -> None:
+def _device_main(settings: Settings, job: TuneJob, index: int, count: int, device_ordinal: int,
+                 queue: Any) -> None:
     try:
-        res = tune_on_device(settings, job, device_ordinal)
-        queue.put((index, device_ordinal, "ok", {"keys": [summary(o) for o in res.outcomes],
-                                                  "helped": len(res.helped), "done_before": len(res.done_before)}))
+        res = tune_on_device(settings, job, device_ordinal, place=(index, count))
+        queue.put((index, device_ordinal, "ok", {
+            "keys": [summary(o) for o in res.outcomes], "helped": len(res.helped),
+            "done_before": len(res.done_before), "waited_s": round(res.waited_s, 1),
+            "declined": [{"prefix": w.prefix, "batch": w.batch, "places_left": n} for w, n in res.declined.items()]}))
     except Exception as exc:  # reported by the parent, which exits non-zero; a bug keeps its traceback
         import traceback
 
@@ -119,7 +124,7 @@ def tune_on_devices(settings: Settings, job: TuneJob, devices: list[int]) -> lis
     queue = ctx.Queue()
     procs = []
     for i, dev in enumerate(devices):
-        p = ctx.Process(target=_device_main, args=(settings, job, i, dev, queue),
+        p = ctx.Process(target=_device_main, args=(settings, job, i, len(devices), dev, queue),
                         name=f"tuner-gpu{dev}")  # not daemonic: it starts its own measuring child
         p.start()
         procs.append(p)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import datetime as dt
+import time
 
 import optuna
 import pytest
@@ -201,14 +202,46 @@ def test_an_idle_process_helps_only_a_key_with_more_places_left_than_twice_its_o
     monkeypatch.setattr(claims, "run_study", helper_search)
     timer = threading.Timer(2.5, owner_finishes)  # the owner's end, if nobody helps
     timer.start()
+    t0 = time.monotonic()
     try:
         res = claims.run_job(backend=FakeBackend(), sessions=sessions, workloads=[wl], n_trials=budget, owner="me",
                              study_kw={"storage_url": sqlite_url, "sampler": "tpe", "seed": 0, "parallel": 3})
     finally:
         timer.cancel()
+    elapsed = time.monotonic() - t0
     assert [c["pick"] for c in calls] == ([False] if helps else [])
     assert res.done_before == [wl] and not res.outcomes
     assert res.helped == ([wl] if helps else [])
+    # what it did not help, and that it waited for the owner instead
+    assert res.declined == ({} if helps else {wl: left})
+    assert (res.waited_s == 0.0) if helps else (0.2 < res.waited_s < elapsed), (res.waited_s, elapsed)
+
+
+@pytest.mark.parametrize(("place", "order"), [((0, 1), [0, 1, 2, 3, 4]), ((1, 2), [2, 3, 4, 0, 1]),
+                                                ((2, 3), [3, 4, 0, 1, 2])])
+def test_a_process_walks_the_keys_from_its_own_place_and_wraps_around(sqlite_url, monkeypatch, place, order):
+    """Process i of P starts at key i*K/P, so each goes on to its own last key's neighbour (whose
+    best and compiles are there to start from), as a lone process does."""
+    from tests.fakes import FakeBackend
+    from tuner import claims
+
+    migrate.upgrade(sqlite_url)
+    sessions = session_factory(make_engine(sqlite_url))
+    workloads = [Workload(8, 9, 1024 * 2 ** k) for k in range(5)]
+    monkeypatch.setattr(claims, "run_study", lambda **kw: kw["workload"])
+    res = claims.run_job(backend=FakeBackend(), sessions=sessions, workloads=workloads, n_trials=4, owner="me",
+                         study_kw={"storage_url": sqlite_url, "sampler": "tpe", "seed": 0}, place=place)
+    assert res.outcomes == [workloads[k] for k in order]
+
+
+def test_a_place_outside_the_processes_is_an_error(sqlite_url):
+    from tests.fakes import FakeBackend
+    from tuner import claims
+
+    migrate.upgrade(sqlite_url)
+    with pytest.raises(ValueError, match="index must be in"):
+        claims.run_job(backend=FakeBackend(), sessions=session_factory(make_engine(sqlite_url)),
+                       workloads=[Workload(8, 9, 4096)], n_trials=4, owner="me", study_kw={}, place=(2, 2))
 
 
 def test_gpu_processes_fork_only_from_a_single_threaded_process():
@@ -267,3 +300,21 @@ def test_a_process_waiting_on_owned_keys_goes_on_when_one_is_released_not_a_poll
     with session_scope(sessions) as s:
         assert repo.owners_of(session=s, workload_keys=[str(k) for k in keys]) == {str(keys[0]): "other",
                                                                                     str(keys[1]): None}
+
+
+def test_the_cli_says_per_gpu_what_it_owned_helped_and_waited_for(monkeypatch, capsys, tmp_path):
+    """`tuner study start --devices`: one summary line per GPU; a failed GPU is reported and the
+    command exits non-zero."""
+    import click
+
+    from tuner import cli_study, runner
+
+    payload = {"keys": [], "helped": 0, "done_before": 5, "waited_s": 7.9,
+               "declined": [{"prefix": 38968, "batch": 1, "places_left": 12}]}
+    monkeypatch.setattr(runner, "tune_on_devices", lambda *a: [(0, "ok", payload), (1, "error", "TunerError: boom")])
+    with pytest.raises(click.ClickException, match="a GPU's tuner failed"):
+        cli_study._start_on_devices(Settings(database_url="sqlite://", cache_dir=tmp_path), None, [0, 1], False)
+    out, err = capsys.readouterr()
+    assert ("GPU 0: owned 0 key(s), helped with 0, left 5 to the other processes or to an earlier run, waited 7.9 s "
+            "for keys other processes owned (not helped: prefix=38968 batch=1 with 12 places left)") in out
+    assert "GPU 1: failed: TunerError: boom" in err
