@@ -46,6 +46,7 @@ def breakdown(prefix: str) -> dict:
             "keys_summed_s": round(sum(spans.values()), 1),
             "s_per_later_key": round(statistics.mean(spans[b] for b in later), 2),
             "trials_per_later_key": round(statistics.mean(keys[b]["trials"] for b in later)),
+            "configs": d.get("configs_measured"),  # distinct configs the table measured (JSON from session 11 on)
             "first_done_waits_s": round(max(finish.values()) - min(finish.values()), 1) if len(finish) > 1 else 0.0,
         }
     runs["ratio"] = round(runs["single"]["wall_s"] / runs["multi"]["wall_s"], 2)
@@ -57,8 +58,9 @@ def main() -> None:
     ap.add_argument("prefixes", nargs="+")
     args = ap.parse_args()
     print("| run | 1 GPU wall | 2 GPUs wall | ratio | start 1 / 2 | first trial ends 1 / 2 | "
-          "s per later key 1 / 2 (trials a key) | keys summed 1 / 2 | first process done waits | end 1 / 2 |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "s per later key 1 / 2 (trials a key) | keys summed 1 / 2 | configs measured 1 / 2 | "
+          "first process done waits | end 1 / 2 |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for p in args.prefixes:
         r = breakdown(p)
         s, m = r["single"], r["multi"]
@@ -66,7 +68,8 @@ def main() -> None:
               f"{s['start_s']:.1f} / {m['start_s']:.1f} s | {s['first_end_s']:.1f} / {m['first_end_s']:.1f} s | "
               f"{s['s_per_later_key']:.2f} ({s['trials_per_later_key']}) / "
               f"{m['s_per_later_key']:.2f} ({m['trials_per_later_key']}) s | {s['keys_summed_s']:.1f} / "
-              f"{m['keys_summed_s']:.1f} s | {m['first_done_waits_s']:.1f} s | {s['end_s']:.1f} / {m['end_s']:.1f} s |")
+              f"{m['keys_summed_s']:.1f} s | {s['configs'] or '-'} / {m['configs'] or '-'} | "
+              f"{m['first_done_waits_s']:.1f} s | {s['end_s']:.1f} / {m['end_s']:.1f} s |")
 
 
 if __name__ == "__main__":

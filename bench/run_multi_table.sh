@@ -4,7 +4,9 @@
 # empty database and an empty compile cache, so neither inherits the other's compiles. Trials in
 # flight per GPU: the CLI's default (--compile-jobs: cores / GPUs, at most 8) unless COMPILE_JOBS is set.
 # Each mode's databases are copied to OUTDIR (table_MODE.db) with per-key spans and nvcc compile
-# times in its JSON. WRAP, if set, prefixes the tuner command (e.g. a sampling profiler). DBDIR
+# times in its JSON, and per key the configs it measured and how many of them no key had measured
+# before (new_configs: the others' compiles were cached). WRAP, if set, prefixes the tuner command
+# (e.g. a sampling profiler). DBDIR
 # (default /tmp) holds the databases; STUDY_FILE=1 keeps Optuna's studies in a file of their own
 # (TUNER_STUDY_STORAGE) instead of an SQLite file per key beside the config database (the default).
 # Usage: bench/run_multi_table.sh OUTDIR DEVICES [TRIALS]   (DEVICES like 0,1)
@@ -30,7 +32,7 @@ import collections, json, os, sys
 import optuna
 from sqlalchemy import create_engine, text
 url, mode, wall_ms, rc, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
-keys, spans = [], []
+keys, spans, first_use = [], [], {}
 t0 = int(os.environ["RUN_START_NS"]) / 1e9
 from tuner.study_files import default_study_storage, study_urls
 pairs = [(u, s.study_name) for u in study_urls(os.environ.get("TUNER_STUDY_STORAGE") or default_study_storage(url))
@@ -42,9 +44,17 @@ for studies, name in pairs:
            if t.datetime_start and t.datetime_complete]
     spans += own
     dup = sum(n - 1 for n in collections.Counter(tuple(sorted(t.params.items())) for t in m).values())
+    for t in m:  # which key measured each config first: the others found its compile cached
+        cfg, at = tuple(sorted(t.params.items())), t.datetime_start.timestamp()
+        if cfg not in first_use or at < first_use[cfg][0]:
+            first_use[cfg] = (at, name)
     keys.append({"study": name, "measured": len(m), "duplicates": dup, "trials": len(st.trials),
+                 "configs": len({tuple(sorted(t.params.items())) for t in m}),
                  "unfinished": sum(not t.state.is_finished() for t in st.trials),
                  "span_s": [round(min(a for a, _ in own), 2), round(max(b for _, b in own), 2)] if own else None})
+firsts = collections.Counter(name for _, name in first_use.values())
+for k in keys:  # configs this key measured before any other key did (each a compile, unless it failed)
+    k["new_configs"] = firsts[k["study"]]
 cache = os.environ.get("TUNER_CACHE_DIR", "")
 compiles = []  # a compile holds its .lock from nvcc's start; the .cubin is written when it ends
 for lock in (os.scandir(cache) if os.path.isdir(cache) else []):
@@ -72,13 +82,15 @@ timeline = {"first_trial_start_s": round(spans[0][0], 2) if spans else None,
 res = {"mode": mode, "wall_s": wall_ms / 1000, "rc": rc, "keys": len(keys), "timeline": timeline,
        "measured": sum(k["measured"] for k in keys), "duplicates": sum(k["duplicates"] for k in keys),
        "unfinished": sum(k["unfinished"] for k in keys), "winners_per_key": sorted(set(stored.values())),
-       "keys_with_a_winner": len(stored), "claims_left": owners, "per_key": keys,
+       "keys_with_a_winner": len(stored), "claims_left": owners, "configs_measured": len(first_use),
+       "per_key": keys,
        "compiles": {"n": len(compiles), "seconds_summed": round(sum(d for _, d in compiles), 1),
                     "start_and_seconds": compiles}}
 json.dump(res, open(f"{out}/table_{mode}.json", "w"), indent=1)
 print(f"{mode}: wall {res['wall_s']:.1f} s rc={rc} keys {res['keys']} measured {res['measured']} "
       f"duplicates {res['duplicates']} unfinished {res['unfinished']} winners/key {res['winners_per_key']} "
-      f"keys with a winner {res['keys_with_a_winner']} claims left {owners} compiles {len(compiles)} "
+      f"keys with a winner {res['keys_with_a_winner']} claims left {owners} configs {len(first_use)} "
+      f"compiles {len(compiles)} "
       f"({res['compiles']['seconds_summed']} s summed) timeline {timeline}")
 PY
 done
