@@ -25,7 +25,9 @@ for mode in ${MODES:-single multi}; do
   s=$(date +%s%N); export RUN_START_NS=$s
   env TUNER_DATABASE_URL=$db ${WRAP:-} python3 -m tuner study start "${args[@]}" "${extra[@]}" > "$out/table_$mode.log" 2>&1
   rc=$?; e=$(date +%s%N)
-  cp $dir/table-$mode.db "$out/table_$mode.db" 2>/dev/null
+  # SQLite's backup, not cp: the database is in WAL mode, and its last commits may still be in the -wal file
+  python3 -c 'import sqlite3, sys; sqlite3.connect(sys.argv[1]).backup(sqlite3.connect(sys.argv[2]))' \
+    $dir/table-$mode.db "$out/table_$mode.db"
   [ -d $dir/table-$mode.studies ] && rm -rf "$out/table_$mode.studies" && cp -r $dir/table-$mode.studies "$out/table_$mode.studies"
   python3 - "$db" "$mode" "$(( (e - s) / 1000000 ))" "$rc" "$out" <<'PY'
 import collections, json, os, sys
