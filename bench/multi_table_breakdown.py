@@ -6,7 +6,9 @@ finished first for the last key, and the end (the last winner's re-timing, exit)
 
     python bench/multi_table_breakdown.py bench/results/multi_table/run13_new [more run prefixes]
 
-A prefix names `<prefix>_table_single.{json,log}` and `<prefix>_table_multi.{json,log}`.
+A prefix names `<prefix>_table_single.{json,log}` and `<prefix>_table_multi.{json,log}`;
+`<prefix>@<other prefix>` takes the one-GPU run from the other prefix (an A/B call ran one
+single-GPU run against two codes' multi-GPU runs, e.g. run26_60_head@run26_60).
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ def _owners(log: Path) -> dict[str, str]:
     return out
 
 
-def breakdown(prefix: str) -> dict:
+def breakdown(spec: str) -> dict:
+    prefix, _, single_prefix = spec.partition("@")
     runs = {}
     for mode in ("single", "multi"):
-        d = json.loads(Path(f"{prefix}_table_{mode}.json").read_text())
+        prefix_of = single_prefix if mode == "single" and single_prefix else prefix
+        d = json.loads(Path(f"{prefix_of}_table_{mode}.json").read_text())
         keys = {k["study"].rsplit("|", 1)[1]: k for k in d["per_key"]}
         spans = {b: k["span_s"][1] - k["span_s"][0] for b, k in keys.items()}
         owners = _owners(Path(f"{prefix}_table_{mode}.log")) if mode == "multi" else dict.fromkeys(keys, "0")
@@ -59,7 +63,7 @@ def main() -> None:
     args = ap.parse_args()
     print("| run | 1 GPU wall | 2 GPUs wall | ratio | start 1 / 2 | first trial ends 1 / 2 | "
           "s per later key 1 / 2 (trials a key) | keys summed 1 / 2 | configs measured 1 / 2 | "
-          "first process done waits | end 1 / 2 |")
+          "last keys end apart (the first done helps or waits) | end 1 / 2 |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for p in args.prefixes:
         r = breakdown(p)

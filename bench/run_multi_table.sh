@@ -6,9 +6,9 @@
 # Each mode's databases are copied to OUTDIR (table_MODE.db) with per-key spans and nvcc compile
 # times in its JSON, and per key the configs it measured and how many of them no key had measured
 # before (new_configs: the others' compiles were cached). WRAP, if set, prefixes the tuner command
-# (e.g. a sampling profiler). DBDIR
-# (default /tmp) holds the databases; STUDY_FILE=1 keeps Optuna's studies in a file of their own
-# (TUNER_STUDY_STORAGE) instead of an SQLite file per key beside the config database (the default).
+# (e.g. a sampling profiler). DBDIR (default /tmp) holds the databases; STUDY_FILE=1 keeps Optuna's
+# studies in a file of their own (TUNER_STUDY_STORAGE) instead of an SQLite file per key beside the
+# config database (the default).
 # Usage: bench/run_multi_table.sh OUTDIR DEVICES [TRIALS]   (DEVICES like 0,1)
 set -uo pipefail
 out=${1:?outdir}; devices=${2:?devices}; trials=${3:-8}

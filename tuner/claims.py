@@ -127,6 +127,9 @@ def run_job(*, backend: Backend, sessions: sessionmaker[Session], workloads: lis
     best is then stored to start from (tuner.study.warm_start_configs) and whose compiles are
     cached -- as a lone process does, instead of the processes taking alternate keys side by side.
     Processes of other hosts start where their own index says; a claim taken meanwhile is skipped."""
+    index, count = place
+    if not 0 <= index < count:
+        raise ValueError(f"place {place}: the index must be in [0, count)")
     limits = backend.limits
 
     def budget(wl: Workload) -> int:  # space.valid_configs is cached per (H, q_len, batch)
@@ -136,9 +139,6 @@ def run_job(*, backend: Backend, sessions: sessionmaker[Session], workloads: lis
     result = JobResult()
     in_flight = max(1, study_kw.get("parallel", 1))  # an owner's trials in flight (the same job: the same)
     pending = list(dict.fromkeys(workloads))
-    index, count = place
-    if not 0 <= index < count:
-        raise ValueError(f"place {place}: the index must be in [0, count)")
     first = index * len(pending) // count
     pending = pending[first:] + pending[:first]  # finished keys leave it: a rescan walks on from here
     with session_scope(sessions) as s:  # alone: it locks data_version, which winners' writes also take
@@ -177,7 +177,7 @@ def run_job(*, backend: Backend, sessions: sessionmaker[Session], workloads: lis
                 result.helped.append(wl)
                 acted = True
                 break
-            result.declined.setdefault(wl, left)
+            result.declined.setdefault(wl, max(0, left))  # below 0: helpers measured past the budget
         if not acted:
             t = time.monotonic()
             _wait_for_a_release(sessions, [workload_key(limits, wl) for wl in pending], POLL_S)
