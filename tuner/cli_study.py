@@ -202,26 +202,32 @@ def _start_on_devices(settings: Settings, job: Any, devices: list[int], as_json:
             for r in payload["keys"]:
                 click.echo(f"GPU {dev}: {r['key']} prefix={r['prefix']} batch={r['batch']} best {r['best']} "
                            f"({r['best_us'] or float('nan'):.1f} us) {r['decision']} {r['counts']}")
-            declined = ", ".join(f"prefix={d['prefix']} batch={d['batch']} with {d['places_left']} places left"
-                                 for d in payload["declined"])
             click.echo(f"GPU {dev}: owned {len(payload['keys'])} key(s), helped with {payload['helped']}, "
                        f"left {payload['done_before']} to the other processes or to an earlier run, "
-                       f"waited {payload['waited_s']:.1f} s for keys other processes owned"
-                       + (f" (not helped: {declined})" if declined else ""))
+                       + _waited(payload))
     if failed:
         raise click.ClickException("a GPU's tuner failed (see above); the others' results are stored")
+
+
+def _waited(idle: dict[str, Any]) -> str:
+    """What tuner.runner.idle reports, as a phrase."""
+    declined = ", ".join(f"prefix={d['prefix']} batch={d['batch']} with {d['places_left']} places left"
+                         for d in idle["declined"])
+    return (f"waited {idle['waited_s']:.1f} s for keys other processes owned"
+            + (f" (not helped: {declined})" if declined else ""))
 
 
 def _start_on_one(settings: Settings, job: Any, ordinal: int, as_json: bool) -> None:
     import json
 
-    from tuner.runner import summary, tune_on_device
+    from tuner.runner import idle, summary, tune_on_device
 
     bar = None if as_json else _Bar()
     res = tune_on_device(settings, job, ordinal, on_progress=bar, on_key_done=bar.end if bar else None)
     if as_json:
         click.echo(json.dumps({"keys": [summary(o) for o in res.outcomes], "helped": len(res.helped),
-                               "done_before": [vars(w) for w in res.done_before]}, indent=1, allow_nan=False))
+                               "done_before": [vars(w) for w in res.done_before], **idle(res)},
+                              indent=1, allow_nan=False))
     else:
         click.echo(summary_table(res.outcomes))
         for wl in res.done_before:
@@ -229,6 +235,8 @@ def _start_on_one(settings: Settings, job: Any, ordinal: int, as_json: bool) -> 
                        "budget (raise --trials to search further)")
         if res.helped:
             click.echo(f"helped {len(res.helped)} key(s) owned by other tuner processes")
+        if res.waited_s or res.declined:  # another host (or tuner) runs the same job
+            click.echo(_waited(idle(res)))
     empty = [o for o in res.outcomes if not o.stored]
     if empty:
         raise click.ClickException(f"{len(empty)} key(s) ended with nothing stored: "

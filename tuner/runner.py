@@ -77,10 +77,8 @@ def _device_main(settings: Settings, job: TuneJob, index: int, count: int, devic
                  queue: Any) -> None:
     try:
         res = tune_on_device(settings, job, device_ordinal, place=(index, count))
-        queue.put((index, device_ordinal, "ok", {
-            "keys": [summary(o) for o in res.outcomes], "helped": len(res.helped),
-            "done_before": len(res.done_before), "waited_s": round(res.waited_s, 1),
-            "declined": [{"prefix": w.prefix, "batch": w.batch, "places_left": n} for w, n in res.declined.items()]}))
+        queue.put((index, device_ordinal, "ok", {"keys": [summary(o) for o in res.outcomes], "helped": len(res.helped),
+                                                  "done_before": len(res.done_before), **idle(res)}))
     except Exception as exc:  # reported by the parent, which exits non-zero; a bug keeps its traceback
         import traceback
 
@@ -96,6 +94,13 @@ def summary(o: Any) -> dict[str, Any]:
     return {"key": str(o.key), "prefix": o.workload.prefix, "batch": o.workload.batch,
             "best": str(o.best) if o.best else None, "best_us": o.best_m.median_us if o.best_m else None,
             "decision": o.decision, "counts": o.counts, "wall_s": o.wall_s}
+
+
+def idle(res: JobResult) -> dict[str, Any]:
+    """How long a process waited for keys other processes owned, and the places left in those
+    it did not help (other GPUs of this host, or other hosts running the same job)."""
+    return {"waited_s": round(res.waited_s, 1),
+            "declined": [{"prefix": w.prefix, "batch": w.batch, "places_left": n} for w, n in res.declined.items()]}
 
 
 def _start_method() -> str:

@@ -317,3 +317,22 @@ def test_the_cli_says_per_gpu_what_it_owned_helped_and_waited_for(monkeypatch, c
     assert ("GPU 0: owned 0 key(s), helped with 0, left 5 to the other processes or to an earlier run, waited 7.9 s "
             "for keys other processes owned (not helped: prefix=38968 batch=1 with 12 places left)") in out
     assert "GPU 1: failed: TunerError: boom" in err
+
+
+def test_one_gpu_of_a_job_other_hosts_share_says_what_it_waited_for(monkeypatch, capsys, tmp_path):
+    """`tuner study start` on one GPU, the same job running on another host: its output (text and
+    --json) says how long it waited for the other's keys, as each GPU's line does on one host."""
+    import json
+
+    from tuner import cli_study, runner
+    from tuner.claims import JobResult
+
+    res = JobResult(waited_s=2.04, declined={Workload(8, 9, 4096): 3})
+    monkeypatch.setattr(runner, "tune_on_device", lambda *a, **kw: res)
+    settings = Settings(database_url="sqlite://", cache_dir=tmp_path)
+    cli_study._start_on_one(settings, None, 0, True)
+    out = json.loads(capsys.readouterr().out)
+    assert out["waited_s"] == 2.0 and out["declined"] == [{"prefix": 4096, "batch": 1, "places_left": 3}]
+    cli_study._start_on_one(settings, None, 0, False)
+    assert ("waited 2.0 s for keys other processes owned (not helped: prefix=4096 batch=1 with 3 places left)"
+            in capsys.readouterr().out)
