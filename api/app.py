@@ -1,5 +1,5 @@
 """App factory. Data flow: kernels -> tuner -> database -> here; this layer only reads the
-database through tuner.lookup / tuner.db.repo and speaks HTTP."""
+database through verify_tuner.lookup / verify_tuner.db.repo and speaks HTTP."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from fastapi import FastAPI, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
-from api.metrics import Metrics, MetricsMiddleware
-from api.routes import admin, config, health
-from api.table_cache import TableCache
-from tuner.db.migrate import ensure_current
-from tuner.db.session import make_engine, session_factory
-from tuner.errors import BadParameter, StorageError
-from tuner.settings import Settings
+from verify_tuner.api.metrics import Metrics, MetricsMiddleware
+from verify_tuner.api.routes import admin, config, health
+from verify_tuner.api.table_cache import TableCache
+from verify_tuner.db.migrate import ensure_current
+from verify_tuner.db.session import make_engine, session_factory
+from verify_tuner.errors import BadParameter, StorageError
+from verify_tuner.settings import Settings
 
 READ_BUSY_TIMEOUT_MS = 2000  # WAL readers do not wait on writers; a longer wait is a fault to report
 
@@ -65,7 +65,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     from importlib.metadata import PackageNotFoundError, version
 
-    from kernels import KERNEL_VERSION, kernel_hash
+    from verify_tuner.kernels import KERNEL_VERSION, kernel_hash
 
     try:
         pkg_version = version("verify-tuner")

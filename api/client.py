@@ -10,7 +10,7 @@ then a folder of `tuner configs dump` files (`config_dir`, else VERIFY_TUNER_CON
 the last snapshot saved on disk (the per-user cache dir unless given), then the built-in
 heuristic; `source` / `reason` say which and why the others were passed over. A table made for
 another kernel than the one this package launches (its kernel hash differs) is refused and the
-next source tried. `prefix` for a batch of requests is its longest one (tuner.batches.prefix_of,
+next source tried. `prefix` for a batch of requests is its longest one (verify_tuner.batches.prefix_of,
 measured in docs/batching.md); `batch` is the number of requests verified in the launch.
 
 A worker never blocks on, or crashes because of, the sidecar. A snapshot that cannot be saved is
@@ -32,11 +32,11 @@ from pathlib import Path
 
 from platformdirs import user_cache_dir
 
-from kernels import kernel_hash as current_kernel_hash
-from kernels.config import PARAM_NAMES, KernelConfig
-from kernels.limits import DeviceLimits, known_device
-from tuner import batches, buckets, engine_files
-from tuner.heuristic import heuristic_config
+from verify_tuner.kernels import kernel_hash as current_kernel_hash
+from verify_tuner.kernels.config import PARAM_NAMES, KernelConfig
+from verify_tuner.kernels.limits import DeviceLimits, known_device
+from verify_tuner import batches, buckets, engine_files
+from verify_tuner.heuristic import heuristic_config
 
 URL_ENV, DIR_ENV = "VERIFY_TUNER_URL", "VERIFY_TUNER_CONFIG_DIR"
 
@@ -180,12 +180,12 @@ class ConfigClient:
     # --- every decode step -----------------------------------------------------------------
     def lookup(self, prefix: int, batch: int = 1) -> KernelConfig:
         """The config for this step: `prefix` is the batch's lookup prefix (its longest request,
-        tuner.batches.prefix_of), `batch` the requests in the launch. A bisect, no I/O."""
+        verify_tuner.batches.prefix_of), `batch` the requests in the launch. A bisect, no I/O."""
         if not self._entries:
             raise RuntimeError(f"no config table ({self.reason})")
         if not 1 <= batch <= batches.MAX_BATCH:
             raise ValueError(f"batch {batch} outside 1..{batches.MAX_BATCH}")
-        bb = (batch - 1).bit_length()  # tuner.batches.bucket_of without its checks: the hot path
+        bb = (batch - 1).bit_length()  # verify_tuner.batches.bucket_of without its checks: the hot path
         entries = self._entries[bb]
         i = bisect.bisect_right(self._starts[bb], prefix) - 1
         e = entries[max(i, 0)]

@@ -8,8 +8,8 @@ from typing import Annotated
 from fastapi import Depends, Header, HTTPException, Request
 from sqlalchemy.orm import Session, sessionmaker
 
-from tuner.errors import BadParameter
-from tuner.settings import Settings
+from verify_tuner.errors import BadParameter
+from verify_tuner.settings import Settings
 
 
 async def get_settings(request: Request) -> Settings:  # async: no threadpool hop

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from tuner.lookup import Answer
+from verify_tuner.lookup import Answer
 
 
 class BucketOut(BaseModel):

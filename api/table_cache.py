@@ -11,12 +11,12 @@ from dataclasses import dataclass, field, replace
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.schemas import ConfigOut
-from kernels.limits import DeviceLimits
-from tuner import buckets, lookup
-from tuner.db import repo
-from tuner.db.session import session_scope
-from tuner.errors import StorageError
+from verify_tuner.api.schemas import ConfigOut
+from verify_tuner.kernels.limits import DeviceLimits
+from verify_tuner import buckets, lookup
+from verify_tuner.db import repo
+from verify_tuner.db.session import session_scope
+from verify_tuner.errors import StorageError
 
 
 @dataclass(frozen=True)

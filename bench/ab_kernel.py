@@ -18,9 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels.build import SOURCE
-from kernels.shapes import D_V
-from tuner.heuristic import heuristic_config
+from verify_tuner.kernels.build import SOURCE
+from verify_tuner.kernels.shapes import D_V
+from verify_tuner.heuristic import heuristic_config
 
 SHAPES = [(8, 9, 46000), (8, 1, 131072), (64, 9, 46000), (16, 9, 16384), (128, 1, 46000), (8, 9, 4096)]
 ROUNDS, REPS = 5, 30
@@ -38,10 +38,10 @@ def main() -> None:
     import pycuda.autoprimaryctx  # noqa: F401
     import torch
 
-    from kernels.launch import VerifyAttention
-    from kernels.limits import read_device_limits
-    from kernels.reference import checked_launcher, reference
-    from kernels.timing import interleaved_medians, rotating_inputs
+    from verify_tuner.kernels.launch import VerifyAttention
+    from verify_tuner.kernels.limits import read_device_limits
+    from verify_tuner.kernels.reference import checked_launcher, reference
+    from verify_tuner.kernels.timing import interleaved_medians, rotating_inputs
 
     limits = read_device_limits(0)
     variants = {"A": tuple(args.a_flags.split()), "B": tuple(args.b_flags.split())}

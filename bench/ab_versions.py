@@ -32,11 +32,11 @@ def time_defaults(shapes: list[tuple[int, int, int]], cache: str) -> list[dict]:
     import pycuda.driver as cuda
     import torch
 
-    from kernels.launch import VerifyAttention
-    from kernels.limits import read_device_limits
-    from kernels.reference import poisoned_run_error, reference
-    from kernels.timing import rotating_inputs
-    from tuner.heuristic import heuristic_config
+    from verify_tuner.kernels.launch import VerifyAttention
+    from verify_tuner.kernels.limits import read_device_limits
+    from verify_tuner.kernels.reference import poisoned_run_error, reference
+    from verify_tuner.kernels.timing import rotating_inputs
+    from verify_tuner.heuristic import heuristic_config
 
     spec = importlib.util.spec_from_file_location("_ab_timing", HERE / "kernels" / "timing.py")
     timing = importlib.util.module_from_spec(spec)
@@ -85,7 +85,7 @@ def main() -> None:
     base = json.loads(child.stdout.strip().splitlines()[-1])
     sys.path.insert(0, str(HERE))
     new = time_defaults(SHAPES, args.cache)
-    from kernels.limits import read_device_limits
+    from verify_tuner.kernels.limits import read_device_limits
 
     limits = read_device_limits(0)
     rev = args.base_label or subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=args.base_tree,

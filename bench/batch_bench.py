@@ -14,7 +14,7 @@ best at B=1 applied at B ("B=1 config"), and the heuristic, in us and as a ratio
 max(memory floor, FLOP / 645 TFLOP/s). Plus the issue-10 target shape: B=32, prefixes 20k..70k.
 
 Every config is gated against the fp32 reference on its batch before it is timed; timings are
-CUDA-graph replays with inputs past the L2 (kernels.timing).
+CUDA-graph replays with inputs past the L2 (verify_tuner.kernels.timing).
 
     python3 bench/batch_bench.py --out bench/results [--variant ilp=-DVA_SOFTMAX_ILP]
 """
@@ -31,10 +31,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels.config import KernelConfig
-from kernels.shapes import D_V, floor_bytes, flops
-from tuner import batches, buckets
-from tuner.heuristic import heuristic_config
+from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.shapes import D_V, floor_bytes, flops
+from verify_tuner import batches, buckets
+from verify_tuner.heuristic import heuristic_config
 
 H, Q = 8, 9
 MMA_TFLOPS = 645.0  # mma.sync ceiling on the H200 (../shared/anchors/h200.md)
@@ -56,8 +56,8 @@ class Bench:
         import pycuda.autoprimaryctx  # noqa: F401
         import pycuda.driver as cuda
 
-        from kernels.limits import read_device_limits
-        from kernels.timing import copy_bandwidth
+        from verify_tuner.kernels.limits import read_device_limits
+        from verify_tuner.kernels.timing import copy_bandwidth
 
         self.limits = read_device_limits(0)
         self.bw = copy_bandwidth()
@@ -74,9 +74,9 @@ class Bench:
         """Gate then time every config on this batch (one input build); None = failed the gate."""
         import torch
 
-        from kernels.launch import VerifyAttention
-        from kernels.reference import poisoned_run_error, reference
-        from kernels.timing import rotating_inputs, time_graph
+        from verify_tuner.kernels.launch import VerifyAttention
+        from verify_tuner.kernels.reference import poisoned_run_error, reference
+        from verify_tuner.kernels.timing import rotating_inputs, time_graph
 
         key = tuple(lens)
         todo = [c for c in cfgs if (key, c) not in self.memo]

@@ -16,13 +16,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels.build import precompile
-from kernels.shapes import floor_bytes as bytes_moved_once
-from kernels.shapes import flops
-from kernels.config import KernelConfig
-from kernels.validate import check
-from tuner import space
-from tuner.heuristic import heuristic_config
+from verify_tuner.kernels.build import precompile
+from verify_tuner.kernels.shapes import floor_bytes as bytes_moved_once
+from verify_tuner.kernels.shapes import flops
+from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.validate import check
+from verify_tuner import space
+from verify_tuner.heuristic import heuristic_config
 
 HS, QS, PREFIXES = (8, 16, 64, 128), (1, 9), (1024, 4096, 16384, 46000, 131072)
 
@@ -33,7 +33,7 @@ def sweep(limits, H, Q, P, base: KernelConfig) -> list[KernelConfig]:
     structure: a small sweep around the default (not the tuner's whole space)."""
     from dataclasses import replace
 
-    from tuner.heuristic import _BANDWIDTH, _COMPUTE, _SHORT
+    from verify_tuner.heuristic import _BANDWIDTH, _COMPUTE, _SHORT
 
     choices = space.nsplit_choices(H, limits)
     i = choices.index(base.nsplit)
@@ -57,10 +57,10 @@ def main() -> None:
     import pycuda.driver as cuda
     import torch
 
-    from kernels.launch import VerifyAttention
-    from kernels.limits import read_device_limits
-    from kernels.reference import naive_torch, poisoned_run_error, reference
-    from kernels.timing import copy_bandwidth, rotating_inputs, time_graph, time_launches
+    from verify_tuner.kernels.launch import VerifyAttention
+    from verify_tuner.kernels.limits import read_device_limits
+    from verify_tuner.kernels.reference import naive_torch, poisoned_run_error, reference
+    from verify_tuner.kernels.timing import copy_bandwidth, rotating_inputs, time_graph, time_launches
 
     limits = read_device_limits(0)
     shapes = [(8, 9, 46000), (64, 9, 46000), (8, 1, 131072)] if args.quick else [

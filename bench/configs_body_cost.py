@@ -3,7 +3,7 @@ worker fetches at startup), in-process on an empty SQLite database (heuristic an
 body size as a tuned table):
 
 - the request through FastAPI's TestClient, which splices the body from the answers each cached
-  table rendered once (api.routes.config._table_body), and /config and a one-bucket /configs for
+  table rendered once (verify_tuner.api.routes.config._table_body), and /config and a one-bucket /configs for
   comparison;
 - the body built the way the route did before, per request: a ConfigTableOut of every answer,
   serialised, hashed (timed directly on the same cached tables), against the splice and hash.
@@ -46,12 +46,12 @@ def main() -> None:
 
     from fastapi.testclient import TestClient
 
-    from api.app import create_app
-    from api.routes.config import _table_body
-    from api.schemas import ConfigOut, ConfigTableOut
-    from tuner import batches
-    from tuner.db import migrate
-    from tuner.settings import Settings
+    from verify_tuner.api.app import create_app
+    from verify_tuner.api.routes.config import _table_body
+    from verify_tuner.api.schemas import ConfigOut, ConfigTableOut
+    from verify_tuner import batches
+    from verify_tuner.db import migrate
+    from verify_tuner.settings import Settings
 
     url = f"sqlite:///{tempfile.mkdtemp()}/bench.db"
     migrate.upgrade(url)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels.shapes import D_QK
+from verify_tuner.kernels.shapes import D_QK
 
 
 def main() -> None:
@@ -24,7 +24,7 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from kernels.timing import copy_bandwidth
+    from verify_tuner.kernels.timing import copy_bandwidth
 
     rows = []
     copy = copy_bandwidth()

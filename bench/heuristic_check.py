@@ -20,10 +20,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels.build import precompile
-from kernels.config import KernelConfig
-from kernels.shapes import D_V
-from tuner.heuristic import heuristic_config
+from verify_tuner.kernels.build import precompile
+from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.shapes import D_V
+from verify_tuner.heuristic import heuristic_config
 
 ROUNDS, REPS = 3, 30
 
@@ -42,10 +42,10 @@ def main() -> None:
     import pycuda.autoprimaryctx  # noqa: F401
     import torch
 
-    from kernels.launch import VerifyAttention
-    from kernels.limits import read_device_limits
-    from kernels.reference import checked_launcher, reference
-    from kernels.timing import interleaved_medians, rotating_inputs
+    from verify_tuner.kernels.launch import VerifyAttention
+    from verify_tuner.kernels.limits import read_device_limits
+    from verify_tuner.kernels.reference import checked_launcher, reference
+    from verify_tuner.kernels.timing import interleaved_medians, rotating_inputs
 
     limits = read_device_limits(0)
     recorded = json.loads(args.bench_json.read_text())
@@ -94,7 +94,7 @@ def write(out: Path, limits, rows: list[dict], source: Path) -> None:
     ratio_old = [r["recorded default us"] / r["best of sweep us"] for r in rows]
     lines = [f"# Heuristic default vs best of sweep — {limits.name} ({limits.arch}), {stamp}", "",
              f"Configs from `{source.name}` (its default = the earlier heuristic, its best-of-sweep) and the current "
-             f"`tuner.heuristic`, re-timed side by side: median of {ROUNDS} interleaved rounds of {REPS} launches "
+             f"`verify_tuner.heuristic`, re-timed side by side: median of {ROUNDS} interleaved rounds of {REPS} launches "
              "(inputs rotated past the L2), output checked against the fp32 reference first.", "",
              f"Time / best-of-sweep, geometric mean over {len(rows)} shapes: earlier default "
              f"**{statistics.geometric_mean(ratio_old):.2f}×** (worst {max(ratio_old):.2f}×), current default "

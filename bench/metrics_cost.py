@@ -35,7 +35,7 @@ def main() -> None:
     ap.add_argument("--old-commit", default=None, help="also time api/metrics.py of this commit")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args()
-    from api.metrics import Metrics
+    from verify_tuner.api.metrics import Metrics
 
     rows = {"prometheus_client": per_request_us(Metrics(version="bench", kernel_hash="bench", kernel_version="2"))}
     if args.old_commit:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels.config import KernelConfig
-from kernels.shapes import D_V
+from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.shapes import D_V
 
 
 def main() -> None:
@@ -31,10 +31,10 @@ def main() -> None:
     import pycuda.driver as cuda
     import torch
 
-    from kernels.launch import VerifyAttention
-    from kernels.limits import read_device_limits
-    from kernels.timing import rotating_inputs
-    from tuner.heuristic import heuristic_config
+    from verify_tuner.kernels.launch import VerifyAttention
+    from verify_tuner.kernels.limits import read_device_limits
+    from verify_tuner.kernels.timing import rotating_inputs
+    from verify_tuner.heuristic import heuristic_config
 
     H, Q, P = (int(x) for x in args.shape.split(":"))
     limits = read_device_limits(0)

@@ -36,7 +36,7 @@ class Instant:
         return c * (1 + wl.prefix / 100_000)
 
     def measure(self, cfg, wl):  # type: ignore[no-untyped-def]
-        from tuner.backend import OK, Measurement
+        from verify_tuner.backend import OK, Measurement
 
         self.measured += 1
         us = self._us(cfg, wl)
@@ -64,12 +64,12 @@ def main() -> None:
     import optuna
     from sqlalchemy.orm import sessionmaker
 
-    from kernels.limits import known_device
-    from tuner import buckets
-    from tuner.backend import Workload
-    from tuner.db import migrate
-    from tuner.db.session import make_engine
-    from tuner.study import run_study
+    from verify_tuner.kernels.limits import known_device
+    from verify_tuner import buckets
+    from verify_tuner.backend import Workload
+    from verify_tuner.db import migrate
+    from verify_tuner.db.session import make_engine
+    from verify_tuner.study import run_study
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     limits = known_device("h200")

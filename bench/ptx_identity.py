@@ -18,8 +18,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from kernels.build import NVCC_FLAGS, SOURCE, nvcc_path
-from kernels.config import KernelConfig
+from verify_tuner.kernels.build import NVCC_FLAGS, SOURCE, nvcc_path
+from verify_tuner.kernels.config import KernelConfig
 
 CONFIGS = [(KernelConfig(132, 8, 32, 256, stages=3, wr=2, wk=2, sf=1, pipe=3), 9),
            (KernelConfig(132, 8, 32, 256, stages=2, wr=2, wk=4, pipe=1), 9),

@@ -14,10 +14,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels.build import compile_cubin, nvcc_version, ptxas_report
-from kernels.limits import known_device
-from kernels.validate import smem_bytes
-from tuner.heuristic import BANDWIDTH_ROWS, heuristic_config
+from verify_tuner.kernels.build import compile_cubin, nvcc_version, ptxas_report
+from verify_tuner.kernels.limits import known_device
+from verify_tuner.kernels.validate import smem_bytes
+from verify_tuner.heuristic import BANDWIDTH_ROWS, heuristic_config
 
 SHAPES = [(8, 9, 46000), (64, 9, 46000), (8, 9, 4096), (8, 1, 131072), (8, 64, 46000), (1, 33, 5000)]
 DEVICES = ["h200", "rtx-pro-6000"]

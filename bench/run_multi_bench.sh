@@ -8,8 +8,8 @@ export TUNER_CACHE_DIR=/tmp/tc-multi
 python3 - <<'PY'
 import os
 from pathlib import Path
-from kernels.build import precompile
-from kernels.limits import read_device_limits
+from verify_tuner.kernels.build import precompile
+from verify_tuner.kernels.limits import read_device_limits
 from tuner import space
 lim = read_device_limits(0)
 fails = precompile(space.valid_configs(lim, H=8, q_len=9), 9, lim.arch, Path(os.environ["TUNER_CACHE_DIR"]))
@@ -18,16 +18,16 @@ PY
 t() { local s=$(date +%s%N); "$@"; local rc=$?; local e=$(date +%s%N); echo "wall $(( (e - s) / 1000000 )) ms rc=$rc :: $*" | tee -a "$out/multi_walltimes.txt"; }
 for mode in single multi; do
   db=sqlite:////tmp/multi-$mode.db; rm -rf /tmp/multi-$mode.db* /tmp/multi-$mode.studies
-  env TUNER_DATABASE_URL=$db python3 -m tuner db upgrade >/dev/null
+  env TUNER_DATABASE_URL=$db python3 -m verify_tuner db upgrade >/dev/null
   if [ $mode = single ]; then
-    t env TUNER_DATABASE_URL=$db python3 -m tuner study start --H 8 --q-len 9 --prefix 46000 --trials 80 --seed 0 2>&1 | tail -3
+    t env TUNER_DATABASE_URL=$db python3 -m verify_tuner study start --H 8 --q-len 9 --prefix 46000 --trials 80 --seed 0 2>&1 | tail -3
   else
-    t env TUNER_DATABASE_URL=$db python3 -m tuner study start --H 8 --q-len 9 --prefix 46000 --trials 80 --seed 0 --devices "$devices" 2>&1 | tail -3
+    t env TUNER_DATABASE_URL=$db python3 -m verify_tuner study start --H 8 --q-len 9 --prefix 46000 --trials 80 --seed 0 --devices "$devices" 2>&1 | tail -3
   fi
   python3 - "$db" <<'PY' | tee -a "$out/multi_walltimes.txt"
 import collections, os, sys, optuna
 url = sys.argv[1]
-from tuner.study_files import default_study_storage, study_urls
+from verify_tuner.study_files import default_study_storage, study_urls
 (url,) = study_urls(os.environ.get("TUNER_STUDY_STORAGE") or default_study_storage(url))  # one key: one study
 (s,) = optuna.get_all_study_summaries(storage=url)
 st = optuna.load_study(study_name=s.study_name, storage=url)

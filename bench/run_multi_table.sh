@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue-15 measurement: a whole table (10 prefix buckets of H=8 q_len=9, a fixed trial budget per
-# key) tuned by one GPU, then by several sharing the keys (tuner.claims). Each run starts from an
+# key) tuned by one GPU, then by several sharing the keys (verify_tuner.claims). Each run starts from an
 # empty database and an empty compile cache, so neither inherits the other's compiles. Trials in
 # flight per GPU: the CLI's default (--compile-jobs: cores / GPUs, at most 8) unless COMPILE_JOBS is set.
 # Each mode's databases are copied to OUTDIR (table_MODE.db) with per-key spans and nvcc compile
@@ -20,10 +20,10 @@ for mode in ${MODES:-single multi}; do
   export TUNER_CACHE_DIR=/tmp/tc-table-$mode
   if [ "${STUDY_FILE:-0}" = 1 ]; then export TUNER_STUDY_STORAGE=sqlite:///$dir/table-$mode-studies.db
   else unset TUNER_STUDY_STORAGE; fi
-  env TUNER_DATABASE_URL=$db python3 -m tuner db upgrade >/dev/null
+  env TUNER_DATABASE_URL=$db python3 -m verify_tuner db upgrade >/dev/null
   extra=(); [ $mode = multi ] && extra=(--devices "$devices")
   s=$(date +%s%N); export RUN_START_NS=$s
-  env TUNER_DATABASE_URL=$db ${WRAP:-} python3 -m tuner study start "${args[@]}" "${extra[@]}" > "$out/table_$mode.log" 2>&1
+  env TUNER_DATABASE_URL=$db ${WRAP:-} python3 -m verify_tuner study start "${args[@]}" "${extra[@]}" > "$out/table_$mode.log" 2>&1
   rc=$?; e=$(date +%s%N)
   # SQLite's backup, not cp: the database is in WAL mode, and its last commits may still be in the -wal file
   python3 -c 'import sqlite3, sys; sqlite3.connect(sys.argv[1]).backup(sqlite3.connect(sys.argv[2]))' \
@@ -36,7 +36,7 @@ from sqlalchemy import create_engine, text
 url, mode, wall_ms, rc, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 keys, spans, first_use = [], [], {}
 t0 = int(os.environ["RUN_START_NS"]) / 1e9
-from tuner.study_files import default_study_storage, study_urls
+from verify_tuner.study_files import default_study_storage, study_urls
 pairs = [(u, s.study_name) for u in study_urls(os.environ.get("TUNER_STUDY_STORAGE") or default_study_storage(url))
          for s in optuna.get_all_study_summaries(storage=u)]  # a file per key (the default) or one storage
 for studies, name in pairs:

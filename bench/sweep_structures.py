@@ -19,10 +19,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels.build import precompile
-from kernels.config import KernelConfig
-from kernels.shapes import floor_bytes, flops
-from kernels.validate import check
+from verify_tuner.kernels.build import precompile
+from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.shapes import floor_bytes, flops
+from verify_tuner.kernels.validate import check
 
 TARGETS = [(8, 9, 46000), (16, 9, 46000), (64, 9, 46000), (128, 9, 46000), (8, 1, 131072), (8, 9, 4096)]
 # (TK, BLOCK, STAGES, WR, WK, PIPE) per row count class
@@ -82,9 +82,9 @@ def main() -> None:
     import pycuda.driver as cuda
     import torch
 
-    from kernels.limits import read_device_limits
-    from kernels.reference import reference
-    from kernels.timing import copy_bandwidth, rotating_inputs
+    from verify_tuner.kernels.limits import read_device_limits
+    from verify_tuner.kernels.reference import reference
+    from verify_tuner.kernels.timing import copy_bandwidth, rotating_inputs
 
     limits = read_device_limits(0)
     if args.configs:
@@ -132,9 +132,9 @@ def main() -> None:
 
 def time_one(cfg, H, Q, limits, cache, flags, sets, out, ref, stream) -> dict:
     """Gate one (config, flags) against the reference, then time it; the outcome as a row."""
-    from kernels.launch import VerifyAttention
-    from kernels.reference import poisoned_run_error
-    from kernels.timing import time_graph
+    from verify_tuner.kernels.launch import VerifyAttention
+    from verify_tuner.kernels.reference import poisoned_run_error
+    from verify_tuner.kernels.timing import time_graph
 
     try:
         va = VerifyAttention(cfg, H=H, q_len=Q, limits=limits, max_batch=1, cache_dir=cache, extra_flags=flags)
@@ -153,8 +153,8 @@ def run_phases(limits, rows, shape_key, cache, stream) -> list[dict]:
     out (outputs of those variants are wrong by design and not checked)."""
     import torch
 
-    from kernels.launch import VerifyAttention
-    from kernels.timing import rotating_inputs, time_graph
+    from verify_tuner.kernels.launch import VerifyAttention
+    from verify_tuner.kernels.timing import rotating_inputs, time_graph
 
     H, Q, P = shape_key
     ok = [r for r in rows if (r["H"], r["Q"], r["prefix"]) == shape_key and r.get("us")

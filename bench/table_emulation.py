@@ -1,7 +1,7 @@
 """Issue 15's table job (bench/run_multi_table.sh: H=8 q_len=9, 10 prefix buckets, a fixed trial
 budget per key) on one process vs several, with every part of the tuner real except the GPU and
 nvcc: a measuring child that starts in START_S, "compiles" a config in COMPILE_S (once, under the
-compile cache's file lock, as kernels.build does) and measures in MEASURE_S. It shows what the
+compile cache's file lock, as verify_tuner.kernels.build does) and measures in MEASURE_S. It shows what the
 tuner itself costs when several processes share one job -- proposing, storage, claims -- on any
 machine, where the GPU run (run_multi_table.sh) shows the total on the real one.
 
@@ -38,17 +38,17 @@ def _cost_us(cfg, wl) -> float:  # type: ignore[no-untyped-def]
 
 
 class Emulated:
-    """The measuring child's stand-in (tuner.isolation loads it by name in each process)."""
+    """The measuring child's stand-in (verify_tuner.isolation loads it by name in each process)."""
 
     def __init__(self) -> None:
-        from kernels.limits import known_device
+        from verify_tuner.kernels.limits import known_device
 
         time.sleep(START_S)  # torch, the CUDA context, the bandwidth probe
         self.limits = known_device("h200")
 
     @staticmethod
     def probe_limits():  # type: ignore[no-untyped-def]
-        from kernels.limits import known_device
+        from verify_tuner.kernels.limits import known_device
 
         return known_device("h200")
 
@@ -66,7 +66,7 @@ class Emulated:
                 target.write_text(f"{time.time()}")
 
     def measure(self, cfg, wl):  # type: ignore[no-untyped-def]
-        from tuner.backend import OK, Measurement
+        from verify_tuner.backend import OK, Measurement
 
         self.build(cfg, wl.q_len, self.limits.arch)
         time.sleep(MEASURE_S)
@@ -81,12 +81,12 @@ def _run(mode: str, procs: int, trials: int, prefix_range: str, root: Path) -> d
     import optuna
     from sqlalchemy import create_engine, text
 
-    from tuner.cli_study import _job
-    from tuner.db import migrate
-    from tuner.runner import tune_on_device, tune_on_devices
-    from tuner.settings import Settings
-    from tuner.study import prepare_study_storage
-    from tuner.study_files import study_urls
+    from verify_tuner.cli_study import _job
+    from verify_tuner.db import migrate
+    from verify_tuner.runner import tune_on_device, tune_on_devices
+    from verify_tuner.settings import Settings
+    from verify_tuner.study import prepare_study_storage
+    from verify_tuner.study_files import study_urls
 
     url = f"sqlite:///{root}/{mode}.db"
     cache = root / f"cache-{mode}"

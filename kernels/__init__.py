@@ -1,14 +1,14 @@
 """The MLA verify-attention kernel family: source, validation, compilation and launch.
 
 Import-light on purpose: nothing here imports PyCUDA or torch until a GPU path is used
-(`kernels.launch`, `kernels.reference`, `kernels.limits.read_device_limits`).
+(`verify_tuner.kernels.launch`, `verify_tuner.kernels.reference`, `verify_tuner.kernels.limits.read_device_limits`).
 """
 
-from kernels.build import KERNEL_NAME, KERNEL_VERSION, kernel_hash, render
-from kernels.config import KernelConfig
-from kernels.errors import CompileError, InvalidConfig, LaunchError, TunerError
-from kernels.limits import DeviceLimits, known_device
-from kernels.validate import check, smem_bytes, validate
+from verify_tuner.kernels.build import KERNEL_NAME, KERNEL_VERSION, kernel_hash, render
+from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.errors import CompileError, InvalidConfig, LaunchError, TunerError
+from verify_tuner.kernels.limits import DeviceLimits, known_device
+from verify_tuner.kernels.validate import check, smem_bytes, validate
 
 __all__ = [
     "KERNEL_NAME", "KERNEL_VERSION", "CompileError", "DeviceLimits", "InvalidConfig",

@@ -17,8 +17,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernels.config import KernelConfig
-from kernels.errors import CompileError
+from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.errors import CompileError
 
 SOURCE = Path(__file__).parent / "csrc" / "verify_attention.cu"
 KERNEL_NAME = "verify_attention"

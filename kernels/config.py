@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
-from kernels.errors import InvalidConfig
+from verify_tuner.kernels.errors import InvalidConfig
 
 #: Values the search space draws from. HT is further restricted to the divisors of H, QT to
 #: the row tiles of q_len, WR/WK to the warp grids the block size allows.

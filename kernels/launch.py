@@ -14,12 +14,12 @@ from typing import Any
 
 import numpy as np
 
-from kernels.build import compile_cubin, ptxas_report
-from kernels.config import KernelConfig
-from kernels.errors import InvalidConfig, LaunchError
-from kernels.limits import DeviceLimits
-from kernels.pdl import DependentLaunch
-from kernels.validate import D_QK, D_V, smem_bytes, validate
+from verify_tuner.kernels.build import compile_cubin, ptxas_report
+from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.errors import InvalidConfig, LaunchError
+from verify_tuner.kernels.limits import DeviceLimits
+from verify_tuner.kernels.pdl import DependentLaunch
+from verify_tuner.kernels.validate import D_QK, D_V, smem_bytes, validate
 
 LOG2E = 1.4426950408889634
 
@@ -128,7 +128,7 @@ class VerifyAttention:
         )
 
     def run(self, inputs: Any, out: Any, *, lse: Any = None, stream: Any = None, reduce: bool = True) -> None:
-        """Enqueue on one `kernels.reference.Inputs` set (tests, tuner and benchmarks)."""
+        """Enqueue on one `verify_tuner.kernels.reference.Inputs` set (tests, tuner and benchmarks)."""
         s = inputs
         self(q=s.q, kv=s.kv, prefix_indices=s.prefix_indices, prefix_indptr=s.prefix_indptr,
              draft_indices=s.draft_indices, tree_mask=s.tree_mask, out=out, lse=lse, batch=s.batch,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import ctypes
 from ctypes import POINTER, byref, c_char, c_int, c_uint, c_uint64, c_void_p
 
-from kernels.errors import LaunchError
+from verify_tuner.kernels.errors import LaunchError
 
 CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # cuda.h, CUlaunchAttributeID
 

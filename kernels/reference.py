@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from kernels.shapes import D_QK, D_V
+from verify_tuner.kernels.shapes import D_QK, D_V
 
 
 @dataclass

@@ -11,7 +11,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from kernels.reference import D_QK, Inputs, make_inputs
+from verify_tuner.kernels.reference import D_QK, Inputs, make_inputs
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kernels.config import BLOCK_CHOICES, PIPE_CHOICES, SF_CHOICES, STAGES_CHOICES, TK_CHOICES, KernelConfig
-from kernels.errors import InvalidConfig
-from kernels.limits import DeviceLimits
-from kernels.shapes import D_QK, D_V  # noqa: F401  (re-exported: the .cu mirrors)
+from verify_tuner.kernels.config import BLOCK_CHOICES, PIPE_CHOICES, SF_CHOICES, STAGES_CHOICES, TK_CHOICES, KernelConfig
+from verify_tuner.kernels.errors import InvalidConfig
+from verify_tuner.kernels.limits import DeviceLimits
+from verify_tuner.kernels.shapes import D_QK, D_V  # noqa: F401  (re-exported: the .cu mirrors)
 
 KSTRIDE = D_QK  # shared-memory row of Q, KV and the O staging (swizzled, no padding)
 KSTEPS = D_QK // 16

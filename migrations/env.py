@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from alembic import context
 
-from tuner.db.migrate import VERSION_TABLE, include_name
-from tuner.db.models import Base
-from tuner.db.session import make_engine
+from verify_tuner.db.migrate import VERSION_TABLE, include_name
+from verify_tuner.db.models import Base
+from verify_tuner.db.session import make_engine
 
 config = context.config
 target_metadata = Base.metadata

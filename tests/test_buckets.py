@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuner import buckets
+from verify_tuner import buckets
 
 
 def test_bucket_below_256_and_two_per_octave():
@@ -39,7 +39,7 @@ def test_log_distance_prefers_the_closer_octave():
 
 
 def test_batch_buckets_are_powers_of_two_ranges():
-    from tuner import batches
+    from verify_tuner import batches
 
     assert [str(b) for b in batches.ALL[:9]] == ["1", "2", "3-4", "5-8", "9-16", "17-32", "33-64", "65-128",
                                                  "129-256"]
@@ -56,7 +56,7 @@ def test_batch_buckets_are_powers_of_two_ranges():
 @pytest.mark.parametrize("statistic", ["mean", "max", "total"])
 @pytest.mark.parametrize("spread", ["uniform", "one-long", "equal"])
 def test_drawn_batches_have_the_centre_as_their_statistic(statistic, spread):
-    from tuner import batches
+    from verify_tuner import batches
 
     for batch in (1, 2, 5, 32, 256):
         for centre in (0, 1, 300, 46000, 1 << 20):

@@ -6,7 +6,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from tuner.cli import cli
+from verify_tuner.cli import cli
 
 
 def _commands(group: click.Group, prefix: tuple[str, ...] = ()):
@@ -90,8 +90,8 @@ def test_snapshot_is_a_self_contained_read_only_copy_the_sidecar_serves(run, tmp
 
     from fastapi.testclient import TestClient
 
-    from api.app import create_app
-    from tuner.settings import Settings
+    from verify_tuner.api.app import create_app
+    from verify_tuner.settings import Settings
 
     assert run("db", "upgrade").exit_code == 0
     rows = [{"device": "h200", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256,
@@ -121,7 +121,7 @@ def _tuner(env: dict[str, str], *args: str, block: str | None = None):  # type: 
     import subprocess
     import sys
 
-    code = "import sys; sys.argv[0] = 'tuner'; from tuner.cli import main; main()"
+    code = "import sys; sys.argv[0] = 'tuner'; from verify_tuner.cli import main; main()"
     if block:
         code = f"import sys; sys.modules[{block!r}] = None; " + code
     return subprocess.run([sys.executable, "-c", code, *args], env={**os.environ, **env}, capture_output=True,
@@ -182,14 +182,14 @@ def test_study_report_without_matplotlib_is_one_line(sqlite_url, tmp_path):
 def test_study_start_exits_non_zero_when_a_key_stores_nothing(run, monkeypatch):
     """A key whose every config failed the gate stores nothing: a script running `study start`
     must see that in the exit code, not only in the table."""
-    from tuner import runner
-    from tuner.keys import ConfigKey
-    from tuner.study import Outcome
+    from verify_tuner import runner
+    from verify_tuner.keys import ConfigKey
+    from verify_tuner.study import Outcome
 
     def fake_tune(settings, job, ordinal, on_progress=None, on_key_done=None):  # noqa: ANN001, ANN202
         wl = job.workloads[0]
         key = ConfigKey("NVIDIA H200", "x", "bf16", wl.H, wl.q_len, 15)
-        from tuner.claims import JobResult
+        from verify_tuner.claims import JobResult
 
         return JobResult([Outcome(key, wl, 1, decision="no config passed the correctness gate: nothing stored")])
 
@@ -202,8 +202,8 @@ def test_study_start_exits_non_zero_when_a_key_stores_nothing(run, monkeypatch):
 @pytest.mark.parametrize("args", [(), ("--compile-jobs", "3")])
 def test_study_start_puts_trials_in_flight_per_gpu(run, monkeypatch, args):
     """Without --compile-jobs a GPU gets the host's cores divided by the GPUs (at most 8)."""
-    from tuner import runner
-    from tuner.claims import JobResult
+    from verify_tuner import runner
+    from verify_tuner.claims import JobResult
 
     seen = []
     monkeypatch.setattr(runner, "tune_on_device", lambda settings, job, ordinal, **kw: seen.append(job) or JobResult())
@@ -217,7 +217,7 @@ def test_study_start_puts_trials_in_flight_per_gpu(run, monkeypatch, args):
 def test_study_start_rejects_a_bad_batch_in_one_line(value, tmp_path):
     from click.testing import CliRunner
 
-    from tuner.cli import cli
+    from verify_tuner.cli import cli
 
     r = CliRunner().invoke(cli, ["study", "start", "--H", "8", "--q-len", "9", "--prefix", "4096", "--batch", value],
                            env={"TUNER_DATABASE_URL": f"sqlite:///{tmp_path / 'c.db'}"})

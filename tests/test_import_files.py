@@ -10,8 +10,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from kernels import kernel_hash
-from tuner.cli import cli
+from verify_tuner.kernels import kernel_hash
+from verify_tuner.cli import cli
 
 GOOD = {"device": "rtx-pro-6000", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 94, "HT": 4, "TK": 16,
         "BLOCK": 256, "STAGES": 2, "WR": 4, "WK": 2, "median_us": 40.0}
@@ -131,9 +131,9 @@ def client_factory(db_url, tmp_path):
 
     from fastapi.testclient import TestClient
 
-    from api.app import create_app
-    from tuner.db import migrate
-    from tuner.settings import Settings
+    from verify_tuner.api.app import create_app
+    from verify_tuner.db import migrate
+    from verify_tuner.settings import Settings
 
     token = "import-files-token-0123"
 

@@ -1,3 +1,3 @@
-from tuner.entry import main
+from verify_tuner.entry import main
 
 main()

@@ -1,6 +1,6 @@
 """The interface between the tuner's logic and whatever measures a config.
 
-The tuner only talks to `Backend`; the product backend (tuner.isolation.IsolatedBackend) measures
+The tuner only talks to `Backend`; the product backend (verify_tuner.isolation.IsolatedBackend) measures
 on the local GPU in a separate process. Tests drive the same logic with a fake backend that
 lives under tests/ only.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from kernels.config import KernelConfig
-from kernels.limits import DeviceLimits
+from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.limits import DeviceLimits
 
 #: Trial states, as stored in trials.state
 OK, INVALID, COMPILE_ERROR, WRONG, CRASHED, TIMEOUT = "ok", "invalid", "compile_error", "wrong", "crashed", "timeout"
@@ -20,7 +20,7 @@ OK, INVALID, COMPILE_ERROR, WRONG, CRASHED, TIMEOUT = "ok", "invalid", "compile_
 @dataclass(frozen=True)
 class Workload:
     """What one study measures: `batch` requests whose prefixes are drawn reproducibly with
-    `spread` so that their lookup prefix (tuner.batches.prefix_of) is `prefix`."""
+    `spread` so that their lookup prefix (verify_tuner.batches.prefix_of) is `prefix`."""
 
     H: int
     q_len: int
@@ -30,14 +30,14 @@ class Workload:
     spread: str = "uniform"
 
     def __post_init__(self) -> None:
-        from tuner import batches
+        from verify_tuner import batches
 
         batches.bucket_of(self.batch)  # ValueError naming the range
         if self.spread not in batches.SPREADS:
             raise ValueError(f"spread must be one of {batches.SPREADS}, got {self.spread!r}")
 
     def prefix_lens(self) -> list[int]:
-        from tuner import batches
+        from verify_tuner import batches
 
         return batches.draw_prefixes(batch=self.batch, centre=self.prefix, spread=self.spread)
 

@@ -2,7 +2,7 @@
 (`--devices 0,1`) or the same command on several hosts against one PostgreSQL.
 
 Each key (one Optuna study) has at most one **owner**: the process that claimed it in the config
-database (one atomic UPDATE, tuner.db.repo.claim_study) and beats every CLAIM_BEAT_S. Only the
+database (one atomic UPDATE, verify_tuner.db.repo.claim_study) and beats every CLAIM_BEAT_S. Only the
 owner re-times the top candidates and stores the winner, so every key's winner is picked and
 stored once. A process walks the job's keys in order from its own starting key (process i of P
 on one host starts at key i*K/P of K and wraps around) and claims the first free one; when every
@@ -35,12 +35,12 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from tuner import space
-from tuner.backend import Backend, Workload
-from tuner.db import repo
-from tuner.db.session import session_scope
-from tuner.keys import ConfigKey
-from tuner.study import Outcome, run_study, workload_key
+from verify_tuner import space
+from verify_tuner.backend import Backend, Workload
+from verify_tuner.db import repo
+from verify_tuner.db.session import session_scope
+from verify_tuner.keys import ConfigKey
+from verify_tuner.study import Outcome, run_study, workload_key
 
 CLAIM_BEAT_S = 5.0
 #: A claim this old belongs to a dead process. Longer than any single step of an owner that does
@@ -124,7 +124,7 @@ def run_job(*, backend: Backend, sessions: sessionmaker[Session], workloads: lis
 
     `place` is this process's (index, count) among the job's processes on this host: it starts
     its walk at key index*K/count, so each process goes on to its own last key's neighbour -- whose
-    best is then stored to start from (tuner.study.warm_start_configs) and whose compiles are
+    best is then stored to start from (verify_tuner.study.warm_start_configs) and whose compiles are
     cached -- as a lone process does, instead of the processes taking alternate keys side by side.
     Processes of other hosts start where their own index says; a claim taken meanwhile is skipped."""
     index, count = place

@@ -11,10 +11,10 @@ from typing import Any
 
 import click
 
-from tuner import cli_study
-from tuner.batches import MAX_BATCH
-from tuner.errors import TunerError
-from tuner.settings import Settings
+from verify_tuner import cli_study
+from verify_tuner.batches import MAX_BATCH
+from verify_tuner.errors import TunerError
+from verify_tuner.settings import Settings
 
 JSON_OPT = click.option("--json", "as_json", is_flag=True, help="Machine-readable output (JSON).")
 
@@ -48,7 +48,7 @@ def _errors_as_clean_exit(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _checked_sessions(settings: Settings):  # type: ignore[no-untyped-def]
-    from tuner.db.migrate import checked_sessions
+    from verify_tuner.db.migrate import checked_sessions
 
     return checked_sessions(settings.database_url)
 
@@ -83,8 +83,8 @@ def db_upgrade(settings: Settings, revision: str) -> None:
     Also creates Optuna's tables in a shared study storage, so that tuners starting together on
     several GPUs never race to create them (with a file per key: its directory and the blank
     storage each key's file is copied from when the key is first tuned)."""
-    from tuner.db import migrate
-    from tuner.study import prepare_study_storage
+    from verify_tuner.db import migrate
+    from verify_tuner.study import prepare_study_storage
 
     migrate.upgrade(settings.database_url, revision)
     prepare_study_storage(settings.studies)
@@ -98,7 +98,7 @@ def db_upgrade(settings: Settings, revision: str) -> None:
 def db_snapshot(settings: Settings, dest: Path) -> None:
     """Write DEST: an SQLite file with the devices and best configs of the config database, in
     rollback-journal mode, to mount read-only under `tuner serve --read-only-database`."""
-    from tuner.snapshot import write_snapshot
+    from verify_tuner.snapshot import write_snapshot
 
     n = write_snapshot(settings.database_url, dest)
     click.echo(f"wrote {dest}: {n} best configs")
@@ -109,8 +109,8 @@ def db_snapshot(settings: Settings, dest: Path) -> None:
 @_errors_as_clean_exit
 def db_current(settings: Settings) -> None:
     """Print the schema revision of the database and the one this version needs."""
-    from tuner.db import migrate
-    from tuner.db.session import make_engine
+    from verify_tuner.db import migrate
+    from verify_tuner.db.session import make_engine
 
     click.echo(f"current: {migrate.current_revision(make_engine(settings.database_url)) or 'none'}; "
                f"head: {migrate.head_revision()}")
@@ -136,9 +136,9 @@ def serve(settings: Settings, host: str | None, port: int | None, device: str | 
     """Run the read-only config service (FastAPI under uvicorn)."""
     import uvicorn
 
-    from api.app import create_app
-    from tuner.db.migrate import ensure_current
-    from tuner.db.session import make_engine
+    from verify_tuner.api.app import create_app
+    from verify_tuner.db.migrate import ensure_current
+    from verify_tuner.db.session import make_engine
 
     settings = settings.with_overrides(host=host, port=port, device=device, database_read_only=read_only_database)
     # fail fast, before binding
@@ -161,9 +161,9 @@ def device() -> None:
 @_errors_as_clean_exit
 def device_record(settings: Settings, ordinal: int) -> None:
     """Read the local GPU's limits (needs CUDA) and store them."""
-    from kernels.limits import read_device_limits
-    from tuner.db import repo
-    from tuner.db.session import session_scope
+    from verify_tuner.kernels.limits import read_device_limits
+    from verify_tuner.db import repo
+    from verify_tuner.db.session import session_scope
 
     limits = read_device_limits(ordinal)
     with session_scope(_checked_sessions(settings)) as s:
@@ -179,8 +179,8 @@ def device_list(settings: Settings, as_json: bool) -> None:
     """List recorded devices."""
     from dataclasses import asdict
 
-    from tuner.db import repo
-    from tuner.db.session import session_scope
+    from verify_tuner.db import repo
+    from verify_tuner.db.session import session_scope
 
     with session_scope(_checked_sessions(settings)) as s:
         devices = repo.list_devices(session=s)
@@ -208,10 +208,10 @@ def configs() -> None:
 @_errors_as_clean_exit
 def configs_list(settings: Settings, device: str | None, H: int | None, q_len: int | None, as_json: bool) -> None:
     """One line per stored best config (with STAGES and the kernel hash)."""
-    from kernels import kernel_hash
-    from kernels.config import PARAM_NAMES
-    from tuner import configs_io
-    from tuner.db.session import session_scope
+    from verify_tuner.kernels import kernel_hash
+    from verify_tuner.kernels.config import PARAM_NAMES
+    from verify_tuner import configs_io
+    from verify_tuner.db.session import session_scope
 
     with session_scope(_checked_sessions(settings)) as s:
         rows = configs_io.export_rows(session=s, device=device, H=H, q_len=q_len)
@@ -238,7 +238,7 @@ def _us(v: float | None) -> str:
 @configs.command("show")
 @click.option("--H", "H", type=int, required=True)
 @click.option("--q-len", type=int, required=True)
-@click.option("--prefix", type=int, required=True, help="A batch's longest prefix (tuner.batches.prefix_of).")
+@click.option("--prefix", type=int, required=True, help="A batch's longest prefix (verify_tuner.batches.prefix_of).")
 @click.option("--batch", type=click.IntRange(1, MAX_BATCH), default=1, show_default=True,
               help="Requests verified in one launch.")
 @click.option("--device", default=None, help="Default: TUNER_DEVICE, else the only recorded device.")
@@ -249,8 +249,8 @@ def configs_show(settings: Settings, H: int, q_len: int, prefix: int, batch: int
                  as_json: bool) -> None:
     """The config the service would answer for this key (tuned, nearest or heuristic); JSON
     either way (--json is accepted for symmetry with the other commands)."""
-    from tuner import lookup
-    from tuner.db.session import session_scope
+    from verify_tuner import lookup
+    from verify_tuner.db.session import session_scope
 
     with session_scope(_checked_sessions(settings)) as s:
         limits = lookup.resolve_device(session=s, name=device, default=settings.device)
@@ -269,8 +269,8 @@ def configs_show(settings: Settings, H: int, q_len: int, prefix: int, batch: int
 @_errors_as_clean_exit
 def configs_export(settings: Settings, fmt: str, output: Path | None, device: str | None) -> None:
     """Write every stored best config as JSON or CSV."""
-    from tuner import configs_io
-    from tuner.db.session import session_scope
+    from verify_tuner import configs_io
+    from verify_tuner.db.session import session_scope
 
     with session_scope(_checked_sessions(settings)) as s:
         text = configs_io.dumps(configs_io.export_rows(session=s, device=device), fmt)
@@ -293,8 +293,8 @@ def configs_dump(settings: Settings, out_dir: Path, device: str | None, shapes: 
     """Write engine-style files, one per (H, q_len, device, dtype), named like vLLM's tuned
     configs (H=8,q_len=9,device_name=NVIDIA_H200,dtype=bf16.json): the whole answer table for
     the kernel this version launches, for workers that read configs from a folder."""
-    from tuner import engine_files
-    from tuner.db.session import session_scope
+    from verify_tuner import engine_files
+    from verify_tuner.db.session import session_scope
 
     parsed = []
     for text in shapes:
@@ -321,8 +321,8 @@ def configs_dump(settings: Settings, out_dir: Path, device: str | None, shapes: 
 @_errors_as_clean_exit
 def configs_import(settings: Settings, path: Path, fmt: str | None) -> None:
     """Import best configs; every row is checked and the file is rejected whole on any error."""
-    from tuner import configs_io
-    from tuner.db.session import session_scope
+    from verify_tuner import configs_io
+    from verify_tuner.db.session import session_scope
 
     fmt = fmt or ("csv" if path.suffix.lower() == ".csv" else "json")
     loaded = configs_io.loads(path.read_text(), fmt)

@@ -9,8 +9,8 @@ from typing import Any
 
 import click
 
-from tuner.buckets import MAX_PREFIX
-from tuner.settings import Settings
+from verify_tuner.buckets import MAX_PREFIX
+from verify_tuner.settings import Settings
 
 
 def _parse_range(text: str) -> tuple[int, int]:
@@ -47,7 +47,7 @@ def _parse_devices(text: str) -> list[int]:
 
 
 def _parse_batches(text: str) -> list[int]:
-    from tuner.batches import MAX_BATCH
+    from verify_tuner.batches import MAX_BATCH
 
     try:
         out = sorted({int(x) for x in text.split(",") if x.strip()})
@@ -60,7 +60,7 @@ def _parse_batches(text: str) -> list[int]:
 
 def prefixes_for(prefix: tuple[int, ...], prefix_range: str | None) -> list[int]:
     """Explicit prefixes, plus one representative prefix per bucket of the range."""
-    from tuner import buckets
+    from verify_tuner import buckets
 
     out = list(prefix)
     if prefix_range:
@@ -135,7 +135,7 @@ def register(study: click.Group, clean: Callable[..., Any]) -> None:
               as_json: bool, only: tuple[str, ...]) -> None:
         """Tune the kernel on the local GPU(s) for each (H, q_len, prefix bucket, batch bucket);
         resumable, and shared with other processes running the same job (docs/operations.md)."""
-        from tuner.runner import default_compile_jobs
+        from verify_tuner.runner import default_compile_jobs
 
         ordinals = _parse_devices(devices) if devices else [ordinal]
         job = _job(H, q_len, prefix, prefix_range, batch_text, spread, only, trials=trials, sampler=sampler,
@@ -154,8 +154,8 @@ def register(study: click.Group, clean: Callable[..., Any]) -> None:
     @clean
     def report(settings: Settings, out_dir: Path, device: str | None) -> None:
         """Write a markdown table and a PNG (default vs tuned per bucket, with the memory floor)."""
-        from tuner.db.migrate import checked_sessions
-        from tuner.report import write_report
+        from verify_tuner.db.migrate import checked_sessions
+        from verify_tuner.report import write_report
 
         for path in write_report(sessions=checked_sessions(settings.database_url), out_dir=out_dir, device=device):
             click.echo(f"wrote {path}")
@@ -165,10 +165,10 @@ def _job(H: int, q_len: int, prefix: tuple[int, ...], prefix_range: str | None, 
          only: tuple[str, ...], **kw: Any) -> Any:
     """The TuneJob the arguments describe; every argument is checked here, before a worker or a
     GPU is touched (and before Optuna is imported: the measuring child starts first)."""
-    from tuner import space
-    from tuner.backend import Workload
-    from tuner.runner import TuneJob
-    from tuner.study_files import study_storage_error
+    from verify_tuner import space
+    from verify_tuner.backend import Workload
+    from verify_tuner.runner import TuneJob
+    from verify_tuner.study_files import study_storage_error
 
     if kw["storage"] is not None and (why := study_storage_error(kw["storage"])):
         raise click.BadParameter(why, param_hint="--storage")
@@ -187,7 +187,7 @@ def _job(H: int, q_len: int, prefix: tuple[int, ...], prefix_range: str | None, 
 def _start_on_devices(settings: Settings, job: Any, devices: list[int], as_json: bool) -> None:
     import json
 
-    from tuner.runner import tune_on_devices
+    from verify_tuner.runner import tune_on_devices
 
     results = tune_on_devices(settings, job, devices)
     failed = [(dev, payload) for dev, status, payload in results if status != "ok"]
@@ -210,7 +210,7 @@ def _start_on_devices(settings: Settings, job: Any, devices: list[int], as_json:
 
 
 def _waited(idle: dict[str, Any]) -> str:
-    """What tuner.runner.idle reports, as a phrase."""
+    """What verify_tuner.runner.idle reports, as a phrase."""
     declined = ", ".join(f"prefix={d['prefix']} batch={d['batch']} with {d['places_left']} places left"
                          for d in idle["declined"])
     return (f"waited {idle['waited_s']:.1f} s for keys other processes owned"
@@ -220,7 +220,7 @@ def _waited(idle: dict[str, Any]) -> str:
 def _start_on_one(settings: Settings, job: Any, ordinal: int, as_json: bool) -> None:
     import json
 
-    from tuner.runner import idle, summary, tune_on_device
+    from verify_tuner.runner import idle, summary, tune_on_device
 
     bar = None if as_json else _Bar()
     res = tune_on_device(settings, job, ordinal, on_progress=bar, on_key_done=bar.end if bar else None)

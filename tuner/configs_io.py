@@ -12,16 +12,16 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from kernels import kernel_hash as current_kernel_hash
-from kernels.config import PARAM_NAMES, KernelConfig
-from kernels.errors import InvalidConfig
-from kernels.validate import check
-from tuner import batches, buckets, engine_files
-from tuner import rows as rows_schema
-from tuner.db import repo
-from tuner.errors import BadParameter, TunerError
-from tuner.keys import ConfigKey
-from tuner.lookup import resolve_device
+from verify_tuner.kernels import kernel_hash as current_kernel_hash
+from verify_tuner.kernels.config import PARAM_NAMES, KernelConfig
+from verify_tuner.kernels.errors import InvalidConfig
+from verify_tuner.kernels.validate import check
+from verify_tuner import batches, buckets, engine_files
+from verify_tuner import rows as rows_schema
+from verify_tuner.db import repo
+from verify_tuner.errors import BadParameter, TunerError
+from verify_tuner.keys import ConfigKey
+from verify_tuner.lookup import resolve_device
 
 FIELDS = ["device", "kernel_hash", "dtype", "H", "q_len", "bucket", "bucket_lo", "bucket_hi", "batch_bucket",
           "batch_lo", "batch_hi", *PARAM_NAMES,
@@ -71,7 +71,7 @@ class Loaded:
 
 def loads(text: str, fmt: str) -> Loaded:
     """Raw rows of a JSON or CSV file (a spreadsheet's UTF-8 byte-order mark is dropped); CSV
-    cells are converted strictly (tuner.rows.from_csv_cells)."""
+    cells are converted strictly (verify_tuner.rows.from_csv_cells)."""
     text = text.removeprefix("\ufeff")
     if fmt == "json":
         try:

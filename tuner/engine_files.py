@@ -3,8 +3,8 @@ names its tuned kernel configs (`H=8,q_len=9,device_name=NVIDIA_H200,dtype=bf16.
 the kernel it is for and the whole answer table: batch bucket -> prefix buckets -> constants,
 source (tuned / nearest / heuristic) and the measured time of tuned entries.
 
-Reading needs nothing beyond the standard library (api.client reads these with no server
-dependencies installed); writing goes through tuner.lookup (tuner configs dump).
+Reading needs nothing beyond the standard library (verify_tuner.api.client reads these with no server
+dependencies installed); writing goes through verify_tuner.lookup (tuner configs dump).
 """
 
 from __future__ import annotations
@@ -57,10 +57,10 @@ def dump(*, session: Any, out_dir: Path, device: str | None = None,
          shapes: list[tuple[int, int]] | None = None) -> list[Path]:
     """Write the files for every (device, H, q_len) holding tuned rows of this kernel (or only
     `device`), plus the given (H, q_len) shapes (heuristic tables where nothing is tuned)."""
-    from kernels import KERNEL_NAME, KERNEL_VERSION
-    from kernels import kernel_hash as current_kernel_hash
-    from tuner import batches, lookup
-    from tuner.db import repo
+    from verify_tuner.kernels import KERNEL_NAME, KERNEL_VERSION
+    from verify_tuner.kernels import kernel_hash as current_kernel_hash
+    from verify_tuner import batches, lookup
+    from verify_tuner.db import repo
 
     khash = current_kernel_hash()
     rows = [r for r in repo.list_best(session=session, device=device) if r.key.kernel_hash == khash]
@@ -95,10 +95,10 @@ def dump(*, session: Any, out_dir: Path, device: str | None = None,
 
 
 def tuned_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """The tuned entries of a file as import rows (tuner.rows.ConfigRow): what `configs import`
+    """The tuned entries of a file as import rows (verify_tuner.rows.ConfigRow): what `configs import`
     restores from a dump. Heuristic and nearest entries are derived, not stored."""
-    from kernels.config import PARAM_NAMES
-    from tuner import batches, buckets
+    from verify_tuner.kernels.config import PARAM_NAMES
+    from verify_tuner import batches, buckets
 
     out = []
     for hi, entries in doc["configs"].items():

@@ -1,8 +1,8 @@
-"""The project's typed errors: the kernel's (kernels.errors, the lowest layer) plus storage and lookup errors."""
+"""The project's typed errors: the kernel's (verify_tuner.kernels.errors, the lowest layer) plus storage and lookup errors."""
 
 from __future__ import annotations
 
-from kernels.errors import CompileError, InvalidConfig, LaunchError, TunerError
+from verify_tuner.kernels.errors import CompileError, InvalidConfig, LaunchError, TunerError
 
 __all__ = ["BadParameter", "BadSetting", "CompileError", "InvalidConfig", "LaunchError", "StorageError", "TunerError"]
 

@@ -8,10 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from kernels.config import KernelConfig
-from kernels.errors import CompileError, InvalidConfig, LaunchError
-from kernels.shapes import D_V
-from tuner.backend import COMPILE_ERROR, INVALID, OK, WRONG, Measurement, Workload
+from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.errors import CompileError, InvalidConfig, LaunchError
+from verify_tuner.kernels.shapes import D_V
+from verify_tuner.backend import COMPILE_ERROR, INVALID, OK, WRONG, Measurement, Workload
 
 REL_TOL = 1e-2
 MAX_LOADED = 16  # >= the winner phase's pool (top 3 + default + incumbent)
@@ -23,8 +23,8 @@ class GpuMeasurer:
         import pycuda.driver as cuda
         import torch
 
-        from kernels.limits import read_device_limits
-        from kernels.timing import copy_bandwidth
+        from verify_tuner.kernels.limits import read_device_limits
+        from verify_tuner.kernels.timing import copy_bandwidth
 
         torch.cuda.init()
         self.torch = torch
@@ -42,9 +42,9 @@ class GpuMeasurer:
 
     @staticmethod
     def probe_limits() -> Any:
-        """The device's limits, before torch and the CUDA context start (tuner.isolation sends
+        """The device's limits, before torch and the CUDA context start (verify_tuner.isolation sends
         them to the parent first)."""
-        from kernels.limits import read_device_limits
+        from verify_tuner.kernels.limits import read_device_limits
 
         return read_device_limits(0)
 
@@ -54,7 +54,7 @@ class GpuMeasurer:
         """Compile `cfg` into the cache the measurement loads from (no GPU needed: any process,
         any thread). A compile error is the measurement's to report: it compiles again and
         fails the trial with nvcc's message."""
-        from kernels.build import compile_cubin
+        from verify_tuner.kernels.build import compile_cubin
 
         try:
             compile_cubin(cfg, q_len, arch, Path(cache_dir), tuple(extra_flags))
@@ -63,8 +63,8 @@ class GpuMeasurer:
 
     def _prepare(self, wl: Workload) -> tuple[list[Any], Any, Any]:
         if wl not in self._workloads:
-            from kernels.reference import reference
-            from kernels.timing import rotating_inputs
+            from verify_tuner.kernels.reference import reference
+            from verify_tuner.kernels.timing import rotating_inputs
 
             self._workloads.clear()  # one workload's inputs at a time: they are sized past the L2
             self._launchers.clear()
@@ -77,7 +77,7 @@ class GpuMeasurer:
         return self._workloads[wl]
 
     def _launcher(self, cfg: KernelConfig, wl: Workload) -> Any:
-        from kernels.launch import VerifyAttention
+        from verify_tuner.kernels.launch import VerifyAttention
 
         key = (cfg, wl.H, wl.q_len, wl.batch)
         if key in self._launchers:
@@ -103,7 +103,7 @@ class GpuMeasurer:
         """CUDA-side failures (the driver through PyCUDA, the runtime through torch: illegal
         address, launch failure, a module that does not load) are the config's, not ours: they
         become LaunchError, which fails the trial and restarts the worker. Anything else raises
-        as the bug it is (tuner.isolation stops the study with it)."""
+        as the bug it is (verify_tuner.isolation stops the study with it)."""
         import pycuda.driver as cuda
 
         try:
@@ -116,8 +116,8 @@ class GpuMeasurer:
             raise LaunchError(str(exc).splitlines()[0]) from exc
 
     def measure(self, cfg: KernelConfig, wl: Workload) -> Measurement:
-        from kernels.reference import rel_error
-        from kernels.timing import time_graph
+        from verify_tuner.kernels.reference import rel_error
+        from verify_tuner.kernels.timing import time_graph
 
         sets, ref, out = self._prepare(wl)
         try:
@@ -142,7 +142,7 @@ class GpuMeasurer:
         return Measurement(OK, t.median_us, t.p10_us, t.p90_us, t.samples, rel_error=err)
 
     def remeasure(self, cfgs: list[KernelConfig], wl: Workload, rounds: int) -> list[Measurement]:
-        from kernels.timing import interleave, summarize, time_graph
+        from verify_tuner.kernels.timing import interleave, summarize, time_graph
 
         sets, _, out = self._prepare(wl)
         per_round = max(10, self.reps // 2)

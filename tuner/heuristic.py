@@ -1,8 +1,8 @@
 """The heuristic default config: what the service answers before anything is tuned.
 
 A pure function of (device limits, H, q_len, prefix, batch). It always returns a config that
-passes kernels.validate for that device, or raises InvalidConfig when none can exist. `prefix`
-is the batch's lookup prefix (tuner.batches.prefix_of: its longest request), so a split is sized
+passes verify_tuner.kernels.validate for that device, or raises InvalidConfig when none can exist. `prefix`
+is the batch's lookup prefix (verify_tuner.batches.prefix_of: its longest request), so a split is sized
 for the request that finishes last.
 """
 
@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kernels.config import KernelConfig
-from kernels.errors import InvalidConfig
-from kernels.limits import DeviceLimits
-from kernels.validate import MAX_Q_LEN, check, registers_needed, smem_bytes
-from tuner.space import nsplit_choices, qt_choices
+from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.errors import InvalidConfig
+from verify_tuner.kernels.limits import DeviceLimits
+from verify_tuner.kernels.validate import MAX_Q_LEN, check, registers_needed, smem_bytes
+from verify_tuner.space import nsplit_choices, qt_choices
 
 #: Rows per block we aim for: enough to reuse each KV tile, few enough to keep the O^T
 #: accumulator in registers (72 rows x 512 dims fp32 = 144 registers at 256 threads).

@@ -1,12 +1,12 @@
 """The key every stored config hangs off (device, kernel, dtype, H, q_len, prefix bucket, batch
 bucket): the study, the DB row and the API lookup share it. Not to be confused with
-tuner.backend.Workload, what one study measures (its prefix lengths and batch)."""
+verify_tuner.backend.Workload, what one study measures (its prefix lengths and batch)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuner.space import SPACE_VERSION
+from verify_tuner.space import SPACE_VERSION
 
 DTYPES = ("bf16",)
 
@@ -19,7 +19,7 @@ class ConfigKey:
     H: int
     q_len: int
     bucket: int
-    batch_bucket: int = 0  # tuner.batches index; 0 is B=1
+    batch_bucket: int = 0  # verify_tuner.batches index; 0 is B=1
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

@@ -9,14 +9,14 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
-from kernels import kernel_hash as current_kernel_hash
-from kernels.config import KernelConfig
-from kernels.errors import InvalidConfig
-from kernels.limits import DeviceLimits, known_device
-from tuner import batches, buckets
-from tuner.db import repo
-from tuner.errors import BadParameter
-from tuner.heuristic import heuristic_config
+from verify_tuner.kernels import kernel_hash as current_kernel_hash
+from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.errors import InvalidConfig
+from verify_tuner.kernels.limits import DeviceLimits, known_device
+from verify_tuner import batches, buckets
+from verify_tuner.db import repo
+from verify_tuner.errors import BadParameter
+from verify_tuner.heuristic import heuristic_config
 
 #: A tuned neighbour bucket is served only this close (log2 of the prefix ratio): beyond it the
 #: heuristic, which adapts to the prefix, is the better guess (a config tuned for 4k prefixes
@@ -81,7 +81,7 @@ def _pick(rows: list[repo.BestRow], *, limits: DeviceLimits, H: int, q_len: int,
 
 def answer(*, session: Session, limits: DeviceLimits, H: int, q_len: int, prefix: int, batch: int = 1,
            dtype: str = "bf16", kernel_hash: str | None = None) -> Answer:
-    """`prefix` is the batch's lookup prefix (tuner.batches.prefix_of)."""
+    """`prefix` is the batch's lookup prefix (verify_tuner.batches.prefix_of)."""
     khash = kernel_hash or current_kernel_hash()
     bb = batches.bucket_of(batch)
     rows = repo.list_best_for(session=session, device=limits.name, kernel_hash=khash, dtype=dtype, H=H, q_len=q_len,

@@ -23,9 +23,9 @@ from pydantic import (
     model_validator,
 )
 
-from kernels.config import PARAM_NAMES
-from tuner import batches
-from tuner.buckets import ALL, MAX_PREFIX
+from verify_tuner.kernels.config import PARAM_NAMES
+from verify_tuner import batches
+from verify_tuner.buckets import ALL, MAX_PREFIX
 
 MAX_H = 1024
 TIMING_FIELDS = ("median_us", "p10_us", "p90_us", "default_us")
@@ -124,7 +124,7 @@ class ConfigRow(BaseModel):
 
     @property
     def bucket_index(self) -> int:
-        from tuner.buckets import bucket_of
+        from verify_tuner.buckets import bucket_of
 
         return self.bucket if self.bucket is not None else bucket_of(self.prefix).index  # type: ignore[arg-type]
 

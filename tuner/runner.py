@@ -11,12 +11,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tuner.backend import Workload
-from tuner.isolation import DEFAULT_MEASURER, IsolatedBackend
-from tuner.settings import Settings
+from verify_tuner.backend import Workload
+from verify_tuner.isolation import DEFAULT_MEASURER, IsolatedBackend
+from verify_tuner.settings import Settings
 
-if TYPE_CHECKING:  # tuner.claims imports Optuna and SQLAlchemy: not before the measuring child starts
-    from tuner.claims import JobResult
+if TYPE_CHECKING:  # verify_tuner.claims imports Optuna and SQLAlchemy: not before the measuring child starts
+    from verify_tuner.claims import JobResult
 
 
 @dataclass(frozen=True)
@@ -45,21 +45,21 @@ def tune_on_device(settings: Settings, job: TuneJob, device_ordinal: int,
                    on_progress: Callable[[Any], None] | None = None,
                    on_key_done: Callable[[], None] | None = None, place: tuple[int, int] = (0, 1)) -> JobResult:
     """The workloads of `job` on GPU `device_ordinal`, sharing the keys with every other process
-    that runs the same job on the same databases (tuner.claims): other GPUs of this host, or
+    that runs the same job on the same databases (verify_tuner.claims): other GPUs of this host, or
     other hosts. The measuring child starts first: its start (~4 s on an H200, most of it
     importing torch; bench/results/measurer_start.md) is what the job's first measurement waits
     for, and this process's imports, database check and first compiles overlap it. Optuna's own
     log lines (one per trial) are turned off; `on_progress` says what matters. `place` is this
     process's (index, count) among the job's processes on this host: where it starts its walk
-    through the keys (tuner.claims.run_job)."""
+    through the keys (verify_tuner.claims.run_job)."""
     backend = IsolatedBackend(measurer=job.measurer, measurer_kwargs={"cache_dir": str(settings.cache_dir)}
                               if job.measurer == DEFAULT_MEASURER else {}, device_ordinal=device_ordinal,
                               timeout_s=job.measure_timeout_s)
     try:
         import optuna
 
-        from tuner.claims import owner_id, run_job
-        from tuner.db.migrate import checked_sessions
+        from verify_tuner.claims import owner_id, run_job
+        from verify_tuner.db.migrate import checked_sessions
 
         optuna.logging.set_verbosity(optuna.logging.ERROR)
         sessions = checked_sessions(settings.database_url)
@@ -82,7 +82,7 @@ def _device_main(settings: Settings, job: TuneJob, index: int, count: int, devic
     except Exception as exc:  # reported by the parent, which exits non-zero; a bug keeps its traceback
         import traceback
 
-        from tuner.errors import TunerError
+        from verify_tuner.errors import TunerError
 
         detail = f"{type(exc).__name__}: {exc}"
         if not isinstance(exc, TunerError):
@@ -121,7 +121,7 @@ def _start_method() -> str:
 
 
 def tune_on_devices(settings: Settings, job: TuneJob, devices: list[int]) -> list[tuple[int, str, Any]]:
-    """One process per GPU, sharing the job's keys (tuner.claims: each key's winner is picked and
+    """One process per GPU, sharing the job's keys (verify_tuner.claims: each key's winner is picked and
     stored once) and, at the end, the trials of the keys still running. An owner samples with the
     job's seed, as a lone process would (the processes then propose, and compile, the configs a
     single GPU would); a helper samples with its own seed so it does not propose in lockstep."""

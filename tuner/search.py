@@ -1,6 +1,6 @@
 """One key's search, as Optuna drives it: the objective (one config: check, reuse, compile,
 measure), the ledger of what the study has measured, and the sampler wrapper that proposes the
-warm-start configs first. Several trials may be in flight in threads (tuner.study.run_study's
+warm-start configs first. Several trials may be in flight in threads (verify_tuner.study.run_study's
 `parallel`): their coordination -- one proposer at a time, places in the budget, one measurement
 at a time, twins -- lives here.
 """
@@ -18,16 +18,16 @@ import numpy as np
 import optuna
 from sqlalchemy.orm import Session, sessionmaker
 
-from kernels.config import PARAM_NAMES, KernelConfig
-from kernels.limits import DeviceLimits
-from kernels.validate import check
-from tuner.backend import INVALID, Backend, Measurement, Workload
-from tuner.db import repo
-from tuner.db.session import session_scope
-from tuner.keys import ConfigKey
+from verify_tuner.kernels.config import PARAM_NAMES, KernelConfig
+from verify_tuner.kernels.limits import DeviceLimits
+from verify_tuner.kernels.validate import check
+from verify_tuner.backend import INVALID, Backend, Measurement, Workload
+from verify_tuner.db import repo
+from verify_tuner.db.session import session_scope
+from verify_tuner.keys import ConfigKey
 
 if TYPE_CHECKING:
-    from tuner.study import Outcome
+    from verify_tuner.study import Outcome
 
 PARAMS = PARAM_NAMES
 MEASURED_ATTR, STATE_ATTR, REASON_ATTR = "measured", "state", "reason"
@@ -77,12 +77,12 @@ class _QuietStudy:
 
 
 def refusal(params: dict[str, int], limits: DeviceLimits, key: ConfigKey) -> str | None:
-    """Why kernels.validate refuses these params for `key` on this device, or None."""
+    """Why verify_tuner.kernels.validate refuses these params for `key` on this device, or None."""
     return check(KernelConfig.from_params(params), limits, H=key.H, q_len=key.q_len)
 
 
 class FitTPE(optuna.samplers.TPESampler):
-    """Optuna's TPE whose proposal is the best of its candidates that `fits` (kernels.validate
+    """Optuna's TPE whose proposal is the best of its candidates that `fits` (verify_tuner.kernels.validate
     accepts), not the best of all of them.
 
     TPE draws n_ei_candidates (24) configs from its model of the good trials and proposes the one
@@ -103,7 +103,7 @@ class FitTPE(optuna.samplers.TPESampler):
                  **kwargs: object) -> None:
         if not callable(getattr(optuna.samplers.TPESampler, "_compute_acquisition_func", None)):
             raise RuntimeError(f"optuna {optuna.__version__}: TPESampler has no _compute_acquisition_func; "
-                               "tuner.search.FitTPE needs it to rank only the candidates that fit")
+                               "verify_tuner.search.FitTPE needs it to rank only the candidates that fit")
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.choices, self.fits = choices, fits
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from platformdirs import user_cache_dir, user_data_dir
 
-from tuner.errors import BadSetting
-from tuner.study_files import default_study_storage, study_storage_error
+from verify_tuner.errors import BadSetting
+from verify_tuner.study_files import default_study_storage, study_storage_error
 
 APP = "verify-tuner"
 MIN_TOKEN_LEN = 16
@@ -25,7 +25,7 @@ def default_database_url() -> str:
 class Settings:
     database_url: str = field(default_factory=default_database_url)
     #: Optuna storage URL, or a template with {study} in an SQLite file name (a file per key);
-    #: None means the default (tuner.study_files.default_study_storage): a file per key beside an
+    #: None means the default (verify_tuner.study_files.default_study_storage): a file per key beside an
     #: SQLite config database, a PostgreSQL config database itself.
     study_storage: str | None = None
     host: str = "127.0.0.1"

@@ -14,7 +14,7 @@ import functools
 import itertools
 from dataclasses import replace
 
-from kernels.config import (
+from verify_tuner.kernels.config import (
     BLOCK_CHOICES,
     HT_CHOICES,
     NSPLIT_CHOICES,
@@ -27,8 +27,8 @@ from kernels.config import (
     WR_CHOICES,
     KernelConfig,
 )
-from kernels.limits import DeviceLimits
-from kernels.validate import MAX_NSPLIT, check
+from verify_tuner.kernels.limits import DeviceLimits
+from verify_tuner.kernels.validate import MAX_NSPLIT, check
 
 #: 5: PIPE=2 left the space again (slower at every measured shape); swizzled smem rows.
 #: 6: PIPE=3, the seesaw (two warp groups alternate tiles).
@@ -82,7 +82,7 @@ def choices(H: int, restrict: dict[str, list[int]] | None = None, limits: Device
 
 def valid_configs(limits: DeviceLimits, *, H: int, q_len: int,
                   restrict: dict[str, list[int]] | None = None, batch: int = 1) -> list[KernelConfig]:
-    """Every config of the space that passes kernels.validate for (limits, H, q_len). Cached:
+    """Every config of the space that passes verify_tuner.kernels.validate for (limits, H, q_len). Cached:
     every key of a table shares one (H, q_len, batch), and enumerating takes ~0.5 s."""
     frozen = tuple(sorted((k, tuple(v)) for k, v in (restrict or {}).items()))
     # the measured copy bandwidth, which a measurer adds after its start, does not change validity

@@ -1,8 +1,8 @@
-"""One Optuna study per workload key: open or resume it, warm start, run the search (tuner.search
-drives each trial), then pick and store the winner (tuner.winner).
+"""One Optuna study per workload key: open or resume it, warm start, run the search (verify_tuner.search
+drives each trial), then pick and store the winner (verify_tuner.winner).
 
 Data flow: kernels (validate/compile/launch) -> this module (through a Backend) -> the config
-database (tuner.db.repo) -> the API.
+database (verify_tuner.db.repo) -> the API.
 """
 
 from __future__ import annotations
@@ -21,19 +21,19 @@ from typing import Any
 import optuna
 from sqlalchemy.orm import Session, sessionmaker
 
-from kernels import kernel_hash
-from kernels.config import KernelConfig
-from kernels.errors import InvalidConfig
-from kernels.validate import check
-from tuner import batches, buckets, space
-from tuner.backend import OK, Backend, Measurement, Workload
-from tuner.db import repo
-from tuner.db.session import make_engine, session_scope
-from tuner.heuristic import heuristic_config
-from tuner.keys import ConfigKey
-from tuner.search import STATE_ATTR, BudgetSpent, FitTPE, Progress, Search, WarmFirst, refusal
-from tuner.study_files import STUDY, study_file_url
-from tuner.winner import pick_winner
+from verify_tuner.kernels import kernel_hash
+from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.errors import InvalidConfig
+from verify_tuner.kernels.validate import check
+from verify_tuner import batches, buckets, space
+from verify_tuner.backend import OK, Backend, Measurement, Workload
+from verify_tuner.db import repo
+from verify_tuner.db.session import make_engine, session_scope
+from verify_tuner.heuristic import heuristic_config
+from verify_tuner.keys import ConfigKey
+from verify_tuner.search import STATE_ATTR, BudgetSpent, FitTPE, Progress, Search, WarmFirst, refusal
+from verify_tuner.study_files import STUDY, study_file_url
+from verify_tuner.winner import pick_winner
 
 #: Optuna's heartbeat: a trial whose process stops beating for HEARTBEAT_GRACE x this (kill -9, a
 #: lost host) is failed by the next process that opens the study and retried with its params.
@@ -71,7 +71,7 @@ def _trials_without_fsync(storage: optuna.storages.RDBStorage) -> None:
     commit then skips its fsync (the WAL is synced at checkpoints and by the next FULL commit),
     which survives a killed process but may lose the last trials to a power cut -- they are
     re-run on resume. Trials are ~10 commits each, the bulk of a key's writes; the config
-    database's own writes (best configs, claims: tuner.db.session.make_engine) keep FULL.
+    database's own writes (best configs, claims: verify_tuner.db.session.make_engine) keep FULL.
     bench/results/proposal_cost.md: 10-13 % of a key's search time on this VM's disk."""
     from sqlalchemy import event
 
@@ -92,7 +92,7 @@ def open_study_storage(template: str, study_name: str,
         return open_storage(url, heartbeat_s)
     from sqlalchemy.engine import make_url
 
-    from tuner.db import migrate
+    from verify_tuner.db import migrate
 
     path = Path(make_url(url).database).expanduser()  # type: ignore[arg-type]
     with migrate.upgrade_lock(url):  # creates the file empty; no connection has a transaction open on it
@@ -108,7 +108,7 @@ def prepare_study_storage(url: str) -> None:
     several GPUs never race to create it: a shared storage gets Optuna's tables (one process at a
     time); a file per key, its directory and the blank storage new files copy (so a job's first
     key does not make it)."""
-    from tuner.db import migrate
+    from verify_tuner.db import migrate
 
     if STUDY not in url:
         with migrate.upgrade_lock(url):  # Optuna creates its tables on first open: one at a time
@@ -116,7 +116,7 @@ def prepare_study_storage(url: str) -> None:
         return
     from sqlalchemy.engine import make_url
 
-    from tuner.db.session import check_writable
+    from verify_tuner.db.session import check_writable
 
     path = Path(make_url(url).database).expanduser()  # type: ignore[arg-type]
     check_writable(path)  # creates the directory, or says how to make it writable
@@ -130,7 +130,7 @@ def _blank_storage(directory: Path) -> Path:
     one-GPU table pays it for every key."""
     blank = directory / f".blank-optuna-{optuna.__version__}.db"
     url = f"sqlite:///{blank}"
-    from tuner.db import migrate
+    from verify_tuner.db import migrate
 
     with migrate.upgrade_lock(url):
         if blank.stat().st_size == 0:
@@ -259,7 +259,7 @@ def run_study(
 ) -> Outcome:
     """Search, pick the winner, store it. `restrict` narrows the choices of some constants
     (e.g. {"STAGES": [2]}); `n_trials` counts measurements, not invalid or repeated configs.
-    `pick=False` only helps with the search of a key another process owns (tuner.claims): the
+    `pick=False` only helps with the search of a key another process owns (verify_tuner.claims): the
     owner alone re-times the top candidates and stores the winner; `owns()` False at that point
     (the claim went stale and another process took the key over) leaves the storing to it.
     `parallel` trials are in flight at once: each compiles in its own thread while one at a time
@@ -320,7 +320,7 @@ def _one_ask_at_a_time(study: optuna.Study) -> None:
     """Serialise this study object's `ask` across Optuna's n_jobs threads. A queued trial (the
     heartbeat's retry of a killed process's trial) goes to whoever marks it running first, and on
     SQLite nothing locks it in between: two threads asking at once both took it (one measured it,
-    the other failed telling it). The threads' proposals are serialised anyway (tuner.search)."""
+    the other failed telling it). The threads' proposals are serialised anyway (verify_tuner.search)."""
     lock = threading.Lock()
     ask = study.ask
 

@@ -1,5 +1,5 @@
 """The winner of a key: the top candidates of its study, the default and the stored best re-timed
-interleaved on the same inputs (tuner.backend.Backend.remeasure), and the config database updated
+interleaved on the same inputs (verify_tuner.backend.Backend.remeasure), and the config database updated
 unless the stored best is within the measured noise of the new winner."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from kernels.config import KernelConfig
-from kernels.validate import check
-from tuner.backend import Backend, Measurement, Workload
-from tuner.db import repo
-from tuner.db.session import session_scope
+from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.validate import check
+from verify_tuner.backend import Backend, Measurement, Workload
+from verify_tuner.db import repo
+from verify_tuner.db.session import session_scope
 
 if TYPE_CHECKING:
-    from tuner.study import Outcome
+    from verify_tuner.study import Outcome
 
 
 def _noise(m: Measurement) -> float:

@@ -6,11 +6,11 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, HTTPException, Query, Request
 
-from api.deps import DEVICE_PATTERN, SingleValued, WriteAuth, WriteSessions
-from api.schemas import DeleteOut, ImportOut
-from tuner import buckets, configs_io, lookup
-from tuner.db import repo
-from tuner.db.session import session_scope
+from verify_tuner.api.deps import DEVICE_PATTERN, SingleValued, WriteAuth, WriteSessions
+from verify_tuner.api.schemas import DeleteOut, ImportOut
+from verify_tuner import buckets, configs_io, lookup
+from verify_tuner.db import repo
+from verify_tuner.db.session import session_scope
 
 router = APIRouter(tags=["admin"], dependencies=[WriteAuth, SingleValued])
 

@@ -1,7 +1,7 @@
 """GET /config (one lookup) and GET /configs (the whole bucket table, with an ETag).
 
 `batch` (default 1) picks the batch bucket; `prefix` is the batch's lookup prefix (its longest
-request: tuner.batches.prefix_of). `/configs?all_batches=true` is every batch bucket's table in
+request: verify_tuner.batches.prefix_of). `/configs?all_batches=true` is every batch bucket's table in
 one response, what a worker fetches at startup."""
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
-from api.deps import DEVICE_PATTERN, ReadSessions, SettingsDep, SingleValued
-from api.schemas import ConfigOut, ConfigTableOut
-from api.table_cache import Table
-from tuner import batches
-from tuner.buckets import MAX_PREFIX
-from tuner.errors import BadParameter
+from verify_tuner.api.deps import DEVICE_PATTERN, ReadSessions, SettingsDep, SingleValued
+from verify_tuner.api.schemas import ConfigOut, ConfigTableOut
+from verify_tuner.api.table_cache import Table
+from verify_tuner import batches
+from verify_tuner.buckets import MAX_PREFIX
+from verify_tuner.errors import BadParameter
 
 router = APIRouter(tags=["configs"], dependencies=[SingleValued])
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from tuner.db.health import probe
+from verify_tuner.db.health import probe
 
 router = APIRouter(tags=["health"])
 

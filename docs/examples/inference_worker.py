@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from api.client import ConfigClient
+from verify_tuner.api.client import ConfigClient
 
 
 def main() -> None:
@@ -34,7 +34,7 @@ def main() -> None:
 
     def graph_for(cfg):  # type: ignore[no-untyped-def]
         if cfg not in graphs:
-            # On a GPU: build kernels.launch.VerifyAttention(cfg, ...) once, capture its launch on
+            # On a GPU: build verify_tuner.kernels.launch.VerifyAttention(cfg, ...) once, capture its launch on
             # a side stream with torch.cuda.graph (see tests/kernels/test_kernel_gpu.py), keep it.
             graphs[cfg] = f"graph#{len(graphs)} {cfg}"
             print(f"captured {graphs[cfg]}")

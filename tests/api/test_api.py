@@ -3,12 +3,12 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from api.app import create_app
-from kernels.config import PARAM_NAMES, KernelConfig
-from kernels.limits import known_device
-from kernels.validate import check
-from tuner.db import migrate
-from tuner.settings import Settings
+from verify_tuner.api.app import create_app
+from verify_tuner.kernels.config import PARAM_NAMES, KernelConfig
+from verify_tuner.kernels.limits import known_device
+from verify_tuner.kernels.validate import check
+from verify_tuner.db import migrate
+from verify_tuner.settings import Settings
 
 H200 = known_device("h200")
 ROW = {"device": "NVIDIA H200", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 64, "HT": 8, "TK": 32,
@@ -93,7 +93,7 @@ def test_table_covers_every_bucket_with_etag(client):
     r = client.get("/configs", params={"H": 8, "q_len": 9})
     assert r.status_code == 200
     body = r.json()
-    from tuner.buckets import ALL
+    from verify_tuner.buckets import ALL
 
     assert [c["bucket"]["index"] for c in body["configs"]] == [b.index for b in ALL]
     assert {c["source"] for c in body["configs"]} == {"tuned", "nearest", "heuristic"}
@@ -181,7 +181,7 @@ def test_bad_batch_is_a_422_naming_it(client, value):
 
 
 def test_configs_for_every_batch_bucket_in_one_request(client):
-    from tuner import batches, buckets
+    from verify_tuner import batches, buckets
 
     one = client.get("/configs", params={"H": 8, "q_len": 9}).json()["configs"]
     assert len(one) == len(buckets.ALL) and {c["batch_bucket"]["index"] for c in one} == {0}
@@ -195,7 +195,7 @@ def test_configs_for_every_batch_bucket_in_one_request(client):
     both = client.get("/configs", params={"H": 8, "q_len": 9, "all_batches": "true", "batch": 8})
     assert both.status_code == 422 and "batch" in both.text
     # spliced from the tables' pre-rendered answers: byte for byte the model's own serialisation
-    from api.schemas import ConfigTableOut
+    from verify_tuner.api.schemas import ConfigTableOut
 
     assert ConfigTableOut.model_validate_json(every.content).model_dump_json().encode() == every.content
     # new data shows at once
@@ -215,7 +215,7 @@ def test_metrics_are_prometheus_client_exposition_and_parse(client):
 
     from prometheus_client.parser import text_string_to_metric_families
 
-    from kernels import kernel_hash
+    from verify_tuner.kernels import kernel_hash
 
     get(client)
     time.sleep(client.app.state.tables.recheck_s * 3)  # a background check has run

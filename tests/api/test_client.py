@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from api.client import ConfigClient
-from kernels.limits import known_device
-from kernels.validate import check
+from verify_tuner.api.client import ConfigClient
+from verify_tuner.kernels.limits import known_device
+from verify_tuner.kernels.validate import check
 from tests.helpers import free_port, running_server
 
 

@@ -74,7 +74,7 @@ class Block(importlib.abc.MetaPathFinder):
         if name.split(".")[0] in {BLOCKED!r}:
             raise ModuleNotFoundError(f"blocked: {{name}}", name=name)
 sys.meta_path.insert(0, Block())
-from api.client import ConfigClient
+from verify_tuner.api.client import ConfigClient
 c = ConfigClient(H=8, q_len=9, device="NVIDIA H200 NVL", snapshot_dir=sys.argv[1])
 src = c.fetch()
 heavy = sorted(m for m in sys.modules if m.split(".")[0] in {BLOCKED!r})
@@ -92,7 +92,7 @@ print(json.dumps({{"source": src, "reason": c.reason, "b1": c.lookup(46000).nspl
 
 
 def test_sources_in_order_and_a_table_for_another_kernel_is_refused(tmp_path, monkeypatch):
-    from api.client import ConfigClient
+    from verify_tuner.api.client import ConfigClient
 
     _, out = _dumped(tmp_path)
     monkeypatch.setenv("VERIFY_TUNER_URL", "http://127.0.0.1:1")

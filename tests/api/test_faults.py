@@ -15,10 +15,10 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from api.app import create_app
+from verify_tuner.api.app import create_app
 from tests.helpers import free_port, running_server, tuner_cmd
-from tuner.db import migrate
-from tuner.settings import Settings
+from verify_tuner.db import migrate
+from verify_tuner.settings import Settings
 
 Q = {"H": 8, "q_len": 9, "prefix": 46000}
 TOKEN = "fault-test-token-0123"
@@ -88,11 +88,11 @@ def test_locked_database_keeps_answering(tmp_path):
 
 WRITER = """
 import sys
-from kernels.config import KernelConfig
-from kernels.limits import known_device
-from tuner.db import repo
-from tuner.db.session import make_engine, session_factory, session_scope
-from tuner.keys import ConfigKey
+from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.limits import known_device
+from verify_tuner.db import repo
+from verify_tuner.db.session import make_engine, session_factory, session_scope
+from verify_tuner.keys import ConfigKey
 sessions = session_factory(make_engine(sys.argv[1]))
 h = known_device("h200")
 with session_scope(sessions) as s:
@@ -137,7 +137,7 @@ def _without_root_override(probe_file) -> list[str]:
         pytest.skip("running as root without setpriv: file modes cannot bind the server")
     # the server must still import without the override (a checkout other users cannot read would not)
     check = subprocess.run([*NO_OVERRIDE, sys.executable, "-c",
-                            "import os, sys, api.app; sys.exit(os.access(sys.argv[1], os.W_OK))", str(probe_file)],
+                            "import os, sys, verify_tuner.api.app; sys.exit(os.access(sys.argv[1], os.W_OK))", str(probe_file)],
                            capture_output=True, check=False)
     if check.returncode != 0:
         pytest.skip(f"cannot run the server without root's file-permission override here: "

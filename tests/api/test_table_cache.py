@@ -6,8 +6,8 @@ from __future__ import annotations
 import threading
 import time
 
-from api import table_cache
-from api.table_cache import TableCache
+from verify_tuner.api import table_cache
+from verify_tuner.api.table_cache import TableCache
 
 
 def test_concurrent_misses_of_one_table_read_the_database_once(sessions, monkeypatch):

@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import multiprocessing as mp
 
-from kernels.config import KernelConfig
+from verify_tuner.kernels.config import KernelConfig
 from tests.db.concurrent_writer import write_many
-from tuner.db import repo
-from tuner.db.session import session_scope
+from verify_tuner.db import repo
+from verify_tuner.db.session import session_scope
 
 WRITERS, N = 4, 40
 

@@ -7,10 +7,10 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect
 
-from tuner.db import migrate
-from tuner.db.models import Base
-from tuner.db.session import make_engine
-from tuner.errors import StorageError
+from verify_tuner.db import migrate
+from verify_tuner.db.models import Base
+from verify_tuner.db.session import make_engine
+from verify_tuner.errors import StorageError
 
 TABLES = {"devices", "kernels", "tuning_studies", "tuning_trials", "best_configs", "data_version",
           "tuner_alembic_version"}
@@ -69,10 +69,10 @@ def test_0001_database_holding_rows_upgrades_and_back_keeping_them(db_url):
     writes after the upgrade bump the version the sidecar's stamp reads."""
     from sqlalchemy import text
 
-    from kernels.config import KernelConfig
-    from tuner.db import repo
-    from tuner.db.session import session_factory, session_scope
-    from tuner.keys import ConfigKey
+    from verify_tuner.kernels.config import KernelConfig
+    from verify_tuner.db import repo
+    from verify_tuner.db.session import session_factory, session_scope
+    from verify_tuner.keys import ConfigKey
 
     migrate.upgrade(db_url, "0001")
     engine = make_engine(db_url)
@@ -103,10 +103,10 @@ def test_0002_database_with_rows_gains_batch_buckets_and_loses_nothing(db_url):
     row of the same key; a downgrade keeps the B=1 rows and drops only the B=32 one."""
     from sqlalchemy import text
 
-    from kernels.config import KernelConfig
-    from tuner.db import repo
-    from tuner.db.session import session_factory, session_scope
-    from tuner.keys import ConfigKey
+    from verify_tuner.kernels.config import KernelConfig
+    from verify_tuner.db import repo
+    from verify_tuner.db.session import session_factory, session_scope
+    from verify_tuner.keys import ConfigKey
 
     migrate.upgrade(db_url, "0002")
     engine = make_engine(db_url)
@@ -169,7 +169,7 @@ def test_sixteen_concurrent_db_upgrades_on_a_fresh_database_all_succeed(db_url, 
     engine.dispose()
     from sqlalchemy.engine import make_url
 
-    from tuner.settings import Settings
+    from verify_tuner.settings import Settings
 
     studies = Settings(database_url=db_url).studies
     if studies == db_url:  # PostgreSQL: Optuna's tables in the config database, created once

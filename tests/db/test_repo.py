@@ -2,13 +2,13 @@ from __future__ import annotations
 
 import pytest
 
-from kernels.config import KernelConfig
-from kernels.limits import known_device
-from tuner import buckets
-from tuner.db import repo
-from tuner.db.session import session_scope
-from tuner.errors import StorageError
-from tuner.keys import ConfigKey
+from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.limits import known_device
+from verify_tuner import buckets
+from verify_tuner.db import repo
+from verify_tuner.db.session import session_scope
+from verify_tuner.errors import StorageError
+from verify_tuner.keys import ConfigKey
 
 H200 = known_device("h200")
 KEY = ConfigKey(H200.name, "k" * 16, "bf16", 8, 9, 15)

@@ -6,13 +6,13 @@ import sqlite3
 
 import pytest
 
-from kernels.config import KernelConfig
-from kernels.limits import known_device
-from tuner.db import migrate, repo
-from tuner.db.session import make_engine, session_factory, session_scope
-from tuner.errors import StorageError
-from tuner.keys import ConfigKey
-from tuner.snapshot import write_snapshot
+from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.limits import known_device
+from verify_tuner.db import migrate, repo
+from verify_tuner.db.session import make_engine, session_factory, session_scope
+from verify_tuner.errors import StorageError
+from verify_tuner.keys import ConfigKey
+from verify_tuner.snapshot import write_snapshot
 
 H200 = known_device("h200")
 

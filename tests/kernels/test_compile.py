@@ -6,12 +6,12 @@ import shutil
 
 import pytest
 
-from kernels.build import compile_cubin, ptxas_report, render
-from kernels.config import KernelConfig
-from kernels.errors import CompileError
-from kernels.limits import known_device
-from kernels.validate import smem_bytes
-from tuner.heuristic import heuristic_config
+from verify_tuner.kernels.build import compile_cubin, ptxas_report, render
+from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.errors import CompileError
+from verify_tuner.kernels.limits import known_device
+from verify_tuner.kernels.validate import smem_bytes
+from verify_tuner.heuristic import heuristic_config
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kernels.config import KernelConfig
-from kernels.validate import check
+from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.validate import check
 
 pytestmark = pytest.mark.gpu
 
@@ -38,8 +38,8 @@ def gpu(tmp_path_factory):
     import pycuda.autoprimaryctx  # noqa: F401  (torch's primary context)
     import torch
 
-    from kernels.build import precompile
-    from kernels.limits import read_device_limits
+    from verify_tuner.kernels.build import precompile
+    from verify_tuner.kernels.limits import read_device_limits
 
     torch.cuda.init()
     limits, cache = read_device_limits(0), tmp_path_factory.mktemp("cubins")
@@ -52,7 +52,7 @@ def gpu(tmp_path_factory):
 def _run(cfg, inp, limits, cache, *, lse=True):
     import torch
 
-    from kernels.launch import VerifyAttention
+    from verify_tuner.kernels.launch import VerifyAttention
 
     B, Q, H, _ = inp.q.shape
     va = VerifyAttention(cfg, H=H, q_len=Q, limits=limits, max_batch=B, cache_dir=cache)
@@ -68,7 +68,7 @@ def _run(cfg, inp, limits, cache, *, lse=True):
 
 @pytest.mark.parametrize(("H", "Q", "B"), SHAPES)
 def test_matches_reference(gpu, H, Q, B):
-    from kernels.reference import make_inputs, reference, rel_error
+    from verify_tuner.kernels.reference import make_inputs, reference, rel_error
 
     limits, cache = gpu
     configs = [c for c in CONFIG_POOL if check(c, limits, H=H, q_len=Q) is None]
@@ -84,7 +84,7 @@ def test_matches_reference(gpu, H, Q, B):
 
 
 def test_long_prefix_many_tiles(gpu):
-    from kernels.reference import make_inputs, reference, rel_error
+    from verify_tuner.kernels.reference import make_inputs, reference, rel_error
 
     limits, cache = gpu
     inp = make_inputs(prefix_lens=[46000], q_len=9, H=8, seed=7)
@@ -101,8 +101,8 @@ def test_cuda_graph_replay_matches(gpu):
     import pycuda.driver as cuda
     import torch
 
-    from kernels.launch import VerifyAttention
-    from kernels.reference import make_inputs, reference, rel_error
+    from verify_tuner.kernels.launch import VerifyAttention
+    from verify_tuner.kernels.reference import make_inputs, reference, rel_error
 
     limits, cache = gpu
     inp = make_inputs(prefix_lens=[5000, 123], q_len=9, H=16, seed=3)

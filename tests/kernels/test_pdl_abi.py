@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ctypes
 
-from kernels import pdl
+from verify_tuner.kernels import pdl
 
 
 def test_launch_attribute_layout():

@@ -3,7 +3,7 @@ tuner's re-timing rely on) and the summary statistics."""
 
 from __future__ import annotations
 
-from kernels.timing import interleave, summarize
+from verify_tuner.kernels.timing import interleave, summarize
 
 
 def test_interleave_alternates_candidates_round_by_round():

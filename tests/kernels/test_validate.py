@@ -4,10 +4,10 @@ from dataclasses import replace
 
 import pytest
 
-from kernels.config import KernelConfig
-from kernels.errors import InvalidConfig
-from kernels.limits import known_device
-from kernels.validate import check, smem_bytes, validate
+from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.errors import InvalidConfig
+from verify_tuner.kernels.limits import known_device
+from verify_tuner.kernels.validate import check, smem_bytes, validate
 
 H200 = known_device("h200")
 PRO6000 = known_device("rtx-pro-6000")

@@ -7,9 +7,9 @@ def run(url: str, cache_dir: str) -> list[str]:
     import optuna
 
     from tests.tuner.test_multi_device import _job
-    from tuner.backend import Workload
-    from tuner.runner import tune_on_device
-    from tuner.settings import Settings
+    from verify_tuner.backend import Workload
+    from verify_tuner.runner import tune_on_device
+    from verify_tuner.settings import Settings
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     settings = Settings(database_url=url, cache_dir=cache_dir)

@@ -4,9 +4,9 @@ tests only)."""
 from __future__ import annotations
 
 from tests.fakes import SlowFakeBackend
-from tuner.backend import Workload
-from tuner.db.session import make_engine, session_factory
-from tuner.study import run_study
+from verify_tuner.backend import Workload
+from verify_tuner.db.session import make_engine, session_factory
+from verify_tuner.study import run_study
 
 FIXED = {"QT": [0], "WR": [2], "WK": [4], "SF": [0], "PIPE": [1], "STAGES": [2], "BLOCK": [256]}
 

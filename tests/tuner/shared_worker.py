@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 
 from tests.fakes import FakeBackend
-from tuner.backend import Workload
-from tuner.db.session import make_engine, session_factory
-from tuner.study import run_study
+from verify_tuner.backend import Workload
+from verify_tuner.db.session import make_engine, session_factory
+from verify_tuner.study import run_study
 
 
 def run(url: str, seed: int, n_trials: int) -> tuple[int, int]:

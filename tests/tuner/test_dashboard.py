@@ -17,10 +17,10 @@ import pytest
 
 from tests.fakes import FakeBackend
 from tests.helpers import free_port
-from tuner.backend import Workload
-from tuner.db import migrate
-from tuner.db.session import make_engine, session_factory
-from tuner.study import run_study
+from verify_tuner.backend import Workload
+from verify_tuner.db import migrate
+from verify_tuner.db.session import make_engine, session_factory
+from verify_tuner.study import run_study
 
 
 def _get(url: str):  # type: ignore[no-untyped-def]

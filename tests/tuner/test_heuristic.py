@@ -2,11 +2,11 @@ from __future__ import annotations
 
 import pytest
 
-from kernels.errors import InvalidConfig
-from kernels.limits import known_device
-from kernels.validate import check, smem_bytes
-from tuner import space
-from tuner.heuristic import _blocks_per_sm, heuristic_config
+from verify_tuner.kernels.errors import InvalidConfig
+from verify_tuner.kernels.limits import known_device
+from verify_tuner.kernels.validate import check, smem_bytes
+from verify_tuner import space
+from verify_tuner.heuristic import _blocks_per_sm, heuristic_config
 
 H200 = known_device("h200")
 PRO6000 = known_device("rtx-pro-6000")

@@ -6,10 +6,10 @@ import time
 
 import pytest
 
-from kernels.config import KernelConfig
-from kernels.errors import LaunchError
-from tuner.backend import CRASHED, OK, TIMEOUT, Workload
-from tuner.isolation import IsolatedBackend
+from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.errors import LaunchError
+from verify_tuner.backend import CRASHED, OK, TIMEOUT, Workload
+from verify_tuner.isolation import IsolatedBackend
 
 WL = Workload(8, 9, 46000)
 GOOD = KernelConfig(nsplit=64, ht=8, tk=32, block=256)
@@ -45,7 +45,7 @@ def test_hang_times_out_and_the_worker_restarts(backend):
 def test_remeasure_failure_maps_to_every_candidate(backend):
     """A pool re-timed together fails together: the worker dies once, and each candidate gets the
     failure (one Measurement per config, as the winner phase expects), then the worker restarts."""
-    from tuner.backend import CRASHED
+    from verify_tuner.backend import CRASHED
 
     assert [m.state for m in backend.remeasure([GOOD, GOOD], WL, 2)] == [OK, OK]
     crashing = KernelConfig(nsplit=2, ht=8, tk=32, block=256)
@@ -55,7 +55,7 @@ def test_remeasure_failure_maps_to_every_candidate(backend):
 
 
 def test_a_bug_in_the_measuring_code_raises_with_its_traceback(backend):
-    from tuner.isolation import MeasurerBug
+    from verify_tuner.isolation import MeasurerBug
 
     with pytest.raises(MeasurerBug) as info:
         backend.measure(KernelConfig(nsplit=12, ht=8, tk=32, block=256), WL)
@@ -64,8 +64,8 @@ def test_a_bug_in_the_measuring_code_raises_with_its_traceback(backend):
 
 
 def test_a_bug_stops_the_study_instead_of_failing_a_trial(sessions, db_url):
-    from tuner.isolation import MeasurerBug
-    from tuner.study import run_study
+    from verify_tuner.isolation import MeasurerBug
+    from verify_tuner.study import run_study
 
     b = IsolatedBackend(measurer="tests.fakes:MisbehavingMeasurer", timeout_s=3)
     try:
@@ -90,9 +90,9 @@ def test_a_measurer_that_cannot_start_is_reported():
 
 def test_study_goes_on_past_crashes_and_hangs(sessions, db_url):
     """A study whose search space includes crashing and hanging configs still finishes and stores."""
-    from tuner.db import repo
-    from tuner.db.session import session_scope
-    from tuner.study import run_study
+    from verify_tuner.db import repo
+    from verify_tuner.db.session import session_scope
+    from verify_tuner.study import run_study
 
     b = IsolatedBackend(measurer="tests.fakes:MisbehavingMeasurer", timeout_s=3)
     try:

@@ -13,11 +13,11 @@ import optuna
 
 from tests.tuner.killed_worker import FIXED
 from tests.tuner.killed_worker import run as worker
-from tuner.db import migrate
+from verify_tuner.db import migrate
 
 
 def test_kill_9_then_resume_leaves_nothing_running_and_loses_nothing(db_url, tmp_path):
-    from tuner.study import open_storage
+    from verify_tuner.study import open_storage
 
     migrate.upgrade(db_url)
     open_storage(db_url)

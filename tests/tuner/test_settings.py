@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.settings import Settings
+from verify_tuner.settings import Settings
 
 
 def test_defaults_and_overrides():

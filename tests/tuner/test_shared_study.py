@@ -8,12 +8,12 @@ import multiprocessing as mp
 import optuna
 
 from tests.tuner.shared_worker import run
-from tuner.db import migrate, repo
-from tuner.db.session import make_engine, session_factory, session_scope
+from verify_tuner.db import migrate, repo
+from verify_tuner.db.session import make_engine, session_factory, session_scope
 
 
 def test_four_processes_share_one_study_on_postgres(pg_url):
-    from tuner.study import open_storage
+    from verify_tuner.study import open_storage
 
     migrate.upgrade(pg_url)
     open_storage(pg_url)  # what `tuner db upgrade` does

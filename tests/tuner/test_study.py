@@ -5,15 +5,15 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from kernels.config import KernelConfig
-from kernels.validate import check
+from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.validate import check
 from tests.fakes import H200, FakeBackend
-from tuner import space
-from tuner.backend import Workload
-from tuner.db import repo
-from tuner.db.session import session_scope
-from tuner.heuristic import heuristic_config
-from tuner.study import run_study
+from verify_tuner import space
+from verify_tuner.backend import Workload
+from verify_tuner.db import repo
+from verify_tuner.db.session import session_scope
+from verify_tuner.heuristic import heuristic_config
+from verify_tuner.study import run_study
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 WL = Workload(8, 9, 46000)
@@ -52,7 +52,7 @@ def test_search_stores_a_valid_winner_with_speedup(sessions, db_url):
 def rank_every_candidate(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """TPE ranks all its candidates, as when none of them fits (search.FitTPE keeps its choice):
     most of its proposals then do not fit, so a test sees the refusal path."""
-    from tuner.search import FitTPE
+    from verify_tuner.search import FitTPE
 
     monkeypatch.setattr(FitTPE, "_compute_acquisition_func", optuna.samplers.TPESampler._compute_acquisition_func)
 
@@ -120,7 +120,7 @@ def test_tpe_proposes_among_its_candidates_that_fit(sessions, db_url):
 
 
 def test_fit_tpe_ranks_only_candidates_that_fit_and_keeps_its_choice_when_none_does():
-    from tuner.search import FitTPE
+    from verify_tuner.search import FitTPE
 
     choices = {"X": list(range(8)), "Y": list(range(8)), "Z": [5]}  # Z: one value, outside TPE's model
 
@@ -145,7 +145,7 @@ def test_fit_tpe_ranks_only_candidates_that_fit_and_keeps_its_choice_when_none_d
 
 
 def test_fit_tpe_says_so_when_optuna_lacks_its_hook(monkeypatch):
-    from tuner.search import FitTPE
+    from verify_tuner.search import FitTPE
 
     monkeypatch.delattr(optuna.samplers.TPESampler, "_compute_acquisition_func")
     with pytest.raises(RuntimeError, match="_compute_acquisition_func"):
@@ -200,8 +200,8 @@ def test_warm_start_measures_the_default_then_neighbours_first(sessions, db_url)
     neighbour = KernelConfig(nsplit=96, ht=4, tk=16, block=256, stages=3, wk=2, sf=1, pipe=3)  # in FIXED's space
     with session_scope(sessions) as s:
         repo.upsert_device(session=s, limits=H200)
-        from kernels import kernel_hash
-        from tuner.keys import ConfigKey
+        from verify_tuner.kernels import kernel_hash
+        from verify_tuner.keys import ConfigKey
 
         repo.upsert_best(session=s, key=ConfigKey(H200.name, kernel_hash(), "bf16", 8, 9, 14), config=neighbour,
                          median_us=30.0)
@@ -258,9 +258,9 @@ def test_stored_best_is_kept_when_the_new_winner_is_within_noise(sessions, db_ur
 
 
 def test_a_clearly_faster_config_replaces_the_stored_best(sessions, db_url):
-    from kernels import kernel_hash
-    from tuner.buckets import bucket_of
-    from tuner.keys import ConfigKey
+    from verify_tuner.kernels import kernel_hash
+    from verify_tuner.buckets import bucket_of
+    from verify_tuner.keys import ConfigKey
 
     slow_best = KernelConfig(nsplit=8, ht=1, tk=16, block=128, wr=1, wk=4)
     key = ConfigKey(H200.name, kernel_hash(), "bf16", 8, 9, bucket_of(46000).index)
@@ -303,7 +303,7 @@ def test_a_batch_study_is_its_own_key_and_warm_starts_from_b1(sessions, db_url):
 
 
 def test_batch_workloads_draw_reproducible_ragged_prefixes():
-    from tuner import batches
+    from verify_tuner import batches
 
     wl = Workload(8, 9, 46000, batch=16)
     lens = wl.prefix_lens()
@@ -371,9 +371,9 @@ def test_parallel_trials_compile_ahead_measure_one_at_a_time_and_keep_the_budget
 def test_optuna_commits_trials_without_fsync_and_the_config_db_keeps_full(tmp_path):
     from sqlalchemy import text
 
-    from tuner.db import migrate
-    from tuner.db.session import make_engine
-    from tuner.study import open_storage
+    from verify_tuner.db import migrate
+    from verify_tuner.db.session import make_engine
+    from verify_tuner.study import open_storage
 
     url = f"sqlite:///{tmp_path}/configs.db"
     migrate.upgrade(url)
@@ -392,7 +392,7 @@ def test_a_study_storage_of_its_own_is_in_wal_mode(tmp_path):
     mode until session 8."""
     from sqlalchemy import text
 
-    from tuner.study import open_storage
+    from verify_tuner.study import open_storage
 
     storage = open_storage(f"sqlite:///{tmp_path}/studies.db")
     with storage.engine.connect() as c:

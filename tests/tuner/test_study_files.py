@@ -1,4 +1,4 @@
-"""Where Optuna's studies live (tuner.study_files): beside an SQLite config database, an SQLite
+"""Where Optuna's studies live (verify_tuner.study_files): beside an SQLite config database, an SQLite
 file per key, so tuner processes on different keys never wait on one write lock; a PostgreSQL
 config database keeps them itself. What an operator sets, mistypes, and runs twice."""
 
@@ -13,13 +13,13 @@ import pytest
 from sqlalchemy import text
 
 from tests.fakes import FakeBackend
-from tuner.backend import Workload
-from tuner.db import migrate
-from tuner.db.session import make_engine, session_factory
-from tuner.errors import BadSetting
-from tuner.settings import Settings
-from tuner.study import open_study_storage, run_study
-from tuner.study_files import STUDY, default_study_storage, study_file_url, study_urls
+from verify_tuner.backend import Workload
+from verify_tuner.db import migrate
+from verify_tuner.db.session import make_engine, session_factory
+from verify_tuner.errors import BadSetting
+from verify_tuner.settings import Settings
+from verify_tuner.study import open_study_storage, run_study
+from verify_tuner.study_files import STUDY, default_study_storage, study_file_url, study_urls
 
 RESTRICT = {"QT": [0], "WR": [2], "WK": [4], "SF": [0], "PIPE": [1]}
 
@@ -136,7 +136,7 @@ def test_a_new_key_file_is_a_copy_of_a_blank_schema_and_takes_trials(tmp_path):
 def test_db_upgrade_makes_the_study_directory_and_its_blank_storage(tmp_path):
     from click.testing import CliRunner
 
-    from tuner.cli import cli
+    from verify_tuner.cli import cli
 
     r = CliRunner().invoke(cli, ["db", "upgrade"], env={"TUNER_DATABASE_URL": f"sqlite:///{tmp_path / 'c.db'}"})
     assert r.exit_code == 0, r.output

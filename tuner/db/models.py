@@ -53,7 +53,7 @@ class Study(Base):
     H: Mapped[int]
     q_len: Mapped[int]
     bucket: Mapped[int]
-    #: tuner.batches index (0: B=1); migration 0003
+    #: verify_tuner.batches index (0: B=1); migration 0003
     batch_bucket: Mapped[int] = mapped_column(default=0, server_default="0")
     prefix: Mapped[int]  # the prefix length measured for this bucket (the batch's lookup prefix)
     status: Mapped[str] = mapped_column(String(16), default="running")
@@ -66,7 +66,7 @@ class Study(Base):
     n_invalid: Mapped[int] = mapped_column(default=0)
     n_failed: Mapped[int] = mapped_column(default=0)
     #: the tuner process that picks and stores this key's winner, and when it last said so
-    #: (tuner.claims; migration 0003): other processes only help with its trials
+    #: (verify_tuner.claims; migration 0003): other processes only help with its trials
     owner: Mapped[str | None] = mapped_column(String(200))
     heartbeat_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
 
@@ -100,7 +100,7 @@ class BestConfig(Base):
     H: Mapped[int]
     q_len: Mapped[int]
     bucket: Mapped[int]
-    #: tuner.batches index (0: B=1); migration 0003
+    #: verify_tuner.batches index (0: B=1); migration 0003
     batch_bucket: Mapped[int] = mapped_column(default=0, server_default="0")
     nsplit: Mapped[int]
     ht: Mapped[int]

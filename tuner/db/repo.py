@@ -9,11 +9,11 @@ from typing import Any
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
-from kernels.build import KERNEL_NAME, KERNEL_VERSION
-from kernels.config import KernelConfig
-from kernels.limits import DeviceLimits
-from tuner import buckets
-from tuner.db.models import (  # noqa: F401  (Study re-exported)
+from verify_tuner.kernels.build import KERNEL_NAME, KERNEL_VERSION
+from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.limits import DeviceLimits
+from verify_tuner import buckets
+from verify_tuner.db.models import (  # noqa: F401  (Study re-exported)
     BestConfig,
     DataVersion,
     Device,
@@ -22,8 +22,8 @@ from tuner.db.models import (  # noqa: F401  (Study re-exported)
     Trial,
     utcnow,
 )
-from tuner.errors import StorageError
-from tuner.keys import ConfigKey
+from verify_tuner.errors import StorageError
+from verify_tuner.keys import ConfigKey
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
-from tuner.errors import StorageError
+from verify_tuner.errors import StorageError
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
