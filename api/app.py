@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
-
 from verify_tuner.api.metrics import Metrics, MetricsMiddleware
 from verify_tuner.api.routes import admin, config, health
 from verify_tuner.api.table_cache import TableCache
@@ -41,8 +40,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        read_engine = make_engine(settings.database_url, immediate=False, busy_timeout_ms=READ_BUSY_TIMEOUT_MS,
-                                  read_only=settings.database_read_only)
+        read_engine = make_engine(
+            settings.database_url,
+            immediate=False,
+            busy_timeout_ms=READ_BUSY_TIMEOUT_MS,
+            read_only=settings.database_read_only,
+        )
         write_engine = make_engine(settings.database_url, immediate=True)
         try:
             ensure_current(read_engine)  # refuse to start on an outdated schema, naming the fix
@@ -59,9 +62,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         read_engine.dispose()
         write_engine.dispose()
 
-    app = FastAPI(title="verify-attention config service", version="0.1.0", lifespan=lifespan,
-                  description="Tuned NSPLIT/HT/TK/BLOCK for the MLA verify-attention kernel, per device, H, "
-                              "q_len and prefix bucket.")
+    app = FastAPI(
+        title="verify-attention config service",
+        version="0.1.0",
+        lifespan=lifespan,
+        description="Tuned NSPLIT/HT/TK/BLOCK for the MLA verify-attention kernel, per device, H, "
+        "q_len and prefix bucket.",
+    )
     app.state.settings = settings
     from importlib.metadata import PackageNotFoundError, version
 
@@ -81,8 +88,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(BadParameter)
     async def _bad_parameter(_: Request, exc: BadParameter) -> JSONResponse:
-        return JSONResponse({"detail": [{"loc": ["query", exc.param], "msg": exc.message, "type": "value_error"}]},
-                            status_code=422)
+        return JSONResponse(
+            {"detail": [{"loc": ["query", exc.param], "msg": exc.message, "type": "value_error"}]}, status_code=422
+        )
 
     @app.exception_handler(StorageError)
     async def _storage(_: Request, exc: StorageError) -> JSONResponse:

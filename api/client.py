@@ -31,12 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from platformdirs import user_cache_dir
-
+from verify_tuner import batches, buckets, engine_files
+from verify_tuner.heuristic import heuristic_config
 from verify_tuner.kernels import kernel_hash as current_kernel_hash
 from verify_tuner.kernels.config import PARAM_NAMES, KernelConfig
 from verify_tuner.kernels.limits import DeviceLimits, known_device
-from verify_tuner import batches, buckets, engine_files
-from verify_tuner.heuristic import heuristic_config
 
 URL_ENV, DIR_ENV = "VERIFY_TUNER_URL", "VERIFY_TUNER_CONFIG_DIR"
 
@@ -50,10 +49,20 @@ class Entry:
 
 
 class ConfigClient:
-    def __init__(self, base_url: str | None = None, *, H: int, q_len: int, device: str, dtype: str = "bf16",
-                 config_dir: str | os.PathLike[str] | None = None,
-                 snapshot_dir: str | os.PathLike[str] | None = None, timeout_s: float = 2.0,
-                 limits: DeviceLimits | None = None, kernel_hash: str | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str | None = None,
+        *,
+        H: int,
+        q_len: int,
+        device: str,
+        dtype: str = "bf16",
+        config_dir: str | os.PathLike[str] | None = None,
+        snapshot_dir: str | os.PathLike[str] | None = None,
+        timeout_s: float = 2.0,
+        limits: DeviceLimits | None = None,
+        kernel_hash: str | None = None,
+    ) -> None:
         url = base_url if base_url is not None else os.environ.get(URL_ENV)
         self.base_url = url.rstrip("/") if url else None
         folder = config_dir if config_dir is not None else os.environ.get(DIR_ENV)
@@ -86,7 +95,10 @@ class ConfigClient:
                 self.source, self.reason = "sidecar", f"{self.base_url}: {self._count()}"
                 try:
                     self._save(table)
-                except (OSError, ValueError) as exc:  # keep the good table; a later fetch without the sidecar has no snapshot
+                except (
+                    OSError,
+                    ValueError,
+                ) as exc:  # keep the good table; a later fetch without the sidecar has no snapshot
                     self.reason += f"; snapshot not saved ({type(exc).__name__}: {exc})"
                 return self._done(passed)
         else:
@@ -110,9 +122,18 @@ class ConfigClient:
             self._entries, self._starts = {}, {}
             self.source, self.reason = "none", f"device {self.device!r} is unknown, so no heuristic either"
             return self._done(passed)
-        self._entries = {bb.index: [Entry(b.lo, b.hi, heuristic_config(self.limits, H=self.H, q_len=self.q_len,
-                                                                        prefix=b.mid, batch=bb.hi), "heuristic")
-                                    for b in buckets.ALL] for bb in batches.ALL}
+        self._entries = {
+            bb.index: [
+                Entry(
+                    b.lo,
+                    b.hi,
+                    heuristic_config(self.limits, H=self.H, q_len=self.q_len, prefix=b.mid, batch=bb.hi),
+                    "heuristic",
+                )
+                for b in buckets.ALL
+            ]
+            for bb in batches.ALL
+        }
         self._starts = {i: [e.lo for e in es] for i, es in self._entries.items()}
         self.source, self.reason = "heuristic", f"the built-in heuristic for {self.limits.name}"
         return self._done(passed)
@@ -126,8 +147,9 @@ class ConfigClient:
         return f"{sum(len(e) for e in self._entries.values())} buckets in {len(self._entries)} batch buckets"
 
     def _get_table(self) -> dict:
-        q = urllib.parse.urlencode({"H": self.H, "q_len": self.q_len, "device": self.device, "dtype": self.dtype,
-                                    "all_batches": "true"})
+        q = urllib.parse.urlencode(
+            {"H": self.H, "q_len": self.q_len, "device": self.device, "dtype": self.dtype, "all_batches": "true"}
+        )
         with urllib.request.urlopen(f"{self.base_url}/configs?{q}", timeout=self.timeout_s) as resp:
             return json.loads(resp.read())
 
@@ -135,11 +157,17 @@ class ConfigClient:
         """This device's file, else its family's (a `NVIDIA H200 NVL` reads the H200's)."""
         names = [self.device] + ([self.limits.name] if self.limits and self.limits.name != self.device else [])
         for name in names:
-            path = self.config_dir / engine_files.file_name(H=self.H, q_len=self.q_len, device=name,  # type: ignore[operator]
-                                                              dtype=self.dtype)
+            path = self.config_dir / engine_files.file_name(
+                H=self.H,
+                q_len=self.q_len,
+                device=name,  # type: ignore[operator]
+                dtype=self.dtype,
+            )
             if path.exists():
                 return path
-        raise FileNotFoundError(f"no {engine_files.file_name(H=self.H, q_len=self.q_len, device=names[-1], dtype=self.dtype)}")
+        raise FileNotFoundError(
+            f"no {engine_files.file_name(H=self.H, q_len=self.q_len, device=names[-1], dtype=self.dtype)}"
+        )
 
     def _check_kernel(self, khash: str) -> None:
         if khash != self.kernel_hash:
@@ -149,9 +177,15 @@ class ConfigClient:
         self._check_kernel(doc["kernel_hash"])
         if (doc["H"], doc["q_len"], doc["dtype"]) != (self.H, self.q_len, self.dtype):
             raise ValueError(f"file is for H={doc['H']} q_len={doc['q_len']} dtype={doc['dtype']}")
-        configs = [{**e, "bucket": {"lo": e["prefix_lo"], "hi": e["prefix_hi"]},
-                    "batch_bucket": {"index": batches.bucket_of(int(hi)).index}}
-                   for hi, entries in doc["configs"].items() for e in entries]
+        configs = [
+            {
+                **e,
+                "bucket": {"lo": e["prefix_lo"], "hi": e["prefix_hi"]},
+                "batch_bucket": {"index": batches.bucket_of(int(hi)).index},
+            }
+            for hi, entries in doc["configs"].items()
+            for e in entries
+        ]
         self._install(configs)
 
     def _load(self, table: dict) -> None:
@@ -163,9 +197,14 @@ class ConfigClient:
     def _install(self, configs: list[dict]) -> None:
         by_batch: dict[int, list[Entry]] = {}
         for c in configs:
-            by_batch.setdefault(int(c["batch_bucket"]["index"]), []).append(Entry(
-                c["bucket"]["lo"], c["bucket"]["hi"],
-                KernelConfig.from_params({k: c[k] for k in PARAM_NAMES if k in c}), c["source"]))
+            by_batch.setdefault(int(c["batch_bucket"]["index"]), []).append(
+                Entry(
+                    c["bucket"]["lo"],
+                    c["bucket"]["hi"],
+                    KernelConfig.from_params({k: c[k] for k in PARAM_NAMES if k in c}),
+                    c["source"],
+                )
+            )
         if set(by_batch) != {bb.index for bb in batches.ALL}:
             raise ValueError(f"table holds batch buckets {sorted(by_batch)}, not all {len(batches.ALL)}")
         for entries in by_batch.values():

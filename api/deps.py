@@ -7,7 +7,6 @@ from typing import Annotated
 
 from fastapi import Depends, Header, HTTPException, Request
 from sqlalchemy.orm import Session, sessionmaker
-
 from verify_tuner.errors import BadParameter
 from verify_tuner.settings import Settings
 

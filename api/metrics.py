@@ -32,21 +32,33 @@ class Metrics:
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
         Info("tuner_build", "Versions this sidecar serves.", registry=r).info(
-            {"version": version, "kernel_hash": kernel_hash, "kernel_version": kernel_version})
-        self._requests = Counter("tuner_requests", "HTTP requests by route, method and status.",
-                                 ("route", "method", "status"), registry=r)
-        self._duration = Histogram("tuner_request_duration_seconds", "Request latency by route.", ("route",),
-                                   buckets=LATENCY_BUCKETS, registry=r)
+            {"version": version, "kernel_hash": kernel_hash, "kernel_version": kernel_version}
+        )
+        self._requests = Counter(
+            "tuner_requests", "HTTP requests by route, method and status.", ("route", "method", "status"), registry=r
+        )
+        self._duration = Histogram(
+            "tuner_request_duration_seconds",
+            "Request latency by route.",
+            ("route",),
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self._lookups = Counter("tuner_lookups", "Config answers by source.", ("source",), registry=r)
         self._by_source = {s: self._lookups.labels(s) for s in SOURCES}
         self._db_errors = Counter("tuner_db_errors", "Database errors seen while serving.", registry=r)
-        self._db_path = Counter("tuner_db_path_lookups", "Lookups that read the database (no cached table, or the "
-                                "data changed); none while the data is unchanged.", registry=r)
+        self._db_path = Counter(
+            "tuner_db_path_lookups",
+            "Lookups that read the database (no cached table, or the data changed); none while the data is unchanged.",
+            registry=r,
+        )
         self._checked_at: float | None = None
-        Gauge("tuner_table_age_seconds", "Seconds since the served tables were last confirmed current against the "
-              "database (grows while the database cannot be read); -1 before the first check.",
-              registry=r).set_function(lambda: -1.0 if self._checked_at is None
-                                       else time.monotonic() - self._checked_at)
+        Gauge(
+            "tuner_table_age_seconds",
+            "Seconds since the served tables were last confirmed current against the "
+            "database (grows while the database cannot be read); -1 before the first check.",
+            registry=r,
+        ).set_function(lambda: -1.0 if self._checked_at is None else time.monotonic() - self._checked_at)
         # label children cached: the middleware then costs a dict lookup, not a labels() call
         self._children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
 
@@ -54,8 +66,10 @@ class Metrics:
         key = (route, method, status)
         child = self._children.get(key)
         if child is None:
-            child = self._children[key] = (self._requests.labels(route, method, str(status)),
-                                           self._duration.labels(route))
+            child = self._children[key] = (
+                self._requests.labels(route, method, str(status)),
+                self._duration.labels(route),
+            )
         child[0].inc()
         child[1].observe(seconds)
 

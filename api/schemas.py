@@ -6,7 +6,6 @@ import datetime as dt
 from typing import Literal
 
 from pydantic import BaseModel, Field
-
 from verify_tuner.lookup import Answer
 
 
@@ -46,10 +45,18 @@ class ConfigOut(BaseModel):
     @classmethod
     def of(cls, a: Answer) -> ConfigOut:
         b, bb = a.bucket, a.batch_bucket
-        return cls(**a.config.as_params(), source=a.source, bucket=BucketOut(index=b.index, lo=b.lo, hi=b.hi),
-                   batch_bucket=BatchBucketOut(index=bb.index, lo=bb.lo, hi=bb.hi),
-                   device=a.device, kernel_hash=a.kernel_hash, expected_us=a.expected_us,
-                   speedup_vs_default=a.speedup_vs_default, tuned_at=a.tuned_at, tuned_bucket=a.from_bucket)
+        return cls(
+            **a.config.as_params(),
+            source=a.source,
+            bucket=BucketOut(index=b.index, lo=b.lo, hi=b.hi),
+            batch_bucket=BatchBucketOut(index=bb.index, lo=bb.lo, hi=bb.hi),
+            device=a.device,
+            kernel_hash=a.kernel_hash,
+            expected_us=a.expected_us,
+            speedup_vs_default=a.speedup_vs_default,
+            tuned_at=a.tuned_at,
+            tuned_bucket=a.from_bucket,
+        )
 
 
 class ConfigTableOut(BaseModel):
@@ -63,8 +70,9 @@ class ConfigTableOut(BaseModel):
 
 class ImportOut(BaseModel):
     imported: int
-    warnings: list[str] = Field(default_factory=list,
-                                description="rows stored but never served by this kernel (another kernel hash)")
+    warnings: list[str] = Field(
+        default_factory=list, description="rows stored but never served by this kernel (another kernel hash)"
+    )
 
 
 class DeleteOut(BaseModel):

@@ -10,13 +10,12 @@ from dataclasses import dataclass, field, replace
 
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
-
-from verify_tuner.api.schemas import ConfigOut
-from verify_tuner.kernels.limits import DeviceLimits
 from verify_tuner import buckets, lookup
+from verify_tuner.api.schemas import ConfigOut
 from verify_tuner.db import repo
 from verify_tuner.db.session import session_scope
 from verify_tuner.errors import StorageError
+from verify_tuner.kernels.limits import DeviceLimits
 
 
 @dataclass(frozen=True)
@@ -61,8 +60,9 @@ class TableCache:
         self._stamp: tuple[object, ...] | None = None
         self._failure: str | None = None  # why the last background check failed
 
-    def fresh(self, *, device: str | None, default_device: str | None, H: int, q_len: int,
-              dtype: str, batch_bucket: int = 0) -> Table | None:
+    def fresh(
+        self, *, device: str | None, default_device: str | None, H: int, q_len: int, dtype: str, batch_bucket: int = 0
+    ) -> Table | None:
         """The cached table when it was built at the stamp the last background check read, or,
         while the check fails, the last good table marked stale; None (no table yet, or the data
         changed) sends the caller to `table` (threadpool, database). StorageError: the database
@@ -96,8 +96,17 @@ class TableCache:
             self._tables.clear()
             self._stamp = None
 
-    def table(self, *, sessions: sessionmaker[Session], device: str | None, default_device: str | None, H: int,
-              q_len: int, dtype: str, batch_bucket: int = 0) -> tuple[Table, bool]:
+    def table(
+        self,
+        *,
+        sessions: sessionmaker[Session],
+        device: str | None,
+        default_device: str | None,
+        H: int,
+        q_len: int,
+        dtype: str,
+        batch_bucket: int = 0,
+    ) -> tuple[Table, bool]:
         """The key's table and whether this call read the database: False when another request
         built it while this one waited for the key's build lock."""
         key = (device or default_device, H, q_len, dtype, batch_bucket)
@@ -106,11 +115,29 @@ class TableCache:
                 hit = self._tables.get(key)
                 if hit is not None and self._failure is None and hit.stamp == self._stamp:
                     return hit, False  # built meanwhile at the stamp last read
-            return self._build(key, sessions=sessions, device=device, default_device=default_device, H=H,
-                               q_len=q_len, dtype=dtype, batch_bucket=batch_bucket), True
+            return self._build(
+                key,
+                sessions=sessions,
+                device=device,
+                default_device=default_device,
+                H=H,
+                q_len=q_len,
+                dtype=dtype,
+                batch_bucket=batch_bucket,
+            ), True
 
-    def _build(self, key: tuple[object, ...], *, sessions: sessionmaker[Session], device: str | None,
-               default_device: str | None, H: int, q_len: int, dtype: str, batch_bucket: int) -> Table:
+    def _build(
+        self,
+        key: tuple[object, ...],
+        *,
+        sessions: sessionmaker[Session],
+        device: str | None,
+        default_device: str | None,
+        H: int,
+        q_len: int,
+        dtype: str,
+        batch_bucket: int,
+    ) -> Table:
         try:
             with session_scope(sessions) as session:
                 stamp = repo.data_stamp(session=session)
@@ -119,8 +146,9 @@ class TableCache:
                 if hit is not None and hit.stamp == stamp:
                     return hit
                 limits = lookup.resolve_device(session=session, name=device, default=default_device)
-                answers = lookup.table(session=session, limits=limits, H=H, q_len=q_len, dtype=dtype,
-                                       batch_buckets=[batch_bucket])
+                answers = lookup.table(
+                    session=session, limits=limits, H=H, q_len=q_len, dtype=dtype, batch_buckets=[batch_bucket]
+                )
         except (SQLAlchemyError, StorageError) as exc:
             with self._lock:
                 hit = self._tables.get(key)

@@ -18,9 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from verify_tuner.heuristic import heuristic_config
 from verify_tuner.kernels.build import SOURCE
 from verify_tuner.kernels.shapes import D_V
-from verify_tuner.heuristic import heuristic_config
 
 SHAPES = [(8, 9, 46000), (8, 1, 131072), (64, 9, 46000), (16, 9, 16384), (128, 1, 46000), (8, 9, 4096)]
 ROUNDS, REPS = 5, 30
@@ -37,7 +37,6 @@ def main() -> None:
 
     import pycuda.autoprimaryctx  # noqa: F401
     import torch
-
     from verify_tuner.kernels.launch import VerifyAttention
     from verify_tuner.kernels.limits import read_device_limits
     from verify_tuner.kernels.reference import checked_launcher, reference
@@ -50,21 +49,33 @@ def main() -> None:
         name = flag[2:].split("=", 1)[0]
         if name not in source:
             raise SystemExit(f"{flag}: the kernel source never tests {name}; the A/B would compare A with A")
-    lines = [f"# Kernel A/B: {args.label} — {limits.name} ({limits.arch}), {dt.date.today().isoformat()}", "",
-             f"A flags: `{' '.join(variants['A']) or '(none)'}`; B flags: `{' '.join(variants['B']) or '(none)'}`. "
-             f"Median over {ROUNDS} interleaved rounds of the per-round median of {REPS} launches, inputs rotated "
-             "past the L2; config = the heuristic default.", "",
-             "| H | Q | prefix | config | A µs | B µs | B/A |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Kernel A/B: {args.label} — {limits.name} ({limits.arch}), {dt.date.today().isoformat()}",
+        "",
+        f"A flags: `{' '.join(variants['A']) or '(none)'}`; B flags: `{' '.join(variants['B']) or '(none)'}`. "
+        f"Median over {ROUNDS} interleaved rounds of the per-round median of {REPS} launches, inputs rotated "
+        "past the L2; config = the heuristic default.",
+        "",
+        "| H | Q | prefix | config | A µs | B µs | B/A |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for H, Q, P in SHAPES:
         cfg = heuristic_config(limits, H=H, q_len=Q, prefix=P)
         sets = rotating_inputs(prefix_lens=[P], q_len=Q, H=H, l2_bytes=limits.l2_bytes, seed=H + Q + P)
         ref = reference(sets[0])[0]
         out = torch.empty(1, Q, H, D_V, dtype=torch.bfloat16, device="cuda")
         launchers = {
-            name: checked_launcher(VerifyAttention(cfg, H=H, q_len=Q, limits=limits, max_batch=1,
-                                                   cache_dir=Path(args.cache), extra_flags=flags),
-                                   sets, out, ref, f"variant {name} at H={H} Q={Q} P={P} {cfg}")
-            for name, flags in variants.items()}
+            name: checked_launcher(
+                VerifyAttention(
+                    cfg, H=H, q_len=Q, limits=limits, max_batch=1, cache_dir=Path(args.cache), extra_flags=flags
+                ),
+                sets,
+                out,
+                ref,
+                f"variant {name} at H={H} Q={Q} P={P} {cfg}",
+            )
+            for name, flags in variants.items()
+        }
         med = interleaved_medians(launchers, len(sets), rounds=ROUNDS, reps=REPS)
         a, b = med["A"], med["B"]
         lines.append(f"| {H} | {Q} | {P} | {cfg} | {a:.1f} | {b:.1f} | {b / a:.3f} |")

@@ -31,12 +31,11 @@ def time_defaults(shapes: list[tuple[int, int, int]], cache: str) -> list[dict]:
     import pycuda.autoprimaryctx  # noqa: F401
     import pycuda.driver as cuda
     import torch
-
+    from verify_tuner.heuristic import heuristic_config
     from verify_tuner.kernels.launch import VerifyAttention
     from verify_tuner.kernels.limits import read_device_limits
     from verify_tuner.kernels.reference import poisoned_run_error, reference
     from verify_tuner.kernels.timing import rotating_inputs
-    from verify_tuner.heuristic import heuristic_config
 
     spec = importlib.util.spec_from_file_location("_ab_timing", HERE / "kernels" / "timing.py")
     timing = importlib.util.module_from_spec(spec)
@@ -56,8 +55,18 @@ def time_defaults(shapes: list[tuple[int, int, int]], cache: str) -> list[dict]:
 
         err = poisoned_run_error(lambda: launch(0), out, reference(sets[0])[0])
         t = timing.time_graph(launch, len(sets), stream=stream)
-        rows.append({"H": H, "Q": Q, "prefix": P, "config": str(cfg), "rel_err": err, "us": t.median_us,
-                     "p10_us": t.p10_us, "p90_us": t.p90_us})
+        rows.append(
+            {
+                "H": H,
+                "Q": Q,
+                "prefix": P,
+                "config": str(cfg),
+                "rel_err": err,
+                "us": t.median_us,
+                "p10_us": t.p10_us,
+                "p90_us": t.p90_us,
+            }
+        )
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
         va = sets = launch = None
         torch.cuda.empty_cache()
@@ -78,8 +87,13 @@ def main() -> None:
     if args.base_tree is None:
         ap.error("--base-tree is required")
     env = {**os.environ, "PYTHONPATH": f"{args.base_tree.resolve()}:{os.environ.get('PYTHONPATH', '')}"}
-    child = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", "--cache", args.cache], env=env,
-                           cwd=args.base_tree, capture_output=True, text=True)
+    child = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--worker", "--cache", args.cache],
+        env=env,
+        cwd=args.base_tree,
+        capture_output=True,
+        text=True,
+    )
     if child.returncode != 0:
         raise SystemExit(f"base tree failed:\n{child.stderr[-3000:]}")
     base = json.loads(child.stdout.strip().splitlines()[-1])
@@ -88,16 +102,27 @@ def main() -> None:
     from verify_tuner.kernels.limits import read_device_limits
 
     limits = read_device_limits(0)
-    rev = args.base_label or subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=args.base_tree,
-                                            capture_output=True, text=True).stdout.strip() or str(args.base_tree)
-    lines = [f"# Kernel A/B: this tree vs {rev} — {limits.name} ({limits.arch}), {dt.date.today().isoformat()}", "",
-             "Each side at its own heuristic default; µs per partial + reduce pair, median of CUDA-graph replays, "
-             "inputs rotated past the L2; rel. error against the fp32 reference.", "",
-             "| H | Q | prefix | base µs | base err | new µs | new err | speedup | base config | new config |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    rev = (
+        args.base_label
+        or subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=args.base_tree, capture_output=True, text=True
+        ).stdout.strip()
+        or str(args.base_tree)
+    )
+    lines = [
+        f"# Kernel A/B: this tree vs {rev} — {limits.name} ({limits.arch}), {dt.date.today().isoformat()}",
+        "",
+        "Each side at its own heuristic default; µs per partial + reduce pair, median of CUDA-graph replays, "
+        "inputs rotated past the L2; rel. error against the fp32 reference.",
+        "",
+        "| H | Q | prefix | base µs | base err | new µs | new err | speedup | base config | new config |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for b, n in zip(base, new):
-        lines.append(f"| {n['H']} | {n['Q']} | {n['prefix']} | {b['us']:.1f} | {b['rel_err']:.1e} | {n['us']:.1f} | "
-                     f"{n['rel_err']:.1e} | {b['us'] / n['us']:.2f}x | {b['config']} | {n['config']} |")
+        lines.append(
+            f"| {n['H']} | {n['Q']} | {n['prefix']} | {b['us']:.1f} | {b['rel_err']:.1e} | {n['us']:.1f} | "
+            f"{n['rel_err']:.1e} | {b['us'] / n['us']:.2f}x | {b['config']} | {n['config']} |"
+        )
     print("\n".join(lines))
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / f"ab_versions_{limits.arch}"

@@ -16,13 +16,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from verify_tuner.kernels.build import precompile
-from verify_tuner.kernels.shapes import floor_bytes as bytes_moved_once
-from verify_tuner.kernels.shapes import flops
-from verify_tuner.kernels.config import KernelConfig
-from verify_tuner.kernels.validate import check
 from verify_tuner import space
 from verify_tuner.heuristic import heuristic_config
+from verify_tuner.kernels.build import precompile
+from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.shapes import floor_bytes as bytes_moved_once
+from verify_tuner.kernels.shapes import flops
+from verify_tuner.kernels.validate import check
 
 HS, QS, PREFIXES = (8, 16, 64, 128), (1, 9), (1024, 4096, 16384, 46000, 131072)
 
@@ -56,15 +56,17 @@ def main() -> None:
     import pycuda.autoprimaryctx  # noqa: F401
     import pycuda.driver as cuda
     import torch
-
     from verify_tuner.kernels.launch import VerifyAttention
     from verify_tuner.kernels.limits import read_device_limits
     from verify_tuner.kernels.reference import naive_torch, poisoned_run_error, reference
     from verify_tuner.kernels.timing import copy_bandwidth, rotating_inputs, time_graph, time_launches
 
     limits = read_device_limits(0)
-    shapes = [(8, 9, 46000), (64, 9, 46000), (8, 1, 131072)] if args.quick else [
-        (H, Q, P) for H in HS for Q in QS for P in PREFIXES]
+    shapes = (
+        [(8, 9, 46000), (64, 9, 46000), (8, 1, 131072)]
+        if args.quick
+        else [(H, Q, P) for H in HS for Q in QS for P in PREFIXES]
+    )
     plans = {}
     for H, Q, P in shapes:
         base = heuristic_config(limits, H=H, q_len=Q, prefix=P)
@@ -100,15 +102,27 @@ def main() -> None:
         partial_us = time_graph(partial_only, len(sets), stream=stream).median_us
         floor_bytes = bytes_moved_once([P], q_len=Q, H=H)
         row = {
-            "H": H, "Q": Q, "prefix": P, "floor_us": floor_bytes / bw * 1e6,
-            "naive_us": naive.median_us, "default_us": results[base].median_us if base in results else None,
-            "default": str(base), "best_us": results[best_cfg].median_us, "best": str(best_cfg),
-            "best_p10_us": results[best_cfg].p10_us, "best_p90_us": results[best_cfg].p90_us,
-            "n_configs": len(results), "gflop": flops([P], q_len=Q, H=H) / 1e9, "best_partial_us": partial_us,
+            "H": H,
+            "Q": Q,
+            "prefix": P,
+            "floor_us": floor_bytes / bw * 1e6,
+            "naive_us": naive.median_us,
+            "default_us": results[base].median_us if base in results else None,
+            "default": str(base),
+            "best_us": results[best_cfg].median_us,
+            "best": str(best_cfg),
+            "best_p10_us": results[best_cfg].p10_us,
+            "best_p90_us": results[best_cfg].p90_us,
+            "n_configs": len(results),
+            "gflop": flops([P], q_len=Q, H=H) / 1e9,
+            "best_partial_us": partial_us,
         }
         rows.append(row)
-        print(f"H={H:4d} Q={Q:2d} P={P:7d} floor {row['floor_us']:7.1f} naive {row['naive_us']:8.1f} "
-              f"default {row['default_us'] or float('nan'):8.1f} best {row['best_us']:8.1f}  {best_cfg}", flush=True)
+        print(
+            f"H={H:4d} Q={Q:2d} P={P:7d} floor {row['floor_us']:7.1f} naive {row['naive_us']:8.1f} "
+            f"default {row['default_us'] or float('nan'):8.1f} best {row['best_us']:8.1f}  {best_cfg}",
+            flush=True,
+        )
         sets = []  # free the inputs before the next shape
         torch.cuda.empty_cache()
     write_results(args.out, limits, bw, rows, quick=args.quick)
@@ -120,8 +134,10 @@ def write_results(out: Path, limits, bw: float, rows: list[dict], *, quick: bool
     stem = f"kernel_{'quick_' if quick else ''}{limits.arch}"
     meta = {"device": limits.name, "arch": limits.arch, "date": stamp, "copy_bw_GBps": bw / 1e9, "rows": rows}
     (out / f"{stem}.json").write_text(json.dumps(meta, indent=1))
-    geo = math.exp(sum(math.log(r["default_us"] / r["best_us"]) for r in rows if r["default_us"])
-                   / max(1, sum(1 for r in rows if r["default_us"])))
+    geo = math.exp(
+        sum(math.log(r["default_us"] / r["best_us"]) for r in rows if r["default_us"])
+        / max(1, sum(1 for r in rows if r["default_us"]))
+    )
     worst = max((r["default_us"] / r["best_us"] for r in rows if r["default_us"]), default=float("nan"))
     lines = [
         f"# Verify-attention kernel benchmark — {limits.name} ({limits.arch}), {stamp}",
@@ -163,14 +179,18 @@ def plot(path: Path, limits, rows: list[dict]) -> None:
     for ax, (H, Q) in zip(axes.flat, keys):
         rs = sorted((r for r in rows if (r["H"], r["Q"]) == (H, Q)), key=lambda r: r["prefix"])
         x = [r["prefix"] for r in rs]
-        for key, label, style in (("floor_us", "memory floor", "k--"), ("naive_us", "naive torch", "r-o"),
-                                  ("default_us", "heuristic default", "b-s"), ("best_us", "best of sweep", "g-^")):
+        for key, label, style in (
+            ("floor_us", "memory floor", "k--"),
+            ("naive_us", "naive torch", "r-o"),
+            ("default_us", "heuristic default", "b-s"),
+            ("best_us", "best of sweep", "g-^"),
+        ):
             ax.plot(x, [r[key] if r[key] else float("nan") for r in rs], style, label=label, ms=4)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_title(f"H={H} Q={Q}")
         ax.set_xlabel("prefix tokens")
-        ax.grid(True, which="both", alpha=.3)
+        ax.grid(True, which="both", alpha=0.3)
     for row in axes:
         row[0].set_ylabel("µs")
     axes[0][0].legend(fontsize=7)

@@ -45,19 +45,20 @@ def main() -> None:
     args = ap.parse_args()
 
     from fastapi.testclient import TestClient
-
+    from verify_tuner import batches
     from verify_tuner.api.app import create_app
     from verify_tuner.api.routes.config import _table_body
     from verify_tuner.api.schemas import ConfigOut, ConfigTableOut
-    from verify_tuner import batches
     from verify_tuner.db import migrate
     from verify_tuner.settings import Settings
 
     url = f"sqlite:///{tempfile.mkdtemp()}/bench.db"
     migrate.upgrade(url)
-    paths = {"/configs all_batches": "/configs?H=8&q_len=9&device=h200&all_batches=true",
-             "/configs one batch bucket": "/configs?H=8&q_len=9&device=h200",
-             "/config one lookup": "/config?H=8&q_len=9&prefix=46000&device=h200"}
+    paths = {
+        "/configs all_batches": "/configs?H=8&q_len=9&device=h200&all_batches=true",
+        "/configs one batch bucket": "/configs?H=8&q_len=9&device=h200",
+        "/config one lookup": "/config?H=8&q_len=9&prefix=46000&device=h200",
+    }
     app = create_app(Settings(database_url=url))
     result: dict[str, object] = {}
     with TestClient(app) as c:
@@ -66,14 +67,26 @@ def main() -> None:
             result[name] = {"bytes": size, "ms_per_request_testclient": _ms(lambda p=path: c.get(p), args.requests)}
             print(f"{name:28s} {result[name]['ms_per_request_testclient']:6.2f} ms/request ({size} B)", flush=True)
         cache = app.state.tables
-        tables = [cache.fresh(device="h200", default_device=None, H=8, q_len=9, dtype="bf16", batch_bucket=b.index)
-                  for b in batches.ALL]
+        tables = [
+            cache.fresh(device="h200", default_device=None, H=8, q_len=9, dtype="bf16", batch_bucket=b.index)
+            for b in batches.ALL
+        ]
         assert all(t is not None for t in tables)
 
     def rendered() -> bytes:  # the route before: a model of every answer, serialised, hashed
         answers = [a for t in tables for a in t.answers]
-        body = ConfigTableOut(device=tables[0].limits.name, kernel_hash=answers[0].kernel_hash, dtype="bf16", H=8,
-                              q_len=9, configs=[ConfigOut.of(a) for a in answers]).model_dump_json().encode()
+        body = (
+            ConfigTableOut(
+                device=tables[0].limits.name,
+                kernel_hash=answers[0].kernel_hash,
+                dtype="bf16",
+                H=8,
+                q_len=9,
+                configs=[ConfigOut.of(a) for a in answers],
+            )
+            .model_dump_json()
+            .encode()
+        )
         hashlib.sha256(body).hexdigest()
         return body
 
@@ -83,12 +96,19 @@ def main() -> None:
         return body
 
     assert rendered() == spliced()
-    result["all_batches body + ETag, ms"] = {"rendered per request": _ms(rendered, args.requests),
-                                            "spliced from the tables": _ms(spliced, args.requests)}
+    result["all_batches body + ETag, ms"] = {
+        "rendered per request": _ms(rendered, args.requests),
+        "spliced from the tables": _ms(spliced, args.requests),
+    }
     print(f"all_batches body + ETag: {result['all_batches body + ETag, ms']}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    meta = {"date": dt.date.today().isoformat(), "machine": f"{platform.node()} {os.cpu_count()} cores",
-            "python": platform.python_version(), "requests_per_round": args.requests, "results": result}
+    meta = {
+        "date": dt.date.today().isoformat(),
+        "machine": f"{platform.node()} {os.cpu_count()} cores",
+        "python": platform.python_version(),
+        "requests_per_round": args.requests,
+        "results": result,
+    }
     (args.out / "configs_body_cost.json").write_text(json.dumps(meta, indent=1) + "\n")
 
 

@@ -23,7 +23,6 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
     args = ap.parse_args()
     import torch
-
     from verify_tuner.kernels.timing import copy_bandwidth
 
     rows = []
@@ -31,8 +30,10 @@ def main() -> None:
     for n in (46009, 131073):
         sets = 4
         kv = [torch.randn(n, D_QK, device="cuda").to(torch.bfloat16) for _ in range(sets)]
-        idx = {"scattered": [torch.randperm(n, device="cuda") for _ in range(sets)],
-               "contiguous": [torch.arange(n, device="cuda") for _ in range(sets)]}
+        idx = {
+            "scattered": [torch.randperm(n, device="cuda") for _ in range(sets)],
+            "contiguous": [torch.arange(n, device="cuda") for _ in range(sets)],
+        }
         out = torch.empty(n, D_QK, dtype=torch.bfloat16, device="cuda")
         for layout, ids in idx.items():
             for k in range(sets):
@@ -48,8 +49,10 @@ def main() -> None:
             us = start.elapsed_time(stop) * 1000 / reps
             gbps = 2 * n * 1152 / us / 1e3
             rows.append({"rows": n, "layout": layout, "us": us, "GBps_rw": gbps, "vs_copy": gbps / (copy / 1e9)})
-            print(f"{n:7d} rows {layout:10s} {us:7.1f} us  {gbps:6.0f} GB/s (r+w)  {gbps / (copy / 1e9):.2f} of copy",
-                  flush=True)
+            print(
+                f"{n:7d} rows {layout:10s} {us:7.1f} us  {gbps:6.0f} GB/s (r+w)  {gbps / (copy / 1e9):.2f} of copy",
+                flush=True,
+            )
         del kv, idx, out
         torch.cuda.empty_cache()
     name = torch.cuda.get_device_name()

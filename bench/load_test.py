@@ -45,8 +45,10 @@ async def _get(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host:
     return int(status_line.split()[1])
 
 
-TARGETS = {"config": "GET /config (random prefix)",
-           "configs_all": "GET /configs?all_batches=true (every batch bucket's table, ~113 KB: a worker's startup fetch)"}
+TARGETS = {
+    "config": "GET /config (random prefix)",
+    "configs_all": "GET /configs?all_batches=true (every batch bucket's table, ~113 KB: a worker's startup fetch)",
+}
 
 
 def _path(target: str, rng: random.Random) -> str:
@@ -55,8 +57,16 @@ def _path(target: str, rng: random.Random) -> str:
     return f"/config?H=8&q_len=9&prefix={rng.randrange(0, 200_000)}"
 
 
-async def client(base: str, n: int, rate: float, deadline: float, lat: list[float], errors: list[str],
-                 rng: random.Random, target: str = "config") -> None:
+async def client(
+    base: str,
+    n: int,
+    rate: float,
+    deadline: float,
+    lat: list[float],
+    errors: list[str],
+    rng: random.Random,
+    target: str = "config",
+) -> None:
     host, port = base.removeprefix("http://").split(":")
     await asyncio.sleep(rng.random() / rate if rate > 0 else 0)  # spread the first requests
     reader, writer = await asyncio.open_connection(host, int(port))
@@ -100,14 +110,26 @@ async def run(base: str, clients: int, requests: int, rate: float, max_s: float,
     db_before = _db_path_lookups(base)
     deadline = time.monotonic() + max_s
     t0 = time.perf_counter()
-    await asyncio.gather(*(client(base, requests, rate, deadline, lat, errors, random.Random(i), target)
-                           for i in range(clients)))
+    await asyncio.gather(
+        *(client(base, requests, rate, deadline, lat, errors, random.Random(i), target) for i in range(clients))
+    )
     wall = time.perf_counter() - t0
     q = statistics.quantiles(lat, n=100)
-    return {"clients": clients, "requests_per_client": requests, "rate_per_client": rate, "sent": len(lat),
-            "errors": len(errors), "error_kinds": sorted(set(errors)), "wall_s": wall, "req_per_s": len(lat) / wall,
-            "p50_ms": q[49] * 1e3, "p90_ms": q[89] * 1e3, "p99_ms": q[98] * 1e3, "max_ms": max(lat) * 1e3,
-            "db_path_lookups": _db_path_lookups(base) - db_before}
+    return {
+        "clients": clients,
+        "requests_per_client": requests,
+        "rate_per_client": rate,
+        "sent": len(lat),
+        "errors": len(errors),
+        "error_kinds": sorted(set(errors)),
+        "wall_s": wall,
+        "req_per_s": len(lat) / wall,
+        "p50_ms": q[49] * 1e3,
+        "p90_ms": q[89] * 1e3,
+        "p99_ms": q[98] * 1e3,
+        "max_ms": max(lat) * 1e3,
+        "db_path_lookups": _db_path_lookups(base) - db_before,
+    }
 
 
 def main() -> None:
@@ -117,19 +139,29 @@ def main() -> None:
     ap.add_argument("--rate", type=float, nargs="+", default=[2.0, 10.0, 0.0])
     ap.add_argument("--max-seconds", type=float, default=60.0)
     ap.add_argument("--repeat", type=int, default=1, help="runs per rate (each its own row)")
-    ap.add_argument("--target", choices=sorted(TARGETS), default="config",
-                    help="what the clients request; results go to load_test.* (config) or load_test_<target>.*")
+    ap.add_argument(
+        "--target",
+        choices=sorted(TARGETS),
+        default="config",
+        help="what the clients request; results go to load_test.* (config) or load_test_<target>.*",
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp())
     env = {"TUNER_DATABASE_URL": f"sqlite:///{tmp / 'c.db'}", "TUNER_DEVICE": "h200"}
     full = {**os.environ, **env}
     subprocess.run([sys.executable, "-m", "tuner", "db", "upgrade"], env=full, check=True, capture_output=True)
-    rows = [{"device": "h200", "H": 8, "q_len": 9, "prefix": p, "NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256}
-            for p in (1024, 4096, 16384, 46000, 131072)]
+    rows = [
+        {"device": "h200", "H": 8, "q_len": 9, "prefix": p, "NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256}
+        for p in (1024, 4096, 16384, 46000, 131072)
+    ]
     (tmp / "rows.json").write_text(json.dumps(rows))
-    subprocess.run([sys.executable, "-m", "tuner", "configs", "import", str(tmp / "rows.json")], env=full, check=True,
-                   capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "tuner", "configs", "import", str(tmp / "rows.json")],
+        env=full,
+        check=True,
+        capture_output=True,
+    )
     port = free_port()
     results = []
     with running_server(env, port=port):
@@ -139,8 +171,9 @@ def main() -> None:
         time.sleep(0.5)
         for rate in args.rate:
             for _ in range(args.repeat):
-                res = asyncio.run(run(f"http://127.0.0.1:{port}", args.clients, args.requests, rate, args.max_seconds,
-                                      args.target))
+                res = asyncio.run(
+                    run(f"http://127.0.0.1:{port}", args.clients, args.requests, rate, args.max_seconds, args.target)
+                )
                 results.append(res)
                 print(json.dumps(res))
     write(args.out, results, args.target)
@@ -148,24 +181,37 @@ def main() -> None:
 
 def write(out: Path, results: list[dict], target: str = "config") -> None:
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"date": dt.date.today().isoformat(), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-            "cpu": _cpu_model(), "load_avg_at_end": os.getloadavg(), "python": platform.python_version(),
-            "results": results}
+    meta = {
+        "date": dt.date.today().isoformat(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "cpu": _cpu_model(),
+        "load_avg_at_end": os.getloadavg(),
+        "python": platform.python_version(),
+        "results": results,
+    }
     stem = "load_test" if target == "config" else f"load_test_{target}"
     (out / f"{stem}.json").write_text(json.dumps(meta | {"target": target}, indent=1))
-    lines = [f"# Load test of `tuner serve` — {meta['date']}, {meta['machine']} (server and clients share them)",
-             "", f"CPU: {meta['cpu']}; Python {meta['python']}.", "", f"{TARGETS[target]} over loopback to one `tuner serve` "
-             "process (uvicorn, SQLite). Each "
-             "client holds one keep-alive connection and sends Poisson-spaced requests at the given rate; "
-             "latency is measured at the client (a minimal asyncio HTTP/1.1 client, sharing the 2 cores). "
-             "Rate 'max' = back to back: that row measures capacity, its latency is queueing.", "",
-             "| clients | rate/client (req/s) | requests | errors | req/s | p50 ms | p90 ms | p99 ms | max ms | "
-             "DB-path lookups |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Load test of `tuner serve` — {meta['date']}, {meta['machine']} (server and clients share them)",
+        "",
+        f"CPU: {meta['cpu']}; Python {meta['python']}.",
+        "",
+        f"{TARGETS[target]} over loopback to one `tuner serve` "
+        "process (uvicorn, SQLite). Each "
+        "client holds one keep-alive connection and sends Poisson-spaced requests at the given rate; "
+        "latency is measured at the client (a minimal asyncio HTTP/1.1 client, sharing the 2 cores). "
+        "Rate 'max' = back to back: that row measures capacity, its latency is queueing.",
+        "",
+        "| clients | rate/client (req/s) | requests | errors | req/s | p50 ms | p90 ms | p99 ms | max ms | "
+        "DB-path lookups |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
-        lines.append(f"| {r['clients']} | {r['rate_per_client'] or 'max'} | {r['sent']} | {r['errors']} | "
-                     f"{r['req_per_s']:.0f} | {r['p50_ms']:.2f} | {r['p90_ms']:.2f} | {r['p99_ms']:.2f} | "
-                     f"{r['max_ms']:.1f} | {r.get('db_path_lookups', '')} |")
+        lines.append(
+            f"| {r['clients']} | {r['rate_per_client'] or 'max'} | {r['sent']} | {r['errors']} | "
+            f"{r['req_per_s']:.0f} | {r['p50_ms']:.2f} | {r['p90_ms']:.2f} | {r['p99_ms']:.2f} | "
+            f"{r['max_ms']:.1f} | {r.get('db_path_lookups', '')} |"
+        )
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
 
 

@@ -62,18 +62,34 @@ def main() -> None:
     runs = []
     with tempfile.TemporaryDirectory() as cache:
         # the heuristic's cubin once, so no run below counts nvcc
-        pre = subprocess.run([sys.executable, "-c", CHILD, str(time.time()), cache], capture_output=True, text=True,
-                             env={**os.environ, "CUDA_VISIBLE_DEVICES": str(devices[0]),
-                                  "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")})
+        pre = subprocess.run(
+            [sys.executable, "-c", CHILD, str(time.time()), cache],
+            capture_output=True,
+            text=True,
+            env={
+                **os.environ,
+                "CUDA_VISIBLE_DEVICES": str(devices[0]),
+                "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""),
+            },
+        )
         if pre.returncode != 0:
             sys.exit(f"the measuring start failed:\n{pre.stderr[-3000:]}")
         for rep in range(args.repeat):
             t0 = time.time()
-            procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(t0), cache], stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True,
-                                      env={**os.environ, "CUDA_VISIBLE_DEVICES": str(d),
-                                           "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")})
-                     for d in devices]
+            procs = [
+                subprocess.Popen(
+                    [sys.executable, "-c", CHILD, str(t0), cache],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    env={
+                        **os.environ,
+                        "CUDA_VISIBLE_DEVICES": str(d),
+                        "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                    },
+                )
+                for d in devices
+            ]
             for d, p in zip(devices, procs):
                 out, err = p.communicate()
                 if p.returncode != 0:
@@ -89,8 +105,10 @@ def main() -> None:
             prev = t
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for r in real:
-        print(f"IsolatedBackend on GPU {r['gpu']} ({r['together']} at once): limits {r['limits_s']:.3f} s, "
-              f"ready {r['ready_s']:.3f} s, first measurement done {r['first_s']:.3f} s")
+        print(
+            f"IsolatedBackend on GPU {r['gpu']} ({r['together']} at once): limits {r['limits_s']:.3f} s, "
+            f"ready {r['ready_s']:.3f} s, first measurement done {r['first_s']:.3f} s"
+        )
     args.out.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "runs": runs, "isolated": real}, indent=1))
 
 
@@ -119,9 +137,18 @@ def isolated(devices: list[int], repeat: int, cache: str) -> list[dict]:
             b._await_ready()
             t_ready = time.time() - t0
             m = b.measure(cfg, wl)
-            rows.append({"repeat": rep, "gpu": d, "together": len(devices), "limits_s": round(t_lim, 3),
-                         "compiled_s": round(t_built, 3), "ready_s": round(t_ready, 3),
-                         "first_s": round(time.time() - t0, 3), "state": m.state})
+            rows.append(
+                {
+                    "repeat": rep,
+                    "gpu": d,
+                    "together": len(devices),
+                    "limits_s": round(t_lim, 3),
+                    "compiled_s": round(t_built, 3),
+                    "ready_s": round(t_ready, 3),
+                    "first_s": round(time.time() - t0, 3),
+                    "state": m.state,
+                }
+            )
             b.close()
 
         threads = [threading.Thread(target=one, args=(d,)) for d in devices]

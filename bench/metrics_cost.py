@@ -39,16 +39,24 @@ def main() -> None:
 
     rows = {"prometheus_client": per_request_us(Metrics(version="bench", kernel_hash="bench", kernel_version="2"))}
     if args.old_commit:
-        src = subprocess.run(["git", "-C", str(ROOT), "show", f"{args.old_commit}:api/metrics.py"], check=True,
-                             capture_output=True, text=True).stdout
+        src = subprocess.run(
+            ["git", "-C", str(ROOT), "show", f"{args.old_commit}:api/metrics.py"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
         with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
             f.write(src)
         spec = importlib.util.spec_from_file_location("old_metrics", f.name)
         old = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
         spec.loader.exec_module(old)  # type: ignore[union-attr]
         rows[f"hand-written ({args.old_commit})"] = per_request_us(old.Metrics())
-    res = {"date": dt.date.today().isoformat(), "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores",
-           "python": platform.python_version(), "us_per_request": rows}
+    res = {
+        "date": dt.date.today().isoformat(),
+        "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores",
+        "python": platform.python_version(),
+        "us_per_request": rows,
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "metrics_cost.json").write_text(json.dumps(res, indent=1))
     for k, v in rows.items():

@@ -45,7 +45,9 @@ def breakdown(spec: str) -> dict:
         tl = d["timeline"]
         later = [b for b in spans if b not in ("b6", "b7")]  # the first keys also pay the cold compile cache
         runs[mode] = {
-            "wall_s": d["wall_s"], "start_s": tl["first_trial_start_s"], "first_end_s": tl["first_trial_end_s"],
+            "wall_s": d["wall_s"],
+            "start_s": tl["first_trial_start_s"],
+            "first_end_s": tl["first_trial_end_s"],
             "end_s": round(d["wall_s"] - tl["last_trial_end_s"], 2),
             "keys_summed_s": round(sum(spans.values()), 1),
             "s_per_later_key": round(statistics.mean(spans[b] for b in later), 2),
@@ -61,19 +63,23 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("prefixes", nargs="+")
     args = ap.parse_args()
-    print("| run | 1 GPU wall | 2 GPUs wall | ratio | start 1 / 2 | first trial ends 1 / 2 | "
-          "s per later key 1 / 2 (trials a key) | keys summed 1 / 2 | configs measured 1 / 2 | "
-          "last keys end apart (the first done helps or waits) | end 1 / 2 |")
+    print(
+        "| run | 1 GPU wall | 2 GPUs wall | ratio | start 1 / 2 | first trial ends 1 / 2 | "
+        "s per later key 1 / 2 (trials a key) | keys summed 1 / 2 | configs measured 1 / 2 | "
+        "last keys end apart (the first done helps or waits) | end 1 / 2 |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for p in args.prefixes:
         r = breakdown(p)
         s, m = r["single"], r["multi"]
-        print(f"| {Path(p).name} | {s['wall_s']:.1f} s | {m['wall_s']:.1f} s | {r['ratio']:.2f}x | "
-              f"{s['start_s']:.1f} / {m['start_s']:.1f} s | {s['first_end_s']:.1f} / {m['first_end_s']:.1f} s | "
-              f"{s['s_per_later_key']:.2f} ({s['trials_per_later_key']}) / "
-              f"{m['s_per_later_key']:.2f} ({m['trials_per_later_key']}) s | {s['keys_summed_s']:.1f} / "
-              f"{m['keys_summed_s']:.1f} s | {s['configs'] or '-'} / {m['configs'] or '-'} | "
-              f"{m['first_done_waits_s']:.1f} s | {s['end_s']:.1f} / {m['end_s']:.1f} s |")
+        print(
+            f"| {Path(p).name} | {s['wall_s']:.1f} s | {m['wall_s']:.1f} s | {r['ratio']:.2f}x | "
+            f"{s['start_s']:.1f} / {m['start_s']:.1f} s | {s['first_end_s']:.1f} / {m['first_end_s']:.1f} s | "
+            f"{s['s_per_later_key']:.2f} ({s['trials_per_later_key']}) / "
+            f"{m['s_per_later_key']:.2f} ({m['trials_per_later_key']}) s | {s['keys_summed_s']:.1f} / "
+            f"{m['keys_summed_s']:.1f} s | {s['configs'] or '-'} / {m['configs'] or '-'} | "
+            f"{m['first_done_waits_s']:.1f} s | {s['end_s']:.1f} / {m['end_s']:.1f} s |"
+        )
 
 
 if __name__ == "__main__":

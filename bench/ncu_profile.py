@@ -30,18 +30,21 @@ def main() -> None:
     import pycuda.autoprimaryctx  # noqa: F401
     import pycuda.driver as cuda
     import torch
-
+    from verify_tuner.heuristic import heuristic_config
     from verify_tuner.kernels.launch import VerifyAttention
     from verify_tuner.kernels.limits import read_device_limits
     from verify_tuner.kernels.timing import rotating_inputs
-    from verify_tuner.heuristic import heuristic_config
 
     H, Q, P = (int(x) for x in args.shape.split(":"))
     limits = read_device_limits(0)
-    cfg = (KernelConfig.from_params(dict(kv.split("=") for kv in args.config.split())) if args.config
-           else heuristic_config(limits, H=H, q_len=Q, prefix=P))
-    va = VerifyAttention(cfg, H=H, q_len=Q, limits=limits, max_batch=1, cache_dir=Path(args.cache),
-                         extra_flags=tuple(args.flags.split()))
+    cfg = (
+        KernelConfig.from_params(dict(kv.split("=") for kv in args.config.split()))
+        if args.config
+        else heuristic_config(limits, H=H, q_len=Q, prefix=P)
+    )
+    va = VerifyAttention(
+        cfg, H=H, q_len=Q, limits=limits, max_batch=1, cache_dir=Path(args.cache), extra_flags=tuple(args.flags.split())
+    )
     sets = rotating_inputs(prefix_lens=[P], q_len=Q, H=H, l2_bytes=limits.l2_bytes, seed=1)
     out = torch.empty(1, Q, H, D_V, dtype=torch.bfloat16, device="cuda")
     stream = cuda.Stream()

@@ -63,12 +63,11 @@ def main() -> None:
 
     import optuna
     from sqlalchemy.orm import sessionmaker
-
-    from verify_tuner.kernels.limits import known_device
     from verify_tuner import buckets
     from verify_tuner.backend import Workload
     from verify_tuner.db import migrate
     from verify_tuner.db.session import make_engine
+    from verify_tuner.kernels.limits import known_device
     from verify_tuner.study import run_study
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -83,29 +82,54 @@ def main() -> None:
             for prefix in prefixes:
                 backend = Instant(limits)
                 t0 = time.perf_counter()
-                out = run_study(backend=backend, sessions=sessions, storage_url=url, seed=args.seed,
-                                workload=Workload(8, 9, prefix), n_trials=n)
+                out = run_study(
+                    backend=backend,
+                    sessions=sessions,
+                    storage_url=url,
+                    seed=args.seed,
+                    workload=Workload(8, 9, prefix),
+                    n_trials=n,
+                )
                 wall = time.perf_counter() - t0
                 st = optuna.load_study(study_name=out.key.study_name, storage=url)
                 states = [t.user_attrs.get("state") for t in st.trials]
                 invalid = sum(s == "invalid" for s in states)
-                rows.append({"trials": n, "prefix": prefix, "proposals": len(st.trials), "invalid": invalid,
-                             "measured": sum(bool(t.user_attrs.get("measured")) for t in st.trials),
-                             "wall_s": wall})
-                print(f"trials={n:3d} prefix={prefix:7d} proposals={len(st.trials):4d} invalid={invalid:4d} "
-                      f"wall={wall:6.2f}s", flush=True)
+                rows.append(
+                    {
+                        "trials": n,
+                        "prefix": prefix,
+                        "proposals": len(st.trials),
+                        "invalid": invalid,
+                        "measured": sum(bool(t.user_attrs.get("measured")) for t in st.trials),
+                        "wall_s": wall,
+                    }
+                )
+                print(
+                    f"trials={n:3d} prefix={prefix:7d} proposals={len(st.trials):4d} invalid={invalid:4d} "
+                    f"wall={wall:6.2f}s",
+                    flush=True,
+                )
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = dt.date.today().isoformat()
     (args.out / f"{args.tag}.json").write_text(json.dumps({"date": stamp, "rows": rows}, indent=1))
-    lines = [f"# Search cost per key without measuring — H=8 q=9, SQLite, this machine, {stamp}", "",
-             ("`python bench/proposal_cost.py`: each key's study against an instant backend (analytic landscape), "
-              "so the time is proposing, checking, storing and picking the winner."), "",
-             "| trials a key | keys | proposals a key | invalid share | wall s a key |", "|---|---|---|---|---|"]
+    lines = [
+        f"# Search cost per key without measuring — H=8 q=9, SQLite, this machine, {stamp}",
+        "",
+        (
+            "`python bench/proposal_cost.py`: each key's study against an instant backend (analytic landscape), "
+            "so the time is proposing, checking, storing and picking the winner."
+        ),
+        "",
+        "| trials a key | keys | proposals a key | invalid share | wall s a key |",
+        "|---|---|---|---|---|",
+    ]
     for n in sorted({r["trials"] for r in rows}):
         rs = [r for r in rows if r["trials"] == n]
         props = sum(r["proposals"] for r in rs)
-        lines.append(f"| {n} | {len(rs)} | {props / len(rs):.1f} | {sum(r['invalid'] for r in rs) / props:.2f} | "
-                     f"{sum(r['wall_s'] for r in rs) / len(rs):.2f} |")
+        lines.append(
+            f"| {n} | {len(rs)} | {props / len(rs):.1f} | {sum(r['invalid'] for r in rs) / props:.2f} | "
+            f"{sum(r['wall_s'] for r in rs) / len(rs):.2f} |"
+        )
     (args.out / f"{args.tag}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

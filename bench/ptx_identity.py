@@ -21,12 +21,14 @@ sys.path.insert(0, str(ROOT))
 from verify_tuner.kernels.build import NVCC_FLAGS, SOURCE, nvcc_path
 from verify_tuner.kernels.config import KernelConfig
 
-CONFIGS = [(KernelConfig(132, 8, 32, 256, stages=3, wr=2, wk=2, sf=1, pipe=3), 9),
-           (KernelConfig(132, 8, 32, 256, stages=2, wr=2, wk=4, pipe=1), 9),
-           (KernelConfig(64, 4, 32, 256, stages=3, wr=2, wk=2, pipe=0), 9),
-           (KernelConfig(264, 8, 32, 256, stages=2, wr=1, wk=4, pipe=1), 1),
-           (KernelConfig(5, 1, 16, 256, stages=3, wr=1, wk=4, pipe=3), 9),
-           (KernelConfig(94, 4, 16, 256, stages=2, wr=4, wk=2, pipe=1), 9)]
+CONFIGS = [
+    (KernelConfig(132, 8, 32, 256, stages=3, wr=2, wk=2, sf=1, pipe=3), 9),
+    (KernelConfig(132, 8, 32, 256, stages=2, wr=2, wk=4, pipe=1), 9),
+    (KernelConfig(64, 4, 32, 256, stages=3, wr=2, wk=2, pipe=0), 9),
+    (KernelConfig(264, 8, 32, 256, stages=2, wr=1, wk=4, pipe=1), 1),
+    (KernelConfig(5, 1, 16, 256, stages=3, wr=1, wk=4, pipe=3), 9),
+    (KernelConfig(94, 4, 16, 256, stages=2, wr=4, wk=2, pipe=1), 9),
+]
 ARCHES = ("sm_80", "sm_90", "sm_120")
 
 
@@ -37,10 +39,12 @@ def _ptx(source: str, cfg: KernelConfig, q_len: int, arch: str) -> str:
         src, out = Path(d) / "k.cu", Path(d) / "k.ptx"
         src.write_text(text)
         flags = [f for f in NVCC_FLAGS if f != "-lineinfo"]
-        subprocess.run([nvcc_path(), "-ptx", f"-arch={arch}", *flags, "-o", str(out), str(src)], check=True,
-                       capture_output=True)
-        return "\n".join(line for line in out.read_text().splitlines()
-                         if not line.strip().startswith((".loc", ".file", "//")))
+        subprocess.run(
+            [nvcc_path(), "-ptx", f"-arch={arch}", *flags, "-o", str(out), str(src)], check=True, capture_output=True
+        )
+        return "\n".join(
+            line for line in out.read_text().splitlines() if not line.strip().startswith((".loc", ".file", "//"))
+        )
 
 
 def main() -> None:
@@ -49,8 +53,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args()
     rel = SOURCE.relative_to(ROOT)
-    base = subprocess.run(["git", "-C", str(ROOT), "show", f"{args.base}:{rel}"], capture_output=True, text=True,
-                          check=True).stdout
+    base = subprocess.run(
+        ["git", "-C", str(ROOT), "show", f"{args.base}:{rel}"], capture_output=True, text=True, check=True
+    ).stdout
     here = SOURCE.read_text()
     rows = []
     for cfg, q in CONFIGS:
@@ -58,11 +63,20 @@ def main() -> None:
             same = _ptx(base, cfg, q, arch) == _ptx(here, cfg, q, arch)
             rows.append(f"| {arch} | {q} | {cfg} | {'identical' if same else 'DIFFERENT'} |")
             print(rows[-1], flush=True)
-    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True, check=True).stdout.strip()
-    lines = [f"# PTX of {rel} at {head} (working tree) vs {args.base} — {dt.date.today().isoformat()}", "",
-             (f"`python bench/ptx_identity.py --base {args.base}`; nvcc {' '.join(NVCC_FLAGS)} without "
-              "-lineinfo, `.loc`/`.file`/comment lines stripped."), "", "| arch | q_len | config | PTX |", "|---|---|---|---|"]
+    head = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    lines = [
+        f"# PTX of {rel} at {head} (working tree) vs {args.base} — {dt.date.today().isoformat()}",
+        "",
+        (
+            f"`python bench/ptx_identity.py --base {args.base}`; nvcc {' '.join(NVCC_FLAGS)} without "
+            "-lineinfo, `.loc`/`.file`/comment lines stripped."
+        ),
+        "",
+        "| arch | q_len | config | PTX |",
+        "|---|---|---|---|",
+    ]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "ptx_identity.md").write_text("\n".join(lines + rows) + "\n")
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from verify_tuner.heuristic import BANDWIDTH_ROWS, heuristic_config
 from verify_tuner.kernels.build import compile_cubin, nvcc_version, ptxas_report
 from verify_tuner.kernels.limits import known_device
 from verify_tuner.kernels.validate import smem_bytes
-from verify_tuner.heuristic import BANDWIDTH_ROWS, heuristic_config
 
 SHAPES = [(8, 9, 46000), (64, 9, 46000), (8, 9, 4096), (8, 1, 131072), (8, 64, 46000), (1, 33, 5000)]
 DEVICES = ["h200", "rtx-pro-6000"]
@@ -33,19 +33,25 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
     args = ap.parse_args()
-    lines = [f"# ptxas report of the heuristic defaults — {dt.date.today().isoformat()}, {nvcc_version()}", "",
-             "| device | arch | H | q_len | prefix | mode | rows | registers | spill stores/loads | smem KB "
-             "(limit) | config |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# ptxas report of the heuristic defaults — {dt.date.today().isoformat()}, {nvcc_version()}",
+        "",
+        "| device | arch | H | q_len | prefix | mode | rows | registers | spill stores/loads | smem KB "
+        "(limit) | config |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         for name in DEVICES:
             limits = known_device(name)
             for H, q, P in SHAPES:
                 cfg = heuristic_config(limits, H=H, q_len=q, prefix=P)
                 r = ptxas_report(compile_cubin(cfg, q, limits.arch, Path(tmp)).ptxas_log)
-                lines.append(f"| {name} | {limits.arch} | {H} | {q} | {P} | {mode(cfg, q)} | "
-                             f"{cfg.ht * cfg.row_tile(q)} | {r['registers']} | "
-                             f"{r['spill_stores']}/{r['spill_loads']} | "
-                             f"{smem_bytes(cfg, q) / 1024:.1f} ({limits.max_smem_optin // 1024}) | {cfg} |")
+                lines.append(
+                    f"| {name} | {limits.arch} | {H} | {q} | {P} | {mode(cfg, q)} | "
+                    f"{cfg.ht * cfg.row_tile(q)} | {r['registers']} | "
+                    f"{r['spill_stores']}/{r['spill_loads']} | "
+                    f"{smem_bytes(cfg, q) / 1024:.1f} ({limits.max_smem_optin // 1024}) | {cfg} |"
+                )
                 print(lines[-1], flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "ptxas_defaults.md").write_text("\n".join(lines) + "\n")

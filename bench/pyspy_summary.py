@@ -15,12 +15,35 @@ import gzip
 import re
 from pathlib import Path
 
-FUNCS = ["Search.objective", "WarmFirst.sample_relative", "TPESampler._sample", "Study.add_trial",
-         "Search.record", "Search._measure", "IsolatedBackend.measure", "compile_cubin", "Condition.wait",
-         "Trial.suggest_categorical", "Search._measured_before", "DefaultDialect.do_execute",
-         "DefaultDialect.do_commit", "pick_winner"]
-STORAGE = ("RDBStorage.", "_CachedStorage.", "Search.", "record_trial", "Ledger", "Study.", "WarmFirst",
-           "TPESampler", "_claim", "pick_winner", "_beating")
+FUNCS = [
+    "Search.objective",
+    "WarmFirst.sample_relative",
+    "TPESampler._sample",
+    "Study.add_trial",
+    "Search.record",
+    "Search._measure",
+    "IsolatedBackend.measure",
+    "compile_cubin",
+    "Condition.wait",
+    "Trial.suggest_categorical",
+    "Search._measured_before",
+    "DefaultDialect.do_execute",
+    "DefaultDialect.do_commit",
+    "pick_winner",
+]
+STORAGE = (
+    "RDBStorage.",
+    "_CachedStorage.",
+    "Search.",
+    "record_trial",
+    "Ledger",
+    "Study.",
+    "WarmFirst",
+    "TPESampler",
+    "_claim",
+    "pick_winner",
+    "_beating",
+)
 
 
 def _stacks(path: Path):  # type: ignore[no-untyped-def]

@@ -27,16 +27,21 @@ def main() -> None:
     ap.add_argument("--prefix", type=int, default=46000)
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
     ap.add_argument("--cache", type=Path, default=Path("/tmp/va-cache"))
-    ap.add_argument("--only", action="append", default=[], metavar="NAME=V1,V2",
-                    help="keep only these values of a constant (repeatable)")
+    ap.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="NAME=V1,V2",
+        help="keep only these values of a constant (repeatable)",
+    )
     args = ap.parse_args()
     restrict = {k.upper(): [int(v) for v in vals.split(",")] for k, vals in (o.split("=", 1) for o in args.only)}
 
-    from verify_tuner.kernels.build import precompile
-    from verify_tuner.kernels.limits import read_device_limits
     from verify_tuner import space
     from verify_tuner.backend import Workload
     from verify_tuner.gpu import GpuMeasurer
+    from verify_tuner.kernels.build import precompile
+    from verify_tuner.kernels.limits import read_device_limits
 
     limits = read_device_limits(0)
     valid = space.valid_configs(limits, H=args.H, q_len=args.q_len, restrict=restrict)
@@ -50,18 +55,39 @@ def main() -> None:
     t0 = time.perf_counter()
     for cfg in valid:
         r = m.measure(cfg, wl)
-        rows.append({**cfg.as_params(), "state": r.state, "median_us": r.median_us, "p10_us": r.p10_us,
-                     "p90_us": r.p90_us, "reason": r.reason})
+        rows.append(
+            {
+                **cfg.as_params(),
+                "state": r.state,
+                "median_us": r.median_us,
+                "p10_us": r.p10_us,
+                "p90_us": r.p90_us,
+                "reason": r.reason,
+            }
+        )
     t_measure = time.perf_counter() - t0
     ok = [r for r in rows if r["state"] == "ok"]
     best = min(ok, key=lambda r: r["median_us"])
     print(f"measured {len(rows)} in {t_measure:.0f} s: {len(ok)} ok, best {best}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     name = f"sweep_H{args.H}_q{args.q_len}_p{args.prefix}_{limits.arch}.json"
-    (args.out / name).write_text(json.dumps({
-        "device": limits.name, "arch": limits.arch, "date": dt.date.today().isoformat(), "H": args.H,
-        "q_len": args.q_len, "prefix": args.prefix, "n_valid": len(valid), "compile_s": t_compile,
-        "measure_s": t_measure, "rows": rows}, indent=0))
+    (args.out / name).write_text(
+        json.dumps(
+            {
+                "device": limits.name,
+                "arch": limits.arch,
+                "date": dt.date.today().isoformat(),
+                "H": args.H,
+                "q_len": args.q_len,
+                "prefix": args.prefix,
+                "n_valid": len(valid),
+                "compile_s": t_compile,
+                "measure_s": t_measure,
+                "rows": rows,
+            },
+            indent=0,
+        )
+    )
 
 
 if __name__ == "__main__":

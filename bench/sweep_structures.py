@@ -26,15 +26,37 @@ from verify_tuner.kernels.validate import check
 
 TARGETS = [(8, 9, 46000), (16, 9, 46000), (64, 9, 46000), (128, 9, 46000), (8, 1, 131072), (8, 9, 4096)]
 # (TK, BLOCK, STAGES, WR, WK, PIPE) per row count class
-COMPUTE = [(32, 256, 2, 2, 4, 1), (32, 256, 2, 2, 4, 0), (32, 256, 3, 2, 2, 1), (32, 256, 3, 2, 2, 0),
-           (32, 256, 2, 4, 2, 1), (16, 256, 4, 2, 4, 1), (32, 256, 4, 1, 4, 1), (16, 256, 2, 2, 4, 1)]
-BANDWIDTH = [(32, 256, 2, 1, 4, 1), (32, 256, 2, 1, 4, 0), (32, 256, 3, 1, 4, 1), (32, 256, 4, 1, 4, 0),
-             (16, 128, 3, 1, 4, 1), (16, 128, 4, 1, 4, 1), (64, 256, 2, 1, 2, 1), (32, 128, 3, 1, 2, 1)]
-PHASES = [("whole", (), True), ("partial only", (), False), ("no QK", ("-DVA_PROFILE_SKIP_QK",), False),
-          ("no softmax", ("-DVA_PROFILE_SKIP_SOFTMAX",), False), ("no PV", ("-DVA_PROFILE_SKIP_PV",), False),
-          ("loads only", ("-DVA_PROFILE_SKIP_QK", "-DVA_PROFILE_SKIP_SOFTMAX", "-DVA_PROFILE_SKIP_PV"), False),
-          ("no KV loads", ("-DVA_PROFILE_SKIP_LOADS",), False), ("empty partial", ("-DVA_PROFILE_EMPTY",), False),
-          ("empty pair", ("-DVA_PROFILE_EMPTY",), True)]
+COMPUTE = [
+    (32, 256, 2, 2, 4, 1),
+    (32, 256, 2, 2, 4, 0),
+    (32, 256, 3, 2, 2, 1),
+    (32, 256, 3, 2, 2, 0),
+    (32, 256, 2, 4, 2, 1),
+    (16, 256, 4, 2, 4, 1),
+    (32, 256, 4, 1, 4, 1),
+    (16, 256, 2, 2, 4, 1),
+]
+BANDWIDTH = [
+    (32, 256, 2, 1, 4, 1),
+    (32, 256, 2, 1, 4, 0),
+    (32, 256, 3, 1, 4, 1),
+    (32, 256, 4, 1, 4, 0),
+    (16, 128, 3, 1, 4, 1),
+    (16, 128, 4, 1, 4, 1),
+    (64, 256, 2, 1, 2, 1),
+    (32, 128, 3, 1, 2, 1),
+]
+PHASES = [
+    ("whole", (), True),
+    ("partial only", (), False),
+    ("no QK", ("-DVA_PROFILE_SKIP_QK",), False),
+    ("no softmax", ("-DVA_PROFILE_SKIP_SOFTMAX",), False),
+    ("no PV", ("-DVA_PROFILE_SKIP_PV",), False),
+    ("loads only", ("-DVA_PROFILE_SKIP_QK", "-DVA_PROFILE_SKIP_SOFTMAX", "-DVA_PROFILE_SKIP_PV"), False),
+    ("no KV loads", ("-DVA_PROFILE_SKIP_LOADS",), False),
+    ("empty partial", ("-DVA_PROFILE_EMPTY",), False),
+    ("empty pair", ("-DVA_PROFILE_EMPTY",), True),
+]
 
 
 def candidates(limits, H: int, Q: int, P: int) -> list[KernelConfig]:
@@ -44,8 +66,12 @@ def candidates(limits, H: int, Q: int, P: int) -> list[KernelConfig]:
     elif P >= 16384:
         plan = [(8, 0, COMPUTE, 3), (8, 5, COMPUTE[6:], 1), (4, 0, COMPUTE[6:] + COMPUTE[:2], 2)]
     else:
-        plan = [(8, 0, COMPUTE[:4], 4), (4, 0, COMPUTE[6:] + COMPUTE[:2], 4), (2, 0, BANDWIDTH[1:4], 3),
-                (1, 0, BANDWIDTH[1:4], 3)]
+        plan = [
+            (8, 0, COMPUTE[:4], 4),
+            (4, 0, COMPUTE[6:] + COMPUTE[:2], 4),
+            (2, 0, BANDWIDTH[1:4], 3),
+            (1, 0, BANDWIDTH[1:4], 3),
+        ]
     out: set[KernelConfig] = set()
     for ht, qt, structs, n_two_wave in plan:
         if H % ht:
@@ -54,8 +80,7 @@ def candidates(limits, H: int, Q: int, P: int) -> list[KernelConfig]:
         for i, (tk, block, stages, wr, wk, pipe) in enumerate(structs):
             for k in (1, 2) if i < n_two_wave else (1,):
                 ns = max(1, limits.sm_count * k // groups)
-                cfg = KernelConfig(nsplit=ns, ht=ht, tk=tk, block=block, stages=stages, qt=qt, wr=wr, wk=wk,
-                                   pipe=pipe)
+                cfg = KernelConfig(nsplit=ns, ht=ht, tk=tk, block=block, stages=stages, qt=qt, wr=wr, wk=wk, pipe=pipe)
                 if check(cfg, limits, H=H, q_len=Q) is None:
                     out.add(cfg)
     return sorted(out)
@@ -70,8 +95,13 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
     ap.add_argument("--shapes", default=",".join(f"{h}:{q}:{p}" for h, q, p in TARGETS))
     ap.add_argument("--configs", type=Path, help='JSON {"H:Q:P": ["NSPLIT=.. HT=.. ...", ...]} instead of the plan')
-    ap.add_argument("--variant", action="append", default=[], metavar="NAME=FLAGS",
-                    help="also time every config built with these nvcc flags, e.g. l2hint=-DVA_CP_L2_256B")
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=FLAGS",
+        help="also time every config built with these nvcc flags, e.g. l2hint=-DVA_CP_L2_256B",
+    )
     ap.add_argument("--layouts", default="scattered", help="slot layouts, comma-separated (scattered,contiguous)")
     ap.add_argument("--phases", default="", help="shapes H:Q:P (comma-separated) to split into phases at their best")
     ap.add_argument("--cache", default=os.environ.get("TUNER_CACHE_DIR", "/tmp/va-cache"))
@@ -81,7 +111,6 @@ def main() -> None:
     import pycuda.autoprimaryctx  # noqa: F401
     import pycuda.driver as cuda
     import torch
-
     from verify_tuner.kernels.limits import read_device_limits
     from verify_tuner.kernels.reference import reference
     from verify_tuner.kernels.timing import copy_bandwidth, rotating_inputs
@@ -100,28 +129,47 @@ def main() -> None:
         for flags in variants.values():
             for f in precompile(cfgs, q, limits.arch, cache, extra_flags=flags):
                 print("COMPILE FAILED", f[:300], flush=True)
-    print(f"compiled {sum(len(c) for c in plans.values())} (shape, config) pairs x {len(variants)} variants "
-          f"for {limits.arch}", flush=True)
+    print(
+        f"compiled {sum(len(c) for c in plans.values())} (shape, config) pairs x {len(variants)} variants "
+        f"for {limits.arch}",
+        flush=True,
+    )
     bw = copy_bandwidth()
     stream = cuda.Stream()
     rows = []
     for (H, Q, P), cfgs in plans.items():
         for layout in args.layouts.split(","):
-            sets = rotating_inputs(prefix_lens=[P], q_len=Q, H=H, l2_bytes=limits.l2_bytes, seed=H + Q + P,
-                                   layout=layout)
+            sets = rotating_inputs(
+                prefix_lens=[P], q_len=Q, H=H, l2_bytes=limits.l2_bytes, seed=H + Q + P, layout=layout
+            )
             ref = reference(sets[0])[0]
             out = torch.empty(1, Q, H, 512, dtype=torch.bfloat16, device="cuda")
             floor = floor_bytes([P], q_len=Q, H=H) / bw * 1e6
             gflop = flops([P], q_len=Q, H=H) / 1e9
             for cfg in cfgs:
                 for vname, flags in variants.items():
-                    row = {"H": H, "Q": Q, "prefix": P, "config": str(cfg), "variant": vname, "layout": layout,
-                           "floor_us": floor, "gflop": gflop}
+                    row = {
+                        "H": H,
+                        "Q": Q,
+                        "prefix": P,
+                        "config": str(cfg),
+                        "variant": vname,
+                        "layout": layout,
+                        "floor_us": floor,
+                        "gflop": gflop,
+                    }
                     rows.append(row | time_one(cfg, H, Q, limits, cache, flags, sets, out, ref, stream))
                     us = rows[-1].get("us")
-                    print(f"H={H:3d} Q={Q:2d} P={P:6d} {layout[:4]} {vname:8s} "
-                          + (f"{us:8.1f} us  x{us / floor:5.2f} floor  {gflop / us * 1e3:5.0f} TF" if us else
-                             f"WRONG/FAILED {rows[-1].get('error', '')}") + f"  {cfg}", flush=True)
+                    print(
+                        f"H={H:3d} Q={Q:2d} P={P:6d} {layout[:4]} {vname:8s} "
+                        + (
+                            f"{us:8.1f} us  x{us / floor:5.2f} floor  {gflop / us * 1e3:5.0f} TF"
+                            if us
+                            else f"WRONG/FAILED {rows[-1].get('error', '')}"
+                        )
+                        + f"  {cfg}",
+                        flush=True,
+                    )
             sets = []
             torch.cuda.empty_cache()
     phases = []
@@ -152,13 +200,18 @@ def run_phases(limits, rows, shape_key, cache, stream) -> list[dict]:
     """Time the fastest base config at `shape_key` whole, partial alone, and with one phase left
     out (outputs of those variants are wrong by design and not checked)."""
     import torch
-
     from verify_tuner.kernels.launch import VerifyAttention
     from verify_tuner.kernels.timing import rotating_inputs, time_graph
 
     H, Q, P = shape_key
-    ok = [r for r in rows if (r["H"], r["Q"], r["prefix"]) == shape_key and r.get("us")
-          and r["variant"] == "base" and r["layout"] == "scattered"]
+    ok = [
+        r
+        for r in rows
+        if (r["H"], r["Q"], r["prefix"]) == shape_key
+        and r.get("us")
+        and r["variant"] == "base"
+        and r["layout"] == "scattered"
+    ]
     if not ok:
         return []
     cfg = parse_cfg(min(ok, key=lambda r: r["us"])["config"])
@@ -167,8 +220,9 @@ def run_phases(limits, rows, shape_key, cache, stream) -> list[dict]:
     res = []
     for name, flags, full in PHASES:
         va = VerifyAttention(cfg, H=H, q_len=Q, limits=limits, max_batch=1, cache_dir=cache, extra_flags=flags)
-        t = time_graph(lambda k, va=va, full=full: va.run(sets[k], out, stream=stream, reduce=full), len(sets),
-                       stream=stream)
+        t = time_graph(
+            lambda k, va=va, full=full: va.run(sets[k], out, stream=stream, reduce=full), len(sets), stream=stream
+        )
         res.append({"H": H, "Q": Q, "prefix": P, "config": str(cfg), "variant": name, "us": t.median_us})
         print(f"phase H={H} Q={Q} P={P} {name:14s} {t.median_us:8.1f} us  {cfg}", flush=True)
     return res
@@ -177,27 +231,48 @@ def run_phases(limits, rows, shape_key, cache, stream) -> list[dict]:
 def write(out: Path, tag: str, limits, bw: float, rows: list[dict], phases: list[dict]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     stamp = dt.date.today().isoformat()
-    meta = {"device": limits.name, "arch": limits.arch, "date": stamp, "copy_bw_GBps": bw / 1e9, "rows": rows,
-            "phases": phases}
+    meta = {
+        "device": limits.name,
+        "arch": limits.arch,
+        "date": stamp,
+        "copy_bw_GBps": bw / 1e9,
+        "rows": rows,
+        "phases": phases,
+    }
     (out / f"{tag}_{limits.arch}.json").write_text(json.dumps(meta, indent=1))
-    lines = [f"# Kernel structure sweep — {limits.name} ({limits.arch}), {stamp}", "",
-             "Median µs per launch pair (partial + reduce) of CUDA-graph replays, inputs rotated past the L2; "
-             f"floor = bytes moved once / {bw / 1e9:.0f} GB/s copy bandwidth. Every timed config passed the "
-             "fp32-reference gate (rel. error ≤ 1e-2) first.", "",
-             "| H | Q | prefix | layout | variant | µs | × floor | TFLOP/s | regs | smem KB | config |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Kernel structure sweep — {limits.name} ({limits.arch}), {stamp}",
+        "",
+        "Median µs per launch pair (partial + reduce) of CUDA-graph replays, inputs rotated past the L2; "
+        f"floor = bytes moved once / {bw / 1e9:.0f} GB/s copy bandwidth. Every timed config passed the "
+        "fp32-reference gate (rel. error ≤ 1e-2) first.",
+        "",
+        "| H | Q | prefix | layout | variant | µs | × floor | TFLOP/s | regs | smem KB | config |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in sorted(rows, key=lambda r: (r["H"], r["Q"], r["prefix"], r["layout"], r.get("us") or 1e9)):
         us = r.get("us")
-        cells = (f"{us:.1f} | {us / r['floor_us']:.2f} | {r['gflop'] / us * 1e3:.0f}" if us else
-                 f"{r.get('error', 'failed')} | | ")
+        cells = (
+            f"{us:.1f} | {us / r['floor_us']:.2f} | {r['gflop'] / us * 1e3:.0f}"
+            if us
+            else f"{r.get('error', 'failed')} | | "
+        )
         smem = f"{r['smem'] / 1024:.0f}" if r.get("smem") else ""
-        lines.append(f"| {r['H']} | {r['Q']} | {r['prefix']} | {r['layout']} | {r['variant']} | {cells} | "
-                     f"{r.get('regs', '')} | {smem} | {r['config']} |")
+        lines.append(
+            f"| {r['H']} | {r['Q']} | {r['prefix']} | {r['layout']} | {r['variant']} | {cells} | "
+            f"{r.get('regs', '')} | {smem} | {r['config']} |"
+        )
     if phases:
-        lines += ["", "Phase split (variants leave one phase out; their outputs are not checked):", "",
-                  "| H | Q | prefix | variant | µs | config |", "|---|---|---|---|---|---|"]
-        lines += [f"| {p['H']} | {p['Q']} | {p['prefix']} | {p['variant']} | {p['us']:.1f} | {p['config']} |"
-                  for p in phases]
+        lines += [
+            "",
+            "Phase split (variants leave one phase out; their outputs are not checked):",
+            "",
+            "| H | Q | prefix | variant | µs | config |",
+            "|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {p['H']} | {p['Q']} | {p['prefix']} | {p['variant']} | {p['us']:.1f} | {p['config']} |" for p in phases
+        ]
     (out / f"{tag}_{limits.arch}.md").write_text("\n".join(lines) + "\n")
 
 

@@ -80,7 +80,6 @@ class Emulated:
 def _run(mode: str, procs: int, trials: int, prefix_range: str, root: Path) -> dict:
     import optuna
     from sqlalchemy import create_engine, text
-
     from verify_tuner.cli_study import _job
     from verify_tuner.db import migrate
     from verify_tuner.runner import tune_on_device, tune_on_devices
@@ -93,8 +92,22 @@ def _run(mode: str, procs: int, trials: int, prefix_range: str, root: Path) -> d
     cache.mkdir()
     os.environ["EMU_CACHE_DIR"] = str(cache)
     migrate.upgrade(url)
-    job = _job(8, 9, (), prefix_range, "1", "uniform", ("STAGES=2,3", "QT=0"), trials=trials, sampler="tpe",
-               seed=0, timeout=None, storage=None, measure_timeout=120.0, compile_jobs=8)
+    job = _job(
+        8,
+        9,
+        (),
+        prefix_range,
+        "1",
+        "uniform",
+        ("STAGES=2,3", "QT=0"),
+        trials=trials,
+        sampler="tpe",
+        seed=0,
+        timeout=None,
+        storage=None,
+        measure_timeout=120.0,
+        compile_jobs=8,
+    )
     job = type(job)(**{**vars(job), "measurer": "bench.table_emulation:Emulated"})
     settings = Settings(database_url=url, cache_dir=cache)
     prepare_study_storage(settings.studies)  # as `tuner db upgrade`
@@ -108,22 +121,43 @@ def _run(mode: str, procs: int, trials: int, prefix_range: str, root: Path) -> d
             raise RuntimeError(f"a process failed: {bad}")
     wall = time.time() - t0
     per_key, measured, dups = [], 0, 0
-    studies = [(u, s.study_name) for u in study_urls(settings.studies)  # a file per key (the default)
-               for s in optuna.get_all_study_summaries(storage=u)]
+    studies = [
+        (u, s.study_name)
+        for u in study_urls(settings.studies)  # a file per key (the default)
+        for s in optuna.get_all_study_summaries(storage=u)
+    ]
     for storage, name in studies:
         st = optuna.load_study(study_name=name, storage=storage)
         m = [t for t in st.trials if t.user_attrs.get("measured")]
         measured += len(m)
         dups += sum(n - 1 for n in collections.Counter(tuple(sorted(t.params.items())) for t in m).values())
-        spans = [(t.datetime_start.timestamp() - t0, t.datetime_complete.timestamp() - t0) for t in st.trials
-                 if t.datetime_start and t.datetime_complete]
-        per_key.append({"study": name, "trials": len(st.trials), "measured": len(m),
-                        "span_s": [round(min(a for a, _ in spans), 2), round(max(b for _, b in spans), 2)]})
+        spans = [
+            (t.datetime_start.timestamp() - t0, t.datetime_complete.timestamp() - t0)
+            for t in st.trials
+            if t.datetime_start and t.datetime_complete
+        ]
+        per_key.append(
+            {
+                "study": name,
+                "trials": len(st.trials),
+                "measured": len(m),
+                "span_s": [round(min(a for a, _ in spans), 2), round(max(b for _, b in spans), 2)],
+            }
+        )
     with create_engine(url).connect() as c:
-        winners = sorted(set(dict(c.execute(text("select bucket, count(*) from best_configs group by bucket"))
-                                  .all()).values()))
-    return {"mode": mode, "procs": procs, "wall_s": round(wall, 2), "measured": measured, "duplicates": dups,
-            "winners_per_key": winners, "compiles": len(list(cache.glob("*.cubin"))), "per_key": per_key}
+        winners = sorted(
+            set(dict(c.execute(text("select bucket, count(*) from best_configs group by bucket")).all()).values())
+        )
+    return {
+        "mode": mode,
+        "procs": procs,
+        "wall_s": round(wall, 2),
+        "measured": measured,
+        "duplicates": dups,
+        "winners_per_key": winners,
+        "compiles": len(list(cache.glob("*.cubin"))),
+        "per_key": per_key,
+    }
 
 
 def main() -> None:
@@ -141,13 +175,22 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as tmp:
                 res = _run(f"p{procs}", procs, args.trials, args.prefix_range, Path(tmp))
             rows.append(res)
-            print(f"round {r} procs {procs}: wall {res['wall_s']:.1f} s measured {res['measured']} "
-                  f"duplicates {res['duplicates']} winners/key {res['winners_per_key']} compiles {res['compiles']}",
-                  flush=True)
+            print(
+                f"round {r} procs {procs}: wall {res['wall_s']:.1f} s measured {res['measured']} "
+                f"duplicates {res['duplicates']} winners/key {res['winners_per_key']} compiles {res['compiles']}",
+                flush=True,
+            )
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        meta = {"date": dt.date.today().isoformat(), "host_cores": os.cpu_count(), "compile_s": COMPILE_S,
-                "measure_s": MEASURE_S, "start_s": START_S, "trials": args.trials, "prefix_range": args.prefix_range}
+        meta = {
+            "date": dt.date.today().isoformat(),
+            "host_cores": os.cpu_count(),
+            "compile_s": COMPILE_S,
+            "measure_s": MEASURE_S,
+            "start_s": START_S,
+            "trials": args.trials,
+            "prefix_range": args.prefix_range,
+        }
         (args.out / f"{args.tag}.json").write_text(json.dumps({"meta": meta, "runs": rows}, indent=1))
 
 

@@ -74,18 +74,16 @@ def main() -> None:
         init = FitTPE.__init__
         FitTPE.__init__ = lambda self, **kw: init(self, **{**kw, "n_ei_candidates": args.ei_candidates})  # type: ignore
     import optuna
-
-    from verify_tuner.kernels.config import PARAM_NAMES, KernelConfig
-    from verify_tuner.kernels.limits import known_device
     from verify_tuner.backend import Workload
     from verify_tuner.db import migrate
     from verify_tuner.db.session import make_engine, session_factory
+    from verify_tuner.kernels.config import PARAM_NAMES, KernelConfig
+    from verify_tuner.kernels.limits import known_device
     from verify_tuner.study import run_study
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     sweep = json.loads(args.sweep.read_text())
-    table = {KernelConfig.from_params({k: r[k] for k in PARAM_NAMES if k in r}): r
-             for r in sweep["rows"]}
+    table = {KernelConfig.from_params({k: r[k] for k in PARAM_NAMES if k in r}): r for r in sweep["rows"]}
     best = min(r["median_us"] for r in sweep["rows"] if r["state"] == "ok")
     limits = known_device(sweep["device"]) or known_device("h200")
     needed: list[float] = []
@@ -95,24 +93,51 @@ def main() -> None:
         migrate.upgrade(url)
         rb = Replay(limits, table)
         # the search may only propose what the sweep measured (a sweep of an older, smaller space)
-        run_study(backend=rb, sessions=session_factory(make_engine(url)), storage_url=url,
-                  workload=Workload(sweep["H"], sweep["q_len"], sweep["prefix"]), n_trials=args.budget, seed=seed,
-                  restrict={p: sorted({c.as_params()[p] for c in table}) for p in PARAM_NAMES})
-        hit = next((i + 1 for i, c in enumerate(rb.calls) if c in table
-                    and table[c]["state"] == "ok" and table[c]["median_us"] <= 1.03 * best), None)
+        run_study(
+            backend=rb,
+            sessions=session_factory(make_engine(url)),
+            storage_url=url,
+            workload=Workload(sweep["H"], sweep["q_len"], sweep["prefix"]),
+            n_trials=args.budget,
+            seed=seed,
+            restrict={p: sorted({c.as_params()[p] for c in table}) for p in PARAM_NAMES},
+        )
+        hit = next(
+            (
+                i + 1
+                for i, c in enumerate(rb.calls)
+                if c in table and table[c]["state"] == "ok" and table[c]["median_us"] <= 1.03 * best
+            ),
+            None,
+        )
         needed.append(hit if hit is not None else float("inf"))
         ok = [table[c]["median_us"] if c in table and table[c]["state"] == "ok" else float("inf") for c in rb.calls]
         gaps.append({n: round(min(ok[:n], default=float("inf")) / best, 4) for n in REGRET_AT})
-        print(f"seed {seed}: within 3% after {hit} measured trials; best found / sweep best: "
-              + ", ".join(f"{gaps[-1][n]:.3f} in {n}" for n in REGRET_AT), flush=True)
+        print(
+            f"seed {seed}: within 3% after {hit} measured trials; best found / sweep best: "
+            + ", ".join(f"{gaps[-1][n]:.3f} in {n}" for n in REGRET_AT),
+            flush=True,
+        )
     finite = [n for n in needed if n != float("inf")]
-    summary = {"sweep": args.sweep.name, "n_valid": sweep["n_valid"], "best_us": best, "seeds": args.seeds,
-               "budget": args.budget, "trials_to_3pct": needed,
-               "median": statistics.median(finite) if finite else None, "worst": max(needed),
-               "median_fraction_of_grid": (statistics.median(finite) / sweep["n_valid"]) if finite else None,
-               "best_over_sweep_best": {n: {"mean": round(statistics.fmean(g[n] for g in gaps), 4),
-                                            "median": statistics.median(g[n] for g in gaps),
-                                            "worst": max(g[n] for g in gaps)} for n in REGRET_AT}}
+    summary = {
+        "sweep": args.sweep.name,
+        "n_valid": sweep["n_valid"],
+        "best_us": best,
+        "seeds": args.seeds,
+        "budget": args.budget,
+        "trials_to_3pct": needed,
+        "median": statistics.median(finite) if finite else None,
+        "worst": max(needed),
+        "median_fraction_of_grid": (statistics.median(finite) / sweep["n_valid"]) if finite else None,
+        "best_over_sweep_best": {
+            n: {
+                "mean": round(statistics.fmean(g[n] for g in gaps), 4),
+                "median": statistics.median(g[n] for g in gaps),
+                "worst": max(g[n] for g in gaps),
+            }
+            for n in REGRET_AT
+        },
+    }
     print(json.dumps(summary))
     if args.out:
         args.out.write_text(json.dumps(summary, indent=1))

@@ -11,7 +11,18 @@ from verify_tuner.kernels.limits import DeviceLimits, known_device
 from verify_tuner.kernels.validate import check, smem_bytes, validate
 
 __all__ = [
-    "KERNEL_NAME", "KERNEL_VERSION", "CompileError", "DeviceLimits", "InvalidConfig",
-    "KernelConfig", "LaunchError", "TunerError", "check", "kernel_hash",
-    "known_device", "render", "smem_bytes", "validate",
+    "KERNEL_NAME",
+    "KERNEL_VERSION",
+    "CompileError",
+    "DeviceLimits",
+    "InvalidConfig",
+    "KernelConfig",
+    "LaunchError",
+    "TunerError",
+    "check",
+    "kernel_hash",
+    "known_device",
+    "render",
+    "smem_bytes",
+    "validate",
 ]

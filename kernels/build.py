@@ -87,8 +87,10 @@ def compile_cubin(
     source = render(cfg, q_len)
     key = cache_key(source, arch, extra_flags)
     c = cfg
-    stem = (f"{KERNEL_NAME}_{arch}_q{q_len}_ns{c.nsplit}_ht{c.ht}_tk{c.tk}_b{c.block}_st{c.stages}"
-            f"_qt{c.row_tile(q_len)}_wr{c.wr}_wk{c.wk}_sf{c.sf}_p{c.pipe}_{key}")
+    stem = (
+        f"{KERNEL_NAME}_{arch}_q{q_len}_ns{c.nsplit}_ht{c.ht}_tk{c.tk}_b{c.block}_st{c.stages}"
+        f"_qt{c.row_tile(q_len)}_wr{c.wr}_wk{c.wk}_sf{c.sf}_p{c.pipe}_{key}"
+    )
     cache_dir.mkdir(parents=True, exist_ok=True)
     target = cache_dir / f"{stem}.cubin"
     log_path = cache_dir / f"{stem}.log"
@@ -108,8 +110,18 @@ def _run_nvcc(source: str, arch: str, target: Path, extra_flags: tuple[str, ...]
         src = Path(tmp) / SOURCE.name
         src.write_text(source)
         out = Path(tmp) / "out.cubin"
-        cmd = [nvcc_path(), "-cubin", f"-arch={arch}", *NVCC_FLAGS, *extra_flags,
-               "-Xptxas", "-v", "-o", str(out), str(src)]
+        cmd = [
+            nvcc_path(),
+            "-cubin",
+            f"-arch={arch}",
+            *NVCC_FLAGS,
+            *extra_flags,
+            "-Xptxas",
+            "-v",
+            "-o",
+            str(out),
+            str(src),
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise CompileError(f"nvcc failed for {arch}:\n{proc.stderr.strip()[-4000:]}")
@@ -157,8 +169,14 @@ def _compile_one(args: tuple[KernelConfig, int, str, str, tuple[str, ...]]) -> s
     return None
 
 
-def precompile(configs: list[KernelConfig], q_len: int, arch: str, cache_dir: Path,
-               workers: int | None = None, extra_flags: tuple[str, ...] = ()) -> list[str]:
+def precompile(
+    configs: list[KernelConfig],
+    q_len: int,
+    arch: str,
+    cache_dir: Path,
+    workers: int | None = None,
+    extra_flags: tuple[str, ...] = (),
+) -> list[str]:
     """Fill the cache for many configs in parallel (nvcc is single-threaded); returns failures,
     which the measurement then reports per config."""
     from concurrent.futures import ProcessPoolExecutor

@@ -21,5 +21,3 @@ class CompileError(TunerError):
 
 class LaunchError(TunerError):
     """The kernel failed at launch or while running (fault, timeout, dead worker)."""
-
-

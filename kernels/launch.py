@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from verify_tuner.kernels.build import compile_cubin, ptxas_report
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.errors import InvalidConfig, LaunchError
@@ -111,25 +110,59 @@ class VerifyAttention:
         scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(D_QK)
         c = self.cfg
         self.partial.prepared_async_call(
-            (c.nsplit, self.H // c.ht * self.row_tiles, batch), (c.block, 1, 1), stream,
-            _ptr(q), _ptr(kv), _ptr(prefix_indices), _ptr(prefix_indptr), _ptr(draft_indices),
-            _ptr(tree_mask), int(self._part_o), int(self._part_lse), self.H, scale * LOG2E,
+            (c.nsplit, self.H // c.ht * self.row_tiles, batch),
+            (c.block, 1, 1),
+            stream,
+            _ptr(q),
+            _ptr(kv),
+            _ptr(prefix_indices),
+            _ptr(prefix_indptr),
+            _ptr(draft_indices),
+            _ptr(tree_mask),
+            int(self._part_o),
+            int(self._part_lse),
+            self.H,
+            scale * LOG2E,
             shared_size=self.smem,
         )
         if not reduce:
             return
         grid = (batch * self.q_len * self.H, 4, 1)
         if self._reduce_pdl is not None:
-            self._reduce_pdl(grid, self.reduce_threads, stream.handle if stream is not None else 0,
-                             int(self._part_o), int(self._part_lse), _ptr(out), _ptr(lse))
+            self._reduce_pdl(
+                grid,
+                self.reduce_threads,
+                stream.handle if stream is not None else 0,
+                int(self._part_o),
+                int(self._part_lse),
+                _ptr(out),
+                _ptr(lse),
+            )
             return
         self.reduce.prepared_async_call(
-            grid, (self.reduce_threads, 1, 1), stream, int(self._part_o), int(self._part_lse), _ptr(out), _ptr(lse),
+            grid,
+            (self.reduce_threads, 1, 1),
+            stream,
+            int(self._part_o),
+            int(self._part_lse),
+            _ptr(out),
+            _ptr(lse),
         )
 
     def run(self, inputs: Any, out: Any, *, lse: Any = None, stream: Any = None, reduce: bool = True) -> None:
         """Enqueue on one `verify_tuner.kernels.reference.Inputs` set (tests, tuner and benchmarks)."""
         s = inputs
-        self(q=s.q, kv=s.kv, prefix_indices=s.prefix_indices, prefix_indptr=s.prefix_indptr,
-             draft_indices=s.draft_indices, tree_mask=s.tree_mask, out=out, lse=lse, batch=s.batch,
-             softmax_scale=s.scale, stream=stream, reduce=reduce)
+        self(
+            q=s.q,
+            kv=s.kv,
+            prefix_indices=s.prefix_indices,
+            prefix_indptr=s.prefix_indptr,
+            draft_indices=s.draft_indices,
+            tree_mask=s.tree_mask,
+            out=out,
+            lse=lse,
+            batch=s.batch,
+            softmax_scale=s.scale,
+            stream=stream,
+            reduce=reduce,
+        )

@@ -28,9 +28,18 @@ class _Attr(ctypes.Structure):  # CUlaunchAttribute
 
 
 class _Config(ctypes.Structure):  # CUlaunchConfig
-    _fields_ = [("gridDimX", c_uint), ("gridDimY", c_uint), ("gridDimZ", c_uint),
-                ("blockDimX", c_uint), ("blockDimY", c_uint), ("blockDimZ", c_uint),
-                ("sharedMemBytes", c_uint), ("hStream", c_void_p), ("attrs", POINTER(_Attr)), ("numAttrs", c_uint)]
+    _fields_ = [
+        ("gridDimX", c_uint),
+        ("gridDimY", c_uint),
+        ("gridDimZ", c_uint),
+        ("blockDimX", c_uint),
+        ("blockDimY", c_uint),
+        ("blockDimZ", c_uint),
+        ("sharedMemBytes", c_uint),
+        ("hStream", c_void_p),
+        ("attrs", POINTER(_Attr)),
+        ("numAttrs", c_uint),
+    ]
 
 
 _driver: ctypes.CDLL | None = None
@@ -60,8 +69,9 @@ class DependentLaunch:
         _check(lib.cuModuleLoadData(byref(self._module), ctypes.c_char_p(cubin)), "cuModuleLoadData")
         _check(lib.cuModuleGetFunction(byref(self._func), self._module, name.encode()), f"cuModuleGetFunction({name})")
         self._args = (c_uint64 * n_pointer_args)()
-        self._params = (c_void_p * n_pointer_args)(*[ctypes.addressof(self._args) + 8 * i
-                                                      for i in range(n_pointer_args)])
+        self._params = (c_void_p * n_pointer_args)(
+            *[ctypes.addressof(self._args) + 8 * i for i in range(n_pointer_args)]
+        )
         self._attr = _Attr(id=CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
         self._attr.value.programmatic_stream_serialization = 1
         self._cfg = _Config(blockDimY=1, blockDimZ=1, sharedMemBytes=0, attrs=ctypes.pointer(self._attr), numAttrs=1)

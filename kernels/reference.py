@@ -45,8 +45,15 @@ SLOT_LAYOUTS = ("scattered", "contiguous")
 
 
 def make_inputs(
-    *, prefix_lens: list[int], q_len: int, H: int, device: str = "cuda", seed: int = 0,
-    spare_slots: int = 0, scale: float | None = None, layout: str = "scattered",
+    *,
+    prefix_lens: list[int],
+    q_len: int,
+    H: int,
+    device: str = "cuda",
+    seed: int = 0,
+    spare_slots: int = 0,
+    scale: float | None = None,
+    layout: str = "scattered",
 ) -> Inputs:
     """Random inputs. Slots are a random permutation of the pool ("scattered", a fragmented
     page-size-1 cache: the worst case for the memory system) or consecutive ("contiguous": each
@@ -64,7 +71,7 @@ def make_inputs(
     else:
         perm = torch.arange(total, dtype=torch.int32)
     prefix_indices = perm[: sum(prefix_lens)].clone()
-    draft = perm[sum(prefix_lens):].view(B, q_len).clone()
+    draft = perm[sum(prefix_lens) :].view(B, q_len).clone()
     indptr = torch.zeros(B + 1, dtype=torch.int32)
     indptr[1:] = torch.cumsum(torch.tensor(prefix_lens, dtype=torch.int64), 0).to(torch.int32)
     # values are drawn on the target device: a batch of 32 long requests is gigabytes of KV
@@ -74,9 +81,13 @@ def make_inputs(
     masks = [random_tree_mask(q_len, gen) for _ in range(B)]
     mask = torch.tensor([[m - (1 << 64) if m >= 1 << 63 else m for m in row] for row in masks], dtype=torch.int64)
     return Inputs(
-        q=q.to(device), kv=kv.to(device), prefix_indices=prefix_indices.to(device),
-        prefix_indptr=indptr.to(device), draft_indices=draft.to(device), tree_mask=mask.to(device),
-        scale=scale if scale is not None else D_QK ** -0.5,
+        q=q.to(device),
+        kv=kv.to(device),
+        prefix_indices=prefix_indices.to(device),
+        prefix_indptr=indptr.to(device),
+        draft_indices=draft.to(device),
+        tree_mask=mask.to(device),
+        scale=scale if scale is not None else D_QK**-0.5,
     )
 
 

@@ -29,7 +29,13 @@ def summarize(samples: list[float]) -> Timing:
 
 
 def rotating_inputs(
-    *, prefix_lens: list[int], q_len: int, H: int, l2_bytes: int, seed: int = 0, max_sets: int = 64,
+    *,
+    prefix_lens: list[int],
+    q_len: int,
+    H: int,
+    l2_bytes: int,
+    seed: int = 0,
+    max_sets: int = 64,
     layout: str = "scattered",
 ) -> list[Inputs]:
     """Input sets whose KV together exceed 3x the L2 (at least 2 sets)."""
@@ -55,8 +61,9 @@ def time_launches(
     return summarize([stop.time_since(start) * 1000.0 for start, stop in pairs])
 
 
-def time_graph(launch: Callable[[int], None], n_sets: int, *, stream: Any, replays: int = 15,
-               min_launches: int = 24) -> Timing:
+def time_graph(
+    launch: Callable[[int], None], n_sets: int, *, stream: Any, replays: int = 15, min_launches: int = 24
+) -> Timing:
     """Time `launch(k)` the way an inference server runs it: captured in one CUDA graph (every
     input set in turn, repeated to at least `min_launches` launches), replayed `replays` times
     between events. One sample = one replay's time / its launches, in microseconds.
@@ -100,13 +107,13 @@ def interleave(measures: Sequence[Callable[[], T]], rounds: int) -> list[list[T]
     return results
 
 
-def interleaved_medians(launchers: Mapping[K, Callable[[int], None]], n_sets: int, *, rounds: int,
-                        reps: int) -> dict[K, float]:
+def interleaved_medians(
+    launchers: Mapping[K, Callable[[int], None]], n_sets: int, *, rounds: int, reps: int
+) -> dict[K, float]:
     """Median over `rounds` interleaved rounds of each launcher's per-round median of `reps`
     event-timed launches (the benchmarks' A/B)."""
     keys = list(launchers)
-    per_round = interleave([lambda k=k: time_launches(launchers[k], n_sets, reps=reps).median_us for k in keys],
-                           rounds)
+    per_round = interleave([lambda k=k: time_launches(launchers[k], n_sets, reps=reps).median_us for k in keys], rounds)
     return {k: statistics.median(r) for k, r in zip(keys, per_round)}
 
 

@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from verify_tuner.kernels.config import BLOCK_CHOICES, PIPE_CHOICES, SF_CHOICES, STAGES_CHOICES, TK_CHOICES, KernelConfig
+from verify_tuner.kernels.config import (
+    BLOCK_CHOICES,
+    PIPE_CHOICES,
+    SF_CHOICES,
+    STAGES_CHOICES,
+    TK_CHOICES,
+    KernelConfig,
+)
 from verify_tuner.kernels.errors import InvalidConfig
 from verify_tuner.kernels.limits import DeviceLimits
 from verify_tuner.kernels.shapes import D_QK, D_V  # noqa: F401  (re-exported: the .cu mirrors)
@@ -47,8 +54,9 @@ def shape(cfg: KernelConfig, q_len: int) -> Shape:
     nr = (rows + 7) // 8
     warps = cfg.block // 32
     wt = max(1, warps // groups(cfg) // (cfg.wr * cfg.wk))
-    return Shape(rows=rows, nr=nr, warps=warps, mw=max(1, 32 // warps), wt=wt, mq=max(1, cfg.tk // 16 // wt),
-                 nq=-(-nr // cfg.wr))
+    return Shape(
+        rows=rows, nr=nr, warps=warps, mw=max(1, 32 // warps), wt=wt, mq=max(1, cfg.tk // 16 // wt), nq=-(-nr // cfg.wr)
+    )
 
 
 def groups(cfg: KernelConfig) -> int:

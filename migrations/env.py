@@ -4,7 +4,6 @@ its own alembic_version, and both may live in one database."""
 from __future__ import annotations
 
 from alembic import context
-
 from verify_tuner.db.migrate import VERSION_TABLE, include_name
 from verify_tuner.db.models import Base
 from verify_tuner.db.session import make_engine
@@ -14,8 +13,13 @@ target_metadata = Base.metadata
 
 
 def run_offline() -> None:
-    context.configure(url=config.get_main_option("sqlalchemy.url"), target_metadata=target_metadata,
-                      literal_binds=True, version_table=VERSION_TABLE, include_name=include_name)
+    context.configure(
+        url=config.get_main_option("sqlalchemy.url"),
+        target_metadata=target_metadata,
+        literal_binds=True,
+        version_table=VERSION_TABLE,
+        include_name=include_name,
+    )
     with context.begin_transaction():
         context.run_migrations()
 
@@ -36,8 +40,13 @@ def run_online() -> None:
 
 
 def _run(connection) -> None:  # type: ignore[no-untyped-def]
-    context.configure(connection=connection, target_metadata=target_metadata, version_table=VERSION_TABLE,
-                      render_as_batch=connection.dialect.name == "sqlite", include_name=include_name)
+    context.configure(
+        connection=connection,
+        target_metadata=target_metadata,
+        version_table=VERSION_TABLE,
+        render_as_batch=connection.dialect.name == "sqlite",
+        include_name=include_name,
+    )
     with context.begin_transaction():
         context.run_migrations()
         if connection.dialect.name == "sqlite":

@@ -7,10 +7,10 @@ import random
 import signal
 import time
 
+from verify_tuner.backend import CRASHED, OK, WRONG, Measurement, Workload
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.limits import known_device
 from verify_tuner.kernels.validate import check
-from verify_tuner.backend import CRASHED, OK, WRONG, Measurement, Workload
 
 H200 = known_device("h200")
 
@@ -30,8 +30,15 @@ class FakeBackend:
     """Deterministic timings from fake_cost plus seeded noise; some configs compute the wrong
     result (NSPLIT=12) or crash (NSPLIT=24), as a real kernel might."""
 
-    def __init__(self, limits=H200, noise: float = 0.01, seed: int = 0, wrong_nsplit: int = 12,
-                 crash_nsplit: int = 24, cost=fake_cost) -> None:
+    def __init__(
+        self,
+        limits=H200,
+        noise: float = 0.01,
+        seed: int = 0,
+        wrong_nsplit: int = 12,
+        crash_nsplit: int = 24,
+        cost=fake_cost,
+    ) -> None:
         self.limits = limits
         self.noise, self.rng = noise, random.Random(seed)
         self.wrong_nsplit, self.crash_nsplit, self.cost = wrong_nsplit, crash_nsplit, cost

@@ -24,12 +24,14 @@ def tuner_cmd(*args: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def running_server(env: dict[str, str], *, port: int, timeout: float = 30.0,
-                   wrap: Sequence[str] = ()) -> Iterator[subprocess.Popen]:
+def running_server(
+    env: dict[str, str], *, port: int, timeout: float = 30.0, wrap: Sequence[str] = ()
+) -> Iterator[subprocess.Popen]:
     """`tuner serve` as a process, up and answering /healthz; `wrap` prefixes the command."""
     full_env = {**os.environ, **env, "TUNER_HOST": "127.0.0.1", "TUNER_PORT": str(port)}
-    proc = subprocess.Popen([*wrap, *tuner_cmd("serve")], env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    proc = subprocess.Popen(
+        [*wrap, *tuner_cmd("serve")], env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

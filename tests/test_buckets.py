@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import pytest
-
 from verify_tuner import buckets
 
 
@@ -41,8 +40,7 @@ def test_log_distance_prefers_the_closer_octave():
 def test_batch_buckets_are_powers_of_two_ranges():
     from verify_tuner import batches
 
-    assert [str(b) for b in batches.ALL[:9]] == ["1", "2", "3-4", "5-8", "9-16", "17-32", "33-64", "65-128",
-                                                 "129-256"]
+    assert [str(b) for b in batches.ALL[:9]] == ["1", "2", "3-4", "5-8", "9-16", "17-32", "33-64", "65-128", "129-256"]
     for a, b in zip(batches.ALL, batches.ALL[1:]):
         assert a.hi + 1 == b.lo and a.index + 1 == b.index
     for n in range(1, batches.MAX_BATCH + 1):

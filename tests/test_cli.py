@@ -5,7 +5,6 @@ import json
 import click
 import pytest
 from click.testing import CliRunner
-
 from verify_tuner.cli import cli
 
 
@@ -37,8 +36,20 @@ def run(sqlite_url):
 def test_upgrade_import_show_list_export(run, tmp_path):
     assert run("db", "upgrade").exit_code == 0
     assert "head: 0003" in run("db", "current").output
-    rows = [{"device": "h200", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256,
-             "median_us": 40.0, "default_us": 80.0}]
+    rows = [
+        {
+            "device": "h200",
+            "H": 8,
+            "q_len": 9,
+            "prefix": 46000,
+            "NSPLIT": 64,
+            "HT": 8,
+            "TK": 32,
+            "BLOCK": 256,
+            "median_us": 40.0,
+            "default_us": 80.0,
+        }
+    ]
     path = tmp_path / "rows.json"
     path.write_text(json.dumps(rows))
     r = run("configs", "import", str(path))
@@ -59,10 +70,11 @@ def test_upgrade_import_show_list_export(run, tmp_path):
 
 def test_import_rejects_file_whole_with_one_line_errors(run, tmp_path):
     run("db", "upgrade")
-    rows = [{"device": "h200", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256},
-            {"device": "h200", "H": 8, "q_len": 9, "prefix": 5000, "NSPLIT": 64, "HT": 3, "TK": 32, "BLOCK": 256},
-            {"device": "rtx-pro-6000", "H": 8, "q_len": 9, "prefix": 5000, "NSPLIT": 64, "HT": 8, "TK": 32,
-             "BLOCK": 256}]
+    rows = [
+        {"device": "h200", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256},
+        {"device": "h200", "H": 8, "q_len": 9, "prefix": 5000, "NSPLIT": 64, "HT": 3, "TK": 32, "BLOCK": 256},
+        {"device": "rtx-pro-6000", "H": 8, "q_len": 9, "prefix": 5000, "NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256},
+    ]
     path = tmp_path / "rows.json"
     path.write_text(json.dumps(rows))
     r = run("configs", "import", str(path))
@@ -89,13 +101,23 @@ def test_snapshot_is_a_self_contained_read_only_copy_the_sidecar_serves(run, tmp
     import sqlite3
 
     from fastapi.testclient import TestClient
-
     from verify_tuner.api.app import create_app
     from verify_tuner.settings import Settings
 
     assert run("db", "upgrade").exit_code == 0
-    rows = [{"device": "h200", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256,
-             "median_us": 70.0}]
+    rows = [
+        {
+            "device": "h200",
+            "H": 8,
+            "q_len": 9,
+            "prefix": 46000,
+            "NSPLIT": 64,
+            "HT": 8,
+            "TK": 32,
+            "BLOCK": 256,
+            "median_us": 70.0,
+        }
+    ]
     (tmp_path / "rows.json").write_text(json.dumps(rows))
     assert run("configs", "import", str(tmp_path / "rows.json")).exit_code == 0
     snap = tmp_path / "snap" / "configs.db"
@@ -124,35 +146,67 @@ def _tuner(env: dict[str, str], *args: str, block: str | None = None):  # type: 
     code = "import sys; sys.argv[0] = 'tuner'; from verify_tuner.cli import main; main()"
     if block:
         code = f"import sys; sys.modules[{block!r}] = None; " + code
-    return subprocess.run([sys.executable, "-c", code, *args], env={**os.environ, **env}, capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], env={**os.environ, **env}, capture_output=True, text=True, timeout=60
+    )
 
 
-@pytest.mark.parametrize("env, args, block, expect", [
-    ({"TUNER_DATABASE_URL": "postgresql+psycopg://nobody@127.0.0.1:1/x"}, ("db", "upgrade"), None,
-     "database unavailable"),
-    ({"TUNER_DATABASE_URL": "postgresql+psycopg://nobody@127.0.0.1:1/x"}, ("db", "current"), None,
-     "database unavailable"),
-    ({"TUNER_PORT": "abc"}, ("serve",), None, "TUNER_PORT must be an integer"),
-    ({"TUNER_DATABASE_READ_ONLY": "maybe"}, ("db", "current"), None, "TUNER_DATABASE_READ_ONLY must be"),
-    ({"TUNER_DATABASE_URL": "notaurl"}, ("db", "current"), None, "is not a database URL"),
-    ({"TUNER_WRITE_TOKEN": "short"}, ("serve",), None, "at least 16 characters"),
-    ({}, ("device", "record"), "pycuda", "this command needs pycuda"),
-    ({}, ("study", "start", "--H", "0", "--q-len", "9", "--prefix", "1"), None, "'--H': 0 is not in the range"),
-    ({}, ("study", "start", "--H", "8", "--q-len", "65", "--prefix", "1"), None, "'--q-len'"),
-    ({}, ("study", "start", "--H", "8", "--q-len", "9", "--prefix", "-1"), None, "'--prefix'"),
-    ({}, ("study", "start", "--H", "8", "--q-len", "9", "--prefix", "1", "--only", "NSPLT=4"), None,
-     "unknown constant 'NSPLT'"),
-    ({}, ("study", "start", "--H", "8", "--q-len", "9", "--prefix", "1", "--trials", "0"), None, "'--trials'"),
-    ({}, ("study", "start", "--H", "8", "--q-len", "9", "--prefix", "1", "--compile-jobs", "0"), None,
-     "'--compile-jobs'"),
-    ({}, ("study", "start", "--H", "8", "--q-len", "9", "--prefix", "1", "--storage", "postgresql://h/{study}"), None,
-     "Invalid value for --storage: {study} stands for each key's study in the name of an SQLite file"),
-    ({}, ("study", "start", "--H", "8", "--q-len", "9", "--prefix", "1", "--storage", "no-url"), None,
-     "Invalid value for --storage: not a database URL"),
-    ({"TUNER_STUDY_STORAGE": "sqlite:////tmp/{study}/x.db"}, ("db", "upgrade"), None,
-     "TUNER_STUDY_STORAGE: {study} stands for"),
-])
+@pytest.mark.parametrize(
+    "env, args, block, expect",
+    [
+        (
+            {"TUNER_DATABASE_URL": "postgresql+psycopg://nobody@127.0.0.1:1/x"},
+            ("db", "upgrade"),
+            None,
+            "database unavailable",
+        ),
+        (
+            {"TUNER_DATABASE_URL": "postgresql+psycopg://nobody@127.0.0.1:1/x"},
+            ("db", "current"),
+            None,
+            "database unavailable",
+        ),
+        ({"TUNER_PORT": "abc"}, ("serve",), None, "TUNER_PORT must be an integer"),
+        ({"TUNER_DATABASE_READ_ONLY": "maybe"}, ("db", "current"), None, "TUNER_DATABASE_READ_ONLY must be"),
+        ({"TUNER_DATABASE_URL": "notaurl"}, ("db", "current"), None, "is not a database URL"),
+        ({"TUNER_WRITE_TOKEN": "short"}, ("serve",), None, "at least 16 characters"),
+        ({}, ("device", "record"), "pycuda", "this command needs pycuda"),
+        ({}, ("study", "start", "--H", "0", "--q-len", "9", "--prefix", "1"), None, "'--H': 0 is not in the range"),
+        ({}, ("study", "start", "--H", "8", "--q-len", "65", "--prefix", "1"), None, "'--q-len'"),
+        ({}, ("study", "start", "--H", "8", "--q-len", "9", "--prefix", "-1"), None, "'--prefix'"),
+        (
+            {},
+            ("study", "start", "--H", "8", "--q-len", "9", "--prefix", "1", "--only", "NSPLT=4"),
+            None,
+            "unknown constant 'NSPLT'",
+        ),
+        ({}, ("study", "start", "--H", "8", "--q-len", "9", "--prefix", "1", "--trials", "0"), None, "'--trials'"),
+        (
+            {},
+            ("study", "start", "--H", "8", "--q-len", "9", "--prefix", "1", "--compile-jobs", "0"),
+            None,
+            "'--compile-jobs'",
+        ),
+        (
+            {},
+            ("study", "start", "--H", "8", "--q-len", "9", "--prefix", "1", "--storage", "postgresql://h/{study}"),
+            None,
+            "Invalid value for --storage: {study} stands for each key's study in the name of an SQLite file",
+        ),
+        (
+            {},
+            ("study", "start", "--H", "8", "--q-len", "9", "--prefix", "1", "--storage", "no-url"),
+            None,
+            "Invalid value for --storage: not a database URL",
+        ),
+        (
+            {"TUNER_STUDY_STORAGE": "sqlite:////tmp/{study}/x.db"},
+            ("db", "upgrade"),
+            None,
+            "TUNER_STUDY_STORAGE: {study} stands for",
+        ),
+    ],
+)
 def test_operator_mistakes_are_one_line_and_non_zero(sqlite_url, tmp_path, env, args, block, expect):
     """Each of these printed a traceback before (issue 11 item 16)."""
     base = {"TUNER_DATABASE_URL": sqlite_url}
@@ -171,8 +225,20 @@ def test_version():
 def test_study_report_without_matplotlib_is_one_line(sqlite_url, tmp_path):
     base = {"TUNER_DATABASE_URL": sqlite_url}
     assert _tuner(base, "db", "upgrade").returncode == 0
-    rows = [{"device": "h200", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256,
-             "median_us": 40.0, "default_us": 80.0}]
+    rows = [
+        {
+            "device": "h200",
+            "H": 8,
+            "q_len": 9,
+            "prefix": 46000,
+            "NSPLIT": 64,
+            "HT": 8,
+            "TK": 32,
+            "BLOCK": 256,
+            "median_us": 40.0,
+            "default_us": 80.0,
+        }
+    ]
     (tmp_path / "r.json").write_text(json.dumps(rows))
     assert _tuner(base, "configs", "import", str(tmp_path / "r.json")).returncode == 0
     r = _tuner(base, "study", "report", "--out", str(tmp_path / "rep"), block="matplotlib")
@@ -216,11 +282,13 @@ def test_study_start_puts_trials_in_flight_per_gpu(run, monkeypatch, args):
 @pytest.mark.parametrize("value", ["0", "1,x", "5000", ""])
 def test_study_start_rejects_a_bad_batch_in_one_line(value, tmp_path):
     from click.testing import CliRunner
-
     from verify_tuner.cli import cli
 
-    r = CliRunner().invoke(cli, ["study", "start", "--H", "8", "--q-len", "9", "--prefix", "4096", "--batch", value],
-                           env={"TUNER_DATABASE_URL": f"sqlite:///{tmp_path / 'c.db'}"})
+    r = CliRunner().invoke(
+        cli,
+        ["study", "start", "--H", "8", "--q-len", "9", "--prefix", "4096", "--batch", value],
+        env={"TUNER_DATABASE_URL": f"sqlite:///{tmp_path / 'c.db'}"},
+    )
     assert r.exit_code == 2 and "--batch" in r.output and "Traceback" not in r.output
 
 

@@ -43,14 +43,15 @@ def test_services_commands_run_as_processes(tmp_path):
     env["TUNER_DEVICE"] = "h200"
     full = {**os.environ, **env}
     migrate = COMPOSE["services"]["migrate"]["command"]
-    subprocess.run([sys.executable, "-m", "tuner", *migrate[1:]], env=full, check=True, capture_output=True,
-                   timeout=60)
+    subprocess.run([sys.executable, "-m", "tuner", *migrate[1:]], env=full, check=True, capture_output=True, timeout=60)
     port = free_port()
     with running_server(env, port=port):
         r = httpx.get(f"http://127.0.0.1:{port}/readyz")
         assert r.status_code == 200
-        assert httpx.get(f"http://127.0.0.1:{port}/config", params={"H": 8, "q_len": 9, "prefix": 46000}).json()[
-            "source"] == "heuristic"
+        assert (
+            httpx.get(f"http://127.0.0.1:{port}/config", params={"H": 8, "q_len": 9, "prefix": 46000}).json()["source"]
+            == "heuristic"
+        )
 
 
 def test_dockerfile_gives_the_runtime_user_its_data_directory():
@@ -58,7 +59,7 @@ def test_dockerfile_gives_the_runtime_user_its_data_directory():
     before_volume = text.split('VOLUME ["/data"]', 1)[0]
     assert "mkdir -p /data && chown 10001:10001 /data" in before_volume  # a fresh named volume inherits it
     assert "USER 10001:10001" in text  # numeric: Kubernetes' runAsNonRoot can verify it
-    health = next(ln for ln in text.splitlines() if ln.strip().startswith("CMD [\"python\""))
+    health = next(ln for ln in text.splitlines() if ln.strip().startswith('CMD ["python"'))
     assert health.strip().startswith('CMD ["python", "-c"')  # exec form: no shell needed in the image
     ignore = (ROOT / ".dockerignore").read_text().split()
     assert {".git", ".venv", "*.db", "tests"} <= set(ignore)

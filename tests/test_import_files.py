@@ -9,12 +9,23 @@ import json
 
 import pytest
 from click.testing import CliRunner
-
-from verify_tuner.kernels import kernel_hash
 from verify_tuner.cli import cli
+from verify_tuner.kernels import kernel_hash
 
-GOOD = {"device": "rtx-pro-6000", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 94, "HT": 4, "TK": 16,
-        "BLOCK": 256, "STAGES": 2, "WR": 4, "WK": 2, "median_us": 40.0}
+GOOD = {
+    "device": "rtx-pro-6000",
+    "H": 8,
+    "q_len": 9,
+    "prefix": 46000,
+    "NSPLIT": 94,
+    "HT": 4,
+    "TK": 16,
+    "BLOCK": 256,
+    "STAGES": 2,
+    "WR": 4,
+    "WK": 2,
+    "median_us": 40.0,
+}
 
 
 @pytest.fixture
@@ -46,8 +57,13 @@ def test_a_spreadsheet_csv_with_a_byte_order_mark_keeps_its_device(run, tmp_path
     assert "RTX PRO 6000" in listed and "NVIDIA H200" not in listed
 
 
-@pytest.mark.parametrize("rename, expect", [({"device": "Device"}, "'Device' (did you mean 'device'?)"),
-                                             ({"NSPLIT": "NSPLT"}, "'NSPLT' (did you mean 'NSPLIT'?)")])
+@pytest.mark.parametrize(
+    "rename, expect",
+    [
+        ({"device": "Device"}, "'Device' (did you mean 'device'?)"),
+        ({"NSPLIT": "NSPLT"}, "'NSPLT' (did you mean 'NSPLIT'?)"),
+    ],
+)
 def test_unknown_or_misspelt_columns_are_rejected_naming_them(run, tmp_path, rename, expect):
     row = {rename.get(k, k): v for k, v in GOOD.items()}
     path = tmp_path / "rows.csv"
@@ -67,10 +83,17 @@ def test_a_missing_device_never_falls_back_to_the_recorded_one(run, tmp_path):
 
 
 BAD_VALUES = [
-    ({"H": 2**63}, "H"), ({"H": 1e30}, "H"), ({"NSPLIT": float("inf")}, "NSPLIT"), ({"tuned_at": 12345}, "tuned_at"),
-    ({"device": ["h200"]}, "device"), ({"NSPLIT": 128.7}, "NSPLIT"), ({"H": True}, "H"),
-    ({"median_us": float("inf")}, "median_us"), ({"median_us": -1.0}, "median_us"),
-    ({"p10_us": 50.0, "p90_us": 30.0}, "p10_us"), ({"bucket": 99, "prefix": None}, "bucket"),
+    ({"H": 2**63}, "H"),
+    ({"H": 1e30}, "H"),
+    ({"NSPLIT": float("inf")}, "NSPLIT"),
+    ({"tuned_at": 12345}, "tuned_at"),
+    ({"device": ["h200"]}, "device"),
+    ({"NSPLIT": 128.7}, "NSPLIT"),
+    ({"H": True}, "H"),
+    ({"median_us": float("inf")}, "median_us"),
+    ({"median_us": -1.0}, "median_us"),
+    ({"p10_us": 50.0, "p90_us": 30.0}, "p10_us"),
+    ({"bucket": 99, "prefix": None}, "bucket"),
 ]
 
 
@@ -130,7 +153,6 @@ def client_factory(db_url, tmp_path):
     import contextlib
 
     from fastapi.testclient import TestClient
-
     from verify_tuner.api.app import create_app
     from verify_tuner.db import migrate
     from verify_tuner.settings import Settings

@@ -29,19 +29,30 @@ def test_no_module_imports_a_generic_top_level_name():
     bad = []
     for folder in ("tuner", "kernels", "api", "migrations", "tests", "bench", "docs"):
         for path in sorted((ROOT / folder).rglob("*.py")):
-            bad += [f"{path.relative_to(ROOT)}:{line}: {name}" for line, name in _imports(path)
-                    if name.split(".")[0] in GENERIC]
+            bad += [
+                f"{path.relative_to(ROOT)}:{line}: {name}"
+                for line, name in _imports(path)
+                if name.split(".")[0] in GENERIC
+            ]
     assert bad == [], "\n".join(bad)
 
 
 def test_the_wheel_installs_one_top_level_package(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     (wheel,) = tmp_path.glob("verify_tuner-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert tops == {"verify_tuner"}, tops
-    for shipped in ("verify_tuner/kernels/csrc/verify_attention.cu", "verify_tuner/migrations/script.py.mako",
-                    "verify_tuner/migrations/versions/0001_initial.py", "verify_tuner/api/routes/config.py"):
+    for shipped in (
+        "verify_tuner/kernels/csrc/verify_attention.cu",
+        "verify_tuner/migrations/script.py.mako",
+        "verify_tuner/migrations/versions/0001_initial.py",
+        "verify_tuner/api/routes/config.py",
+    ):
         assert shipped in names, shipped

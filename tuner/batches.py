@@ -70,8 +70,9 @@ def prefix_of(prefix_lens: list[int], statistic: str = BATCH_STATISTIC) -> int:
 SPREADS = ("uniform", "one-long", "equal")
 
 
-def draw_prefixes(*, batch: int, centre: int, spread: str = "uniform", seed: int = 0,
-                  statistic: str = BATCH_STATISTIC) -> list[int]:
+def draw_prefixes(
+    *, batch: int, centre: int, spread: str = "uniform", seed: int = 0, statistic: str = BATCH_STATISTIC
+) -> list[int]:
     """A reproducible ragged batch whose statistic (the lookup's prefix) equals `centre`, so a
     measurement made for a prefix bucket is one the lookup would serve from that bucket."""
     if spread not in SPREADS:

@@ -34,7 +34,6 @@ from datetime import timedelta
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
-
 from verify_tuner import space
 from verify_tuner.backend import Backend, Workload
 from verify_tuner.db import repo
@@ -95,16 +94,23 @@ def _beating(sessions: sessionmaker[Session], study_id: int, owner: str) -> Iter
 _DONE = -1
 
 
-def _claim(sessions: sessionmaker[Session], key: ConfigKey, wl: Workload, owner: str, budget: int,
-           study_kw: dict[str, Any]) -> int | None:
+def _claim(
+    sessions: sessionmaker[Session], key: ConfigKey, wl: Workload, owner: str, budget: int, study_kw: dict[str, Any]
+) -> int | None:
     """Claim the key's study: its id when this process now owns it, _DONE when it is finished with
     its budget measured (a re-run, or another process got there first), None when a live process
     owns it. The claim comes first and the check after, on the row this process then owns: a
     check before the claim could read a study that its owner finishes and releases before the
     claim's UPDATE, and the key was tuned twice (seen on PostgreSQL, 2 of 6 runs of the 10-key test)."""
     with session_scope(sessions) as s:
-        row = repo.get_or_create_study(session=s, key=key, prefix=wl.prefix, sampler=study_kw.get("sampler", "tpe"),
-                                       seed=study_kw.get("seed"), reopen=False)
+        row = repo.get_or_create_study(
+            session=s,
+            key=key,
+            prefix=wl.prefix,
+            sampler=study_kw.get("sampler", "tpe"),
+            seed=study_kw.get("seed"),
+            reopen=False,
+        )
         study_id = row.id
     stale = repo.utcnow() - timedelta(seconds=CLAIM_STALE_S)
     with session_scope(sessions) as s:  # one transaction: the claim's UPDATE holds the row for the check
@@ -117,9 +123,18 @@ def _claim(sessions: sessionmaker[Session], key: ConfigKey, wl: Workload, owner:
     return study_id
 
 
-def run_job(*, backend: Backend, sessions: sessionmaker[Session], workloads: list[Workload], n_trials: int,
-            owner: str, study_kw: dict[str, Any], restrict: dict[str, list[int]] | None = None,
-            on_key_done: Callable[[], None] | None = None, place: tuple[int, int] = (0, 1)) -> JobResult:
+def run_job(
+    *,
+    backend: Backend,
+    sessions: sessionmaker[Session],
+    workloads: list[Workload],
+    n_trials: int,
+    owner: str,
+    study_kw: dict[str, Any],
+    restrict: dict[str, list[int]] | None = None,
+    on_key_done: Callable[[], None] | None = None,
+    place: tuple[int, int] = (0, 1),
+) -> JobResult:
     """Tune every key of `workloads` together with whatever other processes run the same job.
 
     `place` is this process's (index, count) among the job's processes on this host: it starts
@@ -133,8 +148,9 @@ def run_job(*, backend: Backend, sessions: sessionmaker[Session], workloads: lis
     limits = backend.limits
 
     def budget(wl: Workload) -> int:  # space.valid_configs is cached per (H, q_len, batch)
-        return min(n_trials, len(space.valid_configs(limits, H=wl.H, q_len=wl.q_len, restrict=restrict,
-                                                     batch=wl.batch)))
+        return min(
+            n_trials, len(space.valid_configs(limits, H=wl.H, q_len=wl.q_len, restrict=restrict, batch=wl.batch))
+        )
 
     result = JobResult()
     in_flight = max(1, study_kw.get("parallel", 1))  # an owner's trials in flight (the same job: the same)
@@ -154,8 +170,16 @@ def run_job(*, backend: Backend, sessions: sessionmaker[Session], workloads: lis
             if study_id is None:
                 continue
             with _beating(sessions, study_id, owner) as lost:
-                out = run_study(backend=backend, sessions=sessions, workload=wl, n_trials=n_trials,
-                                restrict=restrict, pick=True, owns=lambda lost=lost: not lost.is_set(), **study_kw)
+                out = run_study(
+                    backend=backend,
+                    sessions=sessions,
+                    workload=wl,
+                    n_trials=n_trials,
+                    restrict=restrict,
+                    pick=True,
+                    owns=lambda lost=lost: not lost.is_set(),
+                    **study_kw,
+                )
             with session_scope(sessions) as s:
                 repo.release_study(session=s, study_id=study_id, owner=owner)
             result.outcomes.append(out)
@@ -172,8 +196,15 @@ def run_job(*, backend: Backend, sessions: sessionmaker[Session], workloads: lis
                 left = budget(wl) - (row.n_ok + row.n_failed) if row is not None else 0
             if left > 2 * in_flight:  # its own seed: the owner samples with the job's, lockstep would repeat it
                 seed = (zlib.crc32(owner.encode()) + (study_kw.get("seed") or 0)) % (2**31 - 1)  # an INTEGER column
-                run_study(backend=backend, sessions=sessions, workload=wl, n_trials=n_trials, restrict=restrict,
-                          pick=False, **{**study_kw, "seed": seed})
+                run_study(
+                    backend=backend,
+                    sessions=sessions,
+                    workload=wl,
+                    n_trials=n_trials,
+                    restrict=restrict,
+                    pick=False,
+                    **{**study_kw, "seed": seed},
+                )
                 result.helped.append(wl)
                 acted = True
                 break

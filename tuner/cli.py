@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-
 from verify_tuner import cli_study
 from verify_tuner.batches import MAX_BATCH
 from verify_tuner.errors import TunerError
@@ -19,8 +18,12 @@ from verify_tuner.settings import Settings
 JSON_OPT = click.option("--json", "as_json", is_flag=True, help="Machine-readable output (JSON).")
 
 #: Optional packages a command may need, with how to get them.
-_OPTIONAL = {"pycuda": "pip install -e '.[cuda]' (needs the CUDA toolkit)", "torch": "pip install -e '.[cuda]'",
-             "matplotlib": "pip install matplotlib", "numpy": "pip install numpy"}
+_OPTIONAL = {
+    "pycuda": "pip install -e '.[cuda]' (needs the CUDA toolkit)",
+    "torch": "pip install -e '.[cuda]'",
+    "matplotlib": "pip install matplotlib",
+    "numpy": "pip install numpy",
+}
 
 
 def _errors_as_clean_exit(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -55,9 +58,11 @@ def _checked_sessions(settings: Settings):  # type: ignore[no-untyped-def]
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="verify-tuner", message="%(prog)s %(version)s")
-@click.option("--database-url", default=None,
-              help="SQLAlchemy URL of the config database (default: TUNER_DATABASE_URL, else SQLite in the user "
-                   "data dir).")
+@click.option(
+    "--database-url",
+    default=None,
+    help="SQLAlchemy URL of the config database (default: TUNER_DATABASE_URL, else SQLite in the user data dir).",
+)
 @click.pass_context
 def cli(ctx: click.Context, database_url: str | None) -> None:
     """Auto-tuner and config service for the MLA verify-attention kernel."""
@@ -112,8 +117,10 @@ def db_current(settings: Settings) -> None:
     from verify_tuner.db import migrate
     from verify_tuner.db.session import make_engine
 
-    click.echo(f"current: {migrate.current_revision(make_engine(settings.database_url)) or 'none'}; "
-               f"head: {migrate.head_revision()}")
+    click.echo(
+        f"current: {migrate.current_revision(make_engine(settings.database_url)) or 'none'}; "
+        f"head: {migrate.head_revision()}"
+    )
 
 
 def _safe_url(url: str) -> str:
@@ -127,15 +134,19 @@ def _safe_url(url: str) -> str:
 @click.option("--host", default=None, help="Bind address (TUNER_HOST, default 127.0.0.1).")
 @click.option("--port", type=int, default=None, help="Port (TUNER_PORT, default 8177).")
 @click.option("--device", default=None, help="Device answered for when a request names none (TUNER_DEVICE).")
-@click.option("--read-only-database", is_flag=True, default=None,
-              help="The database is a read-only snapshot: open it read-only and stay ready (TUNER_DATABASE_READ_ONLY).")
+@click.option(
+    "--read-only-database",
+    is_flag=True,
+    default=None,
+    help="The database is a read-only snapshot: open it read-only and stay ready (TUNER_DATABASE_READ_ONLY).",
+)
 @click.pass_obj
 @_errors_as_clean_exit
-def serve(settings: Settings, host: str | None, port: int | None, device: str | None,
-          read_only_database: bool | None) -> None:
+def serve(
+    settings: Settings, host: str | None, port: int | None, device: str | None, read_only_database: bool | None
+) -> None:
     """Run the read-only config service (FastAPI under uvicorn)."""
     import uvicorn
-
     from verify_tuner.api.app import create_app
     from verify_tuner.db.migrate import ensure_current
     from verify_tuner.db.session import make_engine
@@ -145,8 +156,14 @@ def serve(settings: Settings, host: str | None, port: int | None, device: str | 
     ensure_current(make_engine(settings.database_url, immediate=False, read_only=settings.database_read_only))
     # No per-request access log: /metrics counts requests by route and status, and a log line per
     # lookup would cost more than the lookup.
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info", access_log=False,
-                timeout_keep_alive=75)  # workers poll rarely: keep their connection, as proxies do
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level="info",
+        access_log=False,
+        timeout_keep_alive=75,
+    )  # workers poll rarely: keep their connection, as proxies do
 
 
 # --- device ----------------------------------------------------------------------------------
@@ -161,9 +178,9 @@ def device() -> None:
 @_errors_as_clean_exit
 def device_record(settings: Settings, ordinal: int) -> None:
     """Read the local GPU's limits (needs CUDA) and store them."""
-    from verify_tuner.kernels.limits import read_device_limits
     from verify_tuner.db import repo
     from verify_tuner.db.session import session_scope
+    from verify_tuner.kernels.limits import read_device_limits
 
     limits = read_device_limits(ordinal)
     with session_scope(_checked_sessions(settings)) as s:
@@ -189,8 +206,9 @@ def device_list(settings: Settings, as_json: bool) -> None:
         click.echo(json.dumps(limits, indent=1, allow_nan=False))
         return
     for d in limits:
-        click.echo(f"{d['name']}\tcc {d['cc_major']}.{d['cc_minor']}\t{d['sm_count']} SMs\t"
-                   f"{d['max_smem_optin']} B smem")
+        click.echo(
+            f"{d['name']}\tcc {d['cc_major']}.{d['cc_minor']}\t{d['sm_count']} SMs\t{d['max_smem_optin']} B smem"
+        )
 
 
 # --- configs ---------------------------------------------------------------------------------
@@ -208,27 +226,28 @@ def configs() -> None:
 @_errors_as_clean_exit
 def configs_list(settings: Settings, device: str | None, H: int | None, q_len: int | None, as_json: bool) -> None:
     """One line per stored best config (with STAGES and the kernel hash)."""
-    from verify_tuner.kernels import kernel_hash
-    from verify_tuner.kernels.config import PARAM_NAMES
     from verify_tuner import configs_io
     from verify_tuner.db.session import session_scope
+    from verify_tuner.kernels import kernel_hash
+    from verify_tuner.kernels.config import PARAM_NAMES
 
     with session_scope(_checked_sessions(settings)) as s:
         rows = configs_io.export_rows(session=s, device=device, H=H, q_len=q_len)
     current = kernel_hash()
     if as_json:
-        click.echo(json.dumps([{**r, "served": r["kernel_hash"] == current} for r in rows], indent=1,
-                              allow_nan=False))
+        click.echo(json.dumps([{**r, "served": r["kernel_hash"] == current} for r in rows], indent=1, allow_nan=False))
         return
     if not rows:
         click.echo("no tuned configs")
     for r in rows:
         consts = " ".join(f"{k}={r[k]}" for k in PARAM_NAMES)
         served = "" if r["kernel_hash"] == current else "  (another kernel: not served)"
-        click.echo(f"{r['device']}  H={r['H']} q_len={r['q_len']} prefix[{r['bucket_lo']},{r['bucket_hi']}) "
-                   f"B[{r['batch_lo']},{r['batch_hi']}]  "
-                   f"{consts}  {_us(r['median_us'])} (default {_us(r['default_us'])})  "
-                   f"kernel {r['kernel_hash']}{served}")
+        click.echo(
+            f"{r['device']}  H={r['H']} q_len={r['q_len']} prefix[{r['bucket_lo']},{r['bucket_hi']}) "
+            f"B[{r['batch_lo']},{r['batch_hi']}]  "
+            f"{consts}  {_us(r['median_us'])} (default {_us(r['default_us'])})  "
+            f"kernel {r['kernel_hash']}{served}"
+        )
 
 
 def _us(v: float | None) -> str:
@@ -239,14 +258,16 @@ def _us(v: float | None) -> str:
 @click.option("--H", "H", type=int, required=True)
 @click.option("--q-len", type=int, required=True)
 @click.option("--prefix", type=int, required=True, help="A batch's longest prefix (verify_tuner.batches.prefix_of).")
-@click.option("--batch", type=click.IntRange(1, MAX_BATCH), default=1, show_default=True,
-              help="Requests verified in one launch.")
+@click.option(
+    "--batch", type=click.IntRange(1, MAX_BATCH), default=1, show_default=True, help="Requests verified in one launch."
+)
 @click.option("--device", default=None, help="Default: TUNER_DEVICE, else the only recorded device.")
 @JSON_OPT
 @click.pass_obj
 @_errors_as_clean_exit
-def configs_show(settings: Settings, H: int, q_len: int, prefix: int, batch: int, device: str | None,
-                 as_json: bool) -> None:
+def configs_show(
+    settings: Settings, H: int, q_len: int, prefix: int, batch: int, device: str | None, as_json: bool
+) -> None:
     """The config the service would answer for this key (tuned, nearest or heuristic); JSON
     either way (--json is accepted for symmetry with the other commands)."""
     from verify_tuner import lookup
@@ -255,15 +276,30 @@ def configs_show(settings: Settings, H: int, q_len: int, prefix: int, batch: int
     with session_scope(_checked_sessions(settings)) as s:
         limits = lookup.resolve_device(session=s, name=device, default=settings.device)
         a = lookup.answer(session=s, limits=limits, H=H, q_len=q_len, prefix=prefix, batch=batch)
-    click.echo(json.dumps({**a.config.as_params(), "source": a.source, "bucket": [a.bucket.lo, a.bucket.hi],
-                           "batch_bucket": [a.batch_bucket.lo, a.batch_bucket.hi],
-                           "device": a.device, "expected_us": a.expected_us}, indent=2))
+    click.echo(
+        json.dumps(
+            {
+                **a.config.as_params(),
+                "source": a.source,
+                "bucket": [a.bucket.lo, a.bucket.hi],
+                "batch_bucket": [a.batch_bucket.lo, a.batch_bucket.hi],
+                "device": a.device,
+                "expected_us": a.expected_us,
+            },
+            indent=2,
+        )
+    )
 
 
 @configs.command("export")
 @click.option("--format", "fmt", type=click.Choice(["json", "csv"]), default="json", show_default=True)
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="File to write (default: stdout).")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="File to write (default: stdout).",
+)
 @click.option("--device", default=None)
 @click.pass_obj
 @_errors_as_clean_exit
@@ -282,11 +318,20 @@ def configs_export(settings: Settings, fmt: str, output: Path | None, device: st
 
 
 @configs.command("dump")
-@click.option("--out-dir", type=click.Path(file_okay=False, path_type=Path), required=True,
-              help="Folder for the files (created if missing); point VERIFY_TUNER_CONFIG_DIR at it.")
+@click.option(
+    "--out-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Folder for the files (created if missing); point VERIFY_TUNER_CONFIG_DIR at it.",
+)
 @click.option("--device", default=None, help="Default: every recorded device.")
-@click.option("--shape", "shapes", multiple=True, metavar="H:Q",
-              help="Also write this (H, q_len) where nothing is tuned (heuristic table); repeatable.")
+@click.option(
+    "--shape",
+    "shapes",
+    multiple=True,
+    metavar="H:Q",
+    help="Also write this (H, q_len) where nothing is tuned (heuristic table); repeatable.",
+)
 @click.pass_obj
 @_errors_as_clean_exit
 def configs_dump(settings: Settings, out_dir: Path, device: str | None, shapes: tuple[str, ...]) -> None:
@@ -315,8 +360,9 @@ def configs_dump(settings: Settings, out_dir: Path, device: str | None, shapes: 
 
 @configs.command("import")
 @click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--format", "fmt", type=click.Choice(["json", "csv"]), default=None,
-              help="Default: from the file extension.")
+@click.option(
+    "--format", "fmt", type=click.Choice(["json", "csv"]), default=None, help="Default: from the file extension."
+)
 @click.pass_obj
 @_errors_as_clean_exit
 def configs_import(settings: Settings, path: Path, fmt: str | None) -> None:

@@ -11,21 +11,37 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.orm import Session
-
-from verify_tuner.kernels import kernel_hash as current_kernel_hash
-from verify_tuner.kernels.config import PARAM_NAMES, KernelConfig
-from verify_tuner.kernels.errors import InvalidConfig
-from verify_tuner.kernels.validate import check
 from verify_tuner import batches, buckets, engine_files
 from verify_tuner import rows as rows_schema
 from verify_tuner.db import repo
 from verify_tuner.errors import BadParameter, TunerError
+from verify_tuner.kernels import kernel_hash as current_kernel_hash
+from verify_tuner.kernels.config import PARAM_NAMES, KernelConfig
+from verify_tuner.kernels.errors import InvalidConfig
+from verify_tuner.kernels.validate import check
 from verify_tuner.keys import ConfigKey
 from verify_tuner.lookup import resolve_device
 
-FIELDS = ["device", "kernel_hash", "dtype", "H", "q_len", "bucket", "bucket_lo", "bucket_hi", "batch_bucket",
-          "batch_lo", "batch_hi", *PARAM_NAMES,
-          "median_us", "p10_us", "p90_us", "default_us", "speedup", "tuned_at"]
+FIELDS = [
+    "device",
+    "kernel_hash",
+    "dtype",
+    "H",
+    "q_len",
+    "bucket",
+    "bucket_lo",
+    "bucket_hi",
+    "batch_bucket",
+    "batch_lo",
+    "batch_hi",
+    *PARAM_NAMES,
+    "median_us",
+    "p10_us",
+    "p90_us",
+    "default_us",
+    "speedup",
+    "tuned_at",
+]
 
 
 class ImportRejected(TunerError):
@@ -36,19 +52,35 @@ class ImportRejected(TunerError):
         self.errors = errors
 
 
-def export_rows(*, session: Session, device: str | None = None, H: int | None = None,
-                q_len: int | None = None) -> list[dict[str, Any]]:
+def export_rows(
+    *, session: Session, device: str | None = None, H: int | None = None, q_len: int | None = None
+) -> list[dict[str, Any]]:
     out = []
     for r in repo.list_best(session=session, device=device, H=H, q_len=q_len):
         b, bb = buckets.by_index(r.key.bucket), batches.by_index(r.key.batch_bucket)
         p = r.config.as_params()
-        out.append({
-            "device": r.key.device, "kernel_hash": r.key.kernel_hash, "dtype": r.key.dtype, "H": r.key.H,
-            "q_len": r.key.q_len, "bucket": b.index, "bucket_lo": b.lo, "bucket_hi": b.hi,
-            "batch_bucket": bb.index, "batch_lo": bb.lo, "batch_hi": bb.hi, **p,
-            "median_us": r.median_us, "p10_us": r.p10_us, "p90_us": r.p90_us, "default_us": r.default_us,
-            "speedup": r.speedup, "tuned_at": r.tuned_at.isoformat() if r.tuned_at else None,
-        })
+        out.append(
+            {
+                "device": r.key.device,
+                "kernel_hash": r.key.kernel_hash,
+                "dtype": r.key.dtype,
+                "H": r.key.H,
+                "q_len": r.key.q_len,
+                "bucket": b.index,
+                "bucket_lo": b.lo,
+                "bucket_hi": b.hi,
+                "batch_bucket": bb.index,
+                "batch_lo": bb.lo,
+                "batch_hi": bb.hi,
+                **p,
+                "median_us": r.median_us,
+                "p10_us": r.p10_us,
+                "p90_us": r.p90_us,
+                "default_us": r.default_us,
+                "speedup": r.speedup,
+                "tuned_at": r.tuned_at.isoformat() if r.tuned_at else None,
+            }
+        )
     return out
 
 
@@ -109,8 +141,15 @@ def _parse(session: Session, raw: dict[str, Any]) -> _Parsed:
     reason = check(cfg, limits, H=row.H, q_len=row.q_len)
     if reason:
         raise InvalidConfig(f"config {cfg} cannot run on {limits.name}: {reason}")
-    key = ConfigKey(limits.name, row.kernel_hash or current_kernel_hash(), row.dtype, row.H, row.q_len,
-                    row.bucket_index, row.batch_bucket)
+    key = ConfigKey(
+        limits.name,
+        row.kernel_hash or current_kernel_hash(),
+        row.dtype,
+        row.H,
+        row.q_len,
+        row.bucket_index,
+        row.batch_bucket,
+    )
     timing = {k: getattr(row, k) for k in rows_schema.TIMING_FIELDS}
     return _Parsed(key, cfg, timing, row.tuned_at, limits)
 
@@ -137,8 +176,12 @@ def import_rows(*, session: Session, rows: list[dict[str, Any]], allow_empty: bo
             return ImportResult(0, [])
         raise ImportRejected(["no rows"])
     current = current_kernel_hash()
-    warnings = [f"row {seen[p.key]}: kernel hash {p.key.kernel_hash} is not this kernel's ({current}): stored, "
-                "but never served by this version" for p in parsed if p.key.kernel_hash != current]
+    warnings = [
+        f"row {seen[p.key]}: kernel hash {p.key.kernel_hash} is not this kernel's ({current}): stored, "
+        "but never served by this version"
+        for p in parsed
+        if p.key.kernel_hash != current
+    ]
     for p in parsed:
         if repo.get_device(session=session, name=p.limits.name) is None:
             repo.upsert_device(session=session, limits=p.limits)

@@ -53,14 +53,15 @@ def read(path: Path) -> dict[str, Any]:
     return doc
 
 
-def dump(*, session: Any, out_dir: Path, device: str | None = None,
-         shapes: list[tuple[int, int]] | None = None) -> list[Path]:
+def dump(
+    *, session: Any, out_dir: Path, device: str | None = None, shapes: list[tuple[int, int]] | None = None
+) -> list[Path]:
     """Write the files for every (device, H, q_len) holding tuned rows of this kernel (or only
     `device`), plus the given (H, q_len) shapes (heuristic tables where nothing is tuned)."""
-    from verify_tuner.kernels import KERNEL_NAME, KERNEL_VERSION
-    from verify_tuner.kernels import kernel_hash as current_kernel_hash
     from verify_tuner import batches, lookup
     from verify_tuner.db import repo
+    from verify_tuner.kernels import KERNEL_NAME, KERNEL_VERSION
+    from verify_tuner.kernels import kernel_hash as current_kernel_hash
 
     khash = current_kernel_hash()
     rows = [r for r in repo.list_best(session=session, device=device) if r.key.kernel_hash == khash]
@@ -71,23 +72,52 @@ def dump(*, session: Any, out_dir: Path, device: str | None = None,
     written = []
     for name, H, q_len, dtype in sorted(wanted):
         limits = lookup.resolve_device(session=session, name=name, default=None)
-        answers = lookup.table(session=session, limits=limits, H=H, q_len=q_len, dtype=dtype, kernel_hash=khash,
-                               batch_buckets=[b.index for b in batches.ALL])
-        by_key = {(r.key.batch_bucket, r.key.bucket): r for r in rows
-                  if (r.key.device, r.key.H, r.key.q_len, r.key.dtype) == (limits.name, H, q_len, dtype)}
+        answers = lookup.table(
+            session=session,
+            limits=limits,
+            H=H,
+            q_len=q_len,
+            dtype=dtype,
+            kernel_hash=khash,
+            batch_buckets=[b.index for b in batches.ALL],
+        )
+        by_key = {
+            (r.key.batch_bucket, r.key.bucket): r
+            for r in rows
+            if (r.key.device, r.key.H, r.key.q_len, r.key.dtype) == (limits.name, H, q_len, dtype)
+        }
         table: dict[str, list[dict[str, Any]]] = {}
         for a in answers:
-            entry: dict[str, Any] = {"prefix_lo": a.bucket.lo, "prefix_hi": a.bucket.hi, **a.config.as_params(),
-                                     "source": a.source}
+            entry: dict[str, Any] = {
+                "prefix_lo": a.bucket.lo,
+                "prefix_hi": a.bucket.hi,
+                **a.config.as_params(),
+                "source": a.source,
+            }
             row = by_key.get((a.batch_bucket.index, a.bucket.index)) if a.source == "tuned" else None
             if row is not None:
-                entry.update({"median_us": row.median_us, "p10_us": row.p10_us, "p90_us": row.p90_us,
-                              "default_us": row.default_us,
-                              "tuned_at": row.tuned_at.isoformat() if row.tuned_at else None})
+                entry.update(
+                    {
+                        "median_us": row.median_us,
+                        "p10_us": row.p10_us,
+                        "p90_us": row.p90_us,
+                        "default_us": row.default_us,
+                        "tuned_at": row.tuned_at.isoformat() if row.tuned_at else None,
+                    }
+                )
             table.setdefault(str(a.batch_bucket.hi), []).append(entry)
-        doc = {"format": FORMAT, "kernel": KERNEL_NAME, "kernel_version": KERNEL_VERSION, "kernel_hash": khash,
-               "device_name": limits.name, "dtype": dtype, "H": H, "q_len": q_len,
-               "batch_buckets": {str(b.hi): [b.lo, b.hi] for b in batches.ALL}, "configs": table}
+        doc = {
+            "format": FORMAT,
+            "kernel": KERNEL_NAME,
+            "kernel_version": KERNEL_VERSION,
+            "kernel_hash": khash,
+            "device_name": limits.name,
+            "dtype": dtype,
+            "H": H,
+            "q_len": q_len,
+            "batch_buckets": {str(b.hi): [b.lo, b.hi] for b in batches.ALL},
+            "configs": table,
+        }
         path = out_dir / file_name(H=H, q_len=q_len, device=limits.name, dtype=dtype)
         write_atomic(path, doc)
         written.append(path)
@@ -97,8 +127,8 @@ def dump(*, session: Any, out_dir: Path, device: str | None = None,
 def tuned_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     """The tuned entries of a file as import rows (verify_tuner.rows.ConfigRow): what `configs import`
     restores from a dump. Heuristic and nearest entries are derived, not stored."""
-    from verify_tuner.kernels.config import PARAM_NAMES
     from verify_tuner import batches, buckets
+    from verify_tuner.kernels.config import PARAM_NAMES
 
     out = []
     for hi, entries in doc["configs"].items():
@@ -106,9 +136,15 @@ def tuned_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
         for e in entries:
             if e.get("source") != "tuned":
                 continue
-            row = {"device": doc["device_name"], "kernel_hash": doc["kernel_hash"], "dtype": doc["dtype"],
-                   "H": doc["H"], "q_len": doc["q_len"], "bucket": buckets.bucket_of(e["prefix_lo"]).index,
-                   "batch_bucket": bb.index}
+            row = {
+                "device": doc["device_name"],
+                "kernel_hash": doc["kernel_hash"],
+                "dtype": doc["dtype"],
+                "H": doc["H"],
+                "q_len": doc["q_len"],
+                "bucket": buckets.bucket_of(e["prefix_lo"]).index,
+                "batch_bucket": bb.index,
+            }
             row.update({k: e[k] for k in PARAM_NAMES if k in e})
             row.update({k: e.get(k) for k in ROW_FIELDS if e.get(k) is not None})
             out.append(row)

@@ -8,10 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from verify_tuner.backend import COMPILE_ERROR, INVALID, OK, WRONG, Measurement, Workload
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.errors import CompileError, InvalidConfig, LaunchError
 from verify_tuner.kernels.shapes import D_V
-from verify_tuner.backend import COMPILE_ERROR, INVALID, OK, WRONG, Measurement, Workload
 
 REL_TOL = 1e-2
 MAX_LOADED = 16  # >= the winner phase's pool (top 3 + default + incumbent)
@@ -22,7 +22,6 @@ class GpuMeasurer:
         import pycuda.autoprimaryctx  # noqa: F401  (torch's primary context)
         import pycuda.driver as cuda
         import torch
-
         from verify_tuner.kernels.limits import read_device_limits
         from verify_tuner.kernels.timing import copy_bandwidth
 
@@ -49,8 +48,9 @@ class GpuMeasurer:
         return read_device_limits(0)
 
     @staticmethod
-    def build(cfg: KernelConfig, q_len: int, arch: str, *, cache_dir: str, extra_flags: tuple[str, ...] = (),
-              **_: Any) -> None:
+    def build(
+        cfg: KernelConfig, q_len: int, arch: str, *, cache_dir: str, extra_flags: tuple[str, ...] = (), **_: Any
+    ) -> None:
         """Compile `cfg` into the cache the measurement loads from (no GPU needed: any process,
         any thread). A compile error is the measurement's to report: it compiles again and
         fails the trial with nvcc's message."""
@@ -69,8 +69,13 @@ class GpuMeasurer:
             self._workloads.clear()  # one workload's inputs at a time: they are sized past the L2
             self._launchers.clear()
             self.torch.cuda.empty_cache()
-            sets = rotating_inputs(prefix_lens=wl.prefix_lens(), q_len=wl.q_len, H=wl.H,
-                                   l2_bytes=self.limits.l2_bytes, seed=wl.H * 1000 + wl.q_len)
+            sets = rotating_inputs(
+                prefix_lens=wl.prefix_lens(),
+                q_len=wl.q_len,
+                H=wl.H,
+                l2_bytes=self.limits.l2_bytes,
+                seed=wl.H * 1000 + wl.q_len,
+            )
             ref = reference(sets[0])[0]  # the gate covers every request of the batch
             out = self.torch.empty(wl.batch, wl.q_len, wl.H, D_V, dtype=self.torch.bfloat16, device="cuda")
             self._workloads[wl] = (sets, ref, out)
@@ -85,13 +90,21 @@ class GpuMeasurer:
         else:
             while len(self._launchers) >= MAX_LOADED:
                 self._launchers.popitem(last=False)
-            self._launchers[key] = VerifyAttention(cfg, H=wl.H, q_len=wl.q_len, limits=self.limits, max_batch=wl.batch,
-                                                   cache_dir=self.cache_dir, extra_flags=self.extra_flags)
+            self._launchers[key] = VerifyAttention(
+                cfg,
+                H=wl.H,
+                q_len=wl.q_len,
+                limits=self.limits,
+                max_batch=wl.batch,
+                cache_dir=self.cache_dir,
+                extra_flags=self.extra_flags,
+            )
         return self._launchers[key]
 
     def _launch_fn(self, va: Any, sets: list[Any], out: Any):  # type: ignore[no-untyped-def]
         def launch(k: int) -> None:
             va.run(sets[k], out, stream=self.stream)
+
         return launch
 
     def _sync(self) -> None:
@@ -148,8 +161,10 @@ class GpuMeasurer:
         per_round = max(10, self.reps // 2)
         with self._kernel_failures():
             launches = [self._launch_fn(self._launcher(c, wl), sets, out) for c in cfgs]
-            rounds_ = interleave([lambda f=f: time_graph(f, len(sets), stream=self.stream, replays=per_round).samples
-                                  for f in launches], rounds)
+            rounds_ = interleave(
+                [lambda f=f: time_graph(f, len(sets), stream=self.stream, replays=per_round).samples for f in launches],
+                rounds,
+            )
             self._sync()
         result = []
         for per in rounds_:

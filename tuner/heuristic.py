@@ -39,16 +39,30 @@ TWO_WAVE_TILES = 32
 #: vs 266.8, H=128 427.1 vs 520.4, H=32 P=16k 50.3 vs 59.2; it loses in bandwidth mode (q=1: 53.9
 #: vs 45.6). Where a score buffer per k-slice fits (32-36 rows) the unfolded one is faster (H=8 q=4
 #: 27.3 vs 28.7 folded vs 29.6 PIPE=1; sweep_seesaw_mid_sm_90.md); at 72 rows only the folded fits.
-_COMPUTE = ((32, 256, 3, 2, 2, 0, 3), (32, 256, 3, 2, 2, 1, 3),
-            (32, 256, 2, 2, 4, 0, 1), (32, 256, 3, 2, 4, 1, 1), (32, 256, 3, 2, 2, 0, 1),
-            (32, 256, 2, 4, 2, 0, 1), (16, 256, 3, 2, 4, 0, 1), (16, 256, 2, 4, 2, 0, 1),
-            (16, 256, 2, 2, 4, 0, 1), (16, 128, 2, 1, 4, 0, 1), (16, 128, 2, 2, 2, 0, 1))
+_COMPUTE = (
+    (32, 256, 3, 2, 2, 0, 3),
+    (32, 256, 3, 2, 2, 1, 3),
+    (32, 256, 2, 2, 4, 0, 1),
+    (32, 256, 3, 2, 4, 1, 1),
+    (32, 256, 3, 2, 2, 0, 1),
+    (32, 256, 2, 4, 2, 0, 1),
+    (16, 256, 3, 2, 4, 0, 1),
+    (16, 256, 2, 4, 2, 0, 1),
+    (16, 256, 2, 2, 4, 0, 1),
+    (16, 128, 2, 1, 4, 0, 1),
+    (16, 128, 2, 2, 2, 0, 1),
+)
 #: Splits of at most SHORT_TILES tiles (short prefixes): one barrier fewer per tile and a third
 #: slot beat refilling after PV (H=8 q=9 P=4096: 16.2 us vs 19.0, bench/results/sweep_*_sm_90.md).
 SHORT_TILES = 4
 _SHORT = ((32, 256, 3, 2, 2, 0, 0), (32, 256, 3, 2, 4, 1, 0))
-_BANDWIDTH = ((32, 256, 2, 1, 4, 0, 1), (32, 256, 3, 1, 4, 0, 1), (16, 256, 4, 1, 4, 0, 1),
-              (16, 128, 3, 1, 4, 0, 1), (16, 128, 2, 1, 4, 0, 1))
+_BANDWIDTH = (
+    (32, 256, 2, 1, 4, 0, 1),
+    (32, 256, 3, 1, 4, 0, 1),
+    (16, 256, 4, 1, 4, 0, 1),
+    (16, 128, 3, 1, 4, 0, 1),
+    (16, 128, 2, 1, 4, 0, 1),
+)
 
 
 def _divisors_desc(n: int) -> list[int]:
@@ -68,14 +82,14 @@ def _templates(rows: int, tokens_per_group: int) -> tuple[tuple[int, ...], ...]:
     return _SHORT + _COMPUTE if tokens_per_group <= SHORT_TILES * 32 else _COMPUTE
 
 
-def _first_fit(limits: DeviceLimits, *, ht: int, qt: int, H: int, q_len: int, prefix: int,
-               batch: int) -> KernelConfig | None:
+def _first_fit(
+    limits: DeviceLimits, *, ht: int, qt: int, H: int, q_len: int, prefix: int, batch: int
+) -> KernelConfig | None:
     rows = ht * (qt or q_len)
     groups = batch * (H // ht) * -(-q_len // (qt or q_len))
     tokens_per_group = (prefix + q_len) * groups // limits.sm_count  # tokens a one-wave block walks
     for tk, block, stages, wr, wk, sf, pipe in _templates(rows, tokens_per_group):
-        probe = KernelConfig(nsplit=1, ht=ht, tk=tk, block=block, stages=stages, qt=qt, wr=wr, wk=wk, sf=sf,
-                             pipe=pipe)
+        probe = KernelConfig(nsplit=1, ht=ht, tk=tk, block=block, stages=stages, qt=qt, wr=wr, wk=wk, sf=sf, pipe=pipe)
         if check(probe, limits, H=H, q_len=q_len) is None:
             return probe
     return None

@@ -18,16 +18,18 @@ import threading
 import traceback
 from typing import Any
 
+from verify_tuner.backend import CRASHED, TIMEOUT, Measurement, Workload
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.errors import LaunchError
 from verify_tuner.kernels.limits import DeviceLimits
-from verify_tuner.backend import CRASHED, TIMEOUT, Measurement, Workload
 
 DEFAULT_MEASURER = "verify_tuner.gpu:GpuMeasurer"
 
 
 class MeasurerBug(RuntimeError):
     """The measuring process raised something that is not a kernel failure; carries its traceback."""
+
+
 START_TIMEOUT_S = 180.0
 
 
@@ -81,8 +83,14 @@ class IsolatedBackend:
     at start (the copy bandwidth). With the second, `compile_ahead` builds in the calling
     thread. Calls into the child are serialised: any thread may call."""
 
-    def __init__(self, *, measurer: str = DEFAULT_MEASURER, measurer_kwargs: dict[str, Any] | None = None,
-                 device_ordinal: int | None = None, timeout_s: float = 120.0) -> None:
+    def __init__(
+        self,
+        *,
+        measurer: str = DEFAULT_MEASURER,
+        measurer_kwargs: dict[str, Any] | None = None,
+        device_ordinal: int | None = None,
+        timeout_s: float = 120.0,
+    ) -> None:
         self._target, self._kwargs = measurer, dict(measurer_kwargs or {})
         self._ordinal, self.timeout_s = device_ordinal, timeout_s
         self._ctx = mp.get_context("spawn")  # never fork a process that may hold a CUDA context
@@ -121,8 +129,12 @@ class IsolatedBackend:
 
     def _start(self) -> None:
         parent, child = self._ctx.Pipe()
-        self._proc = self._ctx.Process(target=_child_main, args=(child, self._target, self._kwargs, self._ordinal),
-                                       daemon=True, name="tuner-measure")
+        self._proc = self._ctx.Process(
+            target=_child_main,
+            args=(child, self._target, self._kwargs, self._ordinal),
+            daemon=True,
+            name="tuner-measure",
+        )
         self._proc.start()
         child.close()
         self._conn = parent

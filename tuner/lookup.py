@@ -8,15 +8,14 @@ import datetime as dt
 from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
-
-from verify_tuner.kernels import kernel_hash as current_kernel_hash
-from verify_tuner.kernels.config import KernelConfig
-from verify_tuner.kernels.errors import InvalidConfig
-from verify_tuner.kernels.limits import DeviceLimits, known_device
 from verify_tuner import batches, buckets
 from verify_tuner.db import repo
 from verify_tuner.errors import BadParameter
 from verify_tuner.heuristic import heuristic_config
+from verify_tuner.kernels import kernel_hash as current_kernel_hash
+from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.errors import InvalidConfig
+from verify_tuner.kernels.limits import DeviceLimits, known_device
 
 #: A tuned neighbour bucket is served only this close (log2 of the prefix ratio): beyond it the
 #: heuristic, which adapts to the prefix, is the better guess (a config tuned for 4k prefixes
@@ -57,8 +56,16 @@ def resolve_device(*, session: Session, name: str | None, default: str | None) -
     raise BadParameter("device", f"unknown device {name!r}: not recorded by the tuner and not a known GPU")
 
 
-def _pick(rows: list[repo.BestRow], *, limits: DeviceLimits, H: int, q_len: int, bucket: buckets.Bucket,
-          batch: batches.BatchBucket, khash: str) -> Answer:
+def _pick(
+    rows: list[repo.BestRow],
+    *,
+    limits: DeviceLimits,
+    H: int,
+    q_len: int,
+    bucket: buckets.Bucket,
+    batch: batches.BatchBucket,
+    khash: str,
+) -> Answer:
     """Exact bucket, else the nearest tuned prefix bucket (of the same batch bucket) within
     NEAREST_MAX_OCTAVES, else the heuristic at the bucket's representative prefix and batch (so
     /config and the /configs table always agree)."""
@@ -66,12 +73,12 @@ def _pick(rows: list[repo.BestRow], *, limits: DeviceLimits, H: int, q_len: int,
     exact = [r for r in rows if r.key.bucket == bucket.index]
     if exact:
         r = exact[0]
-        return Answer(r.config, "tuned", bucket, limits.name, khash, r.median_us, r.speedup, r.tuned_at, bucket.index,
-                      batch)
+        return Answer(
+            r.config, "tuned", bucket, limits.name, khash, r.median_us, r.speedup, r.tuned_at, bucket.index, batch
+        )
     r = repo.nearest_row(rows, bucket)
     if r is not None and buckets.log_distance(buckets.by_index(r.key.bucket), bucket) <= NEAREST_MAX_OCTAVES:
-        return Answer(r.config, "nearest", bucket, limits.name, khash, None, r.speedup, r.tuned_at, r.key.bucket,
-                      batch)
+        return Answer(r.config, "nearest", bucket, limits.name, khash, None, r.speedup, r.tuned_at, r.key.bucket, batch)
     try:
         cfg = heuristic_config(limits, H=H, q_len=q_len, prefix=bucket.mid, batch=batch.hi)
     except InvalidConfig as exc:
@@ -79,22 +86,43 @@ def _pick(rows: list[repo.BestRow], *, limits: DeviceLimits, H: int, q_len: int,
     return Answer(cfg, "heuristic", bucket, limits.name, khash, batch_bucket=batch)
 
 
-def answer(*, session: Session, limits: DeviceLimits, H: int, q_len: int, prefix: int, batch: int = 1,
-           dtype: str = "bf16", kernel_hash: str | None = None) -> Answer:
+def answer(
+    *,
+    session: Session,
+    limits: DeviceLimits,
+    H: int,
+    q_len: int,
+    prefix: int,
+    batch: int = 1,
+    dtype: str = "bf16",
+    kernel_hash: str | None = None,
+) -> Answer:
     """`prefix` is the batch's lookup prefix (verify_tuner.batches.prefix_of)."""
     khash = kernel_hash or current_kernel_hash()
     bb = batches.bucket_of(batch)
-    rows = repo.list_best_for(session=session, device=limits.name, kernel_hash=khash, dtype=dtype, H=H, q_len=q_len,
-                              batch_bucket=bb.index)
+    rows = repo.list_best_for(
+        session=session, device=limits.name, kernel_hash=khash, dtype=dtype, H=H, q_len=q_len, batch_bucket=bb.index
+    )
     return _pick(rows, limits=limits, H=H, q_len=q_len, bucket=buckets.bucket_of(prefix), batch=bb, khash=khash)
 
 
-def table(*, session: Session, limits: DeviceLimits, H: int, q_len: int, dtype: str = "bf16",
-          kernel_hash: str | None = None, batch_buckets: list[int] | None = None) -> list[Answer]:
+def table(
+    *,
+    session: Session,
+    limits: DeviceLimits,
+    H: int,
+    q_len: int,
+    dtype: str = "bf16",
+    kernel_hash: str | None = None,
+    batch_buckets: list[int] | None = None,
+) -> list[Answer]:
     """The answer for every prefix bucket of each batch bucket (default: B=1 only), batch bucket
     major: what a worker caches at startup and looks up each step."""
     khash = kernel_hash or current_kernel_hash()
     wanted = [batches.by_index(i) for i in (batch_buckets if batch_buckets is not None else [0])]
     rows = repo.list_best_for(session=session, device=limits.name, kernel_hash=khash, dtype=dtype, H=H, q_len=q_len)
-    return [_pick(rows, limits=limits, H=H, q_len=q_len, bucket=b, batch=bb, khash=khash)
-            for bb in wanted for b in buckets.ALL]
+    return [
+        _pick(rows, limits=limits, H=H, q_len=q_len, bucket=b, batch=bb, khash=khash)
+        for bb in wanted
+        for b in buckets.ALL
+    ]

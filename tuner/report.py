@@ -6,11 +6,10 @@ import datetime as dt
 from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
-
-from verify_tuner.kernels.shapes import floor_bytes
 from verify_tuner import buckets, engine_files
 from verify_tuner.db import repo
 from verify_tuner.db.session import session_scope
+from verify_tuner.kernels.shapes import floor_bytes
 
 
 def write_report(*, sessions: sessionmaker[Session], out_dir: Path, device: str | None = None) -> list[Path]:
@@ -28,17 +27,25 @@ def write_report(*, sessions: sessionmaker[Session], out_dir: Path, device: str 
         dev_rows = [r for r in rows if r.key.device == dev_name]
         bw = devices[dev_name].copy_bw_gbps if dev_name in devices else None
         stem = out_dir / f"tuned_{engine_files.slug(dev_name.lower())}"
-        lines = [f"# Tuned vs default — {dev_name}, {dt.date.today().isoformat()}", "",
-                 "From the config database (`tuner study report`). µs are medians of interleaved re-measurements; "
-                 f"floor = bytes moved once / measured copy bandwidth ({bw:.0f} GB/s)." if bw else "", "",
-                 "| H | q_len | bucket | prefix | config | tuned µs | default µs | speedup | floor µs |",
-                 "|---|---|---|---|---|---|---|---|---|"]
+        lines = [
+            f"# Tuned vs default — {dev_name}, {dt.date.today().isoformat()}",
+            "",
+            "From the config database (`tuner study report`). µs are medians of interleaved re-measurements; "
+            f"floor = bytes moved once / measured copy bandwidth ({bw:.0f} GB/s)."
+            if bw
+            else "",
+            "",
+            "| H | q_len | bucket | prefix | config | tuned µs | default µs | speedup | floor µs |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         for r in dev_rows:
             b = buckets.by_index(r.key.bucket)
             p = prefixes.get(r.key) or b.mid
             floor = _floor_us(r.key.H, r.key.q_len, p, bw)
-            lines.append(f"| {r.key.H} | {r.key.q_len} | [{b.lo}, {b.hi}) | {p} | {r.config} | {_f(r.median_us)} | "
-                         f"{_f(r.default_us)} | {_f(r.speedup, 'x')} | {_f(floor)} |")
+            lines.append(
+                f"| {r.key.H} | {r.key.q_len} | [{b.lo}, {b.hi}) | {p} | {r.config} | {_f(r.median_us)} | "
+                f"{_f(r.default_us)} | {_f(r.speedup, 'x')} | {_f(floor)} |"
+            )
         stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
         written.append(stem.with_suffix(".md"))
         written.append(_plot(stem.with_suffix(".png"), dev_name, dev_rows, prefixes, bw))

@@ -22,10 +22,9 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-
-from verify_tuner.kernels.config import PARAM_NAMES
 from verify_tuner import batches
 from verify_tuner.buckets import ALL, MAX_PREFIX
+from verify_tuner.kernels.config import PARAM_NAMES
 
 MAX_H = 1024
 TIMING_FIELDS = ("median_us", "p10_us", "p90_us", "default_us")
@@ -105,12 +104,16 @@ class ConfigRow(BaseModel):
         if self.bucket is not None and (self.bucket_lo, self.bucket_hi) != (None, None):
             b = ALL[self.bucket]
             if (self.bucket_lo, self.bucket_hi) != (b.lo, b.hi):
-                raise ValueError(f"bucket_lo/bucket_hi {self.bucket_lo}/{self.bucket_hi} do not match bucket "
-                                 f"{self.bucket} [{b.lo}, {b.hi})")
+                raise ValueError(
+                    f"bucket_lo/bucket_hi {self.bucket_lo}/{self.bucket_hi} do not match bucket "
+                    f"{self.bucket} [{b.lo}, {b.hi})"
+                )
         bb = batches.by_index(self.batch_bucket)
         if (self.batch_lo, self.batch_hi) != (None, None) and (self.batch_lo, self.batch_hi) != (bb.lo, bb.hi):
-            raise ValueError(f"batch_lo/batch_hi {self.batch_lo}/{self.batch_hi} do not match batch bucket "
-                             f"{self.batch_bucket} [{bb.lo}, {bb.hi}]")
+            raise ValueError(
+                f"batch_lo/batch_hi {self.batch_lo}/{self.batch_hi} do not match batch bucket "
+                f"{self.batch_bucket} [{bb.lo}, {bb.hi}]"
+            )
         lo, mid, hi = self.p10_us, self.median_us, self.p90_us
         if lo is not None and hi is not None and lo > hi:
             raise ValueError(f"p10_us {lo} > p90_us {hi}")
@@ -130,8 +133,18 @@ class ConfigRow(BaseModel):
 
 
 #: CSV cells are text: these fields are converted to int / float strictly before validation.
-_INT_FIELDS = {"H", "q_len", "bucket", "prefix", "bucket_lo", "bucket_hi", "batch_bucket", "batch_lo", "batch_hi",
-               *PARAM_NAMES}
+_INT_FIELDS = {
+    "H",
+    "q_len",
+    "bucket",
+    "prefix",
+    "bucket_lo",
+    "bucket_hi",
+    "batch_bucket",
+    "batch_lo",
+    "batch_hi",
+    *PARAM_NAMES,
+}
 _FLOAT_FIELDS = {*TIMING_FIELDS, "speedup"}
 
 

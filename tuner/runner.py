@@ -41,9 +41,14 @@ def default_compile_jobs(n_devices: int) -> int:
     return max(1, min(8, cores // max(1, n_devices)))
 
 
-def tune_on_device(settings: Settings, job: TuneJob, device_ordinal: int,
-                   on_progress: Callable[[Any], None] | None = None,
-                   on_key_done: Callable[[], None] | None = None, place: tuple[int, int] = (0, 1)) -> JobResult:
+def tune_on_device(
+    settings: Settings,
+    job: TuneJob,
+    device_ordinal: int,
+    on_progress: Callable[[Any], None] | None = None,
+    on_key_done: Callable[[], None] | None = None,
+    place: tuple[int, int] = (0, 1),
+) -> JobResult:
     """The workloads of `job` on GPU `device_ordinal`, sharing the keys with every other process
     that runs the same job on the same databases (verify_tuner.claims): other GPUs of this host, or
     other hosts. The measuring child starts first: its start (~4 s on an H200, most of it
@@ -52,33 +57,58 @@ def tune_on_device(settings: Settings, job: TuneJob, device_ordinal: int,
     log lines (one per trial) are turned off; `on_progress` says what matters. `place` is this
     process's (index, count) among the job's processes on this host: where it starts its walk
     through the keys (verify_tuner.claims.run_job)."""
-    backend = IsolatedBackend(measurer=job.measurer, measurer_kwargs={"cache_dir": str(settings.cache_dir)}
-                              if job.measurer == DEFAULT_MEASURER else {}, device_ordinal=device_ordinal,
-                              timeout_s=job.measure_timeout_s)
+    backend = IsolatedBackend(
+        measurer=job.measurer,
+        measurer_kwargs={"cache_dir": str(settings.cache_dir)} if job.measurer == DEFAULT_MEASURER else {},
+        device_ordinal=device_ordinal,
+        timeout_s=job.measure_timeout_s,
+    )
     try:
         import optuna
-
         from verify_tuner.claims import owner_id, run_job
         from verify_tuner.db.migrate import checked_sessions
 
         optuna.logging.set_verbosity(optuna.logging.ERROR)
         sessions = checked_sessions(settings.database_url)
-        study_kw = {"storage_url": job.storage_url or settings.studies,
-                    "sampler": job.sampler, "seed": job.seed, "timeout_s": job.timeout_s, "on_progress": on_progress,
-                    "parallel": job.compile_jobs}
-        return run_job(backend=backend, sessions=sessions, workloads=job.workloads, n_trials=job.n_trials,
-                       owner=owner_id(device_ordinal), study_kw=study_kw, restrict=job.restrict or None,
-                       on_key_done=on_key_done, place=place)
+        study_kw = {
+            "storage_url": job.storage_url or settings.studies,
+            "sampler": job.sampler,
+            "seed": job.seed,
+            "timeout_s": job.timeout_s,
+            "on_progress": on_progress,
+            "parallel": job.compile_jobs,
+        }
+        return run_job(
+            backend=backend,
+            sessions=sessions,
+            workloads=job.workloads,
+            n_trials=job.n_trials,
+            owner=owner_id(device_ordinal),
+            study_kw=study_kw,
+            restrict=job.restrict or None,
+            on_key_done=on_key_done,
+            place=place,
+        )
     finally:
         backend.close()
 
 
-def _device_main(settings: Settings, job: TuneJob, index: int, count: int, device_ordinal: int,
-                 queue: Any) -> None:
+def _device_main(settings: Settings, job: TuneJob, index: int, count: int, device_ordinal: int, queue: Any) -> None:
     try:
         res = tune_on_device(settings, job, device_ordinal, place=(index, count))
-        queue.put((index, device_ordinal, "ok", {"keys": [summary(o) for o in res.outcomes], "helped": len(res.helped),
-                                                  "done_before": len(res.done_before), **idle(res)}))
+        queue.put(
+            (
+                index,
+                device_ordinal,
+                "ok",
+                {
+                    "keys": [summary(o) for o in res.outcomes],
+                    "helped": len(res.helped),
+                    "done_before": len(res.done_before),
+                    **idle(res),
+                },
+            )
+        )
     except Exception as exc:  # reported by the parent, which exits non-zero; a bug keeps its traceback
         import traceback
 
@@ -91,16 +121,25 @@ def _device_main(settings: Settings, job: TuneJob, index: int, count: int, devic
 
 
 def summary(o: Any) -> dict[str, Any]:
-    return {"key": str(o.key), "prefix": o.workload.prefix, "batch": o.workload.batch,
-            "best": str(o.best) if o.best else None, "best_us": o.best_m.median_us if o.best_m else None,
-            "decision": o.decision, "counts": o.counts, "wall_s": o.wall_s}
+    return {
+        "key": str(o.key),
+        "prefix": o.workload.prefix,
+        "batch": o.workload.batch,
+        "best": str(o.best) if o.best else None,
+        "best_us": o.best_m.median_us if o.best_m else None,
+        "decision": o.decision,
+        "counts": o.counts,
+        "wall_s": o.wall_s,
+    }
 
 
 def idle(res: JobResult) -> dict[str, Any]:
     """How long a process waited for keys other processes owned, and the places left in those
     it did not help (other GPUs of this host, or other hosts running the same job)."""
-    return {"waited_s": round(res.waited_s, 1),
-            "declined": [{"prefix": w.prefix, "batch": w.batch, "places_left": n} for w, n in res.declined.items()]}
+    return {
+        "waited_s": round(res.waited_s, 1),
+        "declined": [{"prefix": w.prefix, "batch": w.batch, "places_left": n} for w, n in res.declined.items()],
+    }
 
 
 def _start_method() -> str:
@@ -129,8 +168,9 @@ def tune_on_devices(settings: Settings, job: TuneJob, devices: list[int]) -> lis
     queue = ctx.Queue()
     procs = []
     for i, dev in enumerate(devices):
-        p = ctx.Process(target=_device_main, args=(settings, job, i, len(devices), dev, queue),
-                        name=f"tuner-gpu{dev}")  # not daemonic: it starts its own measuring child
+        p = ctx.Process(
+            target=_device_main, args=(settings, job, i, len(devices), dev, queue), name=f"tuner-gpu{dev}"
+        )  # not daemonic: it starts its own measuring child
         p.start()
         procs.append(p)
     results: dict[int, tuple[int, str, Any]] = {}

@@ -17,13 +17,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import optuna
 from sqlalchemy.orm import Session, sessionmaker
-
-from verify_tuner.kernels.config import PARAM_NAMES, KernelConfig
-from verify_tuner.kernels.limits import DeviceLimits
-from verify_tuner.kernels.validate import check
 from verify_tuner.backend import INVALID, Backend, Measurement, Workload
 from verify_tuner.db import repo
 from verify_tuner.db.session import session_scope
+from verify_tuner.kernels.config import PARAM_NAMES, KernelConfig
+from verify_tuner.kernels.limits import DeviceLimits
+from verify_tuner.kernels.validate import check
 from verify_tuner.keys import ConfigKey
 
 if TYPE_CHECKING:
@@ -99,23 +98,36 @@ class FitTPE(optuna.samplers.TPESampler):
     from Optuna 3 to 5): the constructor fails loudly if it is gone, and a test checks the
     proposals fit."""
 
-    def __init__(self, *, choices: dict[str, list[int]], fits: Callable[[dict[str, int]], bool],
-                 **kwargs: object) -> None:
+    def __init__(
+        self, *, choices: dict[str, list[int]], fits: Callable[[dict[str, int]], bool], **kwargs: object
+    ) -> None:
         if not callable(getattr(optuna.samplers.TPESampler, "_compute_acquisition_func", None)):
-            raise RuntimeError(f"optuna {optuna.__version__}: TPESampler has no _compute_acquisition_func; "
-                               "verify_tuner.search.FitTPE needs it to rank only the candidates that fit")
+            raise RuntimeError(
+                f"optuna {optuna.__version__}: TPESampler has no _compute_acquisition_func; "
+                "verify_tuner.search.FitTPE needs it to rank only the candidates that fit"
+            )
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.choices, self.fits = choices, fits
 
-    def _compute_acquisition_func(self, samples: dict[str, np.ndarray], mpe_below: object,
-                                  mpe_above: object) -> np.ndarray:
+    def _compute_acquisition_func(
+        self, samples: dict[str, np.ndarray], mpe_below: object, mpe_above: object
+    ) -> np.ndarray:
         acq = super()._compute_acquisition_func(samples, mpe_below, mpe_above)  # type: ignore[arg-type]
         fixed = {name: v[0] for name, v in self.choices.items() if name not in samples and len(v) == 1}
         if set(samples) | set(fixed) != set(self.choices):  # TPE leaves single-valued constants out of its
             return acq  # model; any other partial space (one constant at a time) is ranked as TPE ranks it
-        ok = np.array([self.fits({name: fixed[name] if name in fixed else self.choices[name][int(samples[name][i])]
-                                  for name in self.choices})  # categorical candidates: indices into the choices
-                       for i in range(len(acq))], dtype=bool)
+        ok = np.array(
+            [
+                self.fits(
+                    {
+                        name: fixed[name] if name in fixed else self.choices[name][int(samples[name][i])]
+                        for name in self.choices
+                    }
+                )  # categorical candidates: indices into the choices
+                for i in range(len(acq))
+            ],
+            dtype=bool,
+        )
         if not ok.any():
             return acq
         return np.where(ok, acq, -np.inf)
@@ -142,10 +154,16 @@ class WarmFirst(optuna.samplers.BaseSampler):
     #: Proposals refused for one trial before the next is let through to the trial (and pruned there).
     REDRAWS = 256
 
-    def __init__(self, inner: optuna.samplers.BaseSampler, warm: list[dict[str, int]],
-                 choices: dict[str, list[int]], reject: Callable[[dict[str, int]], str | None] | None = None,
-                 refused: Callable[[dict[str, int], str], None] | None = None,
-                 valid: Sequence[KernelConfig] = (), seed: int | None = None) -> None:
+    def __init__(
+        self,
+        inner: optuna.samplers.BaseSampler,
+        warm: list[dict[str, int]],
+        choices: dict[str, list[int]],
+        reject: Callable[[dict[str, int]], str | None] | None = None,
+        refused: Callable[[dict[str, int], str], None] | None = None,
+        valid: Sequence[KernelConfig] = (),
+        seed: int | None = None,
+    ) -> None:
         self.inner, self.warm = inner, list(warm)
         self.space = {k: optuna.distributions.CategoricalDistribution(v) for k, v in choices.items()}
         self.handed: dict[int, dict[str, int]] = {}  # trial number -> its warm config
@@ -190,19 +208,30 @@ class WarmFirst(optuna.samplers.BaseSampler):
                 for args in quiet._storage.held:  # the accepted proposal is shared as the sampler shares it
                     study._storage.set_trial_system_attr(*args)
                 return proposal
-            study.add_trial(optuna.trial.create_trial(
-                state=optuna.trial.TrialState.PRUNED, params=proposal, distributions=self.space,
-                user_attrs={STATE_ATTR: INVALID, REASON_ATTR: reason[:500]}))
+            study.add_trial(
+                optuna.trial.create_trial(
+                    state=optuna.trial.TrialState.PRUNED,
+                    params=proposal,
+                    distributions=self.space,
+                    user_attrs={STATE_ATTR: INVALID, REASON_ATTR: reason[:500]},
+                )
+            )
             if self.refused is not None:
                 self.refused(proposal, reason)
         return proposal
 
-    def sample_independent(self, study: optuna.Study, trial: optuna.trial.FrozenTrial, param_name: str,
-                           param_distribution: optuna.distributions.BaseDistribution) -> object:
+    def sample_independent(
+        self,
+        study: optuna.Study,
+        trial: optuna.trial.FrozenTrial,
+        param_name: str,
+        param_distribution: optuna.distributions.BaseDistribution,
+    ) -> object:
         return self.inner.sample_independent(study, trial, param_name, param_distribution)
 
-    def after_trial(self, study: optuna.Study, trial: optuna.trial.FrozenTrial, state: optuna.trial.TrialState,
-                    values: object) -> None:
+    def after_trial(
+        self, study: optuna.Study, trial: optuna.trial.FrozenTrial, state: optuna.trial.TrialState, values: object
+    ) -> None:
         self.inner.after_trial(study, trial, state, values)  # type: ignore[arg-type]
 
 
@@ -267,9 +296,19 @@ class Search:
     (BudgetSpent). Twins (the same config proposed twice) are resolved in this process by
     whoever registered first, across processes by trial number through the storage."""
 
-    def __init__(self, *, backend: Backend, sessions: sessionmaker[Session], workload: Workload, out: Outcome,
-                 study: optuna.Study, choices: dict[str, list[int]], n_valid: int, budget: int,
-                 on_progress: Callable[[Progress], None] | None) -> None:
+    def __init__(
+        self,
+        *,
+        backend: Backend,
+        sessions: sessionmaker[Session],
+        workload: Workload,
+        out: Outcome,
+        study: optuna.Study,
+        choices: dict[str, list[int]],
+        n_valid: int,
+        budget: int,
+        on_progress: Callable[[Progress], None] | None,
+    ) -> None:
         self.backend, self.sessions, self.workload, self.out = backend, sessions, workload, out
         self.choices, self.n_valid, self.budget, self.on_progress = choices, n_valid, budget, on_progress
         self.ledger = Ledger(study)
@@ -295,8 +334,10 @@ class Search:
         if len(self.ledger.measured_ids | self.reserved) < self.budget:
             return False
         if not self.reserved - self.ledger.measured_ids:
-            raise BudgetSpent(f"not measured: the budget of {self.budget} measurements was spent by the trials "
-                               "in flight when it was asked")
+            raise BudgetSpent(
+                f"not measured: the budget of {self.budget} measurements was spent by the trials "
+                "in flight when it was asked"
+            )
         return True
 
     def _reserve(self, number: int) -> None:
@@ -350,9 +391,18 @@ class Search:
     def _write_log(self, rows: list[tuple[dict[str, int], Measurement]]) -> None:
         with session_scope(self.sessions) as s:
             for params, m in rows:
-                repo.record_trial(session=s, study_id=self.out.study_id, params=params, state=m.state,
-                                  reason=m.reason, median_us=m.median_us, p10_us=m.p10_us, p90_us=m.p90_us,
-                                  samples=m.samples or None, rel_error=m.rel_error)
+                repo.record_trial(
+                    session=s,
+                    study_id=self.out.study_id,
+                    params=params,
+                    state=m.state,
+                    reason=m.reason,
+                    median_us=m.median_us,
+                    p10_us=m.p10_us,
+                    p90_us=m.p90_us,
+                    samples=m.samples or None,
+                    rel_error=m.rel_error,
+                )
 
     def objective(self, trial: optuna.Trial) -> float:
         n = trial.number
@@ -434,8 +484,13 @@ class Search:
                     return self.ledger.known.get(sig)
             with self.state:
                 mine = set(self.mine)
-            running = any(t.state == optuna.trial.TrialState.RUNNING and t.number < number and t.number not in mine
-                          and (t in same or len(t.params) < len(PARAMS)) for t in trials)
+            running = any(
+                t.state == optuna.trial.TrialState.RUNNING
+                and t.number < number
+                and t.number not in mine
+                and (t in same or len(t.params) < len(PARAMS))
+                for t in trials
+            )
             if not running or time.monotonic() > deadline:
                 return None
             with self.state:
@@ -482,8 +537,14 @@ class Search:
             self.reserved.discard(ft.number)
             self.own = {sig: n for sig, n in self.own.items() if n != ft.number}
             self.state.notify_all()
-            progress = Progress(self.out.key, self.ledger.measured, self.budget, self.best_us, self.default_us,
-                                f"{ft.params} -> {ft.user_attrs.get(STATE_ATTR, ft.state.name)}")
+            progress = Progress(
+                self.out.key,
+                self.ledger.measured,
+                self.budget,
+                self.best_us,
+                self.default_us,
+                f"{ft.params} -> {ft.user_attrs.get(STATE_ATTR, ft.state.name)}",
+            )
             stop = self.done or self.ledger.total >= 20 * self.budget + self.n_valid
         if self.on_progress:
             self.on_progress(progress)

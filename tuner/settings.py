@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from platformdirs import user_cache_dir, user_data_dir
-
 from verify_tuner.errors import BadSetting
 from verify_tuner.study_files import default_study_storage, study_storage_error
 
@@ -49,13 +48,17 @@ class Settings:
             try:
                 make_url(url)
             except ArgumentError:
-                raise BadSetting(f"{name} is not a database URL: {url!r} (e.g. sqlite:////var/lib/tuner/configs.db "
-                                 "or postgresql+psycopg://user@host/db)") from None
+                raise BadSetting(
+                    f"{name} is not a database URL: {url!r} (e.g. sqlite:////var/lib/tuner/configs.db "
+                    "or postgresql+psycopg://user@host/db)"
+                ) from None
         if self.study_storage is not None and (why := study_storage_error(self.study_storage)):
             raise BadSetting(f"TUNER_STUDY_STORAGE: {why}")
         if self.write_token is not None and len(self.write_token) < MIN_TOKEN_LEN:
-            raise BadSetting(f"TUNER_WRITE_TOKEN must be at least {MIN_TOKEN_LEN} characters (got "
-                             f"{len(self.write_token)}): a short token is guessable")
+            raise BadSetting(
+                f"TUNER_WRITE_TOKEN must be at least {MIN_TOKEN_LEN} characters (got "
+                f"{len(self.write_token)}): a short token is guessable"
+            )
 
     @property
     def studies(self) -> str:

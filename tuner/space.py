@@ -54,8 +54,13 @@ def qt_choices(q_len: int | None) -> list[int]:
     return [0] + sorted({-(-q_len // k) for k in range(2, 9)} - {q_len})
 
 
-def choices(H: int, restrict: dict[str, list[int]] | None = None, limits: DeviceLimits | None = None,
-            q_len: int | None = None, batch: int = 1) -> dict[str, list[int]]:
+def choices(
+    H: int,
+    restrict: dict[str, list[int]] | None = None,
+    limits: DeviceLimits | None = None,
+    q_len: int | None = None,
+    batch: int = 1,
+) -> dict[str, list[int]]:
     """Candidate values per constant; `restrict` keeps only the listed values of some of them."""
     full = {
         "NSPLIT": nsplit_choices(H, limits, batch),
@@ -80,8 +85,9 @@ def choices(H: int, restrict: dict[str, list[int]] | None = None, limits: Device
     return full
 
 
-def valid_configs(limits: DeviceLimits, *, H: int, q_len: int,
-                  restrict: dict[str, list[int]] | None = None, batch: int = 1) -> list[KernelConfig]:
+def valid_configs(
+    limits: DeviceLimits, *, H: int, q_len: int, restrict: dict[str, list[int]] | None = None, batch: int = 1
+) -> list[KernelConfig]:
     """Every config of the space that passes verify_tuner.kernels.validate for (limits, H, q_len). Cached:
     every key of a table shares one (H, q_len, batch), and enumerating takes ~0.5 s."""
     frozen = tuple(sorted((k, tuple(v)) for k, v in (restrict or {}).items()))
@@ -90,8 +96,9 @@ def valid_configs(limits: DeviceLimits, *, H: int, q_len: int,
 
 
 @functools.lru_cache(maxsize=64)
-def _valid_configs(limits: DeviceLimits, H: int, q_len: int, restrict: tuple[tuple[str, tuple[int, ...]], ...],
-                   batch: int) -> tuple[KernelConfig, ...]:
+def _valid_configs(
+    limits: DeviceLimits, H: int, q_len: int, restrict: tuple[tuple[str, tuple[int, ...]], ...], batch: int
+) -> tuple[KernelConfig, ...]:
     c = choices(H, {k: list(v) for k, v in restrict}, limits, q_len, batch)
     structural = [name for name in PARAM_NAMES if name != "NSPLIT"]
     structures = []

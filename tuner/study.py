@@ -20,16 +20,15 @@ from typing import Any
 
 import optuna
 from sqlalchemy.orm import Session, sessionmaker
-
-from verify_tuner.kernels import kernel_hash
-from verify_tuner.kernels.config import KernelConfig
-from verify_tuner.kernels.errors import InvalidConfig
-from verify_tuner.kernels.validate import check
 from verify_tuner import batches, buckets, space
 from verify_tuner.backend import OK, Backend, Measurement, Workload
 from verify_tuner.db import repo
 from verify_tuner.db.session import make_engine, session_scope
 from verify_tuner.heuristic import heuristic_config
+from verify_tuner.kernels import kernel_hash
+from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.errors import InvalidConfig
+from verify_tuner.kernels.validate import check
 from verify_tuner.keys import ConfigKey
 from verify_tuner.search import STATE_ATTR, BudgetSpent, FitTPE, Progress, Search, WarmFirst, refusal
 from verify_tuner.study_files import STUDY, study_file_url
@@ -82,8 +81,7 @@ def _trials_without_fsync(storage: optuna.storages.RDBStorage) -> None:
     storage.engine.dispose()  # connections made while Optuna created its tables: made again
 
 
-def open_study_storage(template: str, study_name: str,
-                       heartbeat_s: float | None = None) -> optuna.storages.BaseStorage:
+def open_study_storage(template: str, study_name: str, heartbeat_s: float | None = None) -> optuna.storages.BaseStorage:
     """The storage of one study (open_storage). A file of its own is created by whoever opens it
     first -- an owner and a process helping it may do so at once -- one at a time (the flock of
     `tuner db upgrade`), as a copy of an empty Optuna storage (_blank_storage)."""
@@ -91,7 +89,6 @@ def open_study_storage(template: str, study_name: str,
     if url == template:
         return open_storage(url, heartbeat_s)
     from sqlalchemy.engine import make_url
-
     from verify_tuner.db import migrate
 
     path = Path(make_url(url).database).expanduser()  # type: ignore[arg-type]
@@ -115,7 +112,6 @@ def prepare_study_storage(url: str) -> None:
             open_storage(url)
         return
     from sqlalchemy.engine import make_url
-
     from verify_tuner.db.session import check_writable
 
     path = Path(make_url(url).database).expanduser()  # type: ignore[arg-type]
@@ -159,15 +155,18 @@ def open_storage(url: str, heartbeat_s: float | None = None) -> optuna.storages.
         kwargs = {"pool_pre_ping": True}
     beat: dict[str, object] = {}
     if heartbeat_s is not None:
-        beat = {"heartbeat_interval": max(1, round(heartbeat_s)),
-                "grace_period": max(2, round(heartbeat_s * HEARTBEAT_GRACE))}
+        beat = {
+            "heartbeat_interval": max(1, round(heartbeat_s)),
+            "grace_period": max(2, round(heartbeat_s * HEARTBEAT_GRACE)),
+        }
     for attempt in range(5):
         try:
             with warnings.catch_warnings():  # Optuna marks the heartbeat experimental; pyproject pins it
                 warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
                 if beat:
                     beat["heartbeat_stale_trial_callback"] = optuna.storages.RetryHeartbeatStaleTrialCallback(
-                        max_retry=2)
+                        max_retry=2
+                    )
                 storage = optuna.storages.RDBStorage(url, engine_kwargs=kwargs, **beat)
                 if url.startswith("sqlite"):
                     _trials_without_fsync(storage)
@@ -195,15 +194,23 @@ def _good_share(n: int) -> int:
     return min(math.ceil(GOOD_SHARE * n), 25)
 
 
-def _sampler(name: str, seed: int | None, choices: dict[str, list[int]],
-             fits: Callable[[dict[str, int]], bool]) -> optuna.samplers.BaseSampler:
+def _sampler(
+    name: str, seed: int | None, choices: dict[str, list[int]], fits: Callable[[dict[str, int]], bool]
+) -> optuna.samplers.BaseSampler:
     if name == "tpe":
         with warnings.catch_warnings():  # multivariate TPE is marked experimental; it models the
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # constants jointly
             warnings.simplefilter("ignore", FutureWarning)  # gamma: deprecated in 4.9, kept until 6
             # constant_liar: processes sharing a study see each other's running trials as taken
-            return FitTPE(choices=choices, fits=fits, seed=seed, n_startup_trials=N_STARTUP, multivariate=True,
-                          constant_liar=True, gamma=_good_share)
+            return FitTPE(
+                choices=choices,
+                fits=fits,
+                seed=seed,
+                n_startup_trials=N_STARTUP,
+                multivariate=True,
+                constant_liar=True,
+                gamma=_good_share,
+            )
     if name == "grid":
         return optuna.samplers.GridSampler(choices, seed=seed)
     raise ValueError(f"unknown sampler {name!r}: use tpe or grid")
@@ -215,10 +222,15 @@ def warm_start_configs(*, session: Session, key: ConfigKey, limits, workload: Wo
     nearest prefix), then of other H with the same q_len -- each only if valid here."""
     cands = [heuristic_config(limits, H=key.H, q_len=key.q_len, prefix=workload.prefix, batch=workload.batch)]
     here = buckets.by_index(key.bucket)
-    same = repo.list_best_for(session=session, device=key.device, kernel_hash=key.kernel_hash, dtype=key.dtype,
-                              H=key.H, q_len=key.q_len)
-    same.sort(key=lambda r: (abs(r.key.batch_bucket - key.batch_bucket),
-                             buckets.log_distance(buckets.by_index(r.key.bucket), here)))
+    same = repo.list_best_for(
+        session=session, device=key.device, kernel_hash=key.kernel_hash, dtype=key.dtype, H=key.H, q_len=key.q_len
+    )
+    same.sort(
+        key=lambda r: (
+            abs(r.key.batch_bucket - key.batch_bucket),
+            buckets.log_distance(buckets.by_index(r.key.bucket), here),
+        )
+    )
     others = [r for r in repo.list_best(session=session, device=key.device, q_len=key.q_len) if r.key.H != key.H]
     nsplits = space.nsplit_choices(key.H, limits, workload.batch)
     for r in same + others:
@@ -232,18 +244,37 @@ def warm_start_configs(*, session: Session, key: ConfigKey, limits, workload: Wo
 
 
 def workload_key(limits, workload: Workload) -> ConfigKey:  # type: ignore[no-untyped-def]
-    return ConfigKey(limits.name, kernel_hash(), workload.dtype, workload.H, workload.q_len,
-                     buckets.bucket_of(workload.prefix).index, batches.bucket_of(workload.batch).index)
+    return ConfigKey(
+        limits.name,
+        kernel_hash(),
+        workload.dtype,
+        workload.H,
+        workload.q_len,
+        buckets.bucket_of(workload.prefix).index,
+        batches.bucket_of(workload.batch).index,
+    )
 
 
-def _open_study(key: ConfigKey, storage_url: str, heartbeat_s: float | None, sampler: str, seed: int | None,
-                choices: dict[str, list[int]], warm: list[KernelConfig],
-                fits: Callable[[dict[str, int]], bool]) -> tuple[optuna.Study, list[dict[str, int]]]:
+def _open_study(
+    key: ConfigKey,
+    storage_url: str,
+    heartbeat_s: float | None,
+    sampler: str,
+    seed: int | None,
+    choices: dict[str, list[int]],
+    warm: list[KernelConfig],
+    fits: Callable[[dict[str, int]], bool],
+) -> tuple[optuna.Study, list[dict[str, int]]]:
     """The key's Optuna study (created or resumed) with its plain sampler, and the warm-start
     configs the study has not seen (run_study wraps the sampler in search.WarmFirst)."""
     storage = open_study_storage(storage_url, key.study_name, heartbeat_s)
-    study = optuna.create_study(study_name=key.study_name, storage=storage, direction="minimize",
-                                sampler=_sampler(sampler, seed, choices, fits), load_if_exists=True)
+    study = optuna.create_study(
+        study_name=key.study_name,
+        storage=storage,
+        direction="minimize",
+        sampler=_sampler(sampler, seed, choices, fits),
+        load_if_exists=True,
+    )
     study.set_user_attr("workload_key", str(key))
     seen = {tuple(sorted(t.params.items())) for t in study.get_trials(deepcopy=False)}
     queue = [_params(c) for c in warm if all(v in choices[k] for k, v in _params(c).items())]
@@ -251,11 +282,23 @@ def _open_study(key: ConfigKey, storage_url: str, heartbeat_s: float | None, sam
 
 
 def run_study(
-    *, backend: Backend, sessions: sessionmaker[Session], storage_url: str, workload: Workload, n_trials: int,
-    sampler: str = "tpe", seed: int | None = None, timeout_s: float | None = None, top_k: int = 3, rounds: int = 4,
-    on_progress: Callable[[Progress], None] | None = None, restrict: dict[str, list[int]] | None = None,
-    heartbeat_s: float | None = HEARTBEAT_S, pick: bool = True,
-    owns: Callable[[], bool] | None = None, parallel: int = 1,
+    *,
+    backend: Backend,
+    sessions: sessionmaker[Session],
+    storage_url: str,
+    workload: Workload,
+    n_trials: int,
+    sampler: str = "tpe",
+    seed: int | None = None,
+    timeout_s: float | None = None,
+    top_k: int = 3,
+    rounds: int = 4,
+    on_progress: Callable[[Progress], None] | None = None,
+    restrict: dict[str, list[int]] | None = None,
+    heartbeat_s: float | None = HEARTBEAT_S,
+    pick: bool = True,
+    owns: Callable[[], bool] | None = None,
+    parallel: int = 1,
 ) -> Outcome:
     """Search, pick the winner, store it. `restrict` narrows the choices of some constants
     (e.g. {"STAGES": [2]}); `n_trials` counts measurements, not invalid or repeated configs.
@@ -275,20 +318,32 @@ def run_study(
         repo.upsert_device(session=s, limits=limits)
     with session_scope(sessions) as s:
         # a helper must not reopen a study its owner just finished: the key would look unclaimed
-        study_row = repo.get_or_create_study(session=s, key=key, prefix=workload.prefix, sampler=sampler, seed=seed,
-                                             reopen=pick)
+        study_row = repo.get_or_create_study(
+            session=s, key=key, prefix=workload.prefix, sampler=sampler, seed=seed, reopen=pick
+        )
         warm = warm_start_configs(session=s, key=key, limits=limits, workload=workload)
     out = Outcome(key, workload, study_row.id, default=warm[0])
+
     # a helper leaves the warm start to the owner, whose proposals it would otherwise repeat
     def fits(params: dict[str, int]) -> bool:
         return refusal(params, limits, key) is None
 
     study, queue = _open_study(key, storage_url, heartbeat_s, sampler, seed, choices, warm if pick else [], fits)
-    search = Search(backend=backend, sessions=sessions, workload=workload, out=out, study=study, choices=choices,
-                     n_valid=len(valid), budget=min(n_trials, len(valid)), on_progress=on_progress)
+    search = Search(
+        backend=backend,
+        sessions=sessions,
+        workload=workload,
+        out=out,
+        study=study,
+        choices=choices,
+        n_valid=len(valid),
+        budget=min(n_trials, len(valid)),
+        on_progress=on_progress,
+    )
     if sampler != "grid":  # a grid sweeps every config anyway, invalid ones pruned by the objective
-        study.sampler = WarmFirst(study.sampler, queue, choices, reject=search.refusal, refused=search.refused,
-                                  valid=valid, seed=seed)
+        study.sampler = WarmFirst(
+            study.sampler, queue, choices, reject=search.refusal, refused=search.refused, valid=valid, seed=seed
+        )
     if sampler == "grid":  # the grid is known: build it all up front, on every core (nvcc is single-threaded)
         from concurrent.futures import ThreadPoolExecutor
 
@@ -299,15 +354,29 @@ def run_study(
         if parallel > 1:
             _one_ask_at_a_time(study)
         try:
-            study.optimize(search.objective, timeout=timeout_s, callbacks=[search.after_trial], gc_after_trial=False,
-                           n_jobs=parallel, catch=(BudgetSpent,))
+            study.optimize(
+                search.objective,
+                timeout=timeout_s,
+                callbacks=[search.after_trial],
+                gc_after_trial=False,
+                n_jobs=parallel,
+                catch=(BudgetSpent,),
+            )
         finally:
             search.flush()
     if not pick:
         out.decision = "helped with the search (another process owns the key)"
     else:
-        pick_winner(out, ranked=_ranked_configs(study), backend=backend, sessions=sessions, workload=workload,
-                    top_k=top_k, rounds=rounds, owns=owns)
+        pick_winner(
+            out,
+            ranked=_ranked_configs(study),
+            backend=backend,
+            sessions=sessions,
+            workload=workload,
+            top_k=top_k,
+            rounds=rounds,
+            owns=owns,
+        )
         with session_scope(sessions) as s:
             repo.finish_study(session=s, study_id=out.study_id)
             row = s.get(repo.Study, out.study_id)
@@ -333,6 +402,9 @@ def _one_ask_at_a_time(study: optuna.Study) -> None:
 
 def _ranked_configs(study: optuna.Study) -> list[KernelConfig]:
     """Distinct configs of the study's measured trials that passed the gate, fastest first."""
-    ok = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-          if t.user_attrs.get(STATE_ATTR) == OK and t.value is not None]
+    ok = [
+        t
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        if t.user_attrs.get(STATE_ATTR) == OK and t.value is not None
+    ]
     return list(dict.fromkeys(KernelConfig.from_params(t.params) for t in sorted(ok, key=lambda t: t.value)))

@@ -40,10 +40,17 @@ def study_storage_error(url: str) -> str | None:
         return f"not a database URL: {url!r} (e.g. sqlite:////var/lib/tuner/studies/{STUDY}.db)"
     if STUDY not in url:
         return None
-    if parsed.get_backend_name() != "sqlite" or not parsed.database or STUDY not in Path(parsed.database).name \
-            or STUDY in str(Path(parsed.database).parent) or parsed.database.count(STUDY) != 1:
-        return (f"{STUDY} stands for each key's study in the name of an SQLite file, once "
-                f"(e.g. sqlite:////var/lib/tuner/studies/{STUDY}.db), not in {url!r}")
+    if (
+        parsed.get_backend_name() != "sqlite"
+        or not parsed.database
+        or STUDY not in Path(parsed.database).name
+        or STUDY in str(Path(parsed.database).parent)
+        or parsed.database.count(STUDY) != 1
+    ):
+        return (
+            f"{STUDY} stands for each key's study in the name of an SQLite file, once "
+            f"(e.g. sqlite:////var/lib/tuner/studies/{STUDY}.db), not in {url!r}"
+        )
     return None
 
 
@@ -65,6 +72,9 @@ def study_urls(template: str) -> list[str]:
     path = Path(make_url(template).database)  # type: ignore[arg-type]
     if not path.parent.is_dir():
         return []
-    return [f"sqlite:///{p}" for p in sorted(path.parent.glob(path.name.replace(STUDY, "*")))
-            if not p.name.startswith(".")  # .blank-optuna-*.db: the empty schema new files copy
-            and not p.name.endswith(("-wal", "-shm", "-journal"))]  # SQLite's own, beside a file
+    return [
+        f"sqlite:///{p}"
+        for p in sorted(path.parent.glob(path.name.replace(STUDY, "*")))
+        if not p.name.startswith(".")  # .blank-optuna-*.db: the empty schema new files copy
+        and not p.name.endswith(("-wal", "-shm", "-journal"))
+    ]  # SQLite's own, beside a file

@@ -8,12 +8,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from sqlalchemy.orm import Session, sessionmaker
-
-from verify_tuner.kernels.config import KernelConfig
-from verify_tuner.kernels.validate import check
 from verify_tuner.backend import Backend, Measurement, Workload
 from verify_tuner.db import repo
 from verify_tuner.db.session import session_scope
+from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.validate import check
 
 if TYPE_CHECKING:
     from verify_tuner.study import Outcome
@@ -23,8 +22,17 @@ def _noise(m: Measurement) -> float:
     return max((m.p90_us or 0) - (m.p10_us or 0), 0.0) / 2
 
 
-def pick_winner(out: Outcome, *, ranked: list[KernelConfig], backend: Backend, sessions: sessionmaker[Session],
-                workload: Workload, top_k: int, rounds: int, owns: Callable[[], bool] | None = None) -> None:
+def pick_winner(
+    out: Outcome,
+    *,
+    ranked: list[KernelConfig],
+    backend: Backend,
+    sessions: sessionmaker[Session],
+    workload: Workload,
+    top_k: int,
+    rounds: int,
+    owns: Callable[[], bool] | None = None,
+) -> None:
     """Re-measure the `top_k` fastest of `ranked` (the study's gated configs, fastest first), the
     default and the stored best interleaved; the fastest of the top configs and the default wins
     and is stored unless the stored best is within the measured noise of it. Fills `out` (best,
@@ -73,7 +81,14 @@ def pick_winner(out: Outcome, *, ranked: list[KernelConfig], backend: Backend, s
         return
     m = out.best_m
     with session_scope(sessions) as s:
-        repo.upsert_best(session=s, key=out.key, config=out.best, median_us=m.median_us, p10_us=m.p10_us,
-                         p90_us=m.p90_us, default_us=out.default_m.median_us if out.default_m else None,
-                         study_id=out.study_id)
+        repo.upsert_best(
+            session=s,
+            key=out.key,
+            config=out.best,
+            median_us=m.median_us,
+            p10_us=m.p10_us,
+            p90_us=m.p90_us,
+            default_us=out.default_m.median_us if out.default_m else None,
+            study_id=out.study_id,
+        )
     out.stored = True

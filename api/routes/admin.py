@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, HTTPException, Query, Request
-
+from verify_tuner import buckets, configs_io, lookup
 from verify_tuner.api.deps import DEVICE_PATTERN, SingleValued, WriteAuth, WriteSessions
 from verify_tuner.api.schemas import DeleteOut, ImportOut
-from verify_tuner import buckets, configs_io, lookup
 from verify_tuner.db import repo
 from verify_tuner.db.session import session_scope
 
@@ -16,7 +15,9 @@ router = APIRouter(tags=["admin"], dependencies=[WriteAuth, SingleValued])
 
 
 @router.post("/configs/import", response_model=ImportOut)
-def import_configs(request: Request, sessions: WriteSessions, rows: Annotated[list[dict[str, Any]], Body()]) -> ImportOut:
+def import_configs(
+    request: Request, sessions: WriteSessions, rows: Annotated[list[dict[str, Any]], Body()]
+) -> ImportOut:
     try:
         with session_scope(sessions) as session:
             result = configs_io.import_rows(session=session, rows=rows)
@@ -28,7 +29,8 @@ def import_configs(request: Request, sessions: WriteSessions, rows: Annotated[li
 
 @router.delete("/configs", response_model=DeleteOut)
 def delete_configs(
-    request: Request, sessions: WriteSessions,
+    request: Request,
+    sessions: WriteSessions,
     device: Annotated[str, Query(max_length=200, pattern=DEVICE_PATTERN, description="CUDA name or alias")],
     H: Annotated[int | None, Query(gt=0, le=1024)] = None,
     q_len: Annotated[int | None, Query(ge=1, le=64)] = None,

@@ -12,11 +12,10 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
-
+from verify_tuner import batches
 from verify_tuner.api.deps import DEVICE_PATTERN, ReadSessions, SettingsDep, SingleValued
 from verify_tuner.api.schemas import ConfigOut, ConfigTableOut
 from verify_tuner.api.table_cache import Table
-from verify_tuner import batches
 from verify_tuner.buckets import MAX_PREFIX
 from verify_tuner.errors import BadParameter
 
@@ -24,18 +23,27 @@ router = APIRouter(tags=["configs"], dependencies=[SingleValued])
 
 HParam = Annotated[int, Query(gt=0, le=1024, description="attention heads on this GPU (TP8 on 64 heads: 8)")]
 QParam = Annotated[int, Query(ge=1, le=64, description="draft tree nodes verified per request")]
-DeviceParam = Annotated[str | None, Query(max_length=200, pattern=DEVICE_PATTERN,
-                                          description="CUDA device name or alias; default: the sidecar's")]
+DeviceParam = Annotated[
+    str | None,
+    Query(max_length=200, pattern=DEVICE_PATTERN, description="CUDA device name or alias; default: the sidecar's"),
+]
 DtypeParam = Annotated[Literal["bf16"], Query(description="element type of q / kv / o")]
-BatchParam = Annotated[int | None, Query(ge=1, le=batches.MAX_BATCH,
-                                         description="requests verified in one launch (default 1)")]
+BatchParam = Annotated[
+    int | None, Query(ge=1, le=batches.MAX_BATCH, description="requests verified in one launch (default 1)")
+]
 
 
 @router.get("/config", response_model=ConfigOut)
 async def get_config(
-    sessions: ReadSessions, settings: SettingsDep, request: Request, H: HParam, q_len: QParam,
+    sessions: ReadSessions,
+    settings: SettingsDep,
+    request: Request,
+    H: HParam,
+    q_len: QParam,
     prefix: Annotated[int, Query(ge=0, le=MAX_PREFIX, description="prefix (KV-cache) length in tokens")],
-    device: DeviceParam = None, dtype: DtypeParam = "bf16", batch: BatchParam = None,
+    device: DeviceParam = None,
+    dtype: DtypeParam = "bf16",
+    batch: BatchParam = None,
 ) -> Response:
     table = await _table(request, sessions, settings, device, H, q_len, dtype, batches.bucket_of(batch or 1).index)
     ans, body = table.pick(prefix)  # the body was rendered from ConfigOut when the table was built
@@ -43,17 +51,33 @@ async def get_config(
     return Response(body, media_type="application/json", headers=_stale_header(table))
 
 
-async def _table(request: Request, sessions, settings, device, H, q_len, dtype,  # type: ignore[no-untyped-def]
-                 batch_bucket):
+async def _table(
+    request: Request,
+    sessions,
+    settings,
+    device,
+    H,
+    q_len,
+    dtype,  # type: ignore[no-untyped-def]
+    batch_bucket,
+):
     """The hot path answers from memory; the database is consulted (in the threadpool, so the
     event loop never blocks on it) only when the cached table is due for a re-check."""
     cache = request.app.state.tables
-    table = cache.fresh(device=device, default_device=settings.device, H=H, q_len=q_len, dtype=dtype,
-                        batch_bucket=batch_bucket)
+    table = cache.fresh(
+        device=device, default_device=settings.device, H=H, q_len=q_len, dtype=dtype, batch_bucket=batch_bucket
+    )
     if table is None:
-        table, read_db = await run_in_threadpool(cache.table, sessions=sessions, device=device,
-                                                 default_device=settings.device, H=H, q_len=q_len, dtype=dtype,
-                                                 batch_bucket=batch_bucket)
+        table, read_db = await run_in_threadpool(
+            cache.table,
+            sessions=sessions,
+            device=device,
+            default_device=settings.device,
+            H=H,
+            q_len=q_len,
+            dtype=dtype,
+            batch_bucket=batch_bucket,
+        )
         if read_db:
             request.app.state.metrics.db_path()
     if table.stale:
@@ -69,8 +93,14 @@ def _stale_header(table: Table) -> dict[str, str]:
 
 @router.get("/configs", response_model=ConfigTableOut)
 async def get_configs(
-    sessions: ReadSessions, settings: SettingsDep, request: Request, H: HParam, q_len: QParam,
-    device: DeviceParam = None, dtype: DtypeParam = "bf16", batch: BatchParam = None,
+    sessions: ReadSessions,
+    settings: SettingsDep,
+    request: Request,
+    H: HParam,
+    q_len: QParam,
+    device: DeviceParam = None,
+    dtype: DtypeParam = "bf16",
+    batch: BatchParam = None,
     all_batches: Annotated[bool, Query(description="every batch bucket's table (then no `batch`)")] = False,
 ) -> Response:
     if all_batches and batch is not None:
@@ -94,6 +124,15 @@ def _table_body(tables: list[Table], *, dtype: str, H: int, q_len: int) -> bytes
     ones /config answers with), so a worker fleet fetching `all_batches` at startup costs a join
     and a hash per request, not a model build and serialisation of every answer."""
     answers = tables[0].answers
-    head = json.dumps({"device": tables[0].limits.name, "kernel_hash": answers[0].kernel_hash, "dtype": dtype,
-                       "H": H, "q_len": q_len}, separators=(",", ":"), ensure_ascii=False).encode()
+    head = json.dumps(
+        {
+            "device": tables[0].limits.name,
+            "kernel_hash": answers[0].kernel_hash,
+            "dtype": dtype,
+            "H": H,
+            "q_len": q_len,
+        },
+        separators=(",", ":"),
+        ensure_ascii=False,
+    ).encode()
     return head[:-1] + b',"configs":[' + b",".join(b for t in tables for b in t.bodies) + b"]}"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-
 from verify_tuner.db.health import probe
 
 router = APIRouter(tags=["health"])

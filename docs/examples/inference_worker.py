@@ -17,8 +17,12 @@ from verify_tuner.api.client import ConfigClient
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--url", default=None, help="sidecar (default: VERIFY_TUNER_URL; VERIFY_TUNER_CONFIG_DIR "
-                                                 "names a folder of `tuner configs dump` files)")
+    ap.add_argument(
+        "--url",
+        default=None,
+        help="sidecar (default: VERIFY_TUNER_URL; VERIFY_TUNER_CONFIG_DIR "
+        "names a folder of `tuner configs dump` files)",
+    )
     ap.add_argument("--device", default="h200")
     ap.add_argument("--H", type=int, default=8)
     ap.add_argument("--q-len", type=int, default=9)

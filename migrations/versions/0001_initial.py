@@ -9,6 +9,7 @@ reason) and the API a table of best configs keyed by (device, kernel, dtype, H, 
 Revision ID: 0001
 Revises:
 """
+
 from __future__ import annotations
 
 import sqlalchemy as sa

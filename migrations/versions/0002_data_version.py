@@ -8,6 +8,7 @@ indefinitely. A counter bumped in the same transaction as the write changes on e
 Revision ID: 0002
 Revises: 0001
 """
+
 from __future__ import annotations
 
 import sqlalchemy as sa

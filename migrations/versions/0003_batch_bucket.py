@@ -11,6 +11,7 @@ schema cannot tell them from B=1 rows).
 Revision ID: 0003
 Revises: 0002
 """
+
 from __future__ import annotations
 
 import sqlalchemy as sa

@@ -2,17 +2,26 @@ from __future__ import annotations
 
 import pytest
 from fastapi.testclient import TestClient
-
 from verify_tuner.api.app import create_app
+from verify_tuner.db import migrate
 from verify_tuner.kernels.config import PARAM_NAMES, KernelConfig
 from verify_tuner.kernels.limits import known_device
 from verify_tuner.kernels.validate import check
-from verify_tuner.db import migrate
 from verify_tuner.settings import Settings
 
 H200 = known_device("h200")
-ROW = {"device": "NVIDIA H200", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 64, "HT": 8, "TK": 32,
-       "BLOCK": 256, "median_us": 50.0, "default_us": 90.0}
+ROW = {
+    "device": "NVIDIA H200",
+    "H": 8,
+    "q_len": 9,
+    "prefix": 46000,
+    "NSPLIT": 64,
+    "HT": 8,
+    "TK": 32,
+    "BLOCK": 256,
+    "median_us": 50.0,
+    "default_us": 90.0,
+}
 AUTH = {"Authorization": "Bearer s3cret-token-for-tests"}
 
 
@@ -57,11 +66,21 @@ def test_sm120_device_gets_a_config_that_fits_it(client):
     assert check(cfg, known_device("rtx-pro-6000"), H=8, q_len=9) is None
 
 
-@pytest.mark.parametrize("params,param", [
-    ({"H": 0}, "H"), ({"H": -3}, "H"), ({"H": "x"}, "H"), ({"q_len": 0}, "q_len"), ({"q_len": 65}, "q_len"),
-    ({"prefix": -1}, "prefix"), ({"prefix": 10**12}, "prefix"), ({"prefix": 1.5}, "prefix"),
-    ({"dtype": "fp8"}, "dtype"), ({"device": "no-such-gpu"}, "device"),
-])
+@pytest.mark.parametrize(
+    "params,param",
+    [
+        ({"H": 0}, "H"),
+        ({"H": -3}, "H"),
+        ({"H": "x"}, "H"),
+        ({"q_len": 0}, "q_len"),
+        ({"q_len": 65}, "q_len"),
+        ({"prefix": -1}, "prefix"),
+        ({"prefix": 10**12}, "prefix"),
+        ({"prefix": 1.5}, "prefix"),
+        ({"dtype": "fp8"}, "dtype"),
+        ({"device": "no-such-gpu"}, "device"),
+    ],
+)
 def test_bad_input_is_422_naming_the_parameter(client, params, param):
     r = get(client, **params)
     assert r.status_code == 422
@@ -132,7 +151,9 @@ def test_writes_off_without_token(db_url, tmp_path):
 def test_health_ready_metrics_docs(client):
     assert client.get("/healthz").json() == {"status": "ok"}
     assert client.get("/readyz").json() == {
-        "status": "ready", "database": {"readable": True, "writable": True, "read_only_expected": False}}
+        "status": "ready",
+        "database": {"readable": True, "writable": True, "read_only_expected": False},
+    }
     get(client)
     get(client, H=0)
     text = client.get("/metrics").text
@@ -214,7 +235,6 @@ def test_metrics_are_prometheus_client_exposition_and_parse(client):
     import time
 
     from prometheus_client.parser import text_string_to_metric_families
-
     from verify_tuner.kernels import kernel_hash
 
     get(client)
@@ -222,12 +242,23 @@ def test_metrics_are_prometheus_client_exposition_and_parse(client):
     r = client.get("/metrics")
     assert r.headers["content-type"].startswith("text/plain; version=")
     fams = {f.name: f for f in text_string_to_metric_families(r.text)}
-    assert {"tuner_requests", "tuner_request_duration_seconds", "tuner_lookups", "tuner_db_errors",
-            "tuner_db_path_lookups", "tuner_build_info", "tuner_table_age_seconds", "process_cpu_seconds"} <= set(fams)
+    assert {
+        "tuner_requests",
+        "tuner_request_duration_seconds",
+        "tuner_lookups",
+        "tuner_db_errors",
+        "tuner_db_path_lookups",
+        "tuner_build_info",
+        "tuner_table_age_seconds",
+        "process_cpu_seconds",
+    } <= set(fams)
     (info,) = fams["tuner_build_info"].samples
     assert info.labels["kernel_hash"] == kernel_hash() and info.labels["kernel_version"]
     (age,) = fams["tuner_table_age_seconds"].samples
     assert 0 <= age.value < 5
-    done = [s for s in fams["tuner_request_duration_seconds"].samples
-            if s.name.endswith("_count") and s.labels["route"] == "/config"]
+    done = [
+        s
+        for s in fams["tuner_request_duration_seconds"].samples
+        if s.name.endswith("_count") and s.labels["route"] == "/config"
+    ]
     assert done and done[0].value >= 1

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from verify_tuner.api.client import ConfigClient
 from verify_tuner.kernels.limits import known_device
 from verify_tuner.kernels.validate import check
+
 from tests.helpers import free_port, running_server
 
 
@@ -24,8 +24,12 @@ def _sidecar_env_with_one_tuned_row(tmp_path, url: str) -> dict[str, str]:  # ty
     subprocess.run([sys.executable, "-m", "tuner", "db", "upgrade"], env=full, check=True, capture_output=True)
     rows = [{"device": "h200", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256}]
     (tmp_path / "r.json").write_text(json.dumps(rows))
-    subprocess.run([sys.executable, "-m", "tuner", "configs", "import", str(tmp_path / "r.json")], env=full,
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "tuner", "configs", "import", str(tmp_path / "r.json")],
+        env=full,
+        check=True,
+        capture_output=True,
+    )
     return env
 
 
@@ -39,13 +43,13 @@ def test_fetch_from_sidecar_then_snapshot_then_heuristic(tmp_path):
         assert c.lookup(46000).nsplit == 64 and c.lookup(60000).nsplit == 64  # tuned + nearest (one octave)
         assert c.snapshot.exists()
     # sidecar gone: the snapshot answers the same
-    c2 = ConfigClient(f"http://127.0.0.1:{port}", H=8, q_len=9, device="NVIDIA H200", snapshot_dir=snap,
-                      timeout_s=0.5)
+    c2 = ConfigClient(f"http://127.0.0.1:{port}", H=8, q_len=9, device="NVIDIA H200", snapshot_dir=snap, timeout_s=0.5)
     assert c2.fetch() == "snapshot" and "sidecar unavailable" in c2.reason
     assert c2.lookup(46000) == c.lookup(46000)
     # no snapshot either: the heuristic, valid for the device
-    c3 = ConfigClient(f"http://127.0.0.1:{port}", H=8, q_len=9, device="h200", snapshot_dir=tmp_path / "none",
-                      timeout_s=0.5)
+    c3 = ConfigClient(
+        f"http://127.0.0.1:{port}", H=8, q_len=9, device="h200", snapshot_dir=tmp_path / "none", timeout_s=0.5
+    )
     assert c3.fetch() == "heuristic" and "heuristic" in c3.reason
     for prefix in (0, 300, 46000, 1 << 20):
         assert check(c3.lookup(prefix), known_device("h200"), H=8, q_len=9) is None
@@ -85,8 +89,7 @@ def test_an_unwritable_snapshot_dir_keeps_the_sidecars_table(tmp_path, sqlite_ur
 
 
 def test_an_unknown_device_is_a_state_not_an_exception(tmp_path):
-    c = ConfigClient("http://127.0.0.1:1", H=8, q_len=9, device="Some Future GPU", snapshot_dir=tmp_path,
-                     timeout_s=0.2)
+    c = ConfigClient("http://127.0.0.1:1", H=8, q_len=9, device="Some Future GPU", snapshot_dir=tmp_path, timeout_s=0.2)
     assert c.fetch() == "none" and c.source == "none"
     assert "unknown" in c.reason and "sidecar unavailable" in c.reason
     with pytest.raises(RuntimeError, match="no config table"):

@@ -12,15 +12,61 @@ from pathlib import Path
 from tests.helpers import tuner_cmd
 
 ROWS = [
-    {"device": "h200", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256,
-     "median_us": 50.0, "p10_us": 49.0, "p90_us": 52.0, "default_us": 56.0, "tuned_at": "2026-11-29T10:00:00+00:00"},
-    {"device": "h200", "H": 8, "q_len": 9, "prefix": 46000, "batch_bucket": 5, "NSPLIT": 8, "HT": 8, "TK": 32,
-     "BLOCK": 256, "median_us": 1100.0, "tuned_at": "2026-11-29T11:00:00+00:00"},
-    {"device": "h200", "H": 64, "q_len": 1, "prefix": 131072, "NSPLIT": 16, "HT": 8, "TK": 32, "BLOCK": 256,
-     "STAGES": 2, "WR": 1, "median_us": 70.0},
+    {
+        "device": "h200",
+        "H": 8,
+        "q_len": 9,
+        "prefix": 46000,
+        "NSPLIT": 64,
+        "HT": 8,
+        "TK": 32,
+        "BLOCK": 256,
+        "median_us": 50.0,
+        "p10_us": 49.0,
+        "p90_us": 52.0,
+        "default_us": 56.0,
+        "tuned_at": "2026-11-29T10:00:00+00:00",
+    },
+    {
+        "device": "h200",
+        "H": 8,
+        "q_len": 9,
+        "prefix": 46000,
+        "batch_bucket": 5,
+        "NSPLIT": 8,
+        "HT": 8,
+        "TK": 32,
+        "BLOCK": 256,
+        "median_us": 1100.0,
+        "tuned_at": "2026-11-29T11:00:00+00:00",
+    },
+    {
+        "device": "h200",
+        "H": 64,
+        "q_len": 1,
+        "prefix": 131072,
+        "NSPLIT": 16,
+        "HT": 8,
+        "TK": 32,
+        "BLOCK": 256,
+        "STAGES": 2,
+        "WR": 1,
+        "median_us": 70.0,
+    },
 ]
-BLOCKED = ("fastapi", "uvicorn", "starlette", "sqlalchemy", "alembic", "optuna", "torch", "pycuda", "pydantic",
-           "click", "prometheus_client")
+BLOCKED = (
+    "fastapi",
+    "uvicorn",
+    "starlette",
+    "sqlalchemy",
+    "alembic",
+    "optuna",
+    "torch",
+    "pycuda",
+    "pydantic",
+    "click",
+    "prometheus_client",
+)
 
 
 def _tuner(env, *args):  # type: ignore[no-untyped-def]
@@ -42,9 +88,11 @@ def _dumped(tmp_path: Path) -> tuple[dict[str, str], Path]:
 def test_dump_writes_one_engine_file_per_shape_and_imports_back_the_same_rows(tmp_path):
     env, out = _dumped(tmp_path)
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["H=16,q_len=9,device_name=NVIDIA_H200,dtype=bf16.json",
-                     "H=64,q_len=1,device_name=NVIDIA_H200,dtype=bf16.json",
-                     "H=8,q_len=9,device_name=NVIDIA_H200,dtype=bf16.json"]
+    assert names == [
+        "H=16,q_len=9,device_name=NVIDIA_H200,dtype=bf16.json",
+        "H=64,q_len=1,device_name=NVIDIA_H200,dtype=bf16.json",
+        "H=8,q_len=9,device_name=NVIDIA_H200,dtype=bf16.json",
+    ]
     doc = json.loads((out / names[2]).read_text(), parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
     assert doc["kernel_hash"] and doc["kernel_version"] and doc["device_name"] == "NVIDIA H200"
     assert set(doc["configs"]) == {"1", "2", "4", "8", "16", "32", "64", "128", "256", "512", "1024", "2048", "4096"}
@@ -83,8 +131,9 @@ print(json.dumps({{"source": src, "reason": c.reason, "b1": c.lookup(46000).nspl
 """
     env = {k: v for k, v in os.environ.items() if not k.startswith("VERIFY_TUNER")}
     env.update({"VERIFY_TUNER_CONFIG_DIR": str(out), "PYTHONPATH": os.getcwd()})
-    r = subprocess.run([sys.executable, "-c", worker, str(tmp_path / "snap")], env=env, capture_output=True,
-                       text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-c", worker, str(tmp_path / "snap")], env=env, capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)
     assert res["source"] == "config_dir" and "no sidecar" in res["reason"], res
@@ -99,12 +148,14 @@ def test_sources_in_order_and_a_table_for_another_kernel_is_refused(tmp_path, mo
     monkeypatch.setenv("VERIFY_TUNER_CONFIG_DIR", str(out))
     c = ConfigClient(H=8, q_len=9, device="NVIDIA_H200", snapshot_dir=tmp_path / "s", timeout_s=0.2)
     assert c.fetch() == "config_dir" and "sidecar unavailable" in c.reason and c.lookup(46000).nsplit == 64
-    other = ConfigClient(H=8, q_len=9, device="NVIDIA H200", snapshot_dir=tmp_path / "s", timeout_s=0.2,
-                         kernel_hash="0" * 16)
+    other = ConfigClient(
+        H=8, q_len=9, device="NVIDIA H200", snapshot_dir=tmp_path / "s", timeout_s=0.2, kernel_hash="0" * 16
+    )
     assert other.fetch() == "heuristic"
     assert "this worker launches 0000000000000000" in other.reason
-    lost = ConfigClient(H=8, q_len=9, device="NVIDIA H200", config_dir=tmp_path / "missing",
-                        snapshot_dir=tmp_path / "s", timeout_s=0.2)
+    lost = ConfigClient(
+        H=8, q_len=9, device="NVIDIA H200", config_dir=tmp_path / "missing", snapshot_dir=tmp_path / "s", timeout_s=0.2
+    )
     assert lost.fetch() == "heuristic" and "FileNotFoundError" in lost.reason
 
 

@@ -14,11 +14,11 @@ import time
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-
 from verify_tuner.api.app import create_app
-from tests.helpers import free_port, running_server, tuner_cmd
 from verify_tuner.db import migrate
 from verify_tuner.settings import Settings
+
+from tests.helpers import free_port, running_server, tuner_cmd
 
 Q = {"H": 8, "q_len": 9, "prefix": 46000}
 TOKEN = "fault-test-token-0123"
@@ -46,7 +46,8 @@ def test_removed_database_fails_readiness_and_never_serves_a_wrong_config(tmp_pa
         assert r.status_code in (200, 503)
         if r.status_code == 200:  # only ever the last good answer
             assert {k: r.json()[k] for k in ("NSPLIT", "HT", "TK", "BLOCK")} == {
-                k: good[k] for k in ("NSPLIT", "HT", "TK", "BLOCK")}
+                k: good[k] for k in ("NSPLIT", "HT", "TK", "BLOCK")
+            }
         else:
             assert "unavailable" in r.json()["detail"]
 
@@ -66,7 +67,7 @@ def test_unreadable_schema_serves_last_good_table_with_reason_or_503(tmp_path):
         assert r.json()["NSPLIT"] == good["NSPLIT"]
         cold = c.get("/config", params={**Q, "H": 16})  # never served before: nothing good to fall back on
         assert cold.status_code == 503 and "unavailable" in cold.json()["detail"]
-        assert 'tuner_db_errors_total' in c.get("/metrics").text
+        assert "tuner_db_errors_total" in c.get("/metrics").text
 
 
 def test_locked_database_keeps_answering(tmp_path):
@@ -136,12 +137,21 @@ def _without_root_override(probe_file) -> list[str]:
     if shutil.which("setpriv") is None:
         pytest.skip("running as root without setpriv: file modes cannot bind the server")
     # the server must still import without the override (a checkout other users cannot read would not)
-    check = subprocess.run([*NO_OVERRIDE, sys.executable, "-c",
-                            "import os, sys, verify_tuner.api.app; sys.exit(os.access(sys.argv[1], os.W_OK))", str(probe_file)],
-                           capture_output=True, check=False)
+    check = subprocess.run(
+        [
+            *NO_OVERRIDE,
+            sys.executable,
+            "-c",
+            "import os, sys, verify_tuner.api.app; sys.exit(os.access(sys.argv[1], os.W_OK))",
+            str(probe_file),
+        ],
+        capture_output=True,
+        check=False,
+    )
     if check.returncode != 0:
-        pytest.skip(f"cannot run the server without root's file-permission override here: "
-                    f"{check.stderr.decode()[-200:]}")
+        pytest.skip(
+            f"cannot run the server without root's file-permission override here: {check.stderr.decode()[-200:]}"
+        )
     return NO_OVERRIDE
 
 
@@ -159,7 +169,9 @@ def test_read_only_database_fails_readiness_keeps_serving_and_refuses_writes(tmp
     rows = tmp_path / "rows.json"
     rows.write_text(json.dumps([ROW]))
     env = {"TUNER_DATABASE_URL": url, "TUNER_DEVICE": "h200", "TUNER_WRITE_TOKEN": TOKEN}
-    subprocess.run(tuner_cmd("configs", "import", str(rows)), env={**os.environ, **env}, check=True, capture_output=True)
+    subprocess.run(
+        tuner_cmd("configs", "import", str(rows)), env={**os.environ, **env}, check=True, capture_output=True
+    )
     (tmp_path / "ro").write_text("")
     (tmp_path / "ro").chmod(0o444)
     wrap = _without_root_override(tmp_path / "ro")
@@ -176,7 +188,9 @@ def test_read_only_database_fails_readiness_keeps_serving_and_refuses_writes(tmp
             time.sleep(0.3)  # several background re-checks on the read-only file
             r = httpx.get(f"{base}/config", params=Q)
             assert r.status_code == 200 and r.json()["NSPLIT"] == 64 and r.json()["source"] == "tuned"
-            w = httpx.post(f"{base}/configs/import", json=[{**ROW, "NSPLIT": 16}], headers={"Authorization": f"Bearer {TOKEN}"})
+            w = httpx.post(
+                f"{base}/configs/import", json=[{**ROW, "NSPLIT": 16}], headers={"Authorization": f"Bearer {TOKEN}"}
+            )
             assert w.status_code == 503 and "readonly" in w.json()["detail"]
             assert httpx.get(f"{base}/config", params=Q).json()["NSPLIT"] == 64  # nothing half-written
         finally:
@@ -191,18 +205,30 @@ def test_declared_read_only_database_stays_ready(tmp_path):
     migrate.upgrade(src)
     rows = tmp_path / "rows.json"
     rows.write_text(json.dumps([ROW]))
-    subprocess.run(tuner_cmd("configs", "import", str(rows)), env={**os.environ, "TUNER_DATABASE_URL": src},
-                   check=True, capture_output=True)
+    subprocess.run(
+        tuner_cmd("configs", "import", str(rows)),
+        env={**os.environ, "TUNER_DATABASE_URL": src},
+        check=True,
+        capture_output=True,
+    )
     db_dir = tmp_path / "db"
     db_dir.mkdir()
-    subprocess.run(tuner_cmd("db", "snapshot", str(db_dir / "c.db")), env={**os.environ, "TUNER_DATABASE_URL": src},
-                   check=True, capture_output=True)
+    subprocess.run(
+        tuner_cmd("db", "snapshot", str(db_dir / "c.db")),
+        env={**os.environ, "TUNER_DATABASE_URL": src},
+        check=True,
+        capture_output=True,
+    )
     (tmp_path / "ro").write_text("")
     (tmp_path / "ro").chmod(0o444)
     wrap = _without_root_override(tmp_path / "ro")
     _set_modes(db_dir, 0o444, 0o555)
     port = free_port()
-    env = {"TUNER_DATABASE_URL": f"sqlite:///{db_dir / 'c.db'}", "TUNER_DEVICE": "h200", "TUNER_DATABASE_READ_ONLY": "1"}
+    env = {
+        "TUNER_DATABASE_URL": f"sqlite:///{db_dir / 'c.db'}",
+        "TUNER_DEVICE": "h200",
+        "TUNER_DATABASE_READ_ONLY": "1",
+    }
     try:
         with running_server(env, port=port, wrap=wrap):
             ready = httpx.get(f"http://127.0.0.1:{port}/readyz")

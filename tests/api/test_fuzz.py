@@ -6,13 +6,16 @@ import pytest
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from verify_tuner.api.app import create_app
 from verify_tuner.db import migrate
 from verify_tuner.settings import Settings
 
-values = st.one_of(st.integers(-2**70, 2**70), st.text(max_size=12), st.floats(allow_nan=True),
-                   st.sampled_from(["", "8", "bf16", "h200", "NVIDIA H200", "rtx-pro-6000", "1e3", "0x10"]))
+values = st.one_of(
+    st.integers(-(2**70), 2**70),
+    st.text(max_size=12),
+    st.floats(allow_nan=True),
+    st.sampled_from(["", "8", "bf16", "h200", "NVIDIA H200", "rtx-pro-6000", "1e3", "0x10"]),
+)
 
 
 @pytest.fixture(scope="module")

@@ -8,22 +8,30 @@ import time
 
 import pytest
 from fastapi.testclient import TestClient
-
 from verify_tuner.api.app import create_app
-from verify_tuner.kernels import kernel_hash
-from verify_tuner.kernels.config import KernelConfig
-from verify_tuner.kernels.limits import known_device
 from verify_tuner.buckets import bucket_of
 from verify_tuner.db import migrate, repo
 from verify_tuner.db.session import make_engine, session_factory, session_scope
+from verify_tuner.kernels import kernel_hash
+from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.limits import known_device
 from verify_tuner.keys import ConfigKey
 from verify_tuner.settings import Settings
 
 H200 = known_device("h200")
 TOKEN = "hardening-token-0123"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-ROW = {"device": "NVIDIA H200", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 64, "HT": 8, "TK": 32,
-       "BLOCK": 256, "median_us": 50.0}
+ROW = {
+    "device": "NVIDIA H200",
+    "H": 8,
+    "q_len": 9,
+    "prefix": 46000,
+    "NSPLIT": 64,
+    "HT": 8,
+    "TK": 32,
+    "BLOCK": 256,
+    "median_us": 50.0,
+}
 Q = {"H": 8, "q_len": 9, "prefix": 46000}
 
 
@@ -42,8 +50,13 @@ def _write_elsewhere(db_url: str, *, H: int, prefix: int, nsplit: int, tuned_at:
         if repo.get_device(session=s, name=H200.name) is None:  # as an import does: record it once
             repo.upsert_device(session=s, limits=H200)
         key = ConfigKey(H200.name, kernel_hash(), "bf16", H, 9, bucket_of(prefix).index)
-        repo.upsert_best(session=s, key=key, config=KernelConfig(nsplit=nsplit, ht=8, tk=32, block=256),
-                         median_us=50.0, tuned_at=tuned_at)
+        repo.upsert_best(
+            session=s,
+            key=key,
+            config=KernelConfig(nsplit=nsplit, ht=8, tk=32, block=256),
+            median_us=50.0,
+            tuned_at=tuned_at,
+        )
     engine.dispose()
 
 
@@ -61,7 +74,9 @@ def test_a_replacement_with_an_older_timestamp_is_served(client, db_url):
 
 def test_unchanged_data_never_sends_lookups_to_the_database(client):
     def db_path() -> float:
-        line = next(ln for ln in client.get("/metrics").text.splitlines() if ln.startswith("tuner_db_path_lookups_total"))
+        line = next(
+            ln for ln in client.get("/metrics").text.splitlines() if ln.startswith("tuner_db_path_lookups_total")
+        )
         return float(line.split()[-1])
 
     client.get("/config", params=Q)  # builds the table
@@ -72,13 +87,16 @@ def test_unchanged_data_never_sends_lookups_to_the_database(client):
     assert db_path() == before
 
 
-@pytest.mark.parametrize("query", ["H=8&H=16&q_len=9&prefix=1", "H=8&q_len=9&q_len=9&prefix=1",
-                                   "H=8&q_len=9&prefix=1&prefix=2"])
+@pytest.mark.parametrize(
+    "query", ["H=8&H=16&q_len=9&prefix=1", "H=8&q_len=9&q_len=9&prefix=1", "H=8&q_len=9&prefix=1&prefix=2"]
+)
 def test_a_parameter_given_twice_is_422_naming_it(client, query):
     r = client.get(f"/config?{query}")
-    name = {"H=8&H": "H", "q_len=9&q_len": "q_len"}.get(query[:len("q_len=9&q_len")], None)
+    name = {"H=8&H": "H", "q_len=9&q_len": "q_len"}.get(query[: len("q_len=9&q_len")], None)
     assert r.status_code == 422
-    assert r.json()["detail"][0]["loc"][1] in ("H", "q_len", "prefix") and "more than once" in r.json()["detail"][0]["msg"]
+    assert (
+        r.json()["detail"][0]["loc"][1] in ("H", "q_len", "prefix") and "more than once" in r.json()["detail"][0]["msg"]
+    )
     assert name is None or r.json()["detail"][0]["loc"][1] == name
 
 
@@ -96,11 +114,16 @@ def test_delete_accepts_the_short_names_get_accepts(client):
     assert client.get("/config", params=Q).json()["source"] == "heuristic"
 
 
-@pytest.mark.parametrize("params, name", [({"device": "h200", "bucket": 9223372036854775808}, "bucket"),
-                                          ({"device": "h200", "bucket": 10**6}, "bucket"),
-                                          ({"device": "h200", "H": 2**63}, "H"),
-                                          ({"device": "no-such-gpu"}, "device"),
-                                          ({"device": "h\x00200"}, "device")])
+@pytest.mark.parametrize(
+    "params, name",
+    [
+        ({"device": "h200", "bucket": 9223372036854775808}, "bucket"),
+        ({"device": "h200", "bucket": 10**6}, "bucket"),
+        ({"device": "h200", "H": 2**63}, "H"),
+        ({"device": "no-such-gpu"}, "device"),
+        ({"device": "h\x00200"}, "device"),
+    ],
+)
 def test_delete_out_of_range_or_unknown_is_422_naming_it(client, params, name):
     r = client.delete("/configs", params=params, headers=AUTH)
     assert r.status_code == 422, r.text

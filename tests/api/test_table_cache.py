@@ -24,8 +24,11 @@ def test_concurrent_misses_of_one_table_read_the_database_once(sessions, monkeyp
     results: list[tuple[object, bool]] = []
 
     def request() -> None:
-        results.append(cache.table(sessions=sessions, device="h200", default_device=None, H=8, q_len=9,
-                                   dtype="bf16", batch_bucket=3))
+        results.append(
+            cache.table(
+                sessions=sessions, device="h200", default_device=None, H=8, q_len=9, dtype="bf16", batch_bucket=3
+            )
+        )
 
     threads = [threading.Thread(target=request) for _ in range(16)]
     for t in threads:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from verify_tuner.kernels.config import KernelConfig
-from verify_tuner.kernels.limits import known_device
 from verify_tuner.db import repo
 from verify_tuner.db.session import make_engine, session_factory, session_scope
+from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.limits import known_device
 from verify_tuner.keys import ConfigKey
 
 

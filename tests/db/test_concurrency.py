@@ -2,10 +2,11 @@ from __future__ import annotations
 
 import multiprocessing as mp
 
-from verify_tuner.kernels.config import KernelConfig
-from tests.db.concurrent_writer import write_many
 from verify_tuner.db import repo
 from verify_tuner.db.session import session_scope
+from verify_tuner.kernels.config import KernelConfig
+
+from tests.db.concurrent_writer import write_many
 
 WRITERS, N = 4, 40
 

@@ -1,13 +1,12 @@
 from __future__ import annotations
 
 import pytest
-
-from verify_tuner.kernels.config import KernelConfig
-from verify_tuner.kernels.limits import known_device
 from verify_tuner import buckets
 from verify_tuner.db import repo
 from verify_tuner.db.session import session_scope
 from verify_tuner.errors import StorageError
+from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.limits import known_device
 from verify_tuner.keys import ConfigKey
 
 H200 = known_device("h200")
@@ -60,8 +59,9 @@ def test_nearest_bucket_by_log_distance(sessions):
         for b, us in ((5, 5.0), (20, 50.0)):
             repo.upsert_best(session=s, key=ConfigKey(**{**KEY.__dict__, "bucket": b}), config=CFG, median_us=us)
     with session_scope(sessions) as s:
-        rows = repo.list_best_for(session=s, device=KEY.device, kernel_hash=KEY.kernel_hash, dtype=KEY.dtype,
-                                  H=KEY.H, q_len=KEY.q_len)
+        rows = repo.list_best_for(
+            session=s, device=KEY.device, kernel_hash=KEY.kernel_hash, dtype=KEY.dtype, H=KEY.H, q_len=KEY.q_len
+        )
         assert repo.nearest_row(rows, buckets.by_index(KEY.bucket)).key.bucket == 20  # 15: 5 from 20, 10 from 5
         assert repo.nearest_row(rows, buckets.by_index(9)).key.bucket == 5
         assert repo.nearest_row([], buckets.by_index(9)) is None
@@ -78,8 +78,15 @@ def test_batch_buckets_are_separate_keys(sessions):
     with session_scope(sessions) as s:
         assert repo.get_best(session=s, key=KEY).config == CFG
         assert repo.get_best(session=s, key=b32).config.nsplit == 4
-        only32 = repo.list_best_for(session=s, device=KEY.device, kernel_hash=KEY.kernel_hash, dtype=KEY.dtype,
-                                    H=KEY.H, q_len=KEY.q_len, batch_bucket=5)
+        only32 = repo.list_best_for(
+            session=s,
+            device=KEY.device,
+            kernel_hash=KEY.kernel_hash,
+            dtype=KEY.dtype,
+            H=KEY.H,
+            q_len=KEY.q_len,
+            batch_bucket=5,
+        )
         assert [r.key for r in only32] == [b32]
         assert repo.delete_best(session=s, device=H200.name, batch_bucket=5) == 1
         assert [r.key for r in repo.list_best(session=s)] == [KEY]

@@ -5,12 +5,11 @@ from __future__ import annotations
 import sqlite3
 
 import pytest
-
-from verify_tuner.kernels.config import KernelConfig
-from verify_tuner.kernels.limits import known_device
 from verify_tuner.db import migrate, repo
 from verify_tuner.db.session import make_engine, session_factory, session_scope
 from verify_tuner.errors import StorageError
+from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.limits import known_device
 from verify_tuner.keys import ConfigKey
 from verify_tuner.snapshot import write_snapshot
 
@@ -23,8 +22,12 @@ def test_snapshot_copies_devices_and_best_configs(db_url, tmp_path):
     with session_scope(sessions) as s:
         repo.upsert_device(session=s, limits=H200)
         for bucket in (10, 15):
-            repo.upsert_best(session=s, key=ConfigKey(H200.name, "k" * 16, "bf16", 8, 9, bucket),
-                             config=KernelConfig(132, 8, 32, 256), median_us=70.0 + bucket)
+            repo.upsert_best(
+                session=s,
+                key=ConfigKey(H200.name, "k" * 16, "bf16", 8, 9, bucket),
+                config=KernelConfig(132, 8, 32, 256),
+                median_us=70.0 + bucket,
+            )
     dest = tmp_path / "snap.db"
     assert write_snapshot(db_url, dest) == 2
     con = sqlite3.connect(dest)

@@ -5,13 +5,12 @@ from __future__ import annotations
 import shutil
 
 import pytest
-
+from verify_tuner.heuristic import heuristic_config
 from verify_tuner.kernels.build import compile_cubin, ptxas_report, render
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.errors import CompileError
 from verify_tuner.kernels.limits import known_device
 from verify_tuner.kernels.validate import smem_bytes
-from verify_tuner.heuristic import heuristic_config
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 
@@ -19,19 +18,32 @@ needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not o
 def test_render_defines_sorted_constants_and_points_errors_at_the_cu():
     src = render(KernelConfig(nsplit=8, ht=2, tk=32, block=256, stages=3), q_len=9)
     head = src.splitlines()[:12]
-    assert head[:11] == ["#define BLOCK 256", "#define HT 2", "#define NSPLIT 8", "#define PIPE 1", "#define QN 9",
-                         "#define QT 9", "#define SF 0", "#define STAGES 3", "#define TK 32", "#define WK 4",
-                         "#define WR 2"]  # QT=0 (all nodes) renders as q_len
+    assert head[:11] == [
+        "#define BLOCK 256",
+        "#define HT 2",
+        "#define NSPLIT 8",
+        "#define PIPE 1",
+        "#define QN 9",
+        "#define QT 9",
+        "#define SF 0",
+        "#define STAGES 3",
+        "#define TK 32",
+        "#define WK 4",
+        "#define WR 2",
+    ]  # QT=0 (all nodes) renders as q_len
     assert head[11] == '#line 1 "verify_attention.cu"'
 
 
 @needs_nvcc
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_120"])
-@pytest.mark.parametrize("cfg,q_len", [
-    (KernelConfig(nsplit=64, ht=8, tk=32, block=256), 9),
-    (KernelConfig(nsplit=16, ht=1, tk=16, block=128, stages=3, wr=1, wk=4, sf=1, pipe=0), 1),
-    (KernelConfig(nsplit=132, ht=8, tk=32, block=256, stages=3, wr=2, wk=2, sf=1, pipe=3), 9),  # the seesaw
-])
+@pytest.mark.parametrize(
+    "cfg,q_len",
+    [
+        (KernelConfig(nsplit=64, ht=8, tk=32, block=256), 9),
+        (KernelConfig(nsplit=16, ht=1, tk=16, block=128, stages=3, wr=1, wk=4, sf=1, pipe=0), 1),
+        (KernelConfig(nsplit=132, ht=8, tk=32, block=256, stages=3, wr=2, wk=2, sf=1, pipe=3), 9),  # the seesaw
+    ],
+)
 def test_compiles_for_every_target(tmp_path, arch, cfg, q_len):
     built = compile_cubin(cfg, q_len, arch, tmp_path)
     assert built.cubin[:4] == b"\x7fELF" and not built.cached
@@ -39,8 +51,7 @@ def test_compiles_for_every_target(tmp_path, arch, cfg, q_len):
     assert again.cached and again.cubin == built.cubin
 
 
-SAMPLE = [(8, 9, 46000), (8, 1, 131072), (64, 9, 46000), (8, 9, 4096), (8, 64, 46000), (1, 33, 5000),
-          (128, 16, 4096)]
+SAMPLE = [(8, 9, 46000), (8, 1, 131072), (64, 9, 46000), (8, 9, 4096), (8, 64, 46000), (1, 33, 5000), (128, 16, 4096)]
 
 
 @needs_nvcc
@@ -64,8 +75,10 @@ def test_compile_error_is_typed(tmp_path):
 
 
 @needs_nvcc
-@pytest.mark.parametrize("arch, flags, pdl", [("sm_80", (), False), ("sm_90", (), True), ("sm_120", (), True),
-                                              ("sm_90", ("-DVA_NO_PDL",), False)])
+@pytest.mark.parametrize(
+    "arch, flags, pdl",
+    [("sm_80", (), False), ("sm_90", (), True), ("sm_120", (), True), ("sm_90", ("-DVA_NO_PDL",), False)],
+)
 def test_programmatic_dependent_launch_only_where_the_device_has_it(tmp_path, arch, flags, pdl):
     """griddepcontrol is sm_90+; kUsesPdl tells the launcher which launch the reduce needs."""
     import subprocess
@@ -73,8 +86,7 @@ def test_programmatic_dependent_launch_only_where_the_device_has_it(tmp_path, ar
     src = tmp_path / "k.cu"
     src.write_text(render(KernelConfig(nsplit=64, ht=8, tk=32, block=256), q_len=9))  # the default structure
     ptx = tmp_path / "k.ptx"
-    subprocess.run(["nvcc", f"-arch={arch}", "-ptx", *flags, "-o", str(ptx), str(src)], check=True,
-                   capture_output=True)
+    subprocess.run(["nvcc", f"-arch={arch}", "-ptx", *flags, "-o", str(ptx), str(src)], check=True, capture_output=True)
     text = ptx.read_text()
     assert ("griddepcontrol.wait" in text) is pdl and ("griddepcontrol.launch_dependents" in text) is pdl
     assert ("kUsesPdl = 1" in text) is pdl

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.validate import check
 
@@ -12,19 +11,19 @@ pytestmark = pytest.mark.gpu
 CONFIG_POOL = [
     KernelConfig(nsplit=ns, ht=ht, tk=tk, block=blk, stages=st, qt=qt, wr=wr, wk=wk, sf=sf, pipe=pipe)
     for ns, tk, blk, st, wr, wk, sf, pipe in [
-        (4, 32, 256, 2, 2, 4, 0, 1),    # split-K 4 (odd k-slices of 9 steps), two row groups
-        (16, 16, 128, 3, 1, 4, 1, 0),   # four warps, folded scores, fused pipeline
-        (64, 64, 512, 2, 2, 2, 0, 1),   # 16 warps: four token groups
-        (1, 128, 256, 2, 1, 1, 0, 0),   # one split, eight token groups, no split-K
-        (24, 32, 256, 4, 4, 2, 1, 1),   # deep ring, both k-slices in one score buffer
-        (7, 32, 256, 3, 2, 2, 0, 0),    # odd NSPLIT: token-granular split edges
-        (33, 32, 256, 4, 1, 4, 0, 0),   # bandwidth mode: one row group, deep ring
-        (12, 64, 128, 2, 1, 2, 0, 1),   # four warps, two token groups of 32
+        (4, 32, 256, 2, 2, 4, 0, 1),  # split-K 4 (odd k-slices of 9 steps), two row groups
+        (16, 16, 128, 3, 1, 4, 1, 0),  # four warps, folded scores, fused pipeline
+        (64, 64, 512, 2, 2, 2, 0, 1),  # 16 warps: four token groups
+        (1, 128, 256, 2, 1, 1, 0, 0),  # one split, eight token groups, no split-K
+        (24, 32, 256, 4, 4, 2, 1, 1),  # deep ring, both k-slices in one score buffer
+        (7, 32, 256, 3, 2, 2, 0, 0),  # odd NSPLIT: token-granular split edges
+        (33, 32, 256, 4, 1, 4, 0, 0),  # bandwidth mode: one row group, deep ring
+        (12, 64, 128, 2, 1, 2, 0, 1),  # four warps, two token groups of 32
         (132, 32, 256, 3, 2, 4, 1, 1),  # the compute-mode default structure
         (132, 32, 256, 3, 2, 2, 1, 3),  # seesaw: two groups alternate tiles, folded k-slices
-        (7, 32, 256, 3, 4, 1, 0, 3),    # seesaw, four row groups, odd NSPLIT
-        (5, 16, 256, 3, 1, 4, 0, 3),    # seesaw, 16-token tiles, split-K 4 per group
-        (9, 32, 256, 3, 1, 2, 0, 3),    # seesaw, two token groups per group
+        (7, 32, 256, 3, 4, 1, 0, 3),  # seesaw, four row groups, odd NSPLIT
+        (5, 16, 256, 3, 1, 4, 0, 3),  # seesaw, 16-token tiles, split-K 4 per group
+        (9, 32, 256, 3, 1, 2, 0, 3),  # seesaw, two token groups per group
     ]
     for ht in (1, 2, 8)
     for qt in (0, 3)
@@ -37,7 +36,6 @@ PREFIXES = {1: [777], 3: [0, 1000, 37]}  # ragged, not multiples of TK, some spl
 def gpu(tmp_path_factory):
     import pycuda.autoprimaryctx  # noqa: F401  (torch's primary context)
     import torch
-
     from verify_tuner.kernels.build import precompile
     from verify_tuner.kernels.limits import read_device_limits
 
@@ -51,7 +49,6 @@ def gpu(tmp_path_factory):
 
 def _run(cfg, inp, limits, cache, *, lse=True):
     import torch
-
     from verify_tuner.kernels.launch import VerifyAttention
 
     B, Q, H, _ = inp.q.shape
@@ -59,9 +56,18 @@ def _run(cfg, inp, limits, cache, *, lse=True):
     out = torch.full((B, Q, H, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
     lse_t = torch.full((B, Q, H), float("nan"), dtype=torch.float32, device="cuda") if lse else None
     torch.cuda.synchronize()
-    va(q=inp.q, kv=inp.kv, prefix_indices=inp.prefix_indices, prefix_indptr=inp.prefix_indptr,
-       draft_indices=inp.draft_indices, tree_mask=inp.tree_mask, out=out, lse=lse_t,
-       batch=B, softmax_scale=inp.scale)
+    va(
+        q=inp.q,
+        kv=inp.kv,
+        prefix_indices=inp.prefix_indices,
+        prefix_indptr=inp.prefix_indptr,
+        draft_indices=inp.draft_indices,
+        tree_mask=inp.tree_mask,
+        out=out,
+        lse=lse_t,
+        batch=B,
+        softmax_scale=inp.scale,
+    )
     torch.cuda.synchronize()
     return va, out, lse_t
 
@@ -89,10 +95,12 @@ def test_long_prefix_many_tiles(gpu):
     limits, cache = gpu
     inp = make_inputs(prefix_lens=[46000], q_len=9, H=8, seed=7)
     ref_o, _ = reference(inp)
-    for cfg in (KernelConfig(nsplit=132, ht=8, tk=32, block=256, stages=3, wr=2, wk=4, sf=1, pipe=1),
-                KernelConfig(nsplit=7, ht=4, tk=32, block=256, stages=3, wr=2, wk=2, pipe=0),
-                KernelConfig(nsplit=132, ht=8, tk=32, block=256, stages=3, wr=2, wk=2, sf=1, pipe=3),
-                KernelConfig(nsplit=7, ht=8, tk=32, block=256, stages=3, wr=4, wk=1, pipe=3)):
+    for cfg in (
+        KernelConfig(nsplit=132, ht=8, tk=32, block=256, stages=3, wr=2, wk=4, sf=1, pipe=1),
+        KernelConfig(nsplit=7, ht=4, tk=32, block=256, stages=3, wr=2, wk=2, pipe=0),
+        KernelConfig(nsplit=132, ht=8, tk=32, block=256, stages=3, wr=2, wk=2, sf=1, pipe=3),
+        KernelConfig(nsplit=7, ht=8, tk=32, block=256, stages=3, wr=4, wk=1, pipe=3),
+    ):
         _, out, _ = _run(cfg, inp, limits, cache, lse=False)
         assert rel_error(out, ref_o) <= 1e-2
 
@@ -100,7 +108,6 @@ def test_long_prefix_many_tiles(gpu):
 def test_cuda_graph_replay_matches(gpu):
     import pycuda.driver as cuda
     import torch
-
     from verify_tuner.kernels.launch import VerifyAttention
     from verify_tuner.kernels.reference import make_inputs, reference, rel_error
 
@@ -114,9 +121,18 @@ def test_cuda_graph_replay_matches(gpu):
     graph = torch.cuda.CUDAGraph()
     torch.cuda.synchronize()
     with torch.cuda.graph(graph, stream=ext):
-        va(q=inp.q, kv=inp.kv, prefix_indices=inp.prefix_indices, prefix_indptr=inp.prefix_indptr,
-           draft_indices=inp.draft_indices, tree_mask=inp.tree_mask, out=out, batch=2,
-           softmax_scale=inp.scale, stream=stream)
+        va(
+            q=inp.q,
+            kv=inp.kv,
+            prefix_indices=inp.prefix_indices,
+            prefix_indptr=inp.prefix_indptr,
+            draft_indices=inp.draft_indices,
+            tree_mask=inp.tree_mask,
+            out=out,
+            batch=2,
+            softmax_scale=inp.scale,
+            stream=stream,
+        )
     assert torch.isnan(out.float()).all(), "capture must not execute the kernels"
     graph.replay()
     torch.cuda.synchronize()

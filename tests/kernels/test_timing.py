@@ -13,6 +13,7 @@ def test_interleave_alternates_candidates_round_by_round():
         def run() -> float:
             calls.append(name)
             return value + len(calls)
+
         return run
 
     got = interleave([measure("A", 0.0), measure("B", 100.0)], rounds=3)

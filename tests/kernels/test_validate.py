@@ -3,7 +3,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.errors import InvalidConfig
 from verify_tuner.kernels.limits import known_device
@@ -31,8 +30,7 @@ def test_register_pressure_is_rejected_before_compiling():
     # per thread at 256 threads, 128 at 512 threads (which allow 128 in all)
     reason = check(KernelConfig(nsplit=8, ht=8, tk=16, block=512, wr=4, wk=4, sf=1), H200, H=8, q_len=16)
     assert reason is not None and "registers" in reason
-    assert "registers" in check(KernelConfig(nsplit=8, ht=8, tk=16, block=256, wr=4, wk=2, sf=1), H200, H=8,
-                                q_len=16)
+    assert "registers" in check(KernelConfig(nsplit=8, ht=8, tk=16, block=256, wr=4, wk=2, sf=1), H200, H=8, q_len=16)
     # 72 rows, one row group: ~260 registers (ptxas spills it); two row groups fit (ptxas: 243)
     assert "registers" in check(KernelConfig(nsplit=8, ht=8, tk=32, block=256, wr=1, wk=4), H200, H=8, q_len=9)
     assert check(KernelConfig(nsplit=8, ht=8, tk=32, block=256, wr=2, wk=4), H200, H=8, q_len=9) is None
@@ -64,8 +62,9 @@ def test_seesaw_rules():
     assert check(replace(seesaw, wr=4, wk=1, sf=0), H200, H=8, q_len=9) is None
 
 
-@pytest.mark.parametrize("field,value", [("tk", 48), ("block", 96), ("stages", 5), ("nsplit", 5000), ("pipe", 2),
-                                         ("sf", 2)])
+@pytest.mark.parametrize(
+    "field,value", [("tk", 48), ("block", 96), ("stages", 5), ("nsplit", 5000), ("pipe", 2), ("sf", 2)]
+)
 def test_out_of_range_constants(field, value):
     kwargs = dict(nsplit=8, ht=1, tk=32, block=256, stages=2, wr=1) | {field: value}
     assert check(KernelConfig(**kwargs), H200, H=8, q_len=1) is not None

@@ -3,10 +3,11 @@ tests only)."""
 
 from __future__ import annotations
 
-from tests.fakes import SlowFakeBackend
 from verify_tuner.backend import Workload
 from verify_tuner.db.session import make_engine, session_factory
 from verify_tuner.study import run_study
+
+from tests.fakes import SlowFakeBackend
 
 FIXED = {"QT": [0], "WR": [2], "WK": [4], "SF": [0], "PIPE": [1], "STAGES": [2], "BLOCK": [256]}
 
@@ -15,6 +16,14 @@ def run(url: str, marker: str, n_trials: int, seconds: float, parallel: int = 1)
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    run_study(backend=SlowFakeBackend(marker, seconds=seconds), sessions=session_factory(make_engine(url)),
-              storage_url=url, workload=Workload(8, 9, 46000), n_trials=n_trials, seed=0, restrict=FIXED,
-              heartbeat_s=1.0, parallel=parallel)
+    run_study(
+        backend=SlowFakeBackend(marker, seconds=seconds),
+        sessions=session_factory(make_engine(url)),
+        storage_url=url,
+        workload=Workload(8, 9, 46000),
+        n_trials=n_trials,
+        seed=0,
+        restrict=FIXED,
+        heartbeat_s=1.0,
+        parallel=parallel,
+    )

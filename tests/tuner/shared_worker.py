@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 
-from tests.fakes import FakeBackend
 from verify_tuner.backend import Workload
 from verify_tuner.db.session import make_engine, session_factory
 from verify_tuner.study import run_study
+
+from tests.fakes import FakeBackend
 
 
 def run(url: str, seed: int, n_trials: int) -> tuple[int, int]:
@@ -15,6 +16,12 @@ def run(url: str, seed: int, n_trials: int) -> tuple[int, int]:
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     fb = FakeBackend(seed=seed)
-    run_study(backend=fb, sessions=session_factory(make_engine(url)), storage_url=url,
-              workload=Workload(8, 9, 46000), n_trials=n_trials, seed=seed)
+    run_study(
+        backend=fb,
+        sessions=session_factory(make_engine(url)),
+        storage_url=url,
+        workload=Workload(8, 9, 46000),
+        n_trials=n_trials,
+        seed=seed,
+    )
     return os.getpid(), len(fb.measured)

@@ -14,13 +14,13 @@ import urllib.request
 
 import optuna
 import pytest
-
-from tests.fakes import FakeBackend
-from tests.helpers import free_port
 from verify_tuner.backend import Workload
 from verify_tuner.db import migrate
 from verify_tuner.db.session import make_engine, session_factory
 from verify_tuner.study import run_study
+
+from tests.fakes import FakeBackend
+from tests.helpers import free_port
 
 
 def _get(url: str):  # type: ignore[no-untyped-def]
@@ -34,12 +34,22 @@ def test_optuna_dashboard_lists_our_study_with_params_and_reasons(sqlite_url, tm
         pytest.fail("optuna-dashboard is not installed (it is in the dev extra)")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     migrate.upgrade(sqlite_url)
-    out = run_study(backend=FakeBackend(), sessions=session_factory(make_engine(sqlite_url)), storage_url=sqlite_url,
-                    workload=Workload(8, 9, 46000), n_trials=12, seed=0,
-                    restrict={"QT": [0], "WR": [2], "WK": [4], "SF": [0], "PIPE": [1]})
+    out = run_study(
+        backend=FakeBackend(),
+        sessions=session_factory(make_engine(sqlite_url)),
+        storage_url=sqlite_url,
+        workload=Workload(8, 9, 46000),
+        n_trials=12,
+        seed=0,
+        restrict={"QT": [0], "WR": [2], "WK": [4], "SF": [0], "PIPE": [1]},
+    )
     port = free_port()
-    proc = subprocess.Popen([exe, sqlite_url, "--port", str(port), "--host", "127.0.0.1", "--quiet"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [exe, sqlite_url, "--port", str(port), "--host", "127.0.0.1", "--quiet"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         base = f"http://127.0.0.1:{port}"
         for _ in range(100):

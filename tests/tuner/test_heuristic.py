@@ -1,12 +1,11 @@
 from __future__ import annotations
 
 import pytest
-
+from verify_tuner import space
+from verify_tuner.heuristic import _blocks_per_sm, heuristic_config
 from verify_tuner.kernels.errors import InvalidConfig
 from verify_tuner.kernels.limits import known_device
 from verify_tuner.kernels.validate import check, smem_bytes
-from verify_tuner import space
-from verify_tuner.heuristic import _blocks_per_sm, heuristic_config
 
 H200 = known_device("h200")
 PRO6000 = known_device("rtx-pro-6000")
@@ -91,8 +90,19 @@ def test_impossible_shape_raises_with_reason():
 
 
 @pytest.mark.parametrize("limits", [H200, PRO6000], ids=["sm_90", "sm_120"])
-@pytest.mark.parametrize("H, q_len, prefix", [(8, 9, 46000), (8, 1, 131072), (64, 9, 46000), (16, 9, 4096),
-                                              (128, 1, 1 << 20), (8, 9, 100), (8, 64, 46000), (1, 33, 5000)])
+@pytest.mark.parametrize(
+    "H, q_len, prefix",
+    [
+        (8, 9, 46000),
+        (8, 1, 131072),
+        (64, 9, 46000),
+        (16, 9, 4096),
+        (128, 1, 1 << 20),
+        (8, 9, 100),
+        (8, 64, 46000),
+        (1, 33, 5000),
+    ],
+)
 def test_default_is_in_the_search_space_so_the_study_measures_it_first(limits, H, q_len, prefix):
     cfg = heuristic_config(limits, H=H, q_len=q_len, prefix=prefix)
     c = space.choices(H, limits=limits, q_len=q_len)

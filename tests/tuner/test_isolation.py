@@ -5,11 +5,10 @@ from __future__ import annotations
 import time
 
 import pytest
-
-from verify_tuner.kernels.config import KernelConfig
-from verify_tuner.kernels.errors import LaunchError
 from verify_tuner.backend import CRASHED, OK, TIMEOUT, Workload
 from verify_tuner.isolation import IsolatedBackend
+from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.errors import LaunchError
 
 WL = Workload(8, 9, 46000)
 GOOD = KernelConfig(nsplit=64, ht=8, tk=32, block=256)
@@ -70,9 +69,26 @@ def test_a_bug_stops_the_study_instead_of_failing_a_trial(sessions, db_url):
     b = IsolatedBackend(measurer="tests.fakes:MisbehavingMeasurer", timeout_s=3)
     try:
         with pytest.raises(MeasurerBug, match="deliberate bug"):
-            run_study(backend=b, sessions=sessions, storage_url=db_url, workload=WL, n_trials=8, seed=3,
-                      restrict={"NSPLIT": [12], "HT": [8], "TK": [32], "BLOCK": [256], "STAGES": [2], "QT": [0],
-                                "WR": [2], "WK": [4], "SF": [0], "PIPE": [1]})
+            run_study(
+                backend=b,
+                sessions=sessions,
+                storage_url=db_url,
+                workload=WL,
+                n_trials=8,
+                seed=3,
+                restrict={
+                    "NSPLIT": [12],
+                    "HT": [8],
+                    "TK": [32],
+                    "BLOCK": [256],
+                    "STAGES": [2],
+                    "QT": [0],
+                    "WR": [2],
+                    "WK": [4],
+                    "SF": [0],
+                    "PIPE": [1],
+                },
+            )
     finally:
         b.close()
 
@@ -96,10 +112,27 @@ def test_study_goes_on_past_crashes_and_hangs(sessions, db_url):
 
     b = IsolatedBackend(measurer="tests.fakes:MisbehavingMeasurer", timeout_s=3)
     try:
-        out = run_study(backend=b, sessions=sessions, storage_url=db_url, workload=WL, n_trials=8, seed=3,
-                        restrict={"NSPLIT": [2, 4, 64], "HT": [8], "TK": [32], "BLOCK": [256, 512], "STAGES": [2],
-                                  "QT": [0], "WR": [2], "WK": [4], "SF": [0], "PIPE": [1]},  # every config of the grid
-                        sampler="grid")
+        out = run_study(
+            backend=b,
+            sessions=sessions,
+            storage_url=db_url,
+            workload=WL,
+            n_trials=8,
+            seed=3,
+            restrict={
+                "NSPLIT": [2, 4, 64],
+                "HT": [8],
+                "TK": [32],
+                "BLOCK": [256, 512],
+                "STAGES": [2],
+                "QT": [0],
+                "WR": [2],
+                "WK": [4],
+                "SF": [0],
+                "PIPE": [1],
+            },  # every config of the grid
+            sampler="grid",
+        )
     finally:
         b.close()
     with session_scope(sessions) as s:
@@ -114,8 +147,7 @@ def test_the_backend_returns_with_the_limits_while_the_measurer_still_starts(tmp
     what the start measured."""
     marker = tmp_path / "ready"
     t0 = time.monotonic()
-    b = IsolatedBackend(measurer="tests.fakes:SlowStartMeasurer", measurer_kwargs={"marker": str(marker)},
-                        timeout_s=10)
+    b = IsolatedBackend(measurer="tests.fakes:SlowStartMeasurer", measurer_kwargs={"marker": str(marker)}, timeout_s=10)
     try:
         assert time.monotonic() - t0 < 1.0, "the constructor waited for the child"
         assert b.limits.name == "NVIDIA H200" and b.limits.copy_bw_gbps is None
@@ -128,8 +160,11 @@ def test_the_backend_returns_with_the_limits_while_the_measurer_still_starts(tmp
 
 
 def test_a_measurer_that_fails_after_its_limits_fails_the_first_call(tmp_path):
-    b = IsolatedBackend(measurer="tests.fakes:SlowStartMeasurer",
-                        measurer_kwargs={"marker": str(tmp_path / "m"), "seconds": 0.1, "fail": True}, timeout_s=10)
+    b = IsolatedBackend(
+        measurer="tests.fakes:SlowStartMeasurer",
+        measurer_kwargs={"marker": str(tmp_path / "m"), "seconds": 0.1, "fail": True},
+        timeout_s=10,
+    )
     try:
         with pytest.raises(LaunchError, match="failed to start: RuntimeError: no CUDA context"):
             b.measure(KernelConfig(nsplit=64, ht=8, tk=32, block=256), WL)
@@ -140,8 +175,11 @@ def test_a_measurer_that_fails_after_its_limits_fails_the_first_call(tmp_path):
 def test_closing_a_backend_whose_measurer_still_starts_does_not_wait_for_it(tmp_path):
     """A caller that stops early (its database not upgraded, say) closes the backend right after
     starting it: the child, which reads nothing until its start ends, is killed, not waited for."""
-    b = IsolatedBackend(measurer="tests.fakes:SlowStartMeasurer",
-                        measurer_kwargs={"marker": str(tmp_path / "m"), "seconds": 20.0}, timeout_s=10)
+    b = IsolatedBackend(
+        measurer="tests.fakes:SlowStartMeasurer",
+        measurer_kwargs={"marker": str(tmp_path / "m"), "seconds": 20.0},
+        timeout_s=10,
+    )
     assert b.limits.name == "NVIDIA H200"  # the probe came; the rest of the start takes 20 s
     t0 = time.monotonic()
     b.close()

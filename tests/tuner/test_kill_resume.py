@@ -10,10 +10,10 @@ import signal
 import time
 
 import optuna
+from verify_tuner.db import migrate
 
 from tests.tuner.killed_worker import FIXED
 from tests.tuner.killed_worker import run as worker
-from verify_tuner.db import migrate
 
 
 def test_kill_9_then_resume_leaves_nothing_running_and_loses_nothing(db_url, tmp_path):

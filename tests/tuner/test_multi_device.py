@@ -10,7 +10,6 @@ import time
 
 import optuna
 import pytest
-
 from verify_tuner.backend import Workload
 from verify_tuner.db import migrate, repo
 from verify_tuner.db.session import make_engine, session_factory, session_scope
@@ -24,8 +23,15 @@ RESTRICT = {"NSPLIT": [8, 16, 32, 64, 128], "QT": [0], "WR": [2], "WK": [4], "SF
 
 def _job(workloads, n_trials):  # type: ignore[no-untyped-def]
     # three trials in flight per process, as on a GPU host (verify_tuner.runner.default_compile_jobs)
-    return TuneJob(workloads=workloads, n_trials=n_trials, seed=0, measure_timeout_s=10, restrict=RESTRICT,
-                   measurer="tests.fakes:PacedMeasurer", compile_jobs=3)
+    return TuneJob(
+        workloads=workloads,
+        n_trials=n_trials,
+        seed=0,
+        measure_timeout_s=10,
+        restrict=RESTRICT,
+        measurer="tests.fakes:PacedMeasurer",
+        compile_jobs=3,
+    )
 
 
 def _measured_by_study(settings):  # type: ignore[no-untyped-def]
@@ -92,12 +98,14 @@ def test_a_claim_is_exclusive_until_its_owner_stops_beating(sessions):
         repo.upsert_device(session=s, limits=h200)
         sid = repo.get_or_create_study(session=s, key=key, prefix=46000, sampler="tpe", seed=None).id
         assert repo.claim_study(session=s, study_id=sid, owner="hostA:1:gpu0", stale_before=now - dt.timedelta(60))
-        assert not repo.claim_study(session=s, study_id=sid, owner="hostB:2:gpu0",
-                                    stale_before=now - dt.timedelta(seconds=30))
+        assert not repo.claim_study(
+            session=s, study_id=sid, owner="hostB:2:gpu0", stale_before=now - dt.timedelta(seconds=30)
+        )
         assert repo.beat_study(session=s, study_id=sid, owner="hostA:1:gpu0")
         # hostA dies: once its last beat is older than the stale limit, hostB takes the key over
-        assert repo.claim_study(session=s, study_id=sid, owner="hostB:2:gpu0",
-                                stale_before=repo.utcnow() + dt.timedelta(seconds=1))
+        assert repo.claim_study(
+            session=s, study_id=sid, owner="hostB:2:gpu0", stale_before=repo.utcnow() + dt.timedelta(seconds=1)
+        )
         assert not repo.beat_study(session=s, study_id=sid, owner="hostA:1:gpu0")  # A learns it lost it
         repo.release_study(session=s, study_id=sid, owner="hostB:2:gpu0")
         assert repo.find_study(session=s, key=key).owner is None
@@ -114,11 +122,20 @@ def test_two_hosts_share_a_job_through_postgresql(pg_url, tmp_path):
 
     migrate.upgrade(pg_url)
     open_storage(pg_url)
-    script = ("import json, sys; from tests.tuner.host_worker import run; "
-              "print(json.dumps(run(sys.argv[1], sys.argv[2])))")
+    script = (
+        "import json, sys; from tests.tuner.host_worker import run; print(json.dumps(run(sys.argv[1], sys.argv[2])))"
+    )
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    procs = [subprocess.Popen([sys.executable, "-c", script, pg_url, str(tmp_path / f"cache{i}")], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, pg_url, str(tmp_path / f"cache{i}")],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
     outs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [e[-1500:] for _, e in outs]
     owned = [k for o, _ in outs for k in json.loads(o.strip().splitlines()[-1])]
@@ -131,8 +148,8 @@ def test_a_key_its_owner_finishes_between_scan_and_claim_is_not_tuned_again(db_u
     """The interleaving that tuned a key twice (2 of 6 runs of the 10-key test on PostgreSQL):
     another process finishes the key and releases its claim just before this process's claim
     UPDATE. The claim then succeeds, and the check that follows it must see the key done."""
-    from verify_tuner.kernels.limits import known_device
     from verify_tuner import claims
+    from verify_tuner.kernels.limits import known_device
     from verify_tuner.study import workload_key
 
     migrate.upgrade(db_url)
@@ -163,15 +180,17 @@ def test_a_key_its_owner_finishes_between_scan_and_claim_is_not_tuned_again(db_u
 
 @pytest.mark.parametrize(("left", "helps"), [(6, False), (7, True)])
 def test_an_idle_process_helps_only_a_key_with_more_places_left_than_twice_its_owners_trials_in_flight(
-        sqlite_url, monkeypatch, left, helps):
+    sqlite_url, monkeypatch, left, helps
+):
     """With 3 trials in flight per process, an owner's own trials take a key's last 3 places and
     a helper's would take 3 more, counted by neither: an idle process waits for a key with 6
     places left (it would add proposals, storage writes and measurements past the budget), and
     joins one with 7."""
-    from verify_tuner.kernels.limits import known_device
-    from tests.fakes import FakeBackend
     from verify_tuner import claims
+    from verify_tuner.kernels.limits import known_device
     from verify_tuner.study import workload_key
+
+    from tests.fakes import FakeBackend
 
     migrate.upgrade(sqlite_url)
     sessions = session_factory(make_engine(sqlite_url))
@@ -179,8 +198,9 @@ def test_an_idle_process_helps_only_a_key_with_more_places_left_than_twice_its_o
     with session_scope(sessions) as s:
         repo.upsert_device(session=s, limits=limits)
     with session_scope(sessions) as s:  # a live owner is mid-search
-        row = repo.get_or_create_study(session=s, key=workload_key(limits, wl), prefix=wl.prefix, sampler="tpe",
-                                       seed=0, reopen=False)
+        row = repo.get_or_create_study(
+            session=s, key=workload_key(limits, wl), prefix=wl.prefix, sampler="tpe", seed=0, reopen=False
+        )
         row.n_ok, sid = budget - left, row.id
     with session_scope(sessions) as s:
         assert repo.claim_study(session=s, study_id=sid, owner="other", stale_before=repo.utcnow())
@@ -205,8 +225,14 @@ def test_an_idle_process_helps_only_a_key_with_more_places_left_than_twice_its_o
 
     monkeypatch.setattr(claims, "_wait_for_a_release", owner_finishes_during_the_wait)
     t0 = time.monotonic()
-    res = claims.run_job(backend=FakeBackend(), sessions=sessions, workloads=[wl], n_trials=budget, owner="me",
-                         study_kw={"storage_url": sqlite_url, "sampler": "tpe", "seed": 0, "parallel": 3})
+    res = claims.run_job(
+        backend=FakeBackend(),
+        sessions=sessions,
+        workloads=[wl],
+        n_trials=budget,
+        owner="me",
+        study_kw={"storage_url": sqlite_url, "sampler": "tpe", "seed": 0, "parallel": 3},
+    )
     elapsed = time.monotonic() - t0
     assert [c["pick"] for c in calls] == ([False] if helps else [])
     assert res.done_before == [wl] and not res.outcomes
@@ -216,31 +242,48 @@ def test_an_idle_process_helps_only_a_key_with_more_places_left_than_twice_its_o
     assert (res.waited_s == 0.0) if helps else (0.3 <= res.waited_s < elapsed), (res.waited_s, elapsed)
 
 
-@pytest.mark.parametrize(("place", "order"), [((0, 1), [0, 1, 2, 3, 4]), ((1, 2), [2, 3, 4, 0, 1]),
-                                                ((2, 3), [3, 4, 0, 1, 2])])
+@pytest.mark.parametrize(
+    ("place", "order"), [((0, 1), [0, 1, 2, 3, 4]), ((1, 2), [2, 3, 4, 0, 1]), ((2, 3), [3, 4, 0, 1, 2])]
+)
 def test_a_process_walks_the_keys_from_its_own_place_and_wraps_around(sqlite_url, monkeypatch, place, order):
     """Process i of P starts at key i*K/P, so each goes on to its own last key's neighbour (whose
     best and compiles are there to start from), as a lone process does."""
-    from tests.fakes import FakeBackend
     from verify_tuner import claims
+
+    from tests.fakes import FakeBackend
 
     migrate.upgrade(sqlite_url)
     sessions = session_factory(make_engine(sqlite_url))
-    workloads = [Workload(8, 9, 1024 * 2 ** k) for k in range(5)]
+    workloads = [Workload(8, 9, 1024 * 2**k) for k in range(5)]
     monkeypatch.setattr(claims, "run_study", lambda **kw: kw["workload"])
-    res = claims.run_job(backend=FakeBackend(), sessions=sessions, workloads=workloads, n_trials=4, owner="me",
-                         study_kw={"storage_url": sqlite_url, "sampler": "tpe", "seed": 0}, place=place)
+    res = claims.run_job(
+        backend=FakeBackend(),
+        sessions=sessions,
+        workloads=workloads,
+        n_trials=4,
+        owner="me",
+        study_kw={"storage_url": sqlite_url, "sampler": "tpe", "seed": 0},
+        place=place,
+    )
     assert res.outcomes == [workloads[k] for k in order]
 
 
 def test_a_place_outside_the_processes_is_an_error(sqlite_url):
-    from tests.fakes import FakeBackend
     from verify_tuner import claims
+
+    from tests.fakes import FakeBackend
 
     migrate.upgrade(sqlite_url)
     with pytest.raises(ValueError, match="index must be in"):
-        claims.run_job(backend=FakeBackend(), sessions=session_factory(make_engine(sqlite_url)),
-                       workloads=[Workload(8, 9, 4096)], n_trials=4, owner="me", study_kw={}, place=(2, 2))
+        claims.run_job(
+            backend=FakeBackend(),
+            sessions=session_factory(make_engine(sqlite_url)),
+            workloads=[Workload(8, 9, 4096)],
+            n_trials=4,
+            owner="me",
+            study_kw={},
+            place=(2, 2),
+        )
 
 
 def test_gpu_processes_fork_only_from_a_single_threaded_process():
@@ -270,8 +313,8 @@ def test_a_process_waiting_on_owned_keys_goes_on_when_one_is_released_not_a_poll
     import threading
     import time
 
-    from verify_tuner.kernels.limits import known_device
     from verify_tuner import claims
+    from verify_tuner.kernels.limits import known_device
     from verify_tuner.keys import ConfigKey
 
     h200 = known_device("h200")
@@ -297,25 +340,33 @@ def test_a_process_waiting_on_owned_keys_goes_on_when_one_is_released_not_a_poll
     timer.join()
     assert 0.2 <= time.monotonic() - t0 < 5  # on the release, not at the 30 s timeout
     with session_scope(sessions) as s:
-        assert repo.owners_of(session=s, workload_keys=[str(k) for k in keys]) == {str(keys[0]): "other",
-                                                                                    str(keys[1]): None}
+        assert repo.owners_of(session=s, workload_keys=[str(k) for k in keys]) == {
+            str(keys[0]): "other",
+            str(keys[1]): None,
+        }
 
 
 def test_the_cli_says_per_gpu_what_it_owned_helped_and_waited_for(monkeypatch, capsys, tmp_path):
     """`tuner study start --devices`: one summary line per GPU; a failed GPU is reported and the
     command exits non-zero."""
     import click
-
     from verify_tuner import cli_study, runner
 
-    payload = {"keys": [], "helped": 0, "done_before": 5, "waited_s": 7.9,
-               "declined": [{"prefix": 38968, "batch": 1, "places_left": 12}]}
+    payload = {
+        "keys": [],
+        "helped": 0,
+        "done_before": 5,
+        "waited_s": 7.9,
+        "declined": [{"prefix": 38968, "batch": 1, "places_left": 12}],
+    }
     monkeypatch.setattr(runner, "tune_on_devices", lambda *a: [(0, "ok", payload), (1, "error", "TunerError: boom")])
     with pytest.raises(click.ClickException, match="a GPU's tuner failed"):
         cli_study._start_on_devices(Settings(database_url="sqlite://", cache_dir=tmp_path), None, [0, 1], False)
     out, err = capsys.readouterr()
-    assert ("GPU 0: owned 0 key(s), helped with 0, left 5 to the other processes or to an earlier run, waited 7.9 s "
-            "for keys other processes owned (not helped: prefix=38968 batch=1 with 12 places left)") in out
+    assert (
+        "GPU 0: owned 0 key(s), helped with 0, left 5 to the other processes or to an earlier run, waited 7.9 s "
+        "for keys other processes owned (not helped: prefix=38968 batch=1 with 12 places left)"
+    ) in out
     assert "GPU 1: failed: TunerError: boom" in err
 
 
@@ -334,5 +385,7 @@ def test_one_gpu_of_a_job_other_hosts_share_says_what_it_waited_for(monkeypatch,
     out = json.loads(capsys.readouterr().out)
     assert out["waited_s"] == 2.0 and out["declined"] == [{"prefix": 4096, "batch": 1, "places_left": 3}]
     cli_study._start_on_one(settings, None, 0, False)
-    assert ("waited 2.0 s for keys other processes owned (not helped: prefix=4096 batch=1 with 3 places left)"
-            in capsys.readouterr().out)
+    assert (
+        "waited 2.0 s for keys other processes owned (not helped: prefix=4096 batch=1 with 3 places left)"
+        in capsys.readouterr().out
+    )

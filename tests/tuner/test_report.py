@@ -3,13 +3,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 from click.testing import CliRunner
-
-from verify_tuner.kernels import kernel_hash
-from verify_tuner.kernels.config import KernelConfig
-from verify_tuner.kernels.limits import known_device
 from verify_tuner.cli import cli
 from verify_tuner.db import migrate, repo
 from verify_tuner.db.session import make_engine, session_factory, session_scope
+from verify_tuner.kernels import kernel_hash
+from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.limits import known_device
 from verify_tuner.keys import ConfigKey
 
 
@@ -20,8 +19,13 @@ def test_report_writes_table_and_plot(sqlite_url, tmp_path):
     with session_scope(sessions) as s:
         repo.upsert_device(session=s, limits=h200)
         for bucket, us in ((9, 20.0), (15, 75.0)):
-            repo.upsert_best(session=s, key=ConfigKey(h200.name, kernel_hash(), "bf16", 8, 9, bucket),
-                             config=KernelConfig(128, 8, 32, 256), median_us=us, default_us=us * 1.2)
+            repo.upsert_best(
+                session=s,
+                key=ConfigKey(h200.name, kernel_hash(), "bf16", 8, 9, bucket),
+                config=KernelConfig(128, 8, 32, 256),
+                median_us=us,
+                default_us=us * 1.2,
+            )
     r = CliRunner().invoke(cli, ["--database-url", sqlite_url, "study", "report", "--out", str(tmp_path / "rep")])
     assert r.exit_code == 0, r.output
     md = (tmp_path / "rep" / "tuned_nvidia-h200.md").read_text()

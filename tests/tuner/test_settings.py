@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from verify_tuner.settings import Settings
 
 
@@ -15,8 +14,10 @@ def test_defaults_and_overrides():
     assert Settings.from_env({"TUNER_DATABASE_READ_ONLY": "0"}).database_read_only is False
 
 
-@pytest.mark.parametrize("env, name", [({"TUNER_PORT": "http"}, "TUNER_PORT"),
-                                       ({"TUNER_DATABASE_READ_ONLY": "maybe"}, "TUNER_DATABASE_READ_ONLY")])
+@pytest.mark.parametrize(
+    "env, name",
+    [({"TUNER_PORT": "http"}, "TUNER_PORT"), ({"TUNER_DATABASE_READ_ONLY": "maybe"}, "TUNER_DATABASE_READ_ONLY")],
+)
 def test_malformed_values_name_the_variable(env, name):
     with pytest.raises(ValueError, match=name):
         Settings.from_env(env)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import multiprocessing as mp
 
 import optuna
-
-from tests.tuner.shared_worker import run
 from verify_tuner.db import migrate, repo
 from verify_tuner.db.session import make_engine, session_factory, session_scope
+
+from tests.tuner.shared_worker import run
 
 
 def test_four_processes_share_one_study_on_postgres(pg_url):
@@ -35,5 +35,9 @@ def test_four_processes_share_one_study_on_postgres(pg_url):
     assert search_rows >= len(measured), "a measured Optuna trial has no row in tuning_trials"
     assert len(best) == 1
     # the counters are exact under concurrent writers (they were read-modify-written: 331 of 800)
-    assert counts == (len(every), sum(t.state == "ok" for t in every), sum(t.state == "invalid" for t in every),
-                      sum(t.state not in ("ok", "invalid") for t in every))
+    assert counts == (
+        len(every),
+        sum(t.state == "ok" for t in every),
+        sum(t.state == "invalid" for t in every),
+        sum(t.state not in ("ok", "invalid") for t in every),
+    )

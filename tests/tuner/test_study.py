@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import optuna
 import pytest
-
-from verify_tuner.kernels.config import KernelConfig
-from verify_tuner.kernels.validate import check
-from tests.fakes import H200, FakeBackend
 from verify_tuner import space
 from verify_tuner.backend import Workload
 from verify_tuner.db import repo
 from verify_tuner.db.session import session_scope
 from verify_tuner.heuristic import heuristic_config
+from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.validate import check
 from verify_tuner.study import run_study
+
+from tests.fakes import H200, FakeBackend
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 WL = Workload(8, 9, 46000)
@@ -96,9 +96,12 @@ def test_refused_proposals_are_pruned_trials_of_their_own_and_logged(sessions, d
     # refused configs' rows go to the config database with the measurements, not a commit each
     assert len(commits) < sum(t.user_attrs.get("state") == "invalid" for t in st.trials)
     refused = [t for t in st.trials if t.user_attrs.get("state") == "invalid"]
-    assert refused and all(t.state == optuna.trial.TrialState.PRUNED and t.user_attrs.get("reason")
-                           and check(KernelConfig.from_params(t.params), H200, H=8, q_len=9) is not None
-                           for t in refused)
+    assert refused and all(
+        t.state == optuna.trial.TrialState.PRUNED
+        and t.user_attrs.get("reason")
+        and check(KernelConfig.from_params(t.params), H200, H=8, q_len=9) is not None
+        for t in refused
+    )
     logged = [t for t in trials(sessions, out.study_id) if t.state == "invalid"]
     assert len(logged) == len(refused) and all(t.reason for t in logged)
     taken = [t for t in st.trials if t.user_attrs.get("state") != "invalid"]
@@ -127,9 +130,14 @@ def test_fit_tpe_ranks_only_candidates_that_fit_and_keeps_its_choice_when_none_d
     def run(fits):  # type: ignore[no-untyped-def]
         sampler = FitTPE(choices=choices, fits=fits, seed=3, n_startup_trials=5, multivariate=True)
         st = optuna.create_study(sampler=sampler)
-        st.optimize(lambda t: (t.suggest_categorical("X", choices["X"]) - 2) ** 2
-                    + t.suggest_categorical("Y", choices["Y"]) + 0 * t.suggest_categorical("Z", choices["Z"]),
-                    n_trials=40)
+        st.optimize(
+            lambda t: (
+                (t.suggest_categorical("X", choices["X"]) - 2) ** 2
+                + t.suggest_categorical("Y", choices["Y"])
+                + 0 * t.suggest_categorical("Z", choices["Z"])
+            ),
+            n_trials=40,
+        )
         return [t.params for t in st.trials[5:]]
 
     seen: list[dict[str, int]] = []
@@ -203,8 +211,9 @@ def test_warm_start_measures_the_default_then_neighbours_first(sessions, db_url)
         from verify_tuner.kernels import kernel_hash
         from verify_tuner.keys import ConfigKey
 
-        repo.upsert_best(session=s, key=ConfigKey(H200.name, kernel_hash(), "bf16", 8, 9, 14), config=neighbour,
-                         median_us=30.0)
+        repo.upsert_best(
+            session=s, key=ConfigKey(H200.name, kernel_hash(), "bf16", 8, 9, 14), config=neighbour, median_us=30.0
+        )
     study(sessions, db_url, fb, n_trials=5)
     assert fb.measured[0] == heuristic_config(H200, H=8, q_len=9, prefix=46000)
     assert fb.measured[1] == neighbour
@@ -258,8 +267,8 @@ def test_stored_best_is_kept_when_the_new_winner_is_within_noise(sessions, db_ur
 
 
 def test_a_clearly_faster_config_replaces_the_stored_best(sessions, db_url):
-    from verify_tuner.kernels import kernel_hash
     from verify_tuner.buckets import bucket_of
+    from verify_tuner.kernels import kernel_hash
     from verify_tuner.keys import ConfigKey
 
     slow_best = KernelConfig(nsplit=8, ht=1, tk=16, block=128, wr=1, wk=4)
@@ -359,8 +368,13 @@ def test_parallel_trials_compile_ahead_measure_one_at_a_time_and_keep_the_budget
     assert fb.measured[0] == heuristic_config(H200, H=8, q_len=9, prefix=46000), "the default was not measured first"
     assert set(fb.measured) <= set(fb.compiled), "a config was measured without being compiled ahead"
     assert len(fb.compiled) == budget, "a compile went past the budget"
-    unmeasured = [t for t in st.trials if t.state == optuna.trial.TrialState.FAIL and not t.user_attrs.get("measured")
-                  and "reused_trial" not in t.user_attrs]
+    unmeasured = [
+        t
+        for t in st.trials
+        if t.state == optuna.trial.TrialState.FAIL
+        and not t.user_attrs.get("measured")
+        and "reused_trial" not in t.user_attrs
+    ]
     assert all("budget" in t.user_attrs.get("reason", "") for t in unmeasured)
     # a larger budget resumes the same study and measures only the difference
     more = _ThreadedBackend(seed=2)
@@ -370,7 +384,6 @@ def test_parallel_trials_compile_ahead_measure_one_at_a_time_and_keep_the_budget
 
 def test_optuna_commits_trials_without_fsync_and_the_config_db_keeps_full(tmp_path):
     from sqlalchemy import text
-
     from verify_tuner.db import migrate
     from verify_tuner.db.session import make_engine
     from verify_tuner.study import open_storage
@@ -391,7 +404,6 @@ def test_a_study_storage_of_its_own_is_in_wal_mode(tmp_path):
     (every process's sampler reads the trials) never block a writer. It was left in rollback-journal
     mode until session 8."""
     from sqlalchemy import text
-
     from verify_tuner.study import open_storage
 
     storage = open_storage(f"sqlite:///{tmp_path}/studies.db")

@@ -11,8 +11,6 @@ from pathlib import Path
 import optuna
 import pytest
 from sqlalchemy import text
-
-from tests.fakes import FakeBackend
 from verify_tuner.backend import Workload
 from verify_tuner.db import migrate
 from verify_tuner.db.session import make_engine, session_factory
@@ -21,12 +19,16 @@ from verify_tuner.settings import Settings
 from verify_tuner.study import open_study_storage, run_study
 from verify_tuner.study_files import STUDY, default_study_storage, study_file_url, study_urls
 
+from tests.fakes import FakeBackend
+
 RESTRICT = {"QT": [0], "WR": [2], "WK": [4], "SF": [0], "PIPE": [1]}
 
 
 def test_the_default_is_a_file_per_key_beside_an_sqlite_config_database_and_postgresql_itself():
-    assert Settings(database_url="sqlite:////var/lib/tuner/configs.db").studies == \
-        "sqlite:////var/lib/tuner/configs.studies/{study}.db"
+    assert (
+        Settings(database_url="sqlite:////var/lib/tuner/configs.db").studies
+        == "sqlite:////var/lib/tuner/configs.studies/{study}.db"
+    )
     assert Settings(database_url="sqlite:///rel/configs.db").studies == "sqlite:///rel/configs.studies/{study}.db"
     pg = "postgresql+psycopg://tuner@db/tuner"
     assert Settings(database_url=pg).studies == pg
@@ -36,8 +38,9 @@ def test_the_default_is_a_file_per_key_beside_an_sqlite_config_database_and_post
     assert Settings.from_env(env).studies == "sqlite:////d/optuna.db"
 
 
-@pytest.mark.parametrize("url", ["postgresql://h/{study}", "sqlite:////x/{study}/a.db",
-                                 "sqlite:////x/{study}-{study}.db", "not a url"])
+@pytest.mark.parametrize(
+    "url", ["postgresql://h/{study}", "sqlite:////x/{study}/a.db", "sqlite:////x/{study}-{study}.db", "not a url"]
+)
 def test_a_bad_study_storage_is_one_clear_setting_error(url):
     with pytest.raises(BadSetting, match="TUNER_STUDY_STORAGE") as exc:
         Settings.from_env({"TUNER_STUDY_STORAGE": url})
@@ -69,14 +72,22 @@ def test_keys_get_files_of_their_own_and_a_rerun_resumes_its_file(tmp_path):
     sessions = session_factory(make_engine(url))
 
     def tune(prefix: int, n: int):  # type: ignore[no-untyped-def]
-        return run_study(backend=FakeBackend(), sessions=sessions, storage_url=template, n_trials=n, seed=0,
-                         workload=Workload(8, 9, prefix), restrict=RESTRICT)
+        return run_study(
+            backend=FakeBackend(),
+            sessions=sessions,
+            storage_url=template,
+            n_trials=n,
+            seed=0,
+            workload=Workload(8, 9, prefix),
+            restrict=RESTRICT,
+        )
 
     tune(4096, 6)
     key = tune(46000, 6).key
     files = study_urls(template)
-    assert len(files) == 2 and all(Path(f.removeprefix("sqlite:///")).parent == tmp_path / "configs.studies"
-                                   for f in files)
+    assert len(files) == 2 and all(
+        Path(f.removeprefix("sqlite:///")).parent == tmp_path / "configs.studies" for f in files
+    )
     assert sorted(len(optuna.get_all_study_summaries(storage=u)) for u in files) == [1, 1]
     with make_engine(url).connect() as c:  # the config database holds no Optuna tables of its own now
         assert c.execute(text("SELECT count(*) FROM sqlite_master WHERE name = 'trials'")).scalar() == 0
@@ -135,7 +146,6 @@ def test_a_new_key_file_is_a_copy_of_a_blank_schema_and_takes_trials(tmp_path):
 
 def test_db_upgrade_makes_the_study_directory_and_its_blank_storage(tmp_path):
     from click.testing import CliRunner
-
     from verify_tuner.cli import cli
 
     r = CliRunner().invoke(cli, ["db", "upgrade"], env={"TUNER_DATABASE_URL": f"sqlite:///{tmp_path / 'c.db'}"})
@@ -156,9 +166,13 @@ def test_db_upgrade_on_a_study_directory_it_cannot_write_is_one_line(tmp_path):
             pytest.skip("running as root without setpriv: file modes do not apply")
         prefix = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search,-fowner"]
     (tmp_path / "ro").mkdir(mode=0o500)
-    env = {**os.environ, "TUNER_DATABASE_URL": f"sqlite:///{tmp_path / 'c.db'}",
-           "TUNER_STUDY_STORAGE": f"sqlite:///{tmp_path}/ro/s/{STUDY}.db"}
-    r = subprocess.run([*prefix, sys.executable, "-m", "tuner", "db", "upgrade"], env=env, capture_output=True,
-                       text=True, timeout=120)
+    env = {
+        **os.environ,
+        "TUNER_DATABASE_URL": f"sqlite:///{tmp_path / 'c.db'}",
+        "TUNER_STUDY_STORAGE": f"sqlite:///{tmp_path}/ro/s/{STUDY}.db",
+    }
+    r = subprocess.run(
+        [*prefix, sys.executable, "-m", "tuner", "db", "upgrade"], env=env, capture_output=True, text=True, timeout=120
+    )
     assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
     assert "cannot create" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from verify_tuner.backend import CRASHED, OK, TIMEOUT, Workload
 
 pytestmark = pytest.mark.gpu
@@ -11,7 +10,6 @@ pytestmark = pytest.mark.gpu
 
 def test_small_real_study_then_api(sqlite_url, tmp_path):
     from fastapi.testclient import TestClient
-
     from verify_tuner.api.app import create_app
     from verify_tuner.db import migrate
     from verify_tuner.db.session import make_engine, session_factory
@@ -23,8 +21,14 @@ def test_small_real_study_then_api(sqlite_url, tmp_path):
     sessions = session_factory(make_engine(sqlite_url))
     backend = IsolatedBackend(measurer_kwargs={"cache_dir": str(tmp_path / "cache")}, timeout_s=120)
     try:
-        out = run_study(backend=backend, sessions=sessions, storage_url=sqlite_url, workload=Workload(8, 9, 8192),
-                        n_trials=8, seed=0)
+        out = run_study(
+            backend=backend,
+            sessions=sessions,
+            storage_url=sqlite_url,
+            workload=Workload(8, 9, 8192),
+            n_trials=8,
+            seed=0,
+        )
     finally:
         backend.close()
     assert out.stored and out.best_m.median_us > 0 and out.default_m is not None
@@ -33,17 +37,25 @@ def test_small_real_study_then_api(sqlite_url, tmp_path):
         body = c.get("/config", params={"H": 8, "q_len": 9, "prefix": 8192}).json()
     assert body["source"] == "tuned" and body["device"] == backend.limits.name
     assert (body["NSPLIT"], body["HT"], body["TK"], body["BLOCK"]) == (
-        out.best.nsplit, out.best.ht, out.best.tk, out.best.block)
+        out.best.nsplit,
+        out.best.ht,
+        out.best.tk,
+        out.best.block,
+    )
     assert body["expected_us"] == pytest.approx(out.best_m.median_us)
 
 
 def test_faulting_and_hanging_kernels_fail_only_their_trial(tmp_path):
-    from verify_tuner.kernels.config import KernelConfig
-    from tests.gpu_measurers import FAULT, HANG
     from verify_tuner.isolation import IsolatedBackend
+    from verify_tuner.kernels.config import KernelConfig
 
-    backend = IsolatedBackend(measurer="tests.gpu_measurers:FaultInjectingGpuMeasurer",
-                              measurer_kwargs={"cache_dir": str(tmp_path / "cache")}, timeout_s=45)
+    from tests.gpu_measurers import FAULT, HANG
+
+    backend = IsolatedBackend(
+        measurer="tests.gpu_measurers:FaultInjectingGpuMeasurer",
+        measurer_kwargs={"cache_dir": str(tmp_path / "cache")},
+        timeout_s=45,
+    )
     try:
         wl = Workload(8, 9, 4096)
         fault = backend.measure(FAULT, wl)
@@ -62,7 +74,6 @@ def test_a_batch_study_measures_the_ragged_batch_and_serves_its_bucket(sqlite_ur
     """B=8 on the GPU: the gate covers all 8 ragged requests, the winner is stored under batch
     bucket 5-8 and the API serves it for batch=8 while B=1 stays heuristic."""
     from fastapi.testclient import TestClient
-
     from verify_tuner.api.app import create_app
     from verify_tuner.db import migrate
     from verify_tuner.db.session import make_engine, session_factory
@@ -74,9 +85,15 @@ def test_a_batch_study_measures_the_ragged_batch_and_serves_its_bucket(sqlite_ur
     sessions = session_factory(make_engine(sqlite_url))
     backend = IsolatedBackend(measurer_kwargs={"cache_dir": str(tmp_path / "cache")}, timeout_s=120)
     try:
-        out = run_study(backend=backend, sessions=sessions, storage_url=sqlite_url,
-                        workload=Workload(8, 9, 8192, batch=8), n_trials=6, seed=0,
-                        restrict={"STAGES": [2, 3], "QT": [0]})
+        out = run_study(
+            backend=backend,
+            sessions=sessions,
+            storage_url=sqlite_url,
+            workload=Workload(8, 9, 8192, batch=8),
+            n_trials=6,
+            seed=0,
+            restrict={"STAGES": [2, 3], "QT": [0]},
+        )
     finally:
         backend.close()
     assert out.stored and out.key.batch_bucket == 3 and out.counts["ok"] >= 1

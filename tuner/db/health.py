@@ -11,7 +11,6 @@ from pathlib import Path
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
-
 from verify_tuner.db.migrate import ensure_current
 from verify_tuner.db.session import make_engine
 from verify_tuner.errors import StorageError
@@ -33,16 +32,16 @@ def probe(url: str, *, read_only: bool = False) -> DatabaseHealth:
         sqlite_file = Path(parsed.database).expanduser()
         if not sqlite_file.exists():  # opening it would create an empty file: never do that here
             return DatabaseHealth(False, False, f"database file {sqlite_file} is missing")
-    engine = make_engine(url, immediate=False, busy_timeout_ms=PROBE_BUSY_TIMEOUT_MS, pooled=False,
-                         read_only=read_only)
+    engine = make_engine(url, immediate=False, busy_timeout_ms=PROBE_BUSY_TIMEOUT_MS, pooled=False, read_only=read_only)
     try:
         ensure_current(engine)  # reads the schema version over a new connection
         if sqlite_file is not None:
             # the file, and the directory its -wal/-shm/journal files live in, must be writable
             blocked = [p for p in (sqlite_file, sqlite_file.parent) if not os.access(p, os.W_OK)]
             if blocked:
-                return DatabaseHealth(True, False, "database is read-only: cannot write "
-                                      + ", ".join(str(p) for p in blocked))
+                return DatabaseHealth(
+                    True, False, "database is read-only: cannot write " + ", ".join(str(p) for p in blocked)
+                )
         elif parsed.get_backend_name() == "postgresql":
             with engine.connect() as conn:
                 if str(conn.execute(text("SHOW transaction_read_only")).scalar()).lower() == "on":

@@ -14,7 +14,6 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
-
 from verify_tuner import migrations
 from verify_tuner.errors import StorageError
 
@@ -103,8 +102,10 @@ def ensure_current(engine: Engine) -> None:
     head = head_revision()
     if current != head:
         state = "empty (no schema)" if current is None else f"at revision {current}"
-        raise StorageError(f"database {engine.url.render_as_string(hide_password=True)} is {state}, "
-                           f"this version needs {head}: {UPGRADE_HINT}")
+        raise StorageError(
+            f"database {engine.url.render_as_string(hide_password=True)} is {state}, "
+            f"this version needs {head}: {UPGRADE_HINT}"
+        )
 
 
 def checked_sessions(url: str) -> sessionmaker[Session]:

@@ -90,8 +90,7 @@ class Trial(Base):
 class BestConfig(Base):
     __tablename__ = "best_configs"
     __table_args__ = (
-        UniqueConstraint("device_id", "kernel_id", "dtype", "H", "q_len", "bucket", "batch_bucket",
-                         name="uq_best_key"),
+        UniqueConstraint("device_id", "kernel_id", "dtype", "H", "q_len", "bucket", "batch_bucket", name="uq_best_key"),
     )
     id: Mapped[int] = mapped_column(primary_key=True)
     device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"))

@@ -8,10 +8,6 @@ from typing import Any
 
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
-
-from verify_tuner.kernels.build import KERNEL_NAME, KERNEL_VERSION
-from verify_tuner.kernels.config import KernelConfig
-from verify_tuner.kernels.limits import DeviceLimits
 from verify_tuner import buckets
 from verify_tuner.db.models import (  # noqa: F401  (Study re-exported)
     BestConfig,
@@ -23,6 +19,9 @@ from verify_tuner.db.models import (  # noqa: F401  (Study re-exported)
     utcnow,
 )
 from verify_tuner.errors import StorageError
+from verify_tuner.kernels.build import KERNEL_NAME, KERNEL_VERSION
+from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.limits import DeviceLimits
 from verify_tuner.keys import ConfigKey
 
 
@@ -67,11 +66,17 @@ def _insert_ignore(session: Session, model: type, *, key_cols: dict[str, Any], v
 # --- devices and kernels ---------------------------------------------------------------------
 def upsert_device(*, session: Session, limits: DeviceLimits) -> Device:
     values = dict(
-        compute_capability=limits.compute_capability, sm_count=limits.sm_count,
-        max_smem_optin=limits.max_smem_optin, smem_per_sm=limits.smem_per_sm,
-        regs_per_sm=limits.regs_per_sm, regs_per_block=limits.regs_per_block,
-        max_threads_per_block=limits.max_threads_per_block, l2_bytes=limits.l2_bytes,
-        driver_version=limits.driver_version, cuda_version=limits.cuda_version, recorded_at=utcnow(),
+        compute_capability=limits.compute_capability,
+        sm_count=limits.sm_count,
+        max_smem_optin=limits.max_smem_optin,
+        smem_per_sm=limits.smem_per_sm,
+        regs_per_sm=limits.regs_per_sm,
+        regs_per_block=limits.regs_per_block,
+        max_threads_per_block=limits.max_threads_per_block,
+        l2_bytes=limits.l2_bytes,
+        driver_version=limits.driver_version,
+        cuda_version=limits.cuda_version,
+        recorded_at=utcnow(),
     )
     if limits.copy_bw_gbps is not None:  # a known-table record must not erase a measured figure
         values["copy_bw_gbps"] = limits.copy_bw_gbps
@@ -85,8 +90,10 @@ def _bump_version(session: Session) -> None:
     other writes: the sidecar's cache stamp (data_stamp) then changes with every write, whatever
     the rows' timestamps, and every writer takes this row's lock first (one lock order: writers
     on PostgreSQL queue instead of deadlocking)."""
-    if session.execute(update(DataVersion).where(DataVersion.id == 1)
-                       .values(version=DataVersion.version + 1)).rowcount == 0:
+    if (
+        session.execute(update(DataVersion).where(DataVersion.id == 1).values(version=DataVersion.version + 1)).rowcount
+        == 0
+    ):
         raise StorageError("the data_version row is missing: run `tuner db upgrade`")
 
 
@@ -101,11 +108,19 @@ def list_devices(*, session: Session) -> list[Device]:
 def device_limits(device: Device) -> DeviceLimits:
     major, minor = (int(x) for x in device.compute_capability.split("."))
     return DeviceLimits(
-        name=device.name, cc_major=major, cc_minor=minor, sm_count=device.sm_count,
-        max_smem_optin=device.max_smem_optin, smem_per_sm=device.smem_per_sm,
-        regs_per_sm=device.regs_per_sm, regs_per_block=device.regs_per_block,
-        max_threads_per_block=device.max_threads_per_block, l2_bytes=device.l2_bytes,
-        driver_version=device.driver_version, cuda_version=device.cuda_version, copy_bw_gbps=device.copy_bw_gbps,
+        name=device.name,
+        cc_major=major,
+        cc_minor=minor,
+        sm_count=device.sm_count,
+        max_smem_optin=device.max_smem_optin,
+        smem_per_sm=device.smem_per_sm,
+        regs_per_sm=device.regs_per_sm,
+        regs_per_block=device.regs_per_block,
+        max_threads_per_block=device.max_threads_per_block,
+        l2_bytes=device.l2_bytes,
+        driver_version=device.driver_version,
+        cuda_version=device.cuda_version,
+        copy_bw_gbps=device.copy_bw_gbps,
     )
 
 
@@ -120,11 +135,20 @@ def upsert_kernel(*, session: Session, source_hash: str, name: str, version: str
 # --- best configs ----------------------------------------------------------------------------
 def _best_query(**filters: object):  # type: ignore[no-untyped-def]
     """Best configs joined with their device name and kernel hash; None filters are ignored."""
-    cols = {"device": Device.name, "kernel_hash": Kernel.source_hash, "dtype": BestConfig.dtype,
-            "H": BestConfig.H, "q_len": BestConfig.q_len, "bucket": BestConfig.bucket,
-            "batch_bucket": BestConfig.batch_bucket}
-    q = (select(BestConfig, Device.name, Kernel.source_hash)
-         .join(Device, BestConfig.device_id == Device.id).join(Kernel, BestConfig.kernel_id == Kernel.id))
+    cols = {
+        "device": Device.name,
+        "kernel_hash": Kernel.source_hash,
+        "dtype": BestConfig.dtype,
+        "H": BestConfig.H,
+        "q_len": BestConfig.q_len,
+        "bucket": BestConfig.bucket,
+        "batch_bucket": BestConfig.batch_bucket,
+    }
+    q = (
+        select(BestConfig, Device.name, Kernel.source_hash)
+        .join(Device, BestConfig.device_id == Device.id)
+        .join(Kernel, BestConfig.kernel_id == Kernel.id)
+    )
     for name, value in filters.items():
         if value is not None:
             q = q.where(cols[name] == value)
@@ -132,25 +156,34 @@ def _best_query(**filters: object):  # type: ignore[no-untyped-def]
 
 
 def _to_row(best: BestConfig, device: str, kernel_hash: str) -> BestRow:
-    cfg = KernelConfig.from_params({"NSPLIT": best.nsplit, "HT": best.ht, "TK": best.tk, "BLOCK": best.block,
-                                    **(best.extra or {})})
+    cfg = KernelConfig.from_params(
+        {"NSPLIT": best.nsplit, "HT": best.ht, "TK": best.tk, "BLOCK": best.block, **(best.extra or {})}
+    )
     key = ConfigKey(device, kernel_hash, best.dtype, best.H, best.q_len, best.bucket, best.batch_bucket)
-    return BestRow(key, cfg, best.median_us, best.p10_us, best.p90_us, best.default_us, best.speedup,
-                   best.study_id, best.tuned_at)
+    return BestRow(
+        key, cfg, best.median_us, best.p10_us, best.p90_us, best.default_us, best.speedup, best.study_id, best.tuned_at
+    )
 
 
 def get_best(*, session: Session, key: ConfigKey) -> BestRow | None:
-    q = _best_query(device=key.device, kernel_hash=key.kernel_hash, dtype=key.dtype, H=key.H, q_len=key.q_len,
-                    bucket=key.bucket, batch_bucket=key.batch_bucket)
+    q = _best_query(
+        device=key.device,
+        kernel_hash=key.kernel_hash,
+        dtype=key.dtype,
+        H=key.H,
+        q_len=key.q_len,
+        bucket=key.bucket,
+        batch_bucket=key.batch_bucket,
+    )
     hit = session.execute(q).one_or_none()
     return _to_row(*hit) if hit else None
 
 
-def list_best_for(*, session: Session, device: str, kernel_hash: str, dtype: str, H: int, q_len: int,
-                  batch_bucket: int | None = None) -> list[BestRow]:
+def list_best_for(
+    *, session: Session, device: str, kernel_hash: str, dtype: str, H: int, q_len: int, batch_bucket: int | None = None
+) -> list[BestRow]:
     """Stored bests of one (device, kernel, dtype, H, q_len); every batch bucket unless given."""
-    q = _best_query(device=device, kernel_hash=kernel_hash, dtype=dtype, H=H, q_len=q_len,
-                    batch_bucket=batch_bucket)
+    q = _best_query(device=device, kernel_hash=kernel_hash, dtype=dtype, H=H, q_len=q_len, batch_bucket=batch_bucket)
     return [_to_row(*r) for r in session.execute(q)]
 
 
@@ -162,15 +195,26 @@ def nearest_row(rows: list[BestRow], target: buckets.Bucket) -> BestRow | None:
     return min(rows, key=lambda r: (buckets.log_distance(buckets.by_index(r.key.bucket), target), r.key.bucket))
 
 
-def list_best(*, session: Session, device: str | None = None, H: int | None = None,
-              q_len: int | None = None) -> list[BestRow]:
+def list_best(
+    *, session: Session, device: str | None = None, H: int | None = None, q_len: int | None = None
+) -> list[BestRow]:
     return [_to_row(*r) for r in session.execute(_best_query(device=device, H=H, q_len=q_len))]
 
 
-def upsert_best(*, session: Session, key: ConfigKey, config: KernelConfig, median_us: float | None,
-                p10_us: float | None = None, p90_us: float | None = None, default_us: float | None = None,
-                study_id: int | None = None, tuned_at: dt.datetime | None = None,
-                kernel_name: str = KERNEL_NAME, kernel_version: str = KERNEL_VERSION) -> None:
+def upsert_best(
+    *,
+    session: Session,
+    key: ConfigKey,
+    config: KernelConfig,
+    median_us: float | None,
+    p10_us: float | None = None,
+    p90_us: float | None = None,
+    default_us: float | None = None,
+    study_id: int | None = None,
+    tuned_at: dt.datetime | None = None,
+    kernel_name: str = KERNEL_NAME,
+    kernel_version: str = KERNEL_VERSION,
+) -> None:
     """Store `config` as the best for `key`, replacing any existing row (the caller decides)."""
     device = get_device(session=session, name=key.device)
     if device is None:
@@ -179,17 +223,46 @@ def upsert_best(*, session: Session, key: ConfigKey, config: KernelConfig, media
     p = config.as_params()
     extra = config.extra_params()
     speedup = default_us / median_us if default_us and median_us else None
-    values = dict(nsplit=p["NSPLIT"], ht=p["HT"], tk=p["TK"], block=p["BLOCK"], extra=extra,
-                  median_us=median_us, p10_us=p10_us, p90_us=p90_us, default_us=default_us, speedup=speedup,
-                  study_id=study_id, tuned_at=tuned_at or utcnow())
+    values = dict(
+        nsplit=p["NSPLIT"],
+        ht=p["HT"],
+        tk=p["TK"],
+        block=p["BLOCK"],
+        extra=extra,
+        median_us=median_us,
+        p10_us=p10_us,
+        p90_us=p90_us,
+        default_us=default_us,
+        speedup=speedup,
+        study_id=study_id,
+        tuned_at=tuned_at or utcnow(),
+    )
     _bump_version(session)
-    _upsert(session, BestConfig, key_cols=dict(device_id=device.id, kernel_id=kernel.id, dtype=key.dtype,
-                                               H=key.H, q_len=key.q_len, bucket=key.bucket,
-                                               batch_bucket=key.batch_bucket), values=values)
+    _upsert(
+        session,
+        BestConfig,
+        key_cols=dict(
+            device_id=device.id,
+            kernel_id=kernel.id,
+            dtype=key.dtype,
+            H=key.H,
+            q_len=key.q_len,
+            bucket=key.bucket,
+            batch_bucket=key.batch_bucket,
+        ),
+        values=values,
+    )
 
 
-def delete_best(*, session: Session, device: str, H: int | None = None, q_len: int | None = None,
-                bucket: int | None = None, batch_bucket: int | None = None) -> int:
+def delete_best(
+    *,
+    session: Session,
+    device: str,
+    H: int | None = None,
+    q_len: int | None = None,
+    bucket: int | None = None,
+    batch_bucket: int | None = None,
+) -> int:
     dev = get_device(session=session, name=device)
     if dev is None:
         return 0
@@ -207,19 +280,38 @@ def delete_best(*, session: Session, device: str, H: int | None = None, q_len: i
 
 
 # --- studies and trials ----------------------------------------------------------------------
-def get_or_create_study(*, session: Session, key: ConfigKey, prefix: int, sampler: str, seed: int | None,
-                        reopen: bool = True) -> Study:
+def get_or_create_study(
+    *, session: Session, key: ConfigKey, prefix: int, sampler: str, seed: int | None, reopen: bool = True
+) -> Study:
     """The study of `key`, created on first use; a finished one is reopened (resume) unless
     `reopen` is False (a look at its state)."""
     device = get_device(session=session, name=key.device)
     if device is None:
         raise StorageError(f"device {key.device!r} is not recorded")
     kernel = upsert_kernel(session=session, source_hash=key.kernel_hash, name=KERNEL_NAME, version=KERNEL_VERSION)
-    _insert_ignore(session, Study, key_cols={"workload_key": str(key)}, values=dict(
-        device_id=device.id, kernel_id=kernel.id, dtype=key.dtype, H=key.H, q_len=key.q_len, bucket=key.bucket,
-        batch_bucket=key.batch_bucket, prefix=prefix, status="running", sampler=sampler, seed=seed,
-        started_at=utcnow(),
-        n_trials=0, n_ok=0, n_invalid=0, n_failed=0))
+    _insert_ignore(
+        session,
+        Study,
+        key_cols={"workload_key": str(key)},
+        values=dict(
+            device_id=device.id,
+            kernel_id=kernel.id,
+            dtype=key.dtype,
+            H=key.H,
+            q_len=key.q_len,
+            bucket=key.bucket,
+            batch_bucket=key.batch_bucket,
+            prefix=prefix,
+            status="running",
+            sampler=sampler,
+            seed=seed,
+            started_at=utcnow(),
+            n_trials=0,
+            n_ok=0,
+            n_invalid=0,
+            n_failed=0,
+        ),
+    )
     study = session.scalars(select(Study).where(Study.workload_key == str(key))).one()
     if reopen and study.status != "running":
         study.status, study.finished_at, study.sampler = "running", None, sampler
@@ -233,16 +325,24 @@ def find_study(*, session: Session, key: ConfigKey) -> Study | None:
 def claim_study(*, session: Session, study_id: int, owner: str, stale_before: dt.datetime) -> bool:
     """Make `owner` the process that picks and stores this study's winner, unless another owner
     beat after `stale_before` (one atomic UPDATE: two processes never both win a claim)."""
-    stmt = (update(Study).where(Study.id == study_id)
-            .where((Study.owner.is_(None)) | (Study.owner == owner) | (Study.heartbeat_at < stale_before))
-            .values(owner=owner, heartbeat_at=utcnow()).execution_options(synchronize_session=False))
+    stmt = (
+        update(Study)
+        .where(Study.id == study_id)
+        .where((Study.owner.is_(None)) | (Study.owner == owner) | (Study.heartbeat_at < stale_before))
+        .values(owner=owner, heartbeat_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
     return session.execute(stmt).rowcount == 1
 
 
 def beat_study(*, session: Session, study_id: int, owner: str) -> bool:
     """Refresh the claim; False when another process has taken it over (we were stale)."""
-    stmt = (update(Study).where(Study.id == study_id, Study.owner == owner).values(heartbeat_at=utcnow())
-            .execution_options(synchronize_session=False))
+    stmt = (
+        update(Study)
+        .where(Study.id == study_id, Study.owner == owner)
+        .values(heartbeat_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
     return session.execute(stmt).rowcount == 1
 
 
@@ -253,21 +353,50 @@ def owners_of(*, session: Session, workload_keys: list[str]) -> dict[str, str | 
 
 
 def release_study(*, session: Session, study_id: int, owner: str) -> None:
-    session.execute(update(Study).where(Study.id == study_id, Study.owner == owner).values(owner=None)
-                    .execution_options(synchronize_session=False))
+    session.execute(
+        update(Study)
+        .where(Study.id == study_id, Study.owner == owner)
+        .values(owner=None)
+        .execution_options(synchronize_session=False)
+    )
 
 
-def record_trial(*, session: Session, study_id: int, params: dict[str, int], state: str, reason: str | None = None,
-                 median_us: float | None = None, p10_us: float | None = None, p90_us: float | None = None,
-                 samples: list[float] | None = None, rel_error: float | None = None) -> Trial:
-    trial = Trial(study_id=study_id, params=params, state=state, reason=reason, median_us=median_us, p10_us=p10_us,
-                  p90_us=p90_us, samples=samples, rel_error=rel_error)
+def record_trial(
+    *,
+    session: Session,
+    study_id: int,
+    params: dict[str, int],
+    state: str,
+    reason: str | None = None,
+    median_us: float | None = None,
+    p10_us: float | None = None,
+    p90_us: float | None = None,
+    samples: list[float] | None = None,
+    rel_error: float | None = None,
+) -> Trial:
+    trial = Trial(
+        study_id=study_id,
+        params=params,
+        state=state,
+        reason=reason,
+        median_us=median_us,
+        p10_us=p10_us,
+        p90_us=p90_us,
+        samples=samples,
+        rel_error=rel_error,
+    )
     session.add(trial)
     # one atomic UPDATE (not read-modify-write in Python): processes sharing a study lose no count
-    session.execute(update(Study).where(Study.id == study_id).values(
-        n_trials=Study.n_trials + 1, n_ok=Study.n_ok + int(state == "ok"),
-        n_invalid=Study.n_invalid + int(state == "invalid"),
-        n_failed=Study.n_failed + int(state not in ("ok", "invalid"))))
+    session.execute(
+        update(Study)
+        .where(Study.id == study_id)
+        .values(
+            n_trials=Study.n_trials + 1,
+            n_ok=Study.n_ok + int(state == "ok"),
+            n_invalid=Study.n_invalid + int(state == "invalid"),
+            n_failed=Study.n_failed + int(state not in ("ok", "invalid")),
+        )
+    )
     return trial
 
 
@@ -288,8 +417,11 @@ def data_stamp(*, session: Session) -> tuple[object, ...]:
 
     # one round trip every re-check: the counts also notice rows removed behind the tuner's back,
     # and reading the tables notices a database that can no longer serve them
-    row = session.execute(select(
-        select(DataVersion.version).where(DataVersion.id == 1).scalar_subquery(),
-        select(func.count(BestConfig.id)).scalar_subquery(),
-        select(func.count(Device.id)).scalar_subquery())).one()
+    row = session.execute(
+        select(
+            select(DataVersion.version).where(DataVersion.id == 1).scalar_subquery(),
+            select(func.count(BestConfig.id)).scalar_subquery(),
+            select(func.count(Device.id)).scalar_subquery(),
+        )
+    ).one()
     return tuple(row)

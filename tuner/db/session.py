@@ -12,14 +12,20 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
-
 from verify_tuner.errors import StorageError
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
 
-def make_engine(url: str, *, immediate: bool = True, busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS,
-                pooled: bool = True, read_only: bool = False, foreign_keys: bool = True) -> Engine:
+def make_engine(
+    url: str,
+    *,
+    immediate: bool = True,
+    busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS,
+    pooled: bool = True,
+    read_only: bool = False,
+    foreign_keys: bool = True,
+) -> Engine:
     """An engine; SQLite gets WAL, a busy timeout and, for writers (`immediate`), transactions
     that take the write lock up front. Read-only users pass immediate=False so that they never
     queue behind writers (WAL readers need no lock). `pooled=False` opens a new connection per
@@ -69,13 +75,17 @@ def check_writable(path: Path) -> None:
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise StorageError(f"cannot create {directory} for the database ({exc.strerror}): set TUNER_DATABASE_URL "
-                           "to a writable path, or create that directory for this user") from None
+        raise StorageError(
+            f"cannot create {directory} for the database ({exc.strerror}): set TUNER_DATABASE_URL "
+            "to a writable path, or create that directory for this user"
+        ) from None
     if not path.exists() and not os.access(directory, os.W_OK | os.X_OK):
         owner = directory.stat().st_uid
-        raise StorageError(f"cannot create {path}: {directory} is not writable by uid {os.getuid()} (owned by uid "
-                           f"{owner}); mount a volume this user can write (e.g. `chown {os.getuid()} {directory}`) "
-                           "or set TUNER_DATABASE_URL to a writable path")
+        raise StorageError(
+            f"cannot create {path}: {directory} is not writable by uid {os.getuid()} (owned by uid "
+            f"{owner}); mount a volume this user can write (e.g. `chown {os.getuid()} {directory}`) "
+            "or set TUNER_DATABASE_URL to a writable path"
+        )
 
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:
