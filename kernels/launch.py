@@ -1,8 +1,9 @@
 """Load a compiled configuration with PyCUDA and launch it (GPU path only).
 
 The launch path does no allocation and no host synchronisation: the workspace is allocated
-once per (config, max batch), arguments are plain device pointers, so both launches can be
-captured in a CUDA graph. Use `pycuda.autoprimaryctx` (the context torch uses) when mixing with
+once per (config, max batch), arguments are plain device pointers, and the grid is the same for
+every batch (the kernels share the batch's work out at run time, kernels/plan.py), so one CUDA
+graph captured per batch size follows every prefix and batch composition it is replayed with. Use `pycuda.autoprimaryctx` (the context torch uses) when mixing with
 torch tensors; pass `tensor.data_ptr()` or ints.
 """
 
@@ -18,9 +19,13 @@ from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.errors import InvalidConfig, LaunchError
 from verify_tuner.kernels.limits import DeviceLimits
 from verify_tuner.kernels.pdl import DependentLaunch
+from verify_tuner.kernels.plan import workspace_slots
 from verify_tuner.kernels.validate import D_QK, D_V, smem_bytes, validate
 
 LOG2E = 1.4426950408889634
+#: The kernels' arguments in PyCUDA's prepare() letters (csrc/verify_attention.cu's signatures).
+PARTIAL_ARGS = "PPPPPPPPPPiif"
+REDUCE_ARGS = "PPPPPii"
 
 
 def _read_int(module: Any, name: str) -> int:
@@ -77,15 +82,16 @@ class VerifyAttention:
                 f"({self.partial.get_attribute(fa.NUM_REGS)} registers/thread)"
             )
         self.row_tiles = -(-q_len // cfg.row_tile(q_len))
-        rows = max_batch * q_len * H
-        self._part_o = cuda.mem_alloc(rows * cfg.nsplit * D_V * 2)  # bf16 o / l per split
-        self._part_lse = cuda.mem_alloc(rows * cfg.nsplit * 4)  # fp32 log2-domain lse per split
-        self.partial.prepare("PPPPPPPPif")
-        self.reduce.prepare("PPPP")
+        # partials only for requests several parts share: part p's of request b in slot p + b
+        rows = workspace_slots(nsplit=cfg.nsplit, batch=max_batch) * q_len * H
+        self._part_o = cuda.mem_alloc(rows * D_V * 2)  # bf16 o / l per slot
+        self._part_lse = cuda.mem_alloc(rows * 4)  # fp32 log2-domain lse per slot
+        self.partial.prepare(PARTIAL_ARGS)
+        self.reduce.prepare(REDUCE_ARGS)
         self.reduce_threads = _read_int(self.module, "kReduceThreads")
         # sm_90+: the reduce goes out as a programmatic dependent launch (kernels/pdl.py)
         uses_pdl = _read_int(self.module, "kUsesPdl") == 1
-        self._reduce_pdl = DependentLaunch(built.cubin, "verify_attn_reduce", 4) if uses_pdl else None
+        self._reduce_pdl = DependentLaunch(built.cubin, "verify_attn_reduce", REDUCE_ARGS) if uses_pdl else None
 
     def __call__(
         self,
@@ -104,13 +110,15 @@ class VerifyAttention:
         reduce: bool = True,
     ) -> None:
         """Enqueue partial + reduce on `stream` (a pycuda Stream or None for the default).
-        reduce=False enqueues the partial kernel alone (benchmarks use it to split the time)."""
+        reduce=False enqueues the partial kernel alone (benchmarks use it to split the time: a
+        request that one part holds whole is complete after it, the others need the reduce)."""
         if not 1 <= batch <= self.max_batch:
             raise LaunchError(f"batch {batch} outside 1..{self.max_batch} this launcher was built for")
         scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(D_QK)
         c = self.cfg
+        work = (int(self._part_o), int(self._part_lse))
         self.partial.prepared_async_call(
-            (c.nsplit, self.H // c.ht * self.row_tiles, batch),
+            (c.nsplit, self.H // c.ht * self.row_tiles, 1),  # fixed for any batch: the kernel plans its share
             (c.block, 1, 1),
             stream,
             _ptr(q),
@@ -119,8 +127,10 @@ class VerifyAttention:
             _ptr(prefix_indptr),
             _ptr(draft_indices),
             _ptr(tree_mask),
-            int(self._part_o),
-            int(self._part_lse),
+            *work,
+            _ptr(out),
+            _ptr(lse),
+            batch,
             self.H,
             scale * LOG2E,
             shared_size=self.smem,
@@ -128,26 +138,11 @@ class VerifyAttention:
         if not reduce:
             return
         grid = (batch * self.q_len * self.H, 4, 1)
+        args = (*work, _ptr(prefix_indptr), _ptr(out), _ptr(lse), batch, self.H)
         if self._reduce_pdl is not None:
-            self._reduce_pdl(
-                grid,
-                self.reduce_threads,
-                stream.handle if stream is not None else 0,
-                int(self._part_o),
-                int(self._part_lse),
-                _ptr(out),
-                _ptr(lse),
-            )
+            self._reduce_pdl(grid, self.reduce_threads, stream.handle if stream is not None else 0, *args)
             return
-        self.reduce.prepared_async_call(
-            grid,
-            (self.reduce_threads, 1, 1),
-            stream,
-            int(self._part_o),
-            int(self._part_lse),
-            _ptr(out),
-            _ptr(lse),
-        )
+        self.reduce.prepared_async_call(grid, (self.reduce_threads, 1, 1), stream, *args)
 
     def run(self, inputs: Any, out: Any, *, lse: Any = None, stream: Any = None, reduce: bool = True) -> None:
         """Enqueue on one `verify_tuner.kernels.reference.Inputs` set (tests, tuner and benchmarks)."""

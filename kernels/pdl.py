@@ -59,30 +59,33 @@ def _check(rc: int, what: str) -> None:
         raise LaunchError(f"{what} failed: {name.value.decode() if name.value else rc}")
 
 
+#: PyCUDA's argument letters: P a device pointer, i a 32-bit int, f a float.
+_ARG_TYPES = {"P": c_uint64, "i": ctypes.c_int32, "f": ctypes.c_float}
+
+
 class DependentLaunch:
     """One kernel of a cubin, launched as a programmatic dependent of the previous launch on the
-    stream. Arguments are device pointers; the argument block is built once."""
+    stream. `arg_format` spells its arguments as PyCUDA's prepare() does ("PPi": two pointers
+    and an int); the argument block is built once."""
 
-    def __init__(self, cubin: bytes, name: str, n_pointer_args: int) -> None:
+    def __init__(self, cubin: bytes, name: str, arg_format: str) -> None:
         lib = _lib()
         self._module, self._func = c_void_p(), c_void_p()
         _check(lib.cuModuleLoadData(byref(self._module), ctypes.c_char_p(cubin)), "cuModuleLoadData")
         _check(lib.cuModuleGetFunction(byref(self._func), self._module, name.encode()), f"cuModuleGetFunction({name})")
-        self._args = (c_uint64 * n_pointer_args)()
-        self._params = (c_void_p * n_pointer_args)(
-            *[ctypes.addressof(self._args) + 8 * i for i in range(n_pointer_args)]
-        )
+        self._args = [_ARG_TYPES[c]() for c in arg_format]
+        self._params = (c_void_p * len(self._args))(*[ctypes.addressof(a) for a in self._args])
         self._attr = _Attr(id=CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
         self._attr.value.programmatic_stream_serialization = 1
         self._cfg = _Config(blockDimY=1, blockDimZ=1, sharedMemBytes=0, attrs=ctypes.pointer(self._attr), numAttrs=1)
 
-    def __call__(self, grid: tuple[int, int, int], block: int, stream_handle: int, *pointers: int) -> None:
+    def __call__(self, grid: tuple[int, int, int], block: int, stream_handle: int, *args: float) -> None:
         cfg = self._cfg
         cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
         cfg.blockDimX = block
         cfg.hStream = stream_handle or None
-        for i, p in enumerate(pointers):
-            self._args[i] = p
+        for slot, value in zip(self._args, args, strict=True):
+            slot.value = value
         _check(_lib().cuLaunchKernelEx(byref(cfg), self._func, self._params, None), "cuLaunchKernelEx")
 
     def close(self) -> None:

@@ -149,7 +149,7 @@ def run_job(
 
     def budget(wl: Workload) -> int:  # space.valid_configs is cached per (H, q_len, batch)
         return min(
-            n_trials, len(space.valid_configs(limits, H=wl.H, q_len=wl.q_len, restrict=restrict, batch=wl.batch))
+            n_trials, len(space.valid_configs(limits, H=wl.H, q_len=wl.q_len, restrict=restrict))
         )
 
     result = JobResult()

@@ -2,8 +2,9 @@
 
 A pure function of (device limits, H, q_len, prefix, batch). It always returns a config that
 passes verify_tuner.kernels.validate for that device, or raises InvalidConfig when none can exist. `prefix`
-is the batch's lookup prefix (verify_tuner.batches.prefix_of: its longest request), so a split is sized
-for the request that finishes last.
+is the batch's lookup prefix (verify_tuner.batches.prefix_of: its longest request); with the batch
+it picks the pipeline, while NSPLIT is one wave of parts whatever the prefix (the kernel shares
+the batch out over them at run time).
 """
 
 from __future__ import annotations
@@ -21,24 +22,10 @@ from verify_tuner.space import nsplit_choices, qt_choices
 TARGET_ROWS = 72
 #: At most this many rows use the bandwidth templates (tiny Q: shared memory goes to depth).
 BANDWIDTH_ROWS = 16
-#: A split keeps at least this many KV tiles (a shorter one is mostly prologue and epilogue).
-MIN_TILES_PER_SPLIT = 2
-#: Ragged batches (B > 1) get a two-wave grid when each split still walks this many tiles: the
-#: blocks of shorter requests finish early and the second wave fills their SMs. Measured on the
-#: H200 at H=8 q=9 (bench/results/batch_sm_90.md): two waves win at B=8 and B=32 with 46k-70k
-#: prefixes (43-180 tiles a split; 1.13-1.21x), one wave wins at 4096 (4-16 tiles a split).
-TWO_WAVE_TILES = 32
-#: (TK, BLOCK, STAGES, WR, WK, SF, PIPE), preferred first. Measured on the H200 (bench/results/
-#: sweep_*_sm_90.md, 2026-11-29): at 72 rows the 2 row groups x 4 k-slices grid with 2 slots wins
-#: (56.5 us at H=8 q=9 P=46k; 60.8 for 2x2 with 3 slots, 61.4 for a third slot through folded
-#: scores, 67-75 for 16-token tiles); refilling slots right after PV (PIPE=1) wins at every long
-#: prefix (H=64: 334 vs 347 us); small row tiles at two blocks per SM lose (74 us). Bandwidth
-#: mode: two blocks per SM. Session 6 (bench/results/sweep_seesaw_sm_90.md, 2026-11-30): the
-#: seesaw (PIPE=3, two groups of 4 warps, 2x2 grid per group, folded scores, 3 slots) beats the
-#: 2x4 PIPE=1 grid at every 46k-prefix shape: H=8 40.5 vs 43.8 us, H=16 64.5 vs 76.3, H=64 219.7
-#: vs 266.8, H=128 427.1 vs 520.4, H=32 P=16k 50.3 vs 59.2; it loses in bandwidth mode (q=1: 53.9
-#: vs 45.6). Where a score buffer per k-slice fits (32-36 rows) the unfolded one is faster (H=8 q=4
-#: 27.3 vs 28.7 folded vs 29.6 PIPE=1; sweep_seesaw_mid_sm_90.md); at 72 rows only the folded fits.
+#: (TK, BLOCK, STAGES, WR, WK, SF, PIPE), preferred first, from the structure sweeps on the H200
+#: (bench/results/sweep_seesaw_sm_90.md and kernel_sm_90.md): the seesaw (PIPE=3: two groups of 4
+#: warps, 2x2 grid per group, 3 slots) wins at every 72-row long-prefix shape, folded scores where
+#: unfolded ones do not fit; bandwidth mode (q=1) keeps one group refilling after PV.
 _COMPUTE = (
     (32, 256, 3, 2, 2, 0, 3),
     (32, 256, 3, 2, 2, 1, 3),
@@ -52,8 +39,8 @@ _COMPUTE = (
     (16, 128, 2, 1, 4, 0, 1),
     (16, 128, 2, 2, 2, 0, 1),
 )
-#: Splits of at most SHORT_TILES tiles (short prefixes): one barrier fewer per tile and a third
-#: slot beat refilling after PV (H=8 q=9 P=4096: 16.2 us vs 19.0, bench/results/sweep_*_sm_90.md).
+#: Parts of at most SHORT_TILES tiles (short prefixes): one barrier fewer per tile and a third slot
+#: beat refilling after PV (bench/results/sweep_*_sm_90.md).
 SHORT_TILES = 4
 _SHORT = ((32, 256, 3, 2, 2, 0, 0), (32, 256, 3, 2, 4, 1, 0))
 _BANDWIDTH = (
@@ -86,8 +73,8 @@ def _first_fit(
     limits: DeviceLimits, *, ht: int, qt: int, H: int, q_len: int, prefix: int, batch: int
 ) -> KernelConfig | None:
     rows = ht * (qt or q_len)
-    groups = batch * (H // ht) * -(-q_len // (qt or q_len))
-    tokens_per_group = (prefix + q_len) * groups // limits.sm_count  # tokens a one-wave block walks
+    groups = (H // ht) * -(-q_len // (qt or q_len))
+    tokens_per_group = batch * (prefix + q_len) * groups // limits.sm_count  # tokens a one-wave part walks
     for tk, block, stages, wr, wk, sf, pipe in _templates(rows, tokens_per_group):
         probe = KernelConfig(nsplit=1, ht=ht, tk=tk, block=block, stages=stages, qt=qt, wr=wr, wk=wk, sf=sf, pipe=pipe)
         if check(probe, limits, H=H, q_len=q_len) is None:
@@ -105,11 +92,12 @@ def _row_tiles(H: int, q_len: int) -> list[tuple[int, int]]:
 
 
 def heuristic_config(limits: DeviceLimits, *, H: int, q_len: int, prefix: int, batch: int = 1) -> KernelConfig:
-    """The largest row tile whose grid (batch x head groups x row tiles x NSPLIT blocks) fills
-    at least half a wave, with NSPLIT the largest choice that keeps the grid within one wave
-    and each split at least MIN_TILES_PER_SPLIT tiles long; when no row tile fills half a wave,
-    the one with the most blocks. More requests per launch mean fewer splits each, hence also
-    fewer partial bytes (batch x rows x NSPLIT x 1 KB) for the reduce."""
+    """The largest row tile whose grid (head groups x row tiles x NSPLIT parts) fills at least half
+    a wave, with NSPLIT the largest choice within one wave; when no row tile fills half a wave, the
+    one with the most blocks. NSPLIT does not depend on the prefix or the batch: the kernel shares
+    the batch's tiles out over the parts at run time and leaves parts idle when there are fewer
+    tiles than parts, so one captured graph serves every prefix. `prefix` and `batch` still pick
+    the pipeline (short parts prefer the two-barrier one)."""
     if H < 1 or not 1 <= q_len <= MAX_Q_LEN or prefix < 0 or batch < 1:
         raise InvalidConfig(f"no config for H={H}, q_len={q_len}, prefix={prefix}, batch={batch}")
     fallback: tuple[int, KernelConfig] | None = None
@@ -118,12 +106,9 @@ def heuristic_config(limits: DeviceLimits, *, H: int, q_len: int, prefix: int, b
         if probe is None:
             continue
         slots = limits.sm_count * _blocks_per_sm(probe, q_len, limits)  # blocks in one wave
-        groups = batch * (H // ht) * -(-q_len // (qt or q_len))
-        cap = max(1, (prefix + q_len) // (MIN_TILES_PER_SPLIT * probe.tk))
-        n = max(1, min(slots // groups, cap))
-        if batch > 1 and (prefix + q_len) // max(1, 2 * slots // groups) >= TWO_WAVE_TILES * probe.tk:
-            n = max(1, min(2 * slots // groups, cap))
-        cfg = replace(probe, nsplit=max(c for c in nsplit_choices(H, limits, batch) if c <= n))
+        groups = (H // ht) * -(-q_len // (qt or q_len))
+        n = max(1, slots // groups)
+        cfg = replace(probe, nsplit=max(c for c in nsplit_choices(H, limits) if c <= n))
         blocks = groups * cfg.nsplit
         if 2 * blocks >= slots:
             return cfg

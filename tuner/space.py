@@ -33,17 +33,18 @@ from verify_tuner.kernels.validate import MAX_NSPLIT, check
 #: 5: PIPE=2 left the space again (slower at every measured shape); swizzled smem rows.
 #: 6: PIPE=3, the seesaw (two warp groups alternate tiles).
 #: 7: the search proposes QT's row tiles (space 3 to 6 enumerated them as valid but searched QT=0 only).
-SPACE_VERSION = 7
+#: 8: kernel v3: NSPLIT is the parts a head group's grid has, shared out over the batch at run time.
+SPACE_VERSION = 8
 
 
-def nsplit_choices(H: int, limits: DeviceLimits | None = None, batch: int = 1) -> list[int]:
+def nsplit_choices(H: int, limits: DeviceLimits | None = None) -> list[int]:
     """The fixed NSPLIT list, plus the one- and two-wave grids of `limits` for every head tile
-    at this batch size."""
+    (the grid does not grow with the batch: its parts share the batch out)."""
     extra: set[int] = set()
     if limits is not None:
         for ht in HT_CHOICES:
             if H % ht == 0:
-                extra |= {limits.sm_count * k // (batch * (H // ht)) for k in (1, 2)}
+                extra |= {limits.sm_count * k // (H // ht) for k in (1, 2)}
     return sorted(set(NSPLIT_CHOICES) | {n for n in extra if 1 <= n <= MAX_NSPLIT})
 
 
@@ -59,11 +60,10 @@ def choices(
     restrict: dict[str, list[int]] | None = None,
     limits: DeviceLimits | None = None,
     q_len: int | None = None,
-    batch: int = 1,
 ) -> dict[str, list[int]]:
     """Candidate values per constant; `restrict` keeps only the listed values of some of them."""
     full = {
-        "NSPLIT": nsplit_choices(H, limits, batch),
+        "NSPLIT": nsplit_choices(H, limits),
         "HT": [h for h in HT_CHOICES if H % h == 0],
         "TK": list(TK_CHOICES),
         "BLOCK": list(BLOCK_CHOICES),
@@ -86,20 +86,20 @@ def choices(
 
 
 def valid_configs(
-    limits: DeviceLimits, *, H: int, q_len: int, restrict: dict[str, list[int]] | None = None, batch: int = 1
+    limits: DeviceLimits, *, H: int, q_len: int, restrict: dict[str, list[int]] | None = None
 ) -> list[KernelConfig]:
     """Every config of the space that passes verify_tuner.kernels.validate for (limits, H, q_len). Cached:
-    every key of a table shares one (H, q_len, batch), and enumerating takes ~0.5 s."""
+    every key of a table shares one (H, q_len), and enumerating takes ~0.5 s."""
     frozen = tuple(sorted((k, tuple(v)) for k, v in (restrict or {}).items()))
     # the measured copy bandwidth, which a measurer adds after its start, does not change validity
-    return list(_valid_configs(replace(limits, copy_bw_gbps=None), H, q_len, frozen, batch))
+    return list(_valid_configs(replace(limits, copy_bw_gbps=None), H, q_len, frozen))
 
 
 @functools.lru_cache(maxsize=64)
 def _valid_configs(
-    limits: DeviceLimits, H: int, q_len: int, restrict: tuple[tuple[str, tuple[int, ...]], ...], batch: int
+    limits: DeviceLimits, H: int, q_len: int, restrict: tuple[tuple[str, tuple[int, ...]], ...]
 ) -> tuple[KernelConfig, ...]:
-    c = choices(H, {k: list(v) for k, v in restrict}, limits, q_len, batch)
+    c = choices(H, {k: list(v) for k, v in restrict}, limits, q_len)
     structural = [name for name in PARAM_NAMES if name != "NSPLIT"]
     structures = []
     for values in itertools.product(*(c[n] for n in structural)):

@@ -14,7 +14,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -232,12 +232,8 @@ def warm_start_configs(*, session: Session, key: ConfigKey, limits, workload: Wo
         )
     )
     others = [r for r in repo.list_best(session=session, device=key.device, q_len=key.q_len) if r.key.H != key.H]
-    nsplits = space.nsplit_choices(key.H, limits, workload.batch)
-    for r in same + others:
+    for r in same + others:  # as stored: NSPLIT is the grid's parts, which every batch shares
         cfg = r.config
-        if r.key.batch_bucket != key.batch_bucket:  # keep the structure, scale the splits to this batch
-            want = cfg.nsplit * batches.by_index(r.key.batch_bucket).hi / workload.batch
-            cfg = replace(cfg, nsplit=min(nsplits, key=lambda n: (abs(math.log2(n / want)), n)))
         if cfg not in cands and check(cfg, limits, H=key.H, q_len=key.q_len) is None:
             cands.append(cfg)
     return cands
@@ -310,8 +306,8 @@ def run_study(
     t0 = time.perf_counter()
     limits = backend.limits
     key = workload_key(limits, workload)
-    choices = space.choices(key.H, restrict, limits, q_len=key.q_len, batch=workload.batch)
-    valid = space.valid_configs(limits, H=key.H, q_len=key.q_len, restrict=restrict, batch=workload.batch)
+    choices = space.choices(key.H, restrict, limits, q_len=key.q_len)
+    valid = space.valid_configs(limits, H=key.H, q_len=key.q_len, restrict=restrict)
     if not valid:
         raise InvalidConfig(f"no valid config for H={key.H}, q_len={key.q_len} on {limits.name}")
     with session_scope(sessions) as s:  # its own transaction: it locks data_version (see repo.upsert_kernel)

@@ -1,4 +1,5 @@
-// MLA verify attention for speculative decoding: KV-split flash-decode, partial + reduce (v2).
+// MLA verify attention for speculative decoding: KV-split flash-decode, partial + reduce (v3:
+// the batch's work is shared out at run time, so one launch serves any batch a CUDA graph replays).
 //
 // Semantics (docs/kernel.md): for request b, draft node i, head h the query q[b,i,h,0:576]
 // attends to every prefix slot of b and to the draft nodes j that bit j of tree_mask[b,i]
@@ -6,7 +7,7 @@
 //
 // Compile-time constants, rendered by kernels/build.py as #defines (kernels/config.py says
 // which values are valid and kernels/validate.py checks them before anything is compiled):
-//   NSPLIT  KV splits per request            HT   heads per block sharing one KV tile
+//   NSPLIT  parts per head group (the grid)  HT   heads per block sharing one KV tile
 //   TK      tokens per KV tile (16..128)     BLOCK threads per block (4..32 warps)
 //   STAGES  cp.async ring slots (2..8)       QN   draft nodes per request (q_len, 1..64)
 //   QT      draft nodes per block (row tile) WR, WK  QK warp grid: row groups, split-K
@@ -18,10 +19,12 @@
 //           3 the seesaw: two groups of 4 warps alternate tiles for QK + softmax and both apply
 //           every P to their half of the latent dims (named barriers only, 3 slots)
 //
-// Layout of the work. A block owns HT heads x QT nodes of one request (ROWS = HT*QT query
-// rows; a request has ceil(QN/QT) row tiles) and one split of the request's token sequence,
-// which is the prefix followed by the QN draft slots ("virtual tokens"). Splits are
-// token-granular: split s covers [s*L/NSPLIT, (s+1)*L/NSPLIT). Everything runs on mma.sync
+// Layout of the work. A block owns HT heads x QT nodes (ROWS = HT*QT query rows; a request has
+// ceil(QN/QT) row tiles) and one part of the batch: a run of KV tiles over the requests' token
+// sequences, each the prefix followed by the QN draft slots ("virtual tokens"). The grid is
+// (NSPLIT, head groups x row tiles) whatever the batch; Plan (below) shares the batch's tiles
+// out evenly at run time from prefix_indptr, so the grid and the arguments stay fixed while a
+// captured graph is replayed over growing prefixes and changing batches. Everything runs on mma.sync
 // m16n8k16 (bf16 in, fp32 acc), which sm_80, sm_90 and sm_120 share. Products are transposed
 // -- tokens and latent dims on the M side, query rows on the N side -- because ROWS is small:
 //   QK:  S^T[TK, ROWS]  = K[TK, 576]  . Q^T[576, ROWS]
@@ -41,8 +44,9 @@
 //           [barrier] refill the slot of tile t with tile t+STAGES: every load overlaps a whole
 //           iteration of compute, also with two slots (which is all 72 rows leave room for).
 //   PIPE 3, the seesaw (two groups of 4 warps; the loop below says how they take turns).
-// Partials: normalised o/l in bf16 plus lse (log2 domain, fp32) per (row, split); the reduce
-// merges them with the log-sum-exp rule.
+// Partials: normalised o/l in bf16 plus lse (log2 domain, fp32) per (row, part) of a request
+// that several parts share; the reduce merges them with the log-sum-exp rule. A request one part
+// holds whole is written to the output directly.
 #include <cuda_bf16.h>
 #include <stdint.h>
 
@@ -107,7 +111,7 @@ constexpr int SMEM_K = STAGES * TK * KSTRIDE * 2;
 constexpr int NPB = PIPE == 3 ? 2 : 1;  // P and alpha buffers: PIPE 3 keeps tiles t and t+1 apart
 constexpr int SMEM_S = NGROUPS * NSB * ROWS_PAD * SSTRIDE * 4;
 constexpr int SMEM_P = NPB * ROWS_PAD * PSTRIDE * 2;
-constexpr int SMEM_STATS = (2 + NPB) * ROWS_PAD * 4 + 16;  // m, l, alpha per row; two rescale flags (+pad)
+constexpr int SMEM_STATS = (2 + NPB) * ROWS_PAD * 4 + 32;  // m, l, alpha per row; two rescale flags (+pad); the segment
 constexpr int SMEM_MASK = QT * 8;
 constexpr int SMEM_SLOTS = STAGES * TK * 4;
 // softmax: LPR lanes share a row, each holding SPL consecutive scores; RPP rows per warp pass.
@@ -163,6 +167,12 @@ template <typename T, int N>
 __device__ __forceinline__ void zero_fill(T (&a)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) zero_fill(a[i]);
+}
+
+// x, hidden from the optimiser: values derived from it are not loop-invariant.
+__device__ __forceinline__ int opaque(int x) {
+  asm volatile("" : "+r"(x));
+  return x;
 }
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -245,6 +255,73 @@ struct Span {
     return v < P ? __ldg(prefix + v) : __ldg(draft + (v - P));
   }
 };
+}  // namespace
+
+// ---- How the fixed grid shares a batch: the runtime plan, computed on the device from
+// prefix_indptr by every block that needs it (no host step, nothing to refresh between CUDA-graph
+// replays; kernels/plan.py mirrors it for the CPU tests and the workspace size). Request b costs
+// PLAN_C + L_b units, L_b = P_b + QN virtual tokens and PLAN_C a per-request fixed cost in tokens
+// (its Q load, prologue and epilogue); U(b) counts the units before it and W = U(B). Part p of
+// the N = min(NSPLIT, W / (PLAN_MIN_TILES * TK)) active parts takes units [p*W/N, (p+1)*W/N). A
+// KV tile belongs to the part holding its last token's unit, so parts split requests at tile
+// boundaries, and every part between a request's first and last holds at least one of its tiles
+// (parts span >= TK units). Part p's partial of request b goes to workspace slot p + b (unique:
+// parts and requests both advance along the units); a request whose tiles one part holds all of
+// is written to `out` directly, and the reduce skips it.
+#ifndef PLAN_C
+#define PLAN_C 64
+#endif
+#ifndef PLAN_MIN_TILES
+#define PLAN_MIN_TILES 1
+#endif
+namespace {
+struct Seg {  // tiles [t0, t1] of one request (none when t0 > t1); direct: all of its tiles
+  int t0, t1;
+  bool direct;
+};
+struct Plan {
+  const int* indptr;
+  long long W;
+  int N;
+  __device__ __forceinline__ long long U(int b) const {
+    return (long long)(__ldg(indptr + b) - __ldg(indptr)) + (long long)b * (QN + PLAN_C);
+  }
+  __device__ __forceinline__ long long part_begin(int p) const { return (long long)p * W / N; }
+  __device__ __forceinline__ int part_of(long long u) const { return (int)(((u + 1) * N - 1) / W); }
+  // The tiles of a request (units from Ub, L virtual tokens) whose last unit lies in [u0, u1).
+  __device__ __forceinline__ Seg segment(long long Ub, int L, long long u0, long long u1) const {
+    const int nt = (L + TK - 1) / TK;
+    const long long x = u0 - Ub - PLAN_C, y = u1 - Ub - PLAN_C;
+    Seg s;
+    s.t0 = x <= 0 ? 0 : (int)min((long long)nt - 1, x / TK);
+    s.t1 = y >= L ? nt - 1 : (y < TK ? -1 : (int)(y / TK) - 1);
+    s.direct = s.t0 == 0 && s.t1 == nt - 1;
+    return s;
+  }
+};
+__device__ __forceinline__ Plan make_plan(const int* indptr, int B) {
+  Plan p;
+  p.indptr = indptr;
+  p.W = p.U(B);
+  const long long cap = p.W / (PLAN_MIN_TILES * TK);
+  p.N = (int)(cap < 1 ? 1 : (cap < NSPLIT ? cap : NSPLIT));
+  return p;
+}
+// Part `part`'s first segment from request b on, into seg: {t0, t1, direct, request} (request B: none left).
+__device__ __forceinline__ void next_segment(int* seg, const int* indptr, int B, int part, int b) {
+  const Plan pl = make_plan(indptr, B);
+  const long long u0 = pl.part_begin(part), u1 = pl.part_begin(part + 1);
+  for (; b < B; ++b) {
+    const long long Ub = pl.U(b);
+    if (Ub >= u1) break;
+    const Seg s = pl.segment(Ub, __ldg(indptr + b + 1) - __ldg(indptr + b) + QN, u0, u1);
+    if (s.t0 <= s.t1) {
+      seg[0] = s.t0, seg[1] = s.t1, seg[2] = s.direct, seg[3] = b;
+      return;
+    }
+  }
+  seg[3] = B;
+}
 }  // namespace
 
 // Slot indices of tile X into the ring, asynchronously (threads < TK, one token each). Entries
@@ -531,9 +608,11 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
                     const int* __restrict__ prefix_indptr,   // [B + 1]
                     const int* __restrict__ draft_indices,   // [B, QN]
                     const unsigned long long* __restrict__ tree_mask,  // [B, QN]
-                    bf16* __restrict__ part_o,     // [B*QN*H, NSPLIT, 512]: o / l
-                    float* __restrict__ part_lse,  // [B*QN*H, NSPLIT]: m + log2(l), -inf if empty
-                    int H, float scale_log2) {
+                    bf16* __restrict__ part_o,     // [NSPLIT + B - 1 slots, QN, H, 512]: o / l
+                    float* __restrict__ part_lse,  // [NSPLIT + B - 1 slots, QN, H]: m + log2(l)
+                    bf16* __restrict__ out,        // [B, QN, H, 512]: requests one part covers
+                    float* __restrict__ lse,       // [B, QN, H] natural log, or null
+                    int B, int H, float scale_log2) {
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* Qs = reinterpret_cast<bf16*>(smem);
   bf16* Ks = Qs + ROWS_PAD * KSTRIDE;
@@ -543,10 +622,11 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
   float* l_s = m_s + ROWS_PAD;
   float* a_s = l_s + ROWS_PAD;                                // [NPB] alpha buffers
   int* resc_s = reinterpret_cast<int*>(a_s + NPB * ROWS_PAD);  // [2] rescale flags by tile parity (+2 pad)
-  unsigned long long* mask_s = reinterpret_cast<unsigned long long*>(resc_s + 4);
+  int* seg_s = resc_s + 4;  // [4] the segment at hand (Seg, request): in shared memory, not registers
+  unsigned long long* mask_s = reinterpret_cast<unsigned long long*>(seg_s + 4);
   int* idx_s = reinterpret_cast<int*>(mask_s + QT);  // [STAGES][TK] slot indices, fetched ahead by cp.async
 
-  const int split = blockIdx.x, hg = blockIdx.y / NQT, qt = blockIdx.y % NQT, b = blockIdx.z;
+  const int part_id = blockIdx.x, hg = blockIdx.y / NQT, qt = blockIdx.y % NQT;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int grp = NGROUPS == 1 ? 0 : warp / GWARPS, gw = NGROUPS == 1 ? warp : warp % GWARPS;  // PIPE 3's groups
 #if VA_PDL
@@ -562,226 +642,261 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
 #endif
   const int node0 = qt * QT;
   const int rows_here = HT * min(QT, QN - node0);  // the last row tile may hold fewer nodes
-  auto row_index = [&](int r) {  // query row r of this block -> flat (b, node, head)
-    return ((size_t)b * QN + node0 + r / HT) * H + hg * HT + r % HT;
+  auto row_index = [&](int X, int r) {  // query row r of this block in request (or slot) X -> flat (X, node, head)
+    return ((size_t)X * QN + node0 + r / HT) * H + hg * HT + r % HT;
   };
-  // ---- prologue. Q first: its rows depend on nothing this block reads from memory, so its copies
-  // are in flight while the request's bounds and slot indices load. Q rides in the first
-  // cp.async group (PIPE 3: a group of its own); PIPE 0 keeps one slot free for the first
-  // iteration to fill, PIPE 1 and 3 fill every slot now.
-  for (int c = tid; c < ROWS_PAD * CHUNKS; c += BLOCK) {  // Q rows r = i*HT + hl; pad rows zero
-    const int r = c / CHUNKS, part = c - r * CHUNKS;
-    const bool valid = r < rows_here;
-    const bf16* src = valid ? q + row_index(r) * D_QK + part * 8 : q;
-    cp_async16(smem_u32(Qs + sw(r, part * 8)), src, valid);
+  // ---- the plan: which tiles of which requests this part takes (Plan says how parts share a batch).
+  // Its 64-bit state stays out of the registers the tile loop needs: thread 0 finds each segment
+  // and leaves it in seg_s.
+  {
+    const Plan pl = make_plan(prefix_indptr, B);
+    if (part_id >= pl.N) return;  // fewer parts than the grid's have work: the batch is short
+    const long long u0 = pl.part_begin(part_id);
+    for (int b = tid; b < B; b += BLOCK)  // the request holding unit u0: exactly one b has U(b) <= u0 < U(b+1)
+      if (pl.U(b) <= u0 && u0 < pl.U(b + 1)) seg_s[3] = b;
+    __syncthreads();
+    if (tid == 0) next_segment(seg_s, prefix_indptr, B, part_id, seg_s[3]);
+    __syncthreads();
   }
-  if constexpr (PIPE == 3) cp_async_commit();  // Q alone: each group then commits its own tiles
-  const int p0 = prefix_indptr[b];
-  Span sp;
-  sp.P = prefix_indptr[b + 1] - p0;
-  sp.prefix = prefix_indices + p0;
-  sp.draft = draft_indices + b * QN;
-  const long long L = sp.P + QN;
-  sp.v0 = (int)(L * split / NSPLIT);
-  sp.v1 = (int)(L * (split + 1) / NSPLIT);
-
-  if (sp.v0 >= sp.v1) {  // empty split (L < NSPLIT): weight 0 and finite zeros in the reduce
-    cp_async_wait<0>();  // Q's copies land before the block's shared memory goes away
-    for (int r = tid; r < rows_here; r += BLOCK) part_lse[row_index(r) * NSPLIT + split] = NEG_INF;
-    for (int c = tid; c < rows_here * (D_V / 8); c += BLOCK) {
-      const int r = c / (D_V / 8), part = c % (D_V / 8);
-      *reinterpret_cast<uint4*>(part_o + (row_index(r) * NSPLIT + split) * D_V + part * 8) = make_uint4(0, 0, 0, 0);
-    }
-    return;
-  }
-  const int ntiles = (sp.v1 - sp.v0 + TK - 1) / TK;
-  constexpr int PRE = PIPE == 0 ? STAGES - 1 : STAGES;  // tiles the prologue loads
-
-  // Slot indices of tiles 0 .. PRE+STAGES-2 in one round trip (token i of the split is virtual
-  // token v0+i): tiles < PRE go to the ring now and feed the prologue's copies; the rest, which the
-  // first STAGES-1 refills use, take their ring entries once those copies have read theirs. From
-  // then on each refill fetches, in its own cp.async group, the indices of the tile STAGES-1
-  // refills later, so no thread ever waits on an index load.
-  constexpr int NPI = (PRE + STAGES - 1) * TK, PER = (NPI + BLOCK - 1) / BLOCK;
-  int pre_slot[PER];
-#pragma unroll
-  for (int k = 0; k < PER; ++k) {
-    const int i = tid + k * BLOCK;
-    pre_slot[k] = i < NPI ? sp.slot(sp.v0 + i) : -1;
-  }
-#pragma unroll
-  for (int k = 0; k < PER; ++k)
-    if (tid + k * BLOCK < PRE * TK) idx_s[tid + k * BLOCK] = pre_slot[k];  // PRE <= STAGES: no wrap
-  __syncthreads();
+  // The request index is read from seg_s where it is used (not held in a register across the tile loop).
 #pragma unroll 1
-  for (int s = PIPE == 3 ? grp : 0; s < PRE; s += NGROUPS) {  // PIPE 3: a tile's owner loads it
-    if (s < ntiles) load_kv_tile<GWARPS>(Ks + s * TK * KSTRIDE, kv, idx_s, sp, s, gw);
-    cp_async_commit();
-  }
-  __syncthreads();  // every prologue copy has read its index
-#pragma unroll
-  for (int k = 0; k < PER; ++k) {
-    const int i = tid + k * BLOCK;
-    if (i >= PRE * TK && i < NPI && sp.v0 + i < sp.v1) idx_s[(i / TK % STAGES) * TK + i % TK] = pre_slot[k];
-  }
-  for (int r = tid; r < ROWS_PAD; r += BLOCK) {
-    m_s[r] = NEG_INF; l_s[r] = 0.f; a_s[r] = 1.f;
-    if constexpr (NPB == 2) a_s[ROWS_PAD + r] = 1.f;
-  }
-  if (tid < 2) resc_s[tid] = 0;
-  for (int i = tid; i < QT; i += BLOCK) mask_s[i] = node0 + i < QN ? tree_mask[b * QN + node0 + i] : 0ull;
-  // Refill: KV tile X into its slot, and the indices of tile X+STAGES-1, as one cp.async group.
-  // (PIPE 3: by the owner group of X, which also owns X+STAGES-1.)
-  auto refill = [&](int X) {
-    if (X < ntiles) load_kv_tile<GWARPS>(Ks + (X % STAGES) * TK * KSTRIDE, kv, idx_s, sp, X, gw);
-    fetch_indices(idx_s, sp, X + STAGES - 1, NGROUPS == 1 ? tid : tid % (GWARPS * 32));
-    cp_async_commit();  // possibly empty: keeps the group count uniform for the waits
-  };
+  while (seg_s[3] < B) {
+    // The thread's indices, re-derived each segment through an opaque copy: otherwise the compiler
+    // hoists every lane-dependent shared-memory address out of this loop, and the accumulators
+    // plus those addresses no longer fit the register file (spills at 64 rows).
+    const int tid = opaque(threadIdx.x), warp = tid >> 5, lane = tid & 31;
+    const int grp = NGROUPS == 1 ? 0 : warp / GWARPS, gw = NGROUPS == 1 ? warp : warp % GWARPS;
+    // ---- prologue. Q first: its copies are in flight while the request's bounds and slot indices
+    // load. Q rides in the first
+    // cp.async group (PIPE 3: a group of its own); PIPE 0 keeps one slot free for the first
+    // iteration to fill, PIPE 1 and 3 fill every slot now.
+    for (int c = tid; c < ROWS_PAD * CHUNKS; c += BLOCK) {  // Q rows r = i*HT + hl; pad rows zero
+      const int r = c / CHUNKS, part = c - r * CHUNKS;
+      const bool valid = r < rows_here;
+      const bf16* src = valid ? q + row_index(seg_s[3], r) * D_QK + part * 8 : q;
+      cp_async16(smem_u32(Qs + sw(r, part * 8)), src, valid);
+    }
+    if constexpr (PIPE == 3) cp_async_commit();  // Q alone: each group then commits its own tiles
+    Span sp;
+    {
+      const int b = seg_s[3], p0 = prefix_indptr[b];
+      sp.P = prefix_indptr[b + 1] - p0;
+      sp.prefix = prefix_indices + p0;
+      sp.draft = draft_indices + b * QN;
+      sp.v0 = seg_s[0] * TK;
+      sp.v1 = min((seg_s[1] + 1) * TK, sp.P + QN);
+    }
+    const int ntiles = (sp.v1 - sp.v0 + TK - 1) / TK;
+    constexpr int PRE = PIPE == 0 ? STAGES - 1 : STAGES;  // tiles the prologue loads
 
-  float acc[MW][NR][4];
-  zero_fill(acc);
+    // Slot indices of tiles 0 .. PRE+STAGES-2 in one round trip (token i of the split is virtual
+    // token v0+i): tiles < PRE go to the ring now and feed the prologue's copies; the rest, which the
+    // first STAGES-1 refills use, take their ring entries once those copies have read theirs. From
+    // then on each refill fetches, in its own cp.async group, the indices of the tile STAGES-1
+    // refills later, so no thread ever waits on an index load.
+    constexpr int NPI = (PRE + STAGES - 1) * TK, PER = (NPI + BLOCK - 1) / BLOCK;
+    int pre_slot[PER];
+#pragma unroll
+    for (int k = 0; k < PER; ++k) {
+      const int i = tid + k * BLOCK;
+      pre_slot[k] = i < NPI ? sp.slot(sp.v0 + i) : -1;
+    }
+#pragma unroll
+    for (int k = 0; k < PER; ++k)
+      if (tid + k * BLOCK < PRE * TK) idx_s[tid + k * BLOCK] = pre_slot[k];  // PRE <= STAGES: no wrap
+    __syncthreads();
+#pragma unroll 1
+    for (int s = PIPE == 3 ? grp : 0; s < PRE; s += NGROUPS) {  // PIPE 3: a tile's owner loads it
+      if (s < ntiles) load_kv_tile<GWARPS>(Ks + s * TK * KSTRIDE, kv, idx_s, sp, s, gw);
+      cp_async_commit();
+    }
+    __syncthreads();  // every prologue copy has read its index
+#pragma unroll
+    for (int k = 0; k < PER; ++k) {
+      const int i = tid + k * BLOCK;
+      if (i >= PRE * TK && i < NPI && sp.v0 + i < sp.v1) idx_s[(i / TK % STAGES) * TK + i % TK] = pre_slot[k];
+    }
+    for (int r = tid; r < ROWS_PAD; r += BLOCK) {
+      m_s[r] = NEG_INF; l_s[r] = 0.f; a_s[r] = 1.f;
+      if constexpr (NPB == 2) a_s[ROWS_PAD + r] = 1.f;
+    }
+    if (tid < 2) resc_s[tid] = 0;
+    for (int i = tid; i < QT; i += BLOCK) mask_s[i] = node0 + i < QN ? tree_mask[seg_s[3] * QN + node0 + i] : 0ull;
+    // Refill: KV tile X into its slot, and the indices of tile X+STAGES-1, as one cp.async group.
+    // (PIPE 3: by the owner group of X, which also owns X+STAGES-1.)
+    auto refill = [&](int X) {
+      if (X < ntiles) load_kv_tile<GWARPS>(Ks + (X % STAGES) * TK * KSTRIDE, kv, idx_s, sp, X, gw);
+      fetch_indices(idx_s, sp, X + STAGES - 1, NGROUPS == 1 ? tid : tid % (GWARPS * 32));
+      cp_async_commit();  // possibly empty: keeps the group count uniform for the waits
+    };
+
+    float acc[MW][NR][4];
+    zero_fill(acc);
 
 #if PIPE == 3
-  if (grp == 0) cp_async_wait<2>(); else cp_async_wait<1>();  // Q (0: tiles 0, 2 pending; 1: tile 1)
+    if (grp == 0) cp_async_wait<2>(); else cp_async_wait<1>();  // Q (0: tiles 0, 2 pending; 1: tile 1)
 #else
-  cp_async_wait<PRE - 1>();  // Q and tile 0 have landed
+    cp_async_wait<PRE - 1>();  // Q and tile 0 have landed
 #endif
-  __syncthreads();
+    __syncthreads();
 #if PIPE == 0
-  // Two barriers a tile; PV(t) and QK(t+1) back to back. The slot of tile t-1 is refilled with
-  // tile t+STAGES-1 at the first barrier, so STAGES-1 tiles are in flight while a tile computes
-  // only when STAGES >= 3.
-  QK_TILE(Qs, Ks, Ss, warp, lane);
+    // Two barriers a tile; PV(t) and QK(t+1) back to back. The slot of tile t-1 is refilled with
+    // tile t+STAGES-1 at the first barrier, so STAGES-1 tiles are in flight while a tile computes
+    // only when STAGES >= 3.
+    QK_TILE(Qs, Ks, Ss, warp, lane);
 #pragma unroll 1
-  for (int it = 0; it < ntiles; ++it) {
-    __syncthreads();  // S(it) complete; PV(it-1) done, so the slot of tile it-1 is free
-    refill(it + STAGES - 1);
-    SOFTMAX_TILE(Ss, Ps, m_s, l_s, a_s, resc_s, mask_s, sp, rows_here, it, scale_log2, warp, lane);
-    cp_async_wait<STAGES - 2>();  // tile it+1 has landed (this thread's copies)
-    __syncthreads();              // P(it) ready; everyone's copies of tile it+1 visible
-    PV_TILE(acc, Ks + (it % STAGES) * TK * KSTRIDE, Ps, a_s, resc_s[it & 1] != 0, warp, lane);
-    if (it + 1 < ntiles) QK_TILE(Qs, Ks + ((it + 1) % STAGES) * TK * KSTRIDE, Ss, warp, lane);
-  }
+    for (int it = 0; it < ntiles; ++it) {
+      __syncthreads();  // S(it) complete; PV(it-1) done, so the slot of tile it-1 is free
+      refill(it + STAGES - 1);
+      SOFTMAX_TILE(Ss, Ps, m_s, l_s, a_s, resc_s, mask_s, sp, rows_here, it, scale_log2, warp, lane);
+      cp_async_wait<STAGES - 2>();  // tile it+1 has landed (this thread's copies)
+      __syncthreads();              // P(it) ready; everyone's copies of tile it+1 visible
+      PV_TILE(acc, Ks + (it % STAGES) * TK * KSTRIDE, Ps, a_s, resc_s[it & 1] != 0, warp, lane);
+      if (it + 1 < ntiles) QK_TILE(Qs, Ks + ((it + 1) % STAGES) * TK * KSTRIDE, Ss, warp, lane);
+    }
 #elif PIPE == 1
-  // Three barriers a tile; the slot of tile t is refilled with tile t+STAGES right after PV(t),
-  // so every load overlaps a whole iteration of compute even with two slots.
+    // Three barriers a tile; the slot of tile t is refilled with tile t+STAGES right after PV(t),
+    // so every load overlaps a whole iteration of compute even with two slots.
 #pragma unroll 1
-  for (int it = 0; it < ntiles; ++it) {
-    const bf16* Kt = Ks + (it % STAGES) * TK * KSTRIDE;
-    QK_TILE(Qs, Kt, Ss, warp, lane);
-    __syncthreads();  // S(it) complete
-    SOFTMAX_TILE(Ss, Ps, m_s, l_s, a_s, resc_s, mask_s, sp, rows_here, it, scale_log2, warp, lane);
-    __syncthreads();  // P(it) ready
-    PV_TILE(acc, Kt, Ps, a_s, resc_s[it & 1] != 0, warp, lane);
-    cp_async_wait<STAGES - 2>();  // tile it+1 has landed (this thread's copies)
-    __syncthreads();              // PV(it) done everywhere: the slot is free; tile it+1 visible
-    refill(it + STAGES);
-  }
+    for (int it = 0; it < ntiles; ++it) {
+      const bf16* Kt = Ks + (it % STAGES) * TK * KSTRIDE;
+      QK_TILE(Qs, Kt, Ss, warp, lane);
+      __syncthreads();  // S(it) complete
+      SOFTMAX_TILE(Ss, Ps, m_s, l_s, a_s, resc_s, mask_s, sp, rows_here, it, scale_log2, warp, lane);
+      __syncthreads();  // P(it) ready
+      PV_TILE(acc, Kt, Ps, a_s, resc_s[it & 1] != 0, warp, lane);
+      cp_async_wait<STAGES - 2>();  // tile it+1 has landed (this thread's copies)
+      __syncthreads();              // PV(it) done everywhere: the slot is free; tile it+1 visible
+      refill(it + STAGES);
+    }
 #elif PIPE == 3
-  // Seesaw: two groups of 4 warps. Group t&1 owns tile t: it loads it, computes S(t) and the
-  // softmax; both groups apply P(t) to their half of the latent dims (warp w owns dims 64w..64w+63
-  // as in the other pipelines). A group's turn at tile t: QK(t); PV(t-1) with the other group's
-  // P; free the slot of t-1 and refill it with t+2 (its own); softmax(t) (after the other group's
-  // softmax(t-1): the running max and sum pass along through the P barrier); PV(t). While one
-  // group is in its softmax the other runs MMAs. Named barriers only: BAR_GROUP within a group,
-  // BAR_P and BAR_EMPTY hand a tile from its owner to the other group (arrive / sync; each use
-  // completes before the next use of the same id can start, see docs/kernel.md).
-  constexpr int SGROUP = NSB * ROWS_PAD * SSTRIDE, PBUF = ROWS_PAD * PSTRIDE;
-  float* Sg = Ss + grp * SGROUP;
+    // Seesaw: two groups of 4 warps. Group t&1 owns tile t: it loads it, computes S(t) and the
+    // softmax; both groups apply P(t) to their half of the latent dims (warp w owns dims 64w..64w+63
+    // as in the other pipelines). A group's turn at tile t: QK(t); PV(t-1) with the other group's
+    // P; free the slot of t-1 and refill it with t+2 (its own); softmax(t) (after the other group's
+    // softmax(t-1): the running max and sum pass along through the P barrier); PV(t). While one
+    // group is in its softmax the other runs MMAs. Named barriers only: BAR_GROUP within a group,
+    // BAR_P and BAR_EMPTY hand a tile from its owner to the other group (arrive / sync; each use
+    // completes before the next use of the same id can start, see docs/kernel.md).
+    constexpr int SGROUP = NSB * ROWS_PAD * SSTRIDE, PBUF = ROWS_PAD * PSTRIDE;
+    float* Sg = Ss + grp * SGROUP;
 #pragma unroll 1
-  for (int t = grp; t <= ntiles; t += 2) {
-    const bool own = t < ntiles;
-    const bf16* Kt = Ks + (t % STAGES) * TK * KSTRIDE;
-    if (own) {
-      if (t == 0) cp_async_wait<1>(); else cp_async_wait<0>();  // tile t (group 0 has tile 2 pending at t=0)
-      bar_sync(BAR_GROUP + grp, GWARPS * 32);                     // ... landed for the whole group
-      QK_TILE(Qs, Kt, Sg, gw, lane, grp);
+    for (int t = grp; t <= ntiles; t += 2) {
+      const bool own = t < ntiles;
+      const bf16* Kt = Ks + (t % STAGES) * TK * KSTRIDE;
+      if (own) {
+        if (t == 0) cp_async_wait<1>(); else cp_async_wait<0>();  // tile t (group 0 has tile 2 pending at t=0)
+        bar_sync(BAR_GROUP + grp, GWARPS * 32);                     // ... landed for the whole group
+        QK_TILE(Qs, Kt, Sg, gw, lane, grp);
+      }
+      if (t >= 1) {
+        const int u = t - 1;  // the other group's tile
+        bar_sync(BAR_P + (u & 1), BLOCK);  // P(u), its alphas and flag are ready
+        PV_TILE(acc, Ks + (u % STAGES) * TK * KSTRIDE, Ps + (u & 1) * PBUF, a_s + (u & 1) * ROWS_PAD,
+                resc_s[u & 1] != 0, warp, lane);
+        bar_sync(BAR_EMPTY + u % STAGES, BLOCK);  // the owner's PV(u) is done too: the slot is free
+        if (own) refill(t + STAGES - 1);
+      }
+      if (own) {
+        bar_sync(BAR_GROUP + grp, GWARPS * 32);  // S(t) complete
+        SOFTMAX_TILE(Sg, Ps + (t & 1) * PBUF, m_s, l_s, a_s + (t & 1) * ROWS_PAD, resc_s, mask_s, sp, rows_here, t,
+                     scale_log2, gw, lane);
+        bar_sync(BAR_GROUP + grp, GWARPS * 32);  // P(t) ready for this group
+        const bool rescale = resc_s[t & 1] != 0;  // read before the arrive lets the other group's softmax reset it
+        bar_arrive(BAR_P + (t & 1), BLOCK);      // ... and for the other
+        PV_TILE(acc, Kt, Ps + (t & 1) * PBUF, a_s + (t & 1) * ROWS_PAD, rescale, warp, lane);
+        bar_arrive(BAR_EMPTY + t % STAGES, BLOCK);
+      }
     }
-    if (t >= 1) {
-      const int u = t - 1;  // the other group's tile
-      bar_sync(BAR_P + (u & 1), BLOCK);  // P(u), its alphas and flag are ready
-      PV_TILE(acc, Ks + (u % STAGES) * TK * KSTRIDE, Ps + (u & 1) * PBUF, a_s + (u & 1) * ROWS_PAD,
-              resc_s[u & 1] != 0, warp, lane);
-      bar_sync(BAR_EMPTY + u % STAGES, BLOCK);  // the owner's PV(u) is done too: the slot is free
-      if (own) refill(t + STAGES - 1);
-    }
-    if (own) {
-      bar_sync(BAR_GROUP + grp, GWARPS * 32);  // S(t) complete
-      SOFTMAX_TILE(Sg, Ps + (t & 1) * PBUF, m_s, l_s, a_s + (t & 1) * ROWS_PAD, resc_s, mask_s, sp, rows_here, t,
-                   scale_log2, gw, lane);
-      bar_sync(BAR_GROUP + grp, GWARPS * 32);  // P(t) ready for this group
-      const bool rescale = resc_s[t & 1] != 0;  // read before the arrive lets the other group's softmax reset it
-      bar_arrive(BAR_P + (t & 1), BLOCK);      // ... and for the other
-      PV_TILE(acc, Kt, Ps + (t & 1) * PBUF, a_s + (t & 1) * ROWS_PAD, rescale, warp, lane);
-      bar_arrive(BAR_EMPTY + t % STAGES, BLOCK);
-    }
-  }
 #endif
-  cp_async_wait<0>();
-  __syncthreads();  // every warp is past its last QK: the Q region can hold O
+    cp_async_wait<0>();
+    __syncthreads();  // every warp is past its last QK: the Q region can hold O
 
-  // ---- epilogue: o / l as bf16 staged row-major in the Q region, then 16-byte stores
-  const int g = lane >> 2, tq = lane & 3;
-  bf16* Os = Qs;
+    // ---- epilogue: o / l as bf16 staged row-major in the Q region, then 16-byte stores
+    const int g = lane >> 2, tq = lane & 3;
+    bf16* Os = Qs;
 #pragma unroll
-  for (int nr = 0; nr < NR; ++nr) {
-    const float l0 = l_s[nr * 8 + 2 * tq], l1 = l_s[nr * 8 + 2 * tq + 1];
-    const float i0 = l0 > 0.f ? 1.f / l0 : 0.f, i1 = l1 > 0.f ? 1.f / l1 : 0.f;
+    for (int nr = 0; nr < NR; ++nr) {
+      const float l0 = l_s[nr * 8 + 2 * tq], l1 = l_s[nr * 8 + 2 * tq + 1];
+      const float i0 = l0 > 0.f ? 1.f / l0 : 0.f, i1 = l1 > 0.f ? 1.f / l1 : 0.f;
 #pragma unroll
-    for (int mw = 0; mw < MW; ++mw) {
-      const int d = (warp * MW + mw) * 16 + g;
-      const int r = nr * 8 + 2 * tq;
-      Os[sw(r, d)] = __float2bfloat16_rn(acc[mw][nr][0] * i0);
-      Os[sw(r + 1, d)] = __float2bfloat16_rn(acc[mw][nr][1] * i1);
-      Os[sw(r, d + 8)] = __float2bfloat16_rn(acc[mw][nr][2] * i0);
-      Os[sw(r + 1, d + 8)] = __float2bfloat16_rn(acc[mw][nr][3] * i1);
+      for (int mw = 0; mw < MW; ++mw) {
+        const int d = (warp * MW + mw) * 16 + g;
+        const int r = nr * 8 + 2 * tq;
+        Os[sw(r, d)] = __float2bfloat16_rn(acc[mw][nr][0] * i0);
+        Os[sw(r + 1, d)] = __float2bfloat16_rn(acc[mw][nr][1] * i1);
+        Os[sw(r, d + 8)] = __float2bfloat16_rn(acc[mw][nr][2] * i0);
+        Os[sw(r + 1, d + 8)] = __float2bfloat16_rn(acc[mw][nr][3] * i1);
+      }
     }
-  }
-  __syncthreads();
-  constexpr int VCH = D_V * 2 / 16;  // 16-byte chunks per output row
-  for (int c = tid; c < rows_here * VCH; c += BLOCK) {
-    const int r = c / VCH, part = c - r * VCH;
-    const uint4 v = *reinterpret_cast<const uint4*>(Os + sw(r, part * 8));
-    *reinterpret_cast<uint4*>(part_o + (row_index(r) * NSPLIT + split) * D_V + part * 8) = v;
-  }
-  for (int r = tid; r < rows_here; r += BLOCK) {
-    const float l = l_s[r];
-    part_lse[row_index(r) * NSPLIT + split] = l > 0.f ? m_s[r] + log2f(l) : NEG_INF;
-  }
+    __syncthreads();
+    constexpr int VCH = D_V * 2 / 16;  // 16-byte chunks per output row
+    const int b = seg_s[3];
+    const bool direct = seg_s[2] != 0;
+    const int X = direct ? b : part_id + b;  // output row block: the request itself, or its workspace slot
+    bf16* o_dst = direct ? out : part_o;
+    for (int c = tid; c < rows_here * VCH; c += BLOCK) {
+      const int r = c / VCH, part = c - r * VCH;
+      const uint4 v = *reinterpret_cast<const uint4*>(Os + sw(r, part * 8));
+      *reinterpret_cast<uint4*>(o_dst + row_index(X, r) * D_V + part * 8) = v;
+    }
+    for (int r = tid; r < rows_here; r += BLOCK) {
+      const float l = l_s[r];
+      const float lse2 = l > 0.f ? m_s[r] + log2f(l) : NEG_INF;  // log2 domain, as the reduce merges
+      if (!direct) part_lse[row_index(X, r)] = lse2;
+      else if (lse != nullptr) lse[row_index(X, r)] = lse2 * 0.69314718055994531f;
+    }
+    __syncthreads();  // every thread has read seg_s, and the Q region and stats are free again
+    if (tid == 0) next_segment(seg_s, prefix_indptr, B, part_id, b + 1);
+    __syncthreads();
+  }  // segments
 }
 
-// Merge the NSPLIT partials of one (b, i, h) row with the log-sum-exp rule. Grid (rows, 4): a
+// Merge the partials of one (b, i, h) row with the log-sum-exp rule. Grid (rows, 4): a
 // block covers 128 of the 512 latent dims with 16 threads of 8 dims (one 16-byte load each);
 // its RED_GROUPS thread groups walk the splits in parallel, each merging online (running max), so the
 // partials and their lse are loaded together, RED_UNROLL splits in flight per thread, with no
 // first pass over the lse. With up to 384 splits every group's share is in flight at once (256
 // threads past 64 splits): the reduce waits on one L2 round trip, not ceil(share / 8) of them.
-// Every split wrote its partial (zeros with lse = -inf when empty).
+// Every part between the request's first and last wrote its partial (Plan).
 extern "C" __global__ void __launch_bounds__(RED_THREADS)
 verify_attn_reduce(const bf16* __restrict__ part_o, const float* __restrict__ part_lse,
-                   bf16* __restrict__ out,     // [B*QN*H, 512]
-                   float* __restrict__ lse) {  // [B*QN*H] natural log, or null
+                   const int* __restrict__ prefix_indptr,  // [B + 1]
+                   bf16* __restrict__ out,                 // [B, QN, H, 512]
+                   float* __restrict__ lse,                // [B, QN, H] natural log, or null
+                   int B, int H) {
   __shared__ float red_o[RED_GROUPS][16][9];
   __shared__ float red_l[RED_GROUPS][16];
   __shared__ float red_m[RED_GROUPS];
-  const size_t row = blockIdx.x;
+  const size_t row = blockIdx.x;  // (b, node, head)
+  const int b = (int)(row / ((size_t)QN * H)), nh = (int)(row % ((size_t)QN * H));
+  // The parts holding this request's first and last tile (Plan); one part wrote `out` itself.
+  const Plan pl = make_plan(prefix_indptr, B);
+  const long long Ub = pl.U(b), Ub1 = pl.U(b + 1);
+  const int Lb = (int)(Ub1 - Ub - PLAN_C);
+  const int p_first = pl.part_of(Ub + PLAN_C + min(TK, Lb) - 1), p_last = pl.part_of(Ub1 - 1);
+  if (p_first == p_last) return;
+  const int nparts = p_last - p_first + 1;
+  const size_t slot_stride = (size_t)QN * H;  // rows of one workspace slot
 #if VA_PDL
   asm volatile("griddepcontrol.wait;\n" ::: "memory");  // the partial grid has finished and flushed
 #endif
   const int tid = threadIdx.x, grp = tid / 16, l16 = tid % 16;
   const int dim = blockIdx.y * 128 + l16 * 8;
-  const bf16* src = part_o + row * NSPLIT * D_V + dim;
-  const float* lsrc = part_lse + row * NSPLIT;
+  const size_t row0 = (size_t)(p_first + b) * slot_stride + nh;  // slot p + b of part p
+  const bf16* src = part_o + row0 * D_V + dim;
+  const float* lsrc = part_lse + row0;
   float o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
   float m = NEG_INF, L = 0.f;  // this group's running max and sum
-  for (int s0 = grp; s0 < NSPLIT; s0 += RED_GROUPS * RED_UNROLL) {
+  for (int s0 = grp; s0 < nparts; s0 += RED_GROUPS * RED_UNROLL) {
     uint4 raw[RED_UNROLL];
     float x[RED_UNROLL];
 #pragma unroll
     for (int u = 0; u < RED_UNROLL; ++u) {
       const int s = s0 + u * RED_GROUPS;
-      raw[u] = s < NSPLIT ? *reinterpret_cast<const uint4*>(src + (size_t)s * D_V) : make_uint4(0, 0, 0, 0);
-      x[u] = s < NSPLIT ? lsrc[s] : NEG_INF;
+      const bool have = s < nparts;
+      raw[u] = have ? *reinterpret_cast<const uint4*>(src + s * slot_stride * D_V) : make_uint4(0, 0, 0, 0);
+      x[u] = have ? lsrc[s * slot_stride] : NEG_INF;
     }
     float mx = m;
 #pragma unroll

@@ -1,0 +1,111 @@
+"""The runtime work plan: how the kernel's fixed grid of NSPLIT parts per head group shares a batch.
+
+The partial and the reduce kernel compute this plan themselves on the device, from
+`prefix_indptr` alone (csrc/verify_attention.cu, `Plan`), so a CUDA graph captured once follows
+every batch it replays: nothing is prepared on the host and no buffer beyond the inputs changes.
+This module is the same arithmetic in Python, for the CPU tests of its guarantees (every KV tile
+owned by exactly one part, parts balanced, partial slots unique) and for sizing the workspace.
+
+Request b costs `PLAN_C + L_b` units (L_b = P_b + q_len virtual tokens; PLAN_C stands for its
+fixed cost: the Q load, the pipeline's fill, the epilogue). Part p of the N active parts takes
+units [p*W/N, (p+1)*W/N) of the batch's W; a KV tile belongs to the part that holds its last
+token's unit. N = min(NSPLIT, W // (PLAN_MIN_TILES * TK)): a part spans at least one tile, so
+every part between a request's first and last holds some of its tiles and writes a partial.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+#: Defaults of the kernel's PLAN_C (tokens of fixed cost a request adds) and PLAN_MIN_TILES.
+PLAN_C = 64
+PLAN_MIN_TILES = 1
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Tiles [t0, t1] of request `request` that part `part` computes; `direct`: the part holds
+    every tile of the request and writes its output itself; otherwise its partial goes to `slot`."""
+
+    part: int
+    request: int
+    t0: int
+    t1: int
+    direct: bool
+
+    @property
+    def slot(self) -> int:
+        return self.part + self.request
+
+
+@dataclass(frozen=True)
+class Plan:
+    lengths: tuple[int, ...]  # L_b = P_b + q_len
+    tk: int
+    nsplit: int
+    c: int = PLAN_C
+    min_tiles: int = PLAN_MIN_TILES
+
+    def unit(self, b: int) -> int:
+        """U(b): units before request b."""
+        return sum(self.lengths[:b]) + b * self.c
+
+    @property
+    def total(self) -> int:
+        return self.unit(len(self.lengths))
+
+    @property
+    def parts(self) -> int:
+        """N, the parts that get work."""
+        return max(1, min(self.nsplit, self.total // (self.min_tiles * self.tk)))
+
+    def part_begin(self, p: int) -> int:
+        return p * self.total // self.parts
+
+    def part_of(self, u: int) -> int:
+        return ((u + 1) * self.parts - 1) // self.total
+
+    def tiles(self, b: int) -> int:
+        return -(-self.lengths[b] // self.tk)
+
+    def segment(self, p: int, b: int) -> Segment | None:
+        """Part p's tiles of request b, or None (the kernel's Plan::segment)."""
+        ub, L, nt = self.unit(b), self.lengths[b], self.tiles(b)
+        x = self.part_begin(p) - ub - self.c
+        y = self.part_begin(p + 1) - ub - self.c
+        t0 = 0 if x <= 0 else min(nt - 1, x // self.tk)
+        t1 = nt - 1 if y >= L else (-1 if y < self.tk else y // self.tk - 1)
+        if t0 > t1:
+            return None
+        return Segment(part=p, request=b, t0=t0, t1=t1, direct=t0 == 0 and t1 == nt - 1)
+
+    def request_parts(self, b: int) -> range:
+        """The parts holding request b's tiles, first to last (what the reduce merges)."""
+        first = self.part_of(self.unit(b) + self.c + min(self.tk, self.lengths[b]) - 1)
+        return range(first, self.part_of(self.unit(b + 1) - 1) + 1)
+
+    def segments(self) -> list[Segment]:
+        """Every part's segments, in the order the kernel's blocks walk them."""
+        out = []
+        for p in range(self.parts):
+            b = next(b for b in range(len(self.lengths)) if self.unit(b) <= self.part_begin(p) < self.unit(b + 1))
+            while b < len(self.lengths) and self.unit(b) < self.part_begin(p + 1):
+                seg = self.segment(p, b)
+                if seg is not None:
+                    out.append(seg)
+                b += 1
+        return out
+
+
+def plan(
+    prefix_lens: Sequence[int], *, q_len: int, tk: int, nsplit: int, c: int = PLAN_C, min_tiles: int = PLAN_MIN_TILES
+) -> Plan:
+    if not prefix_lens:
+        raise ValueError("a batch holds at least one request")
+    return Plan(tuple(p + q_len for p in prefix_lens), tk=tk, nsplit=nsplit, c=c, min_tiles=min_tiles)
+
+
+def workspace_slots(*, nsplit: int, batch: int) -> int:
+    """Partial slots a batch can need: part p's partial of request b lives in slot p + b."""
+    return nsplit + batch - 1

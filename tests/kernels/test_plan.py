@@ -1,0 +1,80 @@
+"""The runtime work plan's guarantees (verify_tuner.kernels.plan, the kernel's Plan in Python):
+every KV tile computed by exactly one part, parts balanced within one tile, every part the
+reduce merges holds a partial, partial slots unique and inside the workspace."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from verify_tuner.kernels.plan import plan, workspace_slots
+
+EXTREMES = {
+    "one 200k and 31 empty": [200_000] + [0] * 31,
+    "all empty": [0] * 8,
+    "B=256 of 1k": [1000] * 256,
+    "one long among short": [100_000] + [2000] * 7,
+    "B=1 short": [0],
+    "B=1 46k": [46000],
+}
+
+
+def _check(prefix_lens: list[int], q_len: int, tk: int, nsplit: int) -> None:
+    p = plan(prefix_lens, q_len=q_len, tk=tk, nsplit=nsplit)
+    segs = p.segments()
+    # every tile of every request exactly once, in order
+    owned: dict[int, list[int]] = {}
+    for s in segs:
+        owned.setdefault(s.request, []).extend(range(s.t0, s.t1 + 1))
+    for b in range(len(prefix_lens)):
+        assert owned.get(b) == list(range(p.tiles(b))), (b, owned.get(b))
+    # the parts the reduce merges are exactly the parts holding the request's tiles
+    for b in range(len(prefix_lens)):
+        holders = sorted({s.part for s in segs if s.request == b})
+        assert holders == list(p.request_parts(b))
+        direct = [s.direct for s in segs if s.request == b]
+        assert direct == [len(holders) == 1] * len(holders)
+    # slots: unique among partials, inside the workspace
+    slots = [s.slot for s in segs if not s.direct]
+    assert len(slots) == len(set(slots))
+    assert all(0 <= s < workspace_slots(nsplit=nsplit, batch=len(prefix_lens)) for s in slots)
+    # balance: a part computes at most its share of the units plus one tile
+    share = -(-p.total // p.parts)
+    for part in range(p.parts):
+        tokens = sum(min((s.t1 + 1) * tk, p.lengths[s.request]) - s.t0 * tk for s in segs if s.part == part)
+        assert tokens <= share + tk, (part, tokens, share)
+    assert 1 <= p.parts <= nsplit
+
+
+@pytest.mark.parametrize("case", EXTREMES, ids=list(EXTREMES))
+@pytest.mark.parametrize("nsplit", [1, 8, 132, 264])
+@pytest.mark.parametrize("tk", [16, 32, 64])
+def test_extremes(case, nsplit, tk):
+    _check(EXTREMES[case], q_len=9, tk=tk, nsplit=nsplit)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    prefix_lens=st.lists(st.integers(0, 20_000), min_size=1, max_size=40),
+    q_len=st.integers(1, 64),
+    tk=st.sampled_from([16, 32, 64, 128]),
+    nsplit=st.integers(1, 300),
+)
+def test_random_batches(prefix_lens, q_len, tk, nsplit):
+    _check(prefix_lens, q_len, tk, nsplit)
+
+
+def test_one_long_request_among_short_ones_is_shared_evenly():
+    """The ragged case a uniform split gets wrong: the long request's parts carry the same load
+    as the parts that take many short requests."""
+    p = plan([100_000] + [2000] * 7, q_len=9, tk=32, nsplit=132)
+    loads = [0] * p.parts
+    for s in p.segments():
+        loads[s.part] += min((s.t1 + 1) * 32, p.lengths[s.request]) - s.t0 * 32
+    assert max(loads) <= 1.1 * sum(loads) / p.parts + 32
+
+
+def test_a_short_batch_leaves_parts_idle_and_writes_directly():
+    p = plan([0], q_len=9, tk=32, nsplit=132)
+    (seg,) = p.segments()
+    assert seg.direct and (seg.t0, seg.t1) == (0, 0) and p.parts <= 2

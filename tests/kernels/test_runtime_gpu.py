@@ -1,0 +1,138 @@
+"""The runtime work plan on the GPU: one CUDA graph replayed while prefixes grow and requests come
+and go, and ragged extremes, each checked against the fp32 reference with poisoned outputs."""
+
+from __future__ import annotations
+
+import pytest
+from verify_tuner.kernels.config import KernelConfig
+
+pytestmark = pytest.mark.gpu
+
+H, Q = 8, 9
+CONFIGS = [
+    KernelConfig(nsplit=132, ht=8, tk=32, block=256, stages=3, wr=2, wk=2, sf=1, pipe=3),  # the default structure
+    KernelConfig(nsplit=7, ht=4, tk=32, block=256, stages=3, wr=2, wk=2, pipe=0),  # few parts: many requests each
+    KernelConfig(nsplit=48, ht=2, tk=16, block=128, stages=3, wr=1, wk=4, sf=1, pipe=0, qt=3),  # row tiles
+]
+#: A batch of 4 across the steps of a decode loop: prefixes grow across buckets, request 0
+#: finishes and a new one starts at P=0 in its place, request 3 jumps past 100k.
+STEPS = [
+    [1000, 0, 37, 4096],
+    [1009, 9, 500, 8000],
+    [4000, 20, 46000, 8001],
+    [0, 30, 46009, 16000],
+    [9, 2000, 90000, 120000],
+    [200, 2100, 131072, 0],
+]
+
+
+@pytest.fixture(scope="module")
+def gpu(tmp_path_factory):
+    import pycuda.autoprimaryctx  # noqa: F401  (torch's primary context)
+    import torch
+    from verify_tuner.kernels.build import precompile
+    from verify_tuner.kernels.limits import read_device_limits
+
+    torch.cuda.init()
+    limits, cache = read_device_limits(0), tmp_path_factory.mktemp("cubins")
+    assert not precompile(CONFIGS, Q, limits.arch, cache)
+    return limits, cache
+
+
+class Buffers:
+    """Device buffers a graph captures once, sized for the largest step; each step copies new
+    contents into them, as an engine refills its metadata before a replay."""
+
+    def __init__(self, batch: int, max_tokens: int) -> None:
+        import torch
+
+        d = "cuda"
+        self.q = torch.empty(batch, Q, H, 576, dtype=torch.bfloat16, device=d)
+        self.kv = torch.empty(max_tokens + 1000, 576, dtype=torch.bfloat16, device=d)
+        self.prefix_indices = torch.empty(max_tokens, dtype=torch.int32, device=d)
+        self.prefix_indptr = torch.empty(batch + 1, dtype=torch.int32, device=d)
+        self.draft_indices = torch.empty(batch, Q, dtype=torch.int32, device=d)
+        self.tree_mask = torch.empty(batch, Q, dtype=torch.int64, device=d)
+        self.out = torch.empty(batch, Q, H, 512, dtype=torch.bfloat16, device=d)
+        self.lse = torch.empty(batch, Q, H, dtype=torch.float32, device=d)
+
+    def load(self, inp) -> None:
+        self.q.copy_(inp.q)
+        self.kv[: inp.kv.shape[0]].copy_(inp.kv)
+        self.prefix_indices[: inp.prefix_indices.numel()].copy_(inp.prefix_indices)
+        self.prefix_indptr.copy_(inp.prefix_indptr)
+        self.draft_indices.copy_(inp.draft_indices)
+        self.tree_mask.copy_(inp.tree_mask)
+        self.out.fill_(float("nan"))
+        self.lse.fill_(float("nan"))
+
+
+def _launch(va, buf: Buffers, scale: float, stream=None) -> None:
+    va(
+        q=buf.q,
+        kv=buf.kv,
+        prefix_indices=buf.prefix_indices,
+        prefix_indptr=buf.prefix_indptr,
+        draft_indices=buf.draft_indices,
+        tree_mask=buf.tree_mask,
+        out=buf.out,
+        lse=buf.lse,
+        batch=buf.q.shape[0],
+        softmax_scale=scale,
+        stream=stream,
+    )
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=str)
+def test_one_graph_follows_growing_prefixes_and_a_changing_batch(gpu, cfg):
+    import pycuda.driver as cuda
+    import torch
+    from verify_tuner.kernels.launch import VerifyAttention
+    from verify_tuner.kernels.reference import make_inputs, reference, rel_error
+
+    limits, cache = gpu
+    steps = [make_inputs(prefix_lens=lens, q_len=Q, H=H, seed=50 + i) for i, lens in enumerate(STEPS)]
+    buf = Buffers(len(STEPS[0]), max(s.kv.shape[0] for s in steps))
+    va = VerifyAttention(cfg, H=H, q_len=Q, limits=limits, max_batch=len(STEPS[0]), cache_dir=cache)
+    stream = cuda.Stream()
+    buf.load(steps[0])
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=torch.cuda.ExternalStream(stream.handle)):
+        _launch(va, buf, steps[0].scale, stream)
+    for i, inp in enumerate(steps):
+        buf.load(inp)
+        torch.cuda.synchronize()
+        graph.replay()
+        torch.cuda.synchronize()
+        ref_o, ref_lse = reference(inp)
+        assert rel_error(buf.out, ref_o) <= 1e-2, f"step {i} {STEPS[i]}: out"
+        assert rel_error(buf.lse, ref_lse) <= 1e-3, f"step {i} {STEPS[i]}: lse"
+
+
+EXTREMES = {
+    "one 200k and 31 empty": [200_000] + [0] * 31,
+    "all empty": [0] * 8,
+    "B=256 of 1k": [1000] * 256,
+    "one long among short": [100_000] + [2000] * 7,
+}
+
+
+@pytest.mark.parametrize("case", EXTREMES, ids=list(EXTREMES))
+def test_ragged_extremes(gpu, case):
+    import torch
+    from verify_tuner.kernels.launch import VerifyAttention
+    from verify_tuner.kernels.reference import make_inputs, reference, rel_error
+
+    limits, cache = gpu
+    lens = EXTREMES[case]
+    inp = make_inputs(prefix_lens=lens, q_len=Q, H=H, seed=len(lens), spare_slots=77)
+    ref_o, ref_lse = reference(inp)
+    for cfg in CONFIGS[:2]:
+        va = VerifyAttention(cfg, H=H, q_len=Q, limits=limits, max_batch=len(lens), cache_dir=cache)
+        out = torch.full((len(lens), Q, H, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+        lse = torch.full((len(lens), Q, H), float("nan"), dtype=torch.float32, device="cuda")
+        va.run(inp, out, lse=lse)
+        torch.cuda.synchronize()
+        assert rel_error(out, ref_o) <= 1e-2, f"{cfg}: out"
+        assert rel_error(lse, ref_lse) <= 1e-3, f"{cfg}: lse"
