@@ -122,7 +122,7 @@ def _run_nvcc(source: str, arch: str, target: Path, extra_flags: tuple[str, ...]
             str(out),
             str(src),
         ]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = subprocess.run(cmd, check=False, capture_output=True, text=True)  # its stderr is the error
         if proc.returncode != 0:
             raise CompileError(f"nvcc failed for {arch}:\n{proc.stderr.strip()[-4000:]}")
         _atomic_write(target, out.read_bytes())

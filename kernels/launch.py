@@ -25,7 +25,7 @@ from verify_tuner.kernels.validate import D_QK, D_V, smem_bytes, validate
 LOG2E = 1.4426950408889634
 #: The kernels' arguments in PyCUDA's prepare() letters (csrc/verify_attention.cu's signatures).
 PARTIAL_ARGS = "PPPPPPPPPPiif"
-REDUCE_ARGS = "PPPPPii"
+REDUCE_ARGS = "PPPPPiii"
 
 
 def _read_int(module: Any, name: str) -> int:
@@ -46,6 +46,17 @@ def _ptr(x: Any) -> int:
     return int(x)
 
 
+def reduce_grid(*, batch: int, q_len: int, H: int, sm_count: int, threads: int) -> tuple[int, int]:
+    """(blocks, items per block) of the reduce: an item is one (row, quarter) of a request's output,
+    4 * q_len * H a request. Enough blocks for two requests' items (all of a long request's merges
+    run in parallel) and four per SM, but no more: past the GPU's block-launch rate, blocks for
+    requests that one part wrote whole cost more than the merges (a block checks up to `threads`
+    items at once)."""
+    items = batch * q_len * H * 4
+    blocks = min(items, max(2 * q_len * H * 4, 4 * sm_count, -(-items // threads)))
+    return blocks, -(-items // blocks)
+
+
 class VerifyAttention:
     """One compiled configuration for fixed (H, q_len), launchable for batches up to max_batch."""
 
@@ -64,6 +75,7 @@ class VerifyAttention:
 
         validate(cfg, limits, H=H, q_len=q_len)
         self.cfg, self.H, self.q_len, self.max_batch = cfg, H, q_len, max_batch
+        self.sm_count = limits.sm_count
         built = compile_cubin(cfg, q_len, limits.arch, cache_dir, extra_flags)
         self.report = ptxas_report(built.ptxas_log) if built.ptxas_log else {}
         self.module = cuda.module_from_buffer(built.cubin)
@@ -137,8 +149,11 @@ class VerifyAttention:
         )
         if not reduce:
             return
-        grid = (batch * self.q_len * self.H, 4, 1)
-        args = (*work, _ptr(prefix_indptr), _ptr(out), _ptr(lse), batch, self.H)
+        blocks, per_block = reduce_grid(
+            batch=batch, q_len=self.q_len, H=self.H, sm_count=self.sm_count, threads=self.reduce_threads
+        )
+        grid = (blocks, 1, 1)
+        args = (*work, _ptr(prefix_indptr), _ptr(out), _ptr(lse), batch, self.H, per_block)
         if self._reduce_pdl is not None:
             self._reduce_pdl(grid, self.reduce_threads, stream.handle if stream is not None else 0, *args)
             return

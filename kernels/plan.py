@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 #: Defaults of the kernel's PLAN_C (tokens of fixed cost a request adds) and PLAN_MIN_TILES.
-PLAN_C = 64
+PLAN_C = 128
 PLAN_MIN_TILES = 1
 
 

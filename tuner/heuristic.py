@@ -1,10 +1,9 @@
 """The heuristic default config: what the service answers before anything is tuned.
 
 A pure function of (device limits, H, q_len, prefix, batch). It always returns a config that
-passes verify_tuner.kernels.validate for that device, or raises InvalidConfig when none can exist. `prefix`
-is the batch's lookup prefix (verify_tuner.batches.prefix_of: its longest request); with the batch
-it picks the pipeline, while NSPLIT is one wave of parts whatever the prefix (the kernel shares
-the batch out over them at run time).
+passes verify_tuner.kernels.validate for that device, or raises InvalidConfig when none can exist. The default
+is the same for every prefix and batch (the kernel shares a batch out over its parts at run time);
+tuned rows may differ per prefix and batch bucket.
 """
 
 from __future__ import annotations
@@ -39,10 +38,6 @@ _COMPUTE = (
     (16, 128, 2, 1, 4, 0, 1),
     (16, 128, 2, 2, 2, 0, 1),
 )
-#: Parts of at most SHORT_TILES tiles (short prefixes): one barrier fewer per tile and a third slot
-#: beat refilling after PV (bench/results/sweep_*_sm_90.md).
-SHORT_TILES = 4
-_SHORT = ((32, 256, 3, 2, 2, 0, 0), (32, 256, 3, 2, 4, 1, 0))
 _BANDWIDTH = (
     (32, 256, 2, 1, 4, 0, 1),
     (32, 256, 3, 1, 4, 0, 1),
@@ -63,19 +58,12 @@ def _blocks_per_sm(cfg: KernelConfig, q_len: int, limits: DeviceLimits) -> int:
     return max(1, min(by_smem, by_threads, by_regs))
 
 
-def _templates(rows: int, tokens_per_group: int) -> tuple[tuple[int, ...], ...]:
-    if rows <= BANDWIDTH_ROWS:
-        return _BANDWIDTH
-    return _SHORT + _COMPUTE if tokens_per_group <= SHORT_TILES * 32 else _COMPUTE
+def _templates(rows: int) -> tuple[tuple[int, ...], ...]:
+    return _BANDWIDTH if rows <= BANDWIDTH_ROWS else _COMPUTE
 
 
-def _first_fit(
-    limits: DeviceLimits, *, ht: int, qt: int, H: int, q_len: int, prefix: int, batch: int
-) -> KernelConfig | None:
-    rows = ht * (qt or q_len)
-    groups = (H // ht) * -(-q_len // (qt or q_len))
-    tokens_per_group = batch * (prefix + q_len) * groups // limits.sm_count  # tokens a one-wave part walks
-    for tk, block, stages, wr, wk, sf, pipe in _templates(rows, tokens_per_group):
+def _first_fit(limits: DeviceLimits, *, ht: int, qt: int, H: int, q_len: int) -> KernelConfig | None:
+    for tk, block, stages, wr, wk, sf, pipe in _templates(ht * (qt or q_len)):
         probe = KernelConfig(nsplit=1, ht=ht, tk=tk, block=block, stages=stages, qt=qt, wr=wr, wk=wk, sf=sf, pipe=pipe)
         if check(probe, limits, H=H, q_len=q_len) is None:
             return probe
@@ -94,15 +82,16 @@ def _row_tiles(H: int, q_len: int) -> list[tuple[int, int]]:
 def heuristic_config(limits: DeviceLimits, *, H: int, q_len: int, prefix: int, batch: int = 1) -> KernelConfig:
     """The largest row tile whose grid (head groups x row tiles x NSPLIT parts) fills at least half
     a wave, with NSPLIT the largest choice within one wave; when no row tile fills half a wave, the
-    one with the most blocks. NSPLIT does not depend on the prefix or the batch: the kernel shares
-    the batch's tiles out over the parts at run time and leaves parts idle when there are fewer
-    tiles than parts, so one captured graph serves every prefix. `prefix` and `batch` still pick
-    the pipeline (short parts prefer the two-barrier one)."""
+    one with the most blocks. The default depends on neither the prefix nor the batch (they are
+    only checked): the kernel shares the batch's tiles out over the parts at run time and leaves
+    parts idle when there are fewer tiles than parts, so one config, captured once in a graph,
+    serves every prefix; and the seesaw measured on par with the two-barrier pipeline even at 4k
+    prefixes (bench/results/runtime_sm_90.md)."""
     if H < 1 or not 1 <= q_len <= MAX_Q_LEN or prefix < 0 or batch < 1:
         raise InvalidConfig(f"no config for H={H}, q_len={q_len}, prefix={prefix}, batch={batch}")
     fallback: tuple[int, KernelConfig] | None = None
     for ht, qt in _row_tiles(H, q_len):
-        probe = _first_fit(limits, ht=ht, qt=qt, H=H, q_len=q_len, prefix=prefix, batch=batch)
+        probe = _first_fit(limits, ht=ht, qt=qt, H=H, q_len=q_len)
         if probe is None:
             continue
         slots = limits.sm_count * _blocks_per_sm(probe, q_len, limits)  # blocks in one wave

@@ -269,7 +269,7 @@ struct Span {
 // parts and requests both advance along the units); a request whose tiles one part holds all of
 // is written to `out` directly, and the reduce skips it.
 #ifndef PLAN_C
-#define PLAN_C 64
+#define PLAN_C 128
 #endif
 #ifndef PLAN_MIN_TILES
 #define PLAN_MIN_TILES 1
@@ -652,10 +652,10 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
     const Plan pl = make_plan(prefix_indptr, B);
     if (part_id >= pl.N) return;  // fewer parts than the grid's have work: the batch is short
     const long long u0 = pl.part_begin(part_id);
-    for (int b = tid; b < B; b += BLOCK)  // the request holding unit u0: exactly one b has U(b) <= u0 < U(b+1)
-      if (pl.U(b) <= u0 && u0 < pl.U(b + 1)) seg_s[3] = b;
-    __syncthreads();
-    if (tid == 0) next_segment(seg_s, prefix_indptr, B, part_id, seg_s[3]);
+    // the request holding unit u0 (exactly one b has U(b) <= u0 < U(b+1)): the thread that finds it
+    // finds the first segment too, so the Q load waits on one round trip of index loads
+    for (int b = tid; b < B; b += BLOCK)
+      if (pl.U(b) <= u0 && u0 < pl.U(b + 1)) next_segment(seg_s, prefix_indptr, B, part_id, b);
     __syncthreads();
   }
   // The request index is read from seg_s where it is used (not held in a register across the tile loop).
@@ -852,37 +852,19 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
   }  // segments
 }
 
-// Merge the partials of one (b, i, h) row with the log-sum-exp rule. Grid (rows, 4): a
-// block covers 128 of the 512 latent dims with 16 threads of 8 dims (one 16-byte load each);
-// its RED_GROUPS thread groups walk the splits in parallel, each merging online (running max), so the
-// partials and their lse are loaded together, RED_UNROLL splits in flight per thread, with no
-// first pass over the lse. With up to 384 splits every group's share is in flight at once (256
-// threads past 64 splits): the reduce waits on one L2 round trip, not ceil(share / 8) of them.
-// Every part between the request's first and last wrote its partial (Plan).
-extern "C" __global__ void __launch_bounds__(RED_THREADS)
-verify_attn_reduce(const bf16* __restrict__ part_o, const float* __restrict__ part_lse,
-                   const int* __restrict__ prefix_indptr,  // [B + 1]
-                   bf16* __restrict__ out,                 // [B, QN, H, 512]
-                   float* __restrict__ lse,                // [B, QN, H] natural log, or null
-                   int B, int H) {
-  __shared__ float red_o[RED_GROUPS][16][9];
-  __shared__ float red_l[RED_GROUPS][16];
-  __shared__ float red_m[RED_GROUPS];
-  const size_t row = blockIdx.x;  // (b, node, head)
-  const int b = (int)(row / ((size_t)QN * H)), nh = (int)(row % ((size_t)QN * H));
-  // The parts holding this request's first and last tile (Plan); one part wrote `out` itself.
-  const Plan pl = make_plan(prefix_indptr, B);
-  const long long Ub = pl.U(b), Ub1 = pl.U(b + 1);
-  const int Lb = (int)(Ub1 - Ub - PLAN_C);
-  const int p_first = pl.part_of(Ub + PLAN_C + min(TK, Lb) - 1), p_last = pl.part_of(Ub1 - 1);
-  if (p_first == p_last) return;
-  const int nparts = p_last - p_first + 1;
-  const size_t slot_stride = (size_t)QN * H;  // rows of one workspace slot
-#if VA_PDL
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");  // the partial grid has finished and flushed
-#endif
+// Merge the partials of one (b, i, h) row's 128 latent dims [quarter*128, +128) with the log-sum-exp
+// rule: 16 threads of 8 dims (one 16-byte load each); the block's RED_GROUPS thread groups walk the
+// parts in parallel, each merging online (running max), so the partials and their lse are loaded
+// together, RED_UNROLL parts in flight per thread, with no first pass over the lse. Every part
+// between the request's first and last wrote its partial (Plan).
+__device__ __forceinline__ void merge_item(const bf16* __restrict__ part_o, const float* __restrict__ part_lse,
+                                           bf16* __restrict__ out, float* __restrict__ lse, size_t row, int quarter,
+                                           int b, int p_first, int nparts, int H, float (*red_o)[16][9],
+                                           float (*red_l)[16], float* red_m) {
   const int tid = threadIdx.x, grp = tid / 16, l16 = tid % 16;
-  const int dim = blockIdx.y * 128 + l16 * 8;
+  const int nh = (int)(row % ((size_t)QN * H));
+  const int dim = quarter * 128 + l16 * 8;
+  const size_t slot_stride = (size_t)QN * H;               // rows of one workspace slot
   const size_t row0 = (size_t)(p_first + b) * slot_stride + nh;  // slot p + b of part p
   const bf16* src = part_o + row0 * D_V + dim;
   const float* lsrc = part_lse + row0;
@@ -925,27 +907,76 @@ verify_attn_reduce(const bf16* __restrict__ part_o, const float* __restrict__ pa
   red_l[grp][l16] = L;
   if (l16 == 0) red_m[grp] = m;
   __syncthreads();
-  if (grp != 0) return;
-  float M = NEG_INF;
+  if (grp == 0) {
+    float M = NEG_INF;
 #pragma unroll
-  for (int k = 0; k < RED_GROUPS; ++k) M = fmaxf(M, red_m[k]);
-  const float base = M == NEG_INF ? 0.f : M;
+    for (int k = 0; k < RED_GROUPS; ++k) M = fmaxf(M, red_m[k]);
+    const float base = M == NEG_INF ? 0.f : M;
 #pragma unroll
-  for (int j = 0; j < 8; ++j) o[j] = 0.f;
-  L = 0.f;
+    for (int j = 0; j < 8; ++j) o[j] = 0.f;
+    L = 0.f;
 #pragma unroll
-  for (int k = 0; k < RED_GROUPS; ++k) {
-    const float w = exp2f(red_m[k] - base);
+    for (int k = 0; k < RED_GROUPS; ++k) {
+      const float w = exp2f(red_m[k] - base);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) o[j] += w * red_o[k][l16][j];
-    L += w * red_l[k][l16];
+      for (int j = 0; j < 8; ++j) o[j] += w * red_o[k][l16][j];
+      L += w * red_l[k][l16];
+    }
+    const float inv = L > 0.f ? 1.f / L : 0.f;
+    uint4 packed;
+    __nv_bfloat162* dst = reinterpret_cast<__nv_bfloat162*>(&packed);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) dst[j] = __floats2bfloat162_rn(o[2 * j] * inv, o[2 * j + 1] * inv);
+    *reinterpret_cast<uint4*>(out + row * D_V + dim) = packed;
+    if (lse != nullptr && quarter == 0 && l16 == 0)
+      lse[row] = L > 0.f ? (base + log2f(L)) * 0.69314718055994531f : NEG_INF;
   }
-  const float inv = L > 0.f ? 1.f / L : 0.f;
-  uint4 packed;
-  __nv_bfloat162* dst = reinterpret_cast<__nv_bfloat162*>(&packed);
-#pragma unroll
-  for (int j = 0; j < 4; ++j) dst[j] = __floats2bfloat162_rn(o[2 * j] * inv, o[2 * j + 1] * inv);
-  *reinterpret_cast<uint4*>(out + row * D_V + dim) = packed;
-  if (lse != nullptr && blockIdx.y == 0 && l16 == 0)
-    lse[row] = L > 0.f ? (base + log2f(L)) * 0.69314718055994531f : NEG_INF;
+  __syncthreads();  // red_* are free for the next item
+}
+
+// The reduce: work items are (row, quarter) of every request, B*QN*H*4 of them; block g of the
+// grid's G takes items g, g+G, ..., `per_block` of them (the launch sizes G so that a large batch
+// does not pay the GPU's block-launch rate for requests that need no merge). Its threads check
+// their items against the plan at once; only items of requests that several parts share merge.
+extern "C" __global__ void __launch_bounds__(RED_THREADS)
+verify_attn_reduce(const bf16* __restrict__ part_o, const float* __restrict__ part_lse,
+                   const int* __restrict__ prefix_indptr,  // [B + 1]
+                   bf16* __restrict__ out,                 // [B, QN, H, 512]
+                   float* __restrict__ lse,                // [B, QN, H] natural log, or null
+                   int B, int H, int per_block) {
+  __shared__ float red_o[RED_GROUPS][16][9];
+  __shared__ float red_l[RED_GROUPS][16];
+  __shared__ float red_m[RED_GROUPS];
+  __shared__ int todo[RED_THREADS][3];  // item, p_first, parts
+  __shared__ int ntodo;
+  const int tid = threadIdx.x;
+  const long long items = (long long)B * QN * H * 4;
+  if (tid == 0) ntodo = 0;
+  __syncthreads();
+  if (tid < per_block) {
+    const long long item = blockIdx.x + (long long)tid * gridDim.x;
+    if (item < items) {
+      const int b = (int)(item / ((long long)QN * H * 4));
+      const Plan pl = make_plan(prefix_indptr, B);
+      const long long Ub = pl.U(b), Ub1 = pl.U(b + 1);
+      const int Lb = (int)(Ub1 - Ub - PLAN_C);
+      const int p_first = pl.part_of(Ub + PLAN_C + min(TK, Lb) - 1), p_last = pl.part_of(Ub1 - 1);
+      if (p_first != p_last) {  // one part wrote this request's output itself otherwise
+        const int k = atomicAdd(&ntodo, 1);
+        todo[k][0] = (int)item, todo[k][1] = p_first, todo[k][2] = p_last - p_first + 1;
+      }
+    }
+  }
+  __syncthreads();
+  const int n = ntodo;
+  if (n == 0) return;
+#if VA_PDL
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");  // the partial grid has finished and flushed
+#endif
+  for (int k = 0; k < n; ++k) {
+    const int item = todo[k][0];
+    const size_t row = (size_t)(item / 4);
+    merge_item(part_o, part_lse, out, lse, row, item % 4, (int)(row / ((size_t)QN * H)), todo[k][1], todo[k][2], H,
+               red_o, red_l, red_m);
+  }
 }
