@@ -76,12 +76,11 @@ class IsolatedBackend:
     database) overlaps the child's. `limits` waits for the device's limits, and a child that
     cannot start raises there. A measurer class may offer `probe_limits()` (the device's limits,
     read before the slow part of its start: torch, the CUDA context, the bandwidth probe) and
-    `build(cfg, q_len, arch, **measurer_kwargs)` (compile without a GPU). With the first,
-    `limits` is known ~0.5 s after the start and the first measurement waits for the rest of it
-    (~3.5 s on an H200, most of it importing torch: bench/results/measurer_start.md), so the
-    caller's setup and first compiles overlap it; `limits` then gains what the measurer measured
-    at start (the copy bandwidth). With the second, `compile_ahead` builds in the calling
-    thread. Calls into the child are serialised: any thread may call."""
+    `build(cfg, q_len, arch, **measurer_kwargs)` (compile without a GPU). With the first, `limits`
+    is known early and the first measurement waits for the rest of the start (most of it importing
+    torch), so the caller's setup and first compiles overlap it; `limits` then gains what the
+    measurer measured at start (the copy bandwidth). With the second, `compile_ahead` builds in the
+    calling thread. Calls into the child are serialised: any thread may call."""
 
     def __init__(
         self,
