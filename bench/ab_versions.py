@@ -112,8 +112,10 @@ def main() -> None:
     lines = [
         f"# Kernel A/B: this tree vs {rev} — {limits.name} ({limits.arch}), {dt.date.today().isoformat()}",
         "",
-        "Each side at its own heuristic default; µs per partial + reduce pair, median of CUDA-graph replays, "
-        "inputs rotated past the L2; rel. error against the fp32 reference.",
+        (
+            "Each side at its own heuristic default; µs per partial + reduce pair, median of CUDA-graph replays, "
+            "inputs rotated past the L2; rel. error against the fp32 reference."
+        ),
         "",
         "| H | Q | prefix | base µs | base err | new µs | new err | speedup | base config | new config |",
         "|---|---|---|---|---|---|---|---|---|---|",

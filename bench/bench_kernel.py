@@ -142,15 +142,19 @@ def write_results(out: Path, limits, bw: float, rows: list[dict], *, quick: bool
     lines = [
         f"# Verify-attention kernel benchmark — {limits.name} ({limits.arch}), {stamp}",
         "",
-        f"Median µs per partial + reduce pair of CUDA-graph replays (inputs rotated past the "
-        f"{limits.l2_bytes >> 20} MB L2; naive torch: eager, CUDA events, index tensors built per call). "
-        f"Floor = bytes moved once / measured copy bandwidth {bw / 1e9:.0f} GB/s; TB/s = those bytes / best "
-        "time. Best = fastest correct config of a small sweep around the heuristic default (NSPLIT "
-        "neighbours, the other structure templates, other head tiles), not the tuner's whole space. "
-        f"Default / best over these shapes: {geo:.3f}x (geometric mean), worst {worst:.3f}x.",
+        (
+            f"Median µs per partial + reduce pair of CUDA-graph replays (inputs rotated past the "
+            f"{limits.l2_bytes >> 20} MB L2; naive torch: eager, CUDA events, index tensors built per call). "
+            f"Floor = bytes moved once / measured copy bandwidth {bw / 1e9:.0f} GB/s; TB/s = those bytes / best "
+            "time. Best = fastest correct config of a small sweep around the heuristic default (NSPLIT "
+            "neighbours, the other structure templates, other head tiles), not the tuner's whole space. "
+            f"Default / best over these shapes: {geo:.3f}x (geometric mean), worst {worst:.3f}x."
+        ),
         "",
-        "| H | Q | prefix | floor µs | naive torch µs | default µs | best µs (partial alone) | best/floor | "
-        "TB/s | TFLOP/s | speedup vs naive | best config | default config |",
+        (
+            "| H | Q | prefix | floor µs | naive torch µs | default µs | best µs (partial alone) | best/floor | "
+            "TB/s | TFLOP/s | speedup vs naive | best config | default config |"
+        ),
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
