@@ -53,7 +53,7 @@ def time_defaults(shapes: list[tuple[int, int, int]], cache: str) -> list[dict]:
         def launch(k: int, va=va, sets=sets, out=out) -> None:
             va.run(sets[k], out, stream=stream)
 
-        err = poisoned_run_error(lambda: launch(0), out, reference(sets[0])[0])
+        err = poisoned_run_error(lambda launch=launch: launch(0), out, reference(sets[0])[0])
         t = timing.time_graph(launch, len(sets), stream=stream)
         rows.append(
             {

@@ -83,20 +83,24 @@ def main() -> None:
         sets = rotating_inputs(prefix_lens=[P], q_len=Q, H=H, l2_bytes=limits.l2_bytes, seed=H + Q + P)
         check_ref = reference(sets[0])[0]
         out = torch.empty(1, Q, H, 512, dtype=torch.bfloat16, device="cuda")
-        naive = time_launches(lambda k: naive_torch(sets[k]), len(sets), reps=30)
+        naive = time_launches(lambda k, sets=sets: naive_torch(sets[k]), len(sets), reps=30)
         results = {}
         for cfg in configs:
             va = VerifyAttention(cfg, H=H, q_len=Q, limits=limits, max_batch=1, cache_dir=Path(args.cache))
 
-            err = poisoned_run_error(lambda va=va: va.run(sets[0], out, stream=stream), out, check_ref)
+            err = poisoned_run_error(
+                lambda va=va, sets=sets, out=out: va.run(sets[0], out, stream=stream), out, check_ref
+            )
             if err > 1e-2:
                 print(f"WRONG {H=} {Q=} {P=} {cfg}: rel err {err:.3g}", flush=True)
                 continue
-            results[cfg] = time_graph(lambda k, va=va: va.run(sets[k], out, stream=stream), len(sets), stream=stream)
+            results[cfg] = time_graph(
+                lambda k, va=va, sets=sets, out=out: va.run(sets[k], out, stream=stream), len(sets), stream=stream
+            )
         best_cfg = min(results, key=lambda c: results[c].median_us)
         va = VerifyAttention(best_cfg, H=H, q_len=Q, limits=limits, max_batch=1, cache_dir=Path(args.cache))
 
-        def partial_only(k, va=va):
+        def partial_only(k, va=va, sets=sets, out=out):
             va.run(sets[k], out, reduce=False, stream=stream)
 
         partial_us = time_graph(partial_only, len(sets), stream=stream).median_us
