@@ -93,6 +93,7 @@ def main() -> None:
         cwd=args.base_tree,
         capture_output=True,
         text=True,
+        check=False,  # its stderr goes into the error below
     )
     if child.returncode != 0:
         raise SystemExit(f"base tree failed:\n{child.stderr[-3000:]}")
@@ -105,8 +106,8 @@ def main() -> None:
     rev = (
         args.base_label
         or subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=args.base_tree, capture_output=True, text=True
-        ).stdout.strip()
+            ["git", "rev-parse", "--short", "HEAD"], cwd=args.base_tree, capture_output=True, text=True, check=False
+        ).stdout.strip()  # not a git checkout: named by its path below
         or str(args.base_tree)
     )
     lines = [

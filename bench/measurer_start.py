@@ -71,6 +71,7 @@ def main() -> None:
                 "CUDA_VISIBLE_DEVICES": str(devices[0]),
                 "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""),
             },
+            check=False,  # its stderr goes into the exit message below
         )
         if pre.returncode != 0:
             sys.exit(f"the measuring start failed:\n{pre.stderr[-3000:]}")
