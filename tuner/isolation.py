@@ -47,7 +47,7 @@ def _child_main(conn: Any, target: str, kwargs: dict[str, Any], device_ordinal: 
         if probe is not None:  # the parent plans and compiles with these while the measurer starts
             conn.send(("limits", probe()))
         measurer = cls(**kwargs)
-    except Exception as exc:  # reported to the parent, which raises it there
+    except Exception as exc:  # noqa: BLE001 -- any start failure is reported to the parent, which raises it
         conn.send(("init_error", f"{type(exc).__name__}: {exc}"))
         return
     conn.send(("ready", measurer.limits))
@@ -64,7 +64,7 @@ def _child_main(conn: Any, target: str, kwargs: dict[str, Any], device_ordinal: 
         except LaunchError as exc:  # the CUDA context is poisoned: report and die
             conn.send(("crashed", str(exc)))
             os._exit(3)
-        except Exception:  # a bug, not the kernel: the parent stops the study with this traceback
+        except Exception:  # noqa: BLE001 -- a bug, not the kernel: the parent stops the study with its traceback
             conn.send(("bug", traceback.format_exc()))
             os._exit(4)
 

@@ -108,7 +108,7 @@ def _device_main(settings: Settings, job: TuneJob, index: int, count: int, devic
                 },
             )
         )
-    except Exception as exc:  # reported by the parent, which exits non-zero; a bug keeps its traceback
+    except Exception as exc:  # noqa: BLE001 -- the parent reports it and exits non-zero; a bug keeps its traceback
         import traceback
 
         from verify_tuner.errors import TunerError
