@@ -144,9 +144,7 @@ def run_job(
     limits = backend.limits
 
     def budget(wl: Workload) -> int:  # space.valid_configs is cached per (H, q_len, batch)
-        return min(
-            n_trials, len(space.valid_configs(limits, H=wl.H, q_len=wl.q_len, restrict=restrict))
-        )
+        return min(n_trials, len(space.valid_configs(limits, H=wl.H, q_len=wl.q_len, restrict=restrict)))
 
     result = JobResult()
     in_flight = max(1, study_kw.get("parallel", 1))  # an owner's trials in flight (the same job: the same)
