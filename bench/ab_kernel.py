@@ -52,9 +52,11 @@ def main() -> None:
     lines = [
         f"# Kernel A/B: {args.label} — {limits.name} ({limits.arch}), {dt.date.today().isoformat()}",
         "",
-        f"A flags: `{' '.join(variants['A']) or '(none)'}`; B flags: `{' '.join(variants['B']) or '(none)'}`. "
-        f"Median over {ROUNDS} interleaved rounds of the per-round median of {REPS} launches, inputs rotated "
-        "past the L2; config = the heuristic default.",
+        (
+            f"A flags: `{' '.join(variants['A']) or '(none)'}`; B flags: `{' '.join(variants['B']) or '(none)'}`. "
+            f"Median over {ROUNDS} interleaved rounds of the per-round median of {REPS} launches, inputs rotated "
+            "past the L2; config = the heuristic default."
+        ),
         "",
         "| H | Q | prefix | config | A µs | B µs | B/A |",
         "|---|---|---|---|---|---|---|",

@@ -53,7 +53,7 @@ def time_defaults(shapes: list[tuple[int, int, int]], cache: str) -> list[dict]:
         def launch(k: int, va=va, sets=sets, out=out) -> None:
             va.run(sets[k], out, stream=stream)
 
-        err = poisoned_run_error(lambda: launch(0), out, reference(sets[0])[0])
+        err = poisoned_run_error(lambda launch=launch: launch(0), out, reference(sets[0])[0])
         t = timing.time_graph(launch, len(sets), stream=stream)
         rows.append(
             {
@@ -93,6 +93,7 @@ def main() -> None:
         cwd=args.base_tree,
         capture_output=True,
         text=True,
+        check=False,  # its stderr goes into the error below
     )
     if child.returncode != 0:
         raise SystemExit(f"base tree failed:\n{child.stderr[-3000:]}")
@@ -105,15 +106,17 @@ def main() -> None:
     rev = (
         args.base_label
         or subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=args.base_tree, capture_output=True, text=True
-        ).stdout.strip()
+            ["git", "rev-parse", "--short", "HEAD"], cwd=args.base_tree, capture_output=True, text=True, check=False
+        ).stdout.strip()  # not a git checkout: named by its path below
         or str(args.base_tree)
     )
     lines = [
         f"# Kernel A/B: this tree vs {rev} — {limits.name} ({limits.arch}), {dt.date.today().isoformat()}",
         "",
-        "Each side at its own heuristic default; µs per partial + reduce pair, median of CUDA-graph replays, "
-        "inputs rotated past the L2; rel. error against the fp32 reference.",
+        (
+            "Each side at its own heuristic default; µs per partial + reduce pair, median of CUDA-graph replays, "
+            "inputs rotated past the L2; rel. error against the fp32 reference."
+        ),
         "",
         "| H | Q | prefix | base µs | base err | new µs | new err | speedup | base config | new config |",
         "|---|---|---|---|---|---|---|---|---|---|",

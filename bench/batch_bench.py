@@ -219,8 +219,10 @@ def write(out: Path, b: Bench, stat_rows: list[dict], bench_rows: list[dict]) ->
     lines = [
         f"# Batched verify, H={H} q_len={Q} — {b.limits.name} ({arch}), {meta['date']}",
         "",
-        "`python3 bench/batch_bench.py --out bench/results`; CUDA-graph replays, inputs past the L2, every "
-        f"config gated against the fp32 reference on its batch; copy bandwidth {b.bw / 1e9:.0f} GB/s.",
+        (
+            "`python3 bench/batch_bench.py --out bench/results`; CUDA-graph replays, inputs past the L2, every "
+            f"config gated against the fp32 reference on its batch; copy bandwidth {b.bw / 1e9:.0f} GB/s."
+        ),
         "",
         "## Which prefix describes a batch",
         "",
@@ -239,8 +241,10 @@ def write(out: Path, b: Bench, stat_rows: list[dict], bench_rows: list[dict]) ->
         "",
         "## Batch-aware configs",
         "",
-        "| prefixes | B | floor µs | tuned for B µs (× floor) | B=1 config µs (× floor) | heuristic µs "
-        "(× floor) | tuned config |",
+        (
+            "| prefixes | B | floor µs | tuned for B µs (× floor) | B=1 config µs (× floor) | heuristic µs "
+            "(× floor) | tuned config |"
+        ),
         "|---|---|---|---|---|---|---|",
     ]
     for r in bench_rows:
@@ -268,14 +272,18 @@ def write_target(out: Path, b: Bench, r: dict) -> None:
     lines = [
         f"# Issue 10's ragged batch target, H={H} q_len={Q} — {b.limits.name} ({arch}), {meta['date']}",
         "",
-        "`python3 bench/batch_bench.py --target-only --out bench/results`; CUDA-graph replays, inputs past the "
-        "L2, every config gated against the fp32 reference on the batch; limit = max(memory floor at "
-        f"{b.bw / 1e9:.0f} GB/s, FLOP / {MMA_TFLOPS:.0f} TFLOP/s); target <= 1.5x the limit.",
+        (
+            "`python3 bench/batch_bench.py --target-only --out bench/results`; CUDA-graph replays, inputs past the "
+            "L2, every config gated against the fp32 reference on the batch; limit = max(memory floor at "
+            f"{b.bw / 1e9:.0f} GB/s, FLOP / {MMA_TFLOPS:.0f} TFLOP/s); target <= 1.5x the limit."
+        ),
         "",
         "| prefixes | B | limit µs | best swept µs (× limit) | heuristic µs (× limit) | TFLOP/s | TB/s | best config |",
         "|---|---|---|---|---|---|---|---|",
-        f"| {r['lens_min']}..{r['lens_max']} | {r['batch']} | {f:.1f} | {_us(r['tuned_us'], f)} | "
-        f"{_us(r['heuristic_us'], f)} | {r['tflops']:.0f} | {r['tbps']:.2f} | {r['tuned']} |",
+        (
+            f"| {r['lens_min']}..{r['lens_max']} | {r['batch']} | {f:.1f} | {_us(r['tuned_us'], f)} | "
+            f"{_us(r['heuristic_us'], f)} | {r['tflops']:.0f} | {r['tbps']:.2f} | {r['tuned']} |"
+        ),
     ]
     (out / f"batch_target_{arch}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

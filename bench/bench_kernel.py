@@ -83,20 +83,24 @@ def main() -> None:
         sets = rotating_inputs(prefix_lens=[P], q_len=Q, H=H, l2_bytes=limits.l2_bytes, seed=H + Q + P)
         check_ref = reference(sets[0])[0]
         out = torch.empty(1, Q, H, 512, dtype=torch.bfloat16, device="cuda")
-        naive = time_launches(lambda k: naive_torch(sets[k]), len(sets), reps=30)
+        naive = time_launches(lambda k, sets=sets: naive_torch(sets[k]), len(sets), reps=30)
         results = {}
         for cfg in configs:
             va = VerifyAttention(cfg, H=H, q_len=Q, limits=limits, max_batch=1, cache_dir=Path(args.cache))
 
-            err = poisoned_run_error(lambda va=va: va.run(sets[0], out, stream=stream), out, check_ref)
+            err = poisoned_run_error(
+                lambda va=va, sets=sets, out=out: va.run(sets[0], out, stream=stream), out, check_ref
+            )
             if err > 1e-2:
                 print(f"WRONG {H=} {Q=} {P=} {cfg}: rel err {err:.3g}", flush=True)
                 continue
-            results[cfg] = time_graph(lambda k, va=va: va.run(sets[k], out, stream=stream), len(sets), stream=stream)
+            results[cfg] = time_graph(
+                lambda k, va=va, sets=sets, out=out: va.run(sets[k], out, stream=stream), len(sets), stream=stream
+            )
         best_cfg = min(results, key=lambda c: results[c].median_us)
         va = VerifyAttention(best_cfg, H=H, q_len=Q, limits=limits, max_batch=1, cache_dir=Path(args.cache))
 
-        def partial_only(k, va=va):
+        def partial_only(k, va=va, sets=sets, out=out):
             va.run(sets[k], out, reduce=False, stream=stream)
 
         partial_us = time_graph(partial_only, len(sets), stream=stream).median_us
@@ -142,15 +146,19 @@ def write_results(out: Path, limits, bw: float, rows: list[dict], *, quick: bool
     lines = [
         f"# Verify-attention kernel benchmark — {limits.name} ({limits.arch}), {stamp}",
         "",
-        f"Median µs per partial + reduce pair of CUDA-graph replays (inputs rotated past the "
-        f"{limits.l2_bytes >> 20} MB L2; naive torch: eager, CUDA events, index tensors built per call). "
-        f"Floor = bytes moved once / measured copy bandwidth {bw / 1e9:.0f} GB/s; TB/s = those bytes / best "
-        "time. Best = fastest correct config of a small sweep around the heuristic default (NSPLIT "
-        "neighbours, the other structure templates, other head tiles), not the tuner's whole space. "
-        f"Default / best over these shapes: {geo:.3f}x (geometric mean), worst {worst:.3f}x.",
+        (
+            f"Median µs per partial + reduce pair of CUDA-graph replays (inputs rotated past the "
+            f"{limits.l2_bytes >> 20} MB L2; naive torch: eager, CUDA events, index tensors built per call). "
+            f"Floor = bytes moved once / measured copy bandwidth {bw / 1e9:.0f} GB/s; TB/s = those bytes / best "
+            "time. Best = fastest correct config of a small sweep around the heuristic default (NSPLIT "
+            "neighbours, the other structure templates, other head tiles), not the tuner's whole space. "
+            f"Default / best over these shapes: {geo:.3f}x (geometric mean), worst {worst:.3f}x."
+        ),
         "",
-        "| H | Q | prefix | floor µs | naive torch µs | default µs | best µs (partial alone) | best/floor | "
-        "TB/s | TFLOP/s | speedup vs naive | best config | default config |",
+        (
+            "| H | Q | prefix | floor µs | naive torch µs | default µs | best µs (partial alone) | best/floor | "
+            "TB/s | TFLOP/s | speedup vs naive | best config | default config |"
+        ),
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:

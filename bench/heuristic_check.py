@@ -114,16 +114,22 @@ def write(out: Path, limits, rows: list[dict], source: Path) -> None:
     lines = [
         f"# Heuristic default vs best of sweep — {limits.name} ({limits.arch}), {stamp}",
         "",
-        f"Configs from `{source.name}` (its default = the earlier heuristic, its best-of-sweep) and the current "
-        f"`verify_tuner.heuristic`, re-timed side by side: median of {ROUNDS} interleaved rounds of {REPS} launches "
-        "(inputs rotated past the L2), output checked against the fp32 reference first.",
+        (
+            f"Configs from `{source.name}` (its default = the earlier heuristic, its best-of-sweep) and the current "
+            f"`verify_tuner.heuristic`, re-timed side by side: median of {ROUNDS} interleaved rounds of {REPS} launches "
+            "(inputs rotated past the L2), output checked against the fp32 reference first."
+        ),
         "",
-        f"Time / best-of-sweep, geometric mean over {len(rows)} shapes: earlier default "
-        f"**{statistics.geometric_mean(ratio_old):.2f}×** (worst {max(ratio_old):.2f}×), current default "
-        f"**{statistics.geometric_mean(ratio_now):.2f}×** (worst {max(ratio_now):.2f}×).",
+        (
+            f"Time / best-of-sweep, geometric mean over {len(rows)} shapes: earlier default "
+            f"**{statistics.geometric_mean(ratio_old):.2f}×** (worst {max(ratio_old):.2f}×), current default "
+            f"**{statistics.geometric_mean(ratio_now):.2f}×** (worst {max(ratio_now):.2f}×)."
+        ),
         "",
-        "| H | Q | prefix | earlier default µs | current default µs | best of sweep µs | current/best | "
-        "current default | best config |",
+        (
+            "| H | Q | prefix | earlier default µs | current default µs | best of sweep µs | current/best | "
+            "current default | best config |"
+        ),
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r, q in zip(rows, ratio_now):

@@ -196,14 +196,18 @@ def write(out: Path, results: list[dict], target: str = "config") -> None:
         "",
         f"CPU: {meta['cpu']}; Python {meta['python']}.",
         "",
-        f"{TARGETS[target]} over loopback to one `tuner serve` "
-        "process (uvicorn, SQLite). Each "
-        "client holds one keep-alive connection and sends Poisson-spaced requests at the given rate; "
-        "latency is measured at the client (a minimal asyncio HTTP/1.1 client, sharing the 2 cores). "
-        "Rate 'max' = back to back: that row measures capacity, its latency is queueing.",
+        (
+            f"{TARGETS[target]} over loopback to one `tuner serve` "
+            "process (uvicorn, SQLite). Each "
+            "client holds one keep-alive connection and sends Poisson-spaced requests at the given rate; "
+            "latency is measured at the client (a minimal asyncio HTTP/1.1 client, sharing the 2 cores). "
+            "Rate 'max' = back to back: that row measures capacity, its latency is queueing."
+        ),
         "",
-        "| clients | rate/client (req/s) | requests | errors | req/s | p50 ms | p90 ms | p99 ms | max ms | "
-        "DB-path lookups |",
+        (
+            "| clients | rate/client (req/s) | requests | errors | req/s | p50 ms | p90 ms | p99 ms | max ms | "
+            "DB-path lookups |"
+        ),
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:

@@ -71,6 +71,7 @@ def main() -> None:
                 "CUDA_VISIBLE_DEVICES": str(devices[0]),
                 "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""),
             },
+            check=False,  # its stderr goes into the exit message below
         )
         if pre.returncode != 0:
             sys.exit(f"the measuring start failed:\n{pre.stderr[-3000:]}")
@@ -127,7 +128,7 @@ def isolated(devices: list[int], repeat: int, cache: str) -> list[dict]:
         t0 = time.time()
         rows: list[dict] = []
 
-        def one(d: int) -> None:
+        def one(d: int, t0: float, rows: list[dict], rep: int) -> None:
             b = IsolatedBackend(measurer_kwargs={"cache_dir": cache}, device_ordinal=d)
             t_lim = time.time() - t0
             wl = Workload(8, 9, 2048)
@@ -151,7 +152,7 @@ def isolated(devices: list[int], repeat: int, cache: str) -> list[dict]:
             )
             b.close()
 
-        threads = [threading.Thread(target=one, args=(d,)) for d in devices]
+        threads = [threading.Thread(target=one, args=(d, t0, rows, rep)) for d in devices]
         for t in threads:
             t.start()
         for t in threads:

@@ -1,14 +1,16 @@
 """Where a table's wall time goes, one GPU against several (issue 15), from the JSON and log that
 bench/run_multi_table.sh leaves per mode: the start (before the first trial), when the first trial
-ended (it waits for the measuring child's start, bench/results/measurer_start.md), each process's keys
+ended (it waits for the measuring child's start, bench/measurer_start.py), each process's keys
 (first trial start to last trial end, from the study's timestamps), the wait of the process that
 finished first for the last key, and the end (the last winner's re-timing, exit).
 
-    python bench/multi_table_breakdown.py bench/results/multi_table/run13_new [more run prefixes]
+    python bench/multi_table_breakdown.py bench/results/multi_table/run26_60 [more run prefixes]
 
-A prefix names `<prefix>_table_single.{json,log}` and `<prefix>_table_multi.{json,log}`;
-`<prefix>@<other prefix>` takes the one-GPU run from the other prefix (an A/B call ran one
-single-GPU run against two codes' multi-GPU runs, e.g. run26_60_head@run26_60).
+A prefix names `<prefix>_table_single.json` and `<prefix>_table_multi.json`; the multi run's
+`<prefix>_table_multi.log` says which GPU owned each key, and without it (bench/results keeps no
+raw logs) the wait of the process done first is shown as '-'. `<prefix>@<other prefix>` takes the
+one-GPU run from the other prefix (an A/B call ran one single-GPU run against two codes' multi-GPU
+runs).
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ import statistics
 from pathlib import Path
 
 
-def _owners(log: Path) -> dict[str, str]:
-    """bucket ('b6') -> the GPU whose process owned it, from the multi run's log."""
+def _owners(log: Path) -> dict[str, str] | None:
+    """bucket ('b6') -> the GPU whose process owned it, from the multi run's log; None without it."""
+    if not log.exists():
+        return None
     out = {}
     for line in log.read_text().splitlines():
         if m := re.match(r"GPU (\d+): .*\|(b\d+) prefix=", line):
@@ -40,7 +44,7 @@ def breakdown(spec: str) -> dict:
         owners = _owners(Path(f"{prefix}_table_{mode}.log")) if mode == "multi" else dict.fromkeys(keys, "0")
         finish: dict[str, float] = {}
         for b, k in keys.items():
-            g = owners.get(b, "?")
+            g = owners.get(b, "?") if owners is not None else "?"
             finish[g] = max(finish.get(g, 0.0), k["span_s"][1])
         tl = d["timeline"]
         later = [b for b in spans if b not in ("b6", "b7")]  # the first keys also pay the cold compile cache
@@ -53,10 +57,14 @@ def breakdown(spec: str) -> dict:
             "s_per_later_key": round(statistics.mean(spans[b] for b in later), 2),
             "trials_per_later_key": round(statistics.mean(keys[b]["trials"] for b in later)),
             "configs": d.get("configs_measured"),  # distinct configs the table measured (JSON from session 11 on)
-            "first_done_waits_s": round(max(finish.values()) - min(finish.values()), 1) if len(finish) > 1 else 0.0,
+            "first_done_waits_s": None if owners is None else round(max(finish.values()) - min(finish.values()), 1),
         }
     runs["ratio"] = round(runs["single"]["wall_s"] / runs["multi"]["wall_s"], 2)
     return runs
+
+
+def _seconds(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f} s"
 
 
 def main() -> None:
@@ -78,7 +86,7 @@ def main() -> None:
             f"{s['s_per_later_key']:.2f} ({s['trials_per_later_key']}) / "
             f"{m['s_per_later_key']:.2f} ({m['trials_per_later_key']}) s | {s['keys_summed_s']:.1f} / "
             f"{m['keys_summed_s']:.1f} s | {s['configs'] or '-'} / {m['configs'] or '-'} | "
-            f"{m['first_done_waits_s']:.1f} s | {s['end_s']:.1f} / {m['end_s']:.1f} s |"
+            f"{_seconds(m['first_done_waits_s'])} | {s['end_s']:.1f} / {m['end_s']:.1f} s |"
         )
 
 

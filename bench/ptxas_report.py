@@ -36,8 +36,10 @@ def main() -> None:
     lines = [
         f"# ptxas report of the heuristic defaults — {dt.date.today().isoformat()}, {nvcc_version()}",
         "",
-        "| device | arch | H | q_len | prefix | mode | rows | registers | spill stores/loads | smem KB "
-        "(limit) | config |",
+        (
+            "| device | arch | H | q_len | prefix | mode | rows | registers | spill stores/loads | smem KB "
+            "(limit) | config |"
+        ),
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     with tempfile.TemporaryDirectory() as tmp:

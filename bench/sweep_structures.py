@@ -243,9 +243,11 @@ def write(out: Path, tag: str, limits, bw: float, rows: list[dict], phases: list
     lines = [
         f"# Kernel structure sweep — {limits.name} ({limits.arch}), {stamp}",
         "",
-        "Median µs per launch pair (partial + reduce) of CUDA-graph replays, inputs rotated past the L2; "
-        f"floor = bytes moved once / {bw / 1e9:.0f} GB/s copy bandwidth. Every timed config passed the "
-        "fp32-reference gate (rel. error ≤ 1e-2) first.",
+        (
+            "Median µs per launch pair (partial + reduce) of CUDA-graph replays, inputs rotated past the L2; "
+            f"floor = bytes moved once / {bw / 1e9:.0f} GB/s copy bandwidth. Every timed config passed the "
+            "fp32-reference gate (rel. error ≤ 1e-2) first."
+        ),
         "",
         "| H | Q | prefix | layout | variant | µs | × floor | TFLOP/s | regs | smem KB | config |",
         "|---|---|---|---|---|---|---|---|---|---|---|",

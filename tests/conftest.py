@@ -13,7 +13,7 @@ def _has_gpu() -> bool:
 
         cuda.init()
         return cuda.Device.count() > 0
-    except Exception:  # no pycuda, no driver, no device: all mean "no GPU here"
+    except Exception:  # noqa: BLE001 -- no pycuda, no driver, no device: all mean "no GPU here"
         return False
 
 

@@ -10,14 +10,12 @@ remaining key is owned by a live process it **helps** with the search of one who
 more places left than twice its owner's trials in flight (trials are shared through Optuna's
 storage, so nothing is measured twice), and otherwise waits for the owners. Each process takes
 places in the budget from its own count (the other's trials in flight are not in it): an owner's
-trials in flight already take the last places, and a helper that joins there adds its own
-proposals, storage writes and measurements past the budget to the owner's key. On the H200 pair a
-20-trial key that an idle process joined with more than 8 places left took 8.4 s and 29 measurements
-where the others took 3.8-5.2 s and 20 (run23_H1, session 10), 10.5 s vs 7 in session 7
-(bench/results/multi_table). A key whose study finished with its
-budget measured is done and skipped (a re-run of the job, or another process that got there
-first). An owner killed with -9 stops beating: after CLAIM_STALE_S another process (or the
-re-run) claims the key and resumes its study, whose heartbeat-failed trials Optuna retries.
+trials in flight already take the last places, and a helper that joins there adds its own proposals,
+storage writes and measurements past the budget to the owner's key, which slows the owner down
+instead of helping it. A key whose study finished with its budget measured is done and skipped (a
+re-run of the job, or another process that got there first). An owner killed with -9 stops beating:
+after CLAIM_STALE_S another process (or the re-run) claims the key and resumes its study, whose
+heartbeat-failed trials Optuna retries.
 """
 
 from __future__ import annotations
@@ -47,10 +45,8 @@ CLAIM_BEAT_S = 5.0
 CLAIM_STALE_S = 30.0
 #: While every remaining key is owned by another live process: how long between claim attempts
 #: (which also take a key whose owner went stale), and how often to look, read-only, whether an
-#: owner has released its key meanwhile -- the look ends the wait. A plain sleep of POLL_S made
-#: the job's last process wait up to a second for a key another process finished just after it
-#: looked: on two processes the job ended 0.8 s later after its last trial than on one (the
-#: H200 pair and bench/table_emulation.py alike; bench/results/multi_table, session 9).
+#: owner has released its key meanwhile -- the look ends the wait, so the job's last process does
+#: not sleep out a whole POLL_S after another process finished the key it was waiting for.
 POLL_S = 1.0
 WATCH_S = 0.05
 
@@ -101,7 +97,7 @@ def _claim(
     its budget measured (a re-run, or another process got there first), None when a live process
     owns it. The claim comes first and the check after, on the row this process then owns: a
     check before the claim could read a study that its owner finishes and releases before the
-    claim's UPDATE, and the key was tuned twice (seen on PostgreSQL, 2 of 6 runs of the 10-key test)."""
+    claim's UPDATE, and the key would be tuned twice."""
     with session_scope(sessions) as s:
         row = repo.get_or_create_study(
             session=s,
@@ -148,9 +144,7 @@ def run_job(
     limits = backend.limits
 
     def budget(wl: Workload) -> int:  # space.valid_configs is cached per (H, q_len, batch)
-        return min(
-            n_trials, len(space.valid_configs(limits, H=wl.H, q_len=wl.q_len, restrict=restrict))
-        )
+        return min(n_trials, len(space.valid_configs(limits, H=wl.H, q_len=wl.q_len, restrict=restrict)))
 
     result = JobResult()
     in_flight = max(1, study_kw.get("parallel", 1))  # an owner's trials in flight (the same job: the same)

@@ -47,7 +47,7 @@ def _child_main(conn: Any, target: str, kwargs: dict[str, Any], device_ordinal: 
         if probe is not None:  # the parent plans and compiles with these while the measurer starts
             conn.send(("limits", probe()))
         measurer = cls(**kwargs)
-    except Exception as exc:  # reported to the parent, which raises it there
+    except Exception as exc:  # noqa: BLE001 -- any start failure is reported to the parent, which raises it
         conn.send(("init_error", f"{type(exc).__name__}: {exc}"))
         return
     conn.send(("ready", measurer.limits))
@@ -64,7 +64,7 @@ def _child_main(conn: Any, target: str, kwargs: dict[str, Any], device_ordinal: 
         except LaunchError as exc:  # the CUDA context is poisoned: report and die
             conn.send(("crashed", str(exc)))
             os._exit(3)
-        except Exception:  # a bug, not the kernel: the parent stops the study with this traceback
+        except Exception:  # noqa: BLE001 -- a bug, not the kernel: the parent stops the study with its traceback
             conn.send(("bug", traceback.format_exc()))
             os._exit(4)
 
@@ -76,12 +76,11 @@ class IsolatedBackend:
     database) overlaps the child's. `limits` waits for the device's limits, and a child that
     cannot start raises there. A measurer class may offer `probe_limits()` (the device's limits,
     read before the slow part of its start: torch, the CUDA context, the bandwidth probe) and
-    `build(cfg, q_len, arch, **measurer_kwargs)` (compile without a GPU). With the first,
-    `limits` is known ~0.5 s after the start and the first measurement waits for the rest of it
-    (~3.5 s on an H200, most of it importing torch: bench/results/measurer_start.md), so the
-    caller's setup and first compiles overlap it; `limits` then gains what the measurer measured
-    at start (the copy bandwidth). With the second, `compile_ahead` builds in the calling
-    thread. Calls into the child are serialised: any thread may call."""
+    `build(cfg, q_len, arch, **measurer_kwargs)` (compile without a GPU). With the first, `limits`
+    is known early and the first measurement waits for the rest of the start (most of it importing
+    torch), so the caller's setup and first compiles overlap it; `limits` then gains what the
+    measurer measured at start (the copy bandwidth). With the second, `compile_ahead` builds in the
+    calling thread. Calls into the child are serialised: any thread may call."""
 
     def __init__(
         self,

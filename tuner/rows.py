@@ -80,7 +80,8 @@ class ConfigRow(BaseModel):
         if v is None:
             return v
         if isinstance(v, bool) or not isinstance(v, int | float):
-            raise ValueError(f"must be a number, got {v!r}")
+            # pydantic turns a ValueError, not a TypeError, into the row's error
+            raise ValueError(f"must be a number, got {v!r}")  # noqa: TRY004
         if not math.isfinite(v) or v <= 0:
             raise ValueError(f"must be a finite number > 0, got {v!r}")
         return float(v)

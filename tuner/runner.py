@@ -51,12 +51,11 @@ def tune_on_device(
 ) -> JobResult:
     """The workloads of `job` on GPU `device_ordinal`, sharing the keys with every other process
     that runs the same job on the same databases (verify_tuner.claims): other GPUs of this host, or
-    other hosts. The measuring child starts first: its start (~4 s on an H200, most of it
-    importing torch; bench/results/measurer_start.md) is what the job's first measurement waits
-    for, and this process's imports, database check and first compiles overlap it. Optuna's own
-    log lines (one per trial) are turned off; `on_progress` says what matters. `place` is this
-    process's (index, count) among the job's processes on this host: where it starts its walk
-    through the keys (verify_tuner.claims.run_job)."""
+    other hosts. The measuring child starts first: its start (seconds, most of it importing torch)
+    is what the job's first measurement waits for, and this process's imports, database check and
+    first compiles overlap it. Optuna's own log lines (one per trial) are turned off; `on_progress`
+    says what matters. `place` is this process's (index, count) among the job's processes on this
+    host: where it starts its walk through the keys (verify_tuner.claims.run_job)."""
     backend = IsolatedBackend(
         measurer=job.measurer,
         measurer_kwargs={"cache_dir": str(settings.cache_dir)} if job.measurer == DEFAULT_MEASURER else {},
@@ -109,7 +108,7 @@ def _device_main(settings: Settings, job: TuneJob, index: int, count: int, devic
                 },
             )
         )
-    except Exception as exc:  # reported by the parent, which exits non-zero; a bug keeps its traceback
+    except Exception as exc:  # noqa: BLE001 -- the parent reports it and exits non-zero; a bug keeps its traceback
         import traceback
 
         from verify_tuner.errors import TunerError
@@ -146,9 +145,8 @@ def _start_method() -> str:
     """How the per-GPU processes start. A fork runs at once with the modules this process has
     imported (a spawned one imports the CLI's again first), and each process then starts its
     measuring child before it imports Optuna and SQLAlchemy (tune_on_device), as one GPU's job
-    does: importing them here, before the fork, delayed every GPU's measuring child by those
-    imports (~0.5 s; in run24 the first trial ended 6.2-7.0 s into two GPUs' job, 4.5 s into
-    one's). A fork is safe only while this process runs no other thread (a lock held by one
+    does: importing them here, before the fork, would delay every GPU's measuring child by those
+    imports. A fork is safe only while this process runs no other thread (a lock held by one
     would stay held in the child) and has no CUDA context and no open database connection -- as
     `tuner study start` when it gets here: it only parsed and checked its arguments. Otherwise
     (a test runner, an embedding program) the processes are spawned."""

@@ -86,13 +86,11 @@ class FitTPE(optuna.samplers.TPESampler):
 
     TPE draws n_ei_candidates (24) configs from its model of the good trials and proposes the one
     with the highest acquisition (the good model's density over the bad one's). Most of the space
-    does not fit (5.5 % of the structures at H=8 q=9 on the H200), so the best candidate often did
-    not either: ~72 % of proposals were refused, each stored as a pruned trial and drawn again --
-    74-251 proposals for a key's 20 measurements, most of a key's search time and most of its
-    spread between keys (bench/results/multi_table). Here candidates that do not fit get no
-    acquisition, so a candidate that fits is proposed whenever one was drawn, as TPE would have
-    ranked it. When none of the 24 fits, TPE's own choice stands (refused and pruned by WarmFirst,
-    which TPE then learns from, as before).
+    does not fit the device, so the best candidate often did not either, and each refusal is a
+    stored pruned trial and another draw: most of a key's search time. Here candidates that do not
+    fit get no acquisition, so a candidate that fits is proposed whenever one was drawn, as TPE
+    would have ranked it. When none of the 24 fits, TPE's own choice stands (refused and pruned by
+    WarmFirst, which TPE then learns from).
 
     The hook is Optuna's TPESampler._compute_acquisition_func (a method, not public API; present
     from Optuna 3 to 5): the constructor fails loudly if it is gone, and a test checks the
@@ -102,7 +100,7 @@ class FitTPE(optuna.samplers.TPESampler):
         self, *, choices: dict[str, list[int]], fits: Callable[[dict[str, int]], bool], **kwargs: object
     ) -> None:
         if not callable(getattr(optuna.samplers.TPESampler, "_compute_acquisition_func", None)):
-            raise RuntimeError(
+            raise RuntimeError(  # noqa: TRY004 -- the installed Optuna lacks the hook; no argument is wrong
                 f"optuna {optuna.__version__}: TPESampler has no _compute_acquisition_func; "
                 "verify_tuner.search.FitTPE needs it to rank only the candidates that fit"
             )
@@ -135,14 +133,14 @@ class FitTPE(optuna.samplers.TPESampler):
 
 class WarmFirst(optuna.samplers.BaseSampler):
     """Proposes the warm-start configs first, in order, then the inner sampler's proposals --
-    checked before a trial takes them: one `reject` refuses is stored as a finished, pruned trial
-    of its own (one storage write, where a trial that suggests it costs one per constant plus its
-    state; with FitTPE only when none of TPE's candidates fit, ~6 % of proposals at H=8 q=9, 72 %
-    with plain TPE) and the inner sampler proposes again,
-    having seen it, as it would have after the pruned trial (`refused` keeps the books: Search.refused).
-    While the inner sampler has too few trials to model them (its random start), the proposal is
-    drawn from `valid` (every config that fits), uniformly -- what redrawing uniform proposals until
-    one fits gives, without the ~18 refused trials each (5.5 % of the structures fit at H=8 q=9).
+    checked before a trial takes them: one `reject` refuses is stored as a finished, pruned trial of
+    its own (one storage write, where a trial that suggests it costs one per constant plus its
+    state; with FitTPE only when none of TPE's candidates fit) and the inner sampler proposes again,
+    having seen it, as it would have after the pruned trial (`refused` keeps the books:
+    Search.refused). While the inner sampler has too few trials to model them (its random start),
+    the proposal is drawn from `valid` (every config that fits), uniformly -- what redrawing uniform
+    proposals until one fits gives, without the refused trials that redrawing stores (most of the
+    space does not fit).
 
     Optuna's enqueue_trial keeps its queue in the storage, and a queued trial goes to whoever
     marks it running first: PostgreSQL locks the row, SQLite does not, and two threads (or two
@@ -511,17 +509,16 @@ class Search:
     def _measured(self, trial: optuna.Trial, params: dict[str, int], cfg: KernelConfig, m: Measurement) -> float:
         """Store a measurement: the config database's row (with the invalid rows waiting for it)
         and the trial's attributes -- a commit to the database every tuner process of the job
-        shares, and two or three of Optuna's. Outside the GPU lock: while they held it they were
-        4.4 of its 16.8 s in a one-GPU table and 10 of 24.4 s in two processes' (py-spy, session 7,
-        when the studies still shared the config database's file; bench/results/multi_table)."""
+        shares, and two or three of Optuna's. Outside the GPU lock, so waiting on those writes never
+        leaves the GPU idle."""
         self.record(params, m)
         trial.set_user_attr(MEASURED_ATTR, True)
         trial.set_user_attr(STATE_ATTR, m.state)
         if m.reason:
             trial.set_user_attr(REASON_ATTR, m.reason[:500])
         if not m.ok:  # pruned, not failed: TPE ranks a pruned trial among the worst and steers away
-            # from it, where a failed one is invisible to it and its config was proposed again and
-            # again (each answered from storage) until the trial cap: 632 trials for 20 measured
+            # from it, where a failed one is invisible to it and its config is proposed again and
+            # again (each answered from storage) until the trial cap
             raise optuna.TrialPruned(m.reason or m.state)
         with self.state:  # the spread (p10/p90) is in the config database's row, not a write each here
             if cfg == self.out.default:

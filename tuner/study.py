@@ -70,8 +70,7 @@ def _trials_without_fsync(storage: optuna.storages.RDBStorage) -> None:
     commit then skips its fsync (the WAL is synced at checkpoints and by the next FULL commit),
     which survives a killed process but may lose the last trials to a power cut -- they are
     re-run on resume. Trials are ~10 commits each, the bulk of a key's writes; the config
-    database's own writes (best configs, claims: verify_tuner.db.session.make_engine) keep FULL.
-    bench/results/proposal_cost.md: 10-13 % of a key's search time on this VM's disk."""
+    database's own writes (best configs, claims: verify_tuner.db.session.make_engine) keep FULL."""
     from sqlalchemy import event
 
     @event.listens_for(storage.engine, "connect")
@@ -121,9 +120,8 @@ def prepare_study_storage(url: str) -> None:
 
 def _blank_storage(directory: Path) -> Path:
     """An SQLite file holding Optuna's empty schema (this Optuna version's, in WAL mode, nothing in
-    its -wal), made once per directory. Optuna creating its schema took 0.2-0.4 s a file -- it
-    loads its alembic revisions to stamp the version -- where a copy takes a millisecond; a
-    one-GPU table pays it for every key."""
+    its -wal), made once per directory: Optuna creating its schema loads its alembic revisions to
+    stamp the version, far slower than copying a file, and a one-GPU table would pay it every key."""
     blank = directory / f".blank-optuna-{optuna.__version__}.db"
     url = f"sqlite:///{blank}"
     from verify_tuner.db import migrate
@@ -186,11 +184,9 @@ GOOD_SHARE = 0.25
 
 def _good_share(n: int) -> int:
     """How many of n finished trials TPE models as the good ones: a quarter (at most 25), where
-    Optuna's default is a tenth. Its default counted ~2.5 refused proposals per measurement, so a
-    tenth of them was a third of the measurements; FitTPE proposes configs that fit, and with a
-    tenth its search settled early. Replaying the recorded H=8 q=9 sweep (bench/tpe_efficiency.py,
-    40 seeds, bench/results/tpe_fit.md): a tenth 17 of 40 seeds within 3 % of the best in 80
-    measurements, a quarter 24 -- as many as ranking every candidate did."""
+    Optuna's default is a tenth, a share sized for counts that included the refused proposals; FitTPE
+    proposes configs that fit, and with a tenth its search settles early (replayed with
+    bench/tpe_efficiency.py: bench/results/tpe_fit.md)."""
     return min(math.ceil(GOOD_SHARE * n), 25)
 
 

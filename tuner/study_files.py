@@ -22,9 +22,8 @@ def default_study_storage(database_url: str) -> str:
     config database (PostgreSQL: row locks, one storage for the fleet), that database itself.
 
     Why a file per key: a key's search writes ~16 rows per measured trial and every refused
-    proposal, one SQLite write lock per file. On the H200 pair, two processes on one file took
-    8.1-8.4 s a key where one process took 6.4-7.8 s, with the file on disk or on tmpfs alike
-    (bench/results/multi_table, session 8): lock waits, not syncs."""
+    proposal, one SQLite write lock per file, so processes tuning different keys in one file wait
+    on each other's locks (the waits, not the syncs, are what slows them)."""
     parsed = make_url(database_url)
     if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
         return database_url

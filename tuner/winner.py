@@ -45,10 +45,9 @@ def pick_winner(
         stored = repo.get_best(session=s, key=out.key)
     pool = list(top)
     default = out.default
-    if default is not None and default not in pool:
-        # a default the search never measured must pass the correctness gate before it is timed
-        if default in ranked or backend.measure(default, workload).ok:
-            pool.append(default)
+    # a default the search never measured must pass the correctness gate before it is timed
+    if default is not None and default not in pool and (default in ranked or backend.measure(default, workload).ok):
+        pool.append(default)
     incumbent = stored.config if stored else None
     if incumbent is not None and check(incumbent, backend.limits, H=out.key.H, q_len=out.key.q_len) is not None:
         incumbent = None  # e.g. imported for another device's limits: never compiled here, simply replaced

@@ -48,9 +48,8 @@ def test_best_upsert_replaces_and_keeps_extra_constants(sessions):
 
 
 def test_best_needs_a_recorded_device(sessions):
-    with pytest.raises(StorageError, match="not recorded"):
-        with session_scope(sessions) as s:
-            repo.upsert_best(session=s, key=KEY, config=CFG, median_us=1.0)
+    with pytest.raises(StorageError, match="not recorded"), session_scope(sessions) as s:
+        repo.upsert_best(session=s, key=KEY, config=CFG, median_us=1.0)
 
 
 def test_nearest_bucket_by_log_distance(sessions):
@@ -123,8 +122,7 @@ def test_study_and_trials_are_counted(sessions):
 
 
 def test_database_errors_become_storage_errors(sessions):
-    with pytest.raises(StorageError, match="database error"):
-        with session_scope(sessions) as s:
-            from sqlalchemy import text
+    with pytest.raises(StorageError, match="database error"), session_scope(sessions) as s:
+        from sqlalchemy import text
 
-            s.execute(text("select * from no_such_table"))
+        s.execute(text("select * from no_such_table"))

@@ -66,7 +66,7 @@ def test_seesaw_rules():
     "field,value", [("tk", 48), ("block", 96), ("stages", 5), ("nsplit", 5000), ("pipe", 2), ("sf", 2)]
 )
 def test_out_of_range_constants(field, value):
-    kwargs = dict(nsplit=8, ht=1, tk=32, block=256, stages=2, wr=1) | {field: value}
+    kwargs = {"nsplit": 8, "ht": 1, "tk": 32, "block": 256, "stages": 2, "wr": 1} | {field: value}
     assert check(KernelConfig(**kwargs), H200, H=8, q_len=1) is not None
 
 
