@@ -7,7 +7,7 @@ replays, inputs rotated past the L2):
 - ragged: 1x100k + 7x2k (B=8) and 1x120k + 31x1k (B=32), against the long request alone;
 - uniform: B=32 with prefixes 20k..70k, against max(HBM floor, FLOP / 645 TFLOP/s);
 - short: B=1 at P=0 and P=4096;
-- variants: the plan's constants (PLAN_C, PLAN_MIN_TILES) A/B'd on the short and ragged cases.
+- variants: the plan's per-request cost PLAN_C A/B'd on the short and ragged cases.
 Each row: us, limit_us, achieved TB/s and TFLOP/s, and the partial kernel's own time.
 
     python3 bench/runtime_split.py --out bench/results
@@ -203,11 +203,13 @@ def main() -> None:
     uniform = [20_000 + round(50_000 * i / 31) for i in range(32)]
     add("uniform B=32: 20k..70k", uniform)
     rows[-1]["vs_limit"] = round(rows[-1]["us"] / rows[-1]["limit_us"], 3)
-    for flags in ((), ("-DPLAN_MIN_TILES=2",), ("-DPLAN_C=32",), ("-DPLAN_C=128",)):
+    add("B=1 P=1000", [1000])
+    for flags in ((), ("-DPLAN_C=64",), ("-DPLAN_C=256",)):
         tag = " ".join(flags) or "default plan"
         add(f"B=1 P=0 [{tag}]", [0], flags)
         add(f"B=1 P=4096 [{tag}]", [4096], flags)
         add(f"ragged B=8 [{tag}]", [100_000] + [2000] * 7, flags)
+        add(f"ragged B=32 [{tag}]", [120_000] + [1000] * 31, flags)
     import torch
 
     meta = {

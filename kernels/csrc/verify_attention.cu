@@ -169,6 +169,9 @@ __device__ __forceinline__ void zero_fill(T (&a)[N]) {
   for (int i = 0; i < N; ++i) zero_fill(a[i]);
 }
 
+#ifndef VA_OPAQUE_TID
+#define VA_OPAQUE_TID 1  // 0: the segment loop's thread index is a plain one (an A/B of the hoisting guard)
+#endif
 // x, hidden from the optimiser: values derived from it are not loop-invariant.
 __device__ __forceinline__ int opaque(int x) {
   asm volatile("" : "+r"(x));
@@ -664,7 +667,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
     // The thread's indices, re-derived each segment through an opaque copy: otherwise the compiler
     // hoists every lane-dependent shared-memory address out of this loop, and the accumulators
     // plus those addresses no longer fit the register file (spills at 64 rows).
-    const int tid = opaque(threadIdx.x), warp = tid >> 5, lane = tid & 31;
+    const int tid = VA_OPAQUE_TID ? opaque(threadIdx.x) : (int)threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int grp = NGROUPS == 1 ? 0 : warp / GWARPS, gw = NGROUPS == 1 ? warp : warp % GWARPS;
     // ---- prologue. Q first: its copies are in flight while the request's bounds and slot indices
     // load. Q rides in the first
@@ -934,6 +937,63 @@ __device__ __forceinline__ void merge_item(const bf16* __restrict__ part_o, cons
   __syncthreads();  // red_* are free for the next item
 }
 
+// The same merge by one group of 16 threads alone (no block barrier), for items with few parts:
+// the block's groups then merge that many items at once instead of one after another.
+__device__ __forceinline__ void merge_item_group(const bf16* __restrict__ part_o, const float* __restrict__ part_lse,
+                                                 bf16* __restrict__ out, float* __restrict__ lse, size_t row,
+                                                 int quarter, int b, int p_first, int nparts, int H, int l16) {
+  const int nh = (int)(row % ((size_t)QN * H));
+  const int dim = quarter * 128 + l16 * 8;
+  const size_t slot_stride = (size_t)QN * H;
+  const size_t row0 = (size_t)(p_first + b) * slot_stride + nh;
+  const bf16* src = part_o + row0 * D_V + dim;
+  const float* lsrc = part_lse + row0;
+  float o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  float m = NEG_INF, L = 0.f;
+  for (int s0 = 0; s0 < nparts; s0 += 4) {
+    uint4 raw[4];
+    float x[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const bool have = s0 + u < nparts;
+      raw[u] = have ? *reinterpret_cast<const uint4*>(src + (s0 + u) * slot_stride * D_V) : make_uint4(0, 0, 0, 0);
+      x[u] = have ? lsrc[(s0 + u) * slot_stride] : NEG_INF;
+    }
+    float mx = m;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) mx = fmaxf(mx, x[u]);
+    const float base = mx == NEG_INF ? 0.f : mx;
+    const float sc = exp2f(m - base);
+    L *= sc;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) o[j] *= sc;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const float w = exp2f(x[u] - base);
+      const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(&raw[u]);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 f = __bfloat1622float2(p[j]);
+        o[2 * j] += w * f.x;
+        o[2 * j + 1] += w * f.y;
+      }
+      L += w;
+    }
+    m = mx;
+  }
+  const float inv = L > 0.f ? 1.f / L : 0.f;
+  uint4 packed;
+  __nv_bfloat162* dst = reinterpret_cast<__nv_bfloat162*>(&packed);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) dst[j] = __floats2bfloat162_rn(o[2 * j] * inv, o[2 * j + 1] * inv);
+  *reinterpret_cast<uint4*>(out + row * D_V + dim) = packed;
+  if (lse != nullptr && quarter == 0 && l16 == 0)
+    lse[row] = L > 0.f ? ((m == NEG_INF ? 0.f : m) + log2f(L)) * 0.69314718055994531f : NEG_INF;
+}
+
+// Items with at most this many parts are merged by one thread group each.
+constexpr int RED_SMALL = 8;
+
 // The reduce: work items are (row, quarter) of every request, B*QN*H*4 of them; block g of the
 // grid's G takes items g, g+G, ..., `per_block` of them (the launch sizes G so that a large batch
 // does not pay the GPU's block-launch rate for requests that need no merge). Its threads check
@@ -973,10 +1033,18 @@ verify_attn_reduce(const bf16* __restrict__ part_o, const float* __restrict__ pa
 #if VA_PDL
   asm volatile("griddepcontrol.wait;\n" ::: "memory");  // the partial grid has finished and flushed
 #endif
-  for (int k = 0; k < n; ++k) {
+  for (int k = 0; k < n; ++k) {  // many parts: the whole block merges the item
+    if (todo[k][2] <= RED_SMALL) continue;
     const int item = todo[k][0];
     const size_t row = (size_t)(item / 4);
     merge_item(part_o, part_lse, out, lse, row, item % 4, (int)(row / ((size_t)QN * H)), todo[k][1], todo[k][2], H,
                red_o, red_l, red_m);
+  }
+  for (int k = tid / 16; k < n; k += RED_GROUPS) {  // few parts: a thread group an item
+    if (todo[k][2] > RED_SMALL) continue;
+    const int item = todo[k][0];
+    const size_t row = (size_t)(item / 4);
+    merge_item_group(part_o, part_lse, out, lse, row, item % 4, (int)(row / ((size_t)QN * H)), todo[k][1],
+                     todo[k][2], H, tid % 16);
   }
 }
