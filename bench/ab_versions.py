@@ -55,6 +55,11 @@ def time_defaults(shapes: list[tuple[int, int, int]], cache: str) -> list[dict]:
 
         err = poisoned_run_error(lambda launch=launch: launch(0), out, reference(sets[0])[0])
         t = timing.time_graph(launch, len(sets), stream=stream)
+
+        def partial(k: int, va=va, sets=sets, out=out) -> None:  # the partial kernel alone
+            va.run(sets[k], out, stream=stream, reduce=False)
+
+        part = timing.time_graph(partial, len(sets), stream=stream)
         rows.append(
             {
                 "H": H,
@@ -63,6 +68,7 @@ def time_defaults(shapes: list[tuple[int, int, int]], cache: str) -> list[dict]:
                 "config": str(cfg),
                 "rel_err": err,
                 "us": t.median_us,
+                "partial_us": part.median_us,
                 "p10_us": t.p10_us,
                 "p90_us": t.p90_us,
             }
@@ -114,17 +120,21 @@ def main() -> None:
         f"# Kernel A/B: this tree vs {rev} — {limits.name} ({limits.arch}), {dt.date.today().isoformat()}",
         "",
         (
-            "Each side at its own heuristic default; µs per partial + reduce pair, median of CUDA-graph replays, "
-            "inputs rotated past the L2; rel. error against the fp32 reference."
+            "Each side at its own heuristic default; µs per partial + reduce pair (and the partial kernel alone), "
+            "median of CUDA-graph replays, inputs rotated past the L2; rel. error against the fp32 reference."
         ),
         "",
-        "| H | Q | prefix | base µs | base err | new µs | new err | speedup | base config | new config |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        (
+            "| H | Q | prefix | base µs | base partial µs | base err | new µs | new partial µs | new err | speedup "
+            "| base config | new config |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for b, n in zip(base, new):
         lines.append(
-            f"| {n['H']} | {n['Q']} | {n['prefix']} | {b['us']:.1f} | {b['rel_err']:.1e} | {n['us']:.1f} | "
-            f"{n['rel_err']:.1e} | {b['us'] / n['us']:.2f}x | {b['config']} | {n['config']} |"
+            f"| {n['H']} | {n['Q']} | {n['prefix']} | {b['us']:.1f} | {b['partial_us']:.1f} | {b['rel_err']:.1e} | "
+            f"{n['us']:.1f} | {n['partial_us']:.1f} | {n['rel_err']:.1e} | {b['us'] / n['us']:.2f}x | {b['config']} "
+            f"| {n['config']} |"
         )
     print("\n".join(lines))
     args.out.mkdir(parents=True, exist_ok=True)
