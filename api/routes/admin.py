@@ -6,12 +6,12 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, HTTPException, Query, Request
 from verify_tuner import buckets, configs_io, lookup
-from verify_tuner.api.deps import DEVICE_PATTERN, SingleValued, WriteAuth, WriteSessions
+from verify_tuner.api.deps import DEVICE_PATTERN, Digits, StrictQuery, WriteAuth, WriteSessions
 from verify_tuner.api.schemas import DeleteOut, ImportOut
 from verify_tuner.db import repo
 from verify_tuner.db.session import session_scope
 
-router = APIRouter(tags=["admin"], dependencies=[WriteAuth, SingleValued])
+router = APIRouter(tags=["admin"], dependencies=[WriteAuth, StrictQuery])
 
 
 @router.post("/configs/import", response_model=ImportOut)
@@ -32,9 +32,9 @@ def delete_configs(
     request: Request,
     sessions: WriteSessions,
     device: Annotated[str, Query(max_length=200, pattern=DEVICE_PATTERN, description="CUDA name or alias")],
-    H: Annotated[int | None, Query(gt=0, le=1024)] = None,
-    q_len: Annotated[int | None, Query(ge=1, le=64)] = None,
-    bucket: Annotated[int | None, Query(ge=0, le=len(buckets.ALL) - 1)] = None,
+    H: Annotated[int | None, Digits, Query(gt=0, le=1024)] = None,
+    q_len: Annotated[int | None, Digits, Query(ge=1, le=64)] = None,
+    bucket: Annotated[int | None, Digits, Query(ge=0, le=len(buckets.ALL) - 1)] = None,
 ) -> DeleteOut:
     with session_scope(sessions) as session:
         name = lookup.resolve_device(session=session, name=device, default=None).name  # h200 -> NVIDIA H200

@@ -13,23 +13,23 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from verify_tuner import batches
-from verify_tuner.api.deps import DEVICE_PATTERN, ReadSessions, SettingsDep, SingleValued
+from verify_tuner.api.deps import DEVICE_PATTERN, Digits, ReadSessions, SettingsDep, StrictQuery
 from verify_tuner.api.schemas import ConfigOut, ConfigTableOut
 from verify_tuner.api.table_cache import Table
 from verify_tuner.buckets import MAX_PREFIX
 from verify_tuner.errors import BadParameter
 
-router = APIRouter(tags=["configs"], dependencies=[SingleValued])
+router = APIRouter(tags=["configs"], dependencies=[StrictQuery])
 
-HParam = Annotated[int, Query(gt=0, le=1024, description="attention heads on this GPU (TP8 on 64 heads: 8)")]
-QParam = Annotated[int, Query(ge=1, le=64, description="draft tree nodes verified per request")]
+HParam = Annotated[int, Digits, Query(gt=0, le=1024, description="attention heads on this GPU (TP8 on 64 heads: 8)")]
+QParam = Annotated[int, Digits, Query(ge=1, le=64, description="draft tree nodes verified per request")]
 DeviceParam = Annotated[
     str | None,
     Query(max_length=200, pattern=DEVICE_PATTERN, description="CUDA device name or alias; default: the sidecar's"),
 ]
 DtypeParam = Annotated[Literal["bf16"], Query(description="element type of q / kv / o")]
 BatchParam = Annotated[
-    int | None, Query(ge=1, le=batches.MAX_BATCH, description="requests verified in one launch (default 1)")
+    int | None, Digits, Query(ge=1, le=batches.MAX_BATCH, description="requests verified in one launch (default 1)")
 ]
 
 
@@ -40,7 +40,7 @@ async def get_config(
     request: Request,
     H: HParam,
     q_len: QParam,
-    prefix: Annotated[int, Query(ge=0, le=MAX_PREFIX, description="prefix (KV-cache) length in tokens")],
+    prefix: Annotated[int, Digits, Query(ge=0, le=MAX_PREFIX, description="prefix (KV-cache) length in tokens")],
     device: DeviceParam = None,
     dtype: DtypeParam = "bf16",
     batch: BatchParam = None,
