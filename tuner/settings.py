@@ -37,6 +37,8 @@ class Settings:
     #: The database is meant to be read-only (a baked or read-only-mounted snapshot): the sidecar
     #: stays ready on it. Otherwise a database that cannot be written is a fault /readyz reports.
     database_read_only: bool = False
+    #: The largest request body the sidecar reads (an import): larger ones are a 413 before they are read.
+    max_body_bytes: int = 16 * 1024 * 1024
 
     def __post_init__(self) -> None:
         from sqlalchemy.engine import make_url
@@ -80,6 +82,10 @@ class Settings:
                 kwargs["port"] = int(v)
             except ValueError as exc:
                 raise BadSetting(f"TUNER_PORT must be an integer, got {v!r}") from exc
+        if v := env.get("TUNER_MAX_BODY_BYTES"):
+            if not (v.isascii() and v.isdigit()) or int(v) < 1:
+                raise BadSetting(f"TUNER_MAX_BODY_BYTES must be a positive number of bytes, got {v!r}")
+            kwargs["max_body_bytes"] = int(v)
         if v := env.get("TUNER_WRITE_TOKEN"):
             kwargs["write_token"] = v
         if v := env.get("TUNER_CACHE_DIR"):

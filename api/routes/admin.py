@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, HTTPException, Query, Request
+from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from sqlalchemy.orm import Session, sessionmaker
 from verify_tuner import buckets, configs_io, lookup
-from verify_tuner.api.deps import DEVICE_PATTERN, Digits, StrictQuery, WriteAuth, WriteSessions
+from verify_tuner.api.body import read_json
+from verify_tuner.api.deps import DEVICE_PATTERN, Digits, SettingsDep, StrictQuery, WriteAuth, WriteSessions
 from verify_tuner.api.schemas import DeleteOut, ImportOut
 from verify_tuner.db import repo
 from verify_tuner.db.session import session_scope
@@ -14,10 +17,23 @@ from verify_tuner.db.session import session_scope
 router = APIRouter(tags=["admin"], dependencies=[WriteAuth, StrictQuery])
 
 
+#: A client that has opened a body must finish it in this time: a trickling upload holds no worker for long.
+BODY_TIMEOUT_S = 30.0
+
+
 @router.post("/configs/import", response_model=ImportOut)
-def import_configs(
-    request: Request, sessions: WriteSessions, rows: Annotated[list[dict[str, Any]], Body()]
-) -> ImportOut:
+async def import_configs(request: Request, sessions: WriteSessions, settings: SettingsDep) -> ImportOut:
+    """Rows as a JSON list of objects. The body is read here, after the token check (a router
+    dependency): FastAPI reads a declared body parameter before any dependency runs."""
+    rows = await read_json(request, limit=settings.max_body_bytes, timeout_s=BODY_TIMEOUT_S)
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise HTTPException(
+            422, {"msg": "import rejected, nothing stored", "errors": ["body must be a JSON list of objects"]}
+        )
+    return await run_in_threadpool(_import, request, sessions, rows)
+
+
+def _import(request: Request, sessions: sessionmaker[Session], rows: list[dict[str, Any]]) -> ImportOut:
     try:
         with session_scope(sessions) as session:
             result = configs_io.import_rows(session=session, rows=rows)

@@ -40,7 +40,15 @@ def base(request, tmp_path_factory) -> Iterator[str]:
     subprocess.run(tuner_cmd("db", "upgrade"), env={**os.environ, **env}, check=True, capture_output=True, timeout=60)
     port = free_port()
     with running_server(env, port=port):
+        _URLS[f"http://127.0.0.1:{port}"] = url
         yield f"http://127.0.0.1:{port}"
+
+
+_URLS: dict[str, str] = {}  # each module server's database URL, for tests that also use the CLI on it
+
+
+def _server_url(base: str) -> str:
+    return _URLS[base]
 
 
 def _loc(r: httpx.Response) -> list[list[object]]:
@@ -61,3 +69,44 @@ def test_an_unknown_query_parameter_is_422_naming_it(base):
     r = httpx.get(f"{base}/configs?H=8&q_len=9&prefix=46000")  # /configs takes no prefix
     assert r.status_code == 422 and _loc(r) == [["query", "prefix"]]
     assert httpx.get(f"{base}/config?H=8&q_len=9&prefix=46000&batch=32").status_code == 200
+
+
+# --- items 5 and 9: import bodies JSON cannot hold, or that say one thing twice ---------------
+@pytest.mark.parametrize(
+    "body, says",
+    [
+        ("[NaN]", "list of objects"),
+        ("[1, NaN]", "list of objects"),
+        ('{"x": 1e999}', "list of objects"),
+        (json.dumps([ROW])[:-2] + ', "median_us": NaN}]', "row 1: median_us: must be a finite number > 0, got nan"),
+        (json.dumps([ROW])[:-2] + ', "p90_us": 1e999}]', "row 1: p90_us: must be a finite number > 0, got inf"),
+        (json.dumps([ROW])[:-2] + ', "NSPLIT": -Infinity}]', "'NSPLIT'"),  # a repeated key, named
+        ("[" + "9" * 5000 + "]", "digits"),
+        (json.dumps([ROW])[:-2] + ', "H": 16}]', "duplicate key 'H'"),  # last-wins stored H=16
+        (b'[{"device": "NVIDIA \xff"}]', "not UTF-8"),
+    ],
+)
+def test_an_import_body_json_cannot_hold_is_422_naming_it(base, body, says):
+    """Non-finite numbers were a 500 with a traceback (the 422 handler echoed them); a repeated key was last-wins."""
+    r = httpx.post(f"{base}/configs/import", content=body, headers=AUTH)
+    assert r.status_code == 422, r.text
+    assert says in r.json()["detail"]["errors"][0] and "nothing stored" in r.json()["detail"]["msg"]
+    assert httpx.get(f"{base}/config", params={"H": 16, "q_len": 9, "prefix": 46000}).json()["source"] == "heuristic"
+    assert httpx.get(f"{base}/config", params={"H": 8, "q_len": 9, "prefix": 46000}).json()["source"] == "heuristic"
+
+
+def test_a_csv_header_with_a_repeated_column_is_rejected_naming_it(base, tmp_path):
+    url = {"TUNER_DATABASE_URL": _server_url(base)}
+    (tmp_path / "rows.csv").write_text(
+        "device,H,q_len,prefix,NSPLIT,HT,TK,BLOCK,H\nNVIDIA H200,8,9,46000,64,8,32,256,16\n"
+    )
+    out = subprocess.run(
+        tuner_cmd("configs", "import", str(tmp_path / "rows.csv")),
+        check=False,
+        env={**os.environ, **url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode != 0 and "repeats column(s) 'H'" in out.stderr, out.stderr
+    assert httpx.get(f"{base}/config", params={"H": 16, "q_len": 9, "prefix": 46000}).json()["source"] == "heuristic"
