@@ -56,7 +56,20 @@ class Settings:
                 ) from None
         if self.study_storage is not None and (why := study_storage_error(self.study_storage)):
             raise BadSetting(f"TUNER_STUDY_STORAGE: {why}")
-        if self.write_token is not None and len(self.write_token) < MIN_TOKEN_LEN:
+        if not 1 <= self.port <= 65535:  # uvicorn would bind a random port for 0 and fail obscurely outside
+            raise BadSetting(f"the port (TUNER_PORT or --port) must be 1..65535, got {self.port}")
+        self._check_token()
+
+    def _check_token(self) -> None:
+        if self.write_token is None:
+            return
+        # a token read from a file keeps its newline, and a header cannot carry non-ASCII: both never match
+        if not all("!" <= ch <= "~" for ch in self.write_token):
+            raise BadSetting(
+                "TUNER_WRITE_TOKEN must be printable ASCII without spaces or line breaks (a trailing newline "
+                "from a secret file?): a client could never send it"
+            )
+        if len(self.write_token) < MIN_TOKEN_LEN:
             raise BadSetting(
                 f"TUNER_WRITE_TOKEN must be at least {MIN_TOKEN_LEN} characters (got "
                 f"{len(self.write_token)}): a short token is guessable"
@@ -78,10 +91,9 @@ class Settings:
         if v := env.get("TUNER_HOST"):
             kwargs["host"] = v
         if v := env.get("TUNER_PORT"):
-            try:
-                kwargs["port"] = int(v)
-            except ValueError as exc:
-                raise BadSetting(f"TUNER_PORT must be an integer, got {v!r}") from exc
+            if not (v.isascii() and v.isdigit()):
+                raise BadSetting(f"TUNER_PORT must be a port number 1..65535, got {v!r}")
+            kwargs["port"] = int(v)
         if v := env.get("TUNER_MAX_BODY_BYTES"):
             if not (v.isascii() and v.isdigit()) or int(v) < 1:
                 raise BadSetting(f"TUNER_MAX_BODY_BYTES must be a positive number of bytes, got {v!r}")
