@@ -9,8 +9,8 @@ import logging
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request, Response
-from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
+from verify_tuner.api.deadline import NoAnswer, within
 from verify_tuner.api.metrics import Metrics, MetricsMiddleware
 from verify_tuner.api.routes import admin, config, health
 from verify_tuner.api.table_cache import TableCache
@@ -28,8 +28,10 @@ async def _revalidate_forever(app: FastAPI) -> None:
     cache = app.state.tables
     while True:
         try:
-            if await run_in_threadpool(cache.revalidate, app.state.read_sessions):
+            if await within(app.state.settings.db_timeout_s, cache.revalidate, app.state.read_sessions):
                 app.state.metrics.tables_checked()
+        except NoAnswer as exc:  # a hang is an outage: requests get the last good table, marked stale
+            cache.fail(str(exc))
         except Exception:  # a bug here must not stop the checks: the request path would go to the DB
             log.exception("config cache re-check failed")
         await asyncio.sleep(cache.recheck_s)
@@ -45,8 +47,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             immediate=False,
             busy_timeout_ms=READ_BUSY_TIMEOUT_MS,
             read_only=settings.database_read_only,
+            timeout_s=settings.db_timeout_s,
         )
-        write_engine = make_engine(settings.database_url, immediate=True)
+        write_engine = make_engine(settings.database_url, immediate=True, timeout_s=settings.db_timeout_s)
         try:
             ensure_current(read_engine)  # refuse to start on an outdated schema, naming the fix
         except StorageError as exc:

@@ -91,6 +91,12 @@ class TableCache:
             self._stamp, self._failure = stamp, None
         return True
 
+    def fail(self, reason: str) -> None:
+        """The database stopped answering (the caller's deadline passed): serve as in an outage
+        until a background check reads the stamp again."""
+        with self._lock:
+            self._stamp, self._failure = None, reason
+
     def clear(self) -> None:
         with self._lock:
             self._tables.clear()

@@ -39,6 +39,9 @@ class Settings:
     database_read_only: bool = False
     #: The largest request body the sidecar reads (an import): larger ones are a 413 before they are read.
     max_body_bytes: int = 16 * 1024 * 1024
+    #: Seconds the sidecar gives the database per call (a connect, a statement, a lookup, /readyz):
+    #: past it the database counts as down (stale answers, 503s) instead of holding requests.
+    db_timeout_s: float = 5.0
 
     def __post_init__(self) -> None:
         from sqlalchemy.engine import make_url
@@ -56,6 +59,8 @@ class Settings:
                 ) from None
         if self.study_storage is not None and (why := study_storage_error(self.study_storage)):
             raise BadSetting(f"TUNER_STUDY_STORAGE: {why}")
+        if not (0 < self.db_timeout_s <= 600):
+            raise BadSetting(f"TUNER_DB_TIMEOUT_S must be a number of seconds in (0, 600], got {self.db_timeout_s}")
         if not 1 <= self.port <= 65535:  # uvicorn would bind a random port for 0 and fail obscurely outside
             raise BadSetting(f"the port (TUNER_PORT or --port) must be 1..65535, got {self.port}")
         self._check_token()
@@ -98,6 +103,11 @@ class Settings:
             if not (v.isascii() and v.isdigit()) or int(v) < 1:
                 raise BadSetting(f"TUNER_MAX_BODY_BYTES must be a positive number of bytes, got {v!r}")
             kwargs["max_body_bytes"] = int(v)
+        if v := env.get("TUNER_DB_TIMEOUT_S"):
+            try:
+                kwargs["db_timeout_s"] = float(v)
+            except ValueError:
+                raise BadSetting(f"TUNER_DB_TIMEOUT_S must be a number of seconds, got {v!r}") from None
         if v := env.get("TUNER_WRITE_TOKEN"):
             kwargs["write_token"] = v
         if v := env.get("TUNER_CACHE_DIR"):

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request
-from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.orm import Session, sessionmaker
 from verify_tuner import buckets, configs_io, lookup
 from verify_tuner.api.body import read_json
+from verify_tuner.api.deadline import within
 from verify_tuner.api.deps import DEVICE_PATTERN, Digits, SettingsDep, StrictQuery, WriteAuth, WriteSessions
 from verify_tuner.api.schemas import DeleteOut, ImportOut
 from verify_tuner.db import repo
@@ -19,6 +19,7 @@ router = APIRouter(tags=["admin"], dependencies=[WriteAuth, StrictQuery])
 
 #: A client that has opened a body must finish it in this time: a trickling upload holds no worker for long.
 BODY_TIMEOUT_S = 30.0
+IMPORT_DEADLINES = 12
 
 
 @router.post("/configs/import", response_model=ImportOut)
@@ -30,7 +31,8 @@ async def import_configs(request: Request, sessions: WriteSessions, settings: Se
         raise HTTPException(
             422, {"msg": "import rejected, nothing stored", "errors": ["body must be a JSON list of objects"]}
         )
-    return await run_in_threadpool(_import, request, sessions, rows)
+    # an import runs a few statements a row: it gets more than one lookup's deadline
+    return await within(settings.db_timeout_s * IMPORT_DEADLINES, _import, request, sessions, rows)
 
 
 def _import(request: Request, sessions: sessionmaker[Session], rows: list[dict[str, Any]]) -> ImportOut:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 from sqlalchemy import Engine, create_engine, event
@@ -15,6 +17,8 @@ from sqlalchemy.pool import NullPool
 from verify_tuner.errors import StorageError
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+#: A PostgreSQL that accepts a connection and never answers would otherwise hang every command for good.
+CONNECT_TIMEOUT_S = 10
 
 
 def make_engine(
@@ -25,6 +29,7 @@ def make_engine(
     pooled: bool = True,
     read_only: bool = False,
     foreign_keys: bool = True,
+    timeout_s: float | None = None,
 ) -> Engine:
     """An engine; SQLite gets WAL, a busy timeout and, for writers (`immediate`), transactions
     that take the write lock up front. Read-only users pass immediate=False so that they never
@@ -33,11 +38,13 @@ def make_engine(
     an SQLite file read-only and leaves its journal mode alone (a read-only file cannot switch
     to WAL; one already in WAL needs its -wal/-shm beside it). `foreign_keys=False` is for
     migrations only: SQLite alters a table by copying it, and dropping the old copy with foreign
-    keys on would cascade into the rows that point at it."""
+    keys on would cascade into the rows that point at it. `timeout_s` (the sidecar's) bounds, on
+    PostgreSQL, the connect, each statement (server side) and the wait for a pooled connection;
+    without it only the connect is bounded (CONNECT_TIMEOUT_S)."""
     parsed = make_url(url)
-    pool = {} if pooled else {"poolclass": NullPool}
+    pool: dict[str, Any] = {} if pooled else {"poolclass": NullPool}
     if parsed.get_backend_name() != "sqlite":
-        return create_engine(url, pool_pre_ping=True, **pool)
+        return create_engine(url, pool_pre_ping=True, **pool, **_postgres_timeouts(timeout_s, pooled))
     file_db = bool(parsed.database) and parsed.database != ":memory:"
     if file_db and read_only:
         path = Path(parsed.database).expanduser().resolve()
@@ -63,6 +70,22 @@ def make_engine(
         conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
     return engine
+
+
+def _postgres_timeouts(timeout_s: float | None, pooled: bool) -> dict[str, Any]:
+    """libpq's connect_timeout (whole seconds; psycopg raises 2 s minimum), PostgreSQL's
+    statement_timeout, SQLAlchemy's pool checkout timeout."""
+    if timeout_s is None:
+        return {"connect_args": {"connect_timeout": CONNECT_TIMEOUT_S}}
+    args: dict[str, Any] = {
+        "connect_args": {
+            "connect_timeout": max(2, math.ceil(timeout_s)),
+            "options": f"-c statement_timeout={int(timeout_s * 1000)}",
+        }
+    }
+    if pooled:
+        args["pool_timeout"] = timeout_s
+    return args
 
 
 def check_writable(path: Path) -> None:
