@@ -10,9 +10,11 @@ from verify_tuner import buckets, configs_io, lookup
 from verify_tuner.api.body import read_json
 from verify_tuner.api.deadline import within
 from verify_tuner.api.deps import DEVICE_PATTERN, Digits, SettingsDep, StrictQuery, WriteAuth, WriteSessions
+from verify_tuner.api.file_watch import FileState
 from verify_tuner.api.schemas import DeleteOut, ImportOut
 from verify_tuner.db import repo
 from verify_tuner.db.session import session_scope
+from verify_tuner.errors import StorageError
 
 router = APIRouter(tags=["admin"], dependencies=[WriteAuth, StrictQuery])
 
@@ -36,6 +38,7 @@ async def import_configs(request: Request, sessions: WriteSessions, settings: Se
 
 
 def _import(request: Request, sessions: sessionmaker[Session], rows: list[dict[str, Any]]) -> ImportOut:
+    _check_file(request)
     try:
         with session_scope(sessions) as session:
             result = configs_io.import_rows(session=session, rows=rows)
@@ -45,17 +48,29 @@ def _import(request: Request, sessions: sessionmaker[Session], rows: list[dict[s
     return ImportOut(imported=result.imported, warnings=result.warnings)
 
 
+def _check_file(request: Request) -> None:
+    watch = request.app.state.file_watch
+    if watch.check() is FileState.MISSING:  # a pooled connection would write into the deleted file
+        raise StorageError(watch.missing_reason())
+
+
 @router.delete("/configs", response_model=DeleteOut)
-def delete_configs(
+async def delete_configs(
     request: Request,
     sessions: WriteSessions,
+    settings: SettingsDep,
     device: Annotated[str, Query(max_length=200, pattern=DEVICE_PATTERN, description="CUDA name or alias")],
     H: Annotated[int | None, Digits, Query(gt=0, le=1024)] = None,
     q_len: Annotated[int | None, Digits, Query(ge=1, le=64)] = None,
     bucket: Annotated[int | None, Digits, Query(ge=0, le=len(buckets.ALL) - 1)] = None,
 ) -> DeleteOut:
+    return await within(settings.db_timeout_s, _delete, request, sessions, device, H=H, q_len=q_len, bucket=bucket)
+
+
+def _delete(request: Request, sessions: sessionmaker[Session], device: str, **key: int | None) -> DeleteOut:
+    _check_file(request)
     with session_scope(sessions) as session:
         name = lookup.resolve_device(session=session, name=device, default=None).name  # h200 -> NVIDIA H200
-        n = repo.delete_best(session=session, device=name, H=H, q_len=q_len, bucket=bucket)
+        n = repo.delete_best(session=session, device=name, **key)
     request.app.state.tables.clear()
     return DeleteOut(deleted=n)

@@ -30,6 +30,7 @@ def make_engine(
     read_only: bool = False,
     foreign_keys: bool = True,
     timeout_s: float | None = None,
+    create: bool = True,
 ) -> Engine:
     """An engine; SQLite gets WAL, a busy timeout and, for writers (`immediate`), transactions
     that take the write lock up front. Read-only users pass immediate=False so that they never
@@ -40,17 +41,18 @@ def make_engine(
     migrations only: SQLite alters a table by copying it, and dropping the old copy with foreign
     keys on would cascade into the rows that point at it. `timeout_s` (the sidecar's) bounds, on
     PostgreSQL, the connect, each statement (server side) and the wait for a pooled connection;
-    without it only the connect is bounded (CONNECT_TIMEOUT_S)."""
+    without it only the connect is bounded (CONNECT_TIMEOUT_S). `create=False` never creates a
+    missing SQLite file (the sidecar's: a file deleted under it must not come back empty)."""
     parsed = make_url(url)
     pool: dict[str, Any] = {} if pooled else {"poolclass": NullPool}
     if parsed.get_backend_name() != "sqlite":
         return create_engine(url, pool_pre_ping=True, **pool, **_postgres_timeouts(timeout_s, pooled))
     file_db = bool(parsed.database) and parsed.database != ":memory:"
-    if file_db and read_only:
-        path = Path(parsed.database).expanduser().resolve()
-        url = f"sqlite:///file:{quote(str(path))}?mode=ro&uri=true"
-    elif file_db:
+    if file_db and not read_only:
         check_writable(Path(parsed.database).expanduser())
+    if file_db and (read_only or not create):
+        path = Path(parsed.database).expanduser().resolve()
+        url = f"sqlite:///file:{quote(str(path))}?mode={'ro' if read_only else 'rw'}&uri=true"
     engine = create_engine(url, connect_args={"timeout": busy_timeout_ms / 1000}, **pool)
 
     @event.listens_for(engine, "connect")
