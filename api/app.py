@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
+from sqlalchemy import Engine
 from verify_tuner.api.deadline import NoAnswer, within
 from verify_tuner.api.file_watch import FileState, FileWatch
 from verify_tuner.api.metrics import Metrics, MetricsMiddleware
@@ -49,40 +50,50 @@ async def _check_once(app: FastAPI) -> None:
         app.state.metrics.tables_checked()
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
-    settings = settings or Settings.from_env()
+def _engines(settings: Settings) -> tuple[Engine, Engine]:
+    """The readers' and the writers' engines; neither creates a missing SQLite file."""
+    read_engine = make_engine(
+        settings.database_url,
+        immediate=False,
+        busy_timeout_ms=READ_BUSY_TIMEOUT_MS,
+        read_only=settings.database_read_only,
+        timeout_s=settings.db_timeout_s,
+        create=False,
+    )
+    write_engine = make_engine(settings.database_url, immediate=True, timeout_s=settings.db_timeout_s, create=False)
+    return read_engine, write_engine
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        read_engine = make_engine(
-            settings.database_url,
-            immediate=False,
-            busy_timeout_ms=READ_BUSY_TIMEOUT_MS,
-            read_only=settings.database_read_only,
-            timeout_s=settings.db_timeout_s,
-            create=False,
-        )
-        write_engine = make_engine(settings.database_url, immediate=True, timeout_s=settings.db_timeout_s, create=False)
-        try:
-            ensure_current(read_engine)  # refuse to start on an outdated schema, naming the fix
-        except StorageError as exc:
-            read_engine.dispose()
-            write_engine.dispose()
-            raise RuntimeError(str(exc)) from None
-        app.state.read_engine, app.state.write_engine = read_engine, write_engine
-        app.state.file_watch = FileWatch(settings.database_url, [read_engine, write_engine])
-        app.state.read_sessions = session_factory(read_engine)
-        app.state.write_sessions = session_factory(write_engine)
-        checker = asyncio.create_task(_revalidate_forever(app))
-        yield
-        checker.cancel()
+
+@contextlib.asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    settings = app.state.settings
+    read_engine, write_engine = _engines(settings)
+    watch = FileWatch(settings.database_url, [read_engine, write_engine])
+    try:
+        if watch.check() is FileState.MISSING:
+            raise StorageError(f"{watch.missing_reason()}: run `tuner db upgrade` to create it")
+        ensure_current(read_engine)  # refuse to start on an outdated schema, naming the fix
+    except StorageError as exc:
         read_engine.dispose()
         write_engine.dispose()
+        raise RuntimeError(str(exc)) from None
+    app.state.read_engine, app.state.write_engine, app.state.file_watch = read_engine, write_engine, watch
+    app.state.read_sessions = session_factory(read_engine)
+    app.state.write_sessions = session_factory(write_engine)
+    checker = asyncio.create_task(_revalidate_forever(app))
+    yield
+    checker.cancel()
+    read_engine.dispose()
+    write_engine.dispose()
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings.from_env()
 
     app = FastAPI(
         title="verify-attention config service",
         version="0.1.0",
-        lifespan=lifespan,
+        lifespan=_lifespan,
         description="Tuned NSPLIT/HT/TK/BLOCK for the MLA verify-attention kernel, per device, H, "
         "q_len and prefix bucket.",
     )

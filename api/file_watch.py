@@ -25,7 +25,7 @@ class FileWatch:
         is_file = parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:")
         self.path = Path(parsed.database).expanduser().resolve() if is_file else None  # type: ignore[arg-type]
         self.engines = engines
-        self._identity = self._stat()
+        self._identity = self._stat() if self.path is not None else None
 
     def _stat(self) -> tuple[int, int] | None:
         try:
