@@ -110,3 +110,34 @@ def test_a_csv_header_with_a_repeated_column_is_rejected_naming_it(base, tmp_pat
     )
     assert out.returncode != 0 and "repeats column(s) 'H'" in out.stderr, out.stderr
     assert httpx.get(f"{base}/config", params={"H": 16, "q_len": 9, "prefix": 46000}).json()["source"] == "heuristic"
+
+
+# --- item 6: one character set for text fields; no SQL in error bodies ---------------------------
+@pytest.mark.parametrize("field", ["kernel_hash", "device"])
+@pytest.mark.parametrize("bad", ["ab\x00cd", "abcd\n", "ab\rcd", "ab\tcd"])
+def test_a_control_character_in_a_text_field_is_422_on_every_database(base, field, bad):
+    """PostgreSQL answered a NUL with a 503 quoting the SQL; SQLite stored it; a newline broke listings."""
+    r = httpx.post(f"{base}/configs/import", json=[{**ROW, "H": 16, field: bad}], headers=AUTH)
+    assert r.status_code == 422, r.text
+    assert f"row 1: {field}: must not contain control characters" in r.json()["detail"]["errors"][0]
+    assert httpx.get(f"{base}/config", params={"H": 16, "q_len": 9, "prefix": 46000}).json()["source"] == "heuristic"
+
+
+SQL_WORDS = ("SELECT", "INSERT", "UPDATE", "[SQL", "parameters:", "FROM ")
+
+
+def test_a_database_error_body_holds_no_sql(base):
+    """A table gone behind the sidecar's back: the 503 says why, without the statement or its values."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(_server_url(base))
+    with engine.begin() as conn:
+        conn.execute(text("ALTER TABLE best_configs RENAME TO best_configs_away"))
+    try:
+        r = httpx.post(f"{base}/configs/import", json=[{**ROW, "H": 16}], headers=AUTH)
+        assert r.status_code == 503 and "best_configs" in r.text, r.text
+        assert not [w for w in SQL_WORDS if w in r.text], r.text
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text("ALTER TABLE best_configs_away RENAME TO best_configs"))
+        engine.dispose()

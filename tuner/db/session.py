@@ -113,6 +113,15 @@ def check_writable(path: Path) -> None:
         )
 
 
+def _driver_message(exc: SQLAlchemyError) -> str:
+    """The driver's first line, without the statement and parameters SQLAlchemy appends (they
+    would reach API error bodies and logs: other rows' values, our schema)."""
+    orig = getattr(exc, "orig", None)
+    text = str(orig) if orig is not None else str(exc)
+    name = type(orig if orig is not None else exc).__name__
+    return f"{name}: {(text.strip().splitlines() or [''])[0][:300]}"
+
+
 def session_factory(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
 
@@ -126,7 +135,7 @@ def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
         session.commit()
     except SQLAlchemyError as exc:
         session.rollback()
-        raise StorageError(f"database error: {exc.__class__.__name__}: {exc}") from exc
+        raise StorageError(f"database error: {_driver_message(exc)}") from exc
     except BaseException:
         session.rollback()
         raise
