@@ -4,6 +4,7 @@ that repeat a key, text fields that would break a database or a listing, time zo
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import subprocess
@@ -17,6 +18,7 @@ from tests.helpers import free_port, running_server, tuner_cmd
 
 TOKEN = "hardening-two-token-0123"
 AUTH = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+Q_TUNED = {"q_len": 9, "prefix": 46000}
 ROW = {"device": "NVIDIA H200", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256}
 
 
@@ -141,3 +143,17 @@ def test_a_database_error_body_holds_no_sql(base):
         with engine.begin() as conn:
             conn.execute(text("ALTER TABLE best_configs_away RENAME TO best_configs"))
         engine.dispose()
+
+
+# --- item 7: UTC on every database ------------------------------------------------------------------
+def test_an_offset_timestamp_is_stored_and_served_as_utc(base):
+    """SQLite served 2026-06-01T12:00:00+05:00 as 12:00:00; PostgreSQL as 07:00:00Z."""
+    row = {**ROW, "H": 32, "tuned_at": "2026-06-01T12:00:00+05:00"}
+    assert httpx.post(f"{base}/configs/import", json=[row], headers=AUTH).status_code == 200
+    try:
+        got = httpx.get(f"{base}/config", params={**Q_TUNED, "H": 32}).json()
+        assert got["source"] == "tuned"
+        served = dt.datetime.fromisoformat(got["tuned_at"])
+        assert served == dt.datetime(2026, 6, 1, 7, tzinfo=dt.UTC) and served.utcoffset() == dt.timedelta(0), got
+    finally:
+        httpx.delete(f"{base}/configs", params={"device": "h200", "H": 32}, headers=AUTH)
