@@ -98,9 +98,10 @@ class TableCache:
             self._stamp, self._failure = None, reason
 
     def clear(self) -> None:
+        """After a write through this process: the tables are out of date, and the database answered."""
         with self._lock:
             self._tables.clear()
-            self._stamp = None
+            self._stamp, self._failure = None, None
 
     def table(
         self,

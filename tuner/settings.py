@@ -97,7 +97,7 @@ class Settings:
             kwargs["host"] = v
         if v := env.get("TUNER_PORT"):
             if not (v.isascii() and v.isdigit()):
-                raise BadSetting(f"TUNER_PORT must be a port number 1..65535, got {v!r}")
+                raise BadSetting(f"TUNER_PORT must be an integer port number 1..65535, got {v!r}")
             kwargs["port"] = int(v)
         if v := env.get("TUNER_MAX_BODY_BYTES"):
             if not (v.isascii() and v.isdigit()) or int(v) < 1:

@@ -151,8 +151,9 @@ def test_an_offset_timestamp_is_stored_and_served_as_utc(base):
     row = {**ROW, "H": 32, "tuned_at": "2026-06-01T12:00:00+05:00"}
     assert httpx.post(f"{base}/configs/import", json=[row], headers=AUTH).status_code == 200
     try:
-        got = httpx.get(f"{base}/config", params={**Q_TUNED, "H": 32}).json()
-        assert got["source"] == "tuned"
+        r = httpx.get(f"{base}/config", params={**Q_TUNED, "H": 32})
+        got = r.json()
+        assert r.status_code == 200 and got["source"] == "tuned", (r.status_code, r.headers, got)
         served = dt.datetime.fromisoformat(got["tuned_at"])
         assert served == dt.datetime(2026, 6, 1, 7, tzinfo=dt.UTC) and served.utcoffset() == dt.timedelta(0), got
     finally:
