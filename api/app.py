@@ -9,8 +9,10 @@ import logging
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request, Response
-from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
+from sqlalchemy import Engine
+from verify_tuner.api.deadline import NoAnswer, within
+from verify_tuner.api.file_watch import FileState, FileWatch
 from verify_tuner.api.metrics import Metrics, MetricsMiddleware
 from verify_tuner.api.routes import admin, config, health
 from verify_tuner.api.table_cache import TableCache
@@ -28,44 +30,70 @@ async def _revalidate_forever(app: FastAPI) -> None:
     cache = app.state.tables
     while True:
         try:
-            if await run_in_threadpool(cache.revalidate, app.state.read_sessions):
-                app.state.metrics.tables_checked()
+            await _check_once(app)
+        except NoAnswer as exc:  # a hang is an outage: requests get the last good table, marked stale
+            cache.fail(str(exc))
         except Exception:  # a bug here must not stop the checks: the request path would go to the DB
             log.exception("config cache re-check failed")
         await asyncio.sleep(cache.recheck_s)
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
-    settings = settings or Settings.from_env()
+async def _check_once(app: FastAPI) -> None:
+    cache, watch = app.state.tables, app.state.file_watch
+    state = watch.check()  # one stat(): cheap enough for the event loop
+    if state is FileState.MISSING:
+        cache.fail(watch.missing_reason())
+        return
+    if state is FileState.REPLACED:  # the new file's stamp may equal the old one's by chance
+        cache.clear()
+    if await within(app.state.settings.db_timeout_s, cache.revalidate, app.state.read_sessions):
+        app.state.metrics.tables_checked()
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        read_engine = make_engine(
-            settings.database_url,
-            immediate=False,
-            busy_timeout_ms=READ_BUSY_TIMEOUT_MS,
-            read_only=settings.database_read_only,
-        )
-        write_engine = make_engine(settings.database_url, immediate=True)
-        try:
-            ensure_current(read_engine)  # refuse to start on an outdated schema, naming the fix
-        except StorageError as exc:
-            read_engine.dispose()
-            write_engine.dispose()
-            raise RuntimeError(str(exc)) from None
-        app.state.read_engine, app.state.write_engine = read_engine, write_engine
-        app.state.read_sessions = session_factory(read_engine)
-        app.state.write_sessions = session_factory(write_engine)
-        checker = asyncio.create_task(_revalidate_forever(app))
-        yield
-        checker.cancel()
+
+def _engines(settings: Settings) -> tuple[Engine, Engine]:
+    """The readers' and the writers' engines; neither creates a missing SQLite file."""
+    read_engine = make_engine(
+        settings.database_url,
+        immediate=False,
+        busy_timeout_ms=READ_BUSY_TIMEOUT_MS,
+        read_only=settings.database_read_only,
+        timeout_s=settings.db_timeout_s,
+        create=False,
+    )
+    write_engine = make_engine(settings.database_url, immediate=True, timeout_s=settings.db_timeout_s, create=False)
+    return read_engine, write_engine
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    settings = app.state.settings
+    read_engine, write_engine = _engines(settings)
+    watch = FileWatch(settings.database_url, [read_engine, write_engine])
+    try:
+        if watch.check() is FileState.MISSING:
+            raise StorageError(f"{watch.missing_reason()}: run `tuner db upgrade` to create it")
+        ensure_current(read_engine)  # refuse to start on an outdated schema, naming the fix
+    except StorageError as exc:
         read_engine.dispose()
         write_engine.dispose()
+        raise RuntimeError(str(exc)) from None
+    app.state.read_engine, app.state.write_engine, app.state.file_watch = read_engine, write_engine, watch
+    app.state.read_sessions = session_factory(read_engine)
+    app.state.write_sessions = session_factory(write_engine)
+    checker = asyncio.create_task(_revalidate_forever(app))
+    yield
+    checker.cancel()
+    read_engine.dispose()
+    write_engine.dispose()
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings.from_env()
 
     app = FastAPI(
         title="verify-attention config service",
         version="0.1.0",
-        lifespan=lifespan,
+        lifespan=_lifespan,
         description="Tuned NSPLIT/HT/TK/BLOCK for the MLA verify-attention kernel, per device, H, "
         "q_len and prefix bucket.",
     )

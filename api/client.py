@@ -36,6 +36,7 @@ from verify_tuner.heuristic import heuristic_config
 from verify_tuner.kernels import kernel_hash as current_kernel_hash
 from verify_tuner.kernels.config import PARAM_NAMES, KernelConfig
 from verify_tuner.kernels.limits import DeviceLimits, known_device
+from verify_tuner.kernels.validate import check
 
 URL_ENV, DIR_ENV = "VERIFY_TUNER_URL", "VERIFY_TUNER_CONFIG_DIR"
 
@@ -205,6 +206,7 @@ class ConfigClient:
                     c["source"],
                 )
             )
+        self._check_device(by_batch)
         if set(by_batch) != {bb.index for bb in batches.ALL}:
             raise ValueError(f"table holds batch buckets {sorted(by_batch)}, not all {len(batches.ALL)}")
         for entries in by_batch.values():
@@ -212,6 +214,19 @@ class ConfigClient:
             if entries[0].lo != 0 or any(a.hi != b.lo for a, b in itertools.pairwise(entries)):
                 raise ValueError("table does not cover every prefix")
         self._entries, self._starts = by_batch, {i: [e.lo for e in es] for i, es in by_batch.items()}
+
+    def _check_device(self, by_batch: dict[int, list[Entry]]) -> None:
+        """Every config must run on this device, whatever the table's file name or source said
+        (another GPU's table saved under this one's name would launch configs it cannot run)."""
+        if self.limits is None:  # nothing to check against: the caller sees source and reason
+            return
+        entries = [e for es in by_batch.values() for e in es]
+        bad = [(e, r) for e in entries if (r := check(e.config, self.limits, H=self.H, q_len=self.q_len))]
+        if bad:
+            e, why = bad[0]
+            raise ValueError(
+                f"{len(bad)} of {len(entries)} configs cannot run on {self.limits.name} (e.g. {e.config}: {why})"
+            )
 
     def _save(self, table: dict) -> None:
         engine_files.write_atomic(self.snapshot, table)

@@ -91,10 +91,17 @@ class TableCache:
             self._stamp, self._failure = stamp, None
         return True
 
+    def fail(self, reason: str) -> None:
+        """The database stopped answering (the caller's deadline passed): serve as in an outage
+        until a background check reads the stamp again."""
+        with self._lock:
+            self._stamp, self._failure = None, reason
+
     def clear(self) -> None:
+        """After a write through this process: the tables are out of date, and the database answered."""
         with self._lock:
             self._tables.clear()
-            self._stamp = None
+            self._stamp, self._failure = None, None
 
     def table(
         self,

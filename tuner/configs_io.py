@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.orm import Session
-from verify_tuner import batches, buckets, engine_files
+from verify_tuner import batches, buckets, engine_files, strict_json
 from verify_tuner import rows as rows_schema
 from verify_tuner.db import repo
 from verify_tuner.errors import BadParameter, TunerError
@@ -107,15 +107,19 @@ def loads(text: str, fmt: str) -> Loaded:
     text = text.removeprefix("\ufeff")
     if fmt == "json":
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
+            data = strict_json.loads(text)  # a repeated key or a non-finite number is an error, not last-wins
+        except ValueError as exc:
             raise ImportRejected([f"not valid JSON: {exc}"]) from exc
         if isinstance(data, dict) and data.get("format") == engine_files.FORMAT:
             return Loaded(engine_files.tuned_rows(data), dump=True)
         if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
             raise ImportRejected(["JSON must be a list of objects (or a `tuner configs dump` file)"])
         return Loaded(data, dump=False)
-    return Loaded([rows_schema.from_csv_cells(r) for r in csv.DictReader(io.StringIO(text))], dump=False)
+    reader = csv.DictReader(io.StringIO(text))
+    repeated = sorted({c for c in reader.fieldnames or () if (reader.fieldnames or []).count(c) > 1})
+    if repeated:  # DictReader keeps the last of a repeated column's cells
+        raise ImportRejected([f"CSV header repeats column(s) {', '.join(map(repr, repeated))}"])
+    return Loaded([rows_schema.from_csv_cells(r) for r in reader], dump=False)
 
 
 @dataclass(frozen=True)

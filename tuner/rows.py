@@ -67,11 +67,12 @@ class ConfigRow(BaseModel):
     speedup: float | None = None
     tuned_at: dt.datetime | None = None
 
-    @field_validator("device")
+    @field_validator("device", "kernel_hash")
     @classmethod
-    def _printable(cls, v: str) -> str:
-        if any(ord(ch) < 32 or ord(ch) == 127 for ch in v):
-            raise ValueError("must not contain control characters")
+    def _printable(cls, v: str | None) -> str | None:
+        # one character set on every database: PostgreSQL refuses NUL, and a newline breaks listings and CSV
+        if v is not None and any(ord(ch) < 32 or ord(ch) == 127 for ch in v):
+            raise ValueError("must not contain control characters (NUL, newline, tab, ...)")
         return v
 
     @field_validator(*TIMING_FIELDS, "speedup", mode="before")

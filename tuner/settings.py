@@ -37,6 +37,11 @@ class Settings:
     #: The database is meant to be read-only (a baked or read-only-mounted snapshot): the sidecar
     #: stays ready on it. Otherwise a database that cannot be written is a fault /readyz reports.
     database_read_only: bool = False
+    #: The largest request body the sidecar reads (an import): larger ones are a 413 before they are read.
+    max_body_bytes: int = 16 * 1024 * 1024
+    #: Seconds the sidecar gives the database per call (a connect, a statement, a lookup, /readyz):
+    #: past it the database counts as down (stale answers, 503s) instead of holding requests.
+    db_timeout_s: float = 5.0
 
     def __post_init__(self) -> None:
         from sqlalchemy.engine import make_url
@@ -54,7 +59,22 @@ class Settings:
                 ) from None
         if self.study_storage is not None and (why := study_storage_error(self.study_storage)):
             raise BadSetting(f"TUNER_STUDY_STORAGE: {why}")
-        if self.write_token is not None and len(self.write_token) < MIN_TOKEN_LEN:
+        if not (0 < self.db_timeout_s <= 600):
+            raise BadSetting(f"TUNER_DB_TIMEOUT_S must be a number of seconds in (0, 600], got {self.db_timeout_s}")
+        if not 1 <= self.port <= 65535:  # uvicorn would bind a random port for 0 and fail obscurely outside
+            raise BadSetting(f"the port (TUNER_PORT or --port) must be 1..65535, got {self.port}")
+        self._check_token()
+
+    def _check_token(self) -> None:
+        if self.write_token is None:
+            return
+        # a token read from a file keeps its newline, and a header cannot carry non-ASCII: both never match
+        if not all("!" <= ch <= "~" for ch in self.write_token):
+            raise BadSetting(
+                "TUNER_WRITE_TOKEN must be printable ASCII without spaces or line breaks (a trailing newline "
+                "from a secret file?): a client could never send it"
+            )
+        if len(self.write_token) < MIN_TOKEN_LEN:
             raise BadSetting(
                 f"TUNER_WRITE_TOKEN must be at least {MIN_TOKEN_LEN} characters (got "
                 f"{len(self.write_token)}): a short token is guessable"
@@ -76,10 +96,18 @@ class Settings:
         if v := env.get("TUNER_HOST"):
             kwargs["host"] = v
         if v := env.get("TUNER_PORT"):
+            if not (v.isascii() and v.isdigit()):
+                raise BadSetting(f"TUNER_PORT must be an integer port number 1..65535, got {v!r}")
+            kwargs["port"] = int(v)
+        if v := env.get("TUNER_MAX_BODY_BYTES"):
+            if not (v.isascii() and v.isdigit()) or int(v) < 1:
+                raise BadSetting(f"TUNER_MAX_BODY_BYTES must be a positive number of bytes, got {v!r}")
+            kwargs["max_body_bytes"] = int(v)
+        if v := env.get("TUNER_DB_TIMEOUT_S"):
             try:
-                kwargs["port"] = int(v)
-            except ValueError as exc:
-                raise BadSetting(f"TUNER_PORT must be an integer, got {v!r}") from exc
+                kwargs["db_timeout_s"] = float(v)
+            except ValueError:
+                raise BadSetting(f"TUNER_DB_TIMEOUT_S must be a number of seconds, got {v!r}") from None
         if v := env.get("TUNER_WRITE_TOKEN"):
             kwargs["write_token"] = v
         if v := env.get("TUNER_CACHE_DIR"):

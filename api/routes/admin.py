@@ -4,20 +4,41 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, HTTPException, Query, Request
+from fastapi import APIRouter, HTTPException, Query, Request
+from sqlalchemy.orm import Session, sessionmaker
 from verify_tuner import buckets, configs_io, lookup
-from verify_tuner.api.deps import DEVICE_PATTERN, SingleValued, WriteAuth, WriteSessions
+from verify_tuner.api.body import read_json
+from verify_tuner.api.deadline import within
+from verify_tuner.api.deps import DEVICE_PATTERN, Digits, SettingsDep, StrictQuery, WriteAuth, WriteSessions
+from verify_tuner.api.file_watch import FileState
 from verify_tuner.api.schemas import DeleteOut, ImportOut
 from verify_tuner.db import repo
 from verify_tuner.db.session import session_scope
+from verify_tuner.errors import StorageError
 
-router = APIRouter(tags=["admin"], dependencies=[WriteAuth, SingleValued])
+router = APIRouter(tags=["admin"], dependencies=[WriteAuth, StrictQuery])
+
+
+#: A client that has opened a body must finish it in this time: a trickling upload holds no worker for long.
+BODY_TIMEOUT_S = 30.0
+IMPORT_DEADLINES = 12
 
 
 @router.post("/configs/import", response_model=ImportOut)
-def import_configs(
-    request: Request, sessions: WriteSessions, rows: Annotated[list[dict[str, Any]], Body()]
-) -> ImportOut:
+async def import_configs(request: Request, sessions: WriteSessions, settings: SettingsDep) -> ImportOut:
+    """Rows as a JSON list of objects. The body is read here, after the token check (a router
+    dependency): FastAPI reads a declared body parameter before any dependency runs."""
+    rows = await read_json(request, limit=settings.max_body_bytes, timeout_s=BODY_TIMEOUT_S)
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise HTTPException(
+            422, {"msg": "import rejected, nothing stored", "errors": ["body must be a JSON list of objects"]}
+        )
+    # an import runs a few statements a row: it gets more than one lookup's deadline
+    return await within(settings.db_timeout_s * IMPORT_DEADLINES, _import, request, sessions, rows)
+
+
+def _import(request: Request, sessions: sessionmaker[Session], rows: list[dict[str, Any]]) -> ImportOut:
+    _check_file(request)
     try:
         with session_scope(sessions) as session:
             result = configs_io.import_rows(session=session, rows=rows)
@@ -27,17 +48,29 @@ def import_configs(
     return ImportOut(imported=result.imported, warnings=result.warnings)
 
 
+def _check_file(request: Request) -> None:
+    watch = request.app.state.file_watch
+    if watch.check() is FileState.MISSING:  # a pooled connection would write into the deleted file
+        raise StorageError(watch.missing_reason())
+
+
 @router.delete("/configs", response_model=DeleteOut)
-def delete_configs(
+async def delete_configs(
     request: Request,
     sessions: WriteSessions,
+    settings: SettingsDep,
     device: Annotated[str, Query(max_length=200, pattern=DEVICE_PATTERN, description="CUDA name or alias")],
-    H: Annotated[int | None, Query(gt=0, le=1024)] = None,
-    q_len: Annotated[int | None, Query(ge=1, le=64)] = None,
-    bucket: Annotated[int | None, Query(ge=0, le=len(buckets.ALL) - 1)] = None,
+    H: Annotated[int | None, Digits, Query(gt=0, le=1024)] = None,
+    q_len: Annotated[int | None, Digits, Query(ge=1, le=64)] = None,
+    bucket: Annotated[int | None, Digits, Query(ge=0, le=len(buckets.ALL) - 1)] = None,
 ) -> DeleteOut:
+    return await within(settings.db_timeout_s, _delete, request, sessions, device, H=H, q_len=q_len, bucket=bucket)
+
+
+def _delete(request: Request, sessions: sessionmaker[Session], device: str, **key: int | None) -> DeleteOut:
+    _check_file(request)
     with session_scope(sessions) as session:
         name = lookup.resolve_device(session=session, name=device, default=None).name  # h200 -> NVIDIA H200
-        n = repo.delete_best(session=session, device=name, H=H, q_len=q_len, bucket=bucket)
+        n = repo.delete_best(session=session, device=name, **key)
     request.app.state.tables.clear()
     return DeleteOut(deleted=n)

@@ -11,25 +11,25 @@ import json
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request, Response
-from fastapi.concurrency import run_in_threadpool
 from verify_tuner import batches
-from verify_tuner.api.deps import DEVICE_PATTERN, ReadSessions, SettingsDep, SingleValued
+from verify_tuner.api.deadline import NoAnswer, within
+from verify_tuner.api.deps import DEVICE_PATTERN, Digits, ReadSessions, SettingsDep, StrictQuery
 from verify_tuner.api.schemas import ConfigOut, ConfigTableOut
 from verify_tuner.api.table_cache import Table
 from verify_tuner.buckets import MAX_PREFIX
 from verify_tuner.errors import BadParameter
 
-router = APIRouter(tags=["configs"], dependencies=[SingleValued])
+router = APIRouter(tags=["configs"], dependencies=[StrictQuery])
 
-HParam = Annotated[int, Query(gt=0, le=1024, description="attention heads on this GPU (TP8 on 64 heads: 8)")]
-QParam = Annotated[int, Query(ge=1, le=64, description="draft tree nodes verified per request")]
+HParam = Annotated[int, Digits, Query(gt=0, le=1024, description="attention heads on this GPU (TP8 on 64 heads: 8)")]
+QParam = Annotated[int, Digits, Query(ge=1, le=64, description="draft tree nodes verified per request")]
 DeviceParam = Annotated[
     str | None,
     Query(max_length=200, pattern=DEVICE_PATTERN, description="CUDA device name or alias; default: the sidecar's"),
 ]
 DtypeParam = Annotated[Literal["bf16"], Query(description="element type of q / kv / o")]
 BatchParam = Annotated[
-    int | None, Query(ge=1, le=batches.MAX_BATCH, description="requests verified in one launch (default 1)")
+    int | None, Digits, Query(ge=1, le=batches.MAX_BATCH, description="requests verified in one launch (default 1)")
 ]
 
 
@@ -40,7 +40,7 @@ async def get_config(
     request: Request,
     H: HParam,
     q_len: QParam,
-    prefix: Annotated[int, Query(ge=0, le=MAX_PREFIX, description="prefix (KV-cache) length in tokens")],
+    prefix: Annotated[int, Digits, Query(ge=0, le=MAX_PREFIX, description="prefix (KV-cache) length in tokens")],
     device: DeviceParam = None,
     dtype: DtypeParam = "bf16",
     batch: BatchParam = None,
@@ -62,22 +62,18 @@ async def _table(
     batch_bucket,
 ):
     """The hot path answers from memory; the database is consulted (in the threadpool, so the
-    event loop never blocks on it) only when the cached table is due for a re-check."""
+    event loop never blocks on it, and within the database deadline) only when the cached table
+    is due for a re-check."""
     cache = request.app.state.tables
-    table = cache.fresh(
-        device=device, default_device=settings.device, H=H, q_len=q_len, dtype=dtype, batch_bucket=batch_bucket
-    )
+    key = {"device": device, "default_device": settings.device, "H": H, "q_len": q_len, "dtype": dtype}
+    key["batch_bucket"] = batch_bucket
+    table = cache.fresh(**key)
     if table is None:
-        table, read_db = await run_in_threadpool(
-            cache.table,
-            sessions=sessions,
-            device=device,
-            default_device=settings.device,
-            H=H,
-            q_len=q_len,
-            dtype=dtype,
-            batch_bucket=batch_bucket,
-        )
+        try:
+            table, read_db = await within(settings.db_timeout_s, cache.table, sessions=sessions, **key)
+        except NoAnswer as exc:  # no more requests wait on it: the last good table, or a 503
+            cache.fail(str(exc))
+            table, read_db = cache.fresh(**key), False  # type: ignore[assignment]
         if read_db:
             request.app.state.metrics.db_path()
     if table.stale:

@@ -25,14 +25,21 @@ class DatabaseHealth:
     reason: str | None = None  # why not readable / not writable
 
 
-def probe(url: str, *, read_only: bool = False) -> DatabaseHealth:
+def probe(url: str, *, read_only: bool = False, timeout_s: float | None = None) -> DatabaseHealth:
     parsed = make_url(url)
     sqlite_file = None
     if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
         sqlite_file = Path(parsed.database).expanduser()
         if not sqlite_file.exists():  # opening it would create an empty file: never do that here
             return DatabaseHealth(False, False, f"database file {sqlite_file} is missing")
-    engine = make_engine(url, immediate=False, busy_timeout_ms=PROBE_BUSY_TIMEOUT_MS, pooled=False, read_only=read_only)
+    engine = make_engine(
+        url,
+        immediate=False,
+        busy_timeout_ms=PROBE_BUSY_TIMEOUT_MS,
+        pooled=False,
+        read_only=read_only,
+        timeout_s=timeout_s,
+    )
     try:
         ensure_current(engine)  # reads the schema version over a new connection
         if sqlite_file is not None:

@@ -3,9 +3,20 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import Any, ClassVar
 
-from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, String, Text, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Dialect,
+    Float,
+    ForeignKey,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -13,8 +24,27 @@ def utcnow() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
 
 
+class UTCDateTime(TypeDecorator[dt.datetime]):
+    """A point in time stored and read back as UTC on every database. SQLite has no time zone
+    type: SQLAlchemy writes an aware value's wall clock and drops its offset (12:00+05:00 came
+    back as 12:00), where PostgreSQL converts it (07:00Z)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        return (value if value.tzinfo else value.replace(tzinfo=dt.UTC)).astimezone(dt.UTC)
+
+    def process_result_value(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
+
+
 class Base(DeclarativeBase):
-    type_annotation_map = {dict[str, Any]: JSON, list[float]: JSON}
+    type_annotation_map: ClassVar = {dict[str, Any]: JSON, list[float]: JSON}
 
 
 class Device(Base):
@@ -32,7 +62,7 @@ class Device(Base):
     driver_version: Mapped[str | None] = mapped_column(String(32))
     cuda_version: Mapped[str | None] = mapped_column(String(32))
     copy_bw_gbps: Mapped[float | None] = mapped_column(Float)
-    recorded_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    recorded_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
 class Kernel(Base):
@@ -59,8 +89,8 @@ class Study(Base):
     status: Mapped[str] = mapped_column(String(16), default="running")
     sampler: Mapped[str] = mapped_column(String(16))
     seed: Mapped[int | None]
-    started_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    started_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
     n_trials: Mapped[int] = mapped_column(default=0)
     n_ok: Mapped[int] = mapped_column(default=0)
     n_invalid: Mapped[int] = mapped_column(default=0)
@@ -68,7 +98,7 @@ class Study(Base):
     #: the tuner process that picks and stores this key's winner, and when it last said so
     #: (verify_tuner.claims; migration 0003): other processes only help with its trials
     owner: Mapped[str | None] = mapped_column(String(200))
-    heartbeat_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    heartbeat_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
 
 
 class Trial(Base):
@@ -84,7 +114,7 @@ class Trial(Base):
     p90_us: Mapped[float | None] = mapped_column(Float)
     samples: Mapped[list[float] | None]
     rel_error: Mapped[float | None] = mapped_column(Float)
-    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
 class BestConfig(Base):
@@ -114,7 +144,7 @@ class BestConfig(Base):
     default_us: Mapped[float | None] = mapped_column(Float)
     speedup: Mapped[float | None] = mapped_column(Float)
     study_id: Mapped[int | None] = mapped_column(ForeignKey("tuning_studies.id", ondelete="SET NULL"))
-    tuned_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    tuned_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
 class DataVersion(Base):

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 from sqlalchemy import Engine, create_engine, event
@@ -15,6 +17,8 @@ from sqlalchemy.pool import NullPool
 from verify_tuner.errors import StorageError
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+#: A PostgreSQL that accepts a connection and never answers would otherwise hang every command for good.
+CONNECT_TIMEOUT_S = 10
 
 
 def make_engine(
@@ -25,6 +29,8 @@ def make_engine(
     pooled: bool = True,
     read_only: bool = False,
     foreign_keys: bool = True,
+    timeout_s: float | None = None,
+    create: bool = True,
 ) -> Engine:
     """An engine; SQLite gets WAL, a busy timeout and, for writers (`immediate`), transactions
     that take the write lock up front. Read-only users pass immediate=False so that they never
@@ -33,17 +39,20 @@ def make_engine(
     an SQLite file read-only and leaves its journal mode alone (a read-only file cannot switch
     to WAL; one already in WAL needs its -wal/-shm beside it). `foreign_keys=False` is for
     migrations only: SQLite alters a table by copying it, and dropping the old copy with foreign
-    keys on would cascade into the rows that point at it."""
+    keys on would cascade into the rows that point at it. `timeout_s` (the sidecar's) bounds, on
+    PostgreSQL, the connect, each statement (server side) and the wait for a pooled connection;
+    without it only the connect is bounded (CONNECT_TIMEOUT_S). `create=False` never creates a
+    missing SQLite file (the sidecar's: a file deleted under it must not come back empty)."""
     parsed = make_url(url)
-    pool = {} if pooled else {"poolclass": NullPool}
+    pool: dict[str, Any] = {} if pooled else {"poolclass": NullPool}
     if parsed.get_backend_name() != "sqlite":
-        return create_engine(url, pool_pre_ping=True, **pool)
+        return create_engine(url, pool_pre_ping=True, **pool, **_postgres_timeouts(timeout_s, pooled))
     file_db = bool(parsed.database) and parsed.database != ":memory:"
-    if file_db and read_only:
-        path = Path(parsed.database).expanduser().resolve()
-        url = f"sqlite:///file:{quote(str(path))}?mode=ro&uri=true"
-    elif file_db:
+    if file_db and not read_only:
         check_writable(Path(parsed.database).expanduser())
+    if file_db and (read_only or not create):
+        path = Path(parsed.database).expanduser().resolve()
+        url = f"sqlite:///file:{quote(str(path))}?mode={'ro' if read_only else 'rw'}&uri=true"
     engine = create_engine(url, connect_args={"timeout": busy_timeout_ms / 1000}, **pool)
 
     @event.listens_for(engine, "connect")
@@ -63,6 +72,22 @@ def make_engine(
         conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
     return engine
+
+
+def _postgres_timeouts(timeout_s: float | None, pooled: bool) -> dict[str, Any]:
+    """libpq's connect_timeout (whole seconds; psycopg raises 2 s minimum), PostgreSQL's
+    statement_timeout, SQLAlchemy's pool checkout timeout."""
+    if timeout_s is None:
+        return {"connect_args": {"connect_timeout": CONNECT_TIMEOUT_S}}
+    args: dict[str, Any] = {
+        "connect_args": {
+            "connect_timeout": max(2, math.ceil(timeout_s)),
+            "options": f"-c statement_timeout={int(timeout_s * 1000)}",
+        }
+    }
+    if pooled:
+        args["pool_timeout"] = timeout_s
+    return args
 
 
 def check_writable(path: Path) -> None:
@@ -88,6 +113,15 @@ def check_writable(path: Path) -> None:
         )
 
 
+def _driver_message(exc: SQLAlchemyError) -> str:
+    """The driver's first line, without the statement and parameters SQLAlchemy appends (they
+    would reach API error bodies and logs: other rows' values, our schema)."""
+    orig = getattr(exc, "orig", None)
+    text = str(orig) if orig is not None else str(exc)
+    name = type(orig if orig is not None else exc).__name__
+    return f"{name}: {(text.strip().splitlines() or [''])[0][:300]}"
+
+
 def session_factory(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
 
@@ -101,7 +135,7 @@ def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
         session.commit()
     except SQLAlchemyError as exc:
         session.rollback()
-        raise StorageError(f"database error: {exc.__class__.__name__}: {exc}") from exc
+        raise StorageError(f"database error: {_driver_message(exc)}") from exc
     except BaseException:
         session.rollback()
         raise

@@ -1,0 +1,68 @@
+"""Issue 30 item 1: the SQLite file is deleted under a running `tuner serve`, then made anew
+(`tuner db upgrade` and an import). The sidecar must not recreate the deleted file through an
+import, must say it is not ready while the path is empty, and must then serve, and import into,
+the file at its path, not the deleted one it still held open."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+
+import httpx
+
+from tests.helpers import free_port, running_server, tuner_cmd
+
+TOKEN = "file-replaced-token-0123"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+ROW = {"device": "NVIDIA H200", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256}
+Q = {"H": 8, "q_len": 9, "prefix": 46000}
+
+
+def _eventually(fn, what: str, within_s: float = 5.0):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + within_s
+    while not (out := fn()):
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+    return out
+
+
+def test_a_deleted_then_recreated_file_is_followed(tmp_path):
+    db = tmp_path / "configs.db"
+    env = {"TUNER_DATABASE_URL": f"sqlite:///{db}", "TUNER_DEVICE": "h200", "TUNER_WRITE_TOKEN": TOKEN}
+    full = {**os.environ, **env}
+    subprocess.run(tuner_cmd("db", "upgrade"), env=full, check=True, capture_output=True, timeout=60)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    with running_server(env, port=port):
+        assert httpx.post(f"{base}/configs/import", json=[ROW], headers=AUTH).json()["imported"] == 1
+        assert httpx.get(f"{base}/config", params=Q).json()["NSPLIT"] == 64
+        for suffix in ("", "-wal", "-shm"):
+            if os.path.exists(f"{db}{suffix}"):
+                os.remove(f"{db}{suffix}")
+
+        time.sleep(0.3)  # a few background checks
+        w = httpx.post(f"{base}/configs/import", json=[{**ROW, "H": 16}], headers=AUTH)
+        assert w.status_code == 503 and "missing" in w.json()["detail"], w.text
+        assert not db.exists(), "an import recreated the deleted database file"
+        assert httpx.get(f"{base}/readyz").status_code == 503
+        stale = httpx.get(f"{base}/config", params=Q)
+        assert stale.status_code == 200 and "missing" in stale.headers["X-Config-Stale"]
+
+        subprocess.run(tuner_cmd("db", "upgrade"), env=full, check=True, capture_output=True, timeout=60)
+        (tmp_path / "new.json").write_text(json.dumps([{**ROW, "NSPLIT": 32}]))
+        subprocess.run(
+            tuner_cmd("configs", "import", str(tmp_path / "new.json")), env=full, check=True, capture_output=True
+        )
+        _eventually(lambda: httpx.get(f"{base}/readyz").status_code == 200, "not ready on the new file")
+        r = _eventually(
+            lambda: (x := httpx.get(f"{base}/config", params=Q)).json()["NSPLIT"] == 32 and x,
+            "still serving the deleted file's rows",
+        )
+        assert "X-Config-Stale" not in r.headers
+
+        imp = httpx.post(f"{base}/configs/import", json=[{**ROW, "H": 16, "NSPLIT": 16}], headers=AUTH)
+        assert imp.status_code == 200 and imp.json()["imported"] == 1
+        got = httpx.get(f"{base}/config", params={**Q, "H": 16}).json()
+        assert (got["source"], got["NSPLIT"]) == ("tuned", 16), "the API import went somewhere /config does not read"
