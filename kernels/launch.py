@@ -14,18 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from verify_tuner.kernels.abi import PARTIAL_ARGS, REDUCE_ARGS, LaunchSpec, reduce_grid
 from verify_tuner.kernels.build import compile_cubin, ptxas_report
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.errors import InvalidConfig, LaunchError
 from verify_tuner.kernels.limits import DeviceLimits
 from verify_tuner.kernels.pdl import DependentLaunch
-from verify_tuner.kernels.plan import workspace_slots
 from verify_tuner.kernels.validate import D_QK, D_V, smem_bytes, validate
-
-LOG2E = 1.4426950408889634
-#: The kernels' arguments in PyCUDA's prepare() letters (csrc/verify_attention.cu's signatures).
-PARTIAL_ARGS = "PPPPPPPPPPiif"
-REDUCE_ARGS = "PPPPPiii"
 
 
 def _read_int(module: Any, name: str) -> int:
@@ -44,17 +39,6 @@ def _ptr(x: Any) -> int:
     if hasattr(x, "data_ptr"):
         return int(x.data_ptr())
     return int(x)
-
-
-def reduce_grid(*, batch: int, q_len: int, H: int, sm_count: int, threads: int) -> tuple[int, int]:
-    """(blocks, items per block) of the reduce: an item is one (row, quarter) of a request's output,
-    4 * q_len * H a request. Enough blocks for two requests' items (all of a long request's merges
-    run in parallel) and four per SM, but no more: past the GPU's block-launch rate, blocks for
-    requests that one part wrote whole cost more than the merges (a block checks up to `threads`
-    items at once)."""
-    items = batch * q_len * H * 4
-    blocks = min(items, max(2 * q_len * H * 4, 4 * sm_count, -(-items // threads)))
-    return blocks, -(-items // blocks)
 
 
 class VerifyAttention:
@@ -93,9 +77,9 @@ class VerifyAttention:
                 f"BLOCK={cfg.block} but the compiled kernel allows {max_threads} threads "
                 f"({self.partial.get_attribute(fa.NUM_REGS)} registers/thread)"
             )
-        self.row_tiles = -(-q_len // cfg.row_tile(q_len))
         # partials only for requests several parts share: part p's of request b in slot p + b
-        rows = workspace_slots(nsplit=cfg.nsplit, batch=max_batch) * q_len * H
+        self.spec = LaunchSpec(cfg, H, q_len)
+        rows = self.spec.workspace_rows(max_batch)
         self._part_o = cuda.mem_alloc(rows * D_V * 2)  # bf16 o / l per slot
         self._part_lse = cuda.mem_alloc(rows * 4)  # fp32 log2-domain lse per slot
         self.partial.prepare(PARTIAL_ARGS)
@@ -127,33 +111,31 @@ class VerifyAttention:
         if not 1 <= batch <= self.max_batch:
             raise LaunchError(f"batch {batch} outside 1..{self.max_batch} this launcher was built for")
         scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(D_QK)
-        c = self.cfg
-        work = (int(self._part_o), int(self._part_lse))
-        self.partial.prepared_async_call(
-            (c.nsplit, self.H // c.ht * self.row_tiles, 1),  # fixed for any batch: the kernel plans its share
-            (c.block, 1, 1),
-            stream,
-            _ptr(q),
-            _ptr(kv),
-            _ptr(prefix_indices),
-            _ptr(prefix_indptr),
-            _ptr(draft_indices),
-            _ptr(tree_mask),
-            *work,
-            _ptr(out),
-            _ptr(lse),
-            batch,
-            self.H,
-            scale * LOG2E,
-            shared_size=self.smem,
+        work = {"part_o": int(self._part_o), "part_lse": int(self._part_lse)}
+        args = self.spec.partial_args(
+            q=_ptr(q),
+            kv=_ptr(kv),
+            prefix_indices=_ptr(prefix_indices),
+            prefix_indptr=_ptr(prefix_indptr),
+            draft_indices=_ptr(draft_indices),
+            tree_mask=_ptr(tree_mask),
+            out=_ptr(out),
+            lse=_ptr(lse),
+            batch=batch,
+            softmax_scale=scale,
+            **work,
         )
+        block = (self.cfg.block, 1, 1)
+        self.partial.prepared_async_call(self.spec.partial_grid(), block, stream, *args, shared_size=self.smem)
         if not reduce:
             return
         blocks, per_block = reduce_grid(
             batch=batch, q_len=self.q_len, H=self.H, sm_count=self.sm_count, threads=self.reduce_threads
         )
         grid = (blocks, 1, 1)
-        args = (*work, _ptr(prefix_indptr), _ptr(out), _ptr(lse), batch, self.H, per_block)
+        args = self.spec.reduce_args(
+            prefix_indptr=_ptr(prefix_indptr), out=_ptr(out), lse=_ptr(lse), batch=batch, per_block=per_block, **work
+        )
         if self._reduce_pdl is not None:
             self._reduce_pdl(grid, self.reduce_threads, stream.handle if stream is not None else 0, *args)
             return

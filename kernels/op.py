@@ -1,0 +1,162 @@
+"""The verify kernel as a torch op, for inference engines: `torch.ops.verify_tuner.verify_attention`.
+
+It runs on the device of its tensors (tensor-parallel rank k: cuda:k) and on that device's current
+torch stream, so it is captured in the engine's own CUDA graphs; it checks dtypes, shapes, device
+and contiguity with one clear error; its workspace comes from torch's allocator, sized by the
+runtime plan for the batch (NSPLIT + B - 1 partial slots) and kept for later calls and replays.
+The cubin comes from a bundle (`VERIFY_TUNER_CUBINS` or `use_bundle(path)`); without one it is
+compiled when nvcc is present, and otherwise the call says what is missing. Neither PyCUDA nor
+nvcc is needed on an inference host that has a bundle.
+
+    import verify_tuner.kernels.op  # registers the op
+    torch.ops.verify_tuner.verify_attention(q, kv, kv_indptr, kv_indices, draft_slots, tree_mask, out,
+                                            lse, config.as_list(), softmax_scale)
+"""
+
+# No `from __future__ import annotations`: torch.library reads the op's schema from live annotations.
+import os
+import threading
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from verify_tuner.kernels.abi import LaunchSpec, TensorMeta, check_call
+from verify_tuner.kernels.bundle import Bundle, BundleError
+from verify_tuner.kernels.config import PARAM_NAMES, KernelConfig
+from verify_tuner.kernels.errors import InvalidConfig
+from verify_tuner.kernels.validate import validate
+
+_lock = threading.Lock()
+_bundle: Optional[Bundle] = None  # noqa: UP045
+_kernels: dict[tuple[int, KernelConfig, int, int], Any] = {}
+_workspace: dict[tuple[int, KernelConfig, int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+_limits: dict[int, Any] = {}
+
+
+def use_bundle(path: Optional[str]) -> None:  # noqa: UP045
+    """Load cubins from this bundle folder (None: compile with nvcc instead)."""
+    global _bundle
+    with _lock:
+        _bundle = Bundle.open(Path(path)) if path is not None else None
+        _kernels.clear()
+
+
+def config_list(cfg: KernelConfig) -> list[int]:
+    """The op's `config` argument: the constants in PARAM_NAMES order."""
+    return [cfg.as_params()[n] for n in PARAM_NAMES]
+
+
+def _cubin(cfg: KernelConfig, q_len: int, arch: str) -> bytes:
+    if _bundle is None and os.environ.get("VERIFY_TUNER_CUBINS"):
+        use_bundle(os.environ["VERIFY_TUNER_CUBINS"])
+    if _bundle is not None:
+        return _bundle.cubin(cfg, q_len, arch)
+    import shutil
+
+    if shutil.which("nvcc") is None:
+        raise BundleError(
+            "no cubin bundle (set VERIFY_TUNER_CUBINS to a `tuner configs dump --cubins` folder) "
+            "and no nvcc to compile one"
+        )
+    from verify_tuner.kernels.build import compile_cubin
+
+    cache = Path(os.environ.get("TUNER_CACHE_DIR", Path.home() / ".cache" / "verify-tuner" / "cubins"))
+    return compile_cubin(cfg, q_len, arch, cache).cubin
+
+
+def _kernels_for(device: int, cfg: KernelConfig, q_len: int, H: int) -> Any:
+    from verify_tuner.kernels import runtime
+
+    key = (device, cfg, q_len, H)
+    with _lock:
+        if key not in _kernels:
+            runtime.make_current(device)
+            limits = _limits.setdefault(device, runtime.read_limits(device))
+            validate(cfg, limits, H=H, q_len=q_len)
+            spec = LaunchSpec(cfg, H, q_len)
+            _kernels[key] = runtime.CubinKernels(_cubin(cfg, q_len, limits.arch), spec, sm_count=limits.sm_count)
+        return _kernels[key]
+
+
+def _meta(t: Optional[torch.Tensor]) -> Optional[TensorMeta]:  # noqa: UP045
+    if t is None:
+        return None
+    return TensorMeta(str(t.dtype).removeprefix("torch."), tuple(t.shape), str(t.device), t.is_contiguous())
+
+
+def _check(tensors: dict[str, Optional[torch.Tensor]], config: list[int]) -> tuple[KernelConfig, int, int]:  # noqa: UP045
+    if len(config) != len(PARAM_NAMES):
+        raise InvalidConfig(f"config must list {len(PARAM_NAMES)} constants ({', '.join(PARAM_NAMES)})")
+    cfg = KernelConfig.from_params(dict(zip(PARAM_NAMES, config)))
+    q = tensors["q"]
+    if q is None or q.dim() != 4:
+        raise ValueError("verify_attention: q must be [B, q_len, H, 576]")
+    _, q_len, H, _ = q.shape
+    reason = check_call({k: _meta(v) for k, v in tensors.items()}, q_len=q_len, H=H)
+    if reason is not None:
+        raise ValueError(f"verify_attention: {reason}")
+    return cfg, q_len, H
+
+
+@torch.library.custom_op("verify_tuner::verify_attention", mutates_args=("out", "lse"))
+def verify_attention(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    draft_slots: torch.Tensor,
+    tree_mask: torch.Tensor,
+    out: torch.Tensor,
+    lse: Optional[torch.Tensor],  # noqa: UP045
+    config: list[int],
+    softmax_scale: float,
+) -> None:
+    """MLA verify attention into `out` (and `lse`): q [B,Q,H,576] bf16, kv [S,576] bf16,
+    kv_indptr [B+1] / kv_indices int32 (request b's prefix slots), draft_slots [B,Q] int32,
+    tree_mask [B,Q] int64 (bit j of row i: node i sees node j), out [B,Q,H,512] bf16, lse [B,Q,H]
+    fp32 or None; `config` from config_list()."""
+    tensors = {
+        "q": q,
+        "kv": kv,
+        "kv_indptr": kv_indptr,
+        "kv_indices": kv_indices,
+        "draft_slots": draft_slots,
+        "tree_mask": tree_mask,
+        "out": out,
+        "lse": lse,
+    }
+    cfg, q_len, H = _check(tensors, config)
+    device, batch = q.device.index, q.shape[0]
+    kernels = _kernels_for(device, cfg, q_len, H)
+    key = (device, cfg, q_len, H, batch)
+    if key not in _workspace:  # first call at this batch size: before the engine captures its graph
+        rows = kernels.spec.workspace_rows(batch)
+        _workspace[key] = (
+            torch.empty(rows, 512, dtype=torch.bfloat16, device=q.device),
+            torch.empty(rows, dtype=torch.float32, device=q.device),
+        )
+    part_o, part_lse = _workspace[key]
+    pointers = {
+        "q": q.data_ptr(),
+        "kv": kv.data_ptr(),
+        "prefix_indices": kv_indices.data_ptr(),
+        "prefix_indptr": kv_indptr.data_ptr(),
+        "draft_indices": draft_slots.data_ptr(),
+        "tree_mask": tree_mask.data_ptr(),
+        "out": out.data_ptr(),
+        "lse": lse.data_ptr() if lse is not None else 0,
+    }
+    stream = torch.cuda.current_stream(q.device).cuda_stream
+    kernels.launch(
+        stream=stream,
+        batch=batch,
+        pointers=pointers,
+        part_o=part_o.data_ptr(),
+        part_lse=part_lse.data_ptr(),
+        softmax_scale=softmax_scale,
+    )
+
+
+@verify_attention.register_fake
+def _(q, kv, kv_indptr, kv_indices, draft_slots, tree_mask, out, lse, config, softmax_scale) -> None:
+    return None

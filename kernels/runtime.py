@@ -1,0 +1,137 @@
+"""Launch a compiled config from its cubin with NVIDIA's cuda-python (the engine-side loader).
+
+An inference host needs neither nvcc nor PyCUDA: the cubin comes from a bundle the tuner wrote
+(kernels/bundle.py), cuda.bindings (binary wheels) loads it into the primary context of the
+tensors' device, the one torch uses, and the launch goes to whatever stream handle the caller
+passes (torch's current stream in kernels/op.py). Grids, argument order and the workspace come
+from kernels/abi.py, as for the tuner's PyCUDA launcher.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+from verify_tuner.kernels.abi import LaunchSpec, reduce_grid
+from verify_tuner.kernels.errors import LaunchError
+from verify_tuner.kernels.validate import smem_bytes
+
+_PTR, _INT, _FLT = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+_PARTIAL_TYPES = (_PTR,) * 10 + (_INT, _INT, _FLT)
+_REDUCE_TYPES = (_PTR,) * 5 + (_INT, _INT, _INT)
+
+
+def _driver() -> Any:
+    from cuda.bindings import driver
+
+    return driver
+
+
+def _ok(result: Any, what: str) -> Any:
+    """cuda.bindings returns (CUresult, values...): the values, or a LaunchError naming the call."""
+    drv = _driver()
+    err, *values = result if isinstance(result, tuple) else (result,)
+    if err != drv.CUresult.CUDA_SUCCESS:
+        name = drv.cuGetErrorName(err)[1]
+        raise LaunchError(f"{what} failed: {name.decode() if isinstance(name, bytes) else err}")
+    return values[0] if len(values) == 1 else values
+
+
+def make_current(device_index: int) -> None:
+    """Make the device's primary context (torch's) current on this thread."""
+    drv = _driver()
+    _ok(drv.cuInit(0), "cuInit")
+    dev = _ok(drv.cuDeviceGet(device_index), "cuDeviceGet")
+    ctx = _ok(drv.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+    _ok(drv.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+
+
+class CubinKernels:
+    """One config's partial and reduce kernels, loaded from cubin bytes into the current context."""
+
+    def __init__(self, cubin: bytes, spec: LaunchSpec, *, sm_count: int) -> None:
+        drv = _driver()
+        self.spec, self.sm_count = spec, sm_count
+        self.module = _ok(drv.cuModuleLoadData(cubin), "cuModuleLoadData")
+        self.partial = _ok(drv.cuModuleGetFunction(self.module, b"verify_attn_partial"), "cuModuleGetFunction")
+        self.reduce = _ok(drv.cuModuleGetFunction(self.module, b"verify_attn_reduce"), "cuModuleGetFunction")
+        self.smem = smem_bytes(spec.cfg, spec.q_len)
+        if self._read_int(b"kSmemBytes") != self.smem:  # a bug, not a bad config: the formulas drifted apart
+            raise RuntimeError(f"smem formula {self.smem} B != the cubin's layout")
+        attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        _ok(drv.cuFuncSetAttribute(self.partial, attr, self.smem), "cuFuncSetAttribute")
+        self.reduce_threads = self._read_int(b"kReduceThreads")
+        self.uses_pdl = self._read_int(b"kUsesPdl") == 1
+
+    def _read_int(self, name: bytes) -> int:
+        drv = _driver()
+        dptr, size = _ok(drv.cuModuleGetGlobal(self.module, name), f"cuModuleGetGlobal({name.decode()})")
+        got = ctypes.c_int32()
+        _ok(drv.cuMemcpyDtoH(ctypes.addressof(got), dptr, size), "cuMemcpyDtoH")
+        return int(got.value)
+
+    def _config(self, grid: tuple[int, int, int], block: int, smem: int, stream: int, pdl: bool) -> Any:
+        drv = _driver()
+        cfg = drv.CUlaunchConfig()
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block, 1, 1
+        cfg.sharedMemBytes, cfg.hStream = smem, drv.CUstream(stream)
+        if pdl:  # the reduce is scheduled while the partial runs and waits in griddepcontrol.wait
+            attr = drv.CUlaunchAttribute()
+            attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            attr.value.programmaticStreamSerializationAllowed = 1
+            cfg.attrs, cfg.numAttrs = [attr], 1
+        else:
+            cfg.numAttrs = 0
+        return cfg
+
+    def launch(
+        self, *, stream: int, batch: int, pointers: dict[str, int], part_o: int, part_lse: int, softmax_scale: float
+    ) -> None:
+        """Enqueue partial + reduce on `stream` (a CUstream handle as an int)."""
+        drv = _driver()
+        spec = self.spec
+        args = spec.partial_args(part_o=part_o, part_lse=part_lse, batch=batch, softmax_scale=softmax_scale, **pointers)
+        cfg = self._config(spec.partial_grid(), spec.cfg.block, self.smem, stream, pdl=False)
+        _ok(drv.cuLaunchKernelEx(cfg, self.partial, (args, _PARTIAL_TYPES), 0), "cuLaunchKernelEx(partial)")
+        blocks, per_block = reduce_grid(
+            batch=batch, q_len=spec.q_len, H=spec.H, sm_count=self.sm_count, threads=self.reduce_threads
+        )
+        args = spec.reduce_args(
+            part_o=part_o,
+            part_lse=part_lse,
+            prefix_indptr=pointers["prefix_indptr"],
+            out=pointers["out"],
+            lse=pointers["lse"],
+            batch=batch,
+            per_block=per_block,
+        )
+        cfg = self._config((blocks, 1, 1), self.reduce_threads, 0, stream, pdl=self.uses_pdl)
+        _ok(drv.cuLaunchKernelEx(cfg, self.reduce, (args, _REDUCE_TYPES), 0), "cuLaunchKernelEx(reduce)")
+
+
+def read_limits(device_index: int) -> Any:
+    """The device's limits through cuda.bindings (kernels.limits.read_device_limits without PyCUDA)."""
+    from verify_tuner.kernels.limits import DeviceLimits
+
+    drv = _driver()
+    _ok(drv.cuInit(0), "cuInit")
+    dev = _ok(drv.cuDeviceGet(device_index), "cuDeviceGet")
+    a = drv.CUdevice_attribute
+
+    def get(name: str) -> int:
+        return int(_ok(drv.cuDeviceGetAttribute(getattr(a, f"CU_DEVICE_ATTRIBUTE_{name}"), dev), name))
+
+    raw = _ok(drv.cuDeviceGetName(256, dev), "cuDeviceGetName")
+    return DeviceLimits(
+        name=raw.split(b"\0", 1)[0].decode(),
+        cc_major=get("COMPUTE_CAPABILITY_MAJOR"),
+        cc_minor=get("COMPUTE_CAPABILITY_MINOR"),
+        sm_count=get("MULTIPROCESSOR_COUNT"),
+        max_smem_optin=get("MAX_SHARED_MEMORY_PER_BLOCK_OPTIN"),
+        smem_per_sm=get("MAX_SHARED_MEMORY_PER_MULTIPROCESSOR"),
+        regs_per_sm=get("MAX_REGISTERS_PER_MULTIPROCESSOR"),
+        regs_per_block=get("MAX_REGISTERS_PER_BLOCK"),
+        max_threads_per_block=get("MAX_THREADS_PER_BLOCK"),
+        l2_bytes=get("L2_CACHE_SIZE"),
+    )
