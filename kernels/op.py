@@ -47,8 +47,10 @@ def config_list(cfg: KernelConfig) -> list[int]:
 
 
 def _cubin(cfg: KernelConfig, q_len: int, arch: str) -> bytes:
+    """Called under _lock (by _kernels_for), so it sets the bundle itself instead of use_bundle()."""
+    global _bundle
     if _bundle is None and os.environ.get("VERIFY_TUNER_CUBINS"):
-        use_bundle(os.environ["VERIFY_TUNER_CUBINS"])
+        _bundle = Bundle.open(Path(os.environ["VERIFY_TUNER_CUBINS"]))
     if _bundle is not None:
         return _bundle.cubin(cfg, q_len, arch)
     import shutil

@@ -84,7 +84,7 @@ def test_op_from_a_bundle_without_nvcc_in_a_graph_on_the_current_stream(tmp_path
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=120,
         check=False,
     )
     assert r.returncode == 0, r.stderr[-3000:]
