@@ -70,7 +70,9 @@ BLOCKED = (
 
 
 def _tuner(env, *args):  # type: ignore[no-untyped-def]
-    return subprocess.run(tuner_cmd(*args), env={**os.environ, **env}, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        tuner_cmd(*args), env={**os.environ, **env}, capture_output=True, text=True, timeout=120, check=False
+    )
 
 
 def _dumped(tmp_path: Path) -> tuple[dict[str, str], Path]:
@@ -132,7 +134,12 @@ print(json.dumps({{"source": src, "reason": c.reason, "b1": c.lookup(46000).nspl
     env = {k: v for k, v in os.environ.items() if not k.startswith("VERIFY_TUNER")}
     env.update({"VERIFY_TUNER_CONFIG_DIR": str(out), "PYTHONPATH": os.getcwd()})
     r = subprocess.run(
-        [sys.executable, "-c", worker, str(tmp_path / "snap")], env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", worker, str(tmp_path / "snap")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)

@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 from verify_tuner import buckets
-from verify_tuner.db.models import (  # noqa: F401  (Study re-exported)
+from verify_tuner.db.models import (
     BestConfig,
     DataVersion,
     Device,
@@ -65,19 +65,19 @@ def _insert_ignore(session: Session, model: type, *, key_cols: dict[str, Any], v
 
 # --- devices and kernels ---------------------------------------------------------------------
 def upsert_device(*, session: Session, limits: DeviceLimits) -> Device:
-    values = dict(
-        compute_capability=limits.compute_capability,
-        sm_count=limits.sm_count,
-        max_smem_optin=limits.max_smem_optin,
-        smem_per_sm=limits.smem_per_sm,
-        regs_per_sm=limits.regs_per_sm,
-        regs_per_block=limits.regs_per_block,
-        max_threads_per_block=limits.max_threads_per_block,
-        l2_bytes=limits.l2_bytes,
-        driver_version=limits.driver_version,
-        cuda_version=limits.cuda_version,
-        recorded_at=utcnow(),
-    )
+    values = {
+        "compute_capability": limits.compute_capability,
+        "sm_count": limits.sm_count,
+        "max_smem_optin": limits.max_smem_optin,
+        "smem_per_sm": limits.smem_per_sm,
+        "regs_per_sm": limits.regs_per_sm,
+        "regs_per_block": limits.regs_per_block,
+        "max_threads_per_block": limits.max_threads_per_block,
+        "l2_bytes": limits.l2_bytes,
+        "driver_version": limits.driver_version,
+        "cuda_version": limits.cuda_version,
+        "recorded_at": utcnow(),
+    }
     if limits.copy_bw_gbps is not None:  # a known-table record must not erase a measured figure
         values["copy_bw_gbps"] = limits.copy_bw_gbps
     _bump_version(session)
@@ -223,33 +223,33 @@ def upsert_best(
     p = config.as_params()
     extra = config.extra_params()
     speedup = default_us / median_us if default_us and median_us else None
-    values = dict(
-        nsplit=p["NSPLIT"],
-        ht=p["HT"],
-        tk=p["TK"],
-        block=p["BLOCK"],
-        extra=extra,
-        median_us=median_us,
-        p10_us=p10_us,
-        p90_us=p90_us,
-        default_us=default_us,
-        speedup=speedup,
-        study_id=study_id,
-        tuned_at=tuned_at or utcnow(),
-    )
+    values = {
+        "nsplit": p["NSPLIT"],
+        "ht": p["HT"],
+        "tk": p["TK"],
+        "block": p["BLOCK"],
+        "extra": extra,
+        "median_us": median_us,
+        "p10_us": p10_us,
+        "p90_us": p90_us,
+        "default_us": default_us,
+        "speedup": speedup,
+        "study_id": study_id,
+        "tuned_at": tuned_at or utcnow(),
+    }
     _bump_version(session)
     _upsert(
         session,
         BestConfig,
-        key_cols=dict(
-            device_id=device.id,
-            kernel_id=kernel.id,
-            dtype=key.dtype,
-            H=key.H,
-            q_len=key.q_len,
-            bucket=key.bucket,
-            batch_bucket=key.batch_bucket,
-        ),
+        key_cols={
+            "device_id": device.id,
+            "kernel_id": kernel.id,
+            "dtype": key.dtype,
+            "H": key.H,
+            "q_len": key.q_len,
+            "bucket": key.bucket,
+            "batch_bucket": key.batch_bucket,
+        },
         values=values,
     )
 
@@ -293,24 +293,24 @@ def get_or_create_study(
         session,
         Study,
         key_cols={"workload_key": str(key)},
-        values=dict(
-            device_id=device.id,
-            kernel_id=kernel.id,
-            dtype=key.dtype,
-            H=key.H,
-            q_len=key.q_len,
-            bucket=key.bucket,
-            batch_bucket=key.batch_bucket,
-            prefix=prefix,
-            status="running",
-            sampler=sampler,
-            seed=seed,
-            started_at=utcnow(),
-            n_trials=0,
-            n_ok=0,
-            n_invalid=0,
-            n_failed=0,
-        ),
+        values={
+            "device_id": device.id,
+            "kernel_id": kernel.id,
+            "dtype": key.dtype,
+            "H": key.H,
+            "q_len": key.q_len,
+            "bucket": key.bucket,
+            "batch_bucket": key.batch_bucket,
+            "prefix": prefix,
+            "status": "running",
+            "sampler": sampler,
+            "seed": seed,
+            "started_at": utcnow(),
+            "n_trials": 0,
+            "n_ok": 0,
+            "n_invalid": 0,
+            "n_failed": 0,
+        },
     )
     study = session.scalars(select(Study).where(Study.workload_key == str(key))).one()
     if reopen and study.status != "running":
