@@ -21,7 +21,7 @@ WR_CHOICES = (1, 2, 3, 4, 8)
 WK_CHOICES = (1, 2, 3, 4, 6)
 #: 0, 1: one group of warps, block-wide barriers; 3: the seesaw (two groups of 4 warps take turns at
 #: QK + softmax, each applies every P to its half of the latent dims). 2 (two row groups a phase
-#: apart, session 3) measured slower everywhere and was removed; its number is not reused.
+#: apart) was slower at every measured shape and was removed; its number is not reused.
 PIPE_CHOICES = (0, 1, 3)
 SF_CHOICES = (0, 1)
 

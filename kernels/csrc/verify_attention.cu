@@ -147,8 +147,7 @@ extern "C" __device__ const int kReduceThreads = RED_THREADS;
 // padding) and the 16-byte chunk c of row r sits at chunk c ^ (r & 7) of its 128-byte group, so a
 // warp's cp.async of 512 contiguous global bytes fills whole 128-byte shared-memory lines and
 // ldmatrix's eight rows at one column read eight different chunks (all 32 banks, no conflict).
-// The padded rows this replaces (1168 B) split every 128-byte copy over two lines: Nsight Compute
-// counted 2.5x the ideal shared-memory wavefronts and 1.5x the L2 sectors for the KV cp.async.
+// Padded rows (1168 B) would split every 128-byte copy over two shared-memory lines.
 __device__ __forceinline__ int sw(int row, int col) {
   return row * KSTRIDE + (((col >> 3) ^ (row & 7)) << 3) + (col & 7);
 }
@@ -353,8 +352,8 @@ __device__ __forceinline__ void load_kv_tile(bf16* Kt, const bf16* __restrict__ 
   const uint32_t base = smem_u32(Kt);
   // The warp's tokens warp + k*NW: every index read first, then the copies, all unrolled and
   // branch-free (the third chunk is a predicated copy, not a branch), so the index reads overlap
-  // and no divergence region splits the tokens (Nsight Compute, seesaw at H=64: the refill was
-  // 14 % of the stall samples, one index read and one reconverging branch per token).
+  // and no divergence region splits the tokens (a branch per token made the refill a visible
+  // share of the stalls).
   constexpr int PER = (TK + NW - 1) / NW;
   constexpr bool EVEN = TK % NW == 0;
   int slot[PER];
@@ -532,8 +531,7 @@ __device__ __forceinline__ void softmax_tile(const float* Ss, bf16* Ps, float* m
   const int vbase = sp.v0 + it * TK;
   const int sub = lane / LPR, sl = lane % LPR;
   constexpr int PASSES = (ROWS_PAD + GWARPS * RPP - 1) / (GWARPS * RPP);
-  // (unrolling the passes so their loads overlap measured within noise: 0-1 %,
-  // bench/results/sweep_ilp_sm_90.md)
+  // (the passes stay rolled: unrolling them so their loads overlap measured no faster)
 #pragma unroll 1
   for (int pass = 0; pass < PASSES; ++pass) {
     const int r0 = (pass * GWARPS + warp) * RPP;
