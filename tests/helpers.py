@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -21,6 +22,36 @@ def free_port() -> int:
 
 def tuner_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "tuner", *args]
+
+
+def run_tuner(
+    env: dict[str, str], *args: str, block: str | None = None, wrap: Sequence[str] = (), timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """`tuner ARGS` in a fresh process, as an operator runs it (optionally with one package made
+    unimportable, as on a machine that lacks it; `wrap` prefixes the command)."""
+    code = "import sys; sys.argv[0] = 'tuner'; from verify_tuner.entry import main; main()"
+    if block:
+        code = f"import sys; sys.modules[{block!r}] = None; " + code
+    return subprocess.run(
+        [*wrap, sys.executable, "-c", code, *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+#: Root without the capabilities that let it ignore file modes: as a non-root user would be.
+NO_DAC_OVERRIDE = ("setpriv", "--bounding-set", "-dac_override,-dac_read_search,-fowner")
+
+
+def file_modes_bind() -> tuple[str, ...] | None:
+    """A command prefix under which file modes bind a child process (nothing for a normal user),
+    or None where that cannot be had (root without setpriv)."""
+    if os.geteuid() != 0:
+        return ()
+    return NO_DAC_OVERRIDE if shutil.which("setpriv") else None
 
 
 @contextlib.contextmanager

@@ -7,6 +7,8 @@ import pytest
 from click.testing import CliRunner
 from verify_tuner.cli import cli
 
+from tests.helpers import run_tuner
+
 
 def _commands(group: click.Group, prefix: tuple[str, ...] = ()):
     for name, cmd in group.commands.items():
@@ -136,21 +138,6 @@ def test_snapshot_is_a_self_contained_read_only_copy_the_sidecar_serves(run, tmp
     assert again.exit_code != 0 and "exists" in again.output
 
 
-def _tuner(env: dict[str, str], *args: str, block: str | None = None):  # type: ignore[no-untyped-def]
-    """`tuner ARGS` in a fresh process, as an operator runs it (optionally with one package made
-    unimportable, as on a machine that lacks it)."""
-    import os
-    import subprocess
-    import sys
-
-    code = "import sys; sys.argv[0] = 'tuner'; from verify_tuner.cli import main; main()"
-    if block:
-        code = f"import sys; sys.modules[{block!r}] = None; " + code
-    return subprocess.run(
-        [sys.executable, "-c", code, *args], env={**os.environ, **env}, capture_output=True, text=True, timeout=60
-    )
-
-
 @pytest.mark.parametrize(
     "env, args, block, expect",
     [
@@ -210,21 +197,21 @@ def _tuner(env: dict[str, str], *args: str, block: str | None = None):  # type: 
 def test_operator_mistakes_are_one_line_and_non_zero(sqlite_url, tmp_path, env, args, block, expect):
     """Each of these printed a traceback before (issue 11 item 16)."""
     base = {"TUNER_DATABASE_URL": sqlite_url}
-    assert _tuner(base, "db", "upgrade").returncode == 0
-    r = _tuner({**base, **env}, *[str(tmp_path / "rep") if a == "OUT" else a for a in args], block=block)
+    assert run_tuner(base, "db", "upgrade").returncode == 0
+    r = run_tuner({**base, **env}, *[str(tmp_path / "rep") if a == "OUT" else a for a in args], block=block)
     assert r.returncode != 0, r.stdout
     assert "Traceback" not in r.stderr and expect in r.stderr, r.stderr
     assert len([ln for ln in r.stderr.splitlines() if ln.strip()]) <= 3, r.stderr
 
 
 def test_version():
-    r = _tuner({}, "--version")
+    r = run_tuner({}, "--version")
     assert r.returncode == 0 and r.stdout.startswith("tuner ")
 
 
 def test_study_report_without_matplotlib_is_one_line(sqlite_url, tmp_path):
     base = {"TUNER_DATABASE_URL": sqlite_url}
-    assert _tuner(base, "db", "upgrade").returncode == 0
+    assert run_tuner(base, "db", "upgrade").returncode == 0
     rows = [
         {
             "device": "h200",
@@ -240,8 +227,8 @@ def test_study_report_without_matplotlib_is_one_line(sqlite_url, tmp_path):
         }
     ]
     (tmp_path / "r.json").write_text(json.dumps(rows))
-    assert _tuner(base, "configs", "import", str(tmp_path / "r.json")).returncode == 0
-    r = _tuner(base, "study", "report", "--out", str(tmp_path / "rep"), block="matplotlib")
+    assert run_tuner(base, "configs", "import", str(tmp_path / "r.json")).returncode == 0
+    r = run_tuner(base, "study", "report", "--out", str(tmp_path / "rep"), block="matplotlib")
     assert r.returncode == 1 and "Traceback" not in r.stderr and "this command needs matplotlib" in r.stderr, r.stderr
 
 
@@ -252,7 +239,7 @@ def test_study_start_exits_non_zero_when_a_key_stores_nothing(run, monkeypatch):
     from verify_tuner.keys import ConfigKey
     from verify_tuner.study import Outcome
 
-    def fake_tune(settings, job, ordinal, on_progress=None, on_key_done=None):  # noqa: ANN001, ANN202
+    def fake_tune(settings, job, ordinal, on_progress=None, on_key_done=None):
         wl = job.workloads[0]
         key = ConfigKey("NVIDIA H200", "x", "bf16", wl.H, wl.q_len, 15)
         from verify_tuner.claims import JobResult
@@ -311,7 +298,9 @@ def test_json_flags_print_valid_json(run):
     listed = run("configs", "list", "--json").output
     (row,) = json.loads(listed)
     assert row["NSPLIT"] == 64 and row["STAGES"] == 2 and row["kernel_hash"] and row["served"] is True
-    tool = subprocess.run([sys.executable, "-m", "json.tool"], input=listed, capture_output=True, text=True)
+    tool = subprocess.run(
+        [sys.executable, "-m", "json.tool"], input=listed, capture_output=True, text=True, check=False
+    )
     assert tool.returncode == 0
     (dev,) = json.loads(run("device", "list", "--json").output)
     assert dev["name"] == "NVIDIA H200" and dev["sm_count"] == 132
