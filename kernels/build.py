@@ -130,10 +130,9 @@ def _run_nvcc(source: str, arch: str, target: Path, extra_flags: tuple[str, ...]
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    from verify_tuner.files import write_shared  # 0644: TUNER_CACHE_DIR may be shared by tuners of other users
+
+    write_shared(path, data)
 
 
 def _read(path: Path) -> str:

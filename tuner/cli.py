@@ -307,13 +307,14 @@ def configs_export(settings: Settings, fmt: str, output: Path | None, device: st
     """Write every stored best config as JSON or CSV."""
     from verify_tuner import configs_io
     from verify_tuner.db.session import session_scope
+    from verify_tuner.files import write_shared
 
     with session_scope(_checked_sessions(settings)) as s:
         text = configs_io.dumps(configs_io.export_rows(session=s, device=device), fmt)
     if output is None:
         sys.stdout.write(text)
     else:
-        output.write_text(text)
+        write_shared(output, text)
         click.echo(f"wrote {output}")
 
 

@@ -10,11 +10,11 @@ dependencies installed); writing goes through verify_tuner.lookup (tuner configs
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from verify_tuner.files import write_shared
 
 FORMAT = "verify-tuner/engine-config/1"
 ROW_FIELDS = ("median_us", "p10_us", "p90_us", "default_us", "tuned_at")
@@ -34,15 +34,9 @@ def file_name(*, H: int, q_len: int, device: str, dtype: str) -> str:
 
 
 def write_atomic(path: Path, doc: dict[str, Any]) -> None:
+    """`doc` as the JSON file `path` (its folder created), readable by every user (verify_tuner.files)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=1, allow_nan=False)  # valid JSON only: no Infinity / NaN
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_shared(path, json.dumps(doc, indent=1, allow_nan=False))  # valid JSON only: no Infinity / NaN
 
 
 def read(path: Path) -> dict[str, Any]:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import datetime as dt
+import io
 from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
 from verify_tuner import buckets, engine_files
 from verify_tuner.db import repo
 from verify_tuner.db.session import session_scope
+from verify_tuner.files import write_shared
 from verify_tuner.kernels.shapes import floor_bytes
 
 
@@ -46,7 +48,7 @@ def write_report(*, sessions: sessionmaker[Session], out_dir: Path, device: str 
                 f"| {r.key.H} | {r.key.q_len} | [{b.lo}, {b.hi}) | {p} | {r.config} | {_f(r.median_us)} | "
                 f"{_f(r.default_us)} | {_f(r.speedup, 'x')} | {_f(floor)} |"
             )
-        stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+        write_shared(stem.with_suffix(".md"), "\n".join(lines) + "\n")
         written.append(stem.with_suffix(".md"))
         written.append(_plot(stem.with_suffix(".png"), dev_name, dev_rows, prefixes, bw))
     return written
@@ -78,7 +80,8 @@ def _plot(path: Path, dev_name: str, rows, prefixes, bw) -> Path:  # type: ignor
         if bw:
             ax.plot(x, [_floor_us(H, q, p, bw) for p in x], "k--", label="memory floor")
         ax.set_xscale("log")
-        ax.set_yscale("log")
+        if bw or any(r.default_us or r.median_us for r in rs):  # rows imported without times plot nothing
+            ax.set_yscale("log")
         ax.set_title(f"H={H} q_len={q}")
         ax.set_xlabel("prefix tokens")
         ax.grid(True, which="both", alpha=0.3)
@@ -86,6 +89,8 @@ def _plot(path: Path, dev_name: str, rows, prefixes, bw) -> Path:  # type: ignor
     axes[0][0].legend(fontsize=7)
     fig.suptitle(f"verify attention: tuned vs default, {dev_name}")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=110)
     plt.close(fig)
+    write_shared(path, png.getvalue())
     return path

@@ -1,0 +1,117 @@
+"""Issue 30 items 15 and 16: what an operator gets wrong, run as `tuner` processes exactly as
+reported, ends in a short error (no traceback) and a non-zero exit; issue 30 item 12: files
+meant for other users are 0644."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import run_tuner, tuner_cmd
+
+ROW = {"device": "h200", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256}
+CSV_HEAD = "device,H,q_len,prefix,NSPLIT,HT,TK,BLOCK\n"
+
+
+@pytest.fixture
+def place(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A tuned SQLite database, a read-only folder, a read-only copy of the database, a file that
+    is not a database and the bad import files of the issue; yields the env and the tmp path."""
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    (tmp_path / "row.json").write_text(json.dumps([ROW]))
+    for args in (("db", "upgrade"), ("configs", "import", str(tmp_path / "row.json"))):
+        assert run_tuner({"TUNER_DATABASE_URL": url}, *args).returncode == 0
+    (tmp_path / "ro").mkdir()
+    (tmp_path / "rodb").mkdir()
+    con = sqlite3.connect(tmp_path / "c.db")
+    con.execute(f"VACUUM INTO '{tmp_path / 'rodb' / 'c.db'}'")  # a whole copy in rollback-journal mode
+    con.close()
+    (tmp_path / "notdb.db").write_text("not an SQLite file, only text that is long enough to have a header\n" * 4)
+    (tmp_path / "m8.csv").write_text(CSV_HEAD + "h200,--8,9,46000,64,8,32,256\n")
+    (tmp_path / "long.json").write_text(json.dumps([ROW]).replace('"H": 8', '"H": ' + "9" * 5000))
+    (tmp_path / "long.csv").write_text(CSV_HEAD + "h200," + "9" * 5000 + ",9,46000,64,8,32,256\n")
+    (tmp_path / "latin1.json").write_bytes(json.dumps([ROW]).replace("h200", "h\xe9200").encode("latin-1"))
+    (tmp_path / "latin1.csv").write_bytes((CSV_HEAD + "h\xe9200,8,9,46000,64,8,32,256\n").encode("latin-1"))
+    (tmp_path / "ro").chmod(0o555)
+    (tmp_path / "rodb" / "c.db").chmod(0o444)
+    (tmp_path / "rodb").chmod(0o555)
+    yield {"TUNER_DATABASE_URL": url}, tmp_path
+    (tmp_path / "ro").chmod(0o755)
+    (tmp_path / "rodb").chmod(0o755)
+
+
+# --- item 12: files meant to be shared ----------------------------------------------------------
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_study_report_on_rows_imported_without_times(place):
+    """Matplotlib refused a log axis with nothing on it: a traceback from `study report`."""
+    env, tmp = place
+    r = run_tuner(env, "study", "report", "--out", str(tmp / "rep"))
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert sorted(p.suffix for p in (tmp / "rep").iterdir()) == [".md", ".png"]
+
+
+def test_dumped_exported_and_reported_files_are_0644_under_a_private_umask(place):
+    env, tmp = place
+    out = tmp / "out"
+    for args in (
+        ("configs", "dump", "--out-dir", str(out / "dump")),
+        ("configs", "export", "-o", str(out / "rows.json")),
+        ("study", "report", "--out", str(out / "report")),
+    ):
+        r = subprocess.run(
+            tuner_cmd(*args), env={**os.environ, **env}, capture_output=True, text=True, umask=0o077, check=False
+        )
+        assert r.returncode == 0, r.stderr
+    files = sorted(p for p in out.rglob("*") if p.is_file())
+    assert {p.suffix for p in files} == {".json", ".md", ".png"}
+    assert {p.name: _mode(p) for p in files} == {p.name: 0o644 for p in files}
+    assert not [p for p in out.rglob(".*")]  # no temporary file left behind
+
+
+def test_write_shared_replaces_whole_and_syncs_file_and_folder(tmp_path, monkeypatch):
+    from verify_tuner.files import write_shared
+
+    target = tmp_path / "t.json"
+    target.write_text("old")
+    target.chmod(0o600)
+    synced = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(stat.S_ISDIR(os.fstat(fd).st_mode)) or real(fd))
+    write_shared(target, "new")
+    assert target.read_text() == "new" and _mode(target) == 0o644
+    assert synced == [False, True]  # the data, then the rename
+    assert [p.name for p in tmp_path.iterdir()] == ["t.json"]
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch):
+    from verify_tuner.files import write_shared
+
+    target = tmp_path / "t.json"
+    target.write_text("old")
+
+    def no_space(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", no_space)
+    with pytest.raises(OSError, match="No space"):
+        write_shared(target, "new")
+    assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["t.json"]
+
+
+def test_cubin_cache_files_are_0644(tmp_path):
+    from verify_tuner.kernels import build
+
+    target = tmp_path / "k.cubin"
+    build._atomic_write(target, b"\x7fELF")
+    assert target.read_bytes() == b"\x7fELF" and _mode(target) == 0o644

@@ -1,0 +1,44 @@
+"""The one way files meant for other processes and users are written: whole or not at all.
+
+Standard library only: the worker client and the kernel cache use it without the server extra.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+#: Readable by every user: a worker or a tuner running as another user reads these files.
+SHARED_MODE = 0o644
+
+
+def write_shared(path: Path, data: bytes | str, *, mode: int = SHARED_MODE) -> None:
+    """Write `data` to `path` atomically and durably, with `mode` whatever the umask: a reader sees
+    the old file or the new one, never a part, and the new one survives a power cut once this returns.
+    The directory must exist; OSError (with the path) when it cannot be written."""
+    raw = data.encode() if isinstance(data, str) else data
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:  # name the file asked for, not the temporary one
+        raise type(exc)(exc.errno, exc.strerror, str(path)) from exc
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
+            f.flush()
+            os.fchmod(f.fileno(), mode)  # mkstemp makes 0600; a reader as another user would be refused
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    """The rename itself is durable only once its directory is synced."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
