@@ -13,10 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import run_tuner, tuner_cmd
+from tests.helpers import file_modes_bind, run_tuner, tuner_cmd
 
 ROW = {"device": "h200", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256}
 CSV_HEAD = "device,H,q_len,prefix,NSPLIT,HT,TK,BLOCK\n"
+
+
+def _bound() -> tuple[str, ...]:
+    wrap = file_modes_bind()
+    if wrap is None:
+        pytest.skip("running as root without setpriv: file modes do not bind")
+    return wrap
 
 
 @pytest.fixture
@@ -44,6 +51,31 @@ def place(tmp_path: Path):  # type: ignore[no-untyped-def]
     yield {"TUNER_DATABASE_URL": url}, tmp_path
     (tmp_path / "ro").chmod(0o755)
     (tmp_path / "rodb").chmod(0o755)
+
+
+# (id, database URL or None for the tuned one, args with {tmp} for the test's folder, a module made
+# unimportable, what stderr must say)
+CASES = [
+    ("import-csv-minus-minus", None, ["configs", "import", "{tmp}/m8.csv"], None, "row 1: H"),
+    ("import-json-5000-digits", None, ["configs", "import", "{tmp}/long.json"], None, "value has 5000 digits"),
+    ("import-csv-5000-digits", None, ["configs", "import", "{tmp}/long.csv"], None, "row 1: H"),
+    ("import-json-not-utf8", None, ["configs", "import", "{tmp}/latin1.json"], None, "not UTF-8 text: byte 0xe9"),
+    ("import-csv-not-utf8", None, ["configs", "import", "{tmp}/latin1.csv"], None, "not UTF-8 text: byte 0xe9"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("url, args, block, expect", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_operator_mistakes_end_in_one_error_and_a_non_zero_exit(place, url, args, block, expect):
+    """Each of these printed a traceback (or, for the last three, no hint) before issue 30."""
+    env, tmp = place
+    if url is not None:
+        env = {"TUNER_DATABASE_URL": url.format(tmp=tmp)}
+    r = run_tuner(env, *[a.format(tmp=tmp) for a in args], block=block, wrap=_bound())
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode != 0, r.stdout
+    assert "Traceback" not in r.stderr and "sqlalche.me" not in r.stderr and expect in r.stderr, r.stderr
+    assert lines[-1].startswith("Error: ") or lines[-2].startswith("Error: 1 bad row"), r.stderr
+    assert len(lines) <= 3, r.stderr  # click's usage errors: Usage, Try, Error
 
 
 # --- item 12: files meant to be shared ----------------------------------------------------------

@@ -372,7 +372,7 @@ def configs_import(settings: Settings, path: Path, fmt: str | None) -> None:
     from verify_tuner.db.session import session_scope
 
     fmt = fmt or ("csv" if path.suffix.lower() == ".csv" else "json")
-    loaded = configs_io.loads(path.read_text(), fmt)
+    loaded = configs_io.loads(path.read_bytes(), fmt)
     with session_scope(_checked_sessions(settings)) as s:
         result = configs_io.import_rows(session=s, rows=loaded.rows, allow_empty=loaded.dump)
     for w in result.warnings:

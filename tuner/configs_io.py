@@ -101,25 +101,33 @@ class Loaded:
     dump: bool  # a `tuner configs dump` file: its tuned entries are the rows (there may be none)
 
 
-def loads(text: str, fmt: str) -> Loaded:
-    """Raw rows of a JSON or CSV file (a spreadsheet's UTF-8 byte-order mark is dropped); CSV
-    cells are converted strictly (verify_tuner.rows.from_csv_cells)."""
-    text = text.removeprefix("\ufeff")
+def loads(data: str | bytes, fmt: str) -> Loaded:
+    """Raw rows of a JSON or CSV file, text or UTF-8 bytes (a spreadsheet's UTF-8 byte-order mark
+    is dropped); CSV cells are converted strictly (verify_tuner.rows.from_csv_cells)."""
+    text = (_utf8(data) if isinstance(data, bytes) else data).removeprefix("\ufeff")
     if fmt == "json":
         try:
-            data = strict_json.loads(text)  # a repeated key or a non-finite number is an error, not last-wins
+            doc = strict_json.loads(text)  # a repeated key or a non-finite number is an error, not last-wins
         except ValueError as exc:
             raise ImportRejected([f"not valid JSON: {exc}"]) from exc
-        if isinstance(data, dict) and data.get("format") == engine_files.FORMAT:
-            return Loaded(engine_files.tuned_rows(data), dump=True)
-        if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
+        if isinstance(doc, dict) and doc.get("format") == engine_files.FORMAT:
+            return Loaded(engine_files.tuned_rows(doc), dump=True)
+        if not isinstance(doc, list) or not all(isinstance(r, dict) for r in doc):
             raise ImportRejected(["JSON must be a list of objects (or a `tuner configs dump` file)"])
-        return Loaded(data, dump=False)
+        return Loaded(doc, dump=False)
     reader = csv.DictReader(io.StringIO(text))
     repeated = sorted({c for c in reader.fieldnames or () if (reader.fieldnames or []).count(c) > 1})
     if repeated:  # DictReader keeps the last of a repeated column's cells
         raise ImportRejected([f"CSV header repeats column(s) {', '.join(map(repr, repeated))}"])
     return Loaded([rows_schema.from_csv_cells(r) for r in reader], dump=False)
+
+
+def _utf8(data: bytes) -> str:
+    """Both formats' text; bytes that are not UTF-8 are named by offset (CSV has no decoder of its own)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ImportRejected([f"not UTF-8 text: byte 0x{data[exc.start]:02x} at offset {exc.start}"]) from None
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import difflib
 import math
+import re
 from typing import Any, Literal
 
 from pydantic import (
@@ -148,6 +149,9 @@ _INT_FIELDS = {
     *PARAM_NAMES,
 }
 _FLOAT_FIELDS = {*TIMING_FIELDS, "speedup"}
+#: An integer cell: ASCII digits only (int() also takes "+8", "8_0", " 8" and other scripts' digits),
+#: and few enough of them to be some field's value (int() refuses over 4300 with a traceback).
+_INT_TEXT = re.compile(r"-?[0-9]{1,18}")
 
 
 def from_csv_cells(cells: dict[str, str]) -> dict[str, Any]:
@@ -157,7 +161,7 @@ def from_csv_cells(cells: dict[str, str]) -> dict[str, Any]:
         if v in ("", None):
             continue
         if k in _INT_FIELDS:
-            out[k] = int(v) if v.lstrip("-").isdigit() else v
+            out[k] = int(v) if _INT_TEXT.fullmatch(v) else v  # anything else fails as "not an integer"
         elif k in _FLOAT_FIELDS:
             try:
                 out[k] = float(v)
