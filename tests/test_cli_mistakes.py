@@ -78,6 +78,36 @@ def test_operator_mistakes_end_in_one_error_and_a_non_zero_exit(place, url, args
     assert len(lines) <= 3, r.stderr  # click's usage errors: Usage, Try, Error
 
 
+def _has_gpu() -> bool:
+    from tests.conftest import _has_gpu as probe
+
+    return probe()
+
+
+@pytest.mark.skipif(_has_gpu(), reason="a GPU is here: study start would tune")
+def test_study_start_without_a_gpu_says_what_to_check(sqlite_url):
+    env = {"TUNER_DATABASE_URL": sqlite_url}
+    assert run_tuner(env, "db", "upgrade").returncode == 0
+    r = run_tuner(env, "study", "start", "--H", "8", "--q-len", "9", "--prefix", "4096", "--trials", "1", timeout=240)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "measurement worker failed to start" in r.stderr
+    assert "pip install -e '.[cuda]'" in r.stderr or "nvidia-smi" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(
+    "error, expect",
+    [
+        ("ModuleNotFoundError: No module named 'pycuda'", "pip install -e '.[cuda]'"),
+        ("ModuleNotFoundError: No module named 'torch.cuda'", "pip install -e '.[cuda]'"),
+        ("LogicError: cuInit failed: no CUDA-capable device is detected", "`nvidia-smi` lists GPU 3"),
+    ],
+)
+def test_start_hint_names_what_to_check(error, expect):
+    from verify_tuner.isolation import start_hint
+
+    assert expect in start_hint(error, 3)
+
+
 # --- item 12: files meant to be shared ----------------------------------------------------------
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import multiprocessing as mp
 import os
+import re
 import signal
 import threading
 import traceback
@@ -31,6 +32,15 @@ class MeasurerBug(RuntimeError):
 
 
 START_TIMEOUT_S = 180.0
+
+
+def start_hint(error: str, ordinal: int | None) -> str:
+    """What to check when the measuring child could not start with `error` on GPU `ordinal`."""
+    missing = re.match(r"ModuleNotFoundError: No module named '([\w.]+)'", error)
+    if missing and missing.group(1).split(".")[0] in ("pycuda", "torch"):
+        return "measuring needs the CUDA extra: pip install -e '.[cuda]' (with the CUDA toolkit) on a GPU host"
+    gpu = "the GPU" if ordinal is None else f"GPU {ordinal}"
+    return f"check that `nvidia-smi` lists {gpu} and that this user may open /dev/nvidia*"
 
 
 def _load(target: str) -> Any:
@@ -123,7 +133,7 @@ class IsolatedBackend:
         except EOFError:
             raise LaunchError(f"measurement worker died while starting (exit {self._proc.exitcode})") from None
         if status not in ("limits", "ready"):
-            raise LaunchError(f"measurement worker failed to start: {payload}")
+            raise LaunchError(f"measurement worker failed to start: {payload}; {start_hint(payload, self._ordinal)}")
         return status, payload
 
     def _start(self) -> None:
