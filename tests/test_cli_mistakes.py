@@ -56,11 +56,14 @@ def place(tmp_path: Path):  # type: ignore[no-untyped-def]
 # (id, database URL or None for the tuned one, args with {tmp} for the test's folder, a module made
 # unimportable, what stderr must say)
 CASES = [
+    ("start-huge-range", None, ["study", "start", "--H", "8", "--q-len", "9", "--prefix-range", "0:99999999999"], None, "--prefix-range"),
     ("import-csv-minus-minus", None, ["configs", "import", "{tmp}/m8.csv"], None, "row 1: H"),
     ("import-json-5000-digits", None, ["configs", "import", "{tmp}/long.json"], None, "value has 5000 digits"),
     ("import-csv-5000-digits", None, ["configs", "import", "{tmp}/long.csv"], None, "row 1: H"),
     ("import-json-not-utf8", None, ["configs", "import", "{tmp}/latin1.json"], None, "not UTF-8 text: byte 0xe9"),
     ("import-csv-not-utf8", None, ["configs", "import", "{tmp}/latin1.csv"], None, "not UTF-8 text: byte 0xe9"),
+    # item 16
+    ("start-negative-timeout", None, ["study", "start", "--H", "8", "--q-len", "9", "--prefix", "5", "--timeout", "-5"], None, "'--timeout'"),
 ]  # fmt: skip
 
 

@@ -16,9 +16,9 @@ def _parse_range(text: str) -> tuple[int, int]:
     try:
         lo, hi = (int(x) for x in text.split(":"))
     except ValueError:
-        raise click.BadParameter(f"expected LO:HI, got {text!r}") from None
-    if not 0 <= lo <= hi:
-        raise click.BadParameter(f"need 0 <= LO <= HI, got {text!r}")
+        raise click.BadParameter(f"expected LO:HI, got {text!r}", param_hint="--prefix-range") from None
+    if not 0 <= lo <= hi <= MAX_PREFIX:
+        raise click.BadParameter(f"need 0 <= LO <= HI <= {MAX_PREFIX}, got {text!r}", param_hint="--prefix-range")
     return lo, hi
 
 
@@ -128,16 +128,20 @@ def register(study: click.Group, clean: Callable[..., Any]) -> None:
         show_default=True,
         help="Measured trials per key (invalid configs are not counted).",
     )
-    @click.option("--timeout", type=float, default=None, help="Seconds per key for the search.")
+    @click.option(
+        "--timeout", type=click.FloatRange(min=0, min_open=True), default=None, help="Seconds per key for the search."
+    )
     @click.option("--sampler", type=click.Choice(["tpe", "grid"]), default="tpe", show_default=True)
-    @click.option("--seed", type=int, default=None)
+    @click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=None, help="Sampler seed (NumPy's range).")
     @click.option(
         "--storage",
         default=None,
         help="Optuna storage URL, or an SQLite file per key with {study} in its name (default: "
         "TUNER_STUDY_STORAGE, else a file per key beside an SQLite config DB, else the config DB).",
     )
-    @click.option("--device", "ordinal", type=int, default=0, show_default=True, help="CUDA device ordinal.")
+    @click.option(
+        "--device", "ordinal", type=click.IntRange(min=0), default=0, show_default=True, help="CUDA device ordinal."
+    )
     @click.option(
         "--devices",
         default=None,
@@ -361,8 +365,10 @@ def _start_on_one(settings: Settings, job: Any, ordinal: int, as_json: bool) -> 
 
 def summary_table(outcomes: list[Any]) -> str:
     lines = [
-        "| key | prefix | batch | trials (ok/invalid/failed) | default | best | best µs | default µs | speedup | "
-        "decision | wall s |",
+        (
+            "| key | prefix | batch | trials (ok/invalid/failed) | default | best | best µs | default µs | speedup | "
+            "decision | wall s |"
+        ),
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for o in outcomes:
