@@ -17,6 +17,7 @@ from tests.helpers import file_modes_bind, run_tuner, tuner_cmd
 
 ROW = {"device": "h200", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256}
 CSV_HEAD = "device,H,q_len,prefix,NSPLIT,HT,TK,BLOCK\n"
+DOWN = "postgresql+psycopg://nobody@127.0.0.1:1/x"  # nothing listens on port 1
 
 
 def _bound() -> tuple[str, ...]:
@@ -53,9 +54,29 @@ def place(tmp_path: Path):  # type: ignore[no-untyped-def]
     (tmp_path / "rodb").chmod(0o755)
 
 
+RODB = "sqlite:///{tmp}/rodb/c.db"
+NOTDB = "sqlite:///{tmp}/notdb.db"
+
 # (id, database URL or None for the tuned one, args with {tmp} for the test's folder, a module made
 # unimportable, what stderr must say)
 CASES = [
+    ("pg-without-psycopg", DOWN, ["db", "current"], "psycopg", "pip install 'verify-tuner[postgres]'"),
+    ("mysql-url", "mysql://u@h/x", ["db", "current"], None, "TUNER_DATABASE_URL: 'mysql' is not supported"),
+    ("foo-url", "foo://x/y", ["configs", "list"], None, "TUNER_DATABASE_URL: 'foo' is not supported"),
+    ("bogus-revision", None, ["db", "upgrade", "--revision", "bogus"], None, "Can't locate revision"),
+    ("current-not-a-db", NOTDB, ["db", "current"], None, "cannot be read: file is not a database"),
+    ("upgrade-read-only-db", RODB, ["db", "upgrade"], None, "c.db: Permission denied"),
+    ("snapshot-read-only-dir", None, ["db", "snapshot", "{tmp}/ro/s.db"], None, "/ro is not writable"),
+    ("export-read-only-dir", None, ["configs", "export", "-o", "{tmp}/ro/x.json"], None, "x.json: Permission denied"),
+    ("export-missing-dir", None, ["configs", "export", "-o", "{tmp}/no/x.json"], None, "No such file or directory"),
+    ("dump-read-only-dir", None, ["configs", "dump", "--out-dir", "{tmp}/ro"], None, "Permission denied"),
+    ("dump-under-read-only", None, ["configs", "dump", "--out-dir", "{tmp}/ro/d"], None, "ro/d: Permission denied"),
+    ("report-read-only-dir", None, ["study", "report", "--out", "{tmp}/ro"], None, "Permission denied"),
+    ("report-under-read-only", None, ["study", "report", "--out", "{tmp}/ro/r"], None, "ro/r: Permission denied"),
+    ("show-negative-prefix", None, ["configs", "show", "--H", "8", "--q-len", "9", "--prefix", "-5"], None, "'--prefix'"),
+    ("show-huge-prefix", None, ["configs", "show", "--H", "8", "--q-len", "9", "--prefix", "99999999999"], None, "'--prefix'"),
+    ("show-int64-H", None, ["configs", "show", "--H", str(2**63), "--q-len", "9", "--prefix", "5"], None, "'--H'"),
+    ("list-int64-H", None, ["configs", "list", "--H", str(2**63)], None, "'--H'"),
     ("start-huge-range", None, ["study", "start", "--H", "8", "--q-len", "9", "--prefix-range", "0:99999999999"], None, "--prefix-range"),
     ("import-csv-minus-minus", None, ["configs", "import", "{tmp}/m8.csv"], None, "row 1: H"),
     ("import-json-5000-digits", None, ["configs", "import", "{tmp}/long.json"], None, "value has 5000 digits"),
@@ -63,6 +84,9 @@ CASES = [
     ("import-json-not-utf8", None, ["configs", "import", "{tmp}/latin1.json"], None, "not UTF-8 text: byte 0xe9"),
     ("import-csv-not-utf8", None, ["configs", "import", "{tmp}/latin1.csv"], None, "not UTF-8 text: byte 0xe9"),
     # item 16
+    ("unreachable-db", DOWN, ["configs", "list"], None, "database unavailable: connection failed"),
+    ("read-only-db-serve", RODB, ["serve"], None, "tuner serve --read-only-database"),
+    ("read-only-db-list", RODB, ["configs", "list"], None, "--read-only-database"),
     ("start-negative-timeout", None, ["study", "start", "--H", "8", "--q-len", "9", "--prefix", "5", "--timeout", "-5"], None, "'--timeout'"),
 ]  # fmt: skip
 
@@ -79,6 +103,30 @@ def test_operator_mistakes_end_in_one_error_and_a_non_zero_exit(place, url, args
     assert "Traceback" not in r.stderr and "sqlalche.me" not in r.stderr and expect in r.stderr, r.stderr
     assert lines[-1].startswith("Error: ") or lines[-2].startswith("Error: 1 bad row"), r.stderr
     assert len(lines) <= 3, r.stderr  # click's usage errors: Usage, Try, Error
+
+
+def test_db_current_on_a_missing_path_creates_nothing(tmp_path):
+    r = run_tuner({"TUNER_DATABASE_URL": f"sqlite:///{tmp_path / 'typo' / 'configs.db'}"}, "db", "current")
+    assert r.returncode == 1 and r.stderr.startswith("Error: no database at ") and "tuner db upgrade" in r.stderr
+    assert list(tmp_path.iterdir()) == []  # neither the file nor its folder
+
+
+def test_a_bad_database_url_option_is_blamed_on_the_option(sqlite_url):
+    r = run_tuner({"TUNER_DATABASE_URL": sqlite_url}, "--database-url", "notaurl", "db", "current")
+    assert r.returncode == 2 and "Invalid value for '--database-url': not a database URL" in r.stderr, r.stderr
+    assert "TUNER_DATABASE_URL" not in r.stderr
+
+
+def test_the_option_overrides_a_bad_environment_url(sqlite_url):
+    assert run_tuner({}, "--database-url", sqlite_url, "db", "upgrade").returncode == 0
+    r = run_tuner({"TUNER_DATABASE_URL": "notaurl"}, "--database-url", sqlite_url, "db", "current")
+    assert r.returncode == 0 and "current: " in r.stdout, r.stderr
+
+
+def test_db_current_reads_a_read_only_snapshot(place):
+    _, tmp = place
+    r = run_tuner({"TUNER_DATABASE_URL": f"sqlite:///{tmp}/rodb/c.db"}, "db", "current", wrap=_bound())
+    assert r.returncode == 0 and r.stdout.startswith("current: 0"), r.stderr
 
 
 def _has_gpu() -> bool:

@@ -2,58 +2,63 @@
 
 from __future__ import annotations
 
-import functools
 import json
+import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import click
 from verify_tuner import cli_study
 from verify_tuner.batches import MAX_BATCH
+from verify_tuner.buckets import MAX_PREFIX
+from verify_tuner.cli_errors import clean_exit
 from verify_tuner.errors import TunerError
+from verify_tuner.kernels.validate import MAX_Q_LEN
+from verify_tuner.keys import MAX_H
 from verify_tuner.settings import Settings
 
 JSON_OPT = click.option("--json", "as_json", is_flag=True, help="Machine-readable output (JSON).")
-
-#: Optional packages a command may need, with how to get them.
-_OPTIONAL = {
-    "pycuda": "pip install -e '.[cuda]' (needs the CUDA toolkit)",
-    "torch": "pip install -e '.[cuda]'",
-    "matplotlib": "pip install matplotlib",
-    "numpy": "pip install numpy",
-}
-
-
-def _errors_as_clean_exit(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Expected failures (our typed errors, an unreachable database, a missing optional package)
-    become one line and exit 1; anything else is a bug and keeps its traceback."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from sqlalchemy.exc import InterfaceError, OperationalError
-
-        try:
-            return fn(*args, **kwargs)
-        except TunerError as exc:
-            raise click.ClickException(str(exc)) from None
-        except (OperationalError, InterfaceError) as exc:
-            first = str(exc.orig if getattr(exc, "orig", None) else exc).strip().splitlines()[0]
-            raise click.ClickException(f"database unavailable: {first}") from None
-        except ModuleNotFoundError as exc:
-            top = (exc.name or "").split(".")[0]
-            if top not in _OPTIONAL:
-                raise
-            raise click.ClickException(f"this command needs {top}: {_OPTIONAL[top]}") from None
-
-    return wrapper
+H_RANGE = click.IntRange(1, MAX_H)
+Q_LEN_RANGE = click.IntRange(1, MAX_Q_LEN)
 
 
 def _checked_sessions(settings: Settings):  # type: ignore[no-untyped-def]
     from verify_tuner.db.migrate import checked_sessions
 
+    _require_existing(settings.database_url)
     return checked_sessions(settings.database_url)
+
+
+def _require_existing(url: str) -> None:
+    """Only `tuner db upgrade` creates a database: elsewhere a missing SQLite file is a mistaken path."""
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:") or "uri" in parsed.query:
+        return  # a server, memory, or an SQLite URI (file:...) that SQLite resolves itself
+    if not Path(parsed.database).expanduser().exists():
+        raise click.ClickException(
+            f"no database at {parsed.database}: check the path, or create it with `tuner db upgrade`"
+        )
+
+
+def _database_url_option(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """--database-url checked where it is parsed, so that a mistake in it is blamed on it."""
+    if value is not None and (why := _url_problem(value)):
+        raise click.BadParameter(why)
+    return value
+
+
+def _url_problem(url: str) -> str | None:
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+    from verify_tuner.db.session import url_error
+
+    try:
+        make_url(url)
+    except ArgumentError:
+        return f"not a database URL: {url!r} (e.g. sqlite:////var/lib/tuner/configs.db or postgresql+psycopg://user@host/db)"
+    return url_error(url)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -61,15 +66,19 @@ def _checked_sessions(settings: Settings):  # type: ignore[no-untyped-def]
 @click.option(
     "--database-url",
     default=None,
+    callback=_database_url_option,
     help="SQLAlchemy URL of the config database (default: TUNER_DATABASE_URL, else SQLite in the user data dir).",
 )
 @click.pass_context
 def cli(ctx: click.Context, database_url: str | None) -> None:
     """Auto-tuner and config service for the MLA verify-attention kernel."""
+    env = {k: v for k, v in os.environ.items() if not (database_url and k == "TUNER_DATABASE_URL")}  # overridden
     try:
-        ctx.obj = Settings.from_env().with_overrides(database_url=database_url)
+        ctx.obj = Settings.from_env(env).with_overrides(database_url=database_url)
     except TunerError as exc:
         raise click.ClickException(str(exc)) from None
+    if database_url is None and (why := _url_problem(ctx.obj.database_url)):
+        raise click.ClickException(f"TUNER_DATABASE_URL: {why}")
 
 
 # --- db --------------------------------------------------------------------------------------
@@ -81,7 +90,7 @@ def db() -> None:
 @db.command("upgrade")
 @click.option("--revision", default="head", show_default=True, help="Target revision.")
 @click.pass_obj
-@_errors_as_clean_exit
+@clean_exit
 def db_upgrade(settings: Settings, revision: str) -> None:
     """Create or migrate the schema (run once before `tuner serve` or `tuner study start`).
 
@@ -99,7 +108,7 @@ def db_upgrade(settings: Settings, revision: str) -> None:
 @db.command("snapshot")
 @click.argument("dest", type=click.Path(dir_okay=False, path_type=Path))
 @click.pass_obj
-@_errors_as_clean_exit
+@clean_exit
 def db_snapshot(settings: Settings, dest: Path) -> None:
     """Write DEST: an SQLite file with the devices and best configs of the config database, in
     rollback-journal mode, to mount read-only under `tuner serve --read-only-database`."""
@@ -111,16 +120,15 @@ def db_snapshot(settings: Settings, dest: Path) -> None:
 
 @db.command("current")
 @click.pass_obj
-@_errors_as_clean_exit
+@clean_exit
 def db_current(settings: Settings) -> None:
     """Print the schema revision of the database and the one this version needs."""
     from verify_tuner.db import migrate
     from verify_tuner.db.session import make_engine
 
-    click.echo(
-        f"current: {migrate.current_revision(make_engine(settings.database_url)) or 'none'}; "
-        f"head: {migrate.head_revision()}"
-    )
+    _require_existing(settings.database_url)
+    engine = make_engine(settings.database_url, immediate=False, read_only=True)  # a look, never a write
+    click.echo(f"current: {migrate.current_revision(engine) or 'none'}; head: {migrate.head_revision()}")
 
 
 def _safe_url(url: str) -> str:
@@ -141,7 +149,7 @@ def _safe_url(url: str) -> str:
     help="The database is a read-only snapshot: open it read-only and stay ready (TUNER_DATABASE_READ_ONLY).",
 )
 @click.pass_obj
-@_errors_as_clean_exit
+@clean_exit
 def serve(
     settings: Settings, host: str | None, port: int | None, device: str | None, read_only_database: bool | None
 ) -> None:
@@ -173,9 +181,11 @@ def device() -> None:
 
 
 @device.command("record")
-@click.option("--device", "ordinal", type=int, default=0, show_default=True, help="CUDA device ordinal.")
+@click.option(
+    "--device", "ordinal", type=click.IntRange(min=0), default=0, show_default=True, help="CUDA device ordinal."
+)
 @click.pass_obj
-@_errors_as_clean_exit
+@clean_exit
 def device_record(settings: Settings, ordinal: int) -> None:
     """Read the local GPU's limits (needs CUDA) and store them."""
     from verify_tuner.db import repo
@@ -191,7 +201,7 @@ def device_record(settings: Settings, ordinal: int) -> None:
 @device.command("list")
 @JSON_OPT
 @click.pass_obj
-@_errors_as_clean_exit
+@clean_exit
 def device_list(settings: Settings, as_json: bool) -> None:
     """List recorded devices."""
     from dataclasses import asdict
@@ -219,11 +229,11 @@ def configs() -> None:
 
 @configs.command("list")
 @click.option("--device", default=None)
-@click.option("--H", "H", type=int, default=None)
-@click.option("--q-len", type=int, default=None)
+@click.option("--H", "H", type=H_RANGE, default=None)
+@click.option("--q-len", type=Q_LEN_RANGE, default=None)
 @JSON_OPT
 @click.pass_obj
-@_errors_as_clean_exit
+@clean_exit
 def configs_list(settings: Settings, device: str | None, H: int | None, q_len: int | None, as_json: bool) -> None:
     """One line per stored best config (with STAGES and the kernel hash)."""
     from verify_tuner import configs_io
@@ -255,16 +265,21 @@ def _us(v: float | None) -> str:
 
 
 @configs.command("show")
-@click.option("--H", "H", type=int, required=True)
-@click.option("--q-len", type=int, required=True)
-@click.option("--prefix", type=int, required=True, help="A batch's longest prefix (verify_tuner.batches.prefix_of).")
+@click.option("--H", "H", type=H_RANGE, required=True)
+@click.option("--q-len", type=Q_LEN_RANGE, required=True)
+@click.option(
+    "--prefix",
+    type=click.IntRange(0, MAX_PREFIX),
+    required=True,
+    help="A batch's longest prefix (verify_tuner.batches.prefix_of).",
+)
 @click.option(
     "--batch", type=click.IntRange(1, MAX_BATCH), default=1, show_default=True, help="Requests verified in one launch."
 )
 @click.option("--device", default=None, help="Default: TUNER_DEVICE, else the only recorded device.")
 @JSON_OPT
 @click.pass_obj
-@_errors_as_clean_exit
+@clean_exit
 def configs_show(
     settings: Settings, H: int, q_len: int, prefix: int, batch: int, device: str | None, as_json: bool
 ) -> None:
@@ -302,7 +317,7 @@ def configs_show(
 )
 @click.option("--device", default=None)
 @click.pass_obj
-@_errors_as_clean_exit
+@clean_exit
 def configs_export(settings: Settings, fmt: str, output: Path | None, device: str | None) -> None:
     """Write every stored best config as JSON or CSV."""
     from verify_tuner import configs_io
@@ -334,7 +349,7 @@ def configs_export(settings: Settings, fmt: str, output: Path | None, device: st
     help="Also write this (H, q_len) where nothing is tuned (heuristic table); repeatable.",
 )
 @click.pass_obj
-@_errors_as_clean_exit
+@clean_exit
 def configs_dump(settings: Settings, out_dir: Path, device: str | None, shapes: tuple[str, ...]) -> None:
     """Write engine-style files, one per (H, q_len, device, dtype), named like vLLM's tuned
     configs (H=8,q_len=9,device_name=NVIDIA_H200,dtype=bf16.json): the whole answer table for
@@ -348,8 +363,10 @@ def configs_dump(settings: Settings, out_dir: Path, device: str | None, shapes: 
             H, q = (int(x) for x in text.split(":"))
         except ValueError:
             raise click.BadParameter(f"expected H:Q like 8:9, got {text!r}", param_hint="--shape") from None
-        if not (1 <= H <= 1024 and 1 <= q <= 64):
-            raise click.BadParameter(f"need 1 <= H <= 1024 and 1 <= Q <= 64, got {text!r}", param_hint="--shape")
+        if not (1 <= H <= MAX_H and 1 <= q <= MAX_Q_LEN):
+            raise click.BadParameter(
+                f"need 1 <= H <= {MAX_H} and 1 <= Q <= {MAX_Q_LEN}, got {text!r}", param_hint="--shape"
+            )
         parsed.append((H, q))
     with session_scope(_checked_sessions(settings)) as s:
         paths = engine_files.dump(session=s, out_dir=out_dir, device=device, shapes=parsed)
@@ -365,7 +382,7 @@ def configs_dump(settings: Settings, out_dir: Path, device: str | None, shapes: 
     "--format", "fmt", type=click.Choice(["json", "csv"]), default=None, help="Default: from the file extension."
 )
 @click.pass_obj
-@_errors_as_clean_exit
+@clean_exit
 def configs_import(settings: Settings, path: Path, fmt: str | None) -> None:
     """Import best configs; every row is checked and the file is rejected whole on any error."""
     from verify_tuner import configs_io
@@ -386,7 +403,7 @@ def study() -> None:
     """Optuna studies that tune the kernel on the local GPU."""
 
 
-cli_study.register(study, _errors_as_clean_exit)  # `study start`, `study report`
+cli_study.register(study, clean_exit)  # `study start`, `study report`
 
 
 def main() -> None:

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from verify_tuner.space import SPACE_VERSION
 
 DTYPES = ("bf16",)
+#: Heads per GPU a key may have: the bound every input (CLI, import, API) checks.
+MAX_H = 1024
 
 
 @dataclass(frozen=True, order=True)

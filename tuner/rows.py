@@ -26,8 +26,8 @@ from pydantic import (
 from verify_tuner import batches
 from verify_tuner.buckets import ALL, MAX_PREFIX
 from verify_tuner.kernels.config import PARAM_NAMES
+from verify_tuner.keys import MAX_H
 
-MAX_H = 1024
 TIMING_FIELDS = ("median_us", "p10_us", "p90_us", "default_us")
 #: Written by export and accepted back, but derived: import ignores them after checking the type.
 DERIVED_FIELDS = ("bucket_lo", "bucket_hi", "batch_lo", "batch_hi", "speedup")

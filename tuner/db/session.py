@@ -11,7 +11,7 @@ from urllib.parse import quote
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 from verify_tuner.errors import StorageError
@@ -43,6 +43,7 @@ def make_engine(
     PostgreSQL, the connect, each statement (server side) and the wait for a pooled connection;
     without it only the connect is bounded (CONNECT_TIMEOUT_S). `create=False` never creates a
     missing SQLite file (the sidecar's: a file deleted under it must not come back empty)."""
+    check_url(url)
     parsed = make_url(url)
     pool: dict[str, Any] = {} if pooled else {"poolclass": NullPool}
     if parsed.get_backend_name() != "sqlite":
@@ -88,6 +89,31 @@ def _postgres_timeouts(timeout_s: float | None, pooled: bool) -> dict[str, Any]:
     if pooled:
         args["pool_timeout"] = timeout_s
     return args
+
+
+def check_url(url: str) -> None:
+    """StorageError naming the URL (without its password) when url_error finds it cannot be opened."""
+    if why := url_error(url):
+        raise StorageError(f"database URL {make_url(url).render_as_string(hide_password=True)}: {why}")
+
+
+def url_error(url: str) -> str | None:
+    """Why this project cannot open the (well-formed) database `url`, or None: a backend other than
+    SQLite and PostgreSQL, or a driver that is not installed (checked before SQLAlchemy fails on it)."""
+    parsed = make_url(url)
+    backend = parsed.get_backend_name()
+    if backend not in ("sqlite", "postgresql"):
+        return f"{backend!r} is not supported: use sqlite:///PATH or postgresql+psycopg://USER@HOST/DB"
+    try:
+        parsed.get_dialect().import_dbapi()
+    except NoSuchModuleError:
+        return f"unknown driver {parsed.drivername!r}: use sqlite:///PATH or postgresql+psycopg://USER@HOST/DB"
+    except ModuleNotFoundError as exc:
+        fix = (
+            "pip install 'verify-tuner[postgres]' (for a postgresql+psycopg:// URL)" if backend == "postgresql" else ""
+        )
+        return f"{parsed.drivername} needs the {exc.name} package, which is not installed" + (f": {fix}" if fix else "")
+    return None
 
 
 def check_writable(path: Path) -> None:

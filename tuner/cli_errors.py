@@ -1,0 +1,107 @@
+"""The one place where the CLI turns expected failures into one line on stderr and exit 1.
+
+Expected: the project's typed errors, a database that cannot be reached, read or written, a file
+or folder the operator named that cannot be written, an optional package that is missing, an
+unknown migration revision. Anything else is a bug in this project and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+#: Optional packages a command may need, with how to get them.
+OPTIONAL = {
+    "pycuda": "pip install -e '.[cuda]' (needs the CUDA toolkit)",
+    "torch": "pip install -e '.[cuda]'",
+    "matplotlib": "pip install matplotlib",
+    "numpy": "pip install numpy",
+    "psycopg": "pip install 'verify-tuner[postgres]'",
+}
+
+#: What an operator's path can run into: no such folder, no permission, a read-only mount, a full disk.
+FILE_ERRNOS = {
+    errno.ENOENT,
+    errno.ENOTDIR,
+    errno.EISDIR,
+    errno.EEXIST,
+    errno.EACCES,
+    errno.EPERM,
+    errno.EROFS,
+    errno.ENOSPC,
+    errno.EDQUOT,
+}
+
+_READ_ONLY_HINT = (
+    "to serve a read-only snapshot, use `tuner serve --read-only-database` (TUNER_DATABASE_READ_ONLY=1); "
+    "other commands need the database writable by this user"
+)
+
+
+def clean_exit(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorate a command so that expected failures (see the module) exit 1 with one line."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from alembic.util import CommandError
+        from sqlalchemy.exc import SQLAlchemyError
+        from verify_tuner.errors import TunerError
+
+        try:
+            return fn(*args, **kwargs)
+        except (TunerError, SQLAlchemyError, OSError, ModuleNotFoundError, CommandError) as exc:
+            message = operator_message(exc)
+            if message is None:
+                raise
+            raise click.ClickException(message) from None
+
+    return wrapper
+
+
+def operator_message(exc: BaseException) -> str | None:
+    """The line an operator reads for `exc`, or None when it is a bug (the caller re-raises it)."""
+    from alembic.util import CommandError
+    from verify_tuner.errors import StorageError, TunerError
+
+    if isinstance(exc, StorageError) and (db := database_message(exc.__cause__)):
+        return db  # the cause says it better, without SQLAlchemy's statement and link
+    if isinstance(exc, TunerError | CommandError):
+        return str(exc)
+    if isinstance(exc, ModuleNotFoundError):
+        top = (exc.name or "").split(".")[0]
+        return f"this command needs {top}: {OPTIONAL[top]}" if top in OPTIONAL else None
+    if isinstance(exc, OSError):
+        if exc.errno not in FILE_ERRNOS or exc.filename is None:
+            return None
+        return f"{exc.filename}: {exc.strerror}"
+    return database_message(exc)
+
+
+def database_message(exc: BaseException | None) -> str | None:
+    """One line for a database that is down, unreadable, read-only or not a database at all, or None
+    for any other database error (a constraint or a statement of ours failing is a bug)."""
+    from sqlalchemy.exc import DatabaseError, InterfaceError, OperationalError
+
+    if not isinstance(exc, OperationalError | InterfaceError) and type(exc) is not DatabaseError:
+        return None
+    first = str(exc.orig if exc.orig is not None else exc).strip().splitlines()[0]
+    where = _current_database()
+    if "readonly database" in first:
+        return f"database {where} is read-only ({first}): {_READ_ONLY_HINT}"
+    if type(exc) is DatabaseError:
+        return f"database {where} cannot be read: {first}"
+    return f"database unavailable: {first} ({where})"
+
+
+def _current_database() -> str:
+    """The database URL of the running command, without its password."""
+    from sqlalchemy.engine import make_url
+    from verify_tuner.settings import Settings
+
+    ctx = click.get_current_context(silent=True)
+    settings = ctx.find_object(Settings) if ctx else None
+    return make_url(settings.database_url).render_as_string(hide_password=True) if settings else "?"
