@@ -129,6 +129,17 @@ def test_db_current_reads_a_read_only_snapshot(place):
     assert r.returncode == 0 and r.stdout.startswith("current: 0"), r.stderr
 
 
+def test_nothing_stored_is_said(sqlite_url, tmp_path):
+    env = {"TUNER_DATABASE_URL": sqlite_url}
+    assert run_tuner(env, "db", "upgrade").returncode == 0
+    listed = run_tuner(env, "device", "list")
+    assert listed.returncode == 0 and listed.stdout.startswith("no devices recorded"), listed.stderr
+    assert json.loads(run_tuner(env, "device", "list", "--json").stdout) == []  # scripts still get JSON
+    report = run_tuner(env, "study", "report", "--out", str(tmp_path / "rep"))
+    assert report.returncode == 1 and "nothing tuned: no report written" in report.stderr, report.stderr
+    assert not (tmp_path / "rep").exists()
+
+
 def _has_gpu() -> bool:
     from tests.conftest import _has_gpu as probe
 

@@ -215,6 +215,8 @@ def device_list(settings: Settings, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(limits, indent=1, allow_nan=False))
         return
+    if not limits:
+        click.echo("no devices recorded (`tuner device record` on a GPU host, or `tuner configs import`)")
     for d in limits:
         click.echo(
             f"{d['name']}\tcc {d['cc_major']}.{d['cc_minor']}\t{d['sm_count']} SMs\t{d['max_smem_optin']} B smem"

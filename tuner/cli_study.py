@@ -235,7 +235,12 @@ def register(study: click.Group, clean: Callable[..., Any]) -> None:
         from verify_tuner.db.migrate import checked_sessions
         from verify_tuner.report import write_report
 
-        for path in write_report(sessions=checked_sessions(settings.database_url), out_dir=out_dir, device=device):
+        written = write_report(sessions=checked_sessions(settings.database_url), out_dir=out_dir, device=device)
+        if not written:
+            raise click.ClickException(
+                "nothing tuned" + (f" on {device}" if device else "") + ": no report written (`tuner configs list`)"
+            )
+        for path in written:
             click.echo(f"wrote {path}")
 
 

@@ -23,7 +23,8 @@ def write_report(*, sessions: sessionmaker[Session], out_dir: Path, device: str 
             if r.study_id is not None:
                 st = s.get(repo.Study, r.study_id)
                 prefixes[r.key] = st.prefix if st else None
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if rows:  # nothing to write: no folder either
+        out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for dev_name in sorted({r.key.device for r in rows}):
         dev_rows = [r for r in rows if r.key.device == dev_name]
