@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from verify_tuner.files import write_shared
 from verify_tuner.kernels.build import KERNEL_NAME, KERNEL_VERSION, compile_cubin, kernel_hash
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.errors import TunerError
@@ -28,14 +29,6 @@ def _entry_key(arch: str, q_len: int, cfg: KernelConfig) -> str:
     return f"{arch}:q{q_len}:{cfg}"
 
 
-def _write(path: Path, data: bytes) -> None:
-    """Atomic, readable by every user: workers often run as another user than the tuner."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    tmp.chmod(0o644)
-    tmp.replace(path)
-
-
 def write_bundle(out_dir: Path, items: list[tuple[KernelConfig, int, str]], *, cache_dir: Path) -> Path:
     """Compile (or take from the cache) each (config, q_len, arch) and write the bundle."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -44,7 +37,7 @@ def write_bundle(out_dir: Path, items: list[tuple[KernelConfig, int, str]], *, c
         cubin = compile_cubin(cfg, q_len, arch, cache_dir).cubin
         digest = hashlib.sha256(cubin).hexdigest()
         name = f"{KERNEL_NAME}_{arch}_q{q_len}_{digest[:16]}.cubin"
-        _write(out_dir / name, cubin)
+        write_shared(out_dir / name, cubin)
         entries.append({"arch": arch, "q_len": q_len, "config": cfg.as_params(), "file": name, "sha256": digest})
     manifest = {
         "kernel": KERNEL_NAME,
@@ -52,7 +45,7 @@ def write_bundle(out_dir: Path, items: list[tuple[KernelConfig, int, str]], *, c
         "kernel_hash": kernel_hash(),
         "entries": entries,
     }
-    _write(out_dir / MANIFEST, (json.dumps(manifest, indent=1) + "\n").encode())
+    write_shared(out_dir / MANIFEST, json.dumps(manifest, indent=1) + "\n")
     return out_dir / MANIFEST
 
 

@@ -335,6 +335,22 @@ def configs_export(settings: Settings, fmt: str, output: Path | None, device: st
         click.echo(f"wrote {output}")
 
 
+def _write_cubins(settings: Settings, out_dir: Path, paths: list[Path]) -> Path:
+    """The cubin bundle for every config the dumped files serve, on each file's device arch."""
+    from verify_tuner import engine_files
+    from verify_tuner.kernels.bundle import write_bundle
+    from verify_tuner.kernels.limits import known_device
+
+    items = []
+    for path in paths:
+        doc = json.loads(path.read_text())
+        limits = known_device(doc["device_name"])
+        if limits is None:
+            raise click.ClickException(f"{doc['device_name']}: no known arch to compile its cubins for")
+        items += [(cfg, doc["q_len"], limits.arch) for cfg in engine_files.distinct_configs(doc)]
+    return write_bundle(out_dir / "cubins", items, cache_dir=settings.cache_dir)
+
+
 @configs.command("dump")
 @click.option(
     "--out-dir",
@@ -350,9 +366,15 @@ def configs_export(settings: Settings, fmt: str, output: Path | None, device: st
     metavar="H:Q",
     help="Also write this (H, q_len) where nothing is tuned (heuristic table); repeatable.",
 )
+@click.option(
+    "--cubins",
+    is_flag=True,
+    help="Also compile every config the files serve for each device's arch into OUT_DIR/cubins "
+    "(needs nvcc): the bundle an inference host loads without nvcc (VERIFY_TUNER_CUBINS).",
+)
 @click.pass_obj
 @clean_exit
-def configs_dump(settings: Settings, out_dir: Path, device: str | None, shapes: tuple[str, ...]) -> None:
+def configs_dump(settings: Settings, out_dir: Path, device: str | None, shapes: tuple[str, ...], cubins: bool) -> None:
     """Write engine-style files, one per (H, q_len, device, dtype), named like vLLM's tuned
     configs (H=8,q_len=9,device_name=NVIDIA_H200,dtype=bf16.json): the whole answer table for
     the kernel this version launches, for workers that read configs from a folder."""
@@ -376,6 +398,9 @@ def configs_dump(settings: Settings, out_dir: Path, device: str | None, shapes: 
         click.echo("nothing tuned for this kernel: no files written (give --shape H:Q for heuristic tables)")
     for p in paths:
         click.echo(f"wrote {p}")
+    if cubins and paths:
+        manifest = _write_cubins(settings, out_dir, paths)
+        click.echo(f"wrote {manifest}")
 
 
 @configs.command("import")

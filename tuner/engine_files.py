@@ -118,6 +118,14 @@ def dump(
     return written
 
 
+def distinct_configs(doc: dict[str, Any]) -> list[Any]:
+    """Every distinct config a file's table serves (what a cubin bundle must hold for it)."""
+    from verify_tuner.kernels.config import PARAM_NAMES, KernelConfig
+
+    found = {KernelConfig.from_params({k: e[k] for k in PARAM_NAMES}) for es in doc["configs"].values() for e in es}
+    return sorted(found)
+
+
 def tuned_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     """The tuned entries of a file as import rows (verify_tuner.rows.ConfigRow): what `configs import`
     restores from a dump. Heuristic and nearest entries are derived, not stored."""

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from tests.helpers import tuner_cmd
 
@@ -171,3 +174,25 @@ def test_dump_with_a_bad_shape_is_one_line(tmp_path):
     assert _tuner(env, "db", "upgrade").returncode == 0
     r = _tuner(env, "configs", "dump", "--out-dir", str(tmp_path / "o"), "--shape", "8x9")
     assert r.returncode == 2 and "--shape" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_dump_with_cubins_writes_the_bundle_an_inference_host_loads(tmp_path):
+    """Every config the dumped tables serve, compiled for the device's arch, in OUT_DIR/cubins."""
+    from verify_tuner import engine_files
+    from verify_tuner.kernels.bundle import Bundle
+
+    env = {"TUNER_DATABASE_URL": f"sqlite:///{tmp_path / 'c.db'}", "TUNER_CACHE_DIR": str(tmp_path / "cache")}
+    assert _tuner(env, "db", "upgrade").returncode == 0
+    (tmp_path / "rows.json").write_text(json.dumps(ROWS[2:]))  # one table: H=64 q_len=1
+    assert _tuner(env, "configs", "import", str(tmp_path / "rows.json")).returncode == 0
+    out = tmp_path / "engine"
+    r = _tuner(env, "configs", "dump", "--out-dir", str(out), "--cubins")
+    assert r.returncode == 0, r.stderr
+    (table,) = out.glob("H=64*.json")
+    configs = engine_files.distinct_configs(json.loads(table.read_text()))
+    assert len(configs) >= 2  # the tuned row and the heuristic the other buckets answer with
+    bundle = Bundle.open(out / "cubins")
+    for cfg in configs:
+        assert bundle.cubin(cfg, 1, "sm_90")[:4] == b"\x7fELF"
+    assert str(out / "cubins" / "manifest.json") in r.stdout
