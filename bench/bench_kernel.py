@@ -56,9 +56,10 @@ def main() -> None:
     import pycuda.autoprimaryctx  # noqa: F401
     import pycuda.driver as cuda
     import torch
+    from benchlib import naive_torch
     from verify_tuner.kernels.launch import VerifyAttention
     from verify_tuner.kernels.limits import read_device_limits
-    from verify_tuner.kernels.reference import naive_torch, poisoned_run_error, reference
+    from verify_tuner.kernels.reference import poisoned_run_error, reference
     from verify_tuner.kernels.timing import copy_bandwidth, rotating_inputs, time_graph, time_launches
 
     limits = read_device_limits(0)

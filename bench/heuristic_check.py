@@ -41,10 +41,11 @@ def main() -> None:
 
     import pycuda.autoprimaryctx  # noqa: F401
     import torch
+    from benchlib import checked_launcher, interleaved_medians
     from verify_tuner.kernels.launch import VerifyAttention
     from verify_tuner.kernels.limits import read_device_limits
-    from verify_tuner.kernels.reference import checked_launcher, reference
-    from verify_tuner.kernels.timing import interleaved_medians, rotating_inputs
+    from verify_tuner.kernels.reference import reference
+    from verify_tuner.kernels.timing import rotating_inputs
 
     limits = read_device_limits(0)
     recorded = json.loads(args.bench_json.read_text())

@@ -1,4 +1,4 @@
-"""Inputs, the fp32 torch reference and the naive-torch baseline (torch imported lazily).
+"""Inputs, the fp32 torch reference and the poisoned-output check (torch imported lazily).
 
 The reference is the definition of the function: every correctness check (tests, the tuner's
 gate) compares against it.
@@ -122,22 +122,6 @@ def reference(inp: Inputs) -> tuple[Any, Any]:
     return o, lse
 
 
-def naive_torch(inp: Inputs) -> Any:
-    """What one writes first (the benchmark's baseline): cuBLAS matmuls + masked softmax, eager."""
-    import torch
-
-    B, Q, H, _ = inp.q.shape
-    outs = []
-    for b in range(B):
-        slots, visible = _visible(inp, b)
-        k = inp.kv[slots]
-        s = (inp.q[b].reshape(Q * H, D_QK) @ k.T).float() * inp.scale
-        s = s.view(Q, H, -1).masked_fill(~visible.view(Q, 1, -1), float("-inf"))
-        p = torch.softmax(s, dim=-1).to(torch.bfloat16).view(Q * H, -1)
-        outs.append((p @ k[:, :D_V]).view(Q, H, D_V))
-    return torch.stack(outs)
-
-
 def poisoned_run_error(launch: Any, out: Any, ref: Any) -> float:
     """Fill `out` with NaN, run `launch()` once, wait, and return its relative error against
     `ref`: an element the kernel left unwritten makes it inf."""
@@ -147,15 +131,6 @@ def poisoned_run_error(launch: Any, out: Any, ref: Any) -> float:
     launch()
     torch.cuda.synchronize()
     return rel_error(out, ref)
-
-
-def checked_launcher(va: Any, sets: list[Inputs], out: Any, ref: Any, what: str, tol: float = 1e-2) -> Any:
-    """`k -> va.run(sets[k], out)` once `va` passed the poisoned-output check on sets[0] against
-    `ref`; a wrong result stops the benchmark with `what` and the error (its numbers would lie)."""
-    err = poisoned_run_error(lambda: va.run(sets[0], out), out, ref)
-    if err > tol:
-        raise SystemExit(f"WRONG {what}: rel err {err:.3g}")
-    return lambda k: va.run(sets[k], out)
 
 
 def rel_error(out: Any, ref: Any) -> float:

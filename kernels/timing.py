@@ -7,7 +7,7 @@ inputs rotated over enough sets that their KV exceeds the L2, so no config wins 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -94,7 +94,6 @@ def time_graph(
 
 
 T = TypeVar("T")
-K = TypeVar("K", bound=Hashable)
 
 
 def interleave(measures: Sequence[Callable[[], T]], rounds: int) -> list[list[T]]:
@@ -105,16 +104,6 @@ def interleave(measures: Sequence[Callable[[], T]], rounds: int) -> list[list[T]
         for i, measure in enumerate(measures):
             results[i].append(measure())
     return results
-
-
-def interleaved_medians(
-    launchers: Mapping[K, Callable[[int], None]], n_sets: int, *, rounds: int, reps: int
-) -> dict[K, float]:
-    """Median over `rounds` interleaved rounds of each launcher's per-round median of `reps`
-    event-timed launches (the benchmarks' A/B)."""
-    keys = list(launchers)
-    per_round = interleave([lambda k=k: time_launches(launchers[k], n_sets, reps=reps).median_us for k in keys], rounds)
-    return {k: statistics.median(r) for k, r in zip(keys, per_round)}
 
 
 def copy_bandwidth(reps: int = 10) -> float:

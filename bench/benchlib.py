@@ -1,0 +1,50 @@
+"""Helpers only the benchmarks use (the product's gate and timing live in verify_tuner.kernels):
+the naive-torch baseline, a launcher that stops a benchmark on a wrong result, and interleaved
+A/B medians. Run from bench/ scripts (`python3 bench/X.py` puts this folder on sys.path)."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any, TypeVar
+
+from verify_tuner.kernels.reference import Inputs, _visible, poisoned_run_error
+from verify_tuner.kernels.shapes import D_QK, D_V
+from verify_tuner.kernels.timing import interleave, time_launches
+
+K = TypeVar("K", bound=Hashable)
+
+
+def naive_torch(inp: Inputs) -> Any:
+    """What one writes first (the benchmark's baseline): cuBLAS matmuls + masked softmax, eager."""
+    import torch
+
+    B, Q, H, _ = inp.q.shape
+    outs = []
+    for b in range(B):
+        slots, visible = _visible(inp, b)
+        k = inp.kv[slots]
+        s = (inp.q[b].reshape(Q * H, D_QK) @ k.T).float() * inp.scale
+        s = s.view(Q, H, -1).masked_fill(~visible.view(Q, 1, -1), float("-inf"))
+        p = torch.softmax(s, dim=-1).to(torch.bfloat16).view(Q * H, -1)
+        outs.append((p @ k[:, :D_V]).view(Q, H, D_V))
+    return torch.stack(outs)
+
+
+def checked_launcher(va: Any, sets: list[Inputs], out: Any, ref: Any, what: str, tol: float = 1e-2) -> Any:
+    """`k -> va.run(sets[k], out)` once `va` passed the poisoned-output check on sets[0] against
+    `ref`; a wrong result stops the benchmark with `what` and the error (its numbers would lie)."""
+    err = poisoned_run_error(lambda: va.run(sets[0], out), out, ref)
+    if err > tol:
+        raise SystemExit(f"WRONG {what}: rel err {err:.3g}")
+    return lambda k: va.run(sets[k], out)
+
+
+def interleaved_medians(
+    launchers: Mapping[K, Callable[[int], None]], n_sets: int, *, rounds: int, reps: int
+) -> dict[K, float]:
+    """Median over `rounds` interleaved rounds of each launcher's per-round median of `reps`
+    event-timed launches (the benchmarks' A/B)."""
+    keys = list(launchers)
+    per_round = interleave([lambda k=k: time_launches(launchers[k], n_sets, reps=reps).median_us for k in keys], rounds)
+    return {k: statistics.median(r) for k, r in zip(keys, per_round)}
