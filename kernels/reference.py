@@ -123,11 +123,13 @@ def reference(inp: Inputs) -> tuple[Any, Any]:
 
 
 def poisoned_run_error(launch: Any, out: Any, ref: Any) -> float:
-    """Fill `out` with NaN, run `launch()` once, wait, and return its relative error against
-    `ref`: an element the kernel left unwritten makes it inf."""
+    """The correctness gate: fill `out` with NaN, run `launch()` once, wait, and return its
+    relative error against `ref` (an element the kernel left unwritten makes it inf). The tuner's
+    measurements, the tests and the benchmarks all gate through it."""
     import torch
 
     out.fill_(float("nan"))
+    torch.cuda.synchronize()  # the poison lands before a launch on another stream reads `out`
     launch()
     torch.cuda.synchronize()
     return rel_error(out, ref)

@@ -129,7 +129,7 @@ class GpuMeasurer:
             raise LaunchError(str(exc).splitlines()[0]) from exc
 
     def measure(self, cfg: KernelConfig, wl: Workload) -> Measurement:
-        from verify_tuner.kernels.reference import rel_error
+        from verify_tuner.kernels.reference import poisoned_run_error
         from verify_tuner.kernels.timing import time_graph
 
         sets, ref, out = self._prepare(wl)
@@ -142,11 +142,7 @@ class GpuMeasurer:
             return Measurement(COMPILE_ERROR, reason=str(exc)[-2000:])
         launch = self._launch_fn(va, sets, out)
         with self._kernel_failures():
-            out.fill_(float("nan"))  # poison: every element must be written
-            self._sync()
-            launch(0)
-            self._sync()
-        err = rel_error(out, ref)
+            err = poisoned_run_error(lambda: launch(0), out, ref)
         if not err <= REL_TOL:
             return Measurement(WRONG, rel_error=err, reason=f"relative error {err:.3g} > {REL_TOL}")
         with self._kernel_failures():
