@@ -3,8 +3,13 @@ at its own heuristic default, same shapes, same inputs, timed the same way (CUDA
 inputs rotated past the L2) in one call on the local GPU. Each side's output is checked against
 the fp32 reference before it is timed.
 
-    git worktree add /tmp/v1 9941cce      # the commit to compare with
-    python3 bench/ab_versions.py --base-tree /tmp/v1 --out bench/results
+    git worktree add /tmp/base dcd2450 && pip wheel --no-deps -w .basewhl /tmp/base   # here
+    pip install --no-deps --target /tmp/base-site .basewhl/*.whl                       # there
+    python3 bench/ab_versions.py --base-tree /tmp/base-site --base-label v2-dcd2450 --out bench/results
+
+The base must be importable as `verify_tuner` from --base-tree: since the namespace move that is
+an installed copy (a wheel unpacked with --target), not a checkout; a checkout from before the move
+(top-level `kernels`, `tuner`) is not comparable by this script.
 
 The base side runs in a child process with the other tree first on sys.path; it borrows only
 this file's timing code (kernels/timing.py of this tree, loaded by path), so both sides share
@@ -81,7 +86,9 @@ def time_defaults(shapes: list[tuple[int, int, int]], cache: str) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--base-tree", type=Path, help="checkout of the kernel to compare against")
+    ap.add_argument(
+        "--base-tree", type=Path, help="folder where the base's verify_tuner is importable (pip install --target)"
+    )
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
     ap.add_argument("--cache", default=os.environ.get("TUNER_CACHE_DIR", "/tmp/va-cache"))
     ap.add_argument("--base-label", help="name of the base in the report (default: its git revision)")
