@@ -8,9 +8,12 @@ CUDA, FastAPI, SQLAlchemy, Optuna or torch: `pip install verify-tuner`).
 Where the table comes from, first that works: the sidecar (`base_url`, else VERIFY_TUNER_URL),
 then a folder of `tuner configs dump` files (`config_dir`, else VERIFY_TUNER_CONFIG_DIR), then
 the last snapshot saved on disk (the per-user cache dir unless given), then the built-in
-heuristic; `source` / `reason` say which and why the others were passed over. A table made for
-another kernel than the one this package launches (its kernel hash differs) is refused and the
-next source tried. `prefix` for a batch of requests is its longest one (verify_tuner.batches.prefix_of,
+heuristic; `source` / `reason` say which and why the others were passed over, and `tuned` /
+`counts` how many entries were measured rather than guessed (a sidecar can serve a table of
+heuristics). The sidecar is asked for the table of the kernel this package launches (its kernel
+hash): one that holds none answers 404, and a table made for another kernel, from any source, is
+refused and the next source tried. `refresh()` re-fetches the sidecar's table only if it changed
+(If-None-Match with its ETag). `prefix` for a batch of requests is its longest one (verify_tuner.batches.prefix_of,
 measured in docs/batching.md); `batch` is the number of requests verified in the launch.
 
 A worker never blocks on, or crashes because of, the sidecar. A snapshot that cannot be saved is
@@ -75,9 +78,10 @@ class ConfigClient:
         self.kernel_hash = kernel_hash or current_kernel_hash()
         name = f"configs-{engine_files.slug(device)}-H{H}-q{q_len}-{dtype}.json"
         self.snapshot = Path(snapshot_dir or Path(user_cache_dir("verify-tuner")) / "snapshots") / name
-        # per batch bucket index: bucket starts and entries, sorted by prefix
-        self._starts: dict[int, list[int]] = {}
-        self._entries: dict[int, list[Entry]] = {}
+        #: per batch bucket index: bucket starts and entries, sorted by prefix (replaced whole, see _set)
+        self._table: dict[int, tuple[list[int], list[Entry]]] = {}
+        self.etag: str | None = None  # of the sidecar's table held, for refresh()
+        self.refresh_error: str | None = None
         self.source = "none"  # sidecar | config_dir | snapshot | heuristic | none (nothing usable: see reason)
         self.reason = "fetch() not called yet"
 
@@ -88,20 +92,10 @@ class ConfigClient:
         passed: list[str] = []
         if self.base_url:
             try:
-                table = self._get_table()
-                self._load(table)
-            except (OSError, ValueError, KeyError, TypeError) as exc:  # unreachable, HTTP error, bad body
-                passed.append(f"sidecar unavailable at {self.base_url} ({type(exc).__name__}: {exc})")
-            else:
-                self.source, self.reason = "sidecar", f"{self.base_url}: {self._count()}"
-                try:
-                    self._save(table)
-                except (
-                    OSError,
-                    ValueError,
-                ) as exc:  # keep the good table; a later fetch without the sidecar has no snapshot
-                    self.reason += f"; snapshot not saved ({type(exc).__name__}: {exc})"
+                self._ask_sidecar(etag=None)
                 return self._done(passed)
+            except _PassedOver as exc:
+                passed.append(str(exc))
         else:
             passed.append(f"no sidecar ({URL_ENV} not set)")
         if self.config_dir:
@@ -115,44 +109,121 @@ class ConfigClient:
                 return self._done(passed)
         try:
             self._load(json.loads(self.snapshot.read_text()))
-            self.source, self.reason = "snapshot", f"snapshot {self.snapshot}"
+            self.source, self.reason = "snapshot", f"snapshot {self.snapshot}: {self._count()}"
             return self._done(passed)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             passed.append(f"no usable snapshot ({type(exc).__name__}: {exc})"[:300])
         if self.limits is None:
-            self._entries, self._starts = {}, {}
+            self._set({})
             self.source, self.reason = "none", f"device {self.device!r} is unknown, so no heuristic either"
             return self._done(passed)
-        self._entries = {
-            bb.index: [
-                Entry(
-                    b.lo,
-                    b.hi,
-                    heuristic_config(self.limits, H=self.H, q_len=self.q_len, prefix=b.mid, batch=bb.hi),
-                    "heuristic",
-                )
-                for b in buckets.ALL
-            ]
-            for bb in batches.ALL
-        }
-        self._starts = {i: [e.lo for e in es] for i, es in self._entries.items()}
+        self._set(self._heuristic_table())
         self.source, self.reason = "heuristic", f"the built-in heuristic for {self.limits.name}"
         return self._done(passed)
+
+    def refresh(self) -> str:
+        """Fetch the sidecar's table again if it changed since the one held (If-None-Match with its
+        ETag): "updated", "unchanged", or "failed" with `refresh_error` saying why; the table held is
+        kept unless a usable new one came. Never raises; safe while other threads call lookup()."""
+        if not self.base_url:
+            self.refresh_error = f"no sidecar ({URL_ENV} not set)"
+            return "failed"
+        try:
+            changed = self._ask_sidecar(etag=self.etag if self.source == "sidecar" else None)
+        except _PassedOver as exc:
+            self.refresh_error = str(exc)
+            return "failed"
+        self.refresh_error = None
+        return "updated" if changed else "unchanged"
+
+    def _ask_sidecar(self, *, etag: str | None) -> bool:
+        """Load the sidecar's table (False: unchanged since `etag`, a 304); _PassedOver says why not,
+        telling an unreachable or failing sidecar from one that refused this worker's request."""
+        try:
+            table, new_etag = self._get_table(etag)
+            self._load(table)
+        except urllib.error.HTTPError as exc:  # before OSError, its base class
+            if exc.code == 304 and etag:
+                return False
+            raise _PassedOver(self._refused(exc)) from None
+        except OSError as exc:
+            raise _PassedOver(f"sidecar unavailable at {self.base_url} ({type(exc).__name__}: {exc})") from None
+        except (ValueError, KeyError, TypeError) as exc:
+            raise _PassedOver(
+                f"sidecar at {self.base_url} served a table this worker cannot use ({type(exc).__name__}: {exc})"
+            ) from None
+        self.etag = new_etag
+        self.source, self.reason = "sidecar", f"{self.base_url}: {self._count()}"
+        try:
+            self._save(table)
+        except (OSError, ValueError) as exc:  # keep the good table; a later fetch without the sidecar has no snapshot
+            self.reason += f"; snapshot not saved ({type(exc).__name__}: {exc})"
+        return True
+
+    def _refused(self, exc: urllib.error.HTTPError) -> str:
+        detail = _error_detail(exc)
+        if exc.code >= 500:
+            return f"sidecar unavailable at {self.base_url} (HTTP {exc.code}: {detail})"
+        return f"sidecar at {self.base_url} refused this worker's request (HTTP {exc.code}: {detail})"
 
     def _done(self, passed: list[str]) -> str:
         if passed:
             self.reason += "; passed over: " + "; ".join(passed)
         return self.source
 
-    def _count(self) -> str:
-        return f"{sum(len(e) for e in self._entries.values())} buckets in {len(self._entries)} batch buckets"
+    @property
+    def counts(self) -> dict[str, int]:
+        """Entries of the table held by source (tuned, nearest, heuristic)."""
+        out = dict.fromkeys(("tuned", "nearest", "heuristic"), 0)
+        for _, entries in self._table.values():
+            for e in entries:
+                out[e.source] = out.get(e.source, 0) + 1
+        return out
 
-    def _get_table(self) -> dict:
-        q = urllib.parse.urlencode(
-            {"H": self.H, "q_len": self.q_len, "device": self.device, "dtype": self.dtype, "all_batches": "true"}
+    @property
+    def tuned(self) -> int:
+        """Entries measured on this kernel and device: 0 means a table of guesses, whatever its source."""
+        return self.counts["tuned"]
+
+    def _count(self) -> str:
+        c = self.counts
+        return (
+            f"{c['tuned']} of {sum(c.values())} entries tuned ({c['nearest']} nearest, {c['heuristic']} heuristic) "
+            f"in {len(self._table)} batch buckets"
         )
-        with urllib.request.urlopen(f"{self.base_url}/configs?{q}", timeout=self.timeout_s) as resp:
-            return json.loads(resp.read())
+
+    def _heuristic_table(self) -> dict[int, list[Entry]]:
+        return {
+            bb.index: [
+                Entry(
+                    b.lo,
+                    b.hi,
+                    heuristic_config(self.limits, H=self.H, q_len=self.q_len, prefix=b.mid, batch=bb.hi),  # type: ignore[arg-type]
+                    "heuristic",
+                )
+                for b in buckets.ALL
+            ]
+            for bb in batches.ALL
+        }
+
+    def _set(self, by_batch: dict[int, list[Entry]]) -> None:
+        # one assignment: a lookup on another thread sees the old table or the new one, never a mix
+        self._table = {i: ([e.lo for e in es], es) for i, es in by_batch.items()}
+
+    def _get_table(self, etag: str | None) -> tuple[dict, str | None]:
+        q = urllib.parse.urlencode(
+            {
+                "H": self.H,
+                "q_len": self.q_len,
+                "device": self.device,
+                "dtype": self.dtype,
+                "all_batches": "true",
+                "kernel_hash": self.kernel_hash,
+            }
+        )
+        req = urllib.request.Request(f"{self.base_url}/configs?{q}", headers={"If-None-Match": etag} if etag else {})
+        with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+            return json.loads(resp.read()), resp.headers.get("ETag")
 
     def _config_file(self) -> Path:
         """This device's file, else its family's (a `NVIDIA H200 NVL` reads the H200's)."""
@@ -213,7 +284,7 @@ class ConfigClient:
             entries.sort(key=lambda e: e.lo)
             if entries[0].lo != 0 or any(a.hi != b.lo for a, b in itertools.pairwise(entries)):
                 raise ValueError("table does not cover every prefix")
-        self._entries, self._starts = by_batch, {i: [e.lo for e in es] for i, es in by_batch.items()}
+        self._set(by_batch)
 
     def _check_device(self, by_batch: dict[int, list[Entry]]) -> None:
         """Every config must run on this device, whatever the table's file name or source said
@@ -235,13 +306,14 @@ class ConfigClient:
     def lookup(self, prefix: int, batch: int = 1) -> KernelConfig:
         """The config for this step: `prefix` is the batch's lookup prefix (its longest request,
         verify_tuner.batches.prefix_of), `batch` the requests in the launch. A bisect, no I/O."""
-        if not self._entries:
+        table = self._table  # read once: refresh() may replace it meanwhile
+        if not table:
             raise RuntimeError(f"no config table ({self.reason})")
         if not 1 <= batch <= batches.MAX_BATCH:
             raise ValueError(f"batch {batch} outside 1..{batches.MAX_BATCH}")
         bb = (batch - 1).bit_length()  # verify_tuner.batches.bucket_of without its checks: the hot path
-        entries = self._entries[bb]
-        i = bisect.bisect_right(self._starts[bb], prefix) - 1
+        starts, entries = table[bb]
+        i = bisect.bisect_right(starts, prefix) - 1
         e = entries[max(i, 0)]
         if not e.lo <= prefix < e.hi:
             raise ValueError(f"prefix {prefix} outside 0..{entries[-1].hi - 1}")
@@ -249,4 +321,23 @@ class ConfigClient:
 
     def distinct_configs(self) -> list[KernelConfig]:
         """Every config the table can answer: what a worker pre-compiles / graph-captures."""
-        return sorted({e.config for es in self._entries.values() for e in es})
+        return sorted({e.config for _, es in self._table.values() for e in es})
+
+
+class _PassedOver(Exception):
+    """Why a source was passed over, as `reason` words it."""
+
+
+def _error_detail(exc: urllib.error.HTTPError) -> str:
+    """The one-line `detail` of the sidecar's error body (FastAPI's shape), else its first line."""
+    try:
+        raw = exc.read(4096).decode("utf-8", "replace")
+    except OSError:
+        return exc.reason or "no body"
+    try:
+        detail = json.loads(raw)["detail"]
+    except (ValueError, KeyError, TypeError):
+        return (raw.splitlines() or [str(exc.reason)])[0][:300]
+    if isinstance(detail, list):  # a 422: each item names its parameter
+        detail = "; ".join(f"{'.'.join(map(str, d.get('loc', [])))}: {d.get('msg')}" for d in detail)
+    return str(detail)[:300]

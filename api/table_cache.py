@@ -15,6 +15,7 @@ from verify_tuner.api.schemas import ConfigOut
 from verify_tuner.db import repo
 from verify_tuner.db.session import session_scope
 from verify_tuner.errors import StorageError
+from verify_tuner.kernels import kernel_hash as current_kernel_hash
 from verify_tuner.kernels.limits import DeviceLimits
 
 
@@ -28,6 +29,8 @@ class Table:
     answers: list[lookup.Answer]
     bodies: tuple[bytes, ...] = field(default=())
     stale: str | None = None  # why the database could not be read, when serving from cache
+    #: why there is no table (a kernel hash the database holds no configs of): the routes' 404
+    missing: str | None = None
 
     def __post_init__(self) -> None:
         if not self.bodies:
@@ -59,15 +62,25 @@ class TableCache:
         self.max_entries, self.recheck_s = max_entries, recheck_s
         self._stamp: tuple[object, ...] | None = None
         self._failure: str | None = None  # why the last background check failed
+        #: the kernel this sidecar launches: answered with the heuristic where nothing is tuned
+        self.own_kernel = current_kernel_hash()
 
     def fresh(
-        self, *, device: str | None, default_device: str | None, H: int, q_len: int, dtype: str, batch_bucket: int = 0
+        self,
+        *,
+        device: str | None,
+        default_device: str | None,
+        H: int,
+        q_len: int,
+        dtype: str,
+        batch_bucket: int = 0,
+        kernel_hash: str | None = None,
     ) -> Table | None:
         """The cached table when it was built at the stamp the last background check read, or,
         while the check fails, the last good table marked stale; None (no table yet, or the data
         changed) sends the caller to `table` (threadpool, database). StorageError: the database
         is failing and this key has no good table."""
-        key = (device or default_device, H, q_len, dtype, batch_bucket)
+        key = (device or default_device, H, q_len, dtype, batch_bucket, kernel_hash or self.own_kernel)
         with self._lock:
             hit, failure = self._tables.get(key), self._failure
             if failure is not None:
@@ -113,10 +126,12 @@ class TableCache:
         q_len: int,
         dtype: str,
         batch_bucket: int = 0,
+        kernel_hash: str | None = None,
     ) -> tuple[Table, bool]:
         """The key's table and whether this call read the database: False when another request
         built it while this one waited for the key's build lock."""
-        key = (device or default_device, H, q_len, dtype, batch_bucket)
+        kernel_hash = kernel_hash or self.own_kernel
+        key = (device or default_device, H, q_len, dtype, batch_bucket, kernel_hash)
         with self._build_locks[hash(key) % self.BUILD_STRIPES]:
             with self._lock:
                 hit = self._tables.get(key)
@@ -131,6 +146,7 @@ class TableCache:
                 q_len=q_len,
                 dtype=dtype,
                 batch_bucket=batch_bucket,
+                kernel_hash=kernel_hash,
             ), True
 
     def _build(
@@ -144,6 +160,7 @@ class TableCache:
         q_len: int,
         dtype: str,
         batch_bucket: int,
+        kernel_hash: str,
     ) -> Table:
         try:
             with session_scope(sessions) as session:
@@ -153,19 +170,44 @@ class TableCache:
                 if hit is not None and hit.stamp == stamp:
                     return hit
                 limits = lookup.resolve_device(session=session, name=device, default=default_device)
-                answers = lookup.table(
-                    session=session, limits=limits, H=H, q_len=q_len, dtype=dtype, batch_buckets=[batch_bucket]
+                missing = self._missing(session, kernel_hash, limits.name)
+                answers = (
+                    []
+                    if missing
+                    else lookup.table(
+                        session=session,
+                        limits=limits,
+                        H=H,
+                        q_len=q_len,
+                        dtype=dtype,
+                        batch_buckets=[batch_bucket],
+                        kernel_hash=kernel_hash,
+                    )
                 )
         except (SQLAlchemyError, StorageError) as exc:
             with self._lock:
                 hit = self._tables.get(key)
             if hit is None:
                 raise StorageError(str(exc).splitlines()[0]) from exc
-            return Table(hit.stamp, hit.limits, hit.answers, hit.bodies, stale=str(exc).splitlines()[0][:300])
-        table = Table(stamp, limits, answers)
+            return replace(hit, stale=str(exc).splitlines()[0][:300])
+        table = Table(stamp, limits, answers, missing=missing)
         with self._lock:
             if len(self._tables) >= self.max_entries:
                 self._tables.clear()
             self._tables[key] = table
             self._stamp = stamp
         return table
+
+    def _missing(self, session: Session, kernel_hash: str, device: str) -> str | None:
+        """Why `kernel_hash` has no table on `device`, or None: this sidecar's own kernel always
+        has one (the heuristic fills what is not tuned), another only where configs were stored."""
+        if kernel_hash == self.own_kernel:
+            return None
+        held = repo.kernels_with_best(session=session, device=device)
+        if kernel_hash in held:
+            return None
+        others = [k for k in held if k != self.own_kernel]
+        return (
+            f"no configs for kernel_hash {kernel_hash!r} on {device}: this sidecar answers for its own kernel "
+            f"{self.own_kernel}" + (f" and holds tuned configs of {', '.join(others)}" if others else "")
+        )

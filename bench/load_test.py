@@ -96,6 +96,72 @@ async def client(
         writer.close()
 
 
+def probe(base: str, seconds: float, every_s: float = 0.25) -> list[dict]:
+    """A health probe as a kubelet sends it: a new connection per request, `Connection: close`,
+    a 1 s timeout; run in its own process so the load generator's event loop does not delay it."""
+    import socket
+
+    host, port = base.removeprefix("http://").split(":")
+    out, stop = [], time.monotonic() + seconds
+    while time.monotonic() < stop:
+        for path in ("/healthz", "/readyz"):
+            t0 = time.perf_counter()
+            try:
+                with socket.create_connection((host, int(port)), timeout=1.0) as s:
+                    s.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+                    first = s.recv(64)
+                    ok = first.startswith(b"HTTP/1.1 200")
+            except OSError as exc:
+                ok, first = False, type(exc).__name__.encode()
+            out.append({"path": path, "ms": (time.perf_counter() - t0) * 1e3, "ok": ok})
+        time.sleep(every_s)
+    return out
+
+
+def _probe_during(base: str, seconds: float) -> subprocess.Popen:
+    cmd = [sys.executable, __file__, "--probe", base, "--max-seconds", str(seconds)]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+
+
+def _probe_summary(proc: subprocess.Popen) -> dict:
+    samples = json.loads(proc.communicate(timeout=120)[0])
+    ms = sorted(x["ms"] for x in samples)
+    return {
+        "probes": len(samples),
+        "probe_failed": sum(not x["ok"] for x in samples),
+        "probe_p50_ms": statistics.median(ms),
+        "probe_max_ms": ms[-1],
+        "probe_over_250ms": sum(m > 250 for m in ms),
+    }
+
+
+MINIMAL_APP = """
+body = b'{"NSPLIT":64,"HT":8,"TK":32,"BLOCK":256}'
+async def app(scope, receive, send):
+    if scope["type"] != "http":
+        return
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+"""
+
+
+def _minimal_uvicorn(tmp: Path, port: int) -> subprocess.Popen:
+    """uvicorn's defaults serving one fixed body: the ceiling this machine sets on any uvicorn app."""
+    (tmp / "minimal_app.py").write_text(MINIMAL_APP)
+    cmd = [sys.executable, "-m", "uvicorn", "minimal_app:app", "--port", str(port), "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, cwd=tmp, stdout=subprocess.DEVNULL)
+    import urllib.request
+
+    for _ in range(100):
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=1).read()
+            return proc
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError("the minimal uvicorn app did not come up")
+
+
 def _db_path_lookups(base: str) -> float:
     import urllib.request
 
@@ -104,10 +170,12 @@ def _db_path_lookups(base: str) -> float:
     return float(next(ln for ln in text.splitlines() if ln.startswith("tuner_db_path_lookups_total")).split()[-1])
 
 
-async def run(base: str, clients: int, requests: int, rate: float, max_s: float, target: str = "config") -> dict:
+async def run(
+    base: str, clients: int, requests: int, rate: float, max_s: float, target: str = "config", minimal: bool = False
+) -> dict:
     lat: list[float] = []
     errors: list[str] = []
-    db_before = _db_path_lookups(base)
+    db_before = 0.0 if minimal else _db_path_lookups(base)
     deadline = time.monotonic() + max_s
     t0 = time.perf_counter()
     await asyncio.gather(
@@ -128,7 +196,7 @@ async def run(base: str, clients: int, requests: int, rate: float, max_s: float,
         "p90_ms": q[89] * 1e3,
         "p99_ms": q[98] * 1e3,
         "max_ms": max(lat) * 1e3,
-        "db_path_lookups": _db_path_lookups(base) - db_before,
+        "db_path_lookups": None if minimal else _db_path_lookups(base) - db_before,
     }
 
 
@@ -145,9 +213,53 @@ def main() -> None:
         default="config",
         help="what the clients request; results go to load_test.* (config) or load_test_<target>.*",
     )
+    ap.add_argument(
+        "--no-baseline",
+        action="store_true",
+        help="skip the flat-out runs against a minimal uvicorn app (one after each flat-out run of tuner serve)",
+    )
+    ap.add_argument("--probe", metavar="URL", help=argparse.SUPPRESS)  # the probe process's own entry point
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args()
+    if args.probe:
+        print(json.dumps(probe(args.probe, args.max_seconds)))
+        return
     tmp = Path(tempfile.mkdtemp())
+    env = _database(tmp)
+    port, minimal_port = free_port(), free_port()
+    minimal = None if args.no_baseline else _minimal_uvicorn(tmp, minimal_port)
+    results = []
+    try:
+        with running_server(env, port=port):
+            import urllib.request
+
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/config?H=8&q_len=9&prefix=1", timeout=10).read()  # warm
+            time.sleep(0.5)
+            for rate in args.rate:
+                for _ in range(args.repeat):
+                    results.append(_one(f"http://127.0.0.1:{port}", args, rate))
+                    if rate == 0 and minimal is not None:
+                        results.append(_one(f"http://127.0.0.1:{minimal_port}", args, rate, minimal=True))
+    finally:
+        if minimal is not None:
+            minimal.terminate()
+            minimal.wait(10)
+    write(args.out, results, args.target)
+
+
+def _one(base: str, args: argparse.Namespace, rate: float, *, minimal: bool = False) -> dict:
+    """One run, with a health probe in its own process while it lasts (tuner serve only)."""
+    prober = None if minimal else _probe_during(base, args.max_seconds)
+    res = asyncio.run(run(base, args.clients, args.requests, rate, args.max_seconds, args.target, minimal))
+    res = {"server": "minimal uvicorn" if minimal else "tuner serve"} | res
+    if prober is not None:
+        res |= _probe_summary(prober)
+    print(json.dumps(res))
+    return res
+
+
+def _database(tmp: Path) -> dict[str, str]:
+    """A migrated SQLite database with five tuned H=8 q=9 rows; the environment to serve it."""
     env = {"TUNER_DATABASE_URL": f"sqlite:///{tmp / 'c.db'}", "TUNER_DEVICE": "h200"}
     full = {**os.environ, **env}
     subprocess.run([sys.executable, "-m", "tuner", "db", "upgrade"], env=full, check=True, capture_output=True)
@@ -162,21 +274,7 @@ def main() -> None:
         check=True,
         capture_output=True,
     )
-    port = free_port()
-    results = []
-    with running_server(env, port=port):
-        import urllib.request
-
-        urllib.request.urlopen(f"http://127.0.0.1:{port}/config?H=8&q_len=9&prefix=1", timeout=10).read()  # warm
-        time.sleep(0.5)
-        for rate in args.rate:
-            for _ in range(args.repeat):
-                res = asyncio.run(
-                    run(f"http://127.0.0.1:{port}", args.clients, args.requests, rate, args.max_seconds, args.target)
-                )
-                results.append(res)
-                print(json.dumps(res))
-    write(args.out, results, args.target)
+    return env
 
 
 def write(out: Path, results: list[dict], target: str = "config") -> None:
@@ -205,18 +303,47 @@ def write(out: Path, results: list[dict], target: str = "config") -> None:
         ),
         "",
         (
-            "| clients | rate/client (req/s) | requests | errors | req/s | p50 ms | p90 ms | p99 ms | max ms | "
-            "DB-path lookups |"
+            "| server | clients | rate/client (req/s) | requests | errors | req/s | p50 ms | p90 ms | p99 ms | max ms | "
+            "DB-path lookups | probes (failed, > 250 ms) | probe p50 / max ms |"
         ),
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
-        lines.append(
-            f"| {r['clients']} | {r['rate_per_client'] or 'max'} | {r['sent']} | {r['errors']} | "
-            f"{r['req_per_s']:.0f} | {r['p50_ms']:.2f} | {r['p90_ms']:.2f} | {r['p99_ms']:.2f} | "
-            f"{r['max_ms']:.1f} | {r.get('db_path_lookups', '')} |"
+        probes = (
+            f"{r['probes']} ({r['probe_failed']}, {r['probe_over_250ms']}) | "
+            f"{r['probe_p50_ms']:.1f} / {r['probe_max_ms']:.1f}"
+            if "probes" in r
+            else "| "
         )
+        lines.append(
+            f"| {r.get('server', 'tuner serve')} | {r['clients']} | {r['rate_per_client'] or 'max'} | {r['sent']} | "
+            f"{r['errors']} | {r['req_per_s']:.0f} | {r['p50_ms']:.2f} | {r['p90_ms']:.2f} | {r['p99_ms']:.2f} | "
+            f"{r['max_ms']:.1f} | {'' if r.get('db_path_lookups') is None else r['db_path_lookups']} | {probes} |"
+        )
+    lines += _ratio_lines(results)
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+
+
+def _ratio_lines(results: list[dict]) -> list[str]:
+    """tuner serve's flat-out req/s against the minimal uvicorn app's, run by run in the same session."""
+    ours = [r["req_per_s"] for r in results if r.get("server") == "tuner serve" and r["rate_per_client"] == 0]
+    base = [r["req_per_s"] for r in results if r.get("server") == "minimal uvicorn"]
+    if not ours or not base:
+        return []
+    ratios = [a / b for a, b in zip(ours, base, strict=False)]
+    return [
+        "",
+        (
+            f"Flat out, tuner serve answered {min(ratios):.2f}-{max(ratios):.2f}x the requests per second of a "
+            "minimal uvicorn app (uvicorn's defaults, one fixed body) run right after it on the same machine "
+            f"({', '.join(f'{a:.0f}/{b:.0f}' for a, b in zip(ours, base, strict=False))} req/s)."
+        ),
+        "",
+        (
+            "Probes: a new connection per request to /healthz and /readyz every 0.25 s from a separate process "
+            "during each tuner serve run (1 s timeout, the first bytes of the answer timed)."
+        ),
+    ]
 
 
 def _cpu_model() -> str:

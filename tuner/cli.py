@@ -154,7 +154,7 @@ def serve(
     settings: Settings, host: str | None, port: int | None, device: str | None, read_only_database: bool | None
 ) -> None:
     """Run the read-only config service (FastAPI under uvicorn)."""
-    import uvicorn
+    from verify_tuner.api import server
     from verify_tuner.api.app import create_app
     from verify_tuner.db.migrate import ensure_current
     from verify_tuner.db.session import make_engine
@@ -162,16 +162,7 @@ def serve(
     settings = settings.with_overrides(host=host, port=port, device=device, database_read_only=read_only_database)
     # fail fast, before binding
     ensure_current(make_engine(settings.database_url, immediate=False, read_only=settings.database_read_only))
-    # No per-request access log: /metrics counts requests by route and status, and a log line per
-    # lookup would cost more than the lookup.
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_level="info",
-        access_log=False,
-        timeout_keep_alive=75,
-    )  # workers poll rarely: keep their connection, as proxies do
+    server.run(create_app(settings), settings)  # uvicorn, with the request limits of api/server.py
 
 
 # --- device ----------------------------------------------------------------------------------

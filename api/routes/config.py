@@ -10,7 +10,7 @@ import hashlib
 import json
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, HTTPException, Query, Request, Response
 from verify_tuner import batches
 from verify_tuner.api.deadline import NoAnswer, within
 from verify_tuner.api.deps import DEVICE_PATTERN, Digits, ReadSessions, SettingsDep, StrictQuery
@@ -28,6 +28,14 @@ DeviceParam = Annotated[
     Query(max_length=200, pattern=DEVICE_PATTERN, description="CUDA device name or alias; default: the sidecar's"),
 ]
 DtypeParam = Annotated[Literal["bf16"], Query(description="element type of q / kv / o")]
+KernelHashParam = Annotated[
+    str | None,
+    Query(
+        max_length=64,
+        pattern=DEVICE_PATTERN,
+        description="the kernel the worker launches (its verify_tuner.kernels.kernel_hash()); default: the sidecar's",
+    ),
+]
 BatchParam = Annotated[
     int | None, Digits, Query(ge=1, le=batches.MAX_BATCH, description="requests verified in one launch (default 1)")
 ]
@@ -44,8 +52,10 @@ async def get_config(
     device: DeviceParam = None,
     dtype: DtypeParam = "bf16",
     batch: BatchParam = None,
+    kernel_hash: KernelHashParam = None,
 ) -> Response:
-    table = await _table(request, sessions, settings, device, H, q_len, dtype, batches.bucket_of(batch or 1).index)
+    bb = batches.bucket_of(batch or 1).index
+    table = await _table(request, sessions, settings, device, H, q_len, dtype, bb, kernel_hash)
     ans, body = table.pick(prefix)  # the body was rendered from ConfigOut when the table was built
     request.app.state.metrics.lookup(ans.source)
     return Response(body, media_type="application/json", headers=_stale_header(table))
@@ -60,13 +70,14 @@ async def _table(
     q_len,
     dtype,  # type: ignore[no-untyped-def]
     batch_bucket,
+    kernel_hash,
 ):
     """The hot path answers from memory; the database is consulted (in the threadpool, so the
     event loop never blocks on it, and within the database deadline) only when the cached table
     is due for a re-check."""
     cache = request.app.state.tables
     key = {"device": device, "default_device": settings.device, "H": H, "q_len": q_len, "dtype": dtype}
-    key["batch_bucket"] = batch_bucket
+    key["batch_bucket"], key["kernel_hash"] = batch_bucket, kernel_hash
     table = cache.fresh(**key)
     if table is None:
         try:
@@ -78,6 +89,8 @@ async def _table(
             request.app.state.metrics.db_path()
     if table.stale:
         request.app.state.metrics.db_error()
+    if table.missing:  # a worker of another kernel must not launch this kernel's configs
+        raise HTTPException(404, table.missing)
     return table
 
 
@@ -98,11 +111,12 @@ async def get_configs(
     dtype: DtypeParam = "bf16",
     batch: BatchParam = None,
     all_batches: Annotated[bool, Query(description="every batch bucket's table (then no `batch`)")] = False,
+    kernel_hash: KernelHashParam = None,
 ) -> Response:
     if all_batches and batch is not None:
         raise BadParameter("batch", "give either batch or all_batches=true, not both")
     wanted = [b.index for b in batches.ALL] if all_batches else [batches.bucket_of(batch or 1).index]
-    tables = [await _table(request, sessions, settings, device, H, q_len, dtype, i) for i in wanted]
+    tables = [await _table(request, sessions, settings, device, H, q_len, dtype, i, kernel_hash) for i in wanted]
     table = tables[0]
     for t in tables:
         if t.stale:

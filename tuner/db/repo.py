@@ -425,3 +425,16 @@ def data_stamp(*, session: Session) -> tuple[object, ...]:
         )
     ).one()
     return tuple(row)
+
+
+def kernels_with_best(*, session: Session, device: str) -> list[str]:
+    """Kernel hashes holding stored bests on `device`: the kernels a sidecar can answer for there."""
+    q = (
+        select(Kernel.source_hash)
+        .join(BestConfig, BestConfig.kernel_id == Kernel.id)
+        .join(Device, BestConfig.device_id == Device.id)
+        .where(Device.name == device)
+        .group_by(Kernel.source_hash)
+        .order_by(Kernel.source_hash)
+    )
+    return list(session.scalars(q))

@@ -1,0 +1,105 @@
+"""How `tuner serve` runs uvicorn: request-head limits and deadlines uvicorn has no setting for.
+
+uvicorn's default parser (httptools) takes a header of any size, and neither of its protocols
+times out a connection before its first complete request: a 200 MB header was read for 87 s,
+and connections that sent half a request (or nothing) were held open forever. The h11 protocol
+caps the buffered head (h11's own limit, `h11_max_incomplete_event_size`); the subclass below
+answers that cap with 431 instead of uvicorn's 400, and closes a connection whose request head,
+or body, does not arrive in time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import h11
+import uvicorn
+from fastapi import FastAPI
+from uvicorn.protocols.http.h11_impl import H11Protocol
+from verify_tuner.settings import Settings
+
+#: The largest request head (request line and headers) read; a worker's lookup head is ~100 bytes.
+MAX_HEAD_BYTES = 64 * 1024
+#: Seconds a request head may take from its first byte (or from the connection, for the first one).
+HEAD_TIMEOUT_S = 10.0
+#: Seconds a request body may take after its head: an import of the 16 MiB cap at ~300 kB/s.
+BODY_TIMEOUT_S = 60.0
+#: Workers poll rarely: keep their idle connection open as long as proxies do.
+KEEP_ALIVE_S = 75
+
+_TIMEOUT_RESPONSE = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+
+
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with a deadline on each request's arrival and a 431 for a head over the cap."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._deadline: asyncio.TimerHandle | None = None
+        self._waiting_for: object = None
+        self._arm(h11.IDLE, HEAD_TIMEOUT_S)  # a connection that never sends a request is closed too
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        state = self.conn.their_state
+        if state is h11.IDLE:  # a head has begun, on a kept-alive connection
+            self._arm(h11.IDLE, HEAD_TIMEOUT_S)
+        elif state is h11.SEND_BODY:
+            self._arm(h11.SEND_BODY, BODY_TIMEOUT_S)
+        else:  # the request is in (or the connection failed): uvicorn's keep-alive timer takes over
+            self._disarm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self, phase: object, seconds: float) -> None:
+        if self._deadline is not None and self._waiting_for is phase:
+            return  # the deadline runs from the phase's first byte, not its latest
+        self._disarm()
+        self._waiting_for, self._deadline = phase, self.loop.call_later(seconds, self._expired)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        self._deadline, self._waiting_for = None, None
+
+    def _expired(self) -> None:
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        if self.conn.our_state is h11.IDLE:  # no response begun: say why the connection closes
+            self.transport.write(_TIMEOUT_RESPONSE)
+        self.transport.close()  # a handler waiting on the body sees a disconnect
+
+    def send_400_response(self, msg: str) -> None:
+        if len(self.conn.trailing_data[0]) <= MAX_HEAD_BYTES:
+            super().send_400_response(msg)
+            return
+        # h11 refused the head for its size (it raises once its buffer passes the cap): RFC 6585's 431
+        body = f"request head over {MAX_HEAD_BYTES} bytes".encode()
+        headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", b"%d" % len(body))]
+        event = h11.Response(status_code=431, headers=[*headers, (b"connection", b"close")])
+        for ev in (event, h11.Data(data=body), h11.EndOfMessage()):
+            self.transport.write(self.conn.send(ev))
+        self.transport.close()
+
+
+def uvicorn_config(app: FastAPI, settings: Settings) -> uvicorn.Config:
+    """The uvicorn Config `tuner serve` runs: no per-request access log (/metrics counts requests by
+    route and status, and a log line per lookup would cost more than the lookup)."""
+    return uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level="info",
+        access_log=False,
+        timeout_keep_alive=KEEP_ALIVE_S,
+        http=GuardedH11Protocol,
+        h11_max_incomplete_event_size=MAX_HEAD_BYTES,
+    )
+
+
+def run(app: FastAPI, settings: Settings) -> None:
+    """Serve in the foreground until SIGINT/SIGTERM."""
+    uvicorn.Server(uvicorn_config(app, settings)).run()

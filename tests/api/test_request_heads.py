@@ -1,0 +1,121 @@
+"""Issue 30 item 3 (the request head) against a real `tuner serve`: a 200 MB header is a 431 at
+once, not read for 87 s; a head sent slowly and connections left half-open are closed after the
+head deadline; a kept-alive idle connection is not (raw sockets: the client decides what it sends)."""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import uvicorn
+from verify_tuner.api import server
+
+from tests.helpers import free_port, running_server, tuner_cmd
+
+
+@pytest.fixture(scope="module")
+def addr(tmp_path_factory) -> Iterator[tuple[str, int]]:
+    url = f"sqlite:///{tmp_path_factory.mktemp('heads') / 'c.db'}"
+    subprocess.run(tuner_cmd("db", "upgrade"), env={**os.environ, "TUNER_DATABASE_URL": url}, check=True, timeout=60)
+    port = free_port()
+    with running_server({"TUNER_DATABASE_URL": url, "TUNER_DEVICE": "h200"}, port=port):
+        yield "127.0.0.1", port
+
+
+def _status(s: socket.socket) -> str:
+    """The status line of the next response, read whole (head and Content-Length body); "" if closed."""
+    buf = b""
+    while b"\r\n\r\n" not in buf and (more := s.recv(65536)):
+        buf += more
+    head, _, body = buf.partition(b"\r\n\r\n")
+    length = next(
+        (int(v) for k, _, v in (h.partition(b":") for h in head.split(b"\r\n")) if k.lower() == b"content-length"), 0
+    )
+    while len(body) < length and (more := s.recv(65536)):
+        body += more
+    return head.decode(errors="replace").split("\r\n", 1)[0]
+
+
+def test_a_200_mb_header_is_a_431_before_it_is_read(addr):
+    chunk, sent, t0 = b"a" * 65536, 0, time.perf_counter()
+    with socket.create_connection(addr, timeout=5) as s:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: ")
+        while sent < 200_000_000 and time.perf_counter() - t0 < 20:
+            if select.select([s], [], [], 0)[0]:
+                break  # the server answered: stop sending, as a client would
+            try:
+                s.sendall(chunk)
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            sent += len(chunk)
+        status = _status(s)
+    took = time.perf_counter() - t0
+    assert status.startswith("HTTP/1.1 431") and sent < 10_000_000 and took < 5, (status, sent, took)
+
+
+def test_slow_and_half_open_heads_are_closed_and_idle_keep_alive_is_not(addr):
+    """A head trickled a byte a second, 200 half-sent heads and 20 silent connections are all closed
+    within the head deadline; a connection idle after a complete response stays open (keep-alive)."""
+    kept = socket.create_connection(addr, timeout=5)
+    kept.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert _status(kept) == "HTTP/1.1 200 OK"
+    half = [socket.create_connection(addr, timeout=30) for _ in range(220)]
+    for s in half[:200]:
+        s.sendall(b"GET /config?H=8&q_len=9&prefix=1 HTTP/1.1\r\nHost: x\r\n")
+    slow = socket.create_connection(addr, timeout=30)
+    slow.sendall(b"GET /healthz HTTP/1.1\r\n")
+    stop = time.monotonic() + server.HEAD_TIMEOUT_S + 5
+    trickled, slow_closed = 0, None
+    while time.monotonic() < stop and slow_closed is None:
+        if select.select([slow], [], [], 1.0)[0]:
+            slow_closed = time.monotonic()
+        else:
+            try:
+                slow.sendall(b"X")
+                trickled += 1
+            except OSError:
+                slow_closed = time.monotonic()
+    assert slow_closed is not None and trickled >= server.HEAD_TIMEOUT_S - 2, trickled
+    assert _status(slow).startswith("HTTP/1.1 408")
+    replies = [_status(s) for s in half]  # each returns at once: an answer, or b"" for a closed connection
+    assert all(r.startswith("HTTP/1.1 408") for r in replies), {r for r in replies}
+    kept.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert _status(kept) == "HTTP/1.1 200 OK"
+    for s in [kept, slow, *half]:
+        s.close()
+
+
+def test_a_body_that_stops_coming_is_closed_after_the_body_deadline(monkeypatch):
+    """In process, with a one-second deadline: the handler waiting on the body gets a disconnect."""
+    monkeypatch.setattr(server, "BODY_TIMEOUT_S", 1.0)
+
+    async def app(scope, receive, send):  # type: ignore[no-untyped-def]
+        if scope["type"] != "http":
+            return
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    port = free_port()
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, http=server.GuardedH11Protocol, log_level="warning", lifespan="off"
+    )
+    srv = uvicorn.Server(config)
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not srv.started and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n" + b"x" * 10)
+            t0 = time.monotonic()
+            assert s.recv(100) == b"" and time.monotonic() - t0 < 3
+    finally:
+        srv.should_exit = True
+        thread.join(10)
