@@ -132,7 +132,15 @@ def _probe_summary(proc: subprocess.Popen) -> dict:
         "probe_p50_ms": statistics.median(ms),
         "probe_max_ms": ms[-1],
         "probe_over_250ms": sum(m > 250 for m in ms),
+        **{
+            f"probe_{path}_p50_max_ms": _p50_max([x["ms"] for x in samples if x["path"] == f"/{path}"])
+            for path in ("healthz", "readyz")
+        },
     }
+
+
+def _p50_max(ms: list[float]) -> list[float]:
+    return [round(statistics.median(ms), 1), round(max(ms), 1)] if ms else []
 
 
 MINIMAL_APP = """
@@ -304,16 +312,17 @@ def write(out: Path, results: list[dict], target: str = "config") -> None:
         "",
         (
             "| server | clients | rate/client (req/s) | requests | errors | req/s | p50 ms | p90 ms | p99 ms | max ms | "
-            "DB-path lookups | probes (failed, > 250 ms) | probe p50 / max ms |"
+            "DB-path lookups | probes (failed, > 250 ms) | probe p50 / max ms | /healthz p50 / max | /readyz p50 / max |"
         ),
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         probes = (
             f"{r['probes']} ({r['probe_failed']}, {r['probe_over_250ms']}) | "
-            f"{r['probe_p50_ms']:.1f} / {r['probe_max_ms']:.1f}"
+            f"{r['probe_p50_ms']:.1f} / {r['probe_max_ms']:.1f} | "
+            + " | ".join(" / ".join(str(v) for v in r.get(f"probe_{p}_p50_max_ms", [])) for p in ("healthz", "readyz"))
             if "probes" in r
-            else "| "
+            else "| | | "
         )
         lines.append(
             f"| {r.get('server', 'tuner serve')} | {r['clients']} | {r['rate_per_client'] or 'max'} | {r['sent']} | "

@@ -11,7 +11,7 @@ router = APIRouter(tags=["health"])
 
 
 @router.get("/healthz")
-def healthz() -> dict[str, str]:
+async def healthz() -> dict[str, str]:  # on the event loop: no thread hop behind busy requests
     return {"status": "ok"}
 
 

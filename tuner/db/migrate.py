@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +29,7 @@ def alembic_config(url: str) -> Config:
     return cfg
 
 
+@functools.cache  # the shipped migrations do not change under a running process; parsing them is slow
 def head_revision() -> str:
     head = ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
     assert head is not None
