@@ -131,13 +131,16 @@ def verify_attention(
     device, batch = q.device.index, q.shape[0]
     kernels = _kernels_for(device, cfg, q_len, H)
     key = (device, cfg, q_len, H, batch)
-    if key not in _workspace:  # first call at this batch size: before the engine captures its graph
-        rows = kernels.spec.workspace_rows(batch)
-        _workspace[key] = (
-            torch.empty(rows, 512, dtype=torch.bfloat16, device=q.device),
-            torch.empty(rows, dtype=torch.float32, device=q.device),
-        )
-    part_o, part_lse = _workspace[key]
+    # One workspace per (device, config, batch size), made on the first call (before the engine
+    # captures its graph); launches sharing it must be ordered, as one engine's verify steps are.
+    with _lock:
+        if key not in _workspace:
+            rows = kernels.spec.workspace_rows(batch)
+            _workspace[key] = (
+                torch.empty(rows, 512, dtype=torch.bfloat16, device=q.device),
+                torch.empty(rows, dtype=torch.float32, device=q.device),
+            )
+        part_o, part_lse = _workspace[key]
     pointers = {
         "q": q.data_ptr(),
         "kv": kv.data_ptr(),
