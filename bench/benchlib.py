@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 from verify_tuner.kernels.reference import Inputs, _visible, poisoned_run_error
 from verify_tuner.kernels.shapes import D_QK, D_V
-from verify_tuner.kernels.timing import interleave, time_launches
+from verify_tuner.kernels.timing import interleave, time_graph
 
 K = TypeVar("K", bound=Hashable)
 
@@ -31,20 +31,26 @@ def naive_torch(inp: Inputs) -> Any:
     return torch.stack(outs)
 
 
-def checked_launcher(va: Any, sets: list[Inputs], out: Any, ref: Any, what: str, tol: float = 1e-2) -> Any:
-    """`k -> va.run(sets[k], out)` once `va` passed the poisoned-output check on sets[0] against
-    `ref`; a wrong result stops the benchmark with `what` and the error (its numbers would lie)."""
-    err = poisoned_run_error(lambda: va.run(sets[0], out), out, ref)
+def checked_launcher(
+    va: Any, sets: list[Inputs], out: Any, ref: Any, what: str, *, stream: Any, tol: float = 1e-2
+) -> Any:
+    """`k -> va.run(sets[k], out)` on `stream` once `va` passed the poisoned-output check on
+    sets[0] against `ref`; a wrong result stops the benchmark with `what` and the error (its
+    numbers would lie)."""
+    err = poisoned_run_error(lambda: va.run(sets[0], out, stream=stream), out, ref)
     if err > tol:
         raise SystemExit(f"WRONG {what}: rel err {err:.3g}")
-    return lambda k: va.run(sets[k], out)
+    return lambda k: va.run(sets[k], out, stream=stream)
 
 
 def interleaved_medians(
-    launchers: Mapping[K, Callable[[int], None]], n_sets: int, *, rounds: int, reps: int
+    launchers: Mapping[K, Callable[[int], None]], n_sets: int, *, rounds: int, reps: int, stream: Any
 ) -> dict[K, float]:
     """Median over `rounds` interleaved rounds of each launcher's per-round median of `reps`
-    event-timed launches (the benchmarks' A/B)."""
+    CUDA-graph replays (the benchmarks' A/B; the launchers enqueue on `stream`): timed as engines
+    run the kernels, without the host's launch cost in the number."""
     keys = list(launchers)
-    per_round = interleave([lambda k=k: time_launches(launchers[k], n_sets, reps=reps).median_us for k in keys], rounds)
+    per_round = interleave(
+        [lambda k=k: time_graph(launchers[k], n_sets, stream=stream, replays=reps).median_us for k in keys], rounds
+    )
     return {k: statistics.median(r) for k, r in zip(keys, per_round)}

@@ -25,7 +25,7 @@ from verify_tuner.kernels.build import precompile
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.shapes import D_V
 
-ROUNDS, REPS = 3, 30
+ROUNDS, REPS = 3, 10
 
 
 def parse_config(text: str) -> KernelConfig:
@@ -40,6 +40,7 @@ def main() -> None:
     args = ap.parse_args()
 
     import pycuda.autoprimaryctx  # noqa: F401
+    import pycuda.driver as cuda
     import torch
     from benchlib import checked_launcher, interleaved_medians
     from verify_tuner.kernels.launch import VerifyAttention
@@ -47,7 +48,7 @@ def main() -> None:
     from verify_tuner.kernels.reference import reference
     from verify_tuner.kernels.timing import rotating_inputs
 
-    limits = read_device_limits(0)
+    limits, stream = read_device_limits(0), cuda.Stream()
     recorded = json.loads(args.bench_json.read_text())
     if recorded["arch"] != limits.arch:
         sys.exit(f"{args.bench_json} was measured on {recorded['arch']}, this GPU is {limits.arch}")
@@ -78,10 +79,11 @@ def main() -> None:
                 out,
                 ref,
                 f"H={H} Q={Q} P={P} {cfg}",
+                stream=stream,
             )
             for cfg in set(named.values())
         }
-        medians = interleaved_medians(launchers, len(sets), rounds=ROUNDS, reps=REPS)
+        medians = interleaved_medians(launchers, len(sets), rounds=ROUNDS, reps=REPS, stream=stream)
         us = {name: medians[cfg] for name, cfg in named.items()}
         row = {
             "H": H,

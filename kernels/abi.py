@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.plan import workspace_slots
@@ -15,8 +16,32 @@ from verify_tuner.kernels.shapes import D_QK, D_V
 
 LOG2E = 1.4426950408889634
 #: The kernels' arguments in PyCUDA's prepare() letters (csrc/verify_attention.cu's signatures).
-PARTIAL_ARGS = "PPPPPPPPPPiif"
+PARTIAL_ARGS = "PPPPPPPPPPPiiiiiiiiif"
 REDUCE_ARGS = "PPPPPiii"
+#: Tree-mask row widths the kernel reads, by dtype (SGLang packs q_len <= 8/16/32 into uint8/16/32).
+MASK_BYTES = {"uint8": 1, "int8": 1, "int16": 2, "uint16": 2, "int32": 4, "uint32": 4, "int64": 8, "uint64": 8}
+_I32 = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a call's tensors lie in memory, as the partial kernel's integer arguments (elements):
+    the token and head strides of q's first 512 dims and of its 64 rope dims, the page size as a
+    shift (0: page-size-1 slots at kv_indptr; k: a page table of 2^k-slot pages, one row per
+    request of `page_stride` entries) and the tree mask's row width in bytes."""
+
+    q_st: int
+    q_sh: int
+    pe_st: int
+    pe_sh: int
+    page_shift: int = 0
+    page_stride: int = 0
+    mask_bytes: int = 8
+
+    @classmethod
+    def dense(cls, H: int) -> Layout:
+        """One contiguous [B, Q, H, 576] q, page-size-1 slots, uint64 mask rows."""
+        return cls(q_st=H * D_QK, q_sh=D_QK, pe_st=H * D_QK, pe_sh=D_QK)
 
 
 def reduce_grid(*, batch: int, q_len: int, H: int, sm_count: int, threads: int) -> tuple[int, int]:
@@ -51,6 +76,7 @@ class LaunchSpec:
         self,
         *,
         q: int,
+        q_pe: int | None = None,
         kv: int,
         prefix_indices: int,
         prefix_indptr: int,
@@ -62,9 +88,14 @@ class LaunchSpec:
         lse: int,
         batch: int,
         softmax_scale: float,
+        layout: Layout | None = None,
     ) -> tuple[float, ...]:
+        """The partial's arguments; q_pe None means q holds 576-wide rows (its dims 512.. are the rope
+        part), layout None the dense layout (Layout.dense)."""
+        lay = layout if layout is not None else Layout.dense(self.H)
         return (
             q,
+            q_pe if q_pe is not None else q + D_V * 2,
             kv,
             prefix_indices,
             prefix_indptr,
@@ -76,6 +107,13 @@ class LaunchSpec:
             lse,
             batch,
             self.H,
+            lay.q_st,
+            lay.q_sh,
+            lay.pe_st,
+            lay.pe_sh,
+            lay.page_shift,
+            lay.page_stride,
+            lay.mask_bytes,
             softmax_scale * LOG2E,
         )
 
@@ -93,36 +131,162 @@ class TensorMeta:
     shape: tuple[int, ...]
     device: str  # "cuda:0"
     contiguous: bool
+    strides: tuple[int, ...] = ()  # in elements; () means the contiguous ones
+    address: int = 0  # data_ptr(), for the 16-byte alignment the kernel's copies need
+
+    @classmethod
+    def of(cls, t: Any) -> TensorMeta | None:
+        """The meta of a torch tensor (duck-typed: this module imports no torch), or None."""
+        if t is None:
+            return None
+        return cls(
+            str(t.dtype).removeprefix("torch."),
+            tuple(t.shape),
+            str(t.device),
+            bool(t.is_contiguous()),
+            tuple(t.stride()),
+            int(t.data_ptr()),
+        )
+
+    def stride(self, dim: int) -> int:
+        if self.strides:
+            return self.strides[dim]
+        n = 1
+        for d in self.shape[dim + 1 :]:
+            n *= d
+        return n
+
+
+def _shape_error(name: str, m: TensorMeta, shape: tuple[int | None, ...], what: str) -> str | None:
+    got = m.shape
+    if len(got) != len(shape) or any(w is not None and w != g for w, g in zip(shape, got)):
+        spelled = ", ".join("*" if w is None else str(w) for w in shape)
+        return f"{name} must be [{spelled}] {what}, got {list(got)}"
+    return None
+
+
+def _row_strides(name: str, m: TensorMeta) -> tuple[int, int] | str:
+    """(token stride, head stride) of a [B, Q, H, D] q part whose (B, Q) dims merge into one token
+    index, or why they cannot be read in place."""
+    B, Q, H, _ = m.shape
+    s0, s1, s2, s3 = (m.stride(d) for d in range(4))
+    if s3 != 1:
+        return f"{name}'s last dimension must be contiguous (stride 1), got {s3}"
+    if B > 1 and Q > 1 and s0 != Q * s1:
+        return f"{name}'s batch and q_len dimensions must merge (stride[0] == q_len * stride[1]), got {m.strides}"
+    st = s1 if Q > 1 else s0
+    sh = s2 if H > 1 else 0
+    if st % 8 or sh % 8 or m.address % 16:
+        return f"{name} must be 16-byte aligned with strides that are multiples of 8 elements, got {m.strides}"
+    if max(st, sh) * max(B * Q, H) > _I32:
+        return f"{name}'s strides are too large for 32-bit offsets"
+    return st, sh
+
+
+def _q_layout(t: Mapping[str, TensorMeta | None], q_len: int, H: int) -> tuple[int, int, int, int] | str:
+    q, pe = t["q"], t.get("q_pe")
+    assert q is not None
+    if pe is None:
+        err = _shape_error("q", q, (None, q_len, H, D_QK), f"(or [B, {q_len}, {H}, {D_V}] with q_pe)")
+        if err:
+            return err
+        got = _row_strides("q", q)
+        return got if isinstance(got, str) else (*got, *got)
+    err = _shape_error("q", q, (None, q_len, H, D_V), "when q_pe is given (q_nope)")
+    if err:
+        return err
+    if pe.dtype != "bfloat16":
+        return f"q_pe must be bfloat16, got {pe.dtype}"
+    err = _shape_error("q_pe", pe, (q.shape[0], q_len, H, D_QK - D_V), "")
+    if err:
+        return err
+    a, b = _row_strides("q", q), _row_strides("q_pe", pe)
+    for got in (a, b):
+        if isinstance(got, str):
+            return got
+    return (*a, *b)  # type: ignore[misc]
+
+
+def _kv_layout(kv: TensorMeta, idx: TensorMeta, B: int) -> tuple[int, int] | str:
+    """(page_shift, page_stride) from the pool's shape: [S, 576] with page-size-1 slots, or
+    [pages, page_size, 576] with a [B, max_pages] page table."""
+    if len(kv.shape) == 2:
+        err = _shape_error("kv", kv, (None, D_QK), "(or [pages, page_size, 576])")
+        if err:
+            return err
+        err = _shape_error("kv_indices", idx, (None,), "(the prefixes' slots at kv_indptr, page size 1)")
+        if err:
+            return err
+        return (0, 0) if idx.stride(0) == 1 else "kv_indices must be contiguous"
+    err = _shape_error("kv", kv, (None, None, D_QK), "(pages, page_size, 576)")
+    if err:
+        return err
+    ps = kv.shape[1]
+    if ps < 1 or ps & (ps - 1):
+        return f"kv's page size must be a power of two, got {ps}"
+    if ps == 1:
+        return _kv_layout(TensorMeta(kv.dtype, (kv.shape[0], D_QK), kv.device, kv.contiguous), idx, B)
+    err = _shape_error("kv_indices", idx, (B, None), f"(the page table: a row of page ids per request, page size {ps})")
+    if err:
+        return err
+    if idx.stride(1) != 1:
+        return "kv_indices' rows must be contiguous"
+    return ps.bit_length() - 1, idx.stride(0)
 
 
 def check_call(t: Mapping[str, TensorMeta | None], *, q_len: int, H: int) -> str | None:
     """The first reason the op's tensors cannot be launched, naming the tensor, or None."""
+    got = _layout(t, q_len=q_len, H=H)
+    return got if isinstance(got, str) else None
+
+
+def call_layout(t: Mapping[str, TensorMeta | None], *, q_len: int, H: int, on_cuda: bool = True) -> Layout:
+    """The call's Layout; a ValueError names the first tensor that cannot be launched and why.
+    on_cuda=False lays out tensors held elsewhere (the reference's inputs on the CPU)."""
+    got = _layout(t, q_len=q_len, H=H, on_cuda=on_cuda)
+    if isinstance(got, Layout):
+        return got
+    raise ValueError(got)
+
+
+def _layout(t: Mapping[str, TensorMeta | None], *, q_len: int, H: int, on_cuda: bool = True) -> Layout | str:
     need = {
-        "q": ("bfloat16", None),
-        "kv": ("bfloat16", None),
-        "kv_indptr": ("int32", None),
-        "kv_indices": ("int32", None),
-        "draft_slots": ("int32", None),
-        "tree_mask": ("int64", None),
-        "out": ("bfloat16", None),
+        "q": "bfloat16",
+        "kv": "bfloat16",
+        "kv_indptr": "int32",
+        "kv_indices": "int32",
+        "draft_slots": "int32",
+        "out": "bfloat16",
     }
-    for name, (dtype, _) in need.items():
+    for name, dtype in need.items():
         m = t.get(name)
         if m is None:
             return f"{name} is required"
         if m.dtype != dtype:
             return f"{name} must be {dtype}, got {m.dtype}"
+    mask = t.get("tree_mask")
+    if mask is None:
+        return "tree_mask is required"
+    if mask.dtype not in MASK_BYTES:
+        return f"tree_mask must be an integer type of 8..64 bits ({', '.join(MASK_BYTES)}), got {mask.dtype}"
+    if MASK_BYTES[mask.dtype] * 8 < q_len:
+        return f"tree_mask's {mask.dtype} rows hold {MASK_BYTES[mask.dtype] * 8} bits, q_len is {q_len}"
     q = t["q"]
-    if len(q.shape) != 4 or q.shape[1:] != (q_len, H, D_QK):
-        return f"q must be [B, {q_len}, {H}, {D_QK}] for this op's q_len and H, got {list(q.shape)}"
+    assert q is not None
+    if len(q.shape) != 4:
+        return f"q must be [B, {q_len}, {H}, {D_QK}] (or q_nope [B, {q_len}, {H}, {D_V}] + q_pe), got {list(q.shape)}"
+    strides = _q_layout(t, q_len, H)
+    if isinstance(strides, str):
+        return strides
     B = q.shape[0]
-    want = {
-        "kv": (None, D_QK),
+    pages = _kv_layout(t["kv"], t["kv_indices"], B)  # type: ignore[arg-type]
+    if isinstance(pages, str):
+        return pages
+    want: dict[str, tuple[int | None, ...]] = {
         "kv_indptr": (B + 1,),
         "draft_slots": (B, q_len),
         "tree_mask": (B, q_len),
         "out": (B, q_len, H, D_V),
-        "kv_indices": (None,),
     }
     lse = t.get("lse")
     if lse is not None:
@@ -130,17 +294,18 @@ def check_call(t: Mapping[str, TensorMeta | None], *, q_len: int, H: int) -> str
             return f"lse must be float32, got {lse.dtype}"
         want["lse"] = (B, q_len, H)
     for name, shape in want.items():
-        got = t[name].shape  # type: ignore[union-attr]
-        if len(got) != len(shape) or any(w is not None and w != g for w, g in zip(shape, got)):
-            spelled = ", ".join("*" if w is None else str(w) for w in shape)
-            return f"{name} must be [{spelled}] for a batch of {B}, got {list(got)}"
+        err = _shape_error(name, t[name], shape, f"for a batch of {B}")  # type: ignore[arg-type]
+        if err:
+            return err
+    in_place = {"q", "q_pe", "kv_indices"}  # read through their strides
     for name, m in t.items():
         if m is None:
             continue
         if m.device != q.device:
             return f"{name} is on {m.device}, q on {q.device}: every tensor must be on one CUDA device"
-        if not m.contiguous:
+        if name not in in_place and not m.contiguous:
             return f"{name} must be contiguous"
-    if not q.device.startswith("cuda"):
+    if on_cuda and not q.device.startswith("cuda"):
         return f"the tensors are on {q.device}: the kernel runs on a CUDA device"
-    return None
+    q_st, q_sh, pe_st, pe_sh = strides
+    return Layout(q_st, q_sh, pe_st, pe_sh, pages[0], pages[1], MASK_BYTES[mask.dtype])

@@ -1,10 +1,15 @@
-"""Load a compiled configuration with PyCUDA and launch it (GPU path only).
+"""The tuner's launcher: compile a configuration with nvcc and launch it in PyCUDA's context (GPU
+path only).
 
-The launch path does no allocation and no host synchronisation: the workspace is allocated
-once per (config, max batch), arguments are plain device pointers, and the grid is the same for
-every batch (the kernels share the batch's work out at run time, kernels/plan.py), so one CUDA
-graph captured per batch size follows every prefix and batch composition it is replayed with. Use `pycuda.autoprimaryctx` (the context torch uses) when mixing with
-torch tensors; pass `tensor.data_ptr()` or ints.
+The launch itself is kernels/runtime.py's, the one the engine op uses: the cubin is loaded with
+cuda-python into the current context (PyCUDA's primary context, the one torch uses, after
+`import pycuda.autoprimaryctx`) and both kernels go out through cuLaunchKernelEx, the reduce as a
+programmatic dependent launch where the kernel was built for it, so the tuner times exactly what
+an engine runs. PyCUDA holds the context, the streams, the events and this launcher's workspace.
+The launch path does no allocation and no host synchronisation; the grid is the same for every
+batch (the kernels share the batch's work out at run time, kernels/plan.py), so one CUDA graph
+captured per batch size follows every prefix and batch composition it is replayed with. Pass
+`tensor.data_ptr()` or ints.
 """
 
 from __future__ import annotations
@@ -13,24 +18,13 @@ import math
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from verify_tuner.kernels.abi import PARTIAL_ARGS, REDUCE_ARGS, LaunchSpec, reduce_grid
+from verify_tuner.kernels.abi import LaunchSpec, Layout
 from verify_tuner.kernels.build import compile_cubin, ptxas_report
 from verify_tuner.kernels.config import KernelConfig
-from verify_tuner.kernels.errors import InvalidConfig, LaunchError
+from verify_tuner.kernels.errors import LaunchError
 from verify_tuner.kernels.limits import DeviceLimits
-from verify_tuner.kernels.pdl import DependentLaunch
-from verify_tuner.kernels.validate import D_QK, D_V, smem_bytes, validate
-
-
-def _read_int(module: Any, name: str) -> int:
-    """An `extern "C" __device__ const int` the kernel exports (its layout facts)."""
-    import pycuda.driver as cuda
-
-    dev, _ = module.get_global(name)
-    got = np.empty(1, np.int32)
-    cuda.memcpy_dtoh(got, dev)
-    return int(got[0])
+from verify_tuner.kernels.runtime import CubinKernels
+from verify_tuner.kernels.validate import D_QK, D_V, validate
 
 
 def _ptr(x: Any) -> int:
@@ -59,40 +53,21 @@ class VerifyAttention:
 
         validate(cfg, limits, H=H, q_len=q_len)
         self.cfg, self.H, self.q_len, self.max_batch = cfg, H, q_len, max_batch
-        self.sm_count = limits.sm_count
         built = compile_cubin(cfg, q_len, limits.arch, cache_dir, extra_flags)
         self.report = ptxas_report(built.ptxas_log) if built.ptxas_log else {}
-        self.module = cuda.module_from_buffer(built.cubin)
-        self.partial = self.module.get_function("verify_attn_partial")
-        self.reduce = self.module.get_function("verify_attn_reduce")
-        self.smem = smem_bytes(cfg, q_len)
-        layout = _read_int(self.module, "kSmemBytes")
-        if layout != self.smem:  # a bug, not a bad config: the formulas drifted apart
-            raise RuntimeError(f"smem formula {self.smem} B != kernel layout {layout} B")
-        fa = cuda.function_attribute
-        self.partial.set_attribute(fa.MAX_DYNAMIC_SHARED_SIZE_BYTES, self.smem)
-        max_threads = self.partial.get_attribute(fa.MAX_THREADS_PER_BLOCK)
-        if max_threads < cfg.block:
-            raise InvalidConfig(
-                f"BLOCK={cfg.block} but the compiled kernel allows {max_threads} threads "
-                f"({self.partial.get_attribute(fa.NUM_REGS)} registers/thread)"
-            )
-        # partials only for requests several parts share: part p's of request b in slot p + b
         self.spec = LaunchSpec(cfg, H, q_len)
+        self.kernels = CubinKernels(built.cubin, self.spec, sm_count=limits.sm_count)
+        self.smem = self.kernels.smem
+        # partials only for requests several parts share: part p's of request b in slot p + b
         rows = self.spec.workspace_rows(max_batch)
         self._part_o = cuda.mem_alloc(rows * D_V * 2)  # bf16 o / l per slot
         self._part_lse = cuda.mem_alloc(rows * 4)  # fp32 log2-domain lse per slot
-        self.partial.prepare(PARTIAL_ARGS)
-        self.reduce.prepare(REDUCE_ARGS)
-        self.reduce_threads = _read_int(self.module, "kReduceThreads")
-        # sm_90+: the reduce goes out as a programmatic dependent launch (kernels/pdl.py)
-        uses_pdl = _read_int(self.module, "kUsesPdl") == 1
-        self._reduce_pdl = DependentLaunch(built.cubin, "verify_attn_reduce", REDUCE_ARGS) if uses_pdl else None
 
     def __call__(
         self,
         *,
         q: Any,
+        q_pe: Any = None,
         kv: Any,
         prefix_indices: Any,
         prefix_indptr: Any,
@@ -104,48 +79,43 @@ class VerifyAttention:
         softmax_scale: float | None = None,
         stream: Any = None,
         reduce: bool = True,
+        layout: Layout | None = None,
     ) -> None:
-        """Enqueue partial + reduce on `stream` (a pycuda Stream or None for the default).
+        """Enqueue partial + reduce on `stream` (a pycuda Stream or None for the default); q_pe and
+        layout as in LaunchSpec.partial_args (None: one 576-wide q, page-size-1 slots, uint64 mask).
         reduce=False enqueues the partial kernel alone (benchmarks use it to split the time: a
         request that one part holds whole is complete after it, the others need the reduce)."""
         if not 1 <= batch <= self.max_batch:
             raise LaunchError(f"batch {batch} outside 1..{self.max_batch} this launcher was built for")
-        scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(D_QK)
-        work = {"part_o": int(self._part_o), "part_lse": int(self._part_lse)}
-        args = self.spec.partial_args(
-            q=_ptr(q),
-            kv=_ptr(kv),
-            prefix_indices=_ptr(prefix_indices),
-            prefix_indptr=_ptr(prefix_indptr),
-            draft_indices=_ptr(draft_indices),
-            tree_mask=_ptr(tree_mask),
-            out=_ptr(out),
-            lse=_ptr(lse),
+        pointers = {
+            "q": _ptr(q),
+            "q_pe": _ptr(q_pe) if q_pe is not None else None,
+            "kv": _ptr(kv),
+            "prefix_indices": _ptr(prefix_indices),
+            "prefix_indptr": _ptr(prefix_indptr),
+            "draft_indices": _ptr(draft_indices),
+            "tree_mask": _ptr(tree_mask),
+            "out": _ptr(out),
+            "lse": _ptr(lse),
+        }
+        self.kernels.launch(
+            stream=stream.handle if stream is not None else 0,
             batch=batch,
-            softmax_scale=scale,
-            **work,
+            pointers=pointers,
+            part_o=int(self._part_o),
+            part_lse=int(self._part_lse),
+            softmax_scale=softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(D_QK),
+            layout=layout,
+            reduce=reduce,
         )
-        block = (self.cfg.block, 1, 1)
-        self.partial.prepared_async_call(self.spec.partial_grid(), block, stream, *args, shared_size=self.smem)
-        if not reduce:
-            return
-        blocks, per_block = reduce_grid(
-            batch=batch, q_len=self.q_len, H=self.H, sm_count=self.sm_count, threads=self.reduce_threads
-        )
-        grid = (blocks, 1, 1)
-        args = self.spec.reduce_args(
-            prefix_indptr=_ptr(prefix_indptr), out=_ptr(out), lse=_ptr(lse), batch=batch, per_block=per_block, **work
-        )
-        if self._reduce_pdl is not None:
-            self._reduce_pdl(grid, self.reduce_threads, stream.handle if stream is not None else 0, *args)
-            return
-        self.reduce.prepared_async_call(grid, (self.reduce_threads, 1, 1), stream, *args)
 
     def run(self, inputs: Any, out: Any, *, lse: Any = None, stream: Any = None, reduce: bool = True) -> None:
         """Enqueue on one `verify_tuner.kernels.reference.Inputs` set (tests, tuner and benchmarks)."""
         s = inputs
         self(
             q=s.q,
+            q_pe=s.q_pe,
+            layout=s.layout(),
             kv=s.kv,
             prefix_indices=s.prefix_indices,
             prefix_indptr=s.prefix_indptr,

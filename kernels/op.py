@@ -4,13 +4,16 @@ It runs on the device of its tensors (tensor-parallel rank k: cuda:k) and on tha
 torch stream, so it is captured in the engine's own CUDA graphs; it checks dtypes, shapes, device
 and contiguity with one clear error; its workspace comes from torch's allocator, sized by the
 runtime plan for the batch (NSPLIT + B - 1 partial slots) and kept for later calls and replays.
+It reads the engine's tensors in place: q as one 576-wide tensor or as q_nope + q_pe views at any
+row strides, the KV pool with page size 1 (slots at kv_indptr) or in pages with a page table, and
+the tree mask as uint64 rows or the uint8/16/32 rows SGLang packs.
 The cubin comes from a bundle (`VERIFY_TUNER_CUBINS` or `use_bundle(path)`); without one it is
 compiled when nvcc is present, and otherwise the call says what is missing. Neither PyCUDA nor
 nvcc is needed on an inference host that has a bundle.
 
     import verify_tuner.kernels.op  # registers the op
-    torch.ops.verify_tuner.verify_attention(q, kv, kv_indptr, kv_indices, draft_slots, tree_mask, out,
-                                            lse, config.as_list(), softmax_scale)
+    torch.ops.verify_tuner.verify_attention(q, q_pe, kv, kv_indptr, kv_indices, draft_slots, tree_mask,
+                                            out, lse, config_list(cfg), softmax_scale)
 """
 
 # No `from __future__ import annotations`: torch.library reads the op's schema from live annotations.
@@ -20,7 +23,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
-from verify_tuner.kernels.abi import LaunchSpec, TensorMeta, check_call
+from verify_tuner.kernels.abi import LaunchSpec, Layout, TensorMeta, call_layout
 from verify_tuner.kernels.bundle import Bundle, BundleError
 from verify_tuner.kernels.config import PARAM_NAMES, KernelConfig
 from verify_tuner.kernels.errors import InvalidConfig
@@ -80,29 +83,28 @@ def _kernels_for(device: int, cfg: KernelConfig, q_len: int, H: int) -> Any:
         return _kernels[key]
 
 
-def _meta(t: Optional[torch.Tensor]) -> Optional[TensorMeta]:  # noqa: UP045
-    if t is None:
-        return None
-    return TensorMeta(str(t.dtype).removeprefix("torch."), tuple(t.shape), str(t.device), t.is_contiguous())
-
-
-def _check(tensors: dict[str, Optional[torch.Tensor]], config: list[int]) -> tuple[KernelConfig, int, int]:  # noqa: UP045
+def _check(
+    tensors: dict[str, Optional[torch.Tensor]],  # noqa: UP045
+    config: list[int],
+) -> tuple[KernelConfig, int, int, Layout]:
     if len(config) != len(PARAM_NAMES):
         raise InvalidConfig(f"config must list {len(PARAM_NAMES)} constants ({', '.join(PARAM_NAMES)})")
     cfg = KernelConfig.from_params(dict(zip(PARAM_NAMES, config)))
     q = tensors["q"]
     if q is None or q.dim() != 4:
-        raise ValueError("verify_attention: q must be [B, q_len, H, 576]")
+        raise ValueError("verify_attention: q must be [B, q_len, H, 576] (or q_nope [B, q_len, H, 512] with q_pe)")
     _, q_len, H, _ = q.shape
-    reason = check_call({k: _meta(v) for k, v in tensors.items()}, q_len=q_len, H=H)
-    if reason is not None:
-        raise ValueError(f"verify_attention: {reason}")
-    return cfg, q_len, H
+    try:
+        layout = call_layout({k: TensorMeta.of(v) for k, v in tensors.items()}, q_len=q_len, H=H)
+    except ValueError as e:
+        raise ValueError(f"verify_attention: {e}") from None
+    return cfg, q_len, H, layout
 
 
 @torch.library.custom_op("verify_tuner::verify_attention", mutates_args=("out", "lse"))
 def verify_attention(
     q: torch.Tensor,
+    q_pe: Optional[torch.Tensor],  # noqa: UP045
     kv: torch.Tensor,
     kv_indptr: torch.Tensor,
     kv_indices: torch.Tensor,
@@ -113,12 +115,17 @@ def verify_attention(
     config: list[int],
     softmax_scale: float,
 ) -> None:
-    """MLA verify attention into `out` (and `lse`): q [B,Q,H,576] bf16, kv [S,576] bf16,
-    kv_indptr [B+1] / kv_indices int32 (request b's prefix slots), draft_slots [B,Q] int32,
-    tree_mask [B,Q] int64 (bit j of row i: node i sees node j), out [B,Q,H,512] bf16, lse [B,Q,H]
+    """MLA verify attention into `out` (and `lse`).
+
+    q [B,Q,H,576] bf16 with q_pe None, or q_nope [B,Q,H,512] + q_pe [B,Q,H,64] (last dim contiguous,
+    (B, Q) mergeable, 16-byte aligned rows); kv [S,576] bf16 with kv_indices the prefixes' slots at
+    kv_indptr, or kv [pages, page_size, 576] with kv_indices a [B, max_pages] page table;
+    kv_indptr [B+1] int32 prefix token offsets; draft_slots [B,Q] int32 slots; tree_mask [B,Q]
+    rows of 8..64 bits (bit j of row i: node i sees node j); out [B,Q,H,512] bf16; lse [B,Q,H]
     fp32 or None; `config` from config_list()."""
     tensors = {
         "q": q,
+        "q_pe": q_pe,
         "kv": kv,
         "kv_indptr": kv_indptr,
         "kv_indices": kv_indices,
@@ -127,7 +134,7 @@ def verify_attention(
         "out": out,
         "lse": lse,
     }
-    cfg, q_len, H = _check(tensors, config)
+    cfg, q_len, H, layout = _check(tensors, config)
     device, batch = q.device.index, q.shape[0]
     kernels = _kernels_for(device, cfg, q_len, H)
     key = (device, cfg, q_len, H, batch)
@@ -143,6 +150,7 @@ def verify_attention(
         part_o, part_lse = _workspace[key]
     pointers = {
         "q": q.data_ptr(),
+        "q_pe": q_pe.data_ptr() if q_pe is not None else None,
         "kv": kv.data_ptr(),
         "prefix_indices": kv_indices.data_ptr(),
         "prefix_indptr": kv_indptr.data_ptr(),
@@ -159,9 +167,10 @@ def verify_attention(
         part_o=part_o.data_ptr(),
         part_lse=part_lse.data_ptr(),
         softmax_scale=softmax_scale,
+        layout=layout,
     )
 
 
 @verify_attention.register_fake
-def _(q, kv, kv_indptr, kv_indices, draft_slots, tree_mask, out, lse, config, softmax_scale) -> None:
+def _(q, q_pe, kv, kv_indptr, kv_indices, draft_slots, tree_mask, out, lse, config, softmax_scale) -> None:
     return None

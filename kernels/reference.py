@@ -14,17 +14,43 @@ from verify_tuner.kernels.shapes import D_QK, D_V
 
 @dataclass
 class Inputs:
-    q: Any  # [B, Q, H, 576] bf16
-    kv: Any  # [S, 576] bf16
-    prefix_indices: Any  # int32 [sum P]
+    q: Any  # [B, Q, H, 576] bf16, or q_nope [B, Q, H, 512] (any strides the op takes) with q_pe
+    kv: Any  # [S, 576] bf16, or [pages, page_size, 576]
+    prefix_indices: Any  # int32 [sum P] slots, or the page table [B, max_pages]
     prefix_indptr: Any  # int32 [B+1]
     draft_indices: Any  # int32 [B, Q]
-    tree_mask: Any  # int64 (bit pattern of uint64) [B, Q]
+    tree_mask: Any  # [B, Q] rows of 8..64 bits (int64: the bit pattern of uint64)
     scale: float
+    q_pe: Any = None  # [B, Q, H, 64] bf16 when q holds only the 512 latent dims
 
     @property
     def batch(self) -> int:
         return int(self.q.shape[0])
+
+    @property
+    def page_size(self) -> int:
+        return int(self.kv.shape[1]) if self.kv.dim() == 3 else 1
+
+    def layout(self) -> Any:
+        """The kernel's Layout of these tensors (kernels/abi.py checks them as the op does)."""
+        from verify_tuner.kernels.abi import TensorMeta, call_layout
+
+        names = ("q", "q_pe", "kv", "prefix_indptr", "prefix_indices", "draft_indices", "tree_mask")
+        t = {n: TensorMeta.of(getattr(self, n)) for n in names}
+        t["kv_indptr"], t["kv_indices"], t["draft_slots"] = (
+            t.pop("prefix_indptr"),
+            t.pop("prefix_indices"),
+            t.pop("draft_indices"),
+        )
+        B, Q, H, _ = self.q.shape
+        t["out"] = TensorMeta("bfloat16", (B, Q, H, D_V), t["q"].device, True)
+        return call_layout(t, q_len=Q, H=H, on_cuda=False)
+
+    def full_q(self) -> Any:
+        """q as [B, Q, H, 576]."""
+        import torch
+
+        return self.q if self.q_pe is None else torch.cat([self.q, self.q_pe], dim=-1)
 
 
 def random_tree_mask(q_len: int, generator: Any) -> list[int]:
@@ -54,32 +80,50 @@ def make_inputs(
     spare_slots: int = 0,
     scale: float | None = None,
     layout: str = "scattered",
+    page_size: int = 1,
+    split_q: bool = False,
+    mask_dtype: str = "int64",
 ) -> Inputs:
     """Random inputs. Slots are a random permutation of the pool ("scattered", a fragmented
     page-size-1 cache: the worst case for the memory system) or consecutive ("contiguous": each
-    request's prefix, then the draft slots, in pool order)."""
+    request's prefix, then the draft slots, in pool order). page_size > 1 lays the pool out in
+    pages with a page table (each request's prefix and then its draft tokens fill its pages, as an
+    engine appends them); split_q gives q as q_nope, a strided view of a wider buffer, plus a
+    separate q_pe; mask_dtype the tree mask's row type (uint8/16/32 as SGLang packs them)."""
     import torch
 
     if layout not in SLOT_LAYOUTS:
         raise ValueError(f"layout must be one of {SLOT_LAYOUTS}, got {layout!r}")
     gen = torch.Generator().manual_seed(seed)
     B = len(prefix_lens)
-    total = sum(prefix_lens) + B * q_len
-    S = total + spare_slots
-    if layout == "scattered":
-        perm = torch.randperm(S, generator=gen)[:total].to(torch.int32)
+    if page_size > 1:
+        prefix_indices, draft, S = _paged_slots(prefix_lens, q_len, page_size, spare_slots, layout, gen)
     else:
-        perm = torch.arange(total, dtype=torch.int32)
-    prefix_indices = perm[: sum(prefix_lens)].clone()
-    draft = perm[sum(prefix_lens) :].view(B, q_len).clone()
+        total = sum(prefix_lens) + B * q_len
+        S = total + spare_slots
+        if layout == "scattered":
+            perm = torch.randperm(S, generator=gen)[:total].to(torch.int32)
+        else:
+            perm = torch.arange(total, dtype=torch.int32)
+        prefix_indices = perm[: sum(prefix_lens)].clone()
+        draft = perm[sum(prefix_lens) :].view(B, q_len).clone()
     indptr = torch.zeros(B + 1, dtype=torch.int32)
     indptr[1:] = torch.cumsum(torch.tensor(prefix_lens, dtype=torch.int64), 0).to(torch.int32)
     # values are drawn on the target device: a batch of 32 long requests is gigabytes of KV
     dgen = torch.Generator(device=device).manual_seed(seed)
     q = torch.randn(B, q_len, H, D_QK, generator=dgen, device=device).to(torch.bfloat16)
     kv = torch.randn(S, D_QK, generator=dgen, device=device).to(torch.bfloat16)
+    if page_size > 1:
+        kv = kv.view(S // page_size, page_size, D_QK)
+    q_pe = None
+    if split_q:  # q_nope in place inside a [B*Q, H, 640] buffer (as an absorbed q often is), q_pe apart
+        wide = torch.zeros(B * q_len, H, D_QK + 64, dtype=torch.bfloat16, device=device)
+        wide[..., :D_V] = q[..., :D_V].reshape(B * q_len, H, D_V)
+        q, q_pe = wide[..., :D_V].view(B, q_len, H, D_V), q[..., D_V:].contiguous()
     masks = [random_tree_mask(q_len, gen) for _ in range(B)]
     mask = torch.tensor([[m - (1 << 64) if m >= 1 << 63 else m for m in row] for row in masks], dtype=torch.int64)
+    if mask_dtype != "int64":
+        mask = _narrow_mask(mask, mask_dtype)
     return Inputs(
         q=q.to(device),
         kv=kv.to(device),
@@ -88,7 +132,57 @@ def make_inputs(
         draft_indices=draft.to(device),
         tree_mask=mask.to(device),
         scale=scale if scale is not None else D_QK**-0.5,
+        q_pe=q_pe,
     )
+
+
+def _paged_slots(
+    prefix_lens: list[int], q_len: int, page_size: int, spare_slots: int, layout: str, gen: Any
+) -> tuple[Any, Any, int]:
+    """(page table [B, max_pages], draft slots [B, Q], pool slots) for a paged pool."""
+    import torch
+
+    need = [-(-(p + q_len) // page_size) for p in prefix_lens]
+    pages = sum(need) + -(-spare_slots // page_size)
+    order = torch.randperm(pages, generator=gen) if layout == "scattered" else torch.arange(pages)
+    table = torch.zeros(len(prefix_lens), max(need), dtype=torch.int32)
+    draft = torch.empty(len(prefix_lens), q_len, dtype=torch.int32)
+    at = 0
+    for b, (p, n) in enumerate(zip(prefix_lens, need)):
+        table[b, :n] = order[at : at + n].to(torch.int32)
+        at += n
+        pos = torch.arange(p, p + q_len)
+        draft[b] = (table[b, pos // page_size].long() * page_size + pos % page_size).to(torch.int32)
+    return table, draft, pages * page_size
+
+
+_UNSIGNED = {"uint16": "int16", "uint32": "int32", "uint64": "int64"}
+
+
+def _narrow_mask(mask: Any, dtype: str) -> Any:
+    """The int64 mask rows as `dtype` rows (their bits must fit)."""
+    import torch
+
+    bits = torch.iinfo(getattr(torch, _UNSIGNED.get(dtype, dtype))).bits
+    if int(mask.max()) >> bits or int(mask.min()) < 0:
+        raise ValueError(f"a mask row does not fit {dtype}")
+    if dtype == "uint8":
+        return mask.to(torch.uint8)
+    signed = mask - ((mask >> (bits - 1)) & 1) * (1 << bits)  # the same bits as a signed value
+    out = signed.to(getattr(torch, _UNSIGNED.get(dtype, dtype)))
+    return out.view(getattr(torch, dtype)) if dtype in _UNSIGNED else out
+
+
+def widen_mask(mask: Any) -> Any:
+    """Mask rows of any width as int64 holding the same low bits."""
+    import torch
+
+    name = str(mask.dtype).removeprefix("torch.")
+    if name in _UNSIGNED:
+        mask = mask.view(getattr(torch, _UNSIGNED[name]))
+    bits = torch.iinfo(mask.dtype).bits
+    wide = mask.to(torch.int64)
+    return wide if bits == 64 else wide & ((1 << bits) - 1)
 
 
 def _visible(inp: Inputs, b: int) -> tuple[Any, Any]:
@@ -97,9 +191,15 @@ def _visible(inp: Inputs, b: int) -> tuple[Any, Any]:
 
     lo, hi = int(inp.prefix_indptr[b]), int(inp.prefix_indptr[b + 1])
     Q = inp.q.shape[1]
-    slots = torch.cat([inp.prefix_indices[lo:hi].long(), inp.draft_indices[b].long()])
+    if inp.page_size > 1:
+        v = torch.arange(hi - lo, device=inp.q.device)
+        ps = inp.page_size
+        prefix = inp.prefix_indices[b, v // ps].long() * ps + v % ps
+    else:
+        prefix = inp.prefix_indices[lo:hi].long()
+    slots = torch.cat([prefix, inp.draft_indices[b].long()])
     bits = torch.arange(Q, device=inp.q.device)
-    m = inp.tree_mask[b].view(Q, 1)
+    m = widen_mask(inp.tree_mask[b]).view(Q, 1)
     tree = ((m >> bits.view(1, Q)) & 1).bool()
     visible = torch.cat([torch.ones(Q, hi - lo, dtype=torch.bool, device=inp.q.device), tree], dim=1)
     return slots, visible
@@ -112,10 +212,11 @@ def reference(inp: Inputs) -> tuple[Any, Any]:
     B, Q, H, _ = inp.q.shape
     o = torch.empty(B, Q, H, D_V, dtype=torch.float32, device=inp.q.device)
     lse = torch.empty(B, Q, H, dtype=torch.float32, device=inp.q.device)
+    q, kv = inp.full_q(), inp.kv.reshape(-1, D_QK)
     for b in range(B):
         slots, visible = _visible(inp, b)
-        k = inp.kv[slots].float()  # [T, 576]
-        s = torch.einsum("qhd,td->qht", inp.q[b].float(), k) * inp.scale
+        k = kv[slots].float()  # [T, 576]
+        s = torch.einsum("qhd,td->qht", q[b].float(), k) * inp.scale
         s = s.masked_fill(~visible.view(Q, 1, -1), float("-inf"))
         lse[b] = torch.logsumexp(s, dim=-1)
         o[b] = torch.einsum("qht,td->qhd", torch.softmax(s, dim=-1), k[:, :D_V])

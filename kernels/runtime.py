@@ -12,13 +12,13 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-from verify_tuner.kernels.abi import LaunchSpec, reduce_grid
-from verify_tuner.kernels.errors import LaunchError
+from verify_tuner.kernels.abi import PARTIAL_ARGS, REDUCE_ARGS, LaunchSpec, Layout, reduce_grid
+from verify_tuner.kernels.errors import InvalidConfig, LaunchError
 from verify_tuner.kernels.validate import smem_bytes
 
-_PTR, _INT, _FLT = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-_PARTIAL_TYPES = (_PTR,) * 10 + (_INT, _INT, _FLT)
-_REDUCE_TYPES = (_PTR,) * 5 + (_INT, _INT, _INT)
+_CTYPES = {"P": ctypes.c_void_p, "i": ctypes.c_int, "f": ctypes.c_float}
+_PARTIAL_TYPES = tuple(_CTYPES[c] for c in PARTIAL_ARGS)
+_REDUCE_TYPES = tuple(_CTYPES[c] for c in REDUCE_ARGS)
 
 
 def _driver() -> Any:
@@ -47,7 +47,8 @@ def make_current(device_index: int) -> None:
 
 
 class CubinKernels:
-    """One config's partial and reduce kernels, loaded from cubin bytes into the current context."""
+    """One config's partial and reduce kernels, loaded from cubin bytes into the current context
+    (the engine op's primary context, or the tuner's PyCUDA one: both launch through here)."""
 
     def __init__(self, cubin: bytes, spec: LaunchSpec, *, sm_count: int) -> None:
         drv = _driver()
@@ -60,12 +61,24 @@ class CubinKernels:
             raise RuntimeError(f"smem formula {self.smem} B != the cubin's layout")
         attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
         _ok(drv.cuFuncSetAttribute(self.partial, attr, self.smem), "cuFuncSetAttribute")
+        fa = drv.CUfunction_attribute
+        max_threads = _ok(drv.cuFuncGetAttribute(fa.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, self.partial), "attr")
+        if max_threads < spec.cfg.block:
+            regs = _ok(drv.cuFuncGetAttribute(fa.CU_FUNC_ATTRIBUTE_NUM_REGS, self.partial), "attr")
+            raise InvalidConfig(
+                f"BLOCK={spec.cfg.block} but the compiled kernel allows {max_threads} threads ({regs} registers/thread)"
+            )
         self.reduce_threads = self._read_int(b"kReduceThreads")
         self.uses_pdl = self._read_int(b"kUsesPdl") == 1
 
+    def global_ptr(self, name: bytes) -> tuple[int, int]:
+        """(device address, bytes) of a __device__ variable of the module."""
+        dptr, size = _ok(_driver().cuModuleGetGlobal(self.module, name), f"cuModuleGetGlobal({name.decode()})")
+        return int(dptr), int(size)
+
     def _read_int(self, name: bytes) -> int:
         drv = _driver()
-        dptr, size = _ok(drv.cuModuleGetGlobal(self.module, name), f"cuModuleGetGlobal({name.decode()})")
+        dptr, size = self.global_ptr(name)
         got = ctypes.c_int32()
         _ok(drv.cuMemcpyDtoH(ctypes.addressof(got), dptr, size), "cuMemcpyDtoH")
         return int(got.value)
@@ -86,14 +99,28 @@ class CubinKernels:
         return cfg
 
     def launch(
-        self, *, stream: int, batch: int, pointers: dict[str, int], part_o: int, part_lse: int, softmax_scale: float
+        self,
+        *,
+        stream: int,
+        batch: int,
+        pointers: dict[str, int],
+        part_o: int,
+        part_lse: int,
+        softmax_scale: float,
+        layout: Layout | None = None,
+        reduce: bool = True,
     ) -> None:
-        """Enqueue partial + reduce on `stream` (a CUstream handle as an int)."""
+        """Enqueue partial + reduce on `stream` (a CUstream handle as an int; 0 the legacy default
+        stream). reduce=False enqueues the partial alone (benchmarks split the time with it)."""
         drv = _driver()
         spec = self.spec
-        args = spec.partial_args(part_o=part_o, part_lse=part_lse, batch=batch, softmax_scale=softmax_scale, **pointers)
+        args = spec.partial_args(
+            part_o=part_o, part_lse=part_lse, batch=batch, softmax_scale=softmax_scale, layout=layout, **pointers
+        )
         cfg = self._config(spec.partial_grid(), spec.cfg.block, self.smem, stream, pdl=False)
         _ok(drv.cuLaunchKernelEx(cfg, self.partial, (args, _PARTIAL_TYPES), 0), "cuLaunchKernelEx(partial)")
+        if not reduce:
+            return
         blocks, per_block = reduce_grid(
             batch=batch, q_len=spec.q_len, H=spec.H, sm_count=self.sm_count, threads=self.reduce_threads
         )

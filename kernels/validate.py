@@ -72,7 +72,7 @@ def smem_bytes(cfg: KernelConfig, q_len: int) -> int:
     g = groups(cfg)  # the seesaw: score buffers per group, P and alpha for two tiles
     scores = g * (cfg.wk // 2 if cfg.sf else cfg.wk) * rp * (cfg.tk + 4) * 4
     p = g * rp * (cfg.tk + 8) * 2
-    stats = (2 + g) * rp * 4 + 32  # m, l, alpha per row; two rescale flags, padding, the segment at hand
+    stats = (2 + g) * rp * 4 + 48  # m, l, alpha per row; two rescale flags, padding, the segment at hand and the next
     mask = cfg.row_tile(q_len) * 8
     slots = cfg.stages * cfg.tk * 4  # slot-index ring
     return q + kv + scores + p + stats + mask + slots

@@ -3,7 +3,10 @@
 //
 // Semantics (docs/kernel.md): for request b, draft node i, head h the query q[b,i,h,0:576]
 // attends to every prefix slot of b and to the draft nodes j that bit j of tree_mask[b,i]
-// allows; o = softmax(scale * q.k) @ v with v = kv[slot, 0:512].
+// allows; o = softmax(scale * q.k) @ v with v = kv[slot, 0:512]. The engine's own tensors are read
+// in place: q as one 576-wide row or as q_nope (512) + q_pe (64) at any row strides, the prefix as
+// page-size-1 slots at prefix_indptr or as a page table row per request (pages of 2^page_shift
+// slots), the tree mask as rows of 1, 2, 4 or 8 bytes.
 //
 // Compile-time constants, rendered by kernels/build.py as #defines (kernels/config.py says
 // which values are valid and kernels/validate.py checks them before anything is compiled):
@@ -111,7 +114,7 @@ constexpr int SMEM_K = STAGES * TK * KSTRIDE * 2;
 constexpr int NPB = PIPE == 3 ? 2 : 1;  // P and alpha buffers: PIPE 3 keeps tiles t and t+1 apart
 constexpr int SMEM_S = NGROUPS * NSB * ROWS_PAD * SSTRIDE * 4;
 constexpr int SMEM_P = NPB * ROWS_PAD * PSTRIDE * 2;
-constexpr int SMEM_STATS = (2 + NPB) * ROWS_PAD * 4 + 32;  // m, l, alpha per row; two rescale flags (+pad); the segment
+constexpr int SMEM_STATS = (2 + NPB) * ROWS_PAD * 4 + 48;  // m, l, alpha per row; two rescale flags (+pad); two segments
 constexpr int SMEM_MASK = QT * 8;
 constexpr int SMEM_SLOTS = STAGES * TK * 4;
 // softmax: LPR lanes share a row, each holding SPL consecutive scores; RPP rows per warp pass.
@@ -246,17 +249,33 @@ constexpr int BAR_EMPTY = 5;      // + slot: the owner's PV of the slot's tile i
 namespace {
 // The block's slice of one request: which virtual tokens, where their slots come from.
 struct Span {
-  const int* prefix;  // prefix slots of the request
+  const int* prefix;  // the request's prefix entries: slots (page size 1) or its row of the page table
   const int* draft;   // the request's QN draft slots
   int P;              // prefix length
   int v0, v1;         // virtual tokens [v0, v1) of this split
+  int shift;          // log2 of the page size: prefix token v lives in page prefix[v >> shift]
 
-  // Slot of virtual token v, or -1 past the split's end.
-  __device__ __forceinline__ int slot(int v) const {
+  // Index entry of virtual token v (a page for a paged prefix token, a slot otherwise), -1 past the split's end.
+  __device__ __forceinline__ int entry(int v) const {
     if (v >= v1) return -1;
-    return v < P ? __ldg(prefix + v) : __ldg(draft + (v - P));
+    return v < P ? __ldg(prefix + (v >> shift)) : __ldg(draft + (v - P));
+  }
+  // The KV slot of virtual token v from its index entry e.
+  __device__ __forceinline__ int slot(int v, int e) const {
+    return v < P ? (e << shift) + (v & ((1 << shift) - 1)) : e;
   }
 };
+
+// Row `i` of the tree mask, whose rows are 1, 2, 4 or 8 bytes wide (SGLang packs q_len <= 8, 16
+// or 32 nodes into uint8/16/32): bit j says whether the row's node sees draft node j.
+__device__ __forceinline__ unsigned long long mask_row(const void* mask, int bytes, size_t i) {
+  switch (bytes) {
+    case 1: return __ldg(static_cast<const unsigned char*>(mask) + i);
+    case 2: return __ldg(static_cast<const unsigned short*>(mask) + i);
+    case 4: return __ldg(static_cast<const unsigned int*>(mask) + i);
+    default: return __ldg(static_cast<const unsigned long long*>(mask) + i);
+  }
+}
 }  // namespace
 
 // ---- How the fixed grid shares a batch: the runtime plan, computed on the device from
@@ -326,13 +345,13 @@ __device__ __forceinline__ void next_segment(int* seg, const int* indptr, int B,
 }
 }  // namespace
 
-// Slot indices of tile X into the ring, asynchronously (threads < TK, one token each). Entries
+// Index entries of tile X into the ring, asynchronously (threads < TK, one token each). Entries
 // past the split's end are left alone: every reader checks v < v1 first.
 // `t` is the thread's index among the threads that fetch (the block, or one PIPE 3 group).
 __device__ __forceinline__ void fetch_indices(int* idx_s, const Span& sp, int X, int t) {
   const int v = sp.v0 + X * TK + t;
   if (t < TK && v < sp.v1)
-    cp_async4(smem_u32(idx_s + (X % STAGES) * TK + t), v < sp.P ? sp.prefix + v : sp.draft + (v - sp.P));
+    cp_async4(smem_u32(idx_s + (X % STAGES) * TK + t), v < sp.P ? sp.prefix + (v >> sp.shift) : sp.draft + (v - sp.P));
 }
 
 // Stage KV tile X into Kt from its ring indices; tokens past the split's end are zero-filled.
@@ -362,7 +381,7 @@ __device__ __forceinline__ void load_kv_tile(bf16* Kt, const bf16* __restrict__ 
   for (int k = 0; k < PER; ++k) {
     const int t = warp + k * NW;
     valid[k] = (EVEN || t < TK) && vb + t < sp.v1;
-    slot[k] = valid[k] ? idx[t] : 0;
+    slot[k] = valid[k] ? sp.slot(vb + t, idx[t]) : 0;
   }
 #pragma unroll
   for (int k = 0; k < PER; ++k) {
@@ -598,22 +617,42 @@ __device__ __forceinline__ void pv_tile(float (&acc)[MW][NR][4], const bf16* Kt,
 #define PV_TILE(...) pv_tile(__VA_ARGS__)
 #endif
 
+// Profiling (bench/phase_trace.py): thread 0 of each block stamps the global timer at phase
+// boundaries into va_trace (partial: 8 stamps a block; the reduce's from slot 6 of its own rows).
+#ifdef VA_TRACE
+extern "C" {
+__device__ unsigned long long va_trace[2][8192][8];
+}
+__device__ __forceinline__ void trace_stamp(int kernel, int slot) {
+  if (threadIdx.x != 0) return;
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  const int blk = blockIdx.y * gridDim.x + blockIdx.x;
+  if (blk < 8192) va_trace[kernel][blk][slot] = t;
+}
+#define TRACE(kernel, slot) trace_stamp(kernel, slot)
+#else
+#define TRACE(kernel, slot)
+#endif
+
 #ifndef VA_MINB
 #define VA_MINB 1  // blocks per SM the register allocation must allow
 #endif
 
 extern "C" __global__ void __launch_bounds__(BLOCK, VA_MINB)
-verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
-                    const bf16* __restrict__ kv,             // [S, 576]
-                    const int* __restrict__ prefix_indices,  // [sum P_b]
-                    const int* __restrict__ prefix_indptr,   // [B + 1]
-                    const int* __restrict__ draft_indices,   // [B, QN]
-                    const unsigned long long* __restrict__ tree_mask,  // [B, QN]
+verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h) at (b*QN + i)*q_st + h*q_sh: dims 0..511
+                    const bf16* __restrict__ q_pe,           // the same rows' dims 512..575 (rope), at pe_st, pe_sh
+                    const bf16* __restrict__ kv,             // [S, 576] (pages of 2^page_shift slots)
+                    const int* __restrict__ prefix_indices,  // [sum P_b] slots, or [B, page_stride] page table
+                    const int* __restrict__ prefix_indptr,   // [B + 1] prefix tokens
+                    const int* __restrict__ draft_indices,   // [B, QN] slots
+                    const void* __restrict__ tree_mask,      // [B, QN] rows of mask_bytes
                     bf16* __restrict__ part_o,     // [NSPLIT + B - 1 slots, QN, H, 512]: o / l
                     float* __restrict__ part_lse,  // [NSPLIT + B - 1 slots, QN, H]: m + log2(l)
                     bf16* __restrict__ out,        // [B, QN, H, 512]: requests one part covers
                     float* __restrict__ lse,       // [B, QN, H] natural log, or null
-                    int B, int H, float scale_log2) {
+                    int B, int H, int q_st, int q_sh, int pe_st, int pe_sh, int page_shift, int page_stride,
+                    int mask_bytes, float scale_log2) {
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* Qs = reinterpret_cast<bf16*>(smem);
   bf16* Ks = Qs + ROWS_PAD * KSTRIDE;
@@ -623,8 +662,8 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
   float* l_s = m_s + ROWS_PAD;
   float* a_s = l_s + ROWS_PAD;                                // [NPB] alpha buffers
   int* resc_s = reinterpret_cast<int*>(a_s + NPB * ROWS_PAD);  // [2] rescale flags by tile parity (+2 pad)
-  int* seg_s = resc_s + 4;  // [4] the segment at hand (Seg, request): in shared memory, not registers
-  unsigned long long* mask_s = reinterpret_cast<unsigned long long*>(seg_s + 4);
+  int* seg_s = resc_s + 4;  // [8] the segment at hand (Seg, request) and the next: in shared memory, not registers
+  unsigned long long* mask_s = reinterpret_cast<unsigned long long*>(seg_s + 8);
   int* idx_s = reinterpret_cast<int*>(mask_s + QT);  // [STAGES][TK] slot indices, fetched ahead by cp.async
 
   const int part_id = blockIdx.x, hg = blockIdx.y / NQT, qt = blockIdx.y % NQT;
@@ -633,6 +672,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
 #if VA_PDL
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");  // the reduce may be scheduled now
 #endif
+  TRACE(0, 0);
 #if defined(VA_PROFILE_EMPTY)  // profiling: the launch alone (outputs are garbage by design)
   return;
 #endif
@@ -659,6 +699,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
       if (pl.U(b) <= u0 && u0 < pl.U(b + 1)) next_segment(seg_s, prefix_indptr, B, part_id, b);
     __syncthreads();
   }
+  TRACE(0, 1);
   // The request index is read from seg_s where it is used (not held in a register across the tile loop).
 #pragma unroll 1
   while (seg_s[3] < B) {
@@ -674,15 +715,25 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
     for (int c = tid; c < ROWS_PAD * CHUNKS; c += BLOCK) {  // Q rows r = i*HT + hl; pad rows zero
       const int r = c / CHUNKS, part = c - r * CHUNKS;
       const bool valid = r < rows_here;
-      const bf16* src = valid ? q + row_index(seg_s[3], r) * D_QK + part * 8 : q;
-      cp_async16(smem_u32(Qs + sw(r, part * 8)), src, valid);
+      const long long tok = (long long)seg_s[3] * QN + node0 + r / HT, head = hg * HT + r % HT;
+      const bf16* src = part < D_V / 8 ? q + tok * q_st + head * q_sh + part * 8
+                                       : q_pe + tok * pe_st + head * pe_sh + (part - D_V / 8) * 8;
+      cp_async16(smem_u32(Qs + sw(r, part * 8)), valid ? src : q, valid);
     }
     if constexpr (PIPE == 3) cp_async_commit();  // Q alone: each group then commits its own tiles
+    // the mask rows now, so their round trip overlaps the index loads below (stored once those are done)
+    const unsigned long long mrow =
+        tid < QT && node0 + tid < QN ? mask_row(tree_mask, mask_bytes, (size_t)seg_s[3] * QN + node0 + tid) : 0ull;
     Span sp;
     {
       const int b = seg_s[3], p0 = prefix_indptr[b];
       sp.P = prefix_indptr[b + 1] - p0;
-      sp.prefix = prefix_indices + p0;
+#ifdef VA_FLAT_ONLY  // profiling: the page-size-1 layout compiled in (what reading a page table costs)
+      sp.shift = 0;
+#else
+      sp.shift = page_shift;
+#endif
+      sp.prefix = prefix_indices + (page_shift > 0 ? (long long)b * page_stride : (long long)p0);
       sp.draft = draft_indices + b * QN;
       sp.v0 = seg_s[0] * TK;
       sp.v1 = min((seg_s[1] + 1) * TK, sp.P + QN);
@@ -690,7 +741,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
     const int ntiles = (sp.v1 - sp.v0 + TK - 1) / TK;
     constexpr int PRE = PIPE == 0 ? STAGES - 1 : STAGES;  // tiles the prologue loads
 
-    // Slot indices of tiles 0 .. PRE+STAGES-2 in one round trip (token i of the split is virtual
+    // Index entries of tiles 0 .. PRE+STAGES-2 in one round trip (token i of the split is virtual
     // token v0+i): tiles < PRE go to the ring now and feed the prologue's copies; the rest, which the
     // first STAGES-1 refills use, take their ring entries once those copies have read theirs. From
     // then on each refill fetches, in its own cp.async group, the indices of the tile STAGES-1
@@ -700,7 +751,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
 #pragma unroll
     for (int k = 0; k < PER; ++k) {
       const int i = tid + k * BLOCK;
-      pre_slot[k] = i < NPI ? sp.slot(sp.v0 + i) : -1;
+      pre_slot[k] = i < NPI ? sp.entry(sp.v0 + i) : -1;
     }
 #pragma unroll
     for (int k = 0; k < PER; ++k)
@@ -712,6 +763,9 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
       cp_async_commit();
     }
     __syncthreads();  // every prologue copy has read its index
+    // The part's next segment, found while this one's tiles are in flight (by a thread of the
+    // group that waits for tile 0 anyway), so the part goes on (or exits) without a round trip.
+    if (tid == BLOCK - 1) next_segment(seg_s + 4, prefix_indptr, B, part_id, seg_s[3] + 1);
 #pragma unroll
     for (int k = 0; k < PER; ++k) {
       const int i = tid + k * BLOCK;
@@ -722,7 +776,8 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
       if constexpr (NPB == 2) a_s[ROWS_PAD + r] = 1.f;
     }
     if (tid < 2) resc_s[tid] = 0;
-    for (int i = tid; i < QT; i += BLOCK) mask_s[i] = node0 + i < QN ? tree_mask[seg_s[3] * QN + node0 + i] : 0ull;
+    static_assert(QT <= BLOCK, "one thread per mask row");
+    if (tid < QT) mask_s[tid] = mrow;
     // Refill: KV tile X into its slot, and the indices of tile X+STAGES-1, as one cp.async group.
     // (PIPE 3: by the owner group of X, which also owns X+STAGES-1.)
     auto refill = [&](int X) {
@@ -734,12 +789,14 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
     float acc[MW][NR][4];
     zero_fill(acc);
 
+    TRACE(0, 2);
 #if PIPE == 3
     if (grp == 0) cp_async_wait<2>(); else cp_async_wait<1>();  // Q (0: tiles 0, 2 pending; 1: tile 1)
 #else
     cp_async_wait<PRE - 1>();  // Q and tile 0 have landed
 #endif
     __syncthreads();
+    TRACE(0, 3);
 #if PIPE == 0
     // Two barriers a tile; PV(t) and QK(t+1) back to back. The slot of tile t-1 is refilled with
     // tile t+STAGES-1 at the first barrier, so STAGES-1 tiles are in flight while a tile computes
@@ -812,6 +869,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
 #endif
     cp_async_wait<0>();
     __syncthreads();  // every warp is past its last QK: the Q region can hold O
+    TRACE(0, 4);
 
     // ---- epilogue: o / l as bf16 staged row-major in the Q region, then 16-byte stores
     const int g = lane >> 2, tq = lane & 3;
@@ -848,9 +906,11 @@ verify_attn_partial(const bf16* __restrict__ q,              // [B, QN, H, 576]
       else if (lse != nullptr) lse[row_index(X, r)] = lse2 * 0.69314718055994531f;
     }
     __syncthreads();  // every thread has read seg_s, and the Q region and stats are free again
-    if (tid == 0) next_segment(seg_s, prefix_indptr, B, part_id, b + 1);
+    TRACE(0, 5);
+    if (tid < 4) seg_s[tid] = seg_s[4 + tid];  // the next segment (found in the prologue)
     __syncthreads();
   }  // segments
+  TRACE(0, 6);
 }
 
 // Merge the partials of one (b, i, h) row's 128 latent dims [quarter*128, +128) with the log-sum-exp
@@ -1009,6 +1069,7 @@ verify_attn_reduce(const bf16* __restrict__ part_o, const float* __restrict__ pa
   __shared__ int ntodo;
   const int tid = threadIdx.x;
   const long long items = (long long)B * QN * H * 4;
+  TRACE(1, 0);
   if (tid == 0) ntodo = 0;
   __syncthreads();
   if (tid < per_block) {
@@ -1027,10 +1088,12 @@ verify_attn_reduce(const bf16* __restrict__ part_o, const float* __restrict__ pa
   }
   __syncthreads();
   const int n = ntodo;
+  TRACE(1, 1);
   if (n == 0) return;
 #if VA_PDL
   asm volatile("griddepcontrol.wait;\n" ::: "memory");  // the partial grid has finished and flushed
 #endif
+  TRACE(1, 2);
   for (int k = 0; k < n; ++k) {  // many parts: the whole block merges the item
     if (todo[k][2] <= RED_SMALL) continue;
     const int item = todo[k][0];
@@ -1045,4 +1108,5 @@ verify_attn_reduce(const bf16* __restrict__ part_o, const float* __restrict__ pa
     merge_item_group(part_o, part_lse, out, lse, row, item % 4, (int)(row / ((size_t)QN * H)), todo[k][1],
                      todo[k][2], H, tid % 16);
   }
+  TRACE(1, 3);
 }

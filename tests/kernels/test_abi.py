@@ -4,7 +4,7 @@ arithmetic both loaders share."""
 from __future__ import annotations
 
 import pytest
-from verify_tuner.kernels.abi import LaunchSpec, TensorMeta, check_call, reduce_grid
+from verify_tuner.kernels.abi import PARTIAL_ARGS, LaunchSpec, Layout, TensorMeta, call_layout, check_call, reduce_grid
 from verify_tuner.kernels.config import KernelConfig
 
 B, Q, H = 4, 9, 8
@@ -36,10 +36,14 @@ def test_a_well_formed_call_passes_on_any_cuda_device():
     [
         ({"q": TensorMeta("float16", (B, Q, H, 576), "cuda:1", True)}, "q must be bfloat16"),
         ({"kv_indptr": TensorMeta("int64", (B + 1,), "cuda:1", True)}, "kv_indptr must be int32"),
-        ({"tree_mask": TensorMeta("int32", (B, Q), "cuda:1", True)}, "tree_mask must be int64"),
+        ({"tree_mask": TensorMeta("uint8", (B, Q), "cuda:1", True)}, "tree_mask's uint8 rows hold 8 bits, q_len is 9"),
+        ({"tree_mask": TensorMeta("float32", (B, Q), "cuda:1", True)}, "tree_mask must be an integer type"),
         ({"out": TensorMeta("bfloat16", (B, Q, H, 576), "cuda:1", True)}, "out must be [4, 9, 8, 512]"),
         ({"kv_indptr": TensorMeta("int32", (B,), "cuda:1", True)}, "kv_indptr must be [5]"),
         ({"kv": TensorMeta("bfloat16", (5000, 512), "cuda:1", True)}, "kv must be [*, 576]"),
+        ({"kv": TensorMeta("bfloat16", (100, 48, 576), "cuda:1", True)}, "page size must be a power of two"),
+        ({"kv": TensorMeta("bfloat16", (100, 64, 576), "cuda:1", True)}, "kv_indices must be [4, *] (the page table"),
+        ({"kv_indices": TensorMeta("int32", (4000,), "cuda:1", False, (2,))}, "kv_indices must be contiguous"),
         ({"lse": TensorMeta("float32", (B, Q), "cuda:1", True)}, "lse must be [4, 9, 8]"),
         ({"lse": TensorMeta("bfloat16", (B, Q, H), "cuda:1", True)}, "lse must be float32"),
         ({"kv": TensorMeta("bfloat16", (5000, 576), "cuda:0", True)}, "kv is on cuda:0, q on cuda:1"),
@@ -52,13 +56,88 @@ def test_each_mistake_is_named(over, needle):
     assert reason is not None and needle in reason, reason
 
 
+def test_the_dense_call_has_the_dense_layout():
+    assert call_layout(_good(), q_len=Q, H=H) == Layout.dense(H)
+
+
+@pytest.mark.parametrize(("dtype", "width"), [("uint16", 2), ("int16", 2), ("uint32", 4), ("int32", 4), ("uint64", 8)])
+def test_packed_masks_are_read_at_their_width(dtype, width):
+    lay = call_layout(_good(tree_mask=TensorMeta(dtype, (B, Q), "cuda:1", True)), q_len=Q, H=H)
+    assert lay.mask_bytes == width
+
+
+def test_q_nope_and_q_pe_are_read_through_their_strides():
+    # q_nope a view of a [B*Q, H, 512 + 64 + 64] buffer, q_pe a separate [B, Q, H, 64] tensor
+    nope = TensorMeta("bfloat16", (B, Q, H, 512), "cuda:1", False, (Q * H * 640, H * 640, 640, 1), 1 << 20)
+    pe = TensorMeta("bfloat16", (B, Q, H, 64), "cuda:1", True)
+    lay = call_layout(_good(q=nope, q_pe=pe), q_len=Q, H=H)
+    assert (lay.q_st, lay.q_sh, lay.pe_st, lay.pe_sh) == (H * 640, 640, H * 64, 64)
+
+
+@pytest.mark.parametrize(
+    ("q", "pe", "needle"),
+    [
+        (TensorMeta("bfloat16", (B, Q, H, 576), "cuda:1", False, (Q * H * 1152, H * 576, 576, 2)), None, "last dim"),
+        (
+            TensorMeta("bfloat16", (B, Q, H, 576), "cuda:1", False, (H * 576, B * H * 576, 576, 1)),
+            None,
+            "batch and q_len dimensions must merge",
+        ),
+        (TensorMeta("bfloat16", (B, Q, H, 576), "cuda:1", True, (), 8), None, "16-byte aligned"),
+        (TensorMeta("bfloat16", (B, Q, H, 512), "cuda:1", True), None, "q must be [*, 9, 8, 576]"),
+        (
+            TensorMeta("bfloat16", (B, Q, H, 512), "cuda:1", True),
+            TensorMeta("bfloat16", (B, Q, H, 32), "cuda:1", True),
+            "q_pe must be [4, 9, 8, 64]",
+        ),
+        (
+            TensorMeta("bfloat16", (B, Q, H, 576), "cuda:1", True),
+            TensorMeta("bfloat16", (B, Q, H, 64), "cuda:1", True),
+            "q must be [*, 9, 8, 512] when q_pe is given",
+        ),
+    ],
+)
+def test_q_that_cannot_be_read_in_place_is_named(q, pe, needle):
+    reason = check_call(_good(q=q, q_pe=pe), q_len=Q, H=H)
+    assert reason is not None and needle in reason, reason
+
+
+def test_a_paged_pool_takes_a_page_table_row_per_request():
+    kv = TensorMeta("bfloat16", (100, 64, 576), "cuda:1", True)
+    table = TensorMeta("int32", (B, 40), "cuda:1", False, (48, 1))  # rows padded to 48 entries
+    lay = call_layout(_good(kv=kv, kv_indices=table), q_len=Q, H=H)
+    assert (lay.page_shift, lay.page_stride) == (6, 48)
+    ones = TensorMeta("bfloat16", (100, 1, 576), "cuda:1", True)
+    assert call_layout(_good(kv=ones), q_len=Q, H=H).page_shift == 0
+
+
+def test_the_kernel_arguments_carry_the_layout():
+    spec = LaunchSpec(KernelConfig(nsplit=132, ht=8, tk=32, block=256), H=H, q_len=Q)
+    lay = Layout(q_st=5120, q_sh=640, pe_st=512, pe_sh=64, page_shift=6, page_stride=48, mask_bytes=2)
+    ptrs = {
+        "kv": 2,
+        "prefix_indices": 3,
+        "prefix_indptr": 4,
+        "draft_indices": 5,
+        "tree_mask": 6,
+        "part_o": 7,
+        "part_lse": 8,
+        "out": 9,
+    }
+    args = spec.partial_args(q=1 << 20, q_pe=1 << 21, lse=0, batch=3, softmax_scale=1.0, layout=lay, **ptrs)
+    assert len(args) == len(PARTIAL_ARGS)
+    assert args[:2] == (1 << 20, 1 << 21) and args[11:-1] == (3, H, 5120, 640, 512, 64, 6, 48, 2)
+    dense = spec.partial_args(q=1 << 20, lse=0, batch=3, softmax_scale=1.0, **ptrs)
+    assert dense[1] == (1 << 20) + 1024 and dense[13:-1] == (H * 576, 576, H * 576, 576, 0, 0, 8)
+
+
 def test_cpu_tensors_are_refused():
     cpu = {k: TensorMeta(m.dtype, m.shape, "cpu", True) for k, m in _good().items()}
     assert "CUDA device" in check_call(cpu, q_len=Q, H=H)
 
 
 def test_q_len_and_heads_come_from_q():
-    assert "q must be [B, 16, 8, 576]" in check_call(_good(), q_len=16, H=H)
+    assert "q must be [*, 16, 8, 576]" in check_call(_good(), q_len=16, H=H)
 
 
 def test_the_grid_is_the_same_for_every_batch_and_the_workspace_follows_the_plan():

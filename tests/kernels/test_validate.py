@@ -54,7 +54,7 @@ def test_folded_scores_free_a_third_slot_at_72_rows():
 def test_seesaw_rules():
     seesaw = KernelConfig(nsplit=132, ht=8, tk=32, block=256, stages=3, wr=2, wk=2, sf=1, pipe=3)
     assert check(seesaw, H200, H=8, q_len=9) is None
-    assert smem_bytes(seesaw, 9) == 227432  # Q 82944 + 3 slots 110592 + 2 groups' scores 20736 + 2 P 11520 + ...
+    assert smem_bytes(seesaw, 9) == 227448  # Q 82944 + 3 slots 110592 + 2 groups' scores 20736 + 2 P 11520 + ...
     for bad in (replace(seesaw, block=512), replace(seesaw, stages=2)):
         assert "PIPE=3" in check(bad, H200, H=8, q_len=9)
     assert "4 warps of a group" in check(replace(seesaw, wk=4, sf=0), H200, H=8, q_len=9)  # 2x4 fits 8 warps, not 4

@@ -1,0 +1,112 @@
+"""Where the time of one launch pair goes: the kernels built with -DVA_TRACE stamp the global
+timer at phase boundaries (thread 0 of each block), one pair runs alone after a warm-up, and the
+stamps are read back. Printed per case, in microseconds from the first partial block's start:
+when the working partial blocks pass each phase (median / max over them) and when the reduce's
+blocks start, finish their plan check, are released by griddepcontrol.wait and end. The same
+cases are also timed as CUDA-graph replays plain, traced (the stamps' cost) and with
+-DVA_PROFILE_EMPTY (the launch pair alone: the floor a graph replay pays).
+
+    python3 bench/phase_trace.py --out $OUT      # on the GPU machine
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import statistics
+from pathlib import Path
+
+PARTIAL = ["entry", "plan", "prologue issued", "Q + tile 0 landed", "tiles done", "epilogue done", "exit"]
+REDUCE = ["entry", "plan check", "wait released", "exit"]
+CASES = {"B=1 P=0": [0], "B=1 P=4096": [4096], "B=1 P=46000": [46000], "B=8 1x100k+7x2k": [100_000] + [2000] * 7}
+
+
+def _trace(va, inp, out, stream) -> dict:
+    import numpy as np
+    import pycuda.driver as cuda
+
+    dev, size = va.kernels.global_ptr(b"va_trace")
+    for _ in range(3):  # warm-up: module loaded, caches in their steady state
+        va.run(inp, out, stream=stream)
+    stream.synchronize()
+    cuda.memset_d8(dev, 0, size)
+    va.run(inp, out, stream=stream)
+    stream.synchronize()
+    raw = np.empty((2, 8192, 8), np.uint64)
+    cuda.memcpy_dtoh(raw, dev)
+    part, red = raw[0].astype(np.int64), raw[1].astype(np.int64)
+    t0 = int(part[part[:, 0] > 0, 0].min())
+    working = part[part[:, 1] > 0]
+    launched = red[red[:, 0] > 0]
+
+    def at(rows, col) -> dict:
+        vals = [(int(v) - t0) / 1000 for v in rows[:, col] if v > 0]
+        return {"median": round(statistics.median(vals), 2), "max": round(max(vals), 2)} if vals else {}
+
+    return {
+        "partial blocks": int((part[:, 0] > 0).sum()),
+        "working blocks": len(working),
+        "partial": {name: at(working, i) for i, name in enumerate(PARTIAL)},
+        "reduce blocks": len(launched),
+        "reduce": {name: at(launched, i) for i, name in enumerate(REDUCE)},
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--cache", default="/tmp/va-trace-cache")
+    args = ap.parse_args()
+
+    import pycuda.autoprimaryctx  # noqa: F401
+    import pycuda.driver as cuda
+    import torch
+    from verify_tuner.heuristic import heuristic_config
+    from verify_tuner.kernels.launch import VerifyAttention
+    from verify_tuner.kernels.limits import read_device_limits
+    from verify_tuner.kernels.reference import make_inputs
+    from verify_tuner.kernels.timing import rotating_inputs, time_graph
+
+    limits, stream = read_device_limits(0), cuda.Stream()
+    H, Q = 8, 9
+    rows = []
+    for case, lens in CASES.items():
+        cfg = heuristic_config(limits, H=H, q_len=Q, prefix=max(lens), batch=len(lens))
+        out = torch.empty(len(lens), Q, H, 512, dtype=torch.bfloat16, device="cuda")
+        kw = {"H": H, "q_len": Q, "limits": limits, "max_batch": len(lens), "cache_dir": Path(args.cache)}
+        traced = VerifyAttention(cfg, extra_flags=("-DVA_TRACE",), **kw)
+        row = {
+            "case": case,
+            "config": cfg.as_params(),
+            **_trace(traced, make_inputs(prefix_lens=lens, q_len=Q, H=H), out, stream),
+        }
+        sets = rotating_inputs(prefix_lens=lens, q_len=Q, H=H, l2_bytes=limits.l2_bytes)
+        for label, flags in (
+            ("graph us", ()),
+            ("graph us traced", ("-DVA_TRACE",)),
+            ("graph us empty", ("-DVA_PROFILE_EMPTY",)),
+        ):
+            va = VerifyAttention(cfg, extra_flags=flags, **kw)
+            row[label] = round(
+                time_graph(
+                    lambda k, va=va, sets=sets, out=out: va.run(sets[k], out, stream=stream), len(sets), stream=stream
+                ).median_us,
+                2,
+            )
+        rows.append(row)
+        p, r = row["partial"], row["reduce"]
+        print(
+            f"{case}: graph {row['graph us']} us (traced {row['graph us traced']}, empty pair {row['graph us empty']}); "
+            f"{row['working blocks']}/{row['partial blocks']} partial blocks work: "
+            + ", ".join(f"{k} {v.get('median')}/{v.get('max')}" for k, v in p.items())
+            + f"; reduce x{row['reduce blocks']}: "
+            + ", ".join(f"{k} {v.get('median')}/{v.get('max')}" for k, v in r.items())
+        )
+    args.out.mkdir(parents=True, exist_ok=True)
+    stamp = {"device": limits.name, "date": dt.date.today().isoformat(), "rows": rows}
+    (args.out / f"phase_trace_{limits.arch}.json").write_text(json.dumps(stamp, indent=1))
+
+
+if __name__ == "__main__":
+    main()

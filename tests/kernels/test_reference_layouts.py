@@ -1,0 +1,77 @@
+"""The reference on the engine layouts (CPU torch): a paged pool, q split into q_nope + q_pe, and
+packed mask rows define the same attention as the dense form of the same data. The GPU tests then
+hold the kernel to this reference on each layout."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from verify_tuner.kernels.reference import Inputs, make_inputs, reference, widen_mask
+
+LENS, Q, H = [70, 0, 129, 5], 9, 4
+
+
+def _dense(inp: Inputs) -> Inputs:
+    """The same data as one [S, 576] pool, page-size-1 slots, a 576-wide q and int64 masks."""
+    ps = inp.page_size
+    slots = []
+    for b in range(inp.batch):
+        lo, hi = int(inp.prefix_indptr[b]), int(inp.prefix_indptr[b + 1])
+        v = torch.arange(hi - lo)
+        slots.append(inp.prefix_indices[b, v // ps].long() * ps + v % ps if ps > 1 else inp.prefix_indices[lo:hi])
+    return Inputs(
+        q=inp.full_q().contiguous(),
+        kv=inp.kv.reshape(-1, 576),
+        prefix_indices=torch.cat(slots).to(torch.int32),
+        prefix_indptr=inp.prefix_indptr,
+        draft_indices=inp.draft_indices,
+        tree_mask=widen_mask(inp.tree_mask),
+        scale=inp.scale,
+    )
+
+
+@pytest.mark.parametrize("page_size", [2, 16, 64])
+@pytest.mark.parametrize("layout", ["scattered", "contiguous"])
+def test_a_paged_pool_is_the_same_attention_as_its_slots(page_size, layout):
+    inp = make_inputs(prefix_lens=LENS, q_len=Q, H=H, device="cpu", page_size=page_size, layout=layout, seed=3)
+    assert inp.kv.shape[1:] == (page_size, 576) and inp.prefix_indices.shape[0] == len(LENS)
+    lay = inp.layout()
+    assert (1 << lay.page_shift, lay.page_stride) == (page_size, inp.prefix_indices.shape[1])
+    dense = _dense(inp)
+    assert dense.layout().page_shift == 0
+    # every slot a request reads (prefix and drafts) is distinct: the pages do not overlap
+    used = torch.cat([dense.prefix_indices.long(), dense.draft_indices.flatten().long()])
+    assert used.unique().numel() == used.numel()
+    for got, want in zip(reference(inp), reference(dense)):
+        assert torch.equal(got, want)
+
+
+def test_q_nope_and_q_pe_views_are_the_same_attention_as_one_q():
+    inp = make_inputs(prefix_lens=LENS, q_len=Q, H=H, device="cpu", split_q=True, seed=4)
+    assert inp.q.shape[-1] == 512 and not inp.q.is_contiguous() and inp.q_pe.shape[-1] == 64
+    lay = inp.layout()
+    assert (lay.q_st, lay.q_sh, lay.pe_st, lay.pe_sh) == (H * 640, 640, H * 64, 64)
+    for got, want in zip(reference(inp), reference(_dense(inp))):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "width", "q_len"), [("uint8", 1, 8), ("int16", 2, 16), ("uint16", 2, 9), ("uint32", 4, 32)]
+)
+def test_packed_mask_rows_hold_the_same_tree(dtype, width, q_len):
+    wide = make_inputs(prefix_lens=LENS, q_len=q_len, H=H, device="cpu", seed=5)
+    packed = make_inputs(prefix_lens=LENS, q_len=q_len, H=H, device="cpu", seed=5, mask_dtype=dtype)
+    assert str(packed.tree_mask.dtype) == f"torch.{dtype}" and packed.layout().mask_bytes == width
+    assert torch.equal(widen_mask(packed.tree_mask), wide.tree_mask)
+    for got, want in zip(reference(packed), reference(wide)):
+        assert torch.equal(got, want)
+
+
+def test_a_64_node_tree_keeps_its_top_bit():
+    inp = make_inputs(prefix_lens=[3], q_len=64, H=1, device="cpu", seed=6)
+    assert int(inp.tree_mask[0, 63]) < 0  # bit 63 set: the int64 pattern of a uint64 row
+    assert int(widen_mask(inp.tree_mask)[0, 63]) == int(inp.tree_mask[0, 63])
+    with pytest.raises(ValueError, match="does not fit uint32"):
+        make_inputs(prefix_lens=[3], q_len=64, H=1, device="cpu", mask_dtype="uint32")
