@@ -16,7 +16,7 @@ from verify_tuner.kernels.shapes import D_QK, D_V
 
 LOG2E = 1.4426950408889634
 #: The kernels' arguments in PyCUDA's prepare() letters (csrc/verify_attention.cu's signatures).
-PARTIAL_ARGS = "PPPPPPPPPPPiiiiiiiiif"
+PARTIAL_ARGS = "PPPPPPPPPPPPiiiiiiiiif"
 REDUCE_ARGS = "PPPPPiii"
 #: Tree-mask row widths the kernel reads, by dtype (SGLang packs q_len <= 8/16/32 into uint8/16/32).
 MASK_BYTES = {"uint8": 1, "int8": 1, "int16": 2, "uint16": 2, "int32": 4, "uint32": 4, "int64": 8, "uint64": 8}
@@ -26,9 +26,10 @@ _I32 = 2**31 - 1
 @dataclass(frozen=True)
 class Layout:
     """How a call's tensors lie in memory, as the partial kernel's integer arguments (elements):
-    the token and head strides of q's first 512 dims and of its 64 rope dims, the page size as a
-    shift (0: page-size-1 slots at kv_indptr; k: a page table of 2^k-slot pages, one row per
-    request of `page_stride` entries) and the tree mask's row width in bytes."""
+    the token and head strides of q's first 512 dims and of its 64 rope dims; the prefix's index
+    form: page_stride 0 for flat slots at kv_indptr, else a table whose rows are `page_stride`
+    apart (one per request, or the row kv_rows names) of slots (page_shift 0) or of pages of
+    2^page_shift slots; and the tree mask's row width in bytes."""
 
     q_st: int
     q_sh: int
@@ -79,6 +80,7 @@ class LaunchSpec:
         q_pe: int | None = None,
         kv: int,
         prefix_indices: int,
+        prefix_rows: int | None = None,
         prefix_indptr: int,
         draft_indices: int,
         tree_mask: int,
@@ -98,6 +100,7 @@ class LaunchSpec:
             q_pe if q_pe is not None else q + D_V * 2,
             kv,
             prefix_indices,
+            prefix_rows or 0,
             prefix_indptr,
             draft_indices,
             tree_mask,
@@ -207,30 +210,37 @@ def _q_layout(t: Mapping[str, TensorMeta | None], q_len: int, H: int) -> tuple[i
     return (*a, *b)  # type: ignore[misc]
 
 
-def _kv_layout(kv: TensorMeta, idx: TensorMeta, B: int) -> tuple[int, int] | str:
-    """(page_shift, page_stride) from the pool's shape: [S, 576] with page-size-1 slots, or
-    [pages, page_size, 576] with a [B, max_pages] page table."""
+def _kv_layout(kv: TensorMeta, idx: TensorMeta, rows: TensorMeta | None, B: int) -> tuple[int, int] | str:
+    """(page_shift, page_stride) from the pool's and the indices' shapes. kv is [S, 576] or
+    [pages, page_size, 576]; kv_indices is flat (the prefixes' slots at kv_indptr, page size 1) or
+    a table: a row per request of slots (page size 1: SGLang's req_to_token, whose rows kv_rows
+    picks) or of page ids (a block table)."""
     if len(kv.shape) == 2:
         err = _shape_error("kv", kv, (None, D_QK), "(or [pages, page_size, 576])")
-        if err:
-            return err
-        err = _shape_error("kv_indices", idx, (None,), "(the prefixes' slots at kv_indptr, page size 1)")
-        if err:
-            return err
-        return (0, 0) if idx.stride(0) == 1 else "kv_indices must be contiguous"
-    err = _shape_error("kv", kv, (None, None, D_QK), "(pages, page_size, 576)")
+        ps = 1
+    else:
+        err = _shape_error("kv", kv, (None, None, D_QK), "(pages, page_size, 576)")
+        ps = kv.shape[1] if len(kv.shape) == 3 else 0
     if err:
         return err
-    ps = kv.shape[1]
     if ps < 1 or ps & (ps - 1):
         return f"kv's page size must be a power of two, got {ps}"
-    if ps == 1:
-        return _kv_layout(TensorMeta(kv.dtype, (kv.shape[0], D_QK), kv.device, kv.contiguous), idx, B)
-    err = _shape_error("kv_indices", idx, (B, None), f"(the page table: a row of page ids per request, page size {ps})")
-    if err:
-        return err
+    if len(idx.shape) == 1:
+        if ps > 1:
+            return f"kv_indices must be a table [B, max_pages] of page ids for page size {ps}, got {list(idx.shape)}"
+        if rows is not None:
+            return "kv_rows picks rows of a table: kv_indices must be 2-d with it"
+        return (0, 0) if idx.stride(0) == 1 else "kv_indices must be contiguous"
+    if len(idx.shape) != 2:
+        return f"kv_indices must be flat slots or a 2-d table, got {list(idx.shape)}"
+    if rows is None and idx.shape[0] != B:
+        return f"kv_indices must be [{B}, *] (a row per request) without kv_rows, got {list(idx.shape)}"
+    if rows is not None and (rows.dtype != "int32" or rows.shape != (B,)):
+        return f"kv_rows must be int32 [{B}] (each request's row of kv_indices), got {rows.dtype} {list(rows.shape)}"
     if idx.stride(1) != 1:
         return "kv_indices' rows must be contiguous"
+    if idx.stride(0) * max(idx.shape[0], 1) > _I32:
+        return "kv_indices is too large for 32-bit offsets"
     return ps.bit_length() - 1, idx.stride(0)
 
 
@@ -279,7 +289,7 @@ def _layout(t: Mapping[str, TensorMeta | None], *, q_len: int, H: int, on_cuda: 
     if isinstance(strides, str):
         return strides
     B = q.shape[0]
-    pages = _kv_layout(t["kv"], t["kv_indices"], B)  # type: ignore[arg-type]
+    pages = _kv_layout(t["kv"], t["kv_indices"], t.get("kv_rows"), B)  # type: ignore[arg-type]
     if isinstance(pages, str):
         return pages
     want: dict[str, tuple[int | None, ...]] = {

@@ -12,8 +12,8 @@ compiled when nvcc is present, and otherwise the call says what is missing. Neit
 nvcc is needed on an inference host that has a bundle.
 
     import verify_tuner.kernels.op  # registers the op
-    torch.ops.verify_tuner.verify_attention(q, q_pe, kv, kv_indptr, kv_indices, draft_slots, tree_mask,
-                                            out, lse, config_list(cfg), softmax_scale)
+    torch.ops.verify_tuner.verify_attention(q, q_pe, kv, kv_indptr, kv_indices, kv_rows, draft_slots,
+                                            tree_mask, out, lse, config_list(cfg), softmax_scale)
 """
 
 # No `from __future__ import annotations`: torch.library reads the op's schema from live annotations.
@@ -108,6 +108,7 @@ def verify_attention(
     kv: torch.Tensor,
     kv_indptr: torch.Tensor,
     kv_indices: torch.Tensor,
+    kv_rows: Optional[torch.Tensor],  # noqa: UP045
     draft_slots: torch.Tensor,
     tree_mask: torch.Tensor,
     out: torch.Tensor,
@@ -118,9 +119,11 @@ def verify_attention(
     """MLA verify attention into `out` (and `lse`).
 
     q [B,Q,H,576] bf16 with q_pe None, or q_nope [B,Q,H,512] + q_pe [B,Q,H,64] (last dim contiguous,
-    (B, Q) mergeable, 16-byte aligned rows); kv [S,576] bf16 with kv_indices the prefixes' slots at
-    kv_indptr, or kv [pages, page_size, 576] with kv_indices a [B, max_pages] page table;
-    kv_indptr [B+1] int32 prefix token offsets; draft_slots [B,Q] int32 slots; tree_mask [B,Q]
+    (B, Q) mergeable, 16-byte aligned rows); kv [S,576] (or [pages, page_size, 576]) bf16;
+    kv_indices int32: the prefixes' slots at kv_indptr (flat, page size 1), or a table with a row
+    per request -- of slots (page size 1; SGLang's req_to_token, with kv_rows [B] int32 naming
+    each request's row, read in place) or of page ids (a [B, max_pages] block table);
+    kv_indptr [B+1] int32 prefix token offsets (the prefix lengths' running sum); draft_slots [B,Q] int32 slots; tree_mask [B,Q]
     rows of 8..64 bits (bit j of row i: node i sees node j); out [B,Q,H,512] bf16; lse [B,Q,H]
     fp32 or None; `config` from config_list()."""
     tensors = {
@@ -129,6 +132,7 @@ def verify_attention(
         "kv": kv,
         "kv_indptr": kv_indptr,
         "kv_indices": kv_indices,
+        "kv_rows": kv_rows,
         "draft_slots": draft_slots,
         "tree_mask": tree_mask,
         "out": out,
@@ -153,6 +157,7 @@ def verify_attention(
         "q_pe": q_pe.data_ptr() if q_pe is not None else None,
         "kv": kv.data_ptr(),
         "prefix_indices": kv_indices.data_ptr(),
+        "prefix_rows": kv_rows.data_ptr() if kv_rows is not None else 0,
         "prefix_indptr": kv_indptr.data_ptr(),
         "draft_indices": draft_slots.data_ptr(),
         "tree_mask": tree_mask.data_ptr(),
@@ -172,5 +177,5 @@ def verify_attention(
 
 
 @verify_attention.register_fake
-def _(q, q_pe, kv, kv_indptr, kv_indices, draft_slots, tree_mask, out, lse, config, softmax_scale) -> None:
+def _(q, q_pe, kv, kv_indptr, kv_indices, kv_rows, draft_slots, tree_mask, out, lse, config, softmax_scale) -> None:
     return None

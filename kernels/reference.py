@@ -16,12 +16,13 @@ from verify_tuner.kernels.shapes import D_QK, D_V
 class Inputs:
     q: Any  # [B, Q, H, 576] bf16, or q_nope [B, Q, H, 512] (any strides the op takes) with q_pe
     kv: Any  # [S, 576] bf16, or [pages, page_size, 576]
-    prefix_indices: Any  # int32 [sum P] slots, or the page table [B, max_pages]
+    prefix_indices: Any  # int32 [sum P] slots, or a table: a row per request of slots or of page ids
     prefix_indptr: Any  # int32 [B+1]
     draft_indices: Any  # int32 [B, Q]
     tree_mask: Any  # [B, Q] rows of 8..64 bits (int64: the bit pattern of uint64)
     scale: float
     q_pe: Any = None  # [B, Q, H, 64] bf16 when q holds only the 512 latent dims
+    prefix_rows: Any = None  # int32 [B]: each request's row of the table (SGLang's req_pool_indices)
 
     @property
     def batch(self) -> int:
@@ -35,13 +36,9 @@ class Inputs:
         """The kernel's Layout of these tensors (kernels/abi.py checks them as the op does)."""
         from verify_tuner.kernels.abi import TensorMeta, call_layout
 
-        names = ("q", "q_pe", "kv", "prefix_indptr", "prefix_indices", "draft_indices", "tree_mask")
-        t = {n: TensorMeta.of(getattr(self, n)) for n in names}
-        t["kv_indptr"], t["kv_indices"], t["draft_slots"] = (
-            t.pop("prefix_indptr"),
-            t.pop("prefix_indices"),
-            t.pop("draft_indices"),
-        )
+        names = {"q": "q", "q_pe": "q_pe", "kv": "kv", "kv_indptr": "prefix_indptr", "kv_indices": "prefix_indices",
+                 "kv_rows": "prefix_rows", "draft_slots": "draft_indices", "tree_mask": "tree_mask"}  # fmt: skip
+        t = {op_name: TensorMeta.of(getattr(self, name)) for op_name, name in names.items()}
         B, Q, H, _ = self.q.shape
         t["out"] = TensorMeta("bfloat16", (B, Q, H, D_V), t["q"].device, True)
         return call_layout(t, q_len=Q, H=H, on_cuda=False)
@@ -83,13 +80,16 @@ def make_inputs(
     page_size: int = 1,
     split_q: bool = False,
     mask_dtype: str = "int64",
+    req_to_token: bool = False,
 ) -> Inputs:
     """Random inputs. Slots are a random permutation of the pool ("scattered", a fragmented
     page-size-1 cache: the worst case for the memory system) or consecutive ("contiguous": each
     request's prefix, then the draft slots, in pool order). page_size > 1 lays the pool out in
     pages with a page table (each request's prefix and then its draft tokens fill its pages, as an
     engine appends them); split_q gives q as q_nope, a strided view of a wider buffer, plus a
-    separate q_pe; mask_dtype the tree mask's row type (uint8/16/32 as SGLang packs them)."""
+    separate q_pe; mask_dtype the tree mask's row type (uint8/16/32 as SGLang packs them);
+    req_to_token the prefix slots as rows of a wider table at scattered rows (SGLang's pool of
+    requests, read in place through prefix_rows)."""
     import torch
 
     if layout not in SLOT_LAYOUTS:
@@ -115,6 +115,16 @@ def make_inputs(
     kv = torch.randn(S, D_QK, generator=dgen, device=device).to(torch.bfloat16)
     if page_size > 1:
         kv = kv.view(S // page_size, page_size, D_QK)
+    rows = None
+    if req_to_token:  # each request's slots in a row of a [B + 5, longest + 7] table, rows shuffled
+        if page_size > 1:
+            raise ValueError("req_to_token holds slots: page_size must be 1")
+        perm_rows = torch.randperm(B + 5, generator=gen)[:B].to(torch.int32)
+        table = torch.full((B + 5, max(prefix_lens, default=0) + 7), -1, dtype=torch.int32)
+        for b in range(B):
+            lo, hi = int(indptr[b]), int(indptr[b + 1])
+            table[perm_rows[b], : hi - lo] = prefix_indices[lo:hi]
+        prefix_indices, rows = table, perm_rows
     q_pe = None
     if split_q:  # q_nope in place inside a [B*Q, H, 640] buffer (as an absorbed q often is), q_pe apart
         wide = torch.zeros(B * q_len, H, D_QK + 64, dtype=torch.bfloat16, device=device)
@@ -133,6 +143,7 @@ def make_inputs(
         tree_mask=mask.to(device),
         scale=scale if scale is not None else D_QK**-0.5,
         q_pe=q_pe,
+        prefix_rows=rows.to(device) if rows is not None else None,
     )
 
 
@@ -191,10 +202,11 @@ def _visible(inp: Inputs, b: int) -> tuple[Any, Any]:
 
     lo, hi = int(inp.prefix_indptr[b]), int(inp.prefix_indptr[b + 1])
     Q = inp.q.shape[1]
-    if inp.page_size > 1:
+    if inp.prefix_indices.dim() == 2:  # a table: request b's row, of slots or of page ids
         v = torch.arange(hi - lo, device=inp.q.device)
         ps = inp.page_size
-        prefix = inp.prefix_indices[b, v // ps].long() * ps + v % ps
+        row = int(inp.prefix_rows[b]) if inp.prefix_rows is not None else b
+        prefix = inp.prefix_indices[row, v // ps].long() * ps + v % ps
     else:
         prefix = inp.prefix_indices[lo:hi].long()
     slots = torch.cat([prefix, inp.draft_indices[b].long()])

@@ -5,8 +5,9 @@
 // attends to every prefix slot of b and to the draft nodes j that bit j of tree_mask[b,i]
 // allows; o = softmax(scale * q.k) @ v with v = kv[slot, 0:512]. The engine's own tensors are read
 // in place: q as one 576-wide row or as q_nope (512) + q_pe (64) at any row strides, the prefix as
-// page-size-1 slots at prefix_indptr or as a page table row per request (pages of 2^page_shift
-// slots), the tree mask as rows of 1, 2, 4 or 8 bytes.
+// slots at prefix_indptr or as a row of a table per request (SGLang's req_to_token at the
+// requests' pool rows, or a block table of pages of 2^page_shift slots), the tree mask as rows of
+// 1, 2, 4 or 8 bytes.
 //
 // Compile-time constants, rendered by kernels/build.py as #defines (kernels/config.py says
 // which values are valid and kernels/validate.py checks them before anything is compiled):
@@ -643,7 +644,8 @@ extern "C" __global__ void __launch_bounds__(BLOCK, VA_MINB)
 verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h) at (b*QN + i)*q_st + h*q_sh: dims 0..511
                     const bf16* __restrict__ q_pe,           // the same rows' dims 512..575 (rope), at pe_st, pe_sh
                     const bf16* __restrict__ kv,             // [S, 576] (pages of 2^page_shift slots)
-                    const int* __restrict__ prefix_indices,  // [sum P_b] slots, or [B, page_stride] page table
+                    const int* __restrict__ prefix_indices,  // [sum P_b] slots, or a table: a row of page_stride per request
+                    const int* __restrict__ prefix_rows,     // [B] request b's row of the table, or null: row b
                     const int* __restrict__ prefix_indptr,   // [B + 1] prefix tokens
                     const int* __restrict__ draft_indices,   // [B, QN] slots
                     const void* __restrict__ tree_mask,      // [B, QN] rows of mask_bytes
@@ -733,7 +735,9 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
 #else
       sp.shift = page_shift;
 #endif
-      sp.prefix = prefix_indices + (page_shift > 0 ? (long long)b * page_stride : (long long)p0);
+      // a table (page_stride > 0: SGLang's req_to_token at the requests' pool rows, or a block table) or flat slots
+      const long long row = prefix_rows != nullptr ? __ldg(prefix_rows + b) : b;
+      sp.prefix = prefix_indices + (page_stride > 0 ? row * page_stride : (long long)p0);
       sp.draft = draft_indices + b * QN;
       sp.v0 = seg_s[0] * TK;
       sp.v1 = min((seg_s[1] + 1) * TK, sp.P + QN);

@@ -42,7 +42,10 @@ def test_a_well_formed_call_passes_on_any_cuda_device():
         ({"kv_indptr": TensorMeta("int32", (B,), "cuda:1", True)}, "kv_indptr must be [5]"),
         ({"kv": TensorMeta("bfloat16", (5000, 512), "cuda:1", True)}, "kv must be [*, 576]"),
         ({"kv": TensorMeta("bfloat16", (100, 48, 576), "cuda:1", True)}, "page size must be a power of two"),
-        ({"kv": TensorMeta("bfloat16", (100, 64, 576), "cuda:1", True)}, "kv_indices must be [4, *] (the page table"),
+        (
+            {"kv": TensorMeta("bfloat16", (100, 64, 576), "cuda:1", True)},
+            "kv_indices must be a table [B, max_pages] of page ids for page size 64",
+        ),
         ({"kv_indices": TensorMeta("int32", (4000,), "cuda:1", False, (2,))}, "kv_indices must be contiguous"),
         ({"lse": TensorMeta("float32", (B, Q), "cuda:1", True)}, "lse must be [4, 9, 8]"),
         ({"lse": TensorMeta("bfloat16", (B, Q, H), "cuda:1", True)}, "lse must be float32"),
@@ -111,6 +114,44 @@ def test_a_paged_pool_takes_a_page_table_row_per_request():
     assert call_layout(_good(kv=ones), q_len=Q, H=H).page_shift == 0
 
 
+def test_sglang_req_to_token_is_read_in_place_through_kv_rows():
+    table = TensorMeta("int32", (4096, 131072), "cuda:1", True)  # [max running requests, max context]
+    rows = TensorMeta("int32", (B,), "cuda:1", True)
+    lay = call_layout(_good(kv_indices=table, kv_rows=rows), q_len=Q, H=H)
+    assert (lay.page_shift, lay.page_stride) == (0, 131072)
+
+
+@pytest.mark.parametrize(
+    ("over", "needle"),
+    [
+        ({"kv_rows": TensorMeta("int32", (B,), "cuda:1", True)}, "kv_rows picks rows of a table"),
+        (
+            {"kv_indices": TensorMeta("int32", (9, 100), "cuda:1", True)},
+            "kv_indices must be [4, *] (a row per request) without kv_rows",
+        ),
+        (
+            {
+                "kv_indices": TensorMeta("int32", (9, 100), "cuda:1", True),
+                "kv_rows": TensorMeta("int64", (B,), "cuda:1", True),
+            },
+            "kv_rows must be int32 [4]",
+        ),
+        (
+            {
+                "kv_indices": TensorMeta("int32", (9, 100), "cuda:1", True),
+                "kv_rows": TensorMeta("int32", (B,), "cuda:0", True),
+            },
+            "kv_rows is on cuda:0",
+        ),
+        ({"kv_indices": TensorMeta("int32", (B, 100), "cuda:1", False, (1, B))}, "rows must be contiguous"),
+        ({"kv_indices": TensorMeta("int32", (B, 2, 3), "cuda:1", True)}, "flat slots or a 2-d table"),
+    ],
+)
+def test_table_mistakes_are_named(over, needle):
+    reason = check_call(_good(**over), q_len=Q, H=H)
+    assert reason is not None and needle in reason, reason
+
+
 def test_the_kernel_arguments_carry_the_layout():
     spec = LaunchSpec(KernelConfig(nsplit=132, ht=8, tk=32, block=256), H=H, q_len=Q)
     lay = Layout(q_st=5120, q_sh=640, pe_st=512, pe_sh=64, page_shift=6, page_stride=48, mask_bytes=2)
@@ -126,9 +167,11 @@ def test_the_kernel_arguments_carry_the_layout():
     }
     args = spec.partial_args(q=1 << 20, q_pe=1 << 21, lse=0, batch=3, softmax_scale=1.0, layout=lay, **ptrs)
     assert len(args) == len(PARTIAL_ARGS)
-    assert args[:2] == (1 << 20, 1 << 21) and args[11:-1] == (3, H, 5120, 640, 512, 64, 6, 48, 2)
-    dense = spec.partial_args(q=1 << 20, lse=0, batch=3, softmax_scale=1.0, **ptrs)
-    assert dense[1] == (1 << 20) + 1024 and dense[13:-1] == (H * 576, 576, H * 576, 576, 0, 0, 8)
+    assert args[:2] == (1 << 20, 1 << 21) and args[12:-1] == (3, H, 5120, 640, 512, 64, 6, 48, 2)
+    assert args[4] == 0  # no kv_rows: request b reads row b
+    dense = spec.partial_args(q=1 << 20, lse=0, batch=3, softmax_scale=1.0, prefix_rows=11, **ptrs)
+    assert dense[1] == (1 << 20) + 1024 and dense[4] == 11
+    assert dense[14:-1] == (H * 576, 576, H * 576, 576, 0, 0, 8)
 
 
 def test_cpu_tensors_are_refused():

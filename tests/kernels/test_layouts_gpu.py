@@ -19,6 +19,7 @@ CASES = {
     "paged 16 contiguous": (9, {"page_size": 16, "layout": "contiguous"}),
     "paged 1 as a 3-d pool": (9, {"page_size": 1}),
     "q_nope + q_pe": (9, {"split_q": True}),
+    "req_to_token rows": (9, {"req_to_token": True}),
     "uint8 mask": (8, {"mask_dtype": "uint8"}),
     "uint16 mask": (16, {"mask_dtype": "uint16"}),
     "uint32 mask": (32, {"mask_dtype": "uint32"}),
@@ -75,8 +76,8 @@ def test_each_layout_through_the_tuner_launcher_and_the_engine_op(gpu, case, mon
 
         def call(cfg=cfg):
             torch.ops.verify_tuner.verify_attention(
-                inp.q, inp.q_pe, inp.kv, inp.prefix_indptr, inp.prefix_indices, inp.draft_indices, inp.tree_mask,
-                out, lse, op.config_list(cfg), inp.scale,
+                inp.q, inp.q_pe, inp.kv, inp.prefix_indptr, inp.prefix_indices, inp.prefix_rows, inp.draft_indices,
+                inp.tree_mask, out, lse, op.config_list(cfg), inp.scale,
             )  # fmt: skip
 
         assert poisoned_run_error(call, out, ref_o) <= 1e-2, f"{cfg}: op out"

@@ -40,7 +40,7 @@ def load(s):
     bufs["mask"].copy_(s.tree_mask); out.fill_(float("nan")); lse.fill_(float("nan"))
 
 def call():
-    torch.ops.verify_tuner.verify_attention(bufs["q"], None, kv, bufs["indptr"], idx, bufs["draft"], bufs["mask"],
+    torch.ops.verify_tuner.verify_attention(bufs["q"], None, kv, bufs["indptr"], idx, None, bufs["draft"], bufs["mask"],
                                             out, lse, op.config_list(cfg), inp.scale)
 
 side = torch.cuda.Stream()
@@ -59,7 +59,7 @@ for s in steps:
     ref_o, ref_lse = reference(s)
     errs.append([rel_error(out, ref_o), rel_error(lse, ref_lse)])
 try:
-    _ = torch.ops.verify_tuner.verify_attention(bufs["q"].float(), None, kv, bufs["indptr"], idx, bufs["draft"],
+    _ = torch.ops.verify_tuner.verify_attention(bufs["q"].float(), None, kv, bufs["indptr"], idx, None, bufs["draft"],
                                                        bufs["mask"], out, lse, op.config_list(cfg), inp.scale)
     bad = "accepted"
 except Exception as exc:

@@ -20,7 +20,11 @@ def _dense(inp: Inputs) -> Inputs:
     for b in range(inp.batch):
         lo, hi = int(inp.prefix_indptr[b]), int(inp.prefix_indptr[b + 1])
         v = torch.arange(hi - lo)
-        slots.append(inp.prefix_indices[b, v // ps].long() * ps + v % ps if ps > 1 else inp.prefix_indices[lo:hi])
+        if inp.prefix_indices.dim() == 2:
+            row = int(inp.prefix_rows[b]) if inp.prefix_rows is not None else b
+            slots.append(inp.prefix_indices[row, v // ps].long() * ps + v % ps)
+        else:
+            slots.append(inp.prefix_indices[lo:hi])
     return Inputs(
         q=inp.full_q().contiguous(),
         kv=inp.kv.reshape(-1, 576),
@@ -44,6 +48,20 @@ def test_a_paged_pool_is_the_same_attention_as_its_slots(page_size, layout):
     # every slot a request reads (prefix and drafts) is distinct: the pages do not overlap
     used = torch.cat([dense.prefix_indices.long(), dense.draft_indices.flatten().long()])
     assert used.unique().numel() == used.numel()
+    for got, want in zip(reference(inp), reference(dense)):
+        assert torch.equal(got, want)
+
+
+def test_req_to_token_rows_are_the_same_attention_as_their_slots():
+    inp = make_inputs(prefix_lens=LENS, q_len=Q, H=H, device="cpu", req_to_token=True, seed=7)
+    assert inp.prefix_indices.shape == (len(LENS) + 5, max(LENS) + 7) and inp.prefix_rows.shape == (len(LENS),)
+    assert inp.prefix_rows.unique().numel() == len(LENS) and sorted(inp.prefix_rows.tolist()) != list(range(len(LENS)))
+    lay = inp.layout()
+    assert (lay.page_shift, lay.page_stride) == (0, max(LENS) + 7)
+    dense = _dense(inp)
+    assert torch.equal(
+        dense.prefix_indices, make_inputs(prefix_lens=LENS, q_len=Q, H=H, device="cpu", seed=7).prefix_indices
+    )
     for got, want in zip(reference(inp), reference(dense)):
         assert torch.equal(got, want)
 
