@@ -37,7 +37,8 @@ from verify_tuner.backend import Backend, Workload
 from verify_tuner.db import repo
 from verify_tuner.db.session import session_scope
 from verify_tuner.keys import ConfigKey
-from verify_tuner.study import Outcome, run_study, workload_key
+from verify_tuner.outcome import Outcome
+from verify_tuner.study import run_study, workload_key
 
 CLAIM_BEAT_S = 5.0
 #: A claim this old belongs to a dead process. Longer than any single step of an owner that does

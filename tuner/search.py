@@ -12,7 +12,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import optuna
@@ -24,9 +23,7 @@ from verify_tuner.kernels.config import PARAM_NAMES, KernelConfig
 from verify_tuner.kernels.limits import DeviceLimits
 from verify_tuner.kernels.validate import check
 from verify_tuner.keys import ConfigKey
-
-if TYPE_CHECKING:
-    from verify_tuner.study import Outcome
+from verify_tuner.outcome import Outcome
 
 PARAMS = PARAM_NAMES
 MEASURED_ATTR, STATE_ATTR, REASON_ATTR = "measured", "state", "reason"

@@ -14,14 +14,13 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import optuna
 from sqlalchemy.orm import Session, sessionmaker
 from verify_tuner import batches, buckets, space
-from verify_tuner.backend import OK, Backend, Measurement, Workload
+from verify_tuner.backend import OK, Backend, Workload
 from verify_tuner.db import repo
 from verify_tuner.db.session import make_engine, session_scope
 from verify_tuner.heuristic import heuristic_config
@@ -30,6 +29,7 @@ from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.errors import InvalidConfig
 from verify_tuner.kernels.validate import check
 from verify_tuner.keys import ConfigKey
+from verify_tuner.outcome import Outcome
 from verify_tuner.search import STATE_ATTR, BudgetSpent, FitTPE, Progress, Search, WarmFirst, refusal
 from verify_tuner.study_files import STUDY, study_file_url
 from verify_tuner.winner import pick_winner
@@ -38,27 +38,6 @@ from verify_tuner.winner import pick_winner
 #: lost host) is failed by the next process that opens the study and retried with its params.
 HEARTBEAT_S = 10.0
 HEARTBEAT_GRACE = 3
-
-
-@dataclass
-class Outcome:
-    key: ConfigKey
-    workload: Workload
-    study_id: int
-    best: KernelConfig | None = None
-    best_m: Measurement | None = None
-    default: KernelConfig | None = None
-    default_m: Measurement | None = None
-    stored: bool = False
-    decision: str = ""
-    counts: dict[str, int] = field(default_factory=dict)
-    wall_s: float = 0.0
-
-    @property
-    def speedup(self) -> float | None:
-        if self.best_m and self.default_m and self.best_m.median_us and self.default_m.median_us:
-            return self.default_m.median_us / self.best_m.median_us
-        return None
 
 
 def _params(cfg: KernelConfig) -> dict[str, int]:

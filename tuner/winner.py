@@ -5,7 +5,6 @@ unless the stored best is within the measured noise of the new winner."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from sqlalchemy.orm import Session, sessionmaker
 from verify_tuner.backend import Backend, Measurement, Workload
@@ -13,9 +12,7 @@ from verify_tuner.db import repo
 from verify_tuner.db.session import session_scope
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.validate import check
-
-if TYPE_CHECKING:
-    from verify_tuner.study import Outcome
+from verify_tuner.outcome import Outcome
 
 
 def _noise(m: Measurement) -> float:
