@@ -369,7 +369,7 @@ def configs_dump(settings: Settings, out_dir: Path, device: str | None, shapes: 
     """Write engine-style files, one per (H, q_len, device, dtype), named like vLLM's tuned
     configs (H=8,q_len=9,device_name=NVIDIA_H200,dtype=bf16.json): the whole answer table for
     the kernel this version launches, for workers that read configs from a folder."""
-    from verify_tuner import engine_files
+    from verify_tuner import engine_dump
     from verify_tuner.db.session import session_scope
 
     parsed = []
@@ -384,7 +384,7 @@ def configs_dump(settings: Settings, out_dir: Path, device: str | None, shapes: 
             )
         parsed.append((H, q))
     with session_scope(_checked_sessions(settings)) as s:
-        paths = engine_files.dump(session=s, out_dir=out_dir, device=device, shapes=parsed)
+        paths = engine_dump.dump(session=s, out_dir=out_dir, device=device, shapes=parsed)
     if not paths:
         click.echo("nothing tuned for this kernel: no files written (give --shape H:Q for heuristic tables)")
     for p in paths:
