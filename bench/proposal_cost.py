@@ -65,9 +65,9 @@ def main() -> None:
     from sqlalchemy.orm import sessionmaker
     from verify_tuner import buckets
     from verify_tuner.backend import Workload
-    from verify_tuner.db import migrate
-    from verify_tuner.db.session import make_engine
     from verify_tuner.kernels.limits import known_device
+    from verify_tuner.store import migrate
+    from verify_tuner.store.session import make_engine
     from verify_tuner.study import run_study
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -75,10 +75,10 @@ def main() -> None:
         FitTPE.__init__ = lambda self, **kw: init(self, **{**kw, "n_ei_candidates": args.ei_candidates})  # type: ignore
     import optuna
     from verify_tuner.backend import Workload
-    from verify_tuner.db import migrate
-    from verify_tuner.db.session import make_engine, session_factory
     from verify_tuner.kernels.config import PARAM_NAMES, KernelConfig
     from verify_tuner.kernels.limits import known_device
+    from verify_tuner.store import migrate
+    from verify_tuner.store.session import make_engine, session_factory
     from verify_tuner.study import run_study
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)

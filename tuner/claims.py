@@ -2,7 +2,7 @@
 (`--devices 0,1`) or the same command on several hosts against one PostgreSQL.
 
 Each key (one Optuna study) has at most one **owner**: the process that claimed it in the config
-database (one atomic UPDATE, verify_tuner.db.repo.claim_study) and beats every CLAIM_BEAT_S. Only the
+database (one atomic UPDATE, verify_tuner.store.repo.claim_study) and beats every CLAIM_BEAT_S. Only the
 owner re-times the top candidates and stores the winner, so every key's winner is picked and
 stored once. A process walks the job's keys in order from its own starting key (process i of P
 on one host starts at key i*K/P of K and wraps around) and claims the first free one; when every
@@ -34,10 +34,10 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 from verify_tuner import space
 from verify_tuner.backend import Backend, Workload
-from verify_tuner.db import repo
-from verify_tuner.db.session import session_scope
 from verify_tuner.keys import ConfigKey
 from verify_tuner.outcome import Outcome
+from verify_tuner.store import repo
+from verify_tuner.store.session import session_scope
 from verify_tuner.study import run_study, workload_key
 
 CLAIM_BEAT_S = 5.0

@@ -23,7 +23,7 @@ Q_LEN_RANGE = click.IntRange(1, MAX_Q_LEN)
 
 
 def _checked_sessions(settings: Settings):  # type: ignore[no-untyped-def]
-    from verify_tuner.db.migrate import checked_sessions
+    from verify_tuner.store.migrate import checked_sessions
 
     _require_existing(settings.database_url)
     return checked_sessions(settings.database_url)
@@ -52,7 +52,7 @@ def _database_url_option(_ctx: click.Context, _param: click.Parameter, value: st
 def _url_problem(url: str) -> str | None:
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
-    from verify_tuner.db.session import url_error
+    from verify_tuner.store.session import url_error
 
     try:
         make_url(url)
@@ -97,7 +97,7 @@ def db_upgrade(settings: Settings, revision: str) -> None:
     Also creates Optuna's tables in a shared study storage, so that tuners starting together on
     several GPUs never race to create them (with a file per key: its directory and the blank
     storage each key's file is copied from when the key is first tuned)."""
-    from verify_tuner.db import migrate
+    from verify_tuner.store import migrate
     from verify_tuner.study import prepare_study_storage
 
     migrate.upgrade(settings.database_url, revision)
@@ -112,7 +112,7 @@ def db_upgrade(settings: Settings, revision: str) -> None:
 def db_snapshot(settings: Settings, dest: Path) -> None:
     """Write DEST: an SQLite file with the devices and best configs of the config database, in
     rollback-journal mode, to mount read-only under `tuner serve --read-only-database`."""
-    from verify_tuner.snapshot import write_snapshot
+    from verify_tuner.store.snapshot import write_snapshot
 
     n = write_snapshot(settings.database_url, dest)
     click.echo(f"wrote {dest}: {n} best configs")
@@ -123,8 +123,8 @@ def db_snapshot(settings: Settings, dest: Path) -> None:
 @clean_exit
 def db_current(settings: Settings) -> None:
     """Print the schema revision of the database and the one this version needs."""
-    from verify_tuner.db import migrate
-    from verify_tuner.db.session import make_engine
+    from verify_tuner.store import migrate
+    from verify_tuner.store.session import make_engine
 
     _require_existing(settings.database_url)
     engine = make_engine(settings.database_url, immediate=False, read_only=True)  # a look, never a write
@@ -156,8 +156,8 @@ def serve(
     """Run the read-only config service (FastAPI under uvicorn)."""
     from verify_tuner.api import server
     from verify_tuner.api.app import create_app
-    from verify_tuner.db.migrate import ensure_current
-    from verify_tuner.db.session import make_engine
+    from verify_tuner.store.migrate import ensure_current
+    from verify_tuner.store.session import make_engine
 
     settings = settings.with_overrides(host=host, port=port, device=device, database_read_only=read_only_database)
     # fail fast, before binding
@@ -179,9 +179,9 @@ def device() -> None:
 @clean_exit
 def device_record(settings: Settings, ordinal: int) -> None:
     """Read the local GPU's limits (needs CUDA) and store them."""
-    from verify_tuner.db import repo
-    from verify_tuner.db.session import session_scope
     from verify_tuner.kernels.limits import read_device_limits
+    from verify_tuner.store import repo
+    from verify_tuner.store.session import session_scope
 
     limits = read_device_limits(ordinal)
     with session_scope(_checked_sessions(settings)) as s:
@@ -197,8 +197,8 @@ def device_list(settings: Settings, as_json: bool) -> None:
     """List recorded devices."""
     from dataclasses import asdict
 
-    from verify_tuner.db import repo
-    from verify_tuner.db.session import session_scope
+    from verify_tuner.store import repo
+    from verify_tuner.store.session import session_scope
 
     with session_scope(_checked_sessions(settings)) as s:
         devices = repo.list_devices(session=s)
@@ -229,10 +229,10 @@ def configs() -> None:
 @clean_exit
 def configs_list(settings: Settings, device: str | None, H: int | None, q_len: int | None, as_json: bool) -> None:
     """One line per stored best config (with STAGES and the kernel hash)."""
-    from verify_tuner import configs_io
-    from verify_tuner.db.session import session_scope
     from verify_tuner.kernels import kernel_hash
     from verify_tuner.kernels.config import PARAM_NAMES
+    from verify_tuner.store import configs_io
+    from verify_tuner.store.session import session_scope
 
     with session_scope(_checked_sessions(settings)) as s:
         rows = configs_io.export_rows(session=s, device=device, H=H, q_len=q_len)
@@ -278,8 +278,8 @@ def configs_show(
 ) -> None:
     """The config the service would answer for this key (tuned, nearest or heuristic); JSON
     either way (--json is accepted for symmetry with the other commands)."""
-    from verify_tuner import lookup
-    from verify_tuner.db.session import session_scope
+    from verify_tuner.store import lookup
+    from verify_tuner.store.session import session_scope
 
     with session_scope(_checked_sessions(settings)) as s:
         limits = lookup.resolve_device(session=s, name=device, default=settings.device)
@@ -313,9 +313,9 @@ def configs_show(
 @clean_exit
 def configs_export(settings: Settings, fmt: str, output: Path | None, device: str | None) -> None:
     """Write every stored best config as JSON or CSV."""
-    from verify_tuner import configs_io
-    from verify_tuner.db.session import session_scope
     from verify_tuner.files import write_shared
+    from verify_tuner.store import configs_io
+    from verify_tuner.store.session import session_scope
 
     with session_scope(_checked_sessions(settings)) as s:
         text = configs_io.dumps(configs_io.export_rows(session=s, device=device), fmt)
@@ -369,8 +369,8 @@ def configs_dump(settings: Settings, out_dir: Path, device: str | None, shapes: 
     """Write engine-style files, one per (H, q_len, device, dtype), named like vLLM's tuned
     configs (H=8,q_len=9,device_name=NVIDIA_H200,dtype=bf16.json): the whole answer table for
     the kernel this version launches, for workers that read configs from a folder."""
-    from verify_tuner import engine_dump
-    from verify_tuner.db.session import session_scope
+    from verify_tuner.store import engine_dump
+    from verify_tuner.store.session import session_scope
 
     parsed = []
     for text in shapes:
@@ -403,8 +403,8 @@ def configs_dump(settings: Settings, out_dir: Path, device: str | None, shapes: 
 @clean_exit
 def configs_import(settings: Settings, path: Path, fmt: str | None) -> None:
     """Import best configs; every row is checked and the file is rejected whole on any error."""
-    from verify_tuner import configs_io
-    from verify_tuner.db.session import session_scope
+    from verify_tuner.store import configs_io
+    from verify_tuner.store.session import session_scope
 
     fmt = fmt or ("csv" if path.suffix.lower() == ".csv" else "json")
     loaded = configs_io.loads(path.read_bytes(), fmt)

@@ -232,8 +232,8 @@ def register(study: click.Group, clean: Callable[..., Any]) -> None:
     @clean
     def report(settings: Settings, out_dir: Path, device: str | None) -> None:
         """Write a markdown table and a PNG (default vs tuned per bucket, with the memory floor)."""
-        from verify_tuner.db.migrate import checked_sessions
-        from verify_tuner.report import write_report
+        from verify_tuner.store.migrate import checked_sessions
+        from verify_tuner.store.report import write_report
 
         written = write_report(sessions=checked_sessions(settings.database_url), out_dir=out_dir, device=device)
         if not written:

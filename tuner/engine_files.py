@@ -4,7 +4,7 @@ the kernel it is for and the whole answer table: batch bucket -> prefix buckets 
 source (tuned / nearest / heuristic) and the measured time of tuned entries.
 
 Reading needs nothing beyond the standard library (verify_tuner.api.client reads these with no server
-dependencies installed); verify_tuner.engine_dump writes them from the config database (tuner configs dump).
+dependencies installed); verify_tuner.store.engine_dump writes them from the config database (tuner configs dump).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def distinct_configs(doc: dict[str, Any]) -> list[Any]:
 
 
 def tuned_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """The tuned entries of a file as import rows (verify_tuner.rows.ConfigRow): what `configs import`
+    """The tuned entries of a file as import rows (verify_tuner.store.row_schema.ConfigRow): what `configs import`
     restores from a dump. Heuristic and nearest entries are derived, not stored."""
     from verify_tuner import batches, buckets
     from verify_tuner.kernels.config import PARAM_NAMES

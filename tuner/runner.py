@@ -65,7 +65,7 @@ def tune_on_device(
     try:
         import optuna
         from verify_tuner.claims import owner_id, run_job
-        from verify_tuner.db.migrate import checked_sessions
+        from verify_tuner.store.migrate import checked_sessions
 
         optuna.logging.set_verbosity(optuna.logging.ERROR)
         sessions = checked_sessions(settings.database_url)

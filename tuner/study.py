@@ -2,7 +2,7 @@
 drives each trial), then pick and store the winner (verify_tuner.winner).
 
 Data flow: kernels (validate/compile/launch) -> this module (through a Backend) -> the config
-database (verify_tuner.db.repo) -> the API.
+database (verify_tuner.store.repo) -> the API.
 """
 
 from __future__ import annotations
@@ -21,8 +21,6 @@ import optuna
 from sqlalchemy.orm import Session, sessionmaker
 from verify_tuner import batches, buckets, space
 from verify_tuner.backend import OK, Backend, Workload
-from verify_tuner.db import repo
-from verify_tuner.db.session import make_engine, session_scope
 from verify_tuner.heuristic import heuristic_config
 from verify_tuner.kernels import kernel_hash
 from verify_tuner.kernels.config import KernelConfig
@@ -31,6 +29,8 @@ from verify_tuner.kernels.validate import check
 from verify_tuner.keys import ConfigKey
 from verify_tuner.outcome import Outcome
 from verify_tuner.search import STATE_ATTR, BudgetSpent, FitTPE, Progress, Search, WarmFirst, refusal
+from verify_tuner.store import repo
+from verify_tuner.store.session import make_engine, session_scope
 from verify_tuner.study_files import STUDY, study_file_url
 from verify_tuner.winner import pick_winner
 
@@ -49,7 +49,7 @@ def _trials_without_fsync(storage: optuna.storages.RDBStorage) -> None:
     commit then skips its fsync (the WAL is synced at checkpoints and by the next FULL commit),
     which survives a killed process but may lose the last trials to a power cut -- they are
     re-run on resume. Trials are ~10 commits each, the bulk of a key's writes; the config
-    database's own writes (best configs, claims: verify_tuner.db.session.make_engine) keep FULL."""
+    database's own writes (best configs, claims: verify_tuner.store.session.make_engine) keep FULL."""
     from sqlalchemy import event
 
     @event.listens_for(storage.engine, "connect")
@@ -67,7 +67,7 @@ def open_study_storage(template: str, study_name: str, heartbeat_s: float | None
     if url == template:
         return open_storage(url, heartbeat_s)
     from sqlalchemy.engine import make_url
-    from verify_tuner.db import migrate
+    from verify_tuner.store import migrate
 
     path = Path(make_url(url).database).expanduser()  # type: ignore[arg-type]
     with migrate.upgrade_lock(url):  # creates the file empty; no connection has a transaction open on it
@@ -83,14 +83,14 @@ def prepare_study_storage(url: str) -> None:
     several GPUs never race to create it: a shared storage gets Optuna's tables (one process at a
     time); a file per key, its directory and the blank storage new files copy (so a job's first
     key does not make it)."""
-    from verify_tuner.db import migrate
+    from verify_tuner.store import migrate
 
     if STUDY not in url:
         with migrate.upgrade_lock(url):  # Optuna creates its tables on first open: one at a time
             open_storage(url)
         return
     from sqlalchemy.engine import make_url
-    from verify_tuner.db.session import check_writable
+    from verify_tuner.store.session import check_writable
 
     path = Path(make_url(url).database).expanduser()  # type: ignore[arg-type]
     check_writable(path)  # creates the directory, or says how to make it writable
@@ -103,7 +103,7 @@ def _blank_storage(directory: Path) -> Path:
     stamp the version, far slower than copying a file, and a one-GPU table would pay it every key."""
     blank = directory / f".blank-optuna-{optuna.__version__}.db"
     url = f"sqlite:///{blank}"
-    from verify_tuner.db import migrate
+    from verify_tuner.store import migrate
 
     with migrate.upgrade_lock(url):
         if blank.stat().st_size == 0:

@@ -8,11 +8,11 @@ from collections.abc import Callable
 
 from sqlalchemy.orm import Session, sessionmaker
 from verify_tuner.backend import Backend, Measurement, Workload
-from verify_tuner.db import repo
-from verify_tuner.db.session import session_scope
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.validate import check
 from verify_tuner.outcome import Outcome
+from verify_tuner.store import repo
+from verify_tuner.store.session import session_scope
 
 
 def _noise(m: Measurement) -> float:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from verify_tuner.db import repo
-from verify_tuner.db.session import make_engine, session_factory, session_scope
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.limits import known_device
 from verify_tuner.keys import ConfigKey
+from verify_tuner.store import repo
+from verify_tuner.store.session import make_engine, session_factory, session_scope
 
 
 def write_many(url: str, worker: int, n: int) -> int:

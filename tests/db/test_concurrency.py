@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import multiprocessing as mp
 
-from verify_tuner.db import repo
-from verify_tuner.db.session import session_scope
 from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.store import repo
+from verify_tuner.store.session import session_scope
 
 from tests.db.concurrent_writer import write_many
 

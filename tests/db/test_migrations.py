@@ -6,10 +6,10 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect
-from verify_tuner.db import migrate
-from verify_tuner.db.models import Base
-from verify_tuner.db.session import make_engine
 from verify_tuner.errors import StorageError
+from verify_tuner.store import migrate
+from verify_tuner.store.models import Base
+from verify_tuner.store.session import make_engine
 
 TABLES = {
     "devices",
@@ -79,10 +79,10 @@ def test_0001_database_holding_rows_upgrades_and_back_keeping_them(db_url):
     """An operator's database from before 0002: every row survives the upgrade and a downgrade, and
     writes after the upgrade bump the version the sidecar's stamp reads."""
     from sqlalchemy import text
-    from verify_tuner.db import repo
-    from verify_tuner.db.session import session_factory, session_scope
     from verify_tuner.kernels.config import KernelConfig
     from verify_tuner.keys import ConfigKey
+    from verify_tuner.store import repo
+    from verify_tuner.store.session import session_factory, session_scope
 
     migrate.upgrade(db_url, "0001")
     engine = make_engine(db_url)
@@ -120,10 +120,10 @@ def test_0002_database_with_rows_gains_batch_buckets_and_loses_nothing(db_url):
     batch bucket 0 (B=1), answers the same lookups, and can then store a B=32 row beside the B=1
     row of the same key; a downgrade keeps the B=1 rows and drops only the B=32 one."""
     from sqlalchemy import text
-    from verify_tuner.db import repo
-    from verify_tuner.db.session import session_factory, session_scope
     from verify_tuner.kernels.config import KernelConfig
     from verify_tuner.keys import ConfigKey
+    from verify_tuner.store import repo
+    from verify_tuner.store.session import session_factory, session_scope
 
     migrate.upgrade(db_url, "0002")
     engine = make_engine(db_url)

@@ -2,12 +2,12 @@ from __future__ import annotations
 
 import pytest
 from verify_tuner import buckets
-from verify_tuner.db import repo
-from verify_tuner.db.session import session_scope
 from verify_tuner.errors import StorageError
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.limits import known_device
 from verify_tuner.keys import ConfigKey
+from verify_tuner.store import repo
+from verify_tuner.store.session import session_scope
 
 H200 = known_device("h200")
 KEY = ConfigKey(H200.name, "k" * 16, "bf16", 8, 9, 15)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import sqlite3
 
 import pytest
-from verify_tuner.db import migrate, repo
-from verify_tuner.db.session import make_engine, session_factory, session_scope
 from verify_tuner.errors import StorageError
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.limits import known_device
 from verify_tuner.keys import ConfigKey
-from verify_tuner.snapshot import write_snapshot
+from verify_tuner.store import migrate, repo
+from verify_tuner.store.session import make_engine, session_factory, session_scope
+from verify_tuner.store.snapshot import write_snapshot
 
 H200 = known_device("h200")
 

@@ -15,8 +15,8 @@ import urllib.request
 import optuna
 import pytest
 from verify_tuner.backend import Workload
-from verify_tuner.db import migrate
-from verify_tuner.db.session import make_engine, session_factory
+from verify_tuner.store import migrate
+from verify_tuner.store.session import make_engine, session_factory
 from verify_tuner.study import run_study
 
 from tests.fakes import FakeBackend

@@ -10,7 +10,7 @@ import signal
 import time
 
 import optuna
-from verify_tuner.db import migrate
+from verify_tuner.store import migrate
 
 from tests.tuner.killed_worker import FIXED
 from tests.tuner.killed_worker import run as worker

@@ -11,10 +11,10 @@ import time
 import optuna
 import pytest
 from verify_tuner.backend import Workload
-from verify_tuner.db import migrate, repo
-from verify_tuner.db.session import make_engine, session_factory, session_scope
 from verify_tuner.runner import TuneJob, tune_on_devices
 from verify_tuner.settings import Settings
+from verify_tuner.store import migrate, repo
+from verify_tuner.store.session import make_engine, session_factory, session_scope
 from verify_tuner.study import open_storage, prepare_study_storage
 from verify_tuner.study_files import study_urls
 

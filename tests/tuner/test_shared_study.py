@@ -6,8 +6,8 @@ from __future__ import annotations
 import multiprocessing as mp
 
 import optuna
-from verify_tuner.db import migrate, repo
-from verify_tuner.db.session import make_engine, session_factory, session_scope
+from verify_tuner.store import migrate, repo
+from verify_tuner.store.session import make_engine, session_factory, session_scope
 
 from tests.tuner.shared_worker import run
 

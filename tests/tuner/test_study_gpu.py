@@ -11,10 +11,10 @@ pytestmark = pytest.mark.gpu
 def test_small_real_study_then_api(sqlite_url, tmp_path):
     from fastapi.testclient import TestClient
     from verify_tuner.api.app import create_app
-    from verify_tuner.db import migrate
-    from verify_tuner.db.session import make_engine, session_factory
     from verify_tuner.isolation import IsolatedBackend
     from verify_tuner.settings import Settings
+    from verify_tuner.store import migrate
+    from verify_tuner.store.session import make_engine, session_factory
     from verify_tuner.study import run_study
 
     migrate.upgrade(sqlite_url)
@@ -75,10 +75,10 @@ def test_a_batch_study_measures_the_ragged_batch_and_serves_its_bucket(sqlite_ur
     bucket 5-8 and the API serves it for batch=8 while B=1 stays heuristic."""
     from fastapi.testclient import TestClient
     from verify_tuner.api.app import create_app
-    from verify_tuner.db import migrate
-    from verify_tuner.db.session import make_engine, session_factory
     from verify_tuner.isolation import IsolatedBackend
     from verify_tuner.settings import Settings
+    from verify_tuner.store import migrate
+    from verify_tuner.store.session import make_engine, session_factory
     from verify_tuner.study import run_study
 
     migrate.upgrade(sqlite_url)

@@ -1,5 +1,5 @@
 """`tuner configs dump`: the engine config files (verify_tuner.engine_files) written from the
-config database, each table answered through verify_tuner.lookup as the sidecar would answer it.
+config database, each table answered through verify_tuner.store.lookup as the sidecar would answer it.
 
 Apart from verify_tuner.engine_files, which the worker client reads with the standard library
 alone: this side needs the database."""
@@ -9,11 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from verify_tuner import batches, lookup
-from verify_tuner.db import repo
+from verify_tuner import batches
 from verify_tuner.engine_files import FORMAT, file_name, write_atomic
 from verify_tuner.kernels import KERNEL_NAME, KERNEL_VERSION
 from verify_tuner.kernels import kernel_hash as current_kernel_hash
+from verify_tuner.store import lookup, repo
 
 
 def dump(

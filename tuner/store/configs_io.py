@@ -12,15 +12,15 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 from verify_tuner import batches, buckets, engine_files, strict_json
-from verify_tuner import rows as rows_schema
-from verify_tuner.db import repo
 from verify_tuner.errors import BadParameter, TunerError
 from verify_tuner.kernels import kernel_hash as current_kernel_hash
 from verify_tuner.kernels.config import PARAM_NAMES, KernelConfig
 from verify_tuner.kernels.errors import InvalidConfig
 from verify_tuner.kernels.validate import check
 from verify_tuner.keys import ConfigKey
-from verify_tuner.lookup import resolve_device
+from verify_tuner.store import repo
+from verify_tuner.store import row_schema as rows_schema
+from verify_tuner.store.lookup import resolve_device
 
 FIELDS = [
     "device",
@@ -103,7 +103,7 @@ class Loaded:
 
 def loads(data: str | bytes, fmt: str) -> Loaded:
     """Raw rows of a JSON or CSV file, text or UTF-8 bytes (a spreadsheet's UTF-8 byte-order mark
-    is dropped); CSV cells are converted strictly (verify_tuner.rows.from_csv_cells)."""
+    is dropped); CSV cells are converted strictly (verify_tuner.store.row_schema.from_csv_cells)."""
     text = (_utf8(data) if isinstance(data, bytes) else data).removeprefix("\ufeff")
     if fmt == "json":
         try:

@@ -8,10 +8,10 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
 from verify_tuner import buckets, engine_files
-from verify_tuner.db import repo
-from verify_tuner.db.session import session_scope
 from verify_tuner.files import write_shared
 from verify_tuner.kernels.shapes import floor_bytes
+from verify_tuner.store import repo
+from verify_tuner.store.session import session_scope
 
 
 def write_report(*, sessions: sessionmaker[Session], out_dir: Path, device: str | None = None) -> list[Path]:

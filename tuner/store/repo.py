@@ -9,7 +9,12 @@ from typing import Any
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 from verify_tuner import buckets
-from verify_tuner.db.models import (
+from verify_tuner.errors import StorageError
+from verify_tuner.kernels.build import KERNEL_NAME, KERNEL_VERSION
+from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.limits import DeviceLimits
+from verify_tuner.keys import ConfigKey
+from verify_tuner.store.models import (
     BestConfig,
     DataVersion,
     Device,
@@ -18,11 +23,6 @@ from verify_tuner.db.models import (
     Trial,
     utcnow,
 )
-from verify_tuner.errors import StorageError
-from verify_tuner.kernels.build import KERNEL_NAME, KERNEL_VERSION
-from verify_tuner.kernels.config import KernelConfig
-from verify_tuner.kernels.limits import DeviceLimits
-from verify_tuner.keys import ConfigKey
 
 
 @dataclass(frozen=True)

@@ -49,7 +49,7 @@ def upgrade(url: str, revision: str = "head") -> None:
 def include_name(name: str | None, type_: str, parent_names: object) -> bool:
     """Autogenerate sees only this project's tables: Optuna's storage (studies, trials, its own
     alembic_version, ...) may share the database and must never appear as tables to drop."""
-    from verify_tuner.db.models import Base
+    from verify_tuner.store.models import Base
 
     return type_ != "table" or name in Base.metadata.tables or name == VERSION_TABLE
 
@@ -64,7 +64,7 @@ def upgrade_lock(url: str) -> Iterator[None]:
 
     parsed = make_url(url)
     if parsed.get_backend_name() == "postgresql":
-        from verify_tuner.db.session import make_engine
+        from verify_tuner.store.session import make_engine
 
         engine = make_engine(url)
         key = zlib.crc32(b"verify-tuner schema upgrade")
@@ -80,7 +80,7 @@ def upgrade_lock(url: str) -> Iterator[None]:
             engine.dispose()
         return
     if parsed.get_backend_name() == "sqlite" and parsed.database and parsed.database != ":memory:":
-        from verify_tuner.db.session import check_writable
+        from verify_tuner.store.session import check_writable
 
         path = Path(parsed.database).expanduser()
         check_writable(path)  # the fix in one line, before anything tries to create the file
@@ -112,7 +112,7 @@ def ensure_current(engine: Engine) -> None:
 
 def checked_sessions(url: str) -> sessionmaker[Session]:
     """Sessions on `url` after checking its schema is current (StorageError naming the fix if not)."""
-    from verify_tuner.db.session import make_engine, session_factory
+    from verify_tuner.store.session import make_engine, session_factory
 
     engine = make_engine(url)
     ensure_current(engine)

@@ -8,11 +8,10 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from verify_tuner import configs_io
-from verify_tuner.db import migrate, repo
-from verify_tuner.db.session import make_engine, session_factory, session_scope
 from verify_tuner.errors import StorageError
 from verify_tuner.kernels.limits import DeviceLimits
+from verify_tuner.store import configs_io, migrate, repo
+from verify_tuner.store.session import make_engine, session_factory, session_scope
 
 
 def write_snapshot(source_url: str, dest: Path) -> int:

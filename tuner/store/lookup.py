@@ -9,13 +9,13 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 from verify_tuner import batches, buckets
-from verify_tuner.db import repo
 from verify_tuner.errors import BadParameter
 from verify_tuner.heuristic import heuristic_config
 from verify_tuner.kernels import kernel_hash as current_kernel_hash
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.errors import InvalidConfig
 from verify_tuner.kernels.limits import DeviceLimits, known_device
+from verify_tuner.store import repo
 
 #: A tuned neighbour bucket is served only this close (log2 of the prefix ratio): beyond it the
 #: heuristic, which adapts to the prefix, is the better guess (a config tuned for 4k prefixes

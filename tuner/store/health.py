@@ -11,9 +11,9 @@ from pathlib import Path
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
-from verify_tuner.db.migrate import ensure_current
-from verify_tuner.db.session import make_engine
 from verify_tuner.errors import StorageError
+from verify_tuner.store.migrate import ensure_current
+from verify_tuner.store.session import make_engine
 
 PROBE_BUSY_TIMEOUT_MS = 1000  # a WAL reader never waits on writers; anything longer is a fault
 
