@@ -36,7 +36,7 @@ class Instant:
         return c * (1 + wl.prefix / 100_000)
 
     def measure(self, cfg, wl):  # type: ignore[no-untyped-def]
-        from verify_tuner.backend import OK, Measurement
+        from verify_tuner.measure.backend import OK, Measurement
 
         self.measured += 1
         us = self._us(cfg, wl)
@@ -64,8 +64,8 @@ def main() -> None:
     import optuna
     from sqlalchemy.orm import sessionmaker
     from verify_tuner import buckets
-    from verify_tuner.backend import Workload
     from verify_tuner.kernels.limits import known_device
+    from verify_tuner.measure.backend import Workload
     from verify_tuner.store import migrate
     from verify_tuner.store.session import make_engine
     from verify_tuner.study import run_study

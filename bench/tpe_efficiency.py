@@ -30,7 +30,7 @@ class Replay:
         self.limits, self.table, self.calls = limits, table, []
 
     def measure(self, cfg, wl):  # type: ignore[no-untyped-def]
-        from verify_tuner.backend import Measurement
+        from verify_tuner.measure.backend import Measurement
 
         r = self.table.get(cfg)
         self.calls.append(cfg)
@@ -74,9 +74,9 @@ def main() -> None:
         init = FitTPE.__init__
         FitTPE.__init__ = lambda self, **kw: init(self, **{**kw, "n_ei_candidates": args.ei_candidates})  # type: ignore
     import optuna
-    from verify_tuner.backend import Workload
     from verify_tuner.kernels.config import PARAM_NAMES, KernelConfig
     from verify_tuner.kernels.limits import known_device
+    from verify_tuner.measure.backend import Workload
     from verify_tuner.store import migrate
     from verify_tuner.store.session import make_engine, session_factory
     from verify_tuner.study import run_study

@@ -33,8 +33,8 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 from verify_tuner import space
-from verify_tuner.backend import Backend, Workload
 from verify_tuner.keys import ConfigKey
+from verify_tuner.measure.backend import Backend, Workload
 from verify_tuner.outcome import Outcome
 from verify_tuner.store import repo
 from verify_tuner.store.session import session_scope

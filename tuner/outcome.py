@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from verify_tuner.backend import Measurement, Workload
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.keys import ConfigKey
+from verify_tuner.measure.backend import Measurement, Workload
 
 
 @dataclass

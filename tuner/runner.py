@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from verify_tuner.backend import Workload
-from verify_tuner.isolation import DEFAULT_MEASURER, IsolatedBackend
+from verify_tuner.measure.backend import Workload
+from verify_tuner.measure.gpu_backend import DEFAULT_MEASURER, IsolatedBackend
 from verify_tuner.settings import Settings
 
 if TYPE_CHECKING:  # verify_tuner.claims imports Optuna and SQLAlchemy: not before the measuring child starts

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 import numpy as np
 import optuna
 from sqlalchemy.orm import Session, sessionmaker
-from verify_tuner.backend import INVALID, Backend, Measurement, Workload
 from verify_tuner.kernels.config import PARAM_NAMES, KernelConfig
 from verify_tuner.kernels.limits import DeviceLimits
 from verify_tuner.kernels.validate import check
 from verify_tuner.keys import ConfigKey
+from verify_tuner.measure.backend import INVALID, Backend, Measurement, Workload
 from verify_tuner.outcome import Outcome
 from verify_tuner.store import repo
 from verify_tuner.store.session import session_scope

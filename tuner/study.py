@@ -20,13 +20,13 @@ from typing import Any
 import optuna
 from sqlalchemy.orm import Session, sessionmaker
 from verify_tuner import batches, buckets, space
-from verify_tuner.backend import OK, Backend, Workload
 from verify_tuner.heuristic import heuristic_config
 from verify_tuner.kernels import kernel_hash
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.errors import InvalidConfig
 from verify_tuner.kernels.validate import check
 from verify_tuner.keys import ConfigKey
+from verify_tuner.measure.backend import OK, Backend, Workload
 from verify_tuner.outcome import Outcome
 from verify_tuner.search import STATE_ATTR, BudgetSpent, FitTPE, Progress, Search, WarmFirst, refusal
 from verify_tuner.store import repo

@@ -1,5 +1,5 @@
 """The winner of a key: the top candidates of its study, the default and the stored best re-timed
-interleaved on the same inputs (verify_tuner.backend.Backend.remeasure), and the config database updated
+interleaved on the same inputs (verify_tuner.measure.backend.Backend.remeasure), and the config database updated
 unless the stored best is within the measured noise of the new winner."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from sqlalchemy.orm import Session, sessionmaker
-from verify_tuner.backend import Backend, Measurement, Workload
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.validate import check
+from verify_tuner.measure.backend import Backend, Measurement, Workload
 from verify_tuner.outcome import Outcome
 from verify_tuner.store import repo
 from verify_tuner.store.session import session_scope

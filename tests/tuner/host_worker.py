@@ -5,7 +5,7 @@ from __future__ import annotations
 
 def run(url: str, cache_dir: str) -> list[str]:
     import optuna
-    from verify_tuner.backend import Workload
+    from verify_tuner.measure.backend import Workload
     from verify_tuner.runner import tune_on_device
     from verify_tuner.settings import Settings
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 
 import pytest
-from verify_tuner.backend import CRASHED, OK, TIMEOUT, Workload
-from verify_tuner.isolation import IsolatedBackend
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.errors import LaunchError
+from verify_tuner.measure.backend import CRASHED, OK, TIMEOUT, Workload
+from verify_tuner.measure.gpu_backend import IsolatedBackend
 
 WL = Workload(8, 9, 46000)
 GOOD = KernelConfig(nsplit=64, ht=8, tk=32, block=256)
@@ -44,7 +44,7 @@ def test_hang_times_out_and_the_worker_restarts(backend):
 def test_remeasure_failure_maps_to_every_candidate(backend):
     """A pool re-timed together fails together: the worker dies once, and each candidate gets the
     failure (one Measurement per config, as the winner phase expects), then the worker restarts."""
-    from verify_tuner.backend import CRASHED
+    from verify_tuner.measure.backend import CRASHED
 
     assert [m.state for m in backend.remeasure([GOOD, GOOD], WL, 2)] == [OK, OK]
     crashing = KernelConfig(nsplit=2, ht=8, tk=32, block=256)
@@ -54,7 +54,7 @@ def test_remeasure_failure_maps_to_every_candidate(backend):
 
 
 def test_a_bug_in_the_measuring_code_raises_with_its_traceback(backend):
-    from verify_tuner.isolation import MeasurerBug
+    from verify_tuner.measure.gpu_backend import MeasurerBug
 
     with pytest.raises(MeasurerBug) as info:
         backend.measure(KernelConfig(nsplit=12, ht=8, tk=32, block=256), WL)
@@ -63,7 +63,7 @@ def test_a_bug_in_the_measuring_code_raises_with_its_traceback(backend):
 
 
 def test_a_bug_stops_the_study_instead_of_failing_a_trial(sessions, db_url):
-    from verify_tuner.isolation import MeasurerBug
+    from verify_tuner.measure.gpu_backend import MeasurerBug
     from verify_tuner.study import run_study
 
     b = IsolatedBackend(measurer="tests.fakes:MisbehavingMeasurer", timeout_s=3)

@@ -10,7 +10,7 @@ import time
 
 import optuna
 import pytest
-from verify_tuner.backend import Workload
+from verify_tuner.measure.backend import Workload
 from verify_tuner.runner import TuneJob, tune_on_devices
 from verify_tuner.settings import Settings
 from verify_tuner.store import migrate, repo

@@ -5,10 +5,10 @@ from __future__ import annotations
 import optuna
 import pytest
 from verify_tuner import space
-from verify_tuner.backend import Workload
 from verify_tuner.heuristic import heuristic_config
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.validate import check
+from verify_tuner.measure.backend import Workload
 from verify_tuner.store import repo
 from verify_tuner.store.session import session_scope
 from verify_tuner.study import run_study

@@ -11,8 +11,8 @@ from pathlib import Path
 import optuna
 import pytest
 from sqlalchemy import text
-from verify_tuner.backend import Workload
 from verify_tuner.errors import BadSetting
+from verify_tuner.measure.backend import Workload
 from verify_tuner.settings import Settings
 from verify_tuner.store import migrate
 from verify_tuner.store.session import make_engine, session_factory

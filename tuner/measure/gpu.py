@@ -8,10 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from verify_tuner.backend import COMPILE_ERROR, INVALID, OK, WRONG, Measurement, Workload
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.errors import CompileError, InvalidConfig, LaunchError
 from verify_tuner.kernels.shapes import D_V
+from verify_tuner.measure.backend import COMPILE_ERROR, INVALID, OK, WRONG, Measurement, Workload
 
 REL_TOL = 1e-2
 MAX_LOADED = 16  # >= the winner phase's pool (top 3 + default + incumbent)
@@ -41,7 +41,7 @@ class GpuMeasurer:
 
     @staticmethod
     def probe_limits() -> Any:
-        """The device's limits, before torch and the CUDA context start (verify_tuner.isolation sends
+        """The device's limits, before torch and the CUDA context start (verify_tuner.measure.gpu_backend sends
         them to the parent first)."""
         from verify_tuner.kernels.limits import read_device_limits
 
@@ -116,7 +116,7 @@ class GpuMeasurer:
         """CUDA-side failures (the driver through PyCUDA, the runtime through torch: illegal
         address, launch failure, a module that does not load) are the config's, not ours: they
         become LaunchError, which fails the trial and restarts the worker. Anything else raises
-        as the bug it is (verify_tuner.isolation stops the study with it)."""
+        as the bug it is (verify_tuner.measure.gpu_backend stops the study with it)."""
         import pycuda.driver as cuda
 
         try:

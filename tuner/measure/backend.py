@@ -1,6 +1,6 @@
 """The interface between the tuner's logic and whatever measures a config.
 
-The tuner only talks to `Backend`; the product backend (verify_tuner.isolation.IsolatedBackend) measures
+The tuner only talks to `Backend`; the product backend (verify_tuner.measure.gpu_backend.IsolatedBackend) measures
 on the local GPU in a separate process. Tests drive the same logic with a fake backend that
 lives under tests/ only.
 """

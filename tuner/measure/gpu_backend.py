@@ -5,7 +5,7 @@ process fails only its own trial, with the reason; the child is restarted and th
 Anything else the measurer raises is a bug in this project, not a kernel failure: the child
 sends its traceback, and the parent raises MeasurerBug with it, which stops the study.
 The measuring object inside the child is named by "module:Class" (the product uses
-verify_tuner.gpu:GpuMeasurer; tests name their own doubles).
+verify_tuner.measure.gpu:GpuMeasurer; tests name their own doubles).
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ import threading
 import traceback
 from typing import Any
 
-from verify_tuner.backend import CRASHED, TIMEOUT, Measurement, Workload
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.errors import LaunchError
 from verify_tuner.kernels.limits import DeviceLimits
+from verify_tuner.measure.backend import CRASHED, TIMEOUT, Measurement, Workload
 
-DEFAULT_MEASURER = "verify_tuner.gpu:GpuMeasurer"
+DEFAULT_MEASURER = "verify_tuner.measure.gpu:GpuMeasurer"
 
 
 class MeasurerBug(RuntimeError):
