@@ -237,7 +237,7 @@ def test_study_start_exits_non_zero_when_a_key_stores_nothing(run, monkeypatch):
     must see that in the exit code, not only in the table."""
     from verify_tuner import runner
     from verify_tuner.keys import ConfigKey
-    from verify_tuner.outcome import Outcome
+    from verify_tuner.search.outcome import Outcome
 
     def fake_tune(settings, job, ordinal, on_progress=None, on_key_done=None):
         wl = job.workloads[0]

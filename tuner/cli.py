@@ -98,7 +98,7 @@ def db_upgrade(settings: Settings, revision: str) -> None:
     several GPUs never race to create them (with a file per key: its directory and the blank
     storage each key's file is copied from when the key is first tuned)."""
     from verify_tuner.store import migrate
-    from verify_tuner.study import prepare_study_storage
+    from verify_tuner.search.study import prepare_study_storage
 
     migrate.upgrade(settings.database_url, revision)
     prepare_study_storage(settings.studies)

@@ -64,7 +64,7 @@ def test_a_bug_in_the_measuring_code_raises_with_its_traceback(backend):
 
 def test_a_bug_stops_the_study_instead_of_failing_a_trial(sessions, db_url):
     from verify_tuner.measure.gpu_backend import MeasurerBug
-    from verify_tuner.study import run_study
+    from verify_tuner.search.study import run_study
 
     b = IsolatedBackend(measurer="tests.fakes:MisbehavingMeasurer", timeout_s=3)
     try:
@@ -108,7 +108,7 @@ def test_study_goes_on_past_crashes_and_hangs(sessions, db_url):
     """A study whose search space includes crashing and hanging configs still finishes and stores."""
     from verify_tuner.store import repo
     from verify_tuner.store.session import session_scope
-    from verify_tuner.study import run_study
+    from verify_tuner.search.study import run_study
 
     b = IsolatedBackend(measurer="tests.fakes:MisbehavingMeasurer", timeout_s=3)
     try:

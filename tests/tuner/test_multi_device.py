@@ -15,7 +15,7 @@ from verify_tuner.runner import TuneJob, tune_on_devices
 from verify_tuner.settings import Settings
 from verify_tuner.store import migrate, repo
 from verify_tuner.store.session import make_engine, session_factory, session_scope
-from verify_tuner.study import open_storage, prepare_study_storage
+from verify_tuner.search.study import open_storage, prepare_study_storage
 from verify_tuner.study_files import study_urls
 
 RESTRICT = {"NSPLIT": [8, 16, 32, 64, 128], "QT": [0], "WR": [2], "WK": [4], "SF": [0], "PIPE": [1]}
@@ -150,7 +150,7 @@ def test_a_key_its_owner_finishes_between_scan_and_claim_is_not_tuned_again(db_u
     UPDATE. The claim then succeeds, and the check that follows it must see the key done."""
     from verify_tuner import claims
     from verify_tuner.kernels.limits import known_device
-    from verify_tuner.study import workload_key
+    from verify_tuner.search.study import workload_key
 
     migrate.upgrade(db_url)
     sessions = session_factory(make_engine(db_url))
@@ -188,7 +188,7 @@ def test_an_idle_process_helps_only_a_key_with_more_places_left_than_twice_its_o
     joins one with 7."""
     from verify_tuner import claims
     from verify_tuner.kernels.limits import known_device
-    from verify_tuner.study import workload_key
+    from verify_tuner.search.study import workload_key
 
     from tests.fakes import FakeBackend
 

@@ -1,5 +1,5 @@
-"""One Optuna study per workload key: open or resume it, warm start, run the search (verify_tuner.search
-drives each trial), then pick and store the winner (verify_tuner.winner).
+"""One Optuna study per workload key: open or resume it, warm start, run the search (verify_tuner.search.trials
+drives each trial), then pick and store the winner (verify_tuner.search.winner).
 
 Data flow: kernels (validate/compile/launch) -> this module (through a Backend) -> the config
 database (verify_tuner.store.repo) -> the API.
@@ -27,12 +27,12 @@ from verify_tuner.kernels.errors import InvalidConfig
 from verify_tuner.kernels.validate import check
 from verify_tuner.keys import ConfigKey
 from verify_tuner.measure.backend import OK, Backend, Workload
-from verify_tuner.outcome import Outcome
-from verify_tuner.search import STATE_ATTR, BudgetSpent, FitTPE, Progress, Search, WarmFirst, refusal
+from verify_tuner.search.outcome import Outcome
+from verify_tuner.search.trials import STATE_ATTR, BudgetSpent, FitTPE, Progress, Search, WarmFirst, refusal
 from verify_tuner.store import repo
 from verify_tuner.store.session import make_engine, session_scope
 from verify_tuner.study_files import STUDY, study_file_url
-from verify_tuner.winner import pick_winner
+from verify_tuner.search.winner import pick_winner
 
 #: Optuna's heartbeat: a trial whose process stops beating for HEARTBEAT_GRACE x this (kill -9, a
 #: lost host) is failed by the next process that opens the study and retried with its params.
@@ -360,7 +360,7 @@ def _one_ask_at_a_time(study: optuna.Study) -> None:
     """Serialise this study object's `ask` across Optuna's n_jobs threads. A queued trial (the
     heartbeat's retry of a killed process's trial) goes to whoever marks it running first, and on
     SQLite nothing locks it in between: two threads asking at once both took it (one measured it,
-    the other failed telling it). The threads' proposals are serialised anyway (verify_tuner.search)."""
+    the other failed telling it). The threads' proposals are serialised anyway (verify_tuner.search.trials)."""
     lock = threading.Lock()
     ask = study.ask
 

@@ -1,6 +1,6 @@
 """One key's search, as Optuna drives it: the objective (one config: check, reuse, compile,
 measure), the ledger of what the study has measured, and the sampler wrapper that proposes the
-warm-start configs first. Several trials may be in flight in threads (verify_tuner.study.run_study's
+warm-start configs first. Several trials may be in flight in threads (verify_tuner.search.study.run_study's
 `parallel`): their coordination -- one proposer at a time, places in the budget, one measurement
 at a time, twins -- lives here.
 """
@@ -21,7 +21,7 @@ from verify_tuner.kernels.limits import DeviceLimits
 from verify_tuner.kernels.validate import check
 from verify_tuner.keys import ConfigKey
 from verify_tuner.measure.backend import INVALID, Backend, Measurement, Workload
-from verify_tuner.outcome import Outcome
+from verify_tuner.search.outcome import Outcome
 from verify_tuner.store import repo
 from verify_tuner.store.session import session_scope
 
@@ -99,7 +99,7 @@ class FitTPE(optuna.samplers.TPESampler):
         if not callable(getattr(optuna.samplers.TPESampler, "_compute_acquisition_func", None)):
             raise RuntimeError(  # noqa: TRY004 -- the installed Optuna lacks the hook; no argument is wrong
                 f"optuna {optuna.__version__}: TPESampler has no _compute_acquisition_func; "
-                "verify_tuner.search.FitTPE needs it to rank only the candidates that fit"
+                "verify_tuner.search.trials.FitTPE needs it to rank only the candidates that fit"
             )
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.choices, self.fits = choices, fits

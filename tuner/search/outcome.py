@@ -1,8 +1,8 @@
 """What tuning one key decided: its study, the best config and the default with their
-measurements, whether the best was stored, and why. The search fills it in (verify_tuner.search),
-the winner phase completes it (verify_tuner.winner), the study returns it (verify_tuner.study).
+measurements, whether the best was stored, and why. The search fills it in (verify_tuner.search.trials),
+the winner phase completes it (verify_tuner.search.winner), the study returns it (verify_tuner.search.study).
 
-Its own module because all three need it: it lived in verify_tuner.study, which imports the other
+Its own module because all three need it: it lived in verify_tuner.search.study, which imports the other
 two, so they could only name it under TYPE_CHECKING (an import cycle held off by a flag)."""
 
 from __future__ import annotations

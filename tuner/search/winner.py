@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.validate import check
 from verify_tuner.measure.backend import Backend, Measurement, Workload
-from verify_tuner.outcome import Outcome
+from verify_tuner.search.outcome import Outcome
 from verify_tuner.store import repo
 from verify_tuner.store.session import session_scope
 
