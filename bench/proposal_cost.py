@@ -66,9 +66,9 @@ def main() -> None:
     from verify_tuner import buckets
     from verify_tuner.kernels.limits import known_device
     from verify_tuner.measure.backend import Workload
+    from verify_tuner.search.study import run_study
     from verify_tuner.store import migrate
     from verify_tuner.store.session import make_engine
-    from verify_tuner.search.study import run_study
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     limits = known_device("h200")

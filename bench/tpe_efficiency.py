@@ -77,9 +77,9 @@ def main() -> None:
     from verify_tuner.kernels.config import PARAM_NAMES, KernelConfig
     from verify_tuner.kernels.limits import known_device
     from verify_tuner.measure.backend import Workload
+    from verify_tuner.search.study import run_study
     from verify_tuner.store import migrate
     from verify_tuner.store.session import make_engine, session_factory
-    from verify_tuner.search.study import run_study
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     sweep = json.loads(args.sweep.read_text())

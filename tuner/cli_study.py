@@ -195,7 +195,7 @@ def register(study: click.Group, clean: Callable[..., Any]) -> None:
     ) -> None:
         """Tune the kernel on the local GPU(s) for each (H, q_len, prefix bucket, batch bucket);
         resumable, and shared with other processes running the same job (docs/operations.md)."""
-        from verify_tuner.runner import default_compile_jobs
+        from verify_tuner.jobs.runner import default_compile_jobs
 
         ordinals = _parse_devices(devices) if devices else [ordinal]
         job = _job(
@@ -258,7 +258,7 @@ def _job(
     GPU is touched (and before Optuna is imported: the measuring child starts first)."""
     from verify_tuner import space
     from verify_tuner.measure.backend import Workload
-    from verify_tuner.runner import TuneJob
+    from verify_tuner.jobs.runner import TuneJob
     from verify_tuner.study_files import study_storage_error
 
     if kw["storage"] is not None and (why := study_storage_error(kw["storage"])):
@@ -289,7 +289,7 @@ def _job(
 def _start_on_devices(settings: Settings, job: Any, devices: list[int], as_json: bool) -> None:
     import json
 
-    from verify_tuner.runner import tune_on_devices
+    from verify_tuner.jobs.runner import tune_on_devices
 
     results = tune_on_devices(settings, job, devices)
     failed = [(dev, payload) for dev, status, payload in results if status != "ok"]
@@ -320,7 +320,7 @@ def _start_on_devices(settings: Settings, job: Any, devices: list[int], as_json:
 
 
 def _waited(idle: dict[str, Any]) -> str:
-    """What verify_tuner.runner.idle reports, as a phrase."""
+    """What verify_tuner.jobs.runner.idle reports, as a phrase."""
     declined = ", ".join(
         f"prefix={d['prefix']} batch={d['batch']} with {d['places_left']} places left" for d in idle["declined"]
     )
@@ -332,7 +332,7 @@ def _waited(idle: dict[str, Any]) -> str:
 def _start_on_one(settings: Settings, job: Any, ordinal: int, as_json: bool) -> None:
     import json
 
-    from verify_tuner.runner import idle, summary, tune_on_device
+    from verify_tuner.jobs.runner import idle, summary, tune_on_device
 
     bar = None if as_json else _Bar()
     res = tune_on_device(settings, job, ordinal, on_progress=bar, on_key_done=bar.end if bar else None)

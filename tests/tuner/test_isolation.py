@@ -106,9 +106,9 @@ def test_a_measurer_that_cannot_start_is_reported():
 
 def test_study_goes_on_past_crashes_and_hangs(sessions, db_url):
     """A study whose search space includes crashing and hanging configs still finishes and stores."""
+    from verify_tuner.search.study import run_study
     from verify_tuner.store import repo
     from verify_tuner.store.session import session_scope
-    from verify_tuner.search.study import run_study
 
     b = IsolatedBackend(measurer="tests.fakes:MisbehavingMeasurer", timeout_s=3)
     try:

@@ -9,9 +9,9 @@ from verify_tuner.heuristic import heuristic_config
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.validate import check
 from verify_tuner.measure.backend import Workload
+from verify_tuner.search.study import run_study
 from verify_tuner.store import repo
 from verify_tuner.store.session import session_scope
-from verify_tuner.search.study import run_study
 
 from tests.fakes import H200, FakeBackend
 
@@ -381,9 +381,9 @@ def test_parallel_trials_compile_ahead_measure_one_at_a_time_and_keep_the_budget
 
 def test_optuna_commits_trials_without_fsync_and_the_config_db_keeps_full(tmp_path):
     from sqlalchemy import text
+    from verify_tuner.search.study import open_storage
     from verify_tuner.store import migrate
     from verify_tuner.store.session import make_engine
-    from verify_tuner.search.study import open_storage
 
     url = f"sqlite:///{tmp_path}/configs.db"
     migrate.upgrade(url)

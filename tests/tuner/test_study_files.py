@@ -13,10 +13,10 @@ import pytest
 from sqlalchemy import text
 from verify_tuner.errors import BadSetting
 from verify_tuner.measure.backend import Workload
+from verify_tuner.search.study import open_study_storage, run_study
 from verify_tuner.settings import Settings
 from verify_tuner.store import migrate
 from verify_tuner.store.session import make_engine, session_factory
-from verify_tuner.search.study import open_study_storage, run_study
 from verify_tuner.study_files import STUDY, default_study_storage, study_file_url, study_urls
 
 from tests.fakes import FakeBackend

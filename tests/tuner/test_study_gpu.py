@@ -12,10 +12,10 @@ def test_small_real_study_then_api(sqlite_url, tmp_path):
     from fastapi.testclient import TestClient
     from verify_tuner.api.app import create_app
     from verify_tuner.measure.gpu_backend import IsolatedBackend
+    from verify_tuner.search.study import run_study
     from verify_tuner.settings import Settings
     from verify_tuner.store import migrate
     from verify_tuner.store.session import make_engine, session_factory
-    from verify_tuner.search.study import run_study
 
     migrate.upgrade(sqlite_url)
     sessions = session_factory(make_engine(sqlite_url))
@@ -76,10 +76,10 @@ def test_a_batch_study_measures_the_ragged_batch_and_serves_its_bucket(sqlite_ur
     from fastapi.testclient import TestClient
     from verify_tuner.api.app import create_app
     from verify_tuner.measure.gpu_backend import IsolatedBackend
+    from verify_tuner.search.study import run_study
     from verify_tuner.settings import Settings
     from verify_tuner.store import migrate
     from verify_tuner.store.session import make_engine, session_factory
-    from verify_tuner.search.study import run_study
 
     migrate.upgrade(sqlite_url)
     sessions = session_factory(make_engine(sqlite_url))

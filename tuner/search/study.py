@@ -29,10 +29,10 @@ from verify_tuner.keys import ConfigKey
 from verify_tuner.measure.backend import OK, Backend, Workload
 from verify_tuner.search.outcome import Outcome
 from verify_tuner.search.trials import STATE_ATTR, BudgetSpent, FitTPE, Progress, Search, WarmFirst, refusal
+from verify_tuner.search.winner import pick_winner
 from verify_tuner.store import repo
 from verify_tuner.store.session import make_engine, session_scope
 from verify_tuner.study_files import STUDY, study_file_url
-from verify_tuner.search.winner import pick_winner
 
 #: Optuna's heartbeat: a trial whose process stops beating for HEARTBEAT_GRACE x this (kill -9, a
 #: lost host) is failed by the next process that opens the study and retried with its params.
@@ -273,7 +273,7 @@ def run_study(
 ) -> Outcome:
     """Search, pick the winner, store it. `restrict` narrows the choices of some constants
     (e.g. {"STAGES": [2]}); `n_trials` counts measurements, not invalid or repeated configs.
-    `pick=False` only helps with the search of a key another process owns (verify_tuner.claims): the
+    `pick=False` only helps with the search of a key another process owns (verify_tuner.jobs.claims): the
     owner alone re-times the top candidates and stores the winner; `owns()` False at that point
     (the claim went stale and another process took the key over) leaves the storing to it.
     `parallel` trials are in flight at once: each compiles in its own thread while one at a time

@@ -96,7 +96,7 @@ class Study(Base):
     n_invalid: Mapped[int] = mapped_column(default=0)
     n_failed: Mapped[int] = mapped_column(default=0)
     #: the tuner process that picks and stores this key's winner, and when it last said so
-    #: (verify_tuner.claims; migration 0003): other processes only help with its trials
+    #: (verify_tuner.jobs.claims; migration 0003): other processes only help with its trials
     owner: Mapped[str | None] = mapped_column(String(200))
     heartbeat_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
 

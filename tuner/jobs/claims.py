@@ -36,9 +36,9 @@ from verify_tuner import space
 from verify_tuner.keys import ConfigKey
 from verify_tuner.measure.backend import Backend, Workload
 from verify_tuner.search.outcome import Outcome
+from verify_tuner.search.study import run_study, workload_key
 from verify_tuner.store import repo
 from verify_tuner.store.session import session_scope
-from verify_tuner.search.study import run_study, workload_key
 
 CLAIM_BEAT_S = 5.0
 #: A claim this old belongs to a dead process. Longer than any single step of an owner that does

@@ -15,8 +15,8 @@ from verify_tuner.measure.backend import Workload
 from verify_tuner.measure.gpu_backend import DEFAULT_MEASURER, IsolatedBackend
 from verify_tuner.settings import Settings
 
-if TYPE_CHECKING:  # verify_tuner.claims imports Optuna and SQLAlchemy: not before the measuring child starts
-    from verify_tuner.claims import JobResult
+if TYPE_CHECKING:  # verify_tuner.jobs.claims imports Optuna and SQLAlchemy: not before the measuring child starts
+    from verify_tuner.jobs.claims import JobResult
 
 
 @dataclass(frozen=True)
@@ -50,12 +50,12 @@ def tune_on_device(
     place: tuple[int, int] = (0, 1),
 ) -> JobResult:
     """The workloads of `job` on GPU `device_ordinal`, sharing the keys with every other process
-    that runs the same job on the same databases (verify_tuner.claims): other GPUs of this host, or
+    that runs the same job on the same databases (verify_tuner.jobs.claims): other GPUs of this host, or
     other hosts. The measuring child starts first: its start (seconds, most of it importing torch)
     is what the job's first measurement waits for, and this process's imports, database check and
     first compiles overlap it. Optuna's own log lines (one per trial) are turned off; `on_progress`
     says what matters. `place` is this process's (index, count) among the job's processes on this
-    host: where it starts its walk through the keys (verify_tuner.claims.run_job)."""
+    host: where it starts its walk through the keys (verify_tuner.jobs.claims.run_job)."""
     backend = IsolatedBackend(
         measurer=job.measurer,
         measurer_kwargs={"cache_dir": str(settings.cache_dir)} if job.measurer == DEFAULT_MEASURER else {},
@@ -64,7 +64,7 @@ def tune_on_device(
     )
     try:
         import optuna
-        from verify_tuner.claims import owner_id, run_job
+        from verify_tuner.jobs.claims import owner_id, run_job
         from verify_tuner.store.migrate import checked_sessions
 
         optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -158,7 +158,7 @@ def _start_method() -> str:
 
 
 def tune_on_devices(settings: Settings, job: TuneJob, devices: list[int]) -> list[tuple[int, str, Any]]:
-    """One process per GPU, sharing the job's keys (verify_tuner.claims: each key's winner is picked and
+    """One process per GPU, sharing the job's keys (verify_tuner.jobs.claims: each key's winner is picked and
     stored once) and, at the end, the trials of the keys still running. An owner samples with the
     job's seed, as a lone process would (the processes then propose, and compile, the configs a
     single GPU would); a helper samples with its own seed so it does not propose in lockstep."""
