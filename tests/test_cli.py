@@ -5,7 +5,7 @@ import json
 import click
 import pytest
 from click.testing import CliRunner
-from verify_tuner.cli import cli
+from verify_tuner.cli.commands import cli
 
 from tests.helpers import run_tuner
 
@@ -269,7 +269,7 @@ def test_study_start_puts_trials_in_flight_per_gpu(run, monkeypatch, args):
 @pytest.mark.parametrize("value", ["0", "1,x", "5000", ""])
 def test_study_start_rejects_a_bad_batch_in_one_line(value, tmp_path):
     from click.testing import CliRunner
-    from verify_tuner.cli import cli
+    from verify_tuner.cli.commands import cli
 
     r = CliRunner().invoke(
         cli,

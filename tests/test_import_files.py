@@ -9,7 +9,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from verify_tuner.cli import cli
+from verify_tuner.cli.commands import cli
 from verify_tuner.kernels import kernel_hash
 
 GOOD = {

@@ -10,8 +10,8 @@ import time
 
 import optuna
 import pytest
-from verify_tuner.measure.backend import Workload
 from verify_tuner.jobs.runner import TuneJob, tune_on_devices
+from verify_tuner.measure.backend import Workload
 from verify_tuner.search.study import open_storage, prepare_study_storage
 from verify_tuner.settings import Settings
 from verify_tuner.store import migrate, repo
@@ -350,7 +350,7 @@ def test_the_cli_says_per_gpu_what_it_owned_helped_and_waited_for(monkeypatch, c
     """`tuner study start --devices`: one summary line per GPU; a failed GPU is reported and the
     command exits non-zero."""
     import click
-    from verify_tuner import cli_study
+    from verify_tuner.cli import study as cli_study
     from verify_tuner.jobs import runner
 
     payload = {
@@ -376,7 +376,7 @@ def test_one_gpu_of_a_job_other_hosts_share_says_what_it_waited_for(monkeypatch,
     --json) says how long it waited for the other's keys, as each GPU's line does on one host."""
     import json
 
-    from verify_tuner import cli_study
+    from verify_tuner.cli import study as cli_study
     from verify_tuner.jobs import runner
     from verify_tuner.jobs.claims import JobResult
 

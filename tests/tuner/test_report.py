@@ -3,7 +3,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from click.testing import CliRunner
-from verify_tuner.cli import cli
+from verify_tuner.cli.commands import cli
 from verify_tuner.kernels import kernel_hash
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.limits import known_device

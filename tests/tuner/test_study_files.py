@@ -146,7 +146,7 @@ def test_a_new_key_file_is_a_copy_of_a_blank_schema_and_takes_trials(tmp_path):
 
 def test_db_upgrade_makes_the_study_directory_and_its_blank_storage(tmp_path):
     from click.testing import CliRunner
-    from verify_tuner.cli import cli
+    from verify_tuner.cli.commands import cli
 
     r = CliRunner().invoke(cli, ["db", "upgrade"], env={"TUNER_DATABASE_URL": f"sqlite:///{tmp_path / 'c.db'}"})
     assert r.exit_code == 0, r.output

@@ -8,7 +8,7 @@ import sys
 
 def main() -> None:
     try:
-        from verify_tuner.cli import main as cli_main
+        from verify_tuner.cli.commands import main as cli_main
     except ModuleNotFoundError as exc:
         if exc.name in {"click", "sqlalchemy", "alembic", "fastapi", "uvicorn", "pydantic", "optuna"}:
             sys.exit(f"Error: the tuner CLI needs {exc.name}: pip install 'verify-tuner[server]'")

@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 import click
-from verify_tuner import cli_study
 from verify_tuner.batches import MAX_BATCH
 from verify_tuner.buckets import MAX_PREFIX
-from verify_tuner.cli_errors import clean_exit
+from verify_tuner.cli import study as cli_study
+from verify_tuner.cli.exits import clean_exit
 from verify_tuner.errors import TunerError
 from verify_tuner.kernels.validate import MAX_Q_LEN
 from verify_tuner.keys import MAX_H

@@ -257,8 +257,8 @@ def _job(
     """The TuneJob the arguments describe; every argument is checked here, before a worker or a
     GPU is touched (and before Optuna is imported: the measuring child starts first)."""
     from verify_tuner import space
-    from verify_tuner.measure.backend import Workload
     from verify_tuner.jobs.runner import TuneJob
+    from verify_tuner.measure.backend import Workload
     from verify_tuner.study_files import study_storage_error
 
     if kw["storage"] is not None and (why := study_storage_error(kw["storage"])):
