@@ -3,7 +3,7 @@ names its tuned kernel configs (`H=8,q_len=9,device_name=NVIDIA_H200,dtype=bf16.
 the kernel it is for and the whole answer table: batch bucket -> prefix buckets -> constants,
 source (tuned / nearest / heuristic) and the measured time of tuned entries.
 
-Reading needs nothing beyond the standard library (verify_tuner.api.client reads these with no server
+Reading needs nothing beyond the standard library (verify_tuner.engine.client reads these with no server
 dependencies installed); verify_tuner.store.engine_dump writes them from the config database (tuner configs dump).
 """
 

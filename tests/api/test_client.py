@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from verify_tuner.api.client import ConfigClient
+from verify_tuner.engine.client import ConfigClient
 from verify_tuner.kernels.limits import known_device
 from verify_tuner.kernels.validate import check
 

@@ -10,7 +10,7 @@ from tests.api.test_engine_files import ROWS, _tuner
 def test_another_gpus_table_under_this_gpus_file_name_is_not_served(tmp_path):
     """Issue 30 item 11: the H200's table saved under the A100's file name was served, its configs
     needing more shared memory than an A100 has. The client checks every config against its device."""
-    from verify_tuner.api.client import ConfigClient
+    from verify_tuner.engine.client import ConfigClient
     from verify_tuner.engine_files import file_name
     from verify_tuner.kernels.limits import known_device
     from verify_tuner.kernels.validate import check

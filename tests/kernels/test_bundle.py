@@ -1,4 +1,4 @@
-"""The cubin bundle an inference host loads without nvcc (kernels/bundle.py): written by nvcc here,
+"""The cubin bundle an inference host loads without nvcc (tuner/engine/bundle.py): written by nvcc here,
 read back, and refused when it is for another kernel or damaged."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import shutil
 import stat
 
 import pytest
-from verify_tuner.kernels.bundle import MANIFEST, Bundle, BundleError, write_bundle
+from verify_tuner.engine.bundle import MANIFEST, Bundle, BundleError, write_bundle
 from verify_tuner.kernels.config import KernelConfig
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")

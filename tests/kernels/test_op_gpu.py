@@ -19,7 +19,7 @@ CFG = KernelConfig(nsplit=132, ht=8, tk=32, block=256, stages=3, wr=2, wk=2, sf=
 WORKER = r"""
 import json, shutil, sys
 import torch
-import verify_tuner.kernels.op as op
+import verify_tuner.engine.op as op
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.reference import make_inputs, reference, rel_error
 
@@ -70,7 +70,7 @@ print(json.dumps({"errs": errs, "pycuda": any(m.startswith("pycuda") for m in sy
 
 
 def test_op_from_a_bundle_without_nvcc_in_a_graph_on_the_current_stream(tmp_path):
-    from verify_tuner.kernels.bundle import write_bundle
+    from verify_tuner.engine.bundle import write_bundle
     from verify_tuner.kernels.limits import read_device_limits
 
     arch = read_device_limits(0).arch

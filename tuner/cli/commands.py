@@ -329,7 +329,7 @@ def configs_export(settings: Settings, fmt: str, output: Path | None, device: st
 def _write_cubins(settings: Settings, out_dir: Path, paths: list[Path]) -> Path:
     """The cubin bundle for every config the dumped files serve, on each file's device arch."""
     from verify_tuner import engine_files
-    from verify_tuner.kernels.bundle import write_bundle
+    from verify_tuner.engine.bundle import write_bundle
     from verify_tuner.kernels.limits import known_device
 
     items = []

@@ -8,7 +8,7 @@ The cubin comes from a bundle (`VERIFY_TUNER_CUBINS` or `use_bundle(path)`); wit
 compiled when nvcc is present, and otherwise the call says what is missing. Neither PyCUDA nor
 nvcc is needed on an inference host that has a bundle.
 
-    import verify_tuner.kernels.op  # registers the op
+    import verify_tuner.engine.op  # registers the op
     torch.ops.verify_tuner.verify_attention(q, kv, kv_indptr, kv_indices, draft_slots, tree_mask, out,
                                             lse, config.as_list(), softmax_scale)
 """
@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 import torch
 from verify_tuner.kernels.abi import LaunchSpec, TensorMeta, check_call
-from verify_tuner.kernels.bundle import Bundle, BundleError
+from verify_tuner.engine.bundle import Bundle, BundleError
 from verify_tuner.kernels.config import PARAM_NAMES, KernelConfig
 from verify_tuner.kernels.errors import InvalidConfig
 from verify_tuner.kernels.validate import validate

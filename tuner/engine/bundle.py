@@ -2,7 +2,7 @@
 
 The tuner (or CI) compiles every config a table serves for each target arch and writes them to
 one folder with a manifest (`tuner configs dump --cubins`); an engine loads the cubin of the config
-it picked from there (kernels/op.py). The manifest is keyed by the kernel hash, so a bundle built
+it picked from there (tuner/engine/op.py). The manifest is keyed by the kernel hash, so a bundle built
 for another kernel source is refused instead of launched.
 """
 
