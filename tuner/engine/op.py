@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
-from verify_tuner.kernels.abi import LaunchSpec, TensorMeta, check_call
 from verify_tuner.engine.bundle import Bundle, BundleError
+from verify_tuner.kernels.abi import LaunchSpec, TensorMeta, check_call
 from verify_tuner.kernels.config import PARAM_NAMES, KernelConfig
 from verify_tuner.kernels.errors import InvalidConfig
 from verify_tuner.kernels.validate import validate

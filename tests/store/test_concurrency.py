@@ -6,7 +6,7 @@ from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.store import repo
 from verify_tuner.store.session import session_scope
 
-from tests.db.concurrent_writer import write_many
+from tests.store.concurrent_writer import write_many
 
 WRITERS, N = 4, 40
 
