@@ -1,5 +1,5 @@
 """App factory. Data flow: kernels -> tuner -> database -> here; this layer only reads the
-database through verify_tuner.lookup / verify_tuner.db.repo and speaks HTTP."""
+database through verify_tuner.store.lookup / verify_tuner.store.repo and speaks HTTP."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from verify_tuner.api.file_watch import FileState, FileWatch
 from verify_tuner.api.metrics import Metrics, MetricsMiddleware
 from verify_tuner.api.routes import admin, config, health
 from verify_tuner.api.table_cache import TableCache
-from verify_tuner.db.migrate import ensure_current
-from verify_tuner.db.session import make_engine, session_factory
 from verify_tuner.errors import BadParameter, StorageError
 from verify_tuner.settings import Settings
+from verify_tuner.store.migrate import ensure_current
+from verify_tuner.store.session import make_engine, session_factory
 
 READ_BUSY_TIMEOUT_MS = 2000  # WAL readers do not wait on writers; a longer wait is a fault to report
 

@@ -6,7 +6,7 @@ import datetime as dt
 from typing import Literal
 
 from pydantic import BaseModel, Field
-from verify_tuner.lookup import Answer
+from verify_tuner.store.lookup import Answer
 
 
 class BucketOut(BaseModel):

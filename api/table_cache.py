@@ -10,13 +10,13 @@ from dataclasses import dataclass, field, replace
 
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
-from verify_tuner import buckets, lookup
+from verify_tuner import buckets
 from verify_tuner.api.schemas import ConfigOut
-from verify_tuner.db import repo
-from verify_tuner.db.session import session_scope
 from verify_tuner.errors import StorageError
 from verify_tuner.kernels import kernel_hash as current_kernel_hash
 from verify_tuner.kernels.limits import DeviceLimits
+from verify_tuner.store import lookup, repo
+from verify_tuner.store.session import session_scope
 
 
 @dataclass(frozen=True)

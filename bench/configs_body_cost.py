@@ -49,8 +49,8 @@ def main() -> None:
     from verify_tuner.api.app import create_app
     from verify_tuner.api.routes.config import _table_body
     from verify_tuner.api.schemas import ConfigOut, ConfigTableOut
-    from verify_tuner.db import migrate
     from verify_tuner.settings import Settings
+    from verify_tuner.store import migrate
 
     url = f"sqlite:///{tempfile.mkdtemp()}/bench.db"
     migrate.upgrade(url)

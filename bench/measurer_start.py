@@ -1,7 +1,7 @@
 """Where the measuring process's start goes (issue 15): every tuning job waits for it before its
 first measurement, once per GPU, in one GPU's job and in several GPUs' alike.
 
-A fresh interpreter per GPU, started the way verify_tuner.isolation starts the measurer (spawned, one
+A fresh interpreter per GPU, started the way verify_tuner.measure.gpu_backend starts the measurer (spawned, one
 GPU visible), times each step the real start takes, in order, then a first and a second
 measurement of the heuristic config (its cubin compiled beforehand: nvcc is not counted):
 
@@ -27,16 +27,16 @@ import json, os, sys, time
 t0 = float(sys.argv[1]); marks = [("interpreter up", time.time() - t0)]
 def mark(what):
     marks.append((what, round(time.time() - t0, 3)))
-import verify_tuner.isolation, verify_tuner.gpu
-mark("verify_tuner.isolation + verify_tuner.gpu imported")
-limits = verify_tuner.gpu.GpuMeasurer.probe_limits(); mark("probe_limits (pycuda, cuInit, attributes)")
+import verify_tuner.measure.gpu_backend, verify_tuner.measure.gpu
+mark("verify_tuner.measure.gpu_backend + verify_tuner.measure.gpu imported")
+limits = verify_tuner.measure.gpu.GpuMeasurer.probe_limits(); mark("probe_limits (pycuda, cuInit, attributes)")
 import pycuda.autoprimaryctx; mark("pycuda.autoprimaryctx (the primary context)")
 import torch; mark("import torch")
 torch.cuda.init(); mark("torch.cuda.init")
 from verify_tuner.kernels.timing import copy_bandwidth
 bw = copy_bandwidth(); mark("copy_bandwidth probe")
-from verify_tuner.backend import Workload
-from verify_tuner.gpu import GpuMeasurer
+from verify_tuner.measure.backend import Workload
+from verify_tuner.measure.gpu import GpuMeasurer
 from verify_tuner.heuristic import heuristic_config
 m = GpuMeasurer(cache_dir=sys.argv[2])  # the steps above once more, all warm now (a second bandwidth probe)
 mark("GpuMeasurer() with the steps above done")
@@ -118,10 +118,10 @@ def isolated(devices: list[int], repeat: int, cache: str) -> list[dict]:
     rest of the start, a first measurement (its cubin compiled first, in this process)."""
     import threading
 
-    from verify_tuner.backend import Workload
-    from verify_tuner.gpu import GpuMeasurer
     from verify_tuner.heuristic import heuristic_config
-    from verify_tuner.isolation import IsolatedBackend
+    from verify_tuner.measure.backend import Workload
+    from verify_tuner.measure.gpu import GpuMeasurer
+    from verify_tuner.measure.gpu_backend import IsolatedBackend
 
     out = []
     for rep in range(repeat):

@@ -36,7 +36,7 @@ class Instant:
         return c * (1 + wl.prefix / 100_000)
 
     def measure(self, cfg, wl):  # type: ignore[no-untyped-def]
-        from verify_tuner.backend import OK, Measurement
+        from verify_tuner.measure.backend import OK, Measurement
 
         self.measured += 1
         us = self._us(cfg, wl)
@@ -64,11 +64,11 @@ def main() -> None:
     import optuna
     from sqlalchemy.orm import sessionmaker
     from verify_tuner import buckets
-    from verify_tuner.backend import Workload
-    from verify_tuner.db import migrate
-    from verify_tuner.db.session import make_engine
     from verify_tuner.kernels.limits import known_device
-    from verify_tuner.study import run_study
+    from verify_tuner.measure.backend import Workload
+    from verify_tuner.search.study import run_study
+    from verify_tuner.store import migrate
+    from verify_tuner.store.session import make_engine
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     limits = known_device("h200")

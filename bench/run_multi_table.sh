@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue-15 measurement: a whole table (10 prefix buckets of H=8 q_len=9, a fixed trial budget per
-# key) tuned by one GPU, then by several sharing the keys (verify_tuner.claims). Each run starts from an
+# key) tuned by one GPU, then by several sharing the keys (verify_tuner.jobs.claims). Each run starts from an
 # empty database and an empty compile cache, so neither inherits the other's compiles. Trials in
 # flight per GPU: the CLI's default (--compile-jobs: cores / GPUs, at most 8) unless COMPILE_JOBS is set.
 # Each mode's databases are copied to OUTDIR (table_MODE.db) with per-key spans and nvcc compile

@@ -38,10 +38,10 @@ def main() -> None:
     restrict = {k.upper(): [int(v) for v in vals.split(",")] for k, vals in (o.split("=", 1) for o in args.only)}
 
     from verify_tuner import space
-    from verify_tuner.backend import Workload
-    from verify_tuner.gpu import GpuMeasurer
     from verify_tuner.kernels.build import precompile
     from verify_tuner.kernels.limits import read_device_limits
+    from verify_tuner.measure.backend import Workload
+    from verify_tuner.measure.gpu import GpuMeasurer
 
     limits = read_device_limits(0)
     valid = space.valid_configs(limits, H=args.H, q_len=args.q_len, restrict=restrict)

@@ -38,7 +38,7 @@ def _cost_us(cfg, wl) -> float:  # type: ignore[no-untyped-def]
 
 
 class Emulated:
-    """The measuring child's stand-in (verify_tuner.isolation loads it by name in each process)."""
+    """The measuring child's stand-in (verify_tuner.measure.gpu_backend loads it by name in each process)."""
 
     def __init__(self) -> None:
         from verify_tuner.kernels.limits import known_device
@@ -66,7 +66,7 @@ class Emulated:
                 target.write_text(f"{time.time()}")
 
     def measure(self, cfg, wl):  # type: ignore[no-untyped-def]
-        from verify_tuner.backend import OK, Measurement
+        from verify_tuner.measure.backend import OK, Measurement
 
         self.build(cfg, wl.q_len, self.limits.arch)
         time.sleep(MEASURE_S)
@@ -80,11 +80,11 @@ class Emulated:
 def _run(mode: str, procs: int, trials: int, prefix_range: str, root: Path) -> dict:
     import optuna
     from sqlalchemy import create_engine, text
-    from verify_tuner.cli_study import _job
-    from verify_tuner.db import migrate
-    from verify_tuner.runner import tune_on_device, tune_on_devices
+    from verify_tuner.cli.study import _job
+    from verify_tuner.jobs.runner import tune_on_device, tune_on_devices
+    from verify_tuner.search.study import prepare_study_storage
     from verify_tuner.settings import Settings
-    from verify_tuner.study import prepare_study_storage
+    from verify_tuner.store import migrate
     from verify_tuner.study_files import study_urls
 
     url = f"sqlite:///{root}/{mode}.db"

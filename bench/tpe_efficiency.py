@@ -30,7 +30,7 @@ class Replay:
         self.limits, self.table, self.calls = limits, table, []
 
     def measure(self, cfg, wl):  # type: ignore[no-untyped-def]
-        from verify_tuner.backend import Measurement
+        from verify_tuner.measure.backend import Measurement
 
         r = self.table.get(cfg)
         self.calls.append(cfg)
@@ -62,24 +62,24 @@ def main() -> None:
     ap.add_argument("--good-share", type=float, default=None, help="share of trials TPE models as the good ones")
     ap.add_argument("--ei-candidates", type=int, default=None, help="candidates TPE draws per proposal")
     args = ap.parse_args()
-    import verify_tuner.study
+    import verify_tuner.search.study
 
     if args.n_startup is not None:
-        verify_tuner.study.N_STARTUP = args.n_startup
+        verify_tuner.search.study.N_STARTUP = args.n_startup
     if args.good_share is not None:
-        verify_tuner.study.GOOD_SHARE = args.good_share
+        verify_tuner.search.study.GOOD_SHARE = args.good_share
     if args.ei_candidates is not None:
-        from verify_tuner.search import FitTPE
+        from verify_tuner.search.trials import FitTPE
 
         init = FitTPE.__init__
         FitTPE.__init__ = lambda self, **kw: init(self, **{**kw, "n_ei_candidates": args.ei_candidates})  # type: ignore
     import optuna
-    from verify_tuner.backend import Workload
-    from verify_tuner.db import migrate
-    from verify_tuner.db.session import make_engine, session_factory
     from verify_tuner.kernels.config import PARAM_NAMES, KernelConfig
     from verify_tuner.kernels.limits import known_device
-    from verify_tuner.study import run_study
+    from verify_tuner.measure.backend import Workload
+    from verify_tuner.search.study import run_study
+    from verify_tuner.store import migrate
+    from verify_tuner.store.session import make_engine, session_factory
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     sweep = json.loads(args.sweep.read_text())

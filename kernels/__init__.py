@@ -2,6 +2,9 @@
 
 Import-light on purpose: nothing here imports PyCUDA or torch until a GPU path is used
 (`verify_tuner.kernels.launch`, `verify_tuner.kernels.reference`, `verify_tuner.kernels.limits.read_device_limits`).
+The engine-side op and cubin bundle that launch it live in verify_tuner.engine. May import:
+`verify_tuner.files` (the compile cache's atomic writes) and nothing else of the project: every
+other stage builds on this one.
 """
 
 from verify_tuner.kernels.build import KERNEL_NAME, KERNEL_VERSION, kernel_hash, render

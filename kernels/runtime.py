@@ -1,9 +1,9 @@
 """Launch a compiled config from its cubin with NVIDIA's cuda-python (the engine-side loader).
 
 An inference host needs neither nvcc nor PyCUDA: the cubin comes from a bundle the tuner wrote
-(kernels/bundle.py), cuda.bindings (binary wheels) loads it into the primary context of the
+(tuner/engine/bundle.py), cuda.bindings (binary wheels) loads it into the primary context of the
 tensors' device, the one torch uses, and the launch goes to whatever stream handle the caller
-passes (torch's current stream in kernels/op.py). Grids, argument order and the workspace come
+passes (torch's current stream in tuner/engine/op.py). Grids, argument order and the workspace come
 from kernels/abi.py, as for the tuner's PyCUDA launcher.
 """
 

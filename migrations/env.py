@@ -4,9 +4,9 @@ its own alembic_version, and both may live in one database."""
 from __future__ import annotations
 
 from alembic import context
-from verify_tuner.db.migrate import VERSION_TABLE, include_name
-from verify_tuner.db.models import Base
-from verify_tuner.db.session import make_engine
+from verify_tuner.store.migrate import VERSION_TABLE, include_name
+from verify_tuner.store.models import Base
+from verify_tuner.store.session import make_engine
 
 config = context.config
 target_metadata = Base.metadata

@@ -63,8 +63,8 @@ def db_url(request, tmp_path) -> str:
 
 @pytest.fixture
 def sessions(db_url):
-    from verify_tuner.db import migrate
-    from verify_tuner.db.session import make_engine, session_factory
+    from verify_tuner.store import migrate
+    from verify_tuner.store.session import make_engine, session_factory
 
     migrate.upgrade(db_url)
     engine = make_engine(db_url)

@@ -7,10 +7,10 @@ import random
 import signal
 import time
 
-from verify_tuner.backend import CRASHED, OK, WRONG, Measurement, Workload
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.limits import known_device
 from verify_tuner.kernels.validate import check
+from verify_tuner.measure.backend import CRASHED, OK, WRONG, Measurement, Workload
 
 H200 = known_device("h200")
 
@@ -78,7 +78,7 @@ class FakeBackend:
 
 
 class MisbehavingMeasurer:
-    """Runs inside verify_tuner.isolation's child process. NSPLIT picks the behaviour: 2 kills the process
+    """Runs inside verify_tuner.measure.gpu_backend's child process. NSPLIT picks the behaviour: 2 kills the process
     with SIGSEGV, 4 hangs, 12 raises a plain exception (a bug of ours), anything else answers."""
 
     def __init__(self) -> None:

@@ -3,8 +3,8 @@ hang variant (VA_TEST_FAULT / VA_TEST_HANG), everything else runs the real kerne
 
 from __future__ import annotations
 
-from verify_tuner.gpu import GpuMeasurer
 from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.measure.gpu import GpuMeasurer
 
 FAULT = KernelConfig(nsplit=2, ht=8, tk=32, block=256)
 HANG = KernelConfig(nsplit=4, ht=8, tk=32, block=256)

@@ -29,7 +29,7 @@ def run_tuner(
 ) -> subprocess.CompletedProcess[str]:
     """`tuner ARGS` in a fresh process, as an operator runs it (optionally with one package made
     unimportable, as on a machine that lacks it; `wrap` prefixes the command)."""
-    code = "import sys; sys.argv[0] = 'tuner'; from verify_tuner.entry import main; main()"
+    code = "import sys; sys.argv[0] = 'tuner'; from verify_tuner.cli.entry import main; main()"
     if block:
         code = f"import sys; sys.modules[{block!r}] = None; " + code
     return subprocess.run(

@@ -5,7 +5,7 @@ import json
 import click
 import pytest
 from click.testing import CliRunner
-from verify_tuner.cli import cli
+from verify_tuner.cli.commands import cli
 
 from tests.helpers import run_tuner
 
@@ -235,14 +235,14 @@ def test_study_report_without_matplotlib_is_one_line(sqlite_url, tmp_path):
 def test_study_start_exits_non_zero_when_a_key_stores_nothing(run, monkeypatch):
     """A key whose every config failed the gate stores nothing: a script running `study start`
     must see that in the exit code, not only in the table."""
-    from verify_tuner import runner
+    from verify_tuner.jobs import runner
     from verify_tuner.keys import ConfigKey
-    from verify_tuner.study import Outcome
+    from verify_tuner.search.outcome import Outcome
 
     def fake_tune(settings, job, ordinal, on_progress=None, on_key_done=None):
         wl = job.workloads[0]
         key = ConfigKey("NVIDIA H200", "x", "bf16", wl.H, wl.q_len, 15)
-        from verify_tuner.claims import JobResult
+        from verify_tuner.jobs.claims import JobResult
 
         return JobResult([Outcome(key, wl, 1, decision="no config passed the correctness gate: nothing stored")])
 
@@ -255,8 +255,8 @@ def test_study_start_exits_non_zero_when_a_key_stores_nothing(run, monkeypatch):
 @pytest.mark.parametrize("args", [(), ("--compile-jobs", "3")])
 def test_study_start_puts_trials_in_flight_per_gpu(run, monkeypatch, args):
     """Without --compile-jobs a GPU gets the host's cores divided by the GPUs (at most 8)."""
-    from verify_tuner import runner
-    from verify_tuner.claims import JobResult
+    from verify_tuner.jobs import runner
+    from verify_tuner.jobs.claims import JobResult
 
     seen = []
     monkeypatch.setattr(runner, "tune_on_device", lambda settings, job, ordinal, **kw: seen.append(job) or JobResult())
@@ -269,7 +269,7 @@ def test_study_start_puts_trials_in_flight_per_gpu(run, monkeypatch, args):
 @pytest.mark.parametrize("value", ["0", "1,x", "5000", ""])
 def test_study_start_rejects_a_bad_batch_in_one_line(value, tmp_path):
     from click.testing import CliRunner
-    from verify_tuner.cli import cli
+    from verify_tuner.cli.commands import cli
 
     r = CliRunner().invoke(
         cli,

@@ -165,7 +165,7 @@ def test_study_start_without_a_gpu_says_what_to_check(sqlite_url):
     ],
 )
 def test_start_hint_names_what_to_check(error, expect):
-    from verify_tuner.isolation import start_hint
+    from verify_tuner.measure.gpu_backend import start_hint
 
     assert expect in start_hint(error, 3)
 

@@ -9,7 +9,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from verify_tuner.cli import cli
+from verify_tuner.cli.commands import cli
 from verify_tuner.kernels import kernel_hash
 
 GOOD = {
@@ -154,8 +154,8 @@ def client_factory(db_url, tmp_path):
 
     from fastapi.testclient import TestClient
     from verify_tuner.api.app import create_app
-    from verify_tuner.db import migrate
     from verify_tuner.settings import Settings
+    from verify_tuner.store import migrate
 
     token = "import-files-token-0123"
 

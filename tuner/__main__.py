@@ -1,3 +1,3 @@
-from verify_tuner.entry import main
+from verify_tuner.cli.entry import main
 
 main()

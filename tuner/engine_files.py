@@ -3,8 +3,8 @@ names its tuned kernel configs (`H=8,q_len=9,device_name=NVIDIA_H200,dtype=bf16.
 the kernel it is for and the whole answer table: batch bucket -> prefix buckets -> constants,
 source (tuned / nearest / heuristic) and the measured time of tuned entries.
 
-Reading needs nothing beyond the standard library (verify_tuner.api.client reads these with no server
-dependencies installed); writing goes through verify_tuner.lookup (tuner configs dump).
+Reading needs nothing beyond the standard library (verify_tuner.engine.client reads these with no server
+dependencies installed); verify_tuner.store.engine_dump writes them from the config database (tuner configs dump).
 """
 
 from __future__ import annotations
@@ -47,77 +47,6 @@ def read(path: Path) -> dict[str, Any]:
     return doc
 
 
-def dump(
-    *, session: Any, out_dir: Path, device: str | None = None, shapes: list[tuple[int, int]] | None = None
-) -> list[Path]:
-    """Write the files for every (device, H, q_len) holding tuned rows of this kernel (or only
-    `device`), plus the given (H, q_len) shapes (heuristic tables where nothing is tuned)."""
-    from verify_tuner import batches, lookup
-    from verify_tuner.db import repo
-    from verify_tuner.kernels import KERNEL_NAME, KERNEL_VERSION
-    from verify_tuner.kernels import kernel_hash as current_kernel_hash
-
-    khash = current_kernel_hash()
-    rows = [r for r in repo.list_best(session=session, device=device) if r.key.kernel_hash == khash]
-    wanted: set[tuple[str, int, int, str]] = {(r.key.device, r.key.H, r.key.q_len, r.key.dtype) for r in rows}
-    if shapes:
-        names = [device] if device else sorted({d.name for d in repo.list_devices(session=session)})
-        wanted |= {(n, H, q, "bf16") for n in names for H, q in shapes}
-    written = []
-    for name, H, q_len, dtype in sorted(wanted):
-        limits = lookup.resolve_device(session=session, name=name, default=None)
-        answers = lookup.table(
-            session=session,
-            limits=limits,
-            H=H,
-            q_len=q_len,
-            dtype=dtype,
-            kernel_hash=khash,
-            batch_buckets=[b.index for b in batches.ALL],
-        )
-        by_key = {
-            (r.key.batch_bucket, r.key.bucket): r
-            for r in rows
-            if (r.key.device, r.key.H, r.key.q_len, r.key.dtype) == (limits.name, H, q_len, dtype)
-        }
-        table: dict[str, list[dict[str, Any]]] = {}
-        for a in answers:
-            entry: dict[str, Any] = {
-                "prefix_lo": a.bucket.lo,
-                "prefix_hi": a.bucket.hi,
-                **a.config.as_params(),
-                "source": a.source,
-            }
-            row = by_key.get((a.batch_bucket.index, a.bucket.index)) if a.source == "tuned" else None
-            if row is not None:
-                entry.update(
-                    {
-                        "median_us": row.median_us,
-                        "p10_us": row.p10_us,
-                        "p90_us": row.p90_us,
-                        "default_us": row.default_us,
-                        "tuned_at": row.tuned_at.isoformat() if row.tuned_at else None,
-                    }
-                )
-            table.setdefault(str(a.batch_bucket.hi), []).append(entry)
-        doc = {
-            "format": FORMAT,
-            "kernel": KERNEL_NAME,
-            "kernel_version": KERNEL_VERSION,
-            "kernel_hash": khash,
-            "device_name": limits.name,
-            "dtype": dtype,
-            "H": H,
-            "q_len": q_len,
-            "batch_buckets": {str(b.hi): [b.lo, b.hi] for b in batches.ALL},
-            "configs": table,
-        }
-        path = out_dir / file_name(H=H, q_len=q_len, device=limits.name, dtype=dtype)
-        write_atomic(path, doc)
-        written.append(path)
-    return written
-
-
 def distinct_configs(doc: dict[str, Any]) -> list[Any]:
     """Every distinct config a file's table serves (what a cubin bundle must hold for it)."""
     from verify_tuner.kernels.config import PARAM_NAMES, KernelConfig
@@ -127,7 +56,7 @@ def distinct_configs(doc: dict[str, Any]) -> list[Any]:
 
 
 def tuned_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """The tuned entries of a file as import rows (verify_tuner.rows.ConfigRow): what `configs import`
+    """The tuned entries of a file as import rows (verify_tuner.store.row_schema.ConfigRow): what `configs import`
     restores from a dump. Heuristic and nearest entries are derived, not stored."""
     from verify_tuner import batches, buckets
     from verify_tuner.kernels.config import PARAM_NAMES

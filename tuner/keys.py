@@ -1,6 +1,6 @@
 """The key every stored config hangs off (device, kernel, dtype, H, q_len, prefix bucket, batch
 bucket): the study, the DB row and the API lookup share it. Not to be confused with
-verify_tuner.backend.Workload, what one study measures (its prefix lengths and batch)."""
+verify_tuner.measure.backend.Workload, what one study measures (its prefix lengths and batch)."""
 
 from __future__ import annotations
 

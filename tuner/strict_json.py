@@ -2,7 +2,7 @@
 
 Python's json module lets a repeated key silently replace the first (the writer meant one of the
 two; we cannot know which). It also takes `NaN`, `Infinity` and `1e999`: those are parsed, and the
-row schema (verify_tuner.rows) rejects them naming the row and the field, which a parse error could
+row schema (verify_tuner.store.row_schema) rejects them naming the row and the field, which a parse error could
 not. Errors are ValueError with one line naming the key or the byte.
 """
 

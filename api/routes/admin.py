@@ -6,15 +6,15 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from sqlalchemy.orm import Session, sessionmaker
-from verify_tuner import buckets, configs_io, lookup
+from verify_tuner import buckets
 from verify_tuner.api.body import read_json
 from verify_tuner.api.deadline import within
 from verify_tuner.api.deps import DEVICE_PATTERN, Digits, SettingsDep, StrictQuery, WriteAuth, WriteSessions
 from verify_tuner.api.file_watch import FileState
 from verify_tuner.api.schemas import DeleteOut, ImportOut
-from verify_tuner.db import repo
-from verify_tuner.db.session import session_scope
 from verify_tuner.errors import StorageError
+from verify_tuner.store import configs_io, lookup, repo
+from verify_tuner.store.session import session_scope
 
 router = APIRouter(tags=["admin"], dependencies=[WriteAuth, StrictQuery])
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from verify_tuner.api.deadline import NoAnswer, within
-from verify_tuner.db.health import DatabaseHealth, probe
+from verify_tuner.store.health import DatabaseHealth, probe
 
 router = APIRouter(tags=["health"])
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from verify_tuner.api.client import ConfigClient
+from verify_tuner.engine.client import ConfigClient
 
 
 def main() -> None:

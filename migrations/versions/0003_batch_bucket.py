@@ -1,6 +1,6 @@
 """batch_bucket: the batch-size bucket (verify_tuner.batches) joins the key of studies and best configs;
 studies get an owner and a heartbeat, so tuner processes on several GPUs or hosts share out the
-keys of one job (verify_tuner.claims).
+keys of one job (verify_tuner.jobs.claims).
 
 Why: an inference server verifies B requests in one launch and the grid is B x H/HT x NSPLIT
 blocks, so the best NSPLIT at B=32 is not the one at B=1. Every existing row was tuned with one

@@ -3,11 +3,11 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 from verify_tuner.api.app import create_app
-from verify_tuner.db import migrate
 from verify_tuner.kernels.config import PARAM_NAMES, KernelConfig
 from verify_tuner.kernels.limits import known_device
 from verify_tuner.kernels.validate import check
 from verify_tuner.settings import Settings
+from verify_tuner.store import migrate
 
 H200 = known_device("h200")
 ROW = {

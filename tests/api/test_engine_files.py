@@ -127,7 +127,7 @@ class Block(importlib.abc.MetaPathFinder):
         if name.split(".")[0] in {BLOCKED!r}:
             raise ModuleNotFoundError(f"blocked: {{name}}", name=name)
 sys.meta_path.insert(0, Block())
-from verify_tuner.api.client import ConfigClient
+from verify_tuner.engine.client import ConfigClient
 c = ConfigClient(H=8, q_len=9, device="NVIDIA H200 NVL", snapshot_dir=sys.argv[1])
 src = c.fetch()
 heavy = sorted(m for m in sys.modules if m.split(".")[0] in {BLOCKED!r})
@@ -151,7 +151,7 @@ print(json.dumps({{"source": src, "reason": c.reason, "b1": c.lookup(46000).nspl
 
 
 def test_sources_in_order_and_a_table_for_another_kernel_is_refused(tmp_path, monkeypatch):
-    from verify_tuner.api.client import ConfigClient
+    from verify_tuner.engine.client import ConfigClient
 
     _, out = _dumped(tmp_path)
     monkeypatch.setenv("VERIFY_TUNER_URL", "http://127.0.0.1:1")
@@ -180,7 +180,7 @@ def test_dump_with_a_bad_shape_is_one_line(tmp_path):
 def test_dump_with_cubins_writes_the_bundle_an_inference_host_loads(tmp_path):
     """Every config the dumped tables serve, compiled for the device's arch, in OUT_DIR/cubins."""
     from verify_tuner import engine_files
-    from verify_tuner.kernels.bundle import Bundle
+    from verify_tuner.engine.bundle import Bundle
 
     env = {"TUNER_DATABASE_URL": f"sqlite:///{tmp_path / 'c.db'}", "TUNER_CACHE_DIR": str(tmp_path / "cache")}
     assert _tuner(env, "db", "upgrade").returncode == 0

@@ -15,8 +15,8 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 from verify_tuner.api.app import create_app
-from verify_tuner.db import migrate
 from verify_tuner.settings import Settings
+from verify_tuner.store import migrate
 
 from tests.helpers import free_port, running_server, tuner_cmd
 
@@ -91,8 +91,8 @@ WRITER = """
 import sys
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.limits import known_device
-from verify_tuner.db import repo
-from verify_tuner.db.session import make_engine, session_factory, session_scope
+from verify_tuner.store import repo
+from verify_tuner.store.session import make_engine, session_factory, session_scope
 from verify_tuner.keys import ConfigKey
 sessions = session_factory(make_engine(sys.argv[1]))
 h = known_device("h200")

@@ -7,8 +7,8 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from verify_tuner.api.app import create_app
-from verify_tuner.db import migrate
 from verify_tuner.settings import Settings
+from verify_tuner.store import migrate
 
 values = st.one_of(
     st.integers(-(2**70), 2**70),

@@ -10,13 +10,13 @@ import pytest
 from fastapi.testclient import TestClient
 from verify_tuner.api.app import create_app
 from verify_tuner.buckets import bucket_of
-from verify_tuner.db import migrate, repo
-from verify_tuner.db.session import make_engine, session_factory, session_scope
 from verify_tuner.kernels import kernel_hash
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.limits import known_device
 from verify_tuner.keys import ConfigKey
 from verify_tuner.settings import Settings
+from verify_tuner.store import migrate, repo
+from verify_tuner.store.session import make_engine, session_factory, session_scope
 
 H200 = known_device("h200")
 TOKEN = "hardening-token-0123"

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from verify_tuner import batches, buckets
-from verify_tuner.api.client import ConfigClient
+from verify_tuner.engine.client import ConfigClient
 from verify_tuner.kernels import kernel_hash
 
 from tests.helpers import free_port, running_server, tuner_cmd

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 def run(url: str, cache_dir: str) -> list[str]:
     import optuna
-    from verify_tuner.backend import Workload
-    from verify_tuner.runner import tune_on_device
+    from verify_tuner.jobs.runner import tune_on_device
+    from verify_tuner.measure.backend import Workload
     from verify_tuner.settings import Settings
 
     from tests.tuner.test_multi_device import _job

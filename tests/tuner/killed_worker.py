@@ -3,9 +3,9 @@ tests only)."""
 
 from __future__ import annotations
 
-from verify_tuner.backend import Workload
-from verify_tuner.db.session import make_engine, session_factory
-from verify_tuner.study import run_study
+from verify_tuner.measure.backend import Workload
+from verify_tuner.search.study import run_study
+from verify_tuner.store.session import make_engine, session_factory
 
 from tests.fakes import SlowFakeBackend
 

@@ -10,14 +10,14 @@ import signal
 import time
 
 import optuna
-from verify_tuner.db import migrate
+from verify_tuner.store import migrate
 
 from tests.tuner.killed_worker import FIXED
 from tests.tuner.killed_worker import run as worker
 
 
 def test_kill_9_then_resume_leaves_nothing_running_and_loses_nothing(db_url, tmp_path):
-    from verify_tuner.study import open_storage
+    from verify_tuner.search.study import open_storage
 
     migrate.upgrade(db_url)
     open_storage(db_url)

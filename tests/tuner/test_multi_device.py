@@ -10,19 +10,19 @@ import time
 
 import optuna
 import pytest
-from verify_tuner.backend import Workload
-from verify_tuner.db import migrate, repo
-from verify_tuner.db.session import make_engine, session_factory, session_scope
-from verify_tuner.runner import TuneJob, tune_on_devices
+from verify_tuner.jobs.runner import TuneJob, tune_on_devices
+from verify_tuner.measure.backend import Workload
+from verify_tuner.search.study import open_storage, prepare_study_storage
 from verify_tuner.settings import Settings
-from verify_tuner.study import open_storage, prepare_study_storage
+from verify_tuner.store import migrate, repo
+from verify_tuner.store.session import make_engine, session_factory, session_scope
 from verify_tuner.study_files import study_urls
 
 RESTRICT = {"NSPLIT": [8, 16, 32, 64, 128], "QT": [0], "WR": [2], "WK": [4], "SF": [0], "PIPE": [1]}
 
 
 def _job(workloads, n_trials):  # type: ignore[no-untyped-def]
-    # three trials in flight per process, as on a GPU host (verify_tuner.runner.default_compile_jobs)
+    # three trials in flight per process, as on a GPU host (verify_tuner.jobs.runner.default_compile_jobs)
     return TuneJob(
         workloads=workloads,
         n_trials=n_trials,
@@ -148,9 +148,9 @@ def test_a_key_its_owner_finishes_between_scan_and_claim_is_not_tuned_again(db_u
     """The interleaving that tuned a key twice (2 of 6 runs of the 10-key test on PostgreSQL):
     another process finishes the key and releases its claim just before this process's claim
     UPDATE. The claim then succeeds, and the check that follows it must see the key done."""
-    from verify_tuner import claims
+    from verify_tuner.jobs import claims
     from verify_tuner.kernels.limits import known_device
-    from verify_tuner.study import workload_key
+    from verify_tuner.search.study import workload_key
 
     migrate.upgrade(db_url)
     sessions = session_factory(make_engine(db_url))
@@ -186,9 +186,9 @@ def test_an_idle_process_helps_only_a_key_with_more_places_left_than_twice_its_o
     a helper's would take 3 more, counted by neither: an idle process waits for a key with 6
     places left (it would add proposals, storage writes and measurements past the budget), and
     joins one with 7."""
-    from verify_tuner import claims
+    from verify_tuner.jobs import claims
     from verify_tuner.kernels.limits import known_device
-    from verify_tuner.study import workload_key
+    from verify_tuner.search.study import workload_key
 
     from tests.fakes import FakeBackend
 
@@ -248,7 +248,7 @@ def test_an_idle_process_helps_only_a_key_with_more_places_left_than_twice_its_o
 def test_a_process_walks_the_keys_from_its_own_place_and_wraps_around(sqlite_url, monkeypatch, place, order):
     """Process i of P starts at key i*K/P, so each goes on to its own last key's neighbour (whose
     best and compiles are there to start from), as a lone process does."""
-    from verify_tuner import claims
+    from verify_tuner.jobs import claims
 
     from tests.fakes import FakeBackend
 
@@ -269,7 +269,7 @@ def test_a_process_walks_the_keys_from_its_own_place_and_wraps_around(sqlite_url
 
 
 def test_a_place_outside_the_processes_is_an_error(sqlite_url):
-    from verify_tuner import claims
+    from verify_tuner.jobs import claims
 
     from tests.fakes import FakeBackend
 
@@ -293,7 +293,7 @@ def test_gpu_processes_fork_only_from_a_single_threaded_process():
     import os
     import threading
 
-    from verify_tuner.runner import _start_method
+    from verify_tuner.jobs.runner import _start_method
 
     if os.name == "posix" and threading.active_count() == 1:
         assert _start_method() == "fork"
@@ -313,7 +313,7 @@ def test_a_process_waiting_on_owned_keys_goes_on_when_one_is_released_not_a_poll
     import threading
     import time
 
-    from verify_tuner import claims
+    from verify_tuner.jobs import claims
     from verify_tuner.kernels.limits import known_device
     from verify_tuner.keys import ConfigKey
 
@@ -350,7 +350,8 @@ def test_the_cli_says_per_gpu_what_it_owned_helped_and_waited_for(monkeypatch, c
     """`tuner study start --devices`: one summary line per GPU; a failed GPU is reported and the
     command exits non-zero."""
     import click
-    from verify_tuner import cli_study, runner
+    from verify_tuner.cli import study as cli_study
+    from verify_tuner.jobs import runner
 
     payload = {
         "keys": [],
@@ -375,8 +376,9 @@ def test_one_gpu_of_a_job_other_hosts_share_says_what_it_waited_for(monkeypatch,
     --json) says how long it waited for the other's keys, as each GPU's line does on one host."""
     import json
 
-    from verify_tuner import cli_study, runner
-    from verify_tuner.claims import JobResult
+    from verify_tuner.cli import study as cli_study
+    from verify_tuner.jobs import runner
+    from verify_tuner.jobs.claims import JobResult
 
     res = JobResult(waited_s=2.04, declined={Workload(8, 9, 4096): 3})
     monkeypatch.setattr(runner, "tune_on_device", lambda *a, **kw: res)

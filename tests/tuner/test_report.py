@@ -3,13 +3,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from click.testing import CliRunner
-from verify_tuner.cli import cli
-from verify_tuner.db import migrate, repo
-from verify_tuner.db.session import make_engine, session_factory, session_scope
+from verify_tuner.cli.commands import cli
 from verify_tuner.kernels import kernel_hash
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.limits import known_device
 from verify_tuner.keys import ConfigKey
+from verify_tuner.store import migrate, repo
+from verify_tuner.store.session import make_engine, session_factory, session_scope
 
 
 def test_report_writes_table_and_plot(sqlite_url, tmp_path):

@@ -6,14 +6,14 @@ from __future__ import annotations
 import multiprocessing as mp
 
 import optuna
-from verify_tuner.db import migrate, repo
-from verify_tuner.db.session import make_engine, session_factory, session_scope
+from verify_tuner.store import migrate, repo
+from verify_tuner.store.session import make_engine, session_factory, session_scope
 
 from tests.tuner.shared_worker import run
 
 
 def test_four_processes_share_one_study_on_postgres(pg_url):
-    from verify_tuner.study import open_storage
+    from verify_tuner.search.study import open_storage
 
     migrate.upgrade(pg_url)
     open_storage(pg_url)  # what `tuner db upgrade` does

@@ -5,13 +5,13 @@ from __future__ import annotations
 import optuna
 import pytest
 from verify_tuner import space
-from verify_tuner.backend import Workload
-from verify_tuner.db import repo
-from verify_tuner.db.session import session_scope
 from verify_tuner.heuristic import heuristic_config
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.validate import check
-from verify_tuner.study import run_study
+from verify_tuner.measure.backend import Workload
+from verify_tuner.search.study import run_study
+from verify_tuner.store import repo
+from verify_tuner.store.session import session_scope
 
 from tests.fakes import H200, FakeBackend
 
@@ -52,7 +52,7 @@ def test_search_stores_a_valid_winner_with_speedup(sessions, db_url):
 def rank_every_candidate(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """TPE ranks all its candidates, as when none of them fits (search.FitTPE keeps its choice):
     most of its proposals then do not fit, so a test sees the refusal path."""
-    from verify_tuner.search import FitTPE
+    from verify_tuner.search.trials import FitTPE
 
     monkeypatch.setattr(FitTPE, "_compute_acquisition_func", optuna.samplers.TPESampler._compute_acquisition_func)
 
@@ -123,7 +123,7 @@ def test_tpe_proposes_among_its_candidates_that_fit(sessions, db_url):
 
 
 def test_fit_tpe_ranks_only_candidates_that_fit_and_keeps_its_choice_when_none_does():
-    from verify_tuner.search import FitTPE
+    from verify_tuner.search.trials import FitTPE
 
     choices = {"X": list(range(8)), "Y": list(range(8)), "Z": [5]}  # Z: one value, outside TPE's model
 
@@ -153,7 +153,7 @@ def test_fit_tpe_ranks_only_candidates_that_fit_and_keeps_its_choice_when_none_d
 
 
 def test_fit_tpe_says_so_when_optuna_lacks_its_hook(monkeypatch):
-    from verify_tuner.search import FitTPE
+    from verify_tuner.search.trials import FitTPE
 
     monkeypatch.delattr(optuna.samplers.TPESampler, "_compute_acquisition_func")
     with pytest.raises(RuntimeError, match="_compute_acquisition_func"):
@@ -381,9 +381,9 @@ def test_parallel_trials_compile_ahead_measure_one_at_a_time_and_keep_the_budget
 
 def test_optuna_commits_trials_without_fsync_and_the_config_db_keeps_full(tmp_path):
     from sqlalchemy import text
-    from verify_tuner.db import migrate
-    from verify_tuner.db.session import make_engine
-    from verify_tuner.study import open_storage
+    from verify_tuner.search.study import open_storage
+    from verify_tuner.store import migrate
+    from verify_tuner.store.session import make_engine
 
     url = f"sqlite:///{tmp_path}/configs.db"
     migrate.upgrade(url)
@@ -401,7 +401,7 @@ def test_a_study_storage_of_its_own_is_in_wal_mode(tmp_path):
     (every process's sampler reads the trials) never block a writer. It was left in rollback-journal
     mode until session 8."""
     from sqlalchemy import text
-    from verify_tuner.study import open_storage
+    from verify_tuner.search.study import open_storage
 
     storage = open_storage(f"sqlite:///{tmp_path}/studies.db")
     with storage.engine.connect() as c:

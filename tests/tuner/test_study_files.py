@@ -11,12 +11,12 @@ from pathlib import Path
 import optuna
 import pytest
 from sqlalchemy import text
-from verify_tuner.backend import Workload
-from verify_tuner.db import migrate
-from verify_tuner.db.session import make_engine, session_factory
 from verify_tuner.errors import BadSetting
+from verify_tuner.measure.backend import Workload
+from verify_tuner.search.study import open_study_storage, run_study
 from verify_tuner.settings import Settings
-from verify_tuner.study import open_study_storage, run_study
+from verify_tuner.store import migrate
+from verify_tuner.store.session import make_engine, session_factory
 from verify_tuner.study_files import STUDY, default_study_storage, study_file_url, study_urls
 
 from tests.fakes import FakeBackend
@@ -146,7 +146,7 @@ def test_a_new_key_file_is_a_copy_of_a_blank_schema_and_takes_trials(tmp_path):
 
 def test_db_upgrade_makes_the_study_directory_and_its_blank_storage(tmp_path):
     from click.testing import CliRunner
-    from verify_tuner.cli import cli
+    from verify_tuner.cli.commands import cli
 
     r = CliRunner().invoke(cli, ["db", "upgrade"], env={"TUNER_DATABASE_URL": f"sqlite:///{tmp_path / 'c.db'}"})
     assert r.exit_code == 0, r.output

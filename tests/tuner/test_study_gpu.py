@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from verify_tuner.backend import CRASHED, OK, TIMEOUT, Workload
+from verify_tuner.measure.backend import CRASHED, OK, TIMEOUT, Workload
 
 pytestmark = pytest.mark.gpu
 
@@ -11,11 +11,11 @@ pytestmark = pytest.mark.gpu
 def test_small_real_study_then_api(sqlite_url, tmp_path):
     from fastapi.testclient import TestClient
     from verify_tuner.api.app import create_app
-    from verify_tuner.db import migrate
-    from verify_tuner.db.session import make_engine, session_factory
-    from verify_tuner.isolation import IsolatedBackend
+    from verify_tuner.measure.gpu_backend import IsolatedBackend
+    from verify_tuner.search.study import run_study
     from verify_tuner.settings import Settings
-    from verify_tuner.study import run_study
+    from verify_tuner.store import migrate
+    from verify_tuner.store.session import make_engine, session_factory
 
     migrate.upgrade(sqlite_url)
     sessions = session_factory(make_engine(sqlite_url))
@@ -46,8 +46,8 @@ def test_small_real_study_then_api(sqlite_url, tmp_path):
 
 
 def test_faulting_and_hanging_kernels_fail_only_their_trial(tmp_path):
-    from verify_tuner.isolation import IsolatedBackend
     from verify_tuner.kernels.config import KernelConfig
+    from verify_tuner.measure.gpu_backend import IsolatedBackend
 
     from tests.gpu_measurers import FAULT, HANG
 
@@ -75,11 +75,11 @@ def test_a_batch_study_measures_the_ragged_batch_and_serves_its_bucket(sqlite_ur
     bucket 5-8 and the API serves it for batch=8 while B=1 stays heuristic."""
     from fastapi.testclient import TestClient
     from verify_tuner.api.app import create_app
-    from verify_tuner.db import migrate
-    from verify_tuner.db.session import make_engine, session_factory
-    from verify_tuner.isolation import IsolatedBackend
+    from verify_tuner.measure.gpu_backend import IsolatedBackend
+    from verify_tuner.search.study import run_study
     from verify_tuner.settings import Settings
-    from verify_tuner.study import run_study
+    from verify_tuner.store import migrate
+    from verify_tuner.store.session import make_engine, session_factory
 
     migrate.upgrade(sqlite_url)
     sessions = session_factory(make_engine(sqlite_url))

@@ -1,0 +1,57 @@
+"""The cubin bundle an inference host loads without nvcc (tuner/engine/bundle.py): written by nvcc here,
+read back, and refused when it is for another kernel or damaged."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import stat
+
+import pytest
+from verify_tuner.engine.bundle import MANIFEST, Bundle, BundleError, write_bundle
+from verify_tuner.kernels.config import KernelConfig
+
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+CFG = KernelConfig(nsplit=132, ht=8, tk=32, block=256, stages=3, wr=2, wk=2, sf=1, pipe=3)
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bundle")
+    write_bundle(
+        root, [(CFG, 9, "sm_90"), (CFG, 9, "sm_120"), (CFG, 9, "sm_90")], cache_dir=tmp_path_factory.mktemp("cache")
+    )
+    return root
+
+
+@needs_nvcc
+def test_written_once_per_entry_readable_by_everyone_and_read_back(bundle):
+    manifest = json.loads((bundle / MANIFEST).read_text())
+    assert [(e["arch"], e["q_len"]) for e in manifest["entries"]] == [("sm_120", 9), ("sm_90", 9)]
+    for path in bundle.iterdir():
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644, path
+    b = Bundle.open(bundle)
+    assert b.cubin(CFG, 9, "sm_90")[:4] == b"\x7fELF"
+    with pytest.raises(BundleError, match="no cubin for .* q_len=16 on sm_90"):
+        b.cubin(CFG, 16, "sm_90")
+
+
+@needs_nvcc
+def test_a_damaged_cubin_or_another_kernel_is_refused(bundle, tmp_path):
+    copy = tmp_path / "b"
+    shutil.copytree(bundle, copy)
+    manifest = json.loads((copy / MANIFEST).read_text())
+    victim = copy / manifest["entries"][0]["file"]
+    data = victim.read_bytes()
+    victim.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))
+    with pytest.raises(BundleError, match="does not match its manifest"):
+        Bundle.open(copy).cubin(CFG, 9, manifest["entries"][0]["arch"])
+    manifest["kernel_hash"] = "0" * 16
+    (copy / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(BundleError, match="for kernel 0000000000000000"):
+        Bundle.open(copy)
+
+
+def test_a_missing_bundle_says_so(tmp_path):
+    with pytest.raises(BundleError, match="no cubin bundle"):
+        Bundle.open(tmp_path / "nowhere")

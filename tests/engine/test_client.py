@@ -1,0 +1,123 @@
+"""The worker client: sidecar, then snapshot, then heuristic; lookups with no I/O."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from verify_tuner.engine.client import ConfigClient
+from verify_tuner.kernels.limits import known_device
+from verify_tuner.kernels.validate import check
+
+from tests.helpers import free_port, running_server
+
+
+def _sidecar_env_with_one_tuned_row(tmp_path, url: str) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    """A migrated config database holding one tuned H=8 q=9 row (imported through the CLI, in
+    processes, as an operator does); the environment a `tuner serve` on it needs."""
+    import os
+    import subprocess
+    import sys
+
+    env = {"TUNER_DATABASE_URL": url, "TUNER_DEVICE": "h200"}
+    full = {**os.environ, **env}
+    subprocess.run([sys.executable, "-m", "tuner", "db", "upgrade"], env=full, check=True, capture_output=True)
+    rows = [{"device": "h200", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256}]
+    (tmp_path / "r.json").write_text(json.dumps(rows))
+    subprocess.run(
+        [sys.executable, "-m", "tuner", "configs", "import", str(tmp_path / "r.json")],
+        env=full,
+        check=True,
+        capture_output=True,
+    )
+    return env
+
+
+def test_fetch_from_sidecar_then_snapshot_then_heuristic(tmp_path):
+    env = _sidecar_env_with_one_tuned_row(tmp_path, f"sqlite:///{tmp_path / 'c.db'}")
+    port = free_port()
+    snap = tmp_path / "snap"
+    with running_server(env, port=port):
+        c = ConfigClient(f"http://127.0.0.1:{port}", H=8, q_len=9, device="NVIDIA H200", snapshot_dir=snap)
+        assert c.fetch() == "sidecar"
+        assert c.lookup(46000).nsplit == 64 and c.lookup(60000).nsplit == 64  # tuned + nearest (one octave)
+        assert c.snapshot.exists()
+    # sidecar gone: the snapshot answers the same
+    c2 = ConfigClient(f"http://127.0.0.1:{port}", H=8, q_len=9, device="NVIDIA H200", snapshot_dir=snap, timeout_s=0.5)
+    assert c2.fetch() == "snapshot" and "sidecar unavailable" in c2.reason
+    assert c2.lookup(46000) == c.lookup(46000)
+    # no snapshot either: the heuristic, valid for the device
+    c3 = ConfigClient(
+        f"http://127.0.0.1:{port}", H=8, q_len=9, device="h200", snapshot_dir=tmp_path / "none", timeout_s=0.5
+    )
+    assert c3.fetch() == "heuristic" and "heuristic" in c3.reason
+    for prefix in (0, 300, 46000, 1 << 20):
+        assert check(c3.lookup(prefix), known_device("h200"), H=8, q_len=9) is None
+
+
+def test_corrupt_snapshot_is_not_trusted(tmp_path):
+    c = ConfigClient("http://127.0.0.1:1", H=8, q_len=9, device="h200", snapshot_dir=tmp_path, timeout_s=0.2)
+    c.snapshot.parent.mkdir(parents=True, exist_ok=True)
+    c.snapshot.write_text('{"H": 8, "q_len": 9, "configs": []}')
+    assert c.fetch() == "heuristic" and "no usable snapshot" in c.reason
+
+
+def test_lookup_is_a_local_bisect(tmp_path):
+    c = ConfigClient("http://127.0.0.1:1", H=16, q_len=1, device="h200", snapshot_dir=tmp_path, timeout_s=0.2)
+    c.fetch()
+    import socket
+
+    real = socket.socket
+    socket.socket = None  # any network use inside lookup() would now fail
+    try:
+        cfgs = {c.lookup(p) for p in range(0, 200_000, 997)}
+    finally:
+        socket.socket = real
+    assert cfgs <= set(c.distinct_configs())
+
+
+def test_an_unwritable_snapshot_dir_keeps_the_sidecars_table(tmp_path, sqlite_url):
+    """The worker runs as a user who cannot write the snapshot dir: the good table is still used."""
+    env = _sidecar_env_with_one_tuned_row(tmp_path, sqlite_url)
+    blocked = tmp_path / "a-file-not-a-dir"
+    blocked.write_text("")  # mkdir under a regular file fails for every user, root included
+    port = free_port()
+    with running_server(env, port=port):
+        c = ConfigClient(f"http://127.0.0.1:{port}", H=8, q_len=9, device="NVIDIA H200", snapshot_dir=blocked / "x")
+        assert c.fetch() == "sidecar"
+        assert "snapshot not saved" in c.reason and c.lookup(46000).nsplit == 64
+
+
+def test_an_unknown_device_is_a_state_not_an_exception(tmp_path):
+    c = ConfigClient("http://127.0.0.1:1", H=8, q_len=9, device="Some Future GPU", snapshot_dir=tmp_path, timeout_s=0.2)
+    assert c.fetch() == "none" and c.source == "none"
+    assert "unknown" in c.reason and "sidecar unavailable" in c.reason
+    with pytest.raises(RuntimeError, match="no config table"):
+        c.lookup(1000)
+
+
+def test_the_default_snapshot_lives_in_the_per_user_cache_dir(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    c = ConfigClient("http://127.0.0.1:1", H=8, q_len=9, device="h200")
+    assert c.snapshot.is_relative_to(tmp_path / "xdg") and "verify-tuner" in str(c.snapshot)
+
+
+def test_lookup_by_batch_uses_that_batch_buckets_table(tmp_path):
+    """fetch() gets every batch bucket in one request; lookup(prefix, batch) bisects the table of
+    the batch's bucket, and the snapshot keeps all of them."""
+    env = _sidecar_env_with_one_tuned_row(tmp_path, f"sqlite:///{tmp_path / 'c.db'}")
+    port = free_port()
+    with running_server(env, port=port):
+        c = ConfigClient(f"http://127.0.0.1:{port}", H=8, q_len=9, device="NVIDIA H200", snapshot_dir=tmp_path)
+        assert c.fetch() == "sidecar"
+    assert c.lookup(46000).nsplit == c.lookup(46000, batch=1).nsplit == 64  # the tuned B=1 row
+    h200 = known_device("h200")
+    for batch in (2, 8, 32, 256, 4096):
+        cfg = c.lookup(46000, batch=batch)
+        assert check(cfg, h200, H=8, q_len=9) is None
+        assert cfg.nsplit <= 2 * h200.sm_count  # the grid does not grow with the batch
+    assert c.lookup(46000, batch=17) == c.lookup(46000, batch=32)
+    with pytest.raises(ValueError, match="batch"):
+        c.lookup(46000, batch=0)
+    snap = json.loads(c.snapshot.read_text())
+    assert len({cfg["batch_bucket"]["index"] for cfg in snap["configs"]}) == 13

@@ -1,0 +1,245 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import inspect
+from verify_tuner.errors import StorageError
+from verify_tuner.store import migrate
+from verify_tuner.store.models import Base
+from verify_tuner.store.session import make_engine
+
+TABLES = {
+    "devices",
+    "kernels",
+    "tuning_studies",
+    "tuning_trials",
+    "best_configs",
+    "data_version",
+    "tuner_alembic_version",
+}
+
+
+def test_upgrade_from_empty_matches_the_models(db_url):
+    engine = make_engine(db_url)
+    with pytest.raises(StorageError, match="tuner db upgrade"):
+        migrate.ensure_current(engine)
+    migrate.upgrade(db_url)
+    migrate.ensure_current(engine)
+    assert TABLES <= set(inspect(engine).get_table_names())
+    with engine.connect() as conn:
+        ctx = MigrationContext.configure(conn, opts={"version_table": migrate.VERSION_TABLE})
+        diff = compare_metadata(ctx, Base.metadata)
+    assert diff == [], f"migrations and models disagree: {diff}"
+    engine.dispose()
+
+
+def test_downgrade_upgrade_round_trip(db_url):
+    engine = make_engine(db_url)
+    migrate.upgrade(db_url)
+    migrate.downgrade(db_url, "base")
+    assert migrate.current_revision(engine) is None
+    assert not (TABLES - {"tuner_alembic_version"}) & set(inspect(engine).get_table_names())
+    migrate.upgrade(db_url)
+    assert migrate.current_revision(engine) == migrate.head_revision()
+    engine.dispose()
+
+
+def test_own_version_table_leaves_optunas_alone(db_url):
+    import optuna
+
+    migrate.upgrade(db_url)
+    optuna.create_study(storage=db_url, study_name="x")  # Optuna's schema, its own alembic_version
+    engine = make_engine(db_url)
+    names = set(inspect(engine).get_table_names())
+    assert {"alembic_version", "tuner_alembic_version", "studies", "trials"} | TABLES <= names
+    migrate.ensure_current(engine)
+    engine.dispose()
+
+
+def _old_device_and_kernel(conn, *, version: str) -> None:  # type: ignore[no-untyped-def]
+    """The device and kernel rows an older schema's database holds, written with plain SQL."""
+    from sqlalchemy import text
+
+    conn.execute(
+        text(
+            "INSERT INTO devices (name, compute_capability, sm_count, max_smem_optin, smem_per_sm, "
+            "regs_per_sm, regs_per_block, max_threads_per_block, l2_bytes, recorded_at) VALUES "
+            "('NVIDIA H200', '9.0', 132, 232448, 233472, 65536, 65536, 1024, 0, '2026-11-01')"
+        )
+    )
+    conn.execute(
+        text("INSERT INTO kernels (source_hash, name, version) VALUES ('abc', 'verify_attention', :v)"), {"v": version}
+    )
+
+
+def test_0001_database_holding_rows_upgrades_and_back_keeping_them(db_url):
+    """An operator's database from before 0002: every row survives the upgrade and a downgrade, and
+    writes after the upgrade bump the version the sidecar's stamp reads."""
+    from sqlalchemy import text
+    from verify_tuner.kernels.config import KernelConfig
+    from verify_tuner.keys import ConfigKey
+    from verify_tuner.store import repo
+    from verify_tuner.store.session import session_factory, session_scope
+
+    migrate.upgrade(db_url, "0001")
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        _old_device_and_kernel(conn, version="1")
+        conn.execute(
+            text(
+                'INSERT INTO best_configs (device_id, kernel_id, dtype, "H", q_len, bucket, nsplit, ht, '
+                "tk, block, extra, tuned_at) SELECT d.id, k.id, 'bf16', 8, 9, 15, 64, 8, 32, 256, "
+                "'{\"STAGES\": 2}', '2026-11-01' FROM devices d, kernels k"
+            )
+        )
+    migrate.upgrade(db_url)
+    sessions = session_factory(engine)
+    with session_scope(sessions) as s:
+        assert [r.config.nsplit for r in repo.list_best(session=s)] == [64]
+        before = repo.data_stamp(session=s)
+        repo.upsert_best(
+            session=s,
+            key=ConfigKey("NVIDIA H200", "abc", "bf16", 8, 9, 16),
+            config=KernelConfig(nsplit=32, ht=8, tk=32, block=256),
+            median_us=1.0,
+        )
+    with session_scope(sessions) as s:
+        assert repo.data_stamp(session=s)[0] == before[0] + 1
+    migrate.downgrade(db_url, "0001")
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM best_configs")).scalar_one() == 2
+        assert "data_version" not in set(inspect(conn).get_table_names())
+    engine.dispose()
+
+
+def test_0002_database_with_rows_gains_batch_buckets_and_loses_nothing(db_url):
+    """Migration 0003: a database tuned before batch buckets keeps every best config and study as
+    batch bucket 0 (B=1), answers the same lookups, and can then store a B=32 row beside the B=1
+    row of the same key; a downgrade keeps the B=1 rows and drops only the B=32 one."""
+    from sqlalchemy import text
+    from verify_tuner.kernels.config import KernelConfig
+    from verify_tuner.keys import ConfigKey
+    from verify_tuner.store import repo
+    from verify_tuner.store.session import session_factory, session_scope
+
+    migrate.upgrade(db_url, "0002")
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        _old_device_and_kernel(conn, version="2")
+        for bucket, nsplit in ((15, 64), (16, 132), (9, 33)):
+            conn.execute(
+                text(
+                    'INSERT INTO best_configs (device_id, kernel_id, dtype, "H", q_len, bucket, nsplit, '
+                    f"ht, tk, block, extra, tuned_at) SELECT d.id, k.id, 'bf16', 8, 9, {bucket}, {nsplit}, "
+                    "8, 32, 256, '{\"STAGES\": 2}', '2026-11-01' FROM devices d, kernels k"
+                )
+            )
+        conn.execute(
+            text(
+                'INSERT INTO tuning_studies (workload_key, device_id, kernel_id, dtype, "H", q_len, bucket, '
+                "prefix, status, sampler, started_at, n_trials, n_ok, n_invalid, n_failed) SELECT "
+                "'NVIDIA H200|abc|bf16|H8|Q9|b16', d.id, k.id, 'bf16', 8, 9, 16, 46000, 'finished', 'tpe', "
+                "'2026-11-01', 40, 38, 2, 0 FROM devices d, kernels k"
+            )
+        )
+        conn.execute(
+            text(
+                "INSERT INTO tuning_trials (study_id, params, state, created_at) SELECT id, "
+                "'{\"NSPLIT\": 132}', 'ok', '2026-11-01' FROM tuning_studies"
+            )
+        )
+    migrate.upgrade(db_url)
+    sessions = session_factory(engine)
+    key1 = ConfigKey("NVIDIA H200", "abc", "bf16", 8, 9, 16)
+    with session_scope(sessions) as s:
+        rows = repo.list_best(session=s)
+        assert sorted((r.key.bucket, r.key.batch_bucket, r.config.nsplit) for r in rows) == [
+            (9, 0, 33),
+            (15, 0, 64),
+            (16, 0, 132),
+        ]
+        assert repo.get_best(session=s, key=key1).config.nsplit == 132
+        study = repo.get_or_create_study(session=s, key=key1, prefix=46000, sampler="tpe", seed=None)
+        assert (study.n_trials, study.batch_bucket) == (40, 0)  # the old study resumes, not a new one
+        assert len(repo.list_trials(session=s, study_id=study.id)) == 1
+        repo.upsert_best(
+            session=s,
+            key=ConfigKey(**{**key1.__dict__, "batch_bucket": 5}),
+            config=KernelConfig(nsplit=4, ht=8, tk=32, block=256),
+            median_us=90.0,
+        )
+    with session_scope(sessions) as s:
+        assert repo.get_best(session=s, key=key1).config.nsplit == 132
+        assert len(repo.list_best(session=s)) == 4
+    migrate.downgrade(db_url, "0002")
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM best_configs")).scalar_one() == 3
+        assert conn.execute(text("SELECT count(*) FROM tuning_trials")).scalar_one() == 1
+        assert "batch_bucket" not in {c["name"] for c in inspect(conn).get_columns("best_configs")}
+    migrate.upgrade(db_url)
+    with session_scope(sessions) as s:
+        assert len(repo.list_best(session=s)) == 3
+    engine.dispose()
+
+
+def test_sixteen_concurrent_db_upgrades_on_a_fresh_database_all_succeed(db_url, tmp_path):
+    """Operators start tuners and sidecars together: each runs `tuner db upgrade` first (it also
+    creates Optuna's tables). Before the lock 2 of 16 failed on PostgreSQL, 1 of 16 on SQLite."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TUNER_DATABASE_URL": db_url}
+    env.pop("TUNER_STUDY_STORAGE", None)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tuner", "db", "upgrade"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(16)
+    ]
+    outcomes = [(p.wait(timeout=180), p.stderr.read()) for p in procs]
+    failed = [err for rc, err in outcomes if rc != 0]
+    assert not failed, f"{len(failed)} of 16 failed: {failed[0][-800:]}"
+    engine = make_engine(db_url)
+    assert migrate.current_revision(engine) == migrate.head_revision()
+    tables = set(inspect(engine).get_table_names())
+    engine.dispose()
+    from sqlalchemy.engine import make_url
+    from verify_tuner.settings import Settings
+
+    studies = Settings(database_url=db_url).studies
+    if studies == db_url:  # PostgreSQL: Optuna's tables in the config database, created once
+        assert {"studies", "trials"} <= tables
+    else:  # SQLite: a file per key, created when the key is first tuned; upgrade made the directory
+        assert not {"studies", "trials"} & tables
+        assert Path(make_url(studies).database).parent.is_dir()
+
+
+def test_autogenerate_ignores_optunas_tables(db_url):
+    """`alembic revision --autogenerate` against a database holding Optuna's tables must not emit
+    drops of them: the environment's filter (migrate.include_name) keeps to our tables."""
+    import optuna
+
+    migrate.upgrade(db_url)
+    optuna.create_study(storage=db_url, study_name="shares-the-database")
+    engine = make_engine(db_url)
+    with engine.connect() as conn:
+        unfiltered = compare_metadata(
+            MigrationContext.configure(conn, opts={"version_table": migrate.VERSION_TABLE}), Base.metadata
+        )
+        filtered = compare_metadata(
+            MigrationContext.configure(
+                conn, opts={"version_table": migrate.VERSION_TABLE, "include_name": migrate.include_name}
+            ),
+            Base.metadata,
+        )
+    engine.dispose()
+    assert any(d[0] == "remove_table" for d in unfiltered)  # what autogenerate would have emitted
+    assert filtered == [], filtered

@@ -1,0 +1,43 @@
+"""`tuner db snapshot` from SQLite and from PostgreSQL: devices and best configs, nothing else."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+from verify_tuner.errors import StorageError
+from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.limits import known_device
+from verify_tuner.keys import ConfigKey
+from verify_tuner.store import migrate, repo
+from verify_tuner.store.session import make_engine, session_factory, session_scope
+from verify_tuner.store.snapshot import write_snapshot
+
+H200 = known_device("h200")
+
+
+def test_snapshot_copies_devices_and_best_configs(db_url, tmp_path):
+    migrate.upgrade(db_url)
+    sessions = session_factory(make_engine(db_url))
+    with session_scope(sessions) as s:
+        repo.upsert_device(session=s, limits=H200)
+        for bucket in (10, 15):
+            repo.upsert_best(
+                session=s,
+                key=ConfigKey(H200.name, "k" * 16, "bf16", 8, 9, bucket),
+                config=KernelConfig(132, 8, 32, 256),
+                median_us=70.0 + bucket,
+            )
+    dest = tmp_path / "snap.db"
+    assert write_snapshot(db_url, dest) == 2
+    con = sqlite3.connect(dest)
+    try:
+        assert con.execute("PRAGMA journal_mode").fetchone() == ("delete",)
+        assert con.execute("SELECT name FROM devices").fetchall() == [(H200.name,)]
+        got = con.execute("SELECT bucket, nsplit, median_us FROM best_configs ORDER BY bucket").fetchall()
+        assert got == [(10, 132, 80.0), (15, 132, 85.0)]
+        assert con.execute("SELECT count(*) FROM tuning_studies").fetchone() == (0,)
+    finally:
+        con.close()
+    with pytest.raises(StorageError, match="exists"):
+        write_snapshot(db_url, dest)

@@ -1,1 +1,0 @@
-"""Configuration database: tables (models), engine/session scope (session), queries (repo)."""

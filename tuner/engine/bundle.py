@@ -1,0 +1,85 @@
+"""A cubin bundle: the compiled configs an inference host loads without nvcc.
+
+The tuner (or CI) compiles every config a table serves for each target arch and writes them to
+one folder with a manifest (`tuner configs dump --cubins`); an engine loads the cubin of the config
+it picked from there (tuner/engine/op.py). The manifest is keyed by the kernel hash, so a bundle built
+for another kernel source is refused instead of launched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from verify_tuner.files import write_shared
+from verify_tuner.kernels.build import KERNEL_NAME, KERNEL_VERSION, compile_cubin, kernel_hash
+from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.errors import TunerError
+
+MANIFEST = "manifest.json"
+
+
+class BundleError(TunerError):
+    """A bundle that is missing, for another kernel, damaged, or without the config asked for."""
+
+
+def _entry_key(arch: str, q_len: int, cfg: KernelConfig) -> str:
+    return f"{arch}:q{q_len}:{cfg}"
+
+
+def write_bundle(out_dir: Path, items: list[tuple[KernelConfig, int, str]], *, cache_dir: Path) -> Path:
+    """Compile (or take from the cache) each (config, q_len, arch) and write the bundle."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    entries = []
+    for cfg, q_len, arch in sorted(set(items), key=lambda x: _entry_key(x[2], x[1], x[0])):
+        cubin = compile_cubin(cfg, q_len, arch, cache_dir).cubin
+        digest = hashlib.sha256(cubin).hexdigest()
+        name = f"{KERNEL_NAME}_{arch}_q{q_len}_{digest[:16]}.cubin"
+        write_shared(out_dir / name, cubin)
+        entries.append({"arch": arch, "q_len": q_len, "config": cfg.as_params(), "file": name, "sha256": digest})
+    manifest = {
+        "kernel": KERNEL_NAME,
+        "kernel_version": KERNEL_VERSION,
+        "kernel_hash": kernel_hash(),
+        "entries": entries,
+    }
+    write_shared(out_dir / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+    return out_dir / MANIFEST
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """A bundle folder, checked against this package's kernel when opened."""
+
+    root: Path
+    entries: dict[str, dict]
+
+    @classmethod
+    def open(cls, root: Path) -> Bundle:
+        try:
+            manifest = json.loads((root / MANIFEST).read_text())
+        except FileNotFoundError:
+            raise BundleError(f"no cubin bundle at {root} ({MANIFEST} missing)") from None
+        except (OSError, ValueError) as exc:
+            raise BundleError(f"unreadable cubin bundle manifest {root / MANIFEST}: {exc}") from None
+        if manifest.get("kernel_hash") != kernel_hash():
+            raise BundleError(
+                f"the bundle at {root} is for kernel {manifest.get('kernel_hash')}, "
+                f"this package launches {kernel_hash()}: rebuild it with `tuner configs dump --cubins`"
+            )
+        entries = {}
+        for e in manifest["entries"]:
+            cfg = KernelConfig.from_params(e["config"])
+            entries[_entry_key(e["arch"], e["q_len"], cfg)] = e
+        return cls(root, entries)
+
+    def cubin(self, cfg: KernelConfig, q_len: int, arch: str) -> bytes:
+        e = self.entries.get(_entry_key(arch, q_len, cfg))
+        if e is None:
+            raise BundleError(f"the bundle at {self.root} has no cubin for {cfg} at q_len={q_len} on {arch}")
+        data = (self.root / e["file"]).read_bytes()
+        if hashlib.sha256(data).hexdigest() != e["sha256"]:
+            raise BundleError(f"{self.root / e['file']} does not match its manifest's sha256 (damaged or replaced)")
+        return data

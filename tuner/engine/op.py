@@ -1,0 +1,181 @@
+"""The verify kernel as a torch op, for inference engines: `torch.ops.verify_tuner.verify_attention`.
+
+It runs on the device of its tensors (tensor-parallel rank k: cuda:k) and on that device's current
+torch stream, so it is captured in the engine's own CUDA graphs; it checks dtypes, shapes, device
+and contiguity with one clear error; its workspace comes from torch's allocator, sized by the
+runtime plan for the batch (NSPLIT + B - 1 partial slots) and kept for later calls and replays.
+It reads the engine's tensors in place: q as one 576-wide tensor or as q_nope + q_pe views at any
+row strides, the KV pool with page size 1 (slots at kv_indptr) or in pages with a page table, and
+the tree mask as uint64 rows or the uint8/16/32 rows SGLang packs.
+The cubin comes from a bundle (`VERIFY_TUNER_CUBINS` or `use_bundle(path)`); without one it is
+compiled when nvcc is present, and otherwise the call says what is missing. Neither PyCUDA nor
+nvcc is needed on an inference host that has a bundle.
+
+    import verify_tuner.engine.op  # registers the op
+    torch.ops.verify_tuner.verify_attention(q, q_pe, kv, kv_indptr, kv_indices, kv_rows, draft_slots,
+                                            tree_mask, out, lse, config_list(cfg), softmax_scale)
+"""
+
+# No `from __future__ import annotations`: torch.library reads the op's schema from live annotations.
+import os
+import threading
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from verify_tuner.engine.bundle import Bundle, BundleError
+from verify_tuner.kernels.abi import LaunchSpec, Layout, TensorMeta, call_layout
+from verify_tuner.kernels.config import PARAM_NAMES, KernelConfig
+from verify_tuner.kernels.errors import InvalidConfig
+from verify_tuner.kernels.validate import validate
+
+_lock = threading.Lock()
+_bundle: Optional[Bundle] = None  # noqa: UP045
+_kernels: dict[tuple[int, KernelConfig, int, int], Any] = {}
+_workspace: dict[tuple[int, KernelConfig, int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+_limits: dict[int, Any] = {}
+
+
+def use_bundle(path: Optional[str]) -> None:  # noqa: UP045
+    """Load cubins from this bundle folder (None: compile with nvcc instead)."""
+    global _bundle
+    with _lock:
+        _bundle = Bundle.open(Path(path)) if path is not None else None
+        _kernels.clear()
+
+
+def config_list(cfg: KernelConfig) -> list[int]:
+    """The op's `config` argument: the constants in PARAM_NAMES order."""
+    return [cfg.as_params()[n] for n in PARAM_NAMES]
+
+
+def _cubin(cfg: KernelConfig, q_len: int, arch: str) -> bytes:
+    """Called under _lock (by _kernels_for), so it sets the bundle itself instead of use_bundle()."""
+    global _bundle
+    if _bundle is None and os.environ.get("VERIFY_TUNER_CUBINS"):
+        _bundle = Bundle.open(Path(os.environ["VERIFY_TUNER_CUBINS"]))
+    if _bundle is not None:
+        return _bundle.cubin(cfg, q_len, arch)
+    import shutil
+
+    if shutil.which("nvcc") is None:
+        raise BundleError(
+            "no cubin bundle (set VERIFY_TUNER_CUBINS to a `tuner configs dump --cubins` folder) "
+            "and no nvcc to compile one"
+        )
+    from verify_tuner.kernels.build import compile_cubin
+
+    cache = Path(os.environ.get("TUNER_CACHE_DIR", Path.home() / ".cache" / "verify-tuner" / "cubins"))
+    return compile_cubin(cfg, q_len, arch, cache).cubin
+
+
+def _kernels_for(device: int, cfg: KernelConfig, q_len: int, H: int) -> Any:
+    from verify_tuner.kernels import runtime
+
+    key = (device, cfg, q_len, H)
+    with _lock:
+        if key not in _kernels:
+            runtime.make_current(device)
+            limits = _limits.setdefault(device, runtime.read_limits(device))
+            validate(cfg, limits, H=H, q_len=q_len)
+            spec = LaunchSpec(cfg, H, q_len)
+            _kernels[key] = runtime.CubinKernels(_cubin(cfg, q_len, limits.arch), spec, sm_count=limits.sm_count)
+        return _kernels[key]
+
+
+def _check(
+    tensors: dict[str, Optional[torch.Tensor]],  # noqa: UP045
+    config: list[int],
+) -> tuple[KernelConfig, int, int, Layout]:
+    if len(config) != len(PARAM_NAMES):
+        raise InvalidConfig(f"config must list {len(PARAM_NAMES)} constants ({', '.join(PARAM_NAMES)})")
+    cfg = KernelConfig.from_params(dict(zip(PARAM_NAMES, config)))
+    q = tensors["q"]
+    if q is None or q.dim() != 4:
+        raise ValueError("verify_attention: q must be [B, q_len, H, 576] (or q_nope [B, q_len, H, 512] with q_pe)")
+    _, q_len, H, _ = q.shape
+    try:
+        layout = call_layout({k: TensorMeta.of(v) for k, v in tensors.items()}, q_len=q_len, H=H)
+    except ValueError as e:
+        raise ValueError(f"verify_attention: {e}") from None
+    return cfg, q_len, H, layout
+
+
+@torch.library.custom_op("verify_tuner::verify_attention", mutates_args=("out", "lse"))
+def verify_attention(
+    q: torch.Tensor,
+    q_pe: Optional[torch.Tensor],  # noqa: UP045
+    kv: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    kv_rows: Optional[torch.Tensor],  # noqa: UP045
+    draft_slots: torch.Tensor,
+    tree_mask: torch.Tensor,
+    out: torch.Tensor,
+    lse: Optional[torch.Tensor],  # noqa: UP045
+    config: list[int],
+    softmax_scale: float,
+) -> None:
+    """MLA verify attention into `out` (and `lse`).
+
+    q [B,Q,H,576] bf16 with q_pe None, or q_nope [B,Q,H,512] + q_pe [B,Q,H,64] (last dim contiguous,
+    (B, Q) mergeable, 16-byte aligned rows); kv [S,576] (or [pages, page_size, 576]) bf16;
+    kv_indices int32: the prefixes' slots at kv_indptr (flat, page size 1), or a table with a row
+    per request -- of slots (page size 1; SGLang's req_to_token, with kv_rows [B] int32 naming
+    each request's row, read in place) or of page ids (a [B, max_pages] block table);
+    kv_indptr [B+1] int32 prefix token offsets (the prefix lengths' running sum); draft_slots [B,Q] int32 slots; tree_mask [B,Q]
+    rows of 8..64 bits (bit j of row i: node i sees node j); out [B,Q,H,512] bf16; lse [B,Q,H]
+    fp32 or None; `config` from config_list()."""
+    tensors = {
+        "q": q,
+        "q_pe": q_pe,
+        "kv": kv,
+        "kv_indptr": kv_indptr,
+        "kv_indices": kv_indices,
+        "kv_rows": kv_rows,
+        "draft_slots": draft_slots,
+        "tree_mask": tree_mask,
+        "out": out,
+        "lse": lse,
+    }
+    cfg, q_len, H, layout = _check(tensors, config)
+    device, batch = q.device.index, q.shape[0]
+    kernels = _kernels_for(device, cfg, q_len, H)
+    key = (device, cfg, q_len, H, batch)
+    # One workspace per (device, config, batch size), made on the first call (before the engine
+    # captures its graph); launches sharing it must be ordered, as one engine's verify steps are.
+    with _lock:
+        if key not in _workspace:
+            rows = kernels.spec.workspace_rows(batch)
+            _workspace[key] = (
+                torch.empty(rows, 512, dtype=torch.bfloat16, device=q.device),
+                torch.empty(rows, dtype=torch.float32, device=q.device),
+            )
+        part_o, part_lse = _workspace[key]
+    pointers = {
+        "q": q.data_ptr(),
+        "q_pe": q_pe.data_ptr() if q_pe is not None else None,
+        "kv": kv.data_ptr(),
+        "prefix_indices": kv_indices.data_ptr(),
+        "prefix_rows": kv_rows.data_ptr() if kv_rows is not None else 0,
+        "prefix_indptr": kv_indptr.data_ptr(),
+        "draft_indices": draft_slots.data_ptr(),
+        "tree_mask": tree_mask.data_ptr(),
+        "out": out.data_ptr(),
+        "lse": lse.data_ptr() if lse is not None else 0,
+    }
+    stream = torch.cuda.current_stream(q.device).cuda_stream
+    kernels.launch(
+        stream=stream,
+        batch=batch,
+        pointers=pointers,
+        part_o=part_o.data_ptr(),
+        part_lse=part_lse.data_ptr(),
+        softmax_scale=softmax_scale,
+        layout=layout,
+    )
+
+
+@verify_attention.register_fake
+def _(q, q_pe, kv, kv_indptr, kv_indices, kv_rows, draft_slots, tree_mask, out, lse, config, softmax_scale) -> None:
+    return None

@@ -1,0 +1,227 @@
+"""Sharing out the keys of one tuning job between tuner processes: the GPUs of one host
+(`--devices 0,1`) or the same command on several hosts against one PostgreSQL.
+
+Each key (one Optuna study) has at most one **owner**: the process that claimed it in the config
+database (one atomic UPDATE, verify_tuner.store.repo.claim_study) and beats every CLAIM_BEAT_S. Only the
+owner re-times the top candidates and stores the winner, so every key's winner is picked and
+stored once. A process walks the job's keys in order from its own starting key (process i of P
+on one host starts at key i*K/P of K and wraps around) and claims the first free one; when every
+remaining key is owned by a live process it **helps** with the search of one whose budget has
+more places left than twice its owner's trials in flight (trials are shared through Optuna's
+storage, so nothing is measured twice), and otherwise waits for the owners. Each process takes
+places in the budget from its own count (the other's trials in flight are not in it): an owner's
+trials in flight already take the last places, and a helper that joins there adds its own proposals,
+storage writes and measurements past the budget to the owner's key, which slows the owner down
+instead of helping it. A key whose study finished with its budget measured is done and skipped (a
+re-run of the job, or another process that got there first). An owner killed with -9 stops beating:
+after CLAIM_STALE_S another process (or the re-run) claims the key and resumes its study, whose
+heartbeat-failed trials Optuna retries.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+from verify_tuner import space
+from verify_tuner.keys import ConfigKey
+from verify_tuner.measure.backend import Backend, Workload
+from verify_tuner.search.outcome import Outcome
+from verify_tuner.search.study import run_study, workload_key
+from verify_tuner.store import repo
+from verify_tuner.store.session import session_scope
+
+CLAIM_BEAT_S = 5.0
+#: A claim this old belongs to a dead process. Longer than any single step of an owner that does
+#: not beat (the beat is a thread: measurements and compiles do not delay it).
+CLAIM_STALE_S = 30.0
+#: While every remaining key is owned by another live process: how long between claim attempts
+#: (which also take a key whose owner went stale), and how often to look, read-only, whether an
+#: owner has released its key meanwhile -- the look ends the wait, so the job's last process does
+#: not sleep out a whole POLL_S after another process finished the key it was waiting for.
+POLL_S = 1.0
+WATCH_S = 0.05
+
+
+def owner_id(device_ordinal: int) -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:gpu{device_ordinal}"
+
+
+@dataclass
+class JobResult:
+    outcomes: list[Outcome] = field(default_factory=list)  # keys this process owned
+    done_before: list[Workload] = field(default_factory=list)  # finished already: skipped
+    helped: list[Workload] = field(default_factory=list)  # searched for another owner
+    #: keys owned by another live process that this process did not help: the places left in the
+    #: budget when it first looked (too few to share: see the module docstring)
+    declined: dict[Workload, int] = field(default_factory=dict)
+    waited_s: float = 0.0  # idle: every remaining key owned by another live process, none helped
+
+
+@contextlib.contextmanager
+def _beating(sessions: sessionmaker[Session], study_id: int, owner: str) -> Iterator[threading.Event]:
+    """Beat the claim from a thread while the body runs; the event is set if the claim was lost."""
+    stop, lost = threading.Event(), threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(CLAIM_BEAT_S):
+            with session_scope(sessions) as s:
+                if not repo.beat_study(session=s, study_id=study_id, owner=owner):
+                    lost.set()
+                    return
+
+    t = threading.Thread(target=beat, name=f"claim-{study_id}", daemon=True)
+    t.start()
+    try:
+        yield lost
+    finally:
+        stop.set()
+        t.join()
+
+
+_DONE = -1
+
+
+def _claim(
+    sessions: sessionmaker[Session], key: ConfigKey, wl: Workload, owner: str, budget: int, study_kw: dict[str, Any]
+) -> int | None:
+    """Claim the key's study: its id when this process now owns it, _DONE when it is finished with
+    its budget measured (a re-run, or another process got there first), None when a live process
+    owns it. The claim comes first and the check after, on the row this process then owns: a
+    check before the claim could read a study that its owner finishes and releases before the
+    claim's UPDATE, and the key would be tuned twice."""
+    with session_scope(sessions) as s:
+        row = repo.get_or_create_study(
+            session=s,
+            key=key,
+            prefix=wl.prefix,
+            sampler=study_kw.get("sampler", "tpe"),
+            seed=study_kw.get("seed"),
+            reopen=False,
+        )
+        study_id = row.id
+    stale = repo.utcnow() - timedelta(seconds=CLAIM_STALE_S)
+    with session_scope(sessions) as s:  # one transaction: the claim's UPDATE holds the row for the check
+        if not repo.claim_study(session=s, study_id=study_id, owner=owner, stale_before=stale):
+            return None
+        row = s.get(repo.Study, study_id, populate_existing=True)
+        if row.status == "finished" and row.n_ok + row.n_failed >= budget:
+            repo.release_study(session=s, study_id=study_id, owner=owner)
+            return _DONE
+    return study_id
+
+
+def run_job(
+    *,
+    backend: Backend,
+    sessions: sessionmaker[Session],
+    workloads: list[Workload],
+    n_trials: int,
+    owner: str,
+    study_kw: dict[str, Any],
+    restrict: dict[str, list[int]] | None = None,
+    on_key_done: Callable[[], None] | None = None,
+    place: tuple[int, int] = (0, 1),
+) -> JobResult:
+    """Tune every key of `workloads` together with whatever other processes run the same job.
+
+    `place` is this process's (index, count) among the job's processes on this host: it starts
+    its walk at key index*K/count, so each process goes on to its own last key's neighbour -- whose
+    best is then stored to start from (verify_tuner.search.study.warm_start_configs) and whose compiles are
+    cached -- as a lone process does, instead of the processes taking alternate keys side by side.
+    Processes of other hosts start where their own index says; a claim taken meanwhile is skipped."""
+    index, count = place
+    if not 0 <= index < count:
+        raise ValueError(f"place {place}: the index must be in [0, count)")
+    limits = backend.limits
+
+    def budget(wl: Workload) -> int:  # space.valid_configs is cached per (H, q_len, batch)
+        return min(n_trials, len(space.valid_configs(limits, H=wl.H, q_len=wl.q_len, restrict=restrict)))
+
+    result = JobResult()
+    in_flight = max(1, study_kw.get("parallel", 1))  # an owner's trials in flight (the same job: the same)
+    pending = list(dict.fromkeys(workloads))
+    first = index * len(pending) // count
+    pending = pending[first:] + pending[:first]  # finished keys leave it: a rescan walks on from here
+    with session_scope(sessions) as s:  # alone: it locks data_version, which winners' writes also take
+        repo.upsert_device(session=s, limits=limits)
+    while pending:
+        acted = False
+        for wl in list(pending):
+            study_id = _claim(sessions, workload_key(limits, wl), wl, owner, budget(wl), study_kw)
+            if study_id == _DONE:
+                pending.remove(wl)
+                result.done_before.append(wl)
+                continue
+            if study_id is None:
+                continue
+            with _beating(sessions, study_id, owner) as lost:
+                out = run_study(
+                    backend=backend,
+                    sessions=sessions,
+                    workload=wl,
+                    n_trials=n_trials,
+                    restrict=restrict,
+                    pick=True,
+                    owns=lambda lost=lost: not lost.is_set(),
+                    **study_kw,
+                )
+            with session_scope(sessions) as s:
+                repo.release_study(session=s, study_id=study_id, owner=owner)
+            result.outcomes.append(out)
+            pending.remove(wl)
+            if on_key_done:
+                on_key_done()
+            acted = True
+            break  # rescan from the top: keys finished meanwhile are dropped
+        if acted or not pending:
+            continue
+        for wl in pending:  # every remaining key is owned by a live process
+            with session_scope(sessions) as s:
+                row = repo.find_study(session=s, key=workload_key(limits, wl))
+                left = budget(wl) - (row.n_ok + row.n_failed) if row is not None else 0
+            if left > 2 * in_flight:  # its own seed: the owner samples with the job's, lockstep would repeat it
+                seed = (zlib.crc32(owner.encode()) + (study_kw.get("seed") or 0)) % (2**31 - 1)  # an INTEGER column
+                run_study(
+                    backend=backend,
+                    sessions=sessions,
+                    workload=wl,
+                    n_trials=n_trials,
+                    restrict=restrict,
+                    pick=False,
+                    **{**study_kw, "seed": seed},
+                )
+                result.helped.append(wl)
+                acted = True
+                break
+            result.declined.setdefault(wl, max(0, left))  # below 0: helpers measured past the budget
+        if not acted:
+            t = time.monotonic()
+            _wait_for_a_release(sessions, [workload_key(limits, wl) for wl in pending], POLL_S)
+            result.waited_s += time.monotonic() - t
+    return result
+
+
+def _wait_for_a_release(sessions: sessionmaker[Session], keys: list[ConfigKey], timeout_s: float) -> None:
+    """Return once one of `keys` has no owner (its owner finished or released it), or after
+    `timeout_s`; one read-only query every WATCH_S."""
+    deadline = time.monotonic() + timeout_s
+    names = [str(k) for k in keys]
+    while True:
+        with session_scope(sessions) as s:
+            owners = repo.owners_of(session=s, workload_keys=names)
+        if len(owners) < len(names) or None in owners.values():
+            return
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(WATCH_S, left))

@@ -1,0 +1,201 @@
+"""Export and import best configs as JSON or CSV. Import checks every row and stores all of
+them or none."""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import io
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.orm import Session
+from verify_tuner import batches, buckets, engine_files, strict_json
+from verify_tuner.errors import BadParameter, TunerError
+from verify_tuner.kernels import kernel_hash as current_kernel_hash
+from verify_tuner.kernels.config import PARAM_NAMES, KernelConfig
+from verify_tuner.kernels.errors import InvalidConfig
+from verify_tuner.kernels.validate import check
+from verify_tuner.keys import ConfigKey
+from verify_tuner.store import repo
+from verify_tuner.store import row_schema as rows_schema
+from verify_tuner.store.lookup import resolve_device
+
+FIELDS = [
+    "device",
+    "kernel_hash",
+    "dtype",
+    "H",
+    "q_len",
+    "bucket",
+    "bucket_lo",
+    "bucket_hi",
+    "batch_bucket",
+    "batch_lo",
+    "batch_hi",
+    *PARAM_NAMES,
+    "median_us",
+    "p10_us",
+    "p90_us",
+    "default_us",
+    "speedup",
+    "tuned_at",
+]
+
+
+class ImportRejected(TunerError):
+    """The file was rejected whole; `errors` lists every bad row."""
+
+    def __init__(self, errors: list[str]) -> None:
+        super().__init__(f"{len(errors)} bad row(s), nothing imported:\n" + "\n".join(errors))
+        self.errors = errors
+
+
+def export_rows(
+    *, session: Session, device: str | None = None, H: int | None = None, q_len: int | None = None
+) -> list[dict[str, Any]]:
+    out = []
+    for r in repo.list_best(session=session, device=device, H=H, q_len=q_len):
+        b, bb = buckets.by_index(r.key.bucket), batches.by_index(r.key.batch_bucket)
+        p = r.config.as_params()
+        out.append(
+            {
+                "device": r.key.device,
+                "kernel_hash": r.key.kernel_hash,
+                "dtype": r.key.dtype,
+                "H": r.key.H,
+                "q_len": r.key.q_len,
+                "bucket": b.index,
+                "bucket_lo": b.lo,
+                "bucket_hi": b.hi,
+                "batch_bucket": bb.index,
+                "batch_lo": bb.lo,
+                "batch_hi": bb.hi,
+                **p,
+                "median_us": r.median_us,
+                "p10_us": r.p10_us,
+                "p90_us": r.p90_us,
+                "default_us": r.default_us,
+                "speedup": r.speedup,
+                "tuned_at": r.tuned_at.isoformat() if r.tuned_at else None,
+            }
+        )
+    return out
+
+
+def dumps(rows: list[dict[str, Any]], fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(rows, indent=2, allow_nan=False)
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=FIELDS)
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: "" if r.get(k) is None else r.get(k) for k in FIELDS})
+    return buf.getvalue()
+
+
+@dataclass(frozen=True)
+class Loaded:
+    rows: list[dict[str, Any]]
+    dump: bool  # a `tuner configs dump` file: its tuned entries are the rows (there may be none)
+
+
+def loads(data: str | bytes, fmt: str) -> Loaded:
+    """Raw rows of a JSON or CSV file, text or UTF-8 bytes (a spreadsheet's UTF-8 byte-order mark
+    is dropped); CSV cells are converted strictly (verify_tuner.store.row_schema.from_csv_cells)."""
+    text = (_utf8(data) if isinstance(data, bytes) else data).removeprefix("\ufeff")
+    if fmt == "json":
+        try:
+            doc = strict_json.loads(text)  # a repeated key or a non-finite number is an error, not last-wins
+        except ValueError as exc:
+            raise ImportRejected([f"not valid JSON: {exc}"]) from exc
+        if isinstance(doc, dict) and doc.get("format") == engine_files.FORMAT:
+            return Loaded(engine_files.tuned_rows(doc), dump=True)
+        if not isinstance(doc, list) or not all(isinstance(r, dict) for r in doc):
+            raise ImportRejected(["JSON must be a list of objects (or a `tuner configs dump` file)"])
+        return Loaded(doc, dump=False)
+    reader = csv.DictReader(io.StringIO(text))
+    repeated = sorted({c for c in reader.fieldnames or () if (reader.fieldnames or []).count(c) > 1})
+    if repeated:  # DictReader keeps the last of a repeated column's cells
+        raise ImportRejected([f"CSV header repeats column(s) {', '.join(map(repr, repeated))}"])
+    return Loaded([rows_schema.from_csv_cells(r) for r in reader], dump=False)
+
+
+def _utf8(data: bytes) -> str:
+    """Both formats' text; bytes that are not UTF-8 are named by offset (CSV has no decoder of its own)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ImportRejected([f"not UTF-8 text: byte 0x{data[exc.start]:02x} at offset {exc.start}"]) from None
+
+
+@dataclass(frozen=True)
+class _Parsed:
+    key: ConfigKey
+    config: KernelConfig
+    timing: dict[str, float | None]
+    tuned_at: dt.datetime | None
+    limits: Any
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    imported: int
+    #: Rows stored but never served by this kernel (another kernel hash), one line each.
+    warnings: list[str]
+
+
+def _parse(session: Session, raw: dict[str, Any]) -> _Parsed:
+    row = rows_schema.parse_row(raw)
+    limits = resolve_device(session=session, name=row.device, default=None)  # never "the only recorded one"
+    cfg = KernelConfig.from_params(row.constants())
+    reason = check(cfg, limits, H=row.H, q_len=row.q_len)
+    if reason:
+        raise InvalidConfig(f"config {cfg} cannot run on {limits.name}: {reason}")
+    key = ConfigKey(
+        limits.name,
+        row.kernel_hash or current_kernel_hash(),
+        row.dtype,
+        row.H,
+        row.q_len,
+        row.bucket_index,
+        row.batch_bucket,
+    )
+    timing = {k: getattr(row, k) for k in rows_schema.TIMING_FIELDS}
+    return _Parsed(key, cfg, timing, row.tuned_at, limits)
+
+
+def import_rows(*, session: Session, rows: list[dict[str, Any]], allow_empty: bool = False) -> ImportResult:
+    """Validate all rows, then upsert them in the caller's transaction. Raises ImportRejected with
+    one line per bad row (row number and field); the same key twice in one file is rejected."""
+    parsed, errors, seen = [], [], {}
+    for i, row in enumerate(rows, start=1):
+        try:
+            p = _parse(session, row)
+        except (ValueError, TunerError, BadParameter) as exc:
+            errors.append(f"row {i}: {exc}")
+            continue
+        if p.key in seen:
+            errors.append(f"row {i}: the same key as row {seen[p.key]} ({p.key})")
+            continue
+        seen[p.key] = i
+        parsed.append(p)
+    if errors:
+        raise ImportRejected(errors)
+    if not parsed:
+        if allow_empty:  # a dump of heuristic tables: nothing tuned to restore
+            return ImportResult(0, [])
+        raise ImportRejected(["no rows"])
+    current = current_kernel_hash()
+    warnings = [
+        f"row {seen[p.key]}: kernel hash {p.key.kernel_hash} is not this kernel's ({current}): stored, "
+        "but never served by this version"
+        for p in parsed
+        if p.key.kernel_hash != current
+    ]
+    for p in parsed:
+        if repo.get_device(session=session, name=p.limits.name) is None:
+            repo.upsert_device(session=session, limits=p.limits)
+        repo.upsert_best(session=session, key=p.key, config=p.config, tuned_at=p.tuned_at, **p.timing)
+    return ImportResult(len(parsed), warnings)

@@ -1,0 +1,62 @@
+"""Can the database be read and written right now, as a freshly started process would find it?
+The sidecar's /readyz asks this; pooled connections would hide a file that was removed or made
+read-only after they were opened."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SQLAlchemyError
+from verify_tuner.errors import StorageError
+from verify_tuner.store.migrate import ensure_current
+from verify_tuner.store.session import make_engine
+
+PROBE_BUSY_TIMEOUT_MS = 1000  # a WAL reader never waits on writers; anything longer is a fault
+
+
+@dataclass(frozen=True)
+class DatabaseHealth:
+    readable: bool
+    writable: bool
+    reason: str | None = None  # why not readable / not writable
+
+
+def probe(url: str, *, read_only: bool = False, timeout_s: float | None = None) -> DatabaseHealth:
+    parsed = make_url(url)
+    sqlite_file = None
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        sqlite_file = Path(parsed.database).expanduser()
+        if not sqlite_file.exists():  # opening it would create an empty file: never do that here
+            return DatabaseHealth(False, False, f"database file {sqlite_file} is missing")
+    engine = make_engine(
+        url,
+        immediate=False,
+        busy_timeout_ms=PROBE_BUSY_TIMEOUT_MS,
+        pooled=False,
+        read_only=read_only,
+        timeout_s=timeout_s,
+    )
+    try:
+        ensure_current(engine)  # reads the schema version over a new connection
+        if sqlite_file is not None:
+            # the file, and the directory its -wal/-shm/journal files live in, must be writable
+            blocked = [p for p in (sqlite_file, sqlite_file.parent) if not os.access(p, os.W_OK)]
+            if blocked:
+                return DatabaseHealth(
+                    True, False, "database is read-only: cannot write " + ", ".join(str(p) for p in blocked)
+                )
+        elif parsed.get_backend_name() == "postgresql":
+            with engine.connect() as conn:
+                if str(conn.execute(text("SHOW transaction_read_only")).scalar()).lower() == "on":
+                    return DatabaseHealth(True, False, "database is read-only (transaction_read_only = on)")
+        return DatabaseHealth(True, True)
+    except StorageError as exc:
+        return DatabaseHealth(False, False, str(exc))
+    except (SQLAlchemyError, OSError) as exc:  # a driver error on a fresh connection: not readable now
+        return DatabaseHealth(False, False, f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
+    finally:
+        engine.dispose()

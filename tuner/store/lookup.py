@@ -1,0 +1,128 @@
+"""Answer "which config for (device, H, q_len, prefix, batch)": tuned, nearest tuned prefix
+bucket of the same batch bucket, or the heuristic default for that batch. The API, the CLI and
+the worker client's fallback all go through here."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+from sqlalchemy.orm import Session
+from verify_tuner import batches, buckets
+from verify_tuner.errors import BadParameter
+from verify_tuner.heuristic import heuristic_config
+from verify_tuner.kernels import kernel_hash as current_kernel_hash
+from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.errors import InvalidConfig
+from verify_tuner.kernels.limits import DeviceLimits, known_device
+from verify_tuner.store import repo
+
+#: A tuned neighbour bucket is served only this close (log2 of the prefix ratio): beyond it the
+#: heuristic, which adapts to the prefix, is the better guess (a config tuned for 4k prefixes
+#: is not one for an empty prefix).
+NEAREST_MAX_OCTAVES = 1.0
+
+
+@dataclass(frozen=True)
+class Answer:
+    config: KernelConfig
+    source: str  # tuned | nearest | heuristic
+    bucket: buckets.Bucket
+    device: str
+    kernel_hash: str
+    expected_us: float | None = None
+    speedup_vs_default: float | None = None
+    tuned_at: dt.datetime | None = None
+    from_bucket: int | None = None  # for "nearest": the bucket the config was tuned on
+    batch_bucket: batches.BatchBucket = batches.ALL[0]  # never crossed: tuned rows of this one only
+
+
+def resolve_device(*, session: Session, name: str | None, default: str | None) -> DeviceLimits:
+    """Limits of the named device (else the sidecar's, else the only one recorded)."""
+    name = name or default
+    if name is None:
+        devices = repo.list_devices(session=session)
+        if len(devices) != 1:
+            known = ", ".join(d.name for d in devices) or "none recorded"
+            raise BadParameter("device", f"required: this service has no default device (recorded: {known})")
+        return repo.device_limits(devices[0])
+    dev = repo.get_device(session=session, name=name)
+    if dev is not None:
+        return repo.device_limits(dev)
+    limits = known_device(name)
+    if limits is not None:
+        dev = repo.get_device(session=session, name=limits.name)
+        return repo.device_limits(dev) if dev is not None else limits
+    raise BadParameter("device", f"unknown device {name!r}: not recorded by the tuner and not a known GPU")
+
+
+def _pick(
+    rows: list[repo.BestRow],
+    *,
+    limits: DeviceLimits,
+    H: int,
+    q_len: int,
+    bucket: buckets.Bucket,
+    batch: batches.BatchBucket,
+    khash: str,
+) -> Answer:
+    """Exact bucket, else the nearest tuned prefix bucket (of the same batch bucket) within
+    NEAREST_MAX_OCTAVES, else the heuristic at the bucket's representative prefix and batch (so
+    /config and the /configs table always agree)."""
+    rows = [r for r in rows if r.key.batch_bucket == batch.index]
+    exact = [r for r in rows if r.key.bucket == bucket.index]
+    if exact:
+        r = exact[0]
+        return Answer(
+            r.config, "tuned", bucket, limits.name, khash, r.median_us, r.speedup, r.tuned_at, bucket.index, batch
+        )
+    r = repo.nearest_row(rows, bucket)
+    if r is not None and buckets.log_distance(buckets.by_index(r.key.bucket), bucket) <= NEAREST_MAX_OCTAVES:
+        return Answer(r.config, "nearest", bucket, limits.name, khash, None, r.speedup, r.tuned_at, r.key.bucket, batch)
+    try:
+        cfg = heuristic_config(limits, H=H, q_len=q_len, prefix=bucket.mid, batch=batch.hi)
+    except InvalidConfig as exc:
+        raise BadParameter("q_len", f"no kernel config can run on {limits.name}: {exc}") from exc
+    return Answer(cfg, "heuristic", bucket, limits.name, khash, batch_bucket=batch)
+
+
+def answer(
+    *,
+    session: Session,
+    limits: DeviceLimits,
+    H: int,
+    q_len: int,
+    prefix: int,
+    batch: int = 1,
+    dtype: str = "bf16",
+    kernel_hash: str | None = None,
+) -> Answer:
+    """`prefix` is the batch's lookup prefix (verify_tuner.batches.prefix_of)."""
+    khash = kernel_hash or current_kernel_hash()
+    bb = batches.bucket_of(batch)
+    rows = repo.list_best_for(
+        session=session, device=limits.name, kernel_hash=khash, dtype=dtype, H=H, q_len=q_len, batch_bucket=bb.index
+    )
+    return _pick(rows, limits=limits, H=H, q_len=q_len, bucket=buckets.bucket_of(prefix), batch=bb, khash=khash)
+
+
+def table(
+    *,
+    session: Session,
+    limits: DeviceLimits,
+    H: int,
+    q_len: int,
+    dtype: str = "bf16",
+    kernel_hash: str | None = None,
+    batch_buckets: list[int] | None = None,
+) -> list[Answer]:
+    """The answer for every prefix bucket of each batch bucket (default: B=1 only), batch bucket
+    major: what a worker caches at startup and looks up each step."""
+    khash = kernel_hash or current_kernel_hash()
+    wanted = [batches.by_index(i) for i in (batch_buckets if batch_buckets is not None else [0])]
+    rows = repo.list_best_for(session=session, device=limits.name, kernel_hash=khash, dtype=dtype, H=H, q_len=q_len)
+    return [
+        _pick(rows, limits=limits, H=H, q_len=q_len, bucket=b, batch=bb, khash=khash)
+        for bb in wanted
+        for b in buckets.ALL
+    ]

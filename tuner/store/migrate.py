@@ -1,0 +1,119 @@
+"""Schema migrations: `tuner db upgrade`, and the check the API runs before serving."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+from verify_tuner import migrations
+from verify_tuner.errors import StorageError
+
+VERSION_TABLE = "tuner_alembic_version"
+UPGRADE_HINT = "run `tuner db upgrade` (with the same TUNER_DATABASE_URL)"
+
+
+def alembic_config(url: str) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(Path(migrations.__file__).parent))
+    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return cfg
+
+
+@functools.cache  # the shipped migrations do not change under a running process; parsing them is slow
+def head_revision() -> str:
+    head = ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
+    assert head is not None
+    return head
+
+
+def current_revision(engine: Engine) -> str | None:
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE}).get_current_revision()
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    with upgrade_lock(url):
+        command.upgrade(alembic_config(url), revision)
+
+
+def include_name(name: str | None, type_: str, parent_names: object) -> bool:
+    """Autogenerate sees only this project's tables: Optuna's storage (studies, trials, its own
+    alembic_version, ...) may share the database and must never appear as tables to drop."""
+    from verify_tuner.store.models import Base
+
+    return type_ != "table" or name in Base.metadata.tables or name == VERSION_TABLE
+
+
+@contextlib.contextmanager
+def upgrade_lock(url: str) -> Iterator[None]:
+    """Serialise schema creation across processes: several `tuner db upgrade` (or tuners and
+    sidecars started together) on one fresh database must all succeed, not race on the version
+    table. PostgreSQL: a session advisory lock; SQLite: flock(2) on the database file itself
+    (independent of SQLite's own fcntl locks; an empty new file is a valid empty database)."""
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "postgresql":
+        from verify_tuner.store.session import make_engine
+
+        engine = make_engine(url)
+        key = zlib.crc32(b"verify-tuner schema upgrade")
+        try:
+            with engine.connect() as conn:
+                conn.exec_driver_sql(f"SELECT pg_advisory_lock({key})")
+                try:
+                    yield
+                finally:
+                    conn.exec_driver_sql(f"SELECT pg_advisory_unlock({key})")
+                    conn.commit()
+        finally:
+            engine.dispose()
+        return
+    if parsed.get_backend_name() == "sqlite" and parsed.database and parsed.database != ":memory:":
+        from verify_tuner.store.session import check_writable
+
+        path = Path(parsed.database).expanduser()
+        check_writable(path)  # the fix in one line, before anything tries to create the file
+        with open(path, "ab") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+        return
+    yield
+
+
+def downgrade(url: str, revision: str) -> None:
+    command.downgrade(alembic_config(url), revision)
+
+
+def ensure_current(engine: Engine) -> None:
+    """Raise StorageError naming the fix when the schema is missing or not at head."""
+    try:
+        current = current_revision(engine)
+    except Exception as exc:
+        raise StorageError(f"cannot read the schema version of {engine.url!r}: {exc}") from exc
+    head = head_revision()
+    if current != head:
+        state = "empty (no schema)" if current is None else f"at revision {current}"
+        raise StorageError(
+            f"database {engine.url.render_as_string(hide_password=True)} is {state}, "
+            f"this version needs {head}: {UPGRADE_HINT}"
+        )
+
+
+def checked_sessions(url: str) -> sessionmaker[Session]:
+    """Sessions on `url` after checking its schema is current (StorageError naming the fix if not)."""
+    from verify_tuner.store.session import make_engine, session_factory
+
+    engine = make_engine(url)
+    ensure_current(engine)
+    return session_factory(engine)

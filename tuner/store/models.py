@@ -1,0 +1,156 @@
+"""Tables. Migrations under migrations/ create exactly these; a test compares the two."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, ClassVar
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Dialect,
+    Float,
+    ForeignKey,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class UTCDateTime(TypeDecorator[dt.datetime]):
+    """A point in time stored and read back as UTC on every database. SQLite has no time zone
+    type: SQLAlchemy writes an aware value's wall clock and drops its offset (12:00+05:00 came
+    back as 12:00), where PostgreSQL converts it (07:00Z)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        return (value if value.tzinfo else value.replace(tzinfo=dt.UTC)).astimezone(dt.UTC)
+
+    def process_result_value(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map: ClassVar = {dict[str, Any]: JSON, list[float]: JSON}
+
+
+class Device(Base):
+    __tablename__ = "devices"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    compute_capability: Mapped[str] = mapped_column(String(16))
+    sm_count: Mapped[int]
+    max_smem_optin: Mapped[int]
+    smem_per_sm: Mapped[int]
+    regs_per_sm: Mapped[int]
+    regs_per_block: Mapped[int]
+    max_threads_per_block: Mapped[int]
+    l2_bytes: Mapped[int] = mapped_column(default=0)
+    driver_version: Mapped[str | None] = mapped_column(String(32))
+    cuda_version: Mapped[str | None] = mapped_column(String(32))
+    copy_bw_gbps: Mapped[float | None] = mapped_column(Float)
+    recorded_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class Kernel(Base):
+    __tablename__ = "kernels"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    source_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    name: Mapped[str] = mapped_column(String(100))
+    version: Mapped[str] = mapped_column(String(32))
+
+
+class Study(Base):
+    __tablename__ = "tuning_studies"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    workload_key: Mapped[str] = mapped_column(String(400), unique=True)
+    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"))
+    kernel_id: Mapped[int] = mapped_column(ForeignKey("kernels.id"))
+    dtype: Mapped[str] = mapped_column(String(16))
+    H: Mapped[int]
+    q_len: Mapped[int]
+    bucket: Mapped[int]
+    #: verify_tuner.batches index (0: B=1); migration 0003
+    batch_bucket: Mapped[int] = mapped_column(default=0, server_default="0")
+    prefix: Mapped[int]  # the prefix length measured for this bucket (the batch's lookup prefix)
+    status: Mapped[str] = mapped_column(String(16), default="running")
+    sampler: Mapped[str] = mapped_column(String(16))
+    seed: Mapped[int | None]
+    started_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+    n_trials: Mapped[int] = mapped_column(default=0)
+    n_ok: Mapped[int] = mapped_column(default=0)
+    n_invalid: Mapped[int] = mapped_column(default=0)
+    n_failed: Mapped[int] = mapped_column(default=0)
+    #: the tuner process that picks and stores this key's winner, and when it last said so
+    #: (verify_tuner.jobs.claims; migration 0003): other processes only help with its trials
+    owner: Mapped[str | None] = mapped_column(String(200))
+    heartbeat_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+
+
+class Trial(Base):
+    __tablename__ = "tuning_trials"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("tuning_studies.id", ondelete="CASCADE"), index=True)
+    params: Mapped[dict[str, Any]]
+    #: ok | invalid | compile_error | wrong | crashed | timeout
+    state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str | None] = mapped_column(Text)
+    median_us: Mapped[float | None] = mapped_column(Float)
+    p10_us: Mapped[float | None] = mapped_column(Float)
+    p90_us: Mapped[float | None] = mapped_column(Float)
+    samples: Mapped[list[float] | None]
+    rel_error: Mapped[float | None] = mapped_column(Float)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class BestConfig(Base):
+    __tablename__ = "best_configs"
+    __table_args__ = (
+        UniqueConstraint("device_id", "kernel_id", "dtype", "H", "q_len", "bucket", "batch_bucket", name="uq_best_key"),
+    )
+    id: Mapped[int] = mapped_column(primary_key=True)
+    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"))
+    kernel_id: Mapped[int] = mapped_column(ForeignKey("kernels.id"))
+    dtype: Mapped[str] = mapped_column(String(16))
+    H: Mapped[int]
+    q_len: Mapped[int]
+    bucket: Mapped[int]
+    #: verify_tuner.batches index (0: B=1); migration 0003
+    batch_bucket: Mapped[int] = mapped_column(default=0, server_default="0")
+    nsplit: Mapped[int]
+    ht: Mapped[int]
+    tk: Mapped[int]
+    block: Mapped[int]
+    #: Constants beyond the four (STAGES, QT, WR, WK, SF, PIPE: KernelConfig.extra_params()); room for
+    #: later knobs without a migration.
+    extra: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    median_us: Mapped[float | None] = mapped_column(Float)
+    p10_us: Mapped[float | None] = mapped_column(Float)
+    p90_us: Mapped[float | None] = mapped_column(Float)
+    default_us: Mapped[float | None] = mapped_column(Float)
+    speedup: Mapped[float | None] = mapped_column(Float)
+    study_id: Mapped[int | None] = mapped_column(ForeignKey("tuning_studies.id", ondelete="SET NULL"))
+    tuned_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class DataVersion(Base):
+    """One row (id 1): bumped in the same transaction as every write of best configs or devices,
+    so the sidecar's cache stamp changes on every write (migration 0002 says why)."""
+
+    __tablename__ = "data_version"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    version: Mapped[int] = mapped_column(BigInteger)

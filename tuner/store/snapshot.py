@@ -1,0 +1,59 @@
+"""A self-contained, read-only-mountable SQLite copy of what the sidecar serves (devices and best
+configs) from any config database, SQLite or PostgreSQL. Studies and trials stay behind."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+from verify_tuner.errors import StorageError
+from verify_tuner.kernels.limits import DeviceLimits
+from verify_tuner.store import configs_io, migrate, repo
+from verify_tuner.store.session import make_engine, session_factory, session_scope
+
+
+def write_snapshot(source_url: str, dest: Path) -> int:
+    """Write `dest` (which must not exist); returns the number of best configs copied. The file
+    is in rollback-journal mode, so it opens read-only without -wal/-shm files beside it."""
+    dest = dest.expanduser().resolve()
+    if dest.exists():
+        raise StorageError(f"{dest} exists: remove it or choose another path (a snapshot is never merged)")
+    src = migrate.checked_sessions(source_url)
+    with session_scope(src) as s:
+        devices = [repo.device_limits(d) for d in repo.list_devices(session=s)]
+        rows = configs_io.export_rows(session=s)
+    work = dest.with_name(dest.name + ".partial")  # built aside, renamed into place when complete
+    _remove(work)
+    try:
+        n = _build(work, devices, rows)
+        os.replace(work, dest)
+    finally:
+        _remove(work)
+    return n
+
+
+def _build(path: Path, devices: list[DeviceLimits], rows: list[dict[str, Any]]) -> int:
+    url = f"sqlite:///{path}"
+    migrate.upgrade(url)
+    engine = make_engine(url)
+    try:
+        with session_scope(session_factory(engine)) as d:
+            for limits in devices:
+                repo.upsert_device(session=d, limits=limits)
+            n = configs_io.import_rows(session=d, rows=rows).imported if rows else 0  # validated again on the way in
+    finally:
+        engine.dispose()  # leaving WAL needs the only connection to the file
+    con = sqlite3.connect(path)
+    try:
+        con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        con.execute("PRAGMA journal_mode=DELETE")
+    finally:
+        con.close()
+    return n
+
+
+def _remove(path: Path) -> None:
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
