@@ -1,0 +1,114 @@
+"""The SGLang-style backend's buffers on the CPU: what a step's metadata refill writes, that it
+writes in place (a captured graph keeps reading the same memory), and the mistakes it names.
+tests/engine/test_adapter_gpu.py runs the graph itself against the reference."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from verify_tuner.engine.adapter import VerifyBackend, mask_dtype_for
+from verify_tuner.kernels.config import KernelConfig
+
+CFG = KernelConfig(nsplit=132, ht=8, tk=32, block=256, stages=3, wr=2, wk=2, sf=1, pipe=3)
+Q = 9
+
+
+def _backend(**kw):
+    kv = torch.zeros(1000, 576, dtype=torch.bfloat16)
+    mode = kw.pop("mode", {"req_to_token": torch.zeros(16, 4096, dtype=torch.int32)})
+    return VerifyBackend(
+        H=8, q_len=Q, kv_pool=kv, pick_config=lambda bs: CFG, max_batch=8, softmax_scale=0.04, **mode, **kw
+    )
+
+
+def _step(bs, base=0):
+    return {
+        "seq_lens": torch.tensor([100 + base, 0, 7, 4000][:bs], dtype=torch.int64),
+        "out_cache_loc": torch.arange(bs * Q, dtype=torch.int64) + 500 + base,
+        "tree_mask": torch.randint(0, 1 << 9, (bs, Q), dtype=torch.int32).to(torch.uint16),
+        "req_pool_indices": torch.tensor([5, 3, 11, 0][:bs], dtype=torch.int64),
+    }
+
+
+def test_sglang_packs_masks_as_it_does():
+    assert [mask_dtype_for(q) for q in (1, 8, 9, 16, 17, 32, 33, 64)] == [
+        torch.uint8, torch.uint8, torch.uint16, torch.uint16, torch.uint32, torch.uint32, torch.int64, torch.int64,
+    ]  # fmt: skip
+
+
+def test_a_refill_writes_the_batch_in_place():
+    be = _backend()
+    ptrs = [t.data_ptr() for t in (be.buf.kv_indptr, be.buf.rows, be.buf.draft, be.buf.mask)]
+    for base in (0, 9, 18):  # three steps: prefixes grow, a captured graph reads the same buffers
+        step = _step(4, base)
+        be.init_forward_metadata(4, **step)
+        assert be.buf.kv_indptr[:5].tolist() == [0, 100 + base, 100 + base, 107 + base, 4107 + base]
+        assert be.buf.rows[:4].tolist() == [5, 3, 11, 0]
+        assert be.buf.draft[:4].flatten().tolist() == step["out_cache_loc"].tolist()
+        assert torch.equal(be.buf.mask[:4], step["tree_mask"])
+    assert ptrs == [t.data_ptr() for t in (be.buf.kv_indptr, be.buf.rows, be.buf.draft, be.buf.mask)]
+    assert be.buf.kv_indptr.dtype == torch.int32 and be.buf.draft.dtype == torch.int32
+
+
+def test_a_smaller_batch_uses_the_front_of_the_buffers():
+    be = _backend()
+    be.init_forward_metadata(4, **_step(4))
+    be.init_forward_metadata(2, **_step(2, 50))
+    assert be.buf.kv_indptr[:3].tolist() == [0, 150, 150] and be.buf.rows[:2].tolist() == [5, 3]
+
+
+def test_signed_mask_rows_of_the_same_width_are_the_same_bits():
+    be = _backend()
+    step = _step(2)
+    signed = step["tree_mask"].view(torch.int16)
+    be.init_forward_metadata(2, **{**step, "tree_mask": signed})
+    assert torch.equal(be.buf.mask[:2], step["tree_mask"])
+
+
+def test_block_table_mode_copies_the_table_rows():
+    be = _backend(mode={"max_pages": 6})
+    table = torch.arange(2 * 4, dtype=torch.int32).view(2, 4) + 70
+    step = {k: v for k, v in _step(2).items() if k != "req_pool_indices"}
+    be.init_forward_metadata(2, **step, block_table=table)
+    assert be.buf.table[:2, :4].tolist() == table.tolist() and be.buf.rows is None
+
+
+@pytest.mark.parametrize(
+    ("kw", "call", "needle"),
+    [
+        ({"mode": {}}, None, "give req_to_token (page size 1) or max_pages"),
+        (
+            {"mode": {"req_to_token": torch.zeros(2, 2, dtype=torch.int32), "max_pages": 4}},
+            None,
+            "not both",
+        ),
+        ({}, {"bs": 9}, "batch 9 outside 1..8"),
+        ({}, {"drop": "req_pool_indices"}, "pass req_pool_indices"),
+        ({"mode": {"max_pages": 2}}, {"drop": "req_pool_indices", "table": 3}, "holds 2"),
+        ({"mode": {"max_pages": 2}}, {"drop": "req_pool_indices"}, "pass block_table"),
+        ({}, {"mask": torch.int64}, "this backend holds torch.uint16 rows"),
+    ],
+)
+def test_mistakes_are_named(kw, call, needle):
+    with pytest.raises(ValueError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+        be = _backend(**kw)
+        bs = (call or {}).get("bs", 2)
+        step = _step(min(bs, 4))
+        if call and "drop" in call:
+            step.pop(call["drop"])
+        if call and "table" in call:
+            step["block_table"] = torch.zeros(2, call["table"], dtype=torch.int32)
+        if call and "mask" in call:
+            step["tree_mask"] = step["tree_mask"].to(call["mask"])
+        be.init_forward_metadata(bs, **step)
+
+
+def test_layers_share_one_refill():
+    be = _backend()
+    layer = be.for_layer(torch.ones(1000, 576, dtype=torch.bfloat16))
+    be.init_forward_metadata(4, **_step(4))
+    assert layer.buf is be.buf and layer.kv is not be.kv and layer.config_for(4) is be.config_for(4)
+    with pytest.raises(ValueError, match="not laid out like"):
+        be.for_layer(torch.ones(10, 64, 576, dtype=torch.bfloat16))
