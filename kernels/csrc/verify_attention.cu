@@ -917,44 +917,32 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
   TRACE(0, 6);
 }
 
-// Merge the partials of one (b, i, h) row's 128 latent dims [quarter*128, +128) with the log-sum-exp
-// rule: 16 threads of 8 dims (one 16-byte load each); the block's RED_GROUPS thread groups walk the
-// parts in parallel, each merging online (running max), so the partials and their lse are loaded
-// together, RED_UNROLL parts in flight per thread, with no first pass over the lse. Every part
-// between the request's first and last wrote its partial (Plan).
-__device__ __forceinline__ void merge_item(const bf16* __restrict__ part_o, const float* __restrict__ part_lse,
-                                           bf16* __restrict__ out, float* __restrict__ lse, size_t row, int quarter,
-                                           int b, int p_first, int nparts, int H, float (*red_o)[16][9],
-                                           float (*red_l)[16], float* red_m) {
-  const int tid = threadIdx.x, grp = tid / 16, l16 = tid % 16;
-  const int nh = (int)(row % ((size_t)QN * H));
-  const int dim = quarter * 128 + l16 * 8;
-  const size_t slot_stride = (size_t)QN * H;               // rows of one workspace slot
-  const size_t row0 = (size_t)(p_first + b) * slot_stride + nh;  // slot p + b of part p
-  const bf16* src = part_o + row0 * D_V + dim;
-  const float* lsrc = part_lse + row0;
-  float o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  float m = NEG_INF, L = 0.f;  // this group's running max and sum
-  for (int s0 = grp; s0 < nparts; s0 += RED_GROUPS * RED_UNROLL) {
-    uint4 raw[RED_UNROLL];
-    float x[RED_UNROLL];
+// Online log-sum-exp merge of parts first, first + step, ... (< nparts) of one row's 8 dims
+// (16-byte loads), U parts in flight per round: o, m and L carry the running (unnormalised) output,
+// max and sum. The partials and their lse load together; no first pass over the lse.
+template <int U>
+__device__ __forceinline__ void merge_parts(const bf16* src, const float* lsrc, size_t slot_stride, int first,
+                                            int step, int nparts, float (&o)[8], float& m, float& L) {
+  for (int s0 = first; s0 < nparts; s0 += step * U) {
+    uint4 raw[U];
+    float x[U];
 #pragma unroll
-    for (int u = 0; u < RED_UNROLL; ++u) {
-      const int s = s0 + u * RED_GROUPS;
+    for (int u = 0; u < U; ++u) {
+      const int s = s0 + u * step;
       const bool have = s < nparts;
       raw[u] = have ? *reinterpret_cast<const uint4*>(src + s * slot_stride * D_V) : make_uint4(0, 0, 0, 0);
       x[u] = have ? lsrc[s * slot_stride] : NEG_INF;
     }
     float mx = m;
 #pragma unroll
-    for (int u = 0; u < RED_UNROLL; ++u) mx = fmaxf(mx, x[u]);
+    for (int u = 0; u < U; ++u) mx = fmaxf(mx, x[u]);
     const float base = mx == NEG_INF ? 0.f : mx;  // nothing seen yet: every weight is 0
     const float sc = exp2f(m - base);
     L *= sc;
 #pragma unroll
     for (int j = 0; j < 8; ++j) o[j] *= sc;
 #pragma unroll
-    for (int u = 0; u < RED_UNROLL; ++u) {
+    for (int u = 0; u < U; ++u) {
       const float w = exp2f(x[u] - base);
       const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(&raw[u]);
 #pragma unroll
@@ -967,6 +955,36 @@ __device__ __forceinline__ void merge_item(const bf16* __restrict__ part_o, cons
     }
     m = mx;
   }
+}
+
+// The normalised 8 dims of a merged row into out (and its lse, natural log, by the quarter's first lane).
+__device__ __forceinline__ void store_merged(bf16* __restrict__ out, float* __restrict__ lse, size_t row, int dim,
+                                             bool lse_lane, const float (&o)[8], float m, float L) {
+  const float inv = L > 0.f ? 1.f / L : 0.f;
+  uint4 packed;
+  __nv_bfloat162* dst = reinterpret_cast<__nv_bfloat162*>(&packed);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) dst[j] = __floats2bfloat162_rn(o[2 * j] * inv, o[2 * j + 1] * inv);
+  *reinterpret_cast<uint4*>(out + row * D_V + dim) = packed;
+  if (lse != nullptr && lse_lane) lse[row] = L > 0.f ? ((m == NEG_INF ? 0.f : m) + log2f(L)) * 0.69314718055994531f : NEG_INF;
+}
+
+// Merge the partials of one (b, i, h) row's 128 latent dims [quarter*128, +128) with the log-sum-exp
+// rule: 16 threads of 8 dims; the block's RED_GROUPS thread groups walk the parts in parallel,
+// RED_UNROLL parts in flight per thread, then combine their results in shared memory. Every part
+// between the request's first and last wrote its partial (Plan).
+__device__ __forceinline__ void merge_item(const bf16* __restrict__ part_o, const float* __restrict__ part_lse,
+                                           bf16* __restrict__ out, float* __restrict__ lse, size_t row, int quarter,
+                                           int b, int p_first, int nparts, int H, float (*red_o)[16][9],
+                                           float (*red_l)[16], float* red_m) {
+  const int tid = threadIdx.x, grp = tid / 16, l16 = tid % 16;
+  const int nh = (int)(row % ((size_t)QN * H));
+  const int dim = quarter * 128 + l16 * 8;
+  const size_t slot_stride = (size_t)QN * H;               // rows of one workspace slot
+  const size_t row0 = (size_t)(p_first + b) * slot_stride + nh;  // slot p + b of part p
+  float o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  float m = NEG_INF, L = 0.f;  // this group's running max and sum
+  merge_parts<RED_UNROLL>(part_o + row0 * D_V + dim, part_lse + row0, slot_stride, grp, RED_GROUPS, nparts, o, m, L);
 #pragma unroll
   for (int j = 0; j < 8; ++j) red_o[grp][l16][j] = o[j];
   red_l[grp][l16] = L;
@@ -987,14 +1005,7 @@ __device__ __forceinline__ void merge_item(const bf16* __restrict__ part_o, cons
       for (int j = 0; j < 8; ++j) o[j] += w * red_o[k][l16][j];
       L += w * red_l[k][l16];
     }
-    const float inv = L > 0.f ? 1.f / L : 0.f;
-    uint4 packed;
-    __nv_bfloat162* dst = reinterpret_cast<__nv_bfloat162*>(&packed);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) dst[j] = __floats2bfloat162_rn(o[2 * j] * inv, o[2 * j + 1] * inv);
-    *reinterpret_cast<uint4*>(out + row * D_V + dim) = packed;
-    if (lse != nullptr && quarter == 0 && l16 == 0)
-      lse[row] = L > 0.f ? (base + log2f(L)) * 0.69314718055994531f : NEG_INF;
+    store_merged(out, lse, row, dim, quarter == 0 && l16 == 0, o, M, L);
   }
   __syncthreads();  // red_* are free for the next item
 }
@@ -1008,49 +1019,10 @@ __device__ __forceinline__ void merge_item_group(const bf16* __restrict__ part_o
   const int dim = quarter * 128 + l16 * 8;
   const size_t slot_stride = (size_t)QN * H;
   const size_t row0 = (size_t)(p_first + b) * slot_stride + nh;
-  const bf16* src = part_o + row0 * D_V + dim;
-  const float* lsrc = part_lse + row0;
   float o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
   float m = NEG_INF, L = 0.f;
-  for (int s0 = 0; s0 < nparts; s0 += 4) {
-    uint4 raw[4];
-    float x[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const bool have = s0 + u < nparts;
-      raw[u] = have ? *reinterpret_cast<const uint4*>(src + (s0 + u) * slot_stride * D_V) : make_uint4(0, 0, 0, 0);
-      x[u] = have ? lsrc[(s0 + u) * slot_stride] : NEG_INF;
-    }
-    float mx = m;
-#pragma unroll
-    for (int u = 0; u < 4; ++u) mx = fmaxf(mx, x[u]);
-    const float base = mx == NEG_INF ? 0.f : mx;
-    const float sc = exp2f(m - base);
-    L *= sc;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) o[j] *= sc;
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const float w = exp2f(x[u] - base);
-      const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(&raw[u]);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float2 f = __bfloat1622float2(p[j]);
-        o[2 * j] += w * f.x;
-        o[2 * j + 1] += w * f.y;
-      }
-      L += w;
-    }
-    m = mx;
-  }
-  const float inv = L > 0.f ? 1.f / L : 0.f;
-  uint4 packed;
-  __nv_bfloat162* dst = reinterpret_cast<__nv_bfloat162*>(&packed);
-#pragma unroll
-  for (int j = 0; j < 4; ++j) dst[j] = __floats2bfloat162_rn(o[2 * j] * inv, o[2 * j + 1] * inv);
-  *reinterpret_cast<uint4*>(out + row * D_V + dim) = packed;
-  if (lse != nullptr && quarter == 0 && l16 == 0)
-    lse[row] = L > 0.f ? ((m == NEG_INF ? 0.f : m) + log2f(L)) * 0.69314718055994531f : NEG_INF;
+  merge_parts<4>(part_o + row0 * D_V + dim, part_lse + row0, slot_stride, 0, 1, nparts, o, m, L);
+  store_merged(out, lse, row, dim, quarter == 0 && l16 == 0, o, m, L);
 }
 
 // Items with at most this many parts are merged by one thread group each.
