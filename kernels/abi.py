@@ -69,6 +69,10 @@ class LaunchSpec:
         row_tiles = -(-self.q_len // self.cfg.row_tile(self.q_len))
         return (self.cfg.nsplit, self.H // self.cfg.ht * row_tiles, 1)
 
+    def workspace_bytes(self, batch: int) -> int:
+        """Bytes of a caller's workspace for a batch: the partials (bf16 rows of 512), then their lse."""
+        return self.workspace_rows(batch) * (D_V * 2 + 4)
+
     def workspace_rows(self, batch: int) -> int:
         """Rows of 512 bf16 (plus one fp32 lse each) the partials of a batch can need."""
         return workspace_slots(nsplit=self.cfg.nsplit, batch=batch) * self.q_len * self.H

@@ -82,3 +82,26 @@ def test_each_layout_through_the_tuner_launcher_and_the_engine_op(gpu, case, mon
 
         assert poisoned_run_error(call, out, ref_o) <= 1e-2, f"{cfg}: op out"
         assert poisoned_run_error(call, lse, ref_lse) <= 1e-3, f"{cfg}: op lse"
+
+
+def test_the_op_runs_in_a_caller_s_workspace_and_names_one_too_small(gpu, monkeypatch):
+    from verify_tuner.engine import op
+    from verify_tuner.kernels.reference import poisoned_run_error, reference
+
+    limits, cache, configs = gpu
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(cache))
+    inp, torch = _inputs(9, {"page_size": 64})
+    cfg = op.config_list(configs[9][0])
+    need = op.workspace_bytes(cfg, H=H, q_len=9, batch=len(LENS))
+    out = torch.empty(len(LENS), 9, H, 512, dtype=torch.bfloat16, device="cuda")
+
+    def call(ws):
+        torch.ops.verify_tuner.verify_attention(
+            inp.q, inp.q_pe, inp.kv, inp.prefix_indptr, inp.prefix_indices, inp.prefix_rows, inp.draft_indices,
+            inp.tree_mask, out, None, cfg, inp.scale, ws,
+        )  # fmt: skip
+
+    ws = torch.full((need,), 255, dtype=torch.uint8, device="cuda")
+    assert poisoned_run_error(lambda: call(ws), out, reference(inp)[0]) <= 1e-2
+    with pytest.raises(ValueError, match=f"workspace must be a contiguous uint8 tensor of at least {need} bytes"):
+        call(ws[: need - 1])

@@ -27,12 +27,13 @@ from verify_tuner.engine.bundle import Bundle, BundleError
 from verify_tuner.kernels.abi import LaunchSpec, Layout, TensorMeta, call_layout
 from verify_tuner.kernels.config import PARAM_NAMES, KernelConfig
 from verify_tuner.kernels.errors import InvalidConfig
+from verify_tuner.kernels.shapes import D_V
 from verify_tuner.kernels.validate import validate
 
 _lock = threading.Lock()
 _bundle: Optional[Bundle] = None  # noqa: UP045
 _kernels: dict[tuple[int, KernelConfig, int, int], Any] = {}
-_workspace: dict[tuple[int, KernelConfig, int, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+_workspace: dict[tuple[int, KernelConfig, int, int, int], torch.Tensor] = {}
 _limits: dict[int, Any] = {}
 
 
@@ -101,7 +102,38 @@ def _check(
     return cfg, q_len, H, layout
 
 
-@torch.library.custom_op("verify_tuner::verify_attention", mutates_args=("out", "lse"))
+def workspace_bytes(config: list[int], *, H: int, q_len: int, batch: int) -> int:
+    """Bytes of the workspace a caller passes for one launch of `config` at (H, q_len, batch)."""
+    cfg = KernelConfig.from_params(dict(zip(PARAM_NAMES, config)))
+    return LaunchSpec(cfg, H, q_len).workspace_bytes(batch)
+
+
+def _work(
+    spec: LaunchSpec,
+    dev: torch.device,
+    key: tuple,
+    batch: int,
+    given: Optional[torch.Tensor],  # noqa: UP045
+) -> tuple[int, int]:
+    """(partials, lse) addresses: in the caller's buffer, or in one the op keeps per (device,
+    config, batch size), made on the first call (before the engine captures its graph); launches
+    sharing it must be ordered, as one engine's verify steps are."""
+    need, rows = spec.workspace_bytes(batch), spec.workspace_rows(batch)
+    if given is not None:
+        if given.dtype != torch.uint8 or given.device != dev or not given.is_contiguous() or given.numel() < need:
+            raise ValueError(
+                f"verify_attention: workspace must be a contiguous uint8 tensor of at least {need} bytes on {dev}, "
+                f"got {given.dtype} [{given.numel()}] on {given.device}"
+            )
+        return given.data_ptr(), given.data_ptr() + rows * D_V * 2
+    with _lock:
+        if key not in _workspace:
+            _workspace[key] = torch.empty(need, dtype=torch.uint8, device=dev)
+        buf = _workspace[key]
+    return buf.data_ptr(), buf.data_ptr() + rows * D_V * 2
+
+
+@torch.library.custom_op("verify_tuner::verify_attention", mutates_args=("out", "lse", "workspace"))
 def verify_attention(
     q: torch.Tensor,
     q_pe: Optional[torch.Tensor],  # noqa: UP045
@@ -115,6 +147,7 @@ def verify_attention(
     lse: Optional[torch.Tensor],  # noqa: UP045
     config: list[int],
     softmax_scale: float,
+    workspace: Optional[torch.Tensor] = None,  # noqa: UP045
 ) -> None:
     """MLA verify attention into `out` (and `lse`).
 
@@ -125,7 +158,9 @@ def verify_attention(
     each request's row, read in place) or of page ids (a [B, max_pages] block table);
     kv_indptr [B+1] int32 prefix token offsets (the prefix lengths' running sum); draft_slots [B,Q] int32 slots; tree_mask [B,Q]
     rows of 8..64 bits (bit j of row i: node i sees node j); out [B,Q,H,512] bf16; lse [B,Q,H]
-    fp32 or None; `config` from config_list()."""
+    fp32 or None; `config` from config_list(); workspace None (the op keeps one per batch size from
+    torch's allocator) or a caller's uint8 buffer of at least workspace_bytes(config, ...) bytes on
+    the same device, which launches sharing it must order."""
     tensors = {
         "q": q,
         "q_pe": q_pe,
@@ -141,17 +176,7 @@ def verify_attention(
     cfg, q_len, H, layout = _check(tensors, config)
     device, batch = q.device.index, q.shape[0]
     kernels = _kernels_for(device, cfg, q_len, H)
-    key = (device, cfg, q_len, H, batch)
-    # One workspace per (device, config, batch size), made on the first call (before the engine
-    # captures its graph); launches sharing it must be ordered, as one engine's verify steps are.
-    with _lock:
-        if key not in _workspace:
-            rows = kernels.spec.workspace_rows(batch)
-            _workspace[key] = (
-                torch.empty(rows, 512, dtype=torch.bfloat16, device=q.device),
-                torch.empty(rows, dtype=torch.float32, device=q.device),
-            )
-        part_o, part_lse = _workspace[key]
+    part_o, part_lse = _work(kernels.spec, q.device, (device, cfg, q_len, H, batch), batch, workspace)
     pointers = {
         "q": q.data_ptr(),
         "q_pe": q_pe.data_ptr() if q_pe is not None else None,
@@ -169,13 +194,15 @@ def verify_attention(
         stream=stream,
         batch=batch,
         pointers=pointers,
-        part_o=part_o.data_ptr(),
-        part_lse=part_lse.data_ptr(),
+        part_o=part_o,
+        part_lse=part_lse,
         softmax_scale=softmax_scale,
         layout=layout,
     )
 
 
 @verify_attention.register_fake
-def _(q, q_pe, kv, kv_indptr, kv_indices, kv_rows, draft_slots, tree_mask, out, lse, config, softmax_scale) -> None:
+def _(
+    q, q_pe, kv, kv_indptr, kv_indices, kv_rows, draft_slots, tree_mask, out, lse, config, softmax_scale, workspace=None
+) -> None:
     return None
