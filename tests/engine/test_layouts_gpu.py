@@ -88,7 +88,7 @@ def test_the_op_runs_in_a_caller_s_workspace_and_names_one_too_small(gpu, monkey
     from verify_tuner.engine import op
     from verify_tuner.kernels.reference import poisoned_run_error, reference
 
-    limits, cache, configs = gpu
+    _, cache, configs = gpu
     monkeypatch.setenv("TUNER_CACHE_DIR", str(cache))
     inp, torch = _inputs(9, {"page_size": 64})
     cfg = op.config_list(configs[9][0])
