@@ -251,3 +251,39 @@ def list_verifications(*, session: Session, device: str | None = None) -> list[V
             )
         )
     return out
+
+
+def plan_doc(p: PlanRow) -> dict[str, Any]:
+    """A plan as the sidecar (GET /config, /configs) and the engine files serve it: one shape, which
+    the worker client reads from either (api/schemas.GraphPlanOut documents it)."""
+    import math
+
+    from verify_tuner import batches, buckets
+
+    bb = batches.by_index(p.batch_bucket)
+    regrets = [b["regret"] for b in p.per_bucket]
+    return {
+        **p.config.as_params(),
+        "batch_bucket": {"index": bb.index, "lo": bb.lo, "hi": bb.hi},
+        "prefix_lo": buckets.by_index(p.bucket_lo).lo,
+        "prefix_hi": buckets.by_index(p.bucket_hi).hi,
+        "expected_us": p.expected_us,
+        "regret_geomean": math.exp(sum(math.log(r) for r in regrets) / len(regrets)) if regrets else None,
+        "regret_worst": max(regrets) if regrets else None,
+        "weights_digest": p.weights_digest,
+        "weights_source": p.weights.get("source"),
+        "measured_at": p.measured_at.isoformat() if p.measured_at else None,
+        "measured_by": p.measured_by,
+        "buckets": [
+            {
+                "prefix_lo": buckets.by_index(b["bucket"]).lo,
+                "prefix_hi": buckets.by_index(b["bucket"]).hi,
+                "prefix": b.get("prefix"),
+                "weight": b.get("weight"),
+                "us": b["us"],
+                "best_us": b["best_us"],
+                "regret": b["regret"],
+            }
+            for b in p.per_bucket
+        ],
+    }
