@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
-from verify_tuner import batches, buckets
+from verify_tuner import buckets
 from verify_tuner.api.app import create_app
 from verify_tuner.cli import plans as cli_plans
 from verify_tuner.cli.commands import cli
@@ -199,9 +199,5 @@ def test_verify_marks_a_row_that_stopped_winning_and_the_sidecar_stops_serving_i
 def test_verify_sample_walks_the_least_recently_verified_rows(run):
     first = json.loads(run("configs", "verify", "--sample", "5", "--json").stdout)
     second = json.loads(run("configs", "verify", "--sample", "5", "--json").stdout)
-    seen = lambda docs: {(d["bucket"], d["batch_bucket"]) for d in docs}  # noqa: E731
+    seen = lambda docs: {(d["bucket"], d["batch_bucket"]) for d in docs}
     assert len(seen(first)) == 5 and not seen(first) & seen(second)
-
-
-def test_batches_used_are_the_studies(run):
-    assert batches.bucket_of(8).index == 3 and batches.bucket_of(32).index == 5
