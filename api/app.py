@@ -108,6 +108,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         pkg_version = "unknown"
     app.state.metrics = Metrics(version=pkg_version, kernel_hash=kernel_hash(), kernel_version=KERNEL_VERSION)
     app.state.tables = TableCache()
+    app.state.metrics.count_stale_rows(lambda: app.state.tables.stale_rows)
     app.include_router(config.router)
     app.include_router(health.router)
     app.include_router(admin.router)

@@ -59,6 +59,13 @@ class Metrics:
             "database (grows while the database cannot be read); -1 before the first check.",
             registry=r,
         ).set_function(lambda: -1.0 if self._checked_at is None else time.monotonic() - self._checked_at)
+        self._stale_rows: Any = lambda: None  # set by the app: the table cache's count
+        Gauge(
+            "tuner_stale_rows",
+            "Stored best configs marked stale by `tuner configs verify` (not served: the heuristic answers "
+            "their buckets until a re-tune), as of the last check of the database; -1 before the first.",
+            registry=r,
+        ).set_function(lambda: -1.0 if (n := self._stale_rows()) is None else float(n))
         # label children cached: the middleware then costs a dict lookup, not a labels() call
         self._children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
 
@@ -86,6 +93,10 @@ class Metrics:
     def tables_checked(self) -> None:
         """The background check read the database's stamp: the served tables are current."""
         self._checked_at = time.monotonic()
+
+    def count_stale_rows(self, source: Any) -> None:
+        """Read the stale rows' count from `source()` (None: not known yet) when /metrics is scraped."""
+        self._stale_rows = source
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -21,7 +21,20 @@ class BatchBucketOut(BaseModel):
     hi: int = Field(description="inclusive")
 
 
-class ConfigOut(BaseModel):
+class PlanBucketOut(BaseModel):
+    prefix_lo: int = Field(description="inclusive")
+    prefix_hi: int = Field(description="exclusive")
+    prefix: int | None = Field(None, description="the prefix measured for this bucket")
+    weight: float | None = Field(None, description="its share of the prefix distribution the plan was chosen under")
+    us: float = Field(description="the plan's measured time here")
+    best_us: float = Field(description="the fastest finalist's time here, measured beside it")
+    regret: float = Field(description="us / best_us")
+
+
+class GraphPlanOut(BaseModel):
+    """The one config to capture in the CUDA graph of this batch bucket: fastest in expectation over
+    the prefix range, with its regret at every prefix bucket (tuner study graph-plan)."""
+
     NSPLIT: int
     HT: int
     TK: int
@@ -32,7 +45,35 @@ class ConfigOut(BaseModel):
     WK: int
     SF: int
     PIPE: int
-    source: Literal["tuned", "nearest", "heuristic"]
+    batch_bucket: BatchBucketOut
+    prefix_lo: int = Field(description="the range the plan was measured over: inclusive")
+    prefix_hi: int = Field(description="exclusive")
+    expected_us: float = Field(description="expected step time under the prefix distribution")
+    regret_geomean: float | None
+    regret_worst: float | None
+    weights_digest: str
+    weights_source: str | None = Field(None, description="equal, or the operator's --prefix-weights file")
+    measured_at: dt.datetime | None
+    measured_by: str
+    buckets: list[PlanBucketOut]
+
+
+class ConfigEntryOut(BaseModel):
+    """One prefix bucket's answer: an entry of GET /configs (GET /config adds the graph plan)."""
+
+    NSPLIT: int
+    HT: int
+    TK: int
+    BLOCK: int
+    STAGES: int
+    QT: int
+    WR: int
+    WK: int
+    SF: int
+    PIPE: int
+    source: Literal["tuned", "nearest", "heuristic"] = Field(
+        description="heuristic also where the bucket's tuned row was verified stale (see stale_verified_at)"
+    )
     bucket: BucketOut
     batch_bucket: BatchBucketOut = Field(description="batch sizes this config serves; tuned rows never cross it")
     device: str
@@ -41,9 +82,14 @@ class ConfigOut(BaseModel):
     speedup_vs_default: float | None
     tuned_at: dt.datetime | None
     tuned_bucket: int | None = Field(None, description="bucket the config was tuned on (nearest/tuned)")
+    stale_verified_at: dt.datetime | None = Field(
+        None,
+        description="the bucket's tuned row no longer wins (tuner configs verify, at this time): it is not "
+        "served, the heuristic answers until a re-tune",
+    )
 
     @classmethod
-    def of(cls, a: Answer) -> ConfigOut:
+    def of(cls, a: Answer) -> ConfigEntryOut:
         b, bb = a.bucket, a.batch_bucket
         return cls(
             **a.config.as_params(),
@@ -56,7 +102,14 @@ class ConfigOut(BaseModel):
             speedup_vs_default=a.speedup_vs_default,
             tuned_at=a.tuned_at,
             tuned_bucket=a.from_bucket,
+            stale_verified_at=a.stale_verified_at,
         )
+
+
+class ConfigOut(ConfigEntryOut):
+    graph_plan: GraphPlanOut | None = Field(
+        None, description="the batch bucket's graph plan, if one was chosen (GET /configs lists them in graph_plans)"
+    )
 
 
 class ConfigTableOut(BaseModel):
@@ -65,7 +118,10 @@ class ConfigTableOut(BaseModel):
     dtype: str
     H: int
     q_len: int
-    configs: list[ConfigOut]
+    configs: list[ConfigEntryOut]
+    graph_plans: list[GraphPlanOut] = Field(
+        default_factory=list, description="the graph plan of each batch bucket answered that has one"
+    )
 
 
 class ImportOut(BaseModel):

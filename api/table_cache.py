@@ -11,11 +11,11 @@ from dataclasses import dataclass, field, replace
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from verify_tuner import buckets
-from verify_tuner.api.schemas import ConfigOut
+from verify_tuner.api.schemas import ConfigEntryOut, GraphPlanOut
 from verify_tuner.errors import StorageError
 from verify_tuner.kernels import kernel_hash as current_kernel_hash
 from verify_tuner.kernels.limits import DeviceLimits
-from verify_tuner.store import lookup, repo
+from verify_tuner.store import lookup, plans, repo
 from verify_tuner.store.session import session_scope
 
 
@@ -31,14 +31,18 @@ class Table:
     stale: str | None = None  # why the database could not be read, when serving from cache
     #: why there is no table (a kernel hash the database holds no configs of): the routes' 404
     missing: str | None = None
+    #: the batch bucket's graph plan, rendered (GraphPlanOut), or None
+    plan: bytes | None = None
 
     def __post_init__(self) -> None:
         if not self.bodies:
-            object.__setattr__(self, "bodies", tuple(ConfigOut.of(a).model_dump_json().encode() for a in self.answers))
+            bodies = tuple(ConfigEntryOut.of(a).model_dump_json().encode() for a in self.answers)
+            object.__setattr__(self, "bodies", bodies)
 
     def pick(self, prefix: int) -> tuple[lookup.Answer, bytes]:
+        """The answer and /config's body: the /configs entry with the batch bucket's graph plan."""
         i = buckets.bucket_of(prefix).index
-        return self.answers[i], self.bodies[i]
+        return self.answers[i], self.bodies[i][:-1] + b',"graph_plan":' + (self.plan or b"null") + b"}"
 
 
 class TableCache:
@@ -184,19 +188,35 @@ class TableCache:
                         kernel_hash=kernel_hash,
                     )
                 )
+                plan = None if missing else self._plan(session, limits, H, q_len, dtype, batch_bucket, kernel_hash)
         except (SQLAlchemyError, StorageError) as exc:
             with self._lock:
                 hit = self._tables.get(key)
             if hit is None:
                 raise StorageError(str(exc).splitlines()[0]) from exc
             return replace(hit, stale=str(exc).splitlines()[0][:300])
-        table = Table(stamp, limits, answers, missing=missing)
+        table = Table(stamp, limits, answers, missing=missing, plan=plan)
         with self._lock:
             if len(self._tables) >= self.max_entries:
                 self._tables.clear()
             self._tables[key] = table
             self._stamp = stamp
         return table
+
+    @staticmethod
+    def _plan(
+        session: Session, limits: DeviceLimits, H: int, q_len: int, dtype: str, batch_bucket: int, kernel_hash: str
+    ) -> bytes | None:
+        got = lookup.graph_plans(session=session, limits=limits, H=H, q_len=q_len, dtype=dtype, kernel_hash=kernel_hash)
+        p = got.get(batch_bucket)
+        return None if p is None else GraphPlanOut.model_validate(plans.plan_doc(p)).model_dump_json().encode()
+
+    @property
+    def stale_rows(self) -> int | None:
+        """Stored bests marked stale, as of the last stamp read (None before the first)."""
+        with self._lock:
+            stamp = self._stamp
+        return getattr(stamp, "stale", None)
 
     def _missing(self, session: Session, kernel_hash: str, device: str) -> str | None:
         """Why `kernel_hash` has no table on `device`, or None: this sidecar's own kernel always

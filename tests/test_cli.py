@@ -37,7 +37,7 @@ def run(sqlite_url):
 
 def test_upgrade_import_show_list_export(run, tmp_path):
     assert run("db", "upgrade").exit_code == 0
-    assert "head: 0003" in run("db", "current").output
+    assert "head: 0004" in run("db", "current").output
     rows = [
         {
             "device": "h200",

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from verify_tuner.kernels.errors import CompileError, InvalidConfig, LaunchError, TunerError
 
-__all__ = ["BadParameter", "BadSetting", "CompileError", "InvalidConfig", "LaunchError", "StorageError", "TunerError"]
+__all__ = [
+    "BadParameter",
+    "BadPrefixWeights",
+    "BadSetting",
+    "CompileError",
+    "InvalidConfig",
+    "LaunchError",
+    "StorageError",
+    "TunerError",
+]
 
 
 class StorageError(TunerError):
@@ -22,3 +31,8 @@ class BadParameter(TunerError):
         super().__init__(f"{param}: {message}")
         self.param = param
         self.message = message
+
+
+class BadPrefixWeights(TunerError, ValueError):
+    """An operator's prefix-weights file (`--prefix-weights`) cannot be used; one line naming the
+    file, and the entry or rule it breaks."""

@@ -145,4 +145,6 @@ def _table_body(tables: list[Table], *, dtype: str, H: int, q_len: int) -> bytes
         separators=(",", ":"),
         ensure_ascii=False,
     ).encode()
-    return head[:-1] + b',"configs":[' + b",".join(b for t in tables for b in t.bodies) + b"]}"
+    configs = b",".join(b for t in tables for b in t.bodies)
+    graph_plans = b",".join(t.plan for t in tables if t.plan)
+    return head[:-1] + b',"configs":[' + configs + b'],"graph_plans":[' + graph_plans + b"]}"

@@ -18,6 +18,8 @@ TABLES = {
     "tuning_trials",
     "best_configs",
     "data_version",
+    "graph_plans",
+    "best_verifications",
     "tuner_alembic_version",
 }
 

@@ -1,4 +1,4 @@
-"""`tuner db snapshot` from SQLite and from PostgreSQL: devices and best configs, nothing else."""
+"""`tuner db snapshot` from SQLite and from PostgreSQL: devices, best configs and graph plans, nothing else."""
 
 from __future__ import annotations
 
@@ -41,3 +41,30 @@ def test_snapshot_copies_devices_and_best_configs(db_url, tmp_path):
         con.close()
     with pytest.raises(StorageError, match="exists"):
         write_snapshot(db_url, dest)
+
+
+def test_snapshot_leaves_stale_rows_out_and_carries_the_graph_plans(sqlite_url, tmp_path):
+    from verify_tuner.store import plans
+
+    from tests.store.test_plans import PLAN, _verification
+
+    migrate.upgrade(sqlite_url)
+    sessions = session_factory(make_engine(sqlite_url))
+    keys = [ConfigKey(H200.name, "k" * 16, "bf16", 8, 9, b) for b in (10, 15)]
+    cfg = KernelConfig(132, 8, 32, 256)
+    with session_scope(sessions) as s:
+        repo.upsert_device(session=s, limits=H200)
+        for key in keys:
+            repo.upsert_best(session=s, key=key, config=cfg, median_us=70.0)
+        plans.upsert_plan(session=s, plan=PLAN)
+    with session_scope(sessions) as s:
+        assert plans.record_verification(session=s, v=_verification(keys[1], cfg, "stale"))
+    dest = tmp_path / "snap.db"
+    assert write_snapshot(sqlite_url, dest) == 1
+    con = sqlite3.connect(dest)
+    try:
+        assert con.execute("SELECT bucket FROM best_configs").fetchall() == [(10,)]
+        assert con.execute("SELECT count(*) FROM graph_plans").fetchone() == (1,)
+        assert con.execute("SELECT count(*) FROM best_verifications").fetchone() == (0,)
+    finally:
+        con.close()

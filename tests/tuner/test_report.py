@@ -8,7 +8,7 @@ from verify_tuner.kernels import kernel_hash
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.limits import known_device
 from verify_tuner.keys import ConfigKey
-from verify_tuner.store import migrate, repo
+from verify_tuner.store import migrate, plans, repo
 from verify_tuner.store.session import make_engine, session_factory, session_scope
 
 
@@ -19,16 +19,41 @@ def test_report_writes_table_and_plot(sqlite_url, tmp_path):
     with session_scope(sessions) as s:
         repo.upsert_device(session=s, limits=h200)
         for bucket, us in ((9, 20.0), (15, 75.0)):
-            repo.upsert_best(
-                session=s,
-                key=ConfigKey(h200.name, kernel_hash(), "bf16", 8, 9, bucket),
+            for bb in (0, 5):
+                repo.upsert_best(
+                    session=s,
+                    key=ConfigKey(h200.name, kernel_hash(), "bf16", 8, 9, bucket, bb),
+                    config=KernelConfig(128, 8, 32, 256),
+                    median_us=us * (1 + bb),
+                    default_us=us * 1.2 * (1 + bb),
+                )
+        plans.upsert_plan(
+            session=s,
+            plan=plans.PlanRow(
+                device=h200.name,
+                kernel_hash=kernel_hash(),
+                dtype="bf16",
+                H=8,
+                q_len=9,
+                batch_bucket=5,
+                bucket_lo=9,
+                bucket_hi=15,
+                weights_digest="d" * 64,
+                weights={"source": "equal"},
                 config=KernelConfig(128, 8, 32, 256),
-                median_us=us,
-                default_us=us * 1.2,
-            )
+                expected_us=300.0,
+                per_bucket=[
+                    {"bucket": 9, "prefix": 4000, "weight": 0.5, "us": 130.0, "best_us": 120.0, "regret": 130 / 120},
+                    {"bucket": 15, "prefix": 40000, "weight": 0.5, "us": 450.0, "best_us": 450.0, "regret": 1.0},
+                ],
+                measured_by="NVIDIA H200 (test)",
+            ),
+        )
     r = CliRunner().invoke(cli, ["--database-url", sqlite_url, "study", "report", "--out", str(tmp_path / "rep")])
     assert r.exit_code == 0, r.output
     md = (tmp_path / "rep" / "tuned_nvidia-h200.md").read_text()
-    assert "| 8 | 9 | [32768, 46341) |" in md and "1.20x" in md and "4200 GB/s" in md
+    assert "| 8 | 9 | 1 | [32768, 46341) |" in md and "1.20x" in md and "4200 GB/s" in md
+    assert "| 8 | 9 | 17-32 | [32768, 46341) |" in md  # batch buckets on their own rows
+    assert "## Graph plan H=8 q_len=9 batch 17-32" in md and "| 1.083x |" in md and "worst 1.083x" in md
     png = (tmp_path / "rep" / "tuned_nvidia-h200.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000

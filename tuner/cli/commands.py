@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 from verify_tuner.batches import MAX_BATCH
 from verify_tuner.buckets import MAX_PREFIX
+from verify_tuner.cli import plans as cli_plans
 from verify_tuner.cli import study as cli_study
 from verify_tuner.cli.exits import clean_exit
 from verify_tuner.errors import TunerError
@@ -422,6 +423,8 @@ def study() -> None:
 
 
 cli_study.register(study, clean_exit)  # `study start`, `study report`
+cli_plans.register_study(study, clean_exit, _checked_sessions)  # `study graph-plan`
+cli_plans.register_configs(configs, clean_exit, _checked_sessions)  # `configs verify`
 
 
 def main() -> None:

@@ -52,6 +52,21 @@ class Entry:
     source: str  # tuned | nearest | heuristic (as the sidecar answered)
 
 
+@dataclass(frozen=True)
+class GraphPlanChoice:
+    """What to capture in the CUDA graph of one batch size (ConfigClient.graph_plan). `source`:
+    "graph_plan" (the tuner's plan for the batch bucket: fastest in expectation over its prefix
+    range, `regrets` its time / the best config's time per prefix bucket, (lo, hi, regret)) or
+    "longest_prefix" (no plan held: the table's config for the longest prefix, no regrets known)."""
+
+    config: KernelConfig
+    source: str
+    regrets: tuple[tuple[int, int, float], ...] = ()
+    expected_us: float | None = None
+    prefix_range: tuple[int, int] | None = None
+    reason: str = ""
+
+
 class ConfigClient:
     def __init__(
         self,
@@ -80,6 +95,8 @@ class ConfigClient:
         self.snapshot = Path(snapshot_dir or Path(user_cache_dir("verify-tuner")) / "snapshots") / name
         #: per batch bucket index: bucket starts and entries, sorted by prefix (replaced whole, see _set)
         self._table: dict[int, tuple[list[int], list[Entry]]] = {}
+        #: per batch bucket index: the tuner's graph plan, where one was chosen
+        self._plans: dict[int, GraphPlanChoice] = {}
         self.etag: str | None = None  # of the sidecar's table held, for refresh()
         self.refresh_error: str | None = None
         self.source = "none"  # sidecar | config_dir | snapshot | heuristic | none (nothing usable: see reason)
@@ -258,15 +275,15 @@ class ConfigClient:
             for hi, entries in doc["configs"].items()
             for e in entries
         ]
-        self._install(configs)
+        self._install(configs, list(doc.get("graph_plans", {}).values()))
 
     def _load(self, table: dict) -> None:
         self._check_kernel(table["kernel_hash"])
         if (table["H"], table["q_len"]) != (self.H, self.q_len):
             raise ValueError(f"table is for H={table['H']} q_len={table['q_len']}")
-        self._install(table["configs"])
+        self._install(table["configs"], table.get("graph_plans", []))
 
-    def _install(self, configs: list[dict]) -> None:
+    def _install(self, configs: list[dict], graph_plans: list[dict] | None = None) -> None:
         by_batch: dict[int, list[Entry]] = {}
         for c in configs:
             by_batch.setdefault(int(c["batch_bucket"]["index"]), []).append(
@@ -284,6 +301,11 @@ class ConfigClient:
             entries.sort(key=lambda e: e.lo)
             if entries[0].lo != 0 or any(a.hi != b.lo for a, b in itertools.pairwise(entries)):
                 raise ValueError("table does not cover every prefix")
+        plans = {int(p["batch_bucket"]["index"]): _plan_choice(p) for p in graph_plans or []}
+        for p in plans.values():
+            if self.limits is not None and (why := check(p.config, self.limits, H=self.H, q_len=self.q_len)):
+                raise ValueError(f"graph plan {p.config} cannot run on {self.limits.name}: {why}")
+        self._plans = plans  # before the table: a graph_plan() racing a refresh sees a plan of either
         self._set(by_batch)
 
     def _check_device(self, by_batch: dict[int, list[Entry]]) -> None:
@@ -319,9 +341,44 @@ class ConfigClient:
             raise ValueError(f"prefix {prefix} outside 0..{entries[-1].hi - 1}")
         return e.config
 
+    def graph_plan(self, batch: int, *, max_prefix: int) -> GraphPlanChoice:
+        """The config to capture in the CUDA graph of batch size `batch`, for an engine whose
+        requests reach `max_prefix` tokens: the tuner's graph plan for the batch bucket, else the
+        table's config for `max_prefix` (the longest prefix the graph will replay); `source` and
+        `reason` say which. Call it at capture time, once per captured batch size."""
+        table = self._table
+        if not table:
+            raise RuntimeError(f"no config table ({self.reason})")
+        if not 1 <= batch <= batches.MAX_BATCH:
+            raise ValueError(f"batch {batch} outside 1..{batches.MAX_BATCH}")
+        plan = self._plans.get((batch - 1).bit_length())
+        if plan is None:
+            cfg = self.lookup(max_prefix, batch)
+            why = f"no graph plan for batch {batch} ({self.source}): the config for the longest prefix {max_prefix}"
+            return GraphPlanChoice(cfg, "longest_prefix", reason=why)
+        hi = plan.prefix_range[1]  # type: ignore[index]
+        note = "" if max_prefix < hi else f"; prefixes from {hi} up to {max_prefix} were not measured"
+        return GraphPlanChoice(
+            plan.config, "graph_plan", plan.regrets, plan.expected_us, plan.prefix_range, plan.reason + note
+        )
+
     def distinct_configs(self) -> list[KernelConfig]:
         """Every config the table can answer: what a worker pre-compiles / graph-captures."""
         return sorted({e.config for _, es in self._table.values() for e in es})
+
+
+def _plan_choice(p: dict) -> GraphPlanChoice:
+    regrets = tuple((int(b["prefix_lo"]), int(b["prefix_hi"]), float(b["regret"])) for b in p["buckets"])
+    worst = max((r for _, _, r in regrets), default=1.0)
+    return GraphPlanChoice(
+        KernelConfig.from_params({k: p[k] for k in PARAM_NAMES if k in p}),
+        "graph_plan",
+        regrets,
+        p.get("expected_us"),
+        (int(p["prefix_lo"]), int(p["prefix_hi"])),
+        f"graph plan for prefixes {p['prefix_lo']}..{p['prefix_hi']}, worst regret {worst:.3f}x "
+        f"(measured {p.get('measured_at')} on {p.get('measured_by')})",
+    )
 
 
 class _PassedOver(Exception):

@@ -3,7 +3,7 @@ scope and engine (session), the keyword-only queries (repo), schema migrations a
 sidecar runs before serving (migrate, health), the answer to a lookup with its heuristic fallback
 (lookup), the one schema of an imported or exported row (row_schema), import and export
 (configs_io), the engine config files written from it (engine_dump), a read-only snapshot
-(snapshot) and the tuning report (report). Alembic's revisions live in `verify_tuner.migrations`
+(snapshot) and the tuning report (report); graph plans and verifications (plans). Alembic's revisions live in `verify_tuner.migrations`
 (migrations/), which is this stage's too: its env.py imports the tables, and migrate points
 Alembic at it. May import: `verify_tuner.kernels`, `verify_tuner.migrations` and the namespace
 root's shared modules (`verify_tuner`); nothing of the search, the measuring, the jobs, the API or

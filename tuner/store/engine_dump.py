@@ -13,7 +13,7 @@ from verify_tuner import batches
 from verify_tuner.engine_files import FORMAT, file_name, write_atomic
 from verify_tuner.kernels import KERNEL_NAME, KERNEL_VERSION
 from verify_tuner.kernels import kernel_hash as current_kernel_hash
-from verify_tuner.store import lookup, repo
+from verify_tuner.store import lookup, plans, repo
 
 
 def dump(
@@ -75,6 +75,15 @@ def dump(
             "q_len": q_len,
             "batch_buckets": {str(b.hi): [b.lo, b.hi] for b in batches.ALL},
             "configs": table,
+            # additive: readers of the format that predate plans ignore the key
+            "graph_plans": {
+                str(batches.by_index(i).hi): plans.plan_doc(p)
+                for i, p in sorted(
+                    lookup.graph_plans(
+                        session=session, limits=limits, H=H, q_len=q_len, dtype=dtype, kernel_hash=khash
+                    ).items()
+                )
+            },
         }
         path = out_dir / file_name(H=H, q_len=q_len, device=limits.name, dtype=dtype)
         write_atomic(path, doc)

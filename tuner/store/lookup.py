@@ -15,7 +15,7 @@ from verify_tuner.kernels import kernel_hash as current_kernel_hash
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.errors import InvalidConfig
 from verify_tuner.kernels.limits import DeviceLimits, known_device
-from verify_tuner.store import repo
+from verify_tuner.store import plans, repo
 
 #: A tuned neighbour bucket is served only this close (log2 of the prefix ratio): beyond it the
 #: heuristic, which adapts to the prefix, is the better guess (a config tuned for 4k prefixes
@@ -35,6 +35,8 @@ class Answer:
     tuned_at: dt.datetime | None = None
     from_bucket: int | None = None  # for "nearest": the bucket the config was tuned on
     batch_bucket: batches.BatchBucket = batches.ALL[0]  # never crossed: tuned rows of this one only
+    #: the bucket's tuned row was verified stale then (`tuner configs verify`): the heuristic answers
+    stale_verified_at: dt.datetime | None = None
 
 
 def resolve_device(*, session: Session, name: str | None, default: str | None) -> DeviceLimits:
@@ -68,9 +70,14 @@ def _pick(
 ) -> Answer:
     """Exact bucket, else the nearest tuned prefix bucket (of the same batch bucket) within
     NEAREST_MAX_OCTAVES, else the heuristic at the bucket's representative prefix and batch (so
-    /config and the /configs table always agree)."""
+    /config and the /configs table always agree). A row verified stale is never served: its own
+    bucket gets the heuristic (the verification measured it faster there), and no neighbour
+    borrows it."""
     rows = [r for r in rows if r.key.batch_bucket == batch.index]
     exact = [r for r in rows if r.key.bucket == bucket.index]
+    if exact and exact[0].stale:
+        return _heuristic(limits, H=H, q_len=q_len, bucket=bucket, batch=batch, khash=khash, stale=exact[0])
+    rows = [r for r in rows if not r.stale]
     if exact:
         r = exact[0]
         return Answer(
@@ -79,11 +86,25 @@ def _pick(
     r = repo.nearest_row(rows, bucket)
     if r is not None and buckets.log_distance(buckets.by_index(r.key.bucket), bucket) <= NEAREST_MAX_OCTAVES:
         return Answer(r.config, "nearest", bucket, limits.name, khash, None, r.speedup, r.tuned_at, r.key.bucket, batch)
+    return _heuristic(limits, H=H, q_len=q_len, bucket=bucket, batch=batch, khash=khash)
+
+
+def _heuristic(
+    limits: DeviceLimits,
+    *,
+    H: int,
+    q_len: int,
+    bucket: buckets.Bucket,
+    batch: batches.BatchBucket,
+    khash: str,
+    stale: repo.BestRow | None = None,
+) -> Answer:
     try:
         cfg = heuristic_config(limits, H=H, q_len=q_len, prefix=bucket.mid, batch=batch.hi)
     except InvalidConfig as exc:
         raise BadParameter("q_len", f"no kernel config can run on {limits.name}: {exc}") from exc
-    return Answer(cfg, "heuristic", bucket, limits.name, khash, batch_bucket=batch)
+    at = (stale.verified_at or stale.tuned_at) if stale is not None else None
+    return Answer(cfg, "heuristic", bucket, limits.name, khash, batch_bucket=batch, stale_verified_at=at)
 
 
 def answer(
@@ -126,3 +147,17 @@ def table(
         for bb in wanted
         for b in buckets.ALL
     ]
+
+
+def graph_plans(
+    *, session: Session, limits: DeviceLimits, H: int, q_len: int, dtype: str = "bf16", kernel_hash: str | None = None
+) -> dict[int, plans.PlanRow]:
+    """The graph plan served per batch bucket index (verify_tuner.store.plans.served_plans)."""
+    return plans.served_plans(
+        session=session,
+        device=limits.name,
+        kernel_hash=kernel_hash or current_kernel_hash(),
+        dtype=dtype,
+        H=H,
+        q_len=q_len,
+    )

@@ -145,6 +145,87 @@ class BestConfig(Base):
     speedup: Mapped[float | None] = mapped_column(Float)
     study_id: Mapped[int | None] = mapped_column(ForeignKey("tuning_studies.id", ondelete="SET NULL"))
     tuned_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    #: the last `tuner configs verify` of this row since it was stored (ok | moved | stale); a
+    #: stale row is not served; storing the row again (a re-tune, an import) clears both (0004)
+    verdict: Mapped[str | None] = mapped_column(String(16))
+    verified_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
+
+
+class GraphPlan(Base):
+    """The one config an engine captures per batch size for a prefix range (verify_tuner.search.graph_plan),
+    with its time and regret at every prefix bucket of the range, all measured side by side in one
+    call (migration 0004). Keyed by the range's bucket indices and the prefix weights' digest."""
+
+    __tablename__ = "graph_plans"
+    __table_args__ = (
+        UniqueConstraint(
+            "device_id",
+            "kernel_id",
+            "dtype",
+            "H",
+            "q_len",
+            "batch_bucket",
+            "bucket_lo",
+            "bucket_hi",
+            "weights_digest",
+            name="uq_graph_plan_key",
+        ),
+    )
+    id: Mapped[int] = mapped_column(primary_key=True)
+    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"))
+    kernel_id: Mapped[int] = mapped_column(ForeignKey("kernels.id"))
+    dtype: Mapped[str] = mapped_column(String(16))
+    H: Mapped[int]
+    q_len: Mapped[int]
+    batch_bucket: Mapped[int]
+    bucket_lo: Mapped[int]  # prefix bucket indices of the range, both inclusive
+    bucket_hi: Mapped[int]
+    weights_digest: Mapped[str] = mapped_column(String(64))
+    #: {"source", "outside", "buckets": {index: weight}}
+    weights: Mapped[dict[str, Any]]
+    #: the chosen config's constants (PARAM_NAMES)
+    params: Mapped[dict[str, Any]]
+    expected_us: Mapped[float] = mapped_column(Float)
+    #: [{"bucket", "prefix", "weight", "us", "p10_us", "p90_us", "best_us", "regret", "best"}] by bucket
+    per_bucket: Mapped[list[Any]] = mapped_column(JSON)
+    #: [{"params", "expected_us" (None: failed somewhere), "failed_at"}]: what it was chosen from
+    finalists: Mapped[list[Any]] = mapped_column(JSON)
+    batch: Mapped[int]  # the batch size measured (its lookup prefix: each bucket's)
+    spread: Mapped[str] = mapped_column(String(16))
+    rounds: Mapped[int]
+    measured_by: Mapped[str] = mapped_column(Text)  # device, driver, CUDA
+    measured_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class Verification(Base):
+    """One re-timing of a stored best against the heuristic by `tuner configs verify`, kept whatever
+    the verdict (nothing is deleted; migration 0004). Keyed like best_configs, not by its id: the
+    history outlives the row."""
+
+    __tablename__ = "best_verifications"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"), index=True)
+    kernel_id: Mapped[int] = mapped_column(ForeignKey("kernels.id"))
+    dtype: Mapped[str] = mapped_column(String(16))
+    H: Mapped[int]
+    q_len: Mapped[int]
+    bucket: Mapped[int]
+    batch_bucket: Mapped[int]
+    params: Mapped[dict[str, Any]]  # the stored config verified
+    stored_us: Mapped[float | None] = mapped_column(Float)  # its time when it was stored
+    measured_us: Mapped[float | None] = mapped_column(Float)
+    measured_p10_us: Mapped[float | None] = mapped_column(Float)
+    measured_p90_us: Mapped[float | None] = mapped_column(Float)
+    heuristic_params: Mapped[dict[str, Any]]
+    heuristic_us: Mapped[float | None] = mapped_column(Float)
+    heuristic_p10_us: Mapped[float | None] = mapped_column(Float)
+    heuristic_p90_us: Mapped[float | None] = mapped_column(Float)
+    noise: Mapped[float | None] = mapped_column(Float)  # the relative threshold the verdict used
+    #: ok | moved | stale | failed
+    verdict: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text)
+    measured_by: Mapped[str] = mapped_column(Text)
+    verified_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
 class DataVersion(Base):

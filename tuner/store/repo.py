@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
@@ -38,6 +38,13 @@ class BestRow:
     speedup: float | None
     study_id: int | None
     tuned_at: dt.datetime | None
+    #: the latest `tuner configs verify` verdict since it was stored (None: none): a "stale" row is not served
+    verdict: str | None = None
+    verified_at: dt.datetime | None = None
+
+    @property
+    def stale(self) -> bool:
+        return self.verdict == "stale"
 
 
 def _insert(session: Session, model: type, row: dict[str, Any]):  # type: ignore[no-untyped-def]
@@ -161,7 +168,17 @@ def _to_row(best: BestConfig, device: str, kernel_hash: str) -> BestRow:
     )
     key = ConfigKey(device, kernel_hash, best.dtype, best.H, best.q_len, best.bucket, best.batch_bucket)
     return BestRow(
-        key, cfg, best.median_us, best.p10_us, best.p90_us, best.default_us, best.speedup, best.study_id, best.tuned_at
+        key,
+        cfg,
+        best.median_us,
+        best.p10_us,
+        best.p90_us,
+        best.default_us,
+        best.speedup,
+        best.study_id,
+        best.tuned_at,
+        best.verdict,
+        best.verified_at,
     )
 
 
@@ -236,6 +253,9 @@ def upsert_best(
         "speedup": speedup,
         "study_id": study_id,
         "tuned_at": tuned_at or utcnow(),
+        # storing the row again (a re-tune, an import) replaces what a verification said of the old one
+        "verdict": None,
+        "verified_at": None,
     }
     _bump_version(session)
     _upsert(
@@ -410,10 +430,22 @@ def finish_study(*, session: Session, study_id: int, status: str = "finished") -
         study.status, study.finished_at = status, utcnow()
 
 
-def data_stamp(*, session: Session) -> tuple[object, ...]:
-    """Changes with every write of best configs or devices (the data_version counter, bumped in
-    the writer's transaction): the API's cache key."""
+class Stamp(NamedTuple):
+    """What the sidecar's cache compares (a tuple: equal stamps, equal data), with the count of
+    stale rows that /metrics reports."""
+
+    version: int
+    best: int
+    devices: int
+    plans: int
+    stale: int
+
+
+def data_stamp(*, session: Session) -> Stamp:
+    """Changes with every write of best configs, graph plans, verdicts or devices (the data_version
+    counter, bumped in the writer's transaction): the API's cache key."""
     from sqlalchemy import func
+    from verify_tuner.store.models import GraphPlan
 
     # one round trip every re-check: the counts also notice rows removed behind the tuner's back,
     # and reading the tables notices a database that can no longer serve them
@@ -422,9 +454,11 @@ def data_stamp(*, session: Session) -> tuple[object, ...]:
             select(DataVersion.version).where(DataVersion.id == 1).scalar_subquery(),
             select(func.count(BestConfig.id)).scalar_subquery(),
             select(func.count(Device.id)).scalar_subquery(),
+            select(func.count(GraphPlan.id)).scalar_subquery(),
+            select(func.count(BestConfig.id)).where(BestConfig.verdict == "stale").scalar_subquery(),
         )
     ).one()
-    return tuple(row)
+    return Stamp(*row)
 
 
 def kernels_with_best(*, session: Session, device: str) -> list[str]:

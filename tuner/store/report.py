@@ -7,16 +7,20 @@ import io
 from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
-from verify_tuner import buckets, engine_files
+from verify_tuner import batches, buckets, engine_files
 from verify_tuner.files import write_shared
 from verify_tuner.kernels.shapes import floor_bytes
-from verify_tuner.store import repo
+from verify_tuner.store import plans, repo
 from verify_tuner.store.session import session_scope
 
 
 def write_report(*, sessions: sessionmaker[Session], out_dir: Path, device: str | None = None) -> list[Path]:
+    """Per device: a table and a plot of tuned vs default, one line per (H, q_len, batch bucket) --
+    a batch bucket is its own curve, never joined to another's -- and each graph plan's regret per
+    prefix bucket."""
     with session_scope(sessions) as s:
         rows = repo.list_best(session=s, device=device)
+        graph_plans = plans.list_plans(session=s, device=device)
         devices = {d.name: d for d in repo.list_devices(session=s)}
         prefixes = {}
         for r in rows:
@@ -38,34 +42,65 @@ def write_report(*, sessions: sessionmaker[Session], out_dir: Path, device: str 
             if bw
             else "",
             "",
-            "| H | q_len | bucket | prefix | config | tuned µs | default µs | speedup | floor µs |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| H | q_len | batch | bucket | prefix | config | tuned µs | default µs | speedup | floor µs |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in dev_rows:
-            b = buckets.by_index(r.key.bucket)
+            b, bb = buckets.by_index(r.key.bucket), batches.by_index(r.key.batch_bucket)
             p = prefixes.get(r.key) or b.mid
-            floor = _floor_us(r.key.H, r.key.q_len, p, bw)
+            floor = _floor_us(r.key.H, r.key.q_len, p, bw, bb.hi)
+            stale = " (stale: not served)" if r.stale else ""
             lines.append(
-                f"| {r.key.H} | {r.key.q_len} | [{b.lo}, {b.hi}) | {p} | {r.config} | {_f(r.median_us)} | "
+                f"| {r.key.H} | {r.key.q_len} | {bb} | [{b.lo}, {b.hi}) | {p} | {r.config}{stale} | {_f(r.median_us)} | "
                 f"{_f(r.default_us)} | {_f(r.speedup, 'x')} | {_f(floor)} |"
             )
+        dev_plans = [g for g in graph_plans if g.device == dev_name]
+        lines += _plan_lines(dev_plans)
         write_shared(stem.with_suffix(".md"), "\n".join(lines) + "\n")
         written.append(stem.with_suffix(".md"))
-        written.append(_plot(stem.with_suffix(".png"), dev_name, dev_rows, prefixes, bw))
+        written.append(_plot(stem.with_suffix(".png"), dev_name, dev_rows, prefixes, bw, dev_plans))
     return written
+
+
+def _plan_lines(dev_plans: list[plans.PlanRow]) -> list[str]:
+    """Each graph plan: its config, expected time and regret per prefix bucket."""
+    out = []
+    for g in dev_plans:
+        doc = plans.plan_doc(g)
+        out += [
+            "",
+            f"## Graph plan H={g.H} q_len={g.q_len} batch {batches.by_index(g.batch_bucket)}: {g.config}",
+            "",
+            (
+                f"Prefixes {doc['prefix_lo']}..{doc['prefix_hi']}, weights {doc['weights_source']} "
+                f"({g.weights_digest[:12]}); expected {g.expected_us:.2f} µs; regret geomean "
+                f"{doc['regret_geomean']:.3f}x, worst {doc['regret_worst']:.3f}x; measured {doc['measured_at']} "
+                f"on {g.measured_by}."
+            ),
+            "",
+            "| bucket | prefix | weight | plan µs | best µs | regret |",
+            "|---|---|---|---|---|---|",
+        ]
+        out += [
+            f"| [{b['prefix_lo']}, {b['prefix_hi']}) | {b['prefix']} | {b['weight']:.3f} | {b['us']:.2f} | "
+            f"{b['best_us']:.2f} | {b['regret']:.3f}x |"
+            for b in doc["buckets"]
+        ]
+    return out
 
 
 def _f(v: float | None, suffix: str = "") -> str:
     return "-" if v is None else f"{v:.2f}{suffix}" if suffix else f"{v:.1f}"
 
 
-def _floor_us(H: int, q_len: int, prefix: int, bw_gbps: float | None) -> float | None:
+def _floor_us(H: int, q_len: int, prefix: int, bw_gbps: float | None, batch: int = 1) -> float | None:
     if not bw_gbps:
         return None
-    return floor_bytes([prefix], q_len=q_len, H=H) / (bw_gbps * 1e9) * 1e6
+    lens = batches.draw_prefixes(batch=batch, centre=prefix)  # the ragged batch the study measured
+    return floor_bytes(lens, q_len=q_len, H=H) / (bw_gbps * 1e9) * 1e6
 
 
-def _plot(path: Path, dev_name: str, rows, prefixes, bw) -> Path:  # type: ignore[no-untyped-def]
+def _plot(path: Path, dev_name: str, rows, prefixes, bw, dev_plans) -> Path:  # type: ignore[no-untyped-def]
     import matplotlib
 
     matplotlib.use("Agg")
@@ -74,14 +109,20 @@ def _plot(path: Path, dev_name: str, rows, prefixes, bw) -> Path:  # type: ignor
     keys = sorted({(r.key.H, r.key.q_len) for r in rows})
     fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.6), squeeze=False)
     for ax, (H, q) in zip(axes[0], keys):
-        rs = sorted((r for r in rows if (r.key.H, r.key.q_len) == (H, q)), key=lambda r: r.key.bucket)
-        x = [prefixes.get(r.key) or buckets.by_index(r.key.bucket).mid for r in rs]
-        ax.plot(x, [r.default_us or float("nan") for r in rs], "b-s", ms=4, label="heuristic default")
-        ax.plot(x, [r.median_us or float("nan") for r in rs], "g-^", ms=4, label="tuned")
-        if bw:
-            ax.plot(x, [_floor_us(H, q, p, bw) for p in x], "k--", label="memory floor")
+        shape = [r for r in rows if (r.key.H, r.key.q_len) == (H, q)]
+        for n, bi in enumerate(sorted({r.key.batch_bucket for r in shape})):  # one curve per batch bucket
+            rs = sorted((r for r in shape if r.key.batch_bucket == bi), key=lambda r: r.key.bucket)
+            bb, color = batches.by_index(bi), f"C{n % 10}"
+            x = [prefixes.get(r.key) or buckets.by_index(r.key.bucket).mid for r in rs]
+            ax.plot(x, [r.default_us or float("nan") for r in rs], "s:", color=color, ms=3, label=f"default B={bb}")
+            ax.plot(x, [r.median_us or float("nan") for r in rs], "^-", color=color, ms=4, label=f"tuned B={bb}")
+            for g in (g for g in dev_plans if (g.H, g.q_len, g.batch_bucket) == (H, q, bi)):
+                px = [b["prefix"] for b in g.per_bucket]
+                ax.plot(px, [b["us"] for b in g.per_bucket], "--", color=color, lw=1, label=f"graph plan B={bb}")
+            if bw:
+                ax.plot(x, [_floor_us(H, q, p, bw, bb.hi) for p in x], "k:", lw=0.8)
         ax.set_xscale("log")
-        if bw or any(r.default_us or r.median_us for r in rs):  # rows imported without times plot nothing
+        if bw or any(r.default_us or r.median_us for r in shape):  # rows imported without times plot nothing
             ax.set_yscale("log")
         ax.set_title(f"H={H} q_len={q}")
         ax.set_xlabel("prefix tokens")

@@ -1,5 +1,7 @@
-"""A self-contained, read-only-mountable SQLite copy of what the sidecar serves (devices and best
-configs) from any config database, SQLite or PostgreSQL. Studies and trials stay behind."""
+"""A self-contained, read-only-mountable SQLite copy of what the sidecar serves (devices, best
+configs and graph plans) from any config database, SQLite or PostgreSQL. Studies, trials and the
+verification history stay behind; a row verified stale is left out (the sidecar does not serve it,
+so a snapshot's sidecar must not either: the heuristic answers its bucket)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ from typing import Any
 
 from verify_tuner.errors import StorageError
 from verify_tuner.kernels.limits import DeviceLimits
-from verify_tuner.store import configs_io, migrate, repo
+from verify_tuner.keys import ConfigKey
+from verify_tuner.store import configs_io, migrate, plans, repo
 from verify_tuner.store.session import make_engine, session_factory, session_scope
 
 
@@ -23,18 +26,28 @@ def write_snapshot(source_url: str, dest: Path) -> int:
     src = migrate.checked_sessions(source_url)
     with session_scope(src) as s:
         devices = [repo.device_limits(d) for d in repo.list_devices(session=s)]
-        rows = configs_io.export_rows(session=s)
+        stale = {r.key for r in repo.list_best(session=s) if r.stale}
+        rows = [row for row in configs_io.export_rows(session=s) if _key(row) not in stale]
+        graph_plans = plans.list_plans(session=s)
     work = dest.with_name(dest.name + ".partial")  # built aside, renamed into place when complete
     _remove(work)
     try:
-        n = _build(work, devices, rows)
+        n = _build(work, devices, rows, graph_plans)
         os.replace(work, dest)
     finally:
         _remove(work)
     return n
 
 
-def _build(path: Path, devices: list[DeviceLimits], rows: list[dict[str, Any]]) -> int:
+def _key(row: dict[str, Any]) -> ConfigKey:
+    return ConfigKey(
+        row["device"], row["kernel_hash"], row["dtype"], row["H"], row["q_len"], row["bucket"], row["batch_bucket"]
+    )
+
+
+def _build(
+    path: Path, devices: list[DeviceLimits], rows: list[dict[str, Any]], graph_plans: list[plans.PlanRow]
+) -> int:
     url = f"sqlite:///{path}"
     migrate.upgrade(url)
     engine = make_engine(url)
@@ -43,6 +56,8 @@ def _build(path: Path, devices: list[DeviceLimits], rows: list[dict[str, Any]]) 
             for limits in devices:
                 repo.upsert_device(session=d, limits=limits)
             n = configs_io.import_rows(session=d, rows=rows).imported if rows else 0  # validated again on the way in
+            for p in graph_plans:
+                plans.upsert_plan(session=d, plan=p)
     finally:
         engine.dispose()  # leaving WAL needs the only connection to the file
     con = sqlite3.connect(path)

@@ -1,0 +1,117 @@
+"""Graph plans and verifications in the store, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import replace
+
+import pytest
+from verify_tuner.errors import StorageError
+from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.limits import known_device
+from verify_tuner.keys import ConfigKey
+from verify_tuner.store import plans, repo
+from verify_tuner.store.session import session_scope
+
+H200 = known_device("h200")
+KH = "k" * 16
+CFG = KernelConfig(nsplit=64, ht=8, tk=32, block=256, stages=3)
+OTHER = KernelConfig(nsplit=32, ht=8, tk=32, block=256, stages=3)
+PLAN = plans.PlanRow(
+    device=H200.name,
+    kernel_hash=KH,
+    dtype="bf16",
+    H=8,
+    q_len=9,
+    batch_bucket=3,
+    bucket_lo=10,
+    bucket_hi=12,
+    weights_digest="d" * 64,
+    weights={"source": "equal", "outside": 0.0, "buckets": {"10": 0.5, "12": 0.5}},
+    config=CFG,
+    expected_us=20.0,
+    per_bucket=[{"bucket": 10, "us": 10.0, "best_us": 9.0, "regret": 10 / 9}],
+    batch=8,
+    measured_by="NVIDIA H200 driver 570",
+    rounds=3,
+)
+
+
+def _record(sessions) -> None:  # type: ignore[no-untyped-def]
+    with session_scope(sessions) as s:
+        repo.upsert_device(session=s, limits=H200)
+
+
+def test_a_plan_round_trips_and_a_remeasurement_replaces_it(sessions):
+    _record(sessions)
+    with session_scope(sessions) as s:
+        before = repo.data_stamp(session=s)
+        plans.upsert_plan(session=s, plan=PLAN)
+    with session_scope(sessions) as s:
+        after = repo.data_stamp(session=s)
+        (got,) = plans.list_plans(session=s, device=H200.name)
+    assert after.version == before.version + 1 and after.plans == 1
+    assert got.config == CFG and got.regret_at(10) == pytest.approx(10 / 9) and got.regret_at(11) is None
+    assert got.measured_at is not None and got.weights["buckets"]["12"] == 0.5
+    with session_scope(sessions) as s:
+        plans.upsert_plan(session=s, plan=replace(PLAN, config=OTHER, expected_us=19.0))
+        (got,) = plans.list_plans(session=s)
+    assert got.config == OTHER and got.expected_us == 19.0
+
+
+def test_the_newest_plan_of_a_batch_bucket_is_served(sessions):
+    _record(sessions)
+    old = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    with session_scope(sessions) as s:
+        plans.upsert_plan(session=s, plan=replace(PLAN, measured_at=old))
+        plans.upsert_plan(session=s, plan=replace(PLAN, weights_digest="e" * 64, config=OTHER))
+        plans.upsert_plan(session=s, plan=replace(PLAN, batch_bucket=0, measured_at=old))
+    with session_scope(sessions) as s:
+        served = plans.served_plans(session=s, device=H200.name, kernel_hash=KH, dtype="bf16", H=8, q_len=9)
+        assert plans.served_plans(session=s, device=H200.name, kernel_hash="x", dtype="bf16", H=8, q_len=9) == {}
+    assert served[3].config == OTHER and served[0].config == CFG and set(served) == {0, 3}
+
+
+def test_a_plan_needs_a_recorded_device(sessions):
+    with pytest.raises(StorageError, match="not recorded"), session_scope(sessions) as s:
+        plans.upsert_plan(session=s, plan=PLAN)
+
+
+def _verification(key: ConfigKey, cfg: KernelConfig, verdict: str) -> plans.VerificationRow:
+    return plans.VerificationRow(
+        key=key,
+        config=cfg,
+        stored_us=20.0,
+        measured_us=30.0,
+        measured_p10_us=29.0,
+        measured_p90_us=31.0,
+        heuristic=OTHER,
+        heuristic_us=25.0,
+        heuristic_p10_us=24.0,
+        heuristic_p90_us=26.0,
+        noise=0.05,
+        verdict=verdict,
+        reason="the heuristic is faster",
+        measured_by="test",
+    )
+
+
+def test_a_verdict_marks_the_row_keeps_history_and_a_retune_clears_it(sessions):
+    _record(sessions)
+    key = ConfigKey(H200.name, KH, "bf16", 8, 9, 15, 3)
+    with session_scope(sessions) as s:
+        repo.upsert_best(session=s, key=key, config=CFG, median_us=20.0)
+    with session_scope(sessions) as s:
+        assert plans.record_verification(session=s, v=_verification(key, CFG, "stale"))
+        assert not plans.record_verification(session=s, v=_verification(key, OTHER, "stale"))  # not the row's config
+        assert not plans.record_verification(session=s, v=_verification(replace(key, bucket=16), CFG, "stale"))
+    with session_scope(sessions) as s:
+        row = repo.get_best(session=s, key=key)
+        assert row.stale and row.verified_at is not None and repo.data_stamp(session=s).stale == 1
+        assert [v.verdict for v in plans.list_verifications(session=s)] == ["stale"] * 3
+    with session_scope(sessions) as s:  # a re-tune stores the row again
+        repo.upsert_best(session=s, key=key, config=OTHER, median_us=18.0)
+    with session_scope(sessions) as s:
+        row = repo.get_best(session=s, key=key)
+        assert row.verdict is None and not row.stale and repo.data_stamp(session=s).stale == 0
+        assert len(plans.list_verifications(session=s, device=H200.name)) == 3  # nothing deleted

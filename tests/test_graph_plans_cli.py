@@ -1,0 +1,203 @@
+"""`tuner study graph-plan` and `tuner configs verify` end to end on CPU: the fake backend stands
+in for the GPU (open_backend replaced, as the CLI tests replace the tuner's GPU entry point), the
+plans and verdicts land in the database, the sidecar and the light client serve them."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import pytest
+from click.testing import CliRunner
+from fastapi.testclient import TestClient
+from verify_tuner import buckets
+from verify_tuner.api.app import create_app
+from verify_tuner.cli import plans as cli_plans
+from verify_tuner.cli.commands import cli
+from verify_tuner.engine.client import ConfigClient
+from verify_tuner.heuristic import heuristic_config
+from verify_tuner.kernels import kernel_hash
+from verify_tuner.keys import ConfigKey
+from verify_tuner.settings import Settings
+from verify_tuner.store import migrate, plans, repo
+from verify_tuner.store.session import make_engine, session_factory, session_scope
+
+from tests.fakes import H200, FakeBackend
+
+DEFAULT = heuristic_config(H200, H=8, q_len=9, prefix=46000)
+SHORT = replace(DEFAULT, nsplit=64)  # the fake's landscape below: best at short prefixes
+LONG = replace(DEFAULT, nsplit=264)  # best at long ones
+RANGE = buckets.buckets_between(1024, 131072)
+
+
+def landscape(cfg, wl):  # type: ignore[no-untyped-def]
+    """SHORT wins below 16k, LONG above; the default is never best but close everywhere."""
+    base = 10 + wl.prefix / 2000 * (1 + wl.batch / 32)
+    if cfg == SHORT:
+        return base * (0.9 if wl.prefix < 16384 else 2.0)
+    if cfg == LONG:
+        return base * (2.0 if wl.prefix < 16384 else 0.95)
+    if cfg == DEFAULT:
+        return base
+    return base * 2
+
+
+@pytest.fixture
+def db(tmp_path):  # type: ignore[no-untyped-def]
+    url = f"sqlite:///{tmp_path / 'configs.db'}"
+    migrate.upgrade(url)
+    engine = make_engine(url)
+    sessions = session_factory(engine)
+    with session_scope(sessions) as s:
+        repo.upsert_device(session=s, limits=H200)
+        for bb in (0, 3, 5):  # B=1, 5-8, 17-32: each prefix bucket's winner as the study stored it
+            for b in RANGE:
+                key = ConfigKey(H200.name, kernel_hash(), "bf16", 8, 9, b.index, bb)
+                repo.upsert_best(session=s, key=key, config=SHORT if b.mid < 16384 else LONG, median_us=10.0)
+    yield url, sessions
+    engine.dispose()
+
+
+@pytest.fixture
+def run(db, monkeypatch):  # type: ignore[no-untyped-def]
+    url, _ = db
+    backend = FakeBackend(noise=0.002, cost=landscape)
+    monkeypatch.setattr(cli_plans, "open_backend", lambda settings, ordinal, timeout: backend)
+
+    def invoke(*args: str):  # type: ignore[no-untyped-def]
+        return CliRunner().invoke(cli, ["--database-url", url, *args])
+
+    invoke.backend = backend  # type: ignore[attr-defined]
+    return invoke
+
+
+PLAN_ARGS = ("study", "graph-plan", "--H", "8", "--q-len", "9", "--prefix-range", "1024:131072")
+
+
+def test_graph_plan_measures_the_finalists_side_by_side_and_stores_a_plan_per_batch(run, db):
+    r = run(*PLAN_ARGS, "--batch", "1,8,32", "--json")
+    assert r.exit_code == 0, r.output
+    docs = json.loads(r.stdout)
+    assert [d["batch_bucket"]["hi"] for d in docs] == [1, 8, 32]
+    for d in docs:
+        # equal weights: the default, never best but never bad, beats either specialist
+        assert (d["NSPLIT"], d["weights_source"]) == (DEFAULT.nsplit, "equal")
+        assert len(d["buckets"]) == len(RANGE) and all(b["regret"] >= 1 for b in d["buckets"])
+        assert d["regret_worst"] == pytest.approx(1 / 0.9, rel=0.02)
+        assert d["heuristic_expected_us"] == pytest.approx(d["expected_us"])
+    # each batch: 3 finalists x every bucket through the gate, then re-timed together
+    assert all(set(c) == {SHORT, LONG, DEFAULT} for c in run.backend.remeasured)
+    _, sessions = db
+    with session_scope(sessions) as s:
+        stored = plans.list_plans(session=s)
+    assert sorted(p.batch_bucket for p in stored) == [0, 3, 5]
+    assert all(p.config == DEFAULT and p.measured_by.startswith(H200.name) for p in stored)
+    text = run(*PLAN_ARGS, "--batch", "8")
+    assert text.exit_code == 0 and "batch 8:" in text.stdout and "regret geomean" in text.stdout
+
+
+def test_prefix_weights_move_the_plan(run, db, tmp_path):
+    weights = tmp_path / "hist.csv"
+    weights.write_text("prefix,weight\n2000,1\n100000,50\n120000,50\n")
+    r = run(*PLAN_ARGS, "--batch", "8", "--prefix-weights", str(weights), "--json")
+    assert r.exit_code == 0, r.output
+    (doc,) = json.loads(r.stdout)
+    assert doc["NSPLIT"] == LONG.nsplit and doc["weights_source"] == str(weights)
+    _, sessions = db
+    with session_scope(sessions) as s:
+        assert len(plans.list_plans(session=s)) == 1
+    assert run(*PLAN_ARGS, "--batch", "8").exit_code == 0
+    with session_scope(sessions) as s:  # a plan per weights' digest; the newest is served
+        assert len(plans.list_plans(session=s)) == 2
+        served = plans.served_plans(session=s, device=H200.name, kernel_hash=kernel_hash(), dtype="bf16", H=8, q_len=9)
+    assert served[3].config == DEFAULT
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--batch", "2"), "no tuned configs on NVIDIA H200 for H=8 q_len=9 batch 2"),
+        (("--prefix-weights", "{tmp}/missing.json"), "cannot read it"),
+        (("--prefix-weights", "{tmp}/bad.json"), "weight must be a finite number"),
+        (("--prefix-range", "9:1"), "--prefix-range"),
+    ],
+)
+def test_bad_input_is_one_line_and_a_non_zero_exit(run, tmp_path, args, message):
+    (tmp_path / "bad.json").write_text('{"4096": -1}')
+    r = run(*PLAN_ARGS, *(a.replace("{tmp}", str(tmp_path)) for a in args))
+    assert r.exit_code != 0 and message in r.output and "Traceback" not in r.output, r.output
+    assert len([line for line in r.output.splitlines() if line.startswith("Error")]) == 1
+
+
+def test_the_sidecar_the_dump_and_the_client_carry_the_plan(run, db, tmp_path, monkeypatch):
+    assert run(*PLAN_ARGS, "--batch", "8").exit_code == 0
+    url, _ = db
+    with TestClient(create_app(Settings(database_url=url, device="h200", cache_dir=tmp_path))) as c:
+        one = c.get("/config", params={"H": 8, "q_len": 9, "prefix": 46000, "batch": 8}).json()
+        assert one["graph_plan"]["NSPLIT"] == DEFAULT.nsplit and one["graph_plan"]["batch_bucket"]["hi"] == 8
+        assert one["source"] == "tuned" and one["NSPLIT"] == LONG.nsplit  # the per-bucket table stays
+        assert c.get("/config", params={"H": 8, "q_len": 9, "prefix": 46000}).json()["graph_plan"] is None
+        table = c.get("/configs", params={"H": 8, "q_len": 9, "all_batches": "true"}).json()
+    (gp,) = table["graph_plans"]
+    assert gp == one["graph_plan"] and "graph_plan" not in table["configs"][0]
+    # the light client, from the sidecar's table and from a dumped folder
+    monkeypatch.setattr(ConfigClient, "_get_table", lambda self, etag: (table, '"x"'))
+    side = ConfigClient("http://sidecar", H=8, q_len=9, device="NVIDIA H200", snapshot_dir=tmp_path / "snap")
+    assert side.fetch() == "sidecar"
+    out = tmp_path / "dump"
+    assert run("configs", "dump", "--out-dir", str(out)).exit_code == 0
+    doc = json.loads(next(out.glob("*.json")).read_text())
+    assert list(doc["graph_plans"]) == ["8"]
+    folder = ConfigClient(H=8, q_len=9, device="NVIDIA H200", config_dir=out, snapshot_dir=tmp_path / "s2")
+    assert folder.fetch() == "config_dir"
+    for client in (side, folder):
+        got = client.graph_plan(8, max_prefix=100_000)
+        assert (got.config, got.source, got.prefix_range) == (DEFAULT, "graph_plan", (RANGE[0].lo, RANGE[-1].hi))
+        assert len(got.regrets) == len(RANGE) and all(r >= 1 for _, _, r in got.regrets)
+        fallback = client.graph_plan(32, max_prefix=100_000)  # no plan for B=32: the longest prefix's config
+        assert (fallback.source, fallback.config) == ("longest_prefix", LONG) and "no graph plan" in fallback.reason
+        assert client.graph_plan(8, max_prefix=10**6).reason.endswith("were not measured")
+
+
+def test_verify_marks_a_row_that_stopped_winning_and_the_sidecar_stops_serving_it(run, db, tmp_path):
+    url, sessions = db
+    slow_key = ConfigKey(H200.name, kernel_hash(), "bf16", 8, 9, buckets.bucket_of(46000).index, 0)
+    # after a "driver change" LONG is slower than the heuristic at B=1 (and only there)
+    base_cost = run.backend.cost
+    run.backend.cost = lambda cfg, wl: base_cost(cfg, wl) * (1.5 if cfg == LONG and wl.batch == 1 else 1.0)
+    r = run("configs", "verify", "--sample", "100", "--json")
+    assert r.exit_code == 0, r.output
+    verdicts = {(v["bucket"], v["batch_bucket"]): v for v in json.loads(r.stdout)}
+    assert len(verdicts) == 3 * len(RANGE)
+    stale = verdicts[(slow_key.bucket, 0)]
+    assert stale["verdict"] == "stale" and "no longer wins" in stale["reason"]
+    assert stale["measured_us"] > stale["heuristic_us"] * 1.05
+    assert verdicts[(slow_key.bucket, 3)]["verdict"] == "moved"  # still wins; the stored 10 us is long gone
+    assert "verify NVIDIA H200" in r.stderr  # every decision logged with its measurements
+    with TestClient(create_app(Settings(database_url=url, device="h200", cache_dir=tmp_path))) as c:
+        got = c.get("/config", params={"H": 8, "q_len": 9, "prefix": 46000}).json()
+        assert got["source"] == "heuristic" and got["NSPLIT"] == DEFAULT.nsplit and got["stale_verified_at"]
+        b8 = c.get("/config", params={"H": 8, "q_len": 9, "prefix": 46000, "batch": 8}).json()
+        assert b8["source"] == "tuned" and b8["stale_verified_at"] is None  # moved rows stay served
+        c.get("/healthz")
+        import time
+
+        time.sleep(0.3)  # the background check reads the stamp
+        metrics = c.get("/metrics").text
+        n_stale = sum(v["verdict"] == "stale" for v in verdicts.values())
+        assert f"tuner_stale_rows {float(n_stale)}" in metrics
+        with session_scope(sessions) as s:  # a re-tune stores the key again
+            repo.upsert_best(session=s, key=slow_key, config=LONG, median_us=30.0)
+        time.sleep(0.3)
+        assert c.get("/config", params={"H": 8, "q_len": 9, "prefix": 46000}).json()["source"] == "tuned"
+    with session_scope(sessions) as s:
+        history = plans.list_verifications(session=s)
+    assert len(history) == 3 * len(RANGE) and math.isfinite(history[0].noise)
+
+
+def test_verify_sample_walks_the_least_recently_verified_rows(run):
+    first = json.loads(run("configs", "verify", "--sample", "5", "--json").stdout)
+    second = json.loads(run("configs", "verify", "--sample", "5", "--json").stdout)
+    seen = lambda docs: {(d["bucket"], d["batch_bucket"]) for d in docs}
+    assert len(seen(first)) == 5 and not seen(first) & seen(second)

@@ -1,0 +1,227 @@
+"""`tuner study graph-plan` and `tuner configs verify`: both measure through the backend on the
+local GPU (open_backend, the one place that starts it; tests replace it with a fake), call the
+library (verify_tuner.search.plan_job, verify_tuner.search.verify) and print.
+
+graph-plan is a command of its own rather than a flag of `study start`: it runs no search, it
+reads the winners `study start` stored, and an operator re-runs it alone (new prefix weights, a
+new driver) without touching the studies."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+from verify_tuner.settings import Settings
+
+
+def open_backend(settings: Settings, ordinal: int, measure_timeout_s: float) -> Any:
+    """The product backend on GPU `ordinal` (a measuring child owning the CUDA context)."""
+    from verify_tuner.measure.gpu_backend import DEFAULT_MEASURER, IsolatedBackend
+
+    return IsolatedBackend(
+        measurer=DEFAULT_MEASURER,
+        measurer_kwargs={"cache_dir": str(settings.cache_dir)},
+        device_ordinal=ordinal,
+        timeout_s=measure_timeout_s,
+    )
+
+
+class _Stderr(logging.Handler):
+    """Log lines on the command's stderr (looked up at each line, not when the handler was made)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        click.echo(self.format(record), err=True)
+
+
+def _log_to_stderr() -> None:
+    """Every decision is logged with its measurements: shown on stderr, the summary on stdout."""
+    for name in ("verify_tuner.search.plan_job", "verify_tuner.search.verify"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(h, _Stderr) for h in logger.handlers):
+            logger.addHandler(_Stderr())
+        logger.setLevel(logging.INFO)
+
+
+GPU_OPTS = [
+    click.option(
+        "--device", "ordinal", type=click.IntRange(min=0), default=0, show_default=True, help="CUDA device ordinal."
+    ),
+    click.option(
+        "--measure-timeout",
+        type=click.FloatRange(min=1),
+        default=120.0,
+        show_default=True,
+        help="Seconds before a hanging measurement is killed.",
+    ),
+    click.option(
+        "--rounds",
+        type=click.IntRange(min=1),
+        default=3,
+        show_default=True,
+        help="Interleaved re-timing rounds per pass.",
+    ),
+    click.option(
+        "--passes",
+        type=click.IntRange(min=1),
+        default=2,
+        show_default=True,
+        help="Walks over the workloads (forward, then backward, ...), the configs' order rotated each time.",
+    ),
+    click.option("--json", "as_json", is_flag=True, help="Print the result as JSON."),
+]
+
+
+def _gpu_opts(fn: Callable[..., Any]) -> Callable[..., Any]:
+    for opt in reversed(GPU_OPTS):
+        fn = opt(fn)
+    return fn
+
+
+def register_study(study: click.Group, clean: Callable[..., Any], checked_sessions: Callable[..., Any]) -> None:
+    from verify_tuner.cli.study import _parse_batches, _parse_range
+
+    @study.command("graph-plan")
+    @click.option("--H", "H", type=click.IntRange(1, 1024), required=True, help="Heads per GPU.")
+    @click.option("--q-len", type=click.IntRange(1, 64), required=True, help="Draft nodes per request.")
+    @click.option(
+        "--prefix-range", required=True, metavar="LO:HI", help="The prefixes the captured graphs will replay."
+    )
+    @click.option(
+        "--batch", "batch_text", default="1", show_default=True, metavar="B1,B2,...", help="Captured batch sizes."
+    )
+    @click.option(
+        "--prefix-weights",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="A production histogram, prefix -> weight (JSON object or list of pairs, or CSV prefix,weight); "
+        "default: the range's buckets weighted equally.",
+    )
+    @click.option(
+        "--spread",
+        type=click.Choice(["uniform", "one-long", "equal"]),
+        default="uniform",
+        show_default=True,
+        help="How each batch's prefixes are drawn (as `study start`).",
+    )
+    @_gpu_opts
+    @click.pass_obj
+    @clean
+    def graph_plan(settings: Settings, H: int, q_len: int, prefix_range: str, batch_text: str, **kw: Any) -> None:
+        """Choose, per batch size, the one config to capture in its CUDA graph: the stored
+        per-prefix-bucket winners and the heuristic re-measured side by side at every prefix bucket of
+        the range, the least expected step time under the prefix weights wins; stores the plans with
+        their regret per bucket (docs/integration.md)."""
+        from verify_tuner import buckets
+        from verify_tuner.search import plan_job, prefix_weights
+
+        lo, hi = _parse_range(prefix_range)
+        batch_sizes = _parse_batches(batch_text)
+        in_range = buckets.buckets_between(lo, hi)
+        path = kw["prefix_weights"]
+        weights = prefix_weights.load(path, in_range) if path else prefix_weights.equal(in_range)
+        sessions = checked_sessions(settings)
+        _log_to_stderr()
+        backend = open_backend(settings, kw["ordinal"], kw["measure_timeout"])
+        try:
+            results = [
+                plan_job.plan_batch(
+                    backend=backend,
+                    sessions=sessions,
+                    H=H,
+                    q_len=q_len,
+                    prefix_lo=lo,
+                    prefix_hi=hi,
+                    batch=b,
+                    weights=weights,
+                    spread=kw["spread"],
+                    rounds=kw["rounds"],
+                    passes=kw["passes"],
+                )
+                for b in batch_sizes
+            ]
+        finally:
+            backend.close()
+        _print_plans(results, weights, kw["as_json"])
+
+
+def _print_plans(results: list[Any], weights: Any, as_json: bool) -> None:
+    from verify_tuner.store.plans import plan_doc
+
+    if as_json:
+        docs = [{**plan_doc(r.row), "heuristic_expected_us": r.heuristic_us, "untuned": r.untuned} for r in results]
+        click.echo(json.dumps(docs, indent=1, allow_nan=False))
+        return
+    if weights.outside:
+        click.echo(f"note: {weights.outside:.1%} of the weights lay outside the range, counted at its end buckets")
+    for r in results:
+        p = r.plan
+        vs = f", heuristic {r.heuristic_us:.2f} us ({r.heuristic_us / p.expected_us:.2f}x)" if r.heuristic_us else ""
+        click.echo(
+            f"batch {r.batch}: {p.config}: expected {p.expected_us:.2f} us{vs}; regret geomean "
+            f"{p.geomean_regret:.3f}x, worst {p.worst_regret:.3f}x over {len(p.buckets)} buckets"
+            + (f" ({len(r.untuned)} without a tuned winner)" if r.untuned else "")
+        )
+        for b in r.row.per_bucket:
+            click.echo(
+                f"  prefix [{b['prefix_lo']}, {b['prefix_hi']}): {b['us']:.2f} us, best {b['best_us']:.2f} us, "
+                f"regret {b['regret']:.3f}x"
+            )
+
+
+def register_configs(configs: click.Group, clean: Callable[..., Any], checked_sessions: Callable[..., Any]) -> None:
+    @configs.command("verify")
+    @click.option(
+        "--sample",
+        type=click.IntRange(min=1),
+        default=None,
+        metavar="N",
+        help="Verify only the N least recently verified rows (default: every row of this GPU's device).",
+    )
+    @_gpu_opts
+    @click.pass_obj
+    @clean
+    def verify(settings: Settings, sample: int | None, **kw: Any) -> None:
+        """Re-time stored bests against the heuristic on this GPU and mark those that no longer win
+        (stale: not served until re-tuned) or whose time moved beyond the noise; every verification is
+        stored, nothing is deleted."""
+        from verify_tuner.search import verify as verify_mod
+
+        sessions = checked_sessions(settings)
+        _log_to_stderr()
+        backend = open_backend(settings, kw["ordinal"], kw["measure_timeout"])
+        try:
+            done = verify_mod.verify(
+                backend=backend, sessions=sessions, sample=sample, rounds=kw["rounds"], passes=kw["passes"]
+            )
+        finally:
+            backend.close()
+        if kw["as_json"]:
+            click.echo(json.dumps([_verification_doc(v) for v in done], indent=1, allow_nan=False))
+            return
+        if not done:
+            click.echo("nothing to verify: no stored bests of this kernel on this device")
+        for v in done:
+            click.echo(verify_mod.describe(v))
+        counts = {k: sum(v.verdict == k for v in done) for k in ("ok", "moved", "stale", "failed")}
+        click.echo(", ".join(f"{n} {k}" for k, n in counts.items()))
+
+
+def _verification_doc(v: Any) -> dict[str, Any]:
+    return {
+        "device": v.key.device,
+        "H": v.key.H,
+        "q_len": v.key.q_len,
+        "bucket": v.key.bucket,
+        "batch_bucket": v.key.batch_bucket,
+        **v.config.as_params(),
+        "stored_us": v.stored_us,
+        "measured_us": v.measured_us,
+        "heuristic_us": v.heuristic_us,
+        "noise": v.noise,
+        "verdict": v.verdict,
+        "reason": v.reason,
+    }

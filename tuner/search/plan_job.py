@@ -1,0 +1,203 @@
+"""Choosing and storing the graph plans of (H, q_len, prefix range) for some batch sizes: the
+stored per-prefix-bucket winners of each batch bucket plus the heuristic default are the
+finalists, re-measured side by side at every prefix bucket of the range through the backend
+(verify_tuner.measure.matrix), and the selection (verify_tuner.search.graph_plan) picks the one an
+engine captures. Every decision is logged with its measurements."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from sqlalchemy.orm import Session, sessionmaker
+from verify_tuner import batches, buckets
+from verify_tuner.errors import TunerError
+from verify_tuner.heuristic import heuristic_config
+from verify_tuner.kernels import kernel_hash as current_kernel_hash
+from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.limits import DeviceLimits
+from verify_tuner.measure.backend import Backend, Workload
+from verify_tuner.measure.matrix import Matrix, measure_matrix
+from verify_tuner.search import graph_plan
+from verify_tuner.search.prefix_weights import PrefixWeights
+from verify_tuner.store import plans, repo
+from verify_tuner.store.session import session_scope
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    batch: int
+    plan: graph_plan.Plan
+    row: plans.PlanRow
+    matrix: Matrix
+    heuristic: KernelConfig
+    #: the heuristic's expected time under the same weights (None: it failed somewhere)
+    heuristic_us: float | None
+    #: prefix buckets of the range with no stored winner (their best is among the finalists only)
+    untuned: list[int] = field(default_factory=list)
+
+
+def range_prefixes(lo: int, hi: int) -> list[tuple[buckets.Bucket, int]]:
+    """Each bucket of [lo, hi] with the prefix it is measured at: its middle, clamped to the range
+    (as `tuner study start --prefix-range` measures it)."""
+    return [(b, min(max(b.mid, lo), hi)) for b in buckets.buckets_between(lo, hi)]
+
+
+def measured_by(limits: DeviceLimits) -> str:
+    return (
+        f"{limits.name} (sm_{limits.cc_major}{limits.cc_minor}, driver {limits.driver_version or '?'}, "
+        f"CUDA {limits.cuda_version or '?'})"
+    )
+
+
+def plan_batch(
+    *,
+    backend: Backend,
+    sessions: sessionmaker[Session],
+    H: int,
+    q_len: int,
+    prefix_lo: int,
+    prefix_hi: int,
+    batch: int,
+    weights: PrefixWeights,
+    spread: str = "uniform",
+    rounds: int = 3,
+    passes: int = 2,
+    dtype: str = "bf16",
+) -> PlanResult:
+    """Measure the finalists of batch size `batch` over the range, choose its plan and store it.
+    TunerError when the batch bucket has no stored winner in the range or nothing can be chosen."""
+    limits, khash = backend.limits, current_kernel_hash()
+    bb = batches.bucket_of(batch)
+    points = range_prefixes(prefix_lo, prefix_hi)
+    in_range = {b.index for b, _ in points}
+    with session_scope(sessions) as s:
+        rows = repo.list_best_for(
+            session=s, device=limits.name, kernel_hash=khash, dtype=dtype, H=H, q_len=q_len, batch_bucket=bb.index
+        )
+    winners = [r for r in rows if r.key.bucket in in_range]
+    if not winners:
+        raise TunerError(
+            f"no tuned configs on {limits.name} for H={H} q_len={q_len} batch {bb} in prefixes "
+            f"{prefix_lo}:{prefix_hi}: tune them first (tuner study start --H {H} --q-len {q_len} "
+            f"--prefix-range {prefix_lo}:{prefix_hi} --batch {batch})"
+        )
+    default = heuristic_config(limits, H=H, q_len=q_len, prefix=prefix_hi, batch=batch)
+    finalists = sorted({r.config for r in winners} | {default}, key=graph_plan.order_key)
+    workloads = [Workload(H, q_len, p, dtype=dtype, batch=batch, spread=spread) for _, p in points]
+    matrix = measure_matrix(backend, finalists, workloads, rounds=rounds, passes=passes)
+    idx = [b.index for b, _ in points]
+    try:
+        plan = graph_plan.choose(configs=finalists, bucket_indices=idx, times=matrix.medians(), weights=weights)
+    except ValueError as exc:
+        raise TunerError(f"H={H} q_len={q_len} batch {bb}: {exc}; " + _failures(matrix)) from None
+    expected = dict(plan.ranking)
+    row = _row(plan, matrix, points, limits, khash, dtype, H, q_len, bb, batch, spread, rounds, weights, expected)
+    with session_scope(sessions) as s:
+        plans.upsert_plan(session=s, plan=row)
+    result = PlanResult(
+        batch, plan, row, matrix, default, expected.get(default), sorted(in_range - {r.key.bucket for r in winners})
+    )
+    _log(result)
+    return result
+
+
+def _row(plan, matrix, points, limits, khash, dtype, H, q_len, bb, batch, spread, rounds, weights, expected):  # type: ignore[no-untyped-def]
+    col = plan.config
+    per_bucket = []
+    for (b, prefix), cost, wl in zip(points, plan.buckets, matrix.workloads):
+        cell = matrix.cell(col, wl)
+        per_bucket.append(
+            {
+                "bucket": b.index,
+                "prefix_lo": b.lo,
+                "prefix_hi": b.hi,
+                "prefix": prefix,
+                "weight": cost.weight,
+                "us": cost.us,
+                "p10_us": cell.p10_us,
+                "p90_us": cell.p90_us,
+                "best_us": cost.best_us,
+                "regret": cost.regret,
+                "best": cost.best.as_params(),
+            }
+        )
+    finalists = [
+        {
+            "params": c.as_params(),
+            "expected_us": expected.get(c),
+            "us": [matrix.cell(c, wl).median_us for wl in matrix.workloads],
+            "failed": {str(b.index): matrix.cell(c, wl).reason for (b, _), wl in zip(points, matrix.workloads)}
+            if c not in expected
+            else {},
+        }
+        for c in matrix.configs
+    ]
+    return plans.PlanRow(
+        device=limits.name,
+        kernel_hash=khash,
+        dtype=dtype,
+        H=H,
+        q_len=q_len,
+        batch_bucket=bb.index,
+        bucket_lo=points[0][0].index,
+        bucket_hi=points[-1][0].index,
+        weights_digest=weights.digest,
+        weights={"source": weights.source, "outside": weights.outside, "buckets": _str_keys(weights.weights)},
+        config=col,
+        expected_us=plan.expected_us,
+        per_bucket=per_bucket,
+        finalists=finalists,
+        batch=batch,
+        spread=spread,
+        rounds=rounds,
+        measured_by=measured_by(limits),
+    )
+
+
+def _str_keys(d: dict[int, float]) -> dict[str, float]:
+    return {str(k): v for k, v in sorted(d.items())}
+
+
+def _failures(matrix: Matrix) -> str:
+    bad = [
+        f"{c} at prefix {wl.prefix}: {cell.state} ({cell.reason})"
+        for c, row in zip(matrix.configs, matrix.cells)
+        for wl, cell in zip(matrix.workloads, row)
+        if not cell.ok
+    ]
+    return "failed: " + "; ".join(bad[:5]) + (f" (+{len(bad) - 5} more)" if len(bad) > 5 else "")
+
+
+def _log(r: PlanResult) -> None:
+    p = r.plan
+    log.info(
+        "graph plan H=%d q_len=%d batch=%d: %s, expected %.2f us (heuristic %s: %s us), regret geomean %.3f "
+        "worst %.3f; finalists %s",
+        r.row.H,
+        r.row.q_len,
+        r.batch,
+        p.config,
+        p.expected_us,
+        r.heuristic,
+        f"{r.heuristic_us:.2f}" if r.heuristic_us else "failed",
+        p.geomean_regret,
+        p.worst_regret,
+        [(str(c), round(us, 3)) for c, us in p.ranking],
+    )
+    for b in r.row.per_bucket:
+        log.info(
+            "  bucket [%d, %d) prefix %d weight %.3f: plan %.2f us, best %.2f us (%s), regret %.3f",
+            b["prefix_lo"],
+            b["prefix_hi"],
+            b["prefix"],
+            b["weight"],
+            b["us"],
+            b["best_us"],
+            KernelConfig.from_params(b["best"]),
+            b["regret"],
+        )
+    for c, failed in p.ineligible:
+        log.info("  not eligible: %s failed at buckets %s", c, list(failed))

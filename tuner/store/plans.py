@@ -1,0 +1,289 @@
+"""Queries for graph plans and verifications, keyword-only, each taking the session (beside
+verify_tuner.store.repo, whose devices, kernels and version bump they use). Every write bumps
+data_version first, as repo's writers do: the sidecar's tables change with it."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+from verify_tuner.errors import StorageError
+from verify_tuner.kernels.build import KERNEL_NAME, KERNEL_VERSION
+from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.keys import ConfigKey
+from verify_tuner.store import repo
+from verify_tuner.store.models import BestConfig, Device, GraphPlan, Kernel, Verification, utcnow
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    """A stored graph plan, detached from the session. `per_bucket`: one dict a prefix bucket of the
+    range, in bucket order (bucket, prefix, weight, us, p10_us, p90_us, best_us, regret, best)."""
+
+    device: str
+    kernel_hash: str
+    dtype: str
+    H: int
+    q_len: int
+    batch_bucket: int
+    bucket_lo: int
+    bucket_hi: int
+    weights_digest: str
+    weights: dict[str, Any]
+    config: KernelConfig
+    expected_us: float
+    per_bucket: list[dict[str, Any]]
+    finalists: list[dict[str, Any]] = field(default_factory=list)
+    batch: int = 1
+    spread: str = "uniform"
+    rounds: int = 0
+    measured_by: str = ""
+    measured_at: dt.datetime | None = None
+
+    def regret_at(self, bucket: int) -> float | None:
+        for b in self.per_bucket:
+            if b["bucket"] == bucket:
+                return b["regret"]
+        return None
+
+
+def _ids(session: Session, device: str, kernel_hash: str) -> tuple[int, int]:
+    dev = repo.get_device(session=session, name=device)
+    if dev is None:
+        raise StorageError(f"device {device!r} is not recorded; record it first (tuner device record)")
+    kernel = repo.upsert_kernel(session=session, source_hash=kernel_hash, name=KERNEL_NAME, version=KERNEL_VERSION)
+    return dev.id, kernel.id
+
+
+def upsert_plan(*, session: Session, plan: PlanRow) -> None:
+    """Store `plan`, replacing the plan of the same key (device, kernel, dtype, H, q_len, batch
+    bucket, range, weights' digest): a re-measurement supersedes the last one."""
+    repo._bump_version(session)  # first, like every writer (one lock order)
+    device_id, kernel_id = _ids(session, plan.device, plan.kernel_hash)
+    key = {
+        "device_id": device_id,
+        "kernel_id": kernel_id,
+        "dtype": plan.dtype,
+        "H": plan.H,
+        "q_len": plan.q_len,
+        "batch_bucket": plan.batch_bucket,
+        "bucket_lo": plan.bucket_lo,
+        "bucket_hi": plan.bucket_hi,
+        "weights_digest": plan.weights_digest,
+    }
+    values = {
+        "weights": plan.weights,
+        "params": plan.config.as_params(),
+        "expected_us": plan.expected_us,
+        "per_bucket": plan.per_bucket,
+        "finalists": plan.finalists,
+        "batch": plan.batch,
+        "spread": plan.spread,
+        "rounds": plan.rounds,
+        "measured_by": plan.measured_by,
+        "measured_at": plan.measured_at or utcnow(),
+    }
+    repo._upsert(session, GraphPlan, key_cols=key, values=values)
+
+
+def list_plans(
+    *,
+    session: Session,
+    device: str | None = None,
+    kernel_hash: str | None = None,
+    dtype: str | None = None,
+    H: int | None = None,
+    q_len: int | None = None,
+) -> list[PlanRow]:
+    """Stored plans, newest measurement first within each (device, H, q_len, batch bucket)."""
+    q = (
+        select(GraphPlan, Device.name, Kernel.source_hash)
+        .join(Device, GraphPlan.device_id == Device.id)
+        .join(Kernel, GraphPlan.kernel_id == Kernel.id)
+    )
+    for col, value in (
+        (Device.name, device),
+        (Kernel.source_hash, kernel_hash),
+        (GraphPlan.dtype, dtype),
+        (GraphPlan.H, H),
+        (GraphPlan.q_len, q_len),
+    ):
+        if value is not None:
+            q = q.where(col == value)
+    q = q.order_by(
+        Device.name, GraphPlan.H, GraphPlan.q_len, GraphPlan.batch_bucket, GraphPlan.measured_at.desc(), GraphPlan.id
+    )
+    return [_plan_row(*r) for r in session.execute(q)]
+
+
+def served_plans(
+    *, session: Session, device: str, kernel_hash: str, dtype: str, H: int, q_len: int
+) -> dict[int, PlanRow]:
+    """The plan served per batch bucket: the most recently measured one (whatever its range or
+    weights: the operator's latest `study graph-plan` for that batch bucket)."""
+    out: dict[int, PlanRow] = {}
+    for p in list_plans(session=session, device=device, kernel_hash=kernel_hash, dtype=dtype, H=H, q_len=q_len):
+        out.setdefault(p.batch_bucket, p)
+    return out
+
+
+def _plan_row(p: GraphPlan, device: str, kernel_hash: str) -> PlanRow:
+    return PlanRow(
+        device=device,
+        kernel_hash=kernel_hash,
+        dtype=p.dtype,
+        H=p.H,
+        q_len=p.q_len,
+        batch_bucket=p.batch_bucket,
+        bucket_lo=p.bucket_lo,
+        bucket_hi=p.bucket_hi,
+        weights_digest=p.weights_digest,
+        weights=p.weights,
+        config=KernelConfig.from_params(p.params),
+        expected_us=p.expected_us,
+        per_bucket=list(p.per_bucket),
+        finalists=list(p.finalists),
+        batch=p.batch,
+        spread=p.spread,
+        rounds=p.rounds,
+        measured_by=p.measured_by,
+        measured_at=p.measured_at,
+    )
+
+
+# --- verifications ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class VerificationRow:
+    key: ConfigKey
+    config: KernelConfig
+    stored_us: float | None
+    measured_us: float | None
+    measured_p10_us: float | None
+    measured_p90_us: float | None
+    heuristic: KernelConfig
+    heuristic_us: float | None
+    heuristic_p10_us: float | None
+    heuristic_p90_us: float | None
+    noise: float | None
+    verdict: str  # ok | moved | stale | failed
+    reason: str
+    measured_by: str
+    verified_at: dt.datetime | None = None
+
+
+def record_verification(*, session: Session, v: VerificationRow) -> bool:
+    """Keep `v` in the history and mark the stored best with its verdict, unless the row no longer
+    holds the config verified (re-tuned meanwhile: that row was not verified). True: marked."""
+    repo._bump_version(session)
+    device_id, kernel_id = _ids(session, v.key.device, v.key.kernel_hash)
+    at = v.verified_at or utcnow()
+    key = {
+        "device_id": device_id,
+        "kernel_id": kernel_id,
+        "dtype": v.key.dtype,
+        "H": v.key.H,
+        "q_len": v.key.q_len,
+        "bucket": v.key.bucket,
+        "batch_bucket": v.key.batch_bucket,
+    }
+    session.add(
+        Verification(
+            **key,
+            params=v.config.as_params(),
+            stored_us=v.stored_us,
+            measured_us=v.measured_us,
+            measured_p10_us=v.measured_p10_us,
+            measured_p90_us=v.measured_p90_us,
+            heuristic_params=v.heuristic.as_params(),
+            heuristic_us=v.heuristic_us,
+            heuristic_p10_us=v.heuristic_p10_us,
+            heuristic_p90_us=v.heuristic_p90_us,
+            noise=v.noise,
+            verdict=v.verdict,
+            reason=v.reason,
+            measured_by=v.measured_by,
+            verified_at=at,
+        )
+    )
+    if v.verdict == "failed":  # nothing was learnt about the row's speed: its mark stays as it was
+        return False
+    # writers are serialised by the version bump above: the row read here is the one marked
+    row = session.scalars(
+        select(BestConfig).where(*(getattr(BestConfig, k) == val for k, val in key.items()))
+    ).one_or_none()
+    if row is None or repo._to_row(row, v.key.device, v.key.kernel_hash).config != v.config:
+        return False
+    row.verdict, row.verified_at = v.verdict, at
+    return True
+
+
+def list_verifications(*, session: Session, device: str | None = None) -> list[VerificationRow]:
+    q = (
+        select(Verification, Device.name, Kernel.source_hash)
+        .join(Device, Verification.device_id == Device.id)
+        .join(Kernel, Verification.kernel_id == Kernel.id)
+        .order_by(Verification.id)
+    )
+    if device is not None:
+        q = q.where(Device.name == device)
+    out = []
+    for v, dev, khash in session.execute(q):
+        out.append(
+            VerificationRow(
+                key=ConfigKey(dev, khash, v.dtype, v.H, v.q_len, v.bucket, v.batch_bucket),
+                config=KernelConfig.from_params(v.params),
+                stored_us=v.stored_us,
+                measured_us=v.measured_us,
+                measured_p10_us=v.measured_p10_us,
+                measured_p90_us=v.measured_p90_us,
+                heuristic=KernelConfig.from_params(v.heuristic_params),
+                heuristic_us=v.heuristic_us,
+                heuristic_p10_us=v.heuristic_p10_us,
+                heuristic_p90_us=v.heuristic_p90_us,
+                noise=v.noise,
+                verdict=v.verdict,
+                reason=v.reason,
+                measured_by=v.measured_by,
+                verified_at=v.verified_at,
+            )
+        )
+    return out
+
+
+def plan_doc(p: PlanRow) -> dict[str, Any]:
+    """A plan as the sidecar (GET /config, /configs) and the engine files serve it: one shape, which
+    the worker client reads from either (api/schemas.GraphPlanOut documents it)."""
+    import math
+
+    from verify_tuner import batches, buckets
+
+    bb = batches.by_index(p.batch_bucket)
+    regrets = [b["regret"] for b in p.per_bucket]
+    return {
+        **p.config.as_params(),
+        "batch_bucket": {"index": bb.index, "lo": bb.lo, "hi": bb.hi},
+        "prefix_lo": buckets.by_index(p.bucket_lo).lo,
+        "prefix_hi": buckets.by_index(p.bucket_hi).hi,
+        "expected_us": p.expected_us,
+        "regret_geomean": math.exp(sum(math.log(r) for r in regrets) / len(regrets)) if regrets else None,
+        "regret_worst": max(regrets) if regrets else None,
+        "weights_digest": p.weights_digest,
+        "weights_source": p.weights.get("source"),
+        "measured_at": p.measured_at.isoformat() if p.measured_at else None,
+        "measured_by": p.measured_by,
+        "buckets": [
+            {
+                "prefix_lo": buckets.by_index(b["bucket"]).lo,
+                "prefix_hi": buckets.by_index(b["bucket"]).hi,
+                "prefix": b.get("prefix"),
+                "weight": b.get("weight"),
+                "us": b["us"],
+                "best_us": b["best_us"],
+                "regret": b["regret"],
+            }
+            for b in p.per_bucket
+        ],
+    }
