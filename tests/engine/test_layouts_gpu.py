@@ -77,7 +77,7 @@ def test_each_layout_through_the_tuner_launcher_and_the_engine_op(gpu, case, mon
         def call(cfg=cfg):
             torch.ops.verify_tuner.verify_attention(
                 inp.q, inp.q_pe, inp.kv, inp.prefix_indptr, inp.prefix_indices, inp.prefix_rows, inp.draft_indices,
-                inp.tree_mask, out, lse, op.config_list(cfg), inp.scale,
+                inp.tree_mask, out, lse, op.config_list(cfg), inp.scale, None,
             )  # fmt: skip
 
         assert poisoned_run_error(call, out, ref_o) <= 1e-2, f"{cfg}: op out"

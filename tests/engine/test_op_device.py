@@ -133,3 +133,20 @@ def test_a_config_that_does_not_fit_the_rank_s_device_is_refused_before_loading(
     with pytest.raises(InvalidConfig, match="shared memory"):
         op._kernels_for(3, BIG, 9, 8)
     assert [c[2] for c in driver.calls if c[0] == "cuModuleLoadData"] == [b"sm_90"]
+
+
+def test_the_registered_op_reaches_its_own_checks_through_torch_s_dispatch():
+    """Called as engines call it (every argument, workspace None): torch's dispatch must hand the
+    call to the op, whose own check then refuses CPU tensors by name -- an op schema torch cannot
+    dispatch (a mutated argument left to a default) fails before that with an IndexError."""
+    B, Q, H = 2, 9, 8
+    bf, i32 = {"dtype": torch.bfloat16}, {"dtype": torch.int32}
+    args = (
+        torch.zeros(B, Q, H, 576, **bf), None, torch.zeros(100, 576, **bf), torch.zeros(B + 1, **i32),
+        torch.zeros(10, **i32), None, torch.zeros(B, Q, **i32), torch.zeros(B, Q, dtype=torch.int64),
+        torch.zeros(B, Q, H, 512, **bf), None, op.config_list(CFG), 0.04, None,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="runs on a CUDA device"):
+        torch.ops.verify_tuner.verify_attention(*args)
+    with pytest.raises(ValueError, match="runs on a CUDA device"):
+        torch.ops.verify_tuner.verify_attention(*args[:-1], torch.zeros(16, dtype=torch.uint8))

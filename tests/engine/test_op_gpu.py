@@ -41,7 +41,7 @@ def load(s):
 
 def call():
     torch.ops.verify_tuner.verify_attention(bufs["q"], None, kv, bufs["indptr"], idx, None, bufs["draft"], bufs["mask"],
-                                            out, lse, op.config_list(cfg), inp.scale)
+                                            out, lse, op.config_list(cfg), inp.scale, None)
 
 side = torch.cuda.Stream()
 load(steps[0])
@@ -60,7 +60,7 @@ for s in steps:
     errs.append([rel_error(out, ref_o), rel_error(lse, ref_lse)])
 try:
     _ = torch.ops.verify_tuner.verify_attention(bufs["q"].float(), None, kv, bufs["indptr"], idx, None, bufs["draft"],
-                                                       bufs["mask"], out, lse, op.config_list(cfg), inp.scale)
+                                                       bufs["mask"], out, lse, op.config_list(cfg), inp.scale, None)
     bad = "accepted"
 except Exception as exc:
     bad = str(exc)

@@ -168,6 +168,7 @@ class VerifyBackend:
             lse.view(*as4) if lse is not None else None,
             _op.config_list(self.config_for(bs)),
             self.scale,
+            None,  # the op's own workspace for this batch size
         )
         return out
 

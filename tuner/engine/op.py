@@ -13,7 +13,7 @@ nvcc is needed on an inference host that has a bundle.
 
     import verify_tuner.engine.op  # registers the op
     torch.ops.verify_tuner.verify_attention(q, q_pe, kv, kv_indptr, kv_indices, kv_rows, draft_slots,
-                                            tree_mask, out, lse, config_list(cfg), softmax_scale)
+                                            tree_mask, out, lse, config_list(cfg), softmax_scale, None)
 """
 
 # No `from __future__ import annotations`: torch.library reads the op's schema from live annotations.
@@ -147,7 +147,7 @@ def verify_attention(
     lse: Optional[torch.Tensor],  # noqa: UP045
     config: list[int],
     softmax_scale: float,
-    workspace: Optional[torch.Tensor] = None,  # noqa: UP045
+    workspace: Optional[torch.Tensor],  # noqa: UP045
 ) -> None:
     """MLA verify attention into `out` (and `lse`).
 
@@ -158,7 +158,8 @@ def verify_attention(
     each request's row, read in place) or of page ids (a [B, max_pages] block table);
     kv_indptr [B+1] int32 prefix token offsets (the prefix lengths' running sum); draft_slots [B,Q] int32 slots; tree_mask [B,Q]
     rows of 8..64 bits (bit j of row i: node i sees node j); out [B,Q,H,512] bf16; lse [B,Q,H]
-    fp32 or None; `config` from config_list(); workspace None (the op keeps one per batch size from
+    fp32 or None; `config` from config_list(); workspace (always passed: torch counts a mutated
+    argument by position) None (the op keeps one per batch size from
     torch's allocator) or a caller's uint8 buffer of at least workspace_bytes(config, ...) bytes on
     the same device, which launches sharing it must order."""
     tensors = {
@@ -203,6 +204,6 @@ def verify_attention(
 
 @verify_attention.register_fake
 def _(
-    q, q_pe, kv, kv_indptr, kv_indices, kv_rows, draft_slots, tree_mask, out, lse, config, softmax_scale, workspace=None
+    q, q_pe, kv, kv_indptr, kv_indices, kv_rows, draft_slots, tree_mask, out, lse, config, softmax_scale, workspace
 ) -> None:
     return None
