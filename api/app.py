@@ -14,6 +14,7 @@ from sqlalchemy import Engine
 from verify_tuner.api.deadline import NoAnswer, within
 from verify_tuner.api.file_watch import FileState, FileWatch
 from verify_tuner.api.metrics import Metrics, MetricsMiddleware
+from verify_tuner.api.readiness import Readiness
 from verify_tuner.api.routes import admin, config, health
 from verify_tuner.api.table_cache import TableCache
 from verify_tuner.db.migrate import ensure_current
@@ -81,7 +82,10 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.read_sessions = session_factory(read_engine)
     app.state.write_sessions = session_factory(write_engine)
     checker = asyncio.create_task(_revalidate_forever(app))
+    app.state.readiness = readiness = Readiness(settings)
+    readiness.start()
     yield
+    readiness.stop()
     checker.cancel()
     read_engine.dispose()
     write_engine.dispose()
