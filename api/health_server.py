@@ -13,7 +13,9 @@ main port (api/readiness.py), never from the database directly.
 from __future__ import annotations
 
 import json
+import logging
 import socketserver
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -21,6 +23,8 @@ from typing import Any
 
 from verify_tuner.api.metrics import Metrics
 from verify_tuner.api.readiness import Readiness
+
+log = logging.getLogger(__name__)
 
 #: Connections answered at once; more are closed unanswered (a probe sends one at a time).
 MAX_CONNECTIONS = 8
@@ -57,6 +61,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 class HealthServer(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 64  # the listen backlog: socketserver's 5 would drop a burst of probes
 
     def __init__(self, host: str, port: int, readiness: Readiness, metrics: Metrics) -> None:
         self.readiness, self.metrics = readiness, metrics
@@ -73,6 +78,11 @@ class HealthServer(ThreadingHTTPServer):
         self.metrics.request(f"{route} (health port)", "GET", status, seconds)
         if status == 503:
             self.metrics.db_error()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError):  # the client left before the answer: its business
+            return
+        log.exception("health port: answering %s failed", client_address)
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self._slots.acquire(blocking=False):  # a flood of connections cannot grow threads

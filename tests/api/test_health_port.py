@@ -48,7 +48,7 @@ def _probe(port: int, path: str) -> tuple[float, bytes]:
 def test_probes_on_the_health_port_are_answered_while_the_main_port_is_saturated(tmp_path):
     env = _serve_env(tmp_path)
     port, health_port = free_port(), int(env["TUNER_HEALTH_PORT"])
-    with running_server(env, port=port):
+    with running_server(env, port=port) as server:
         load = subprocess.Popen(
             [sys.executable, "-c", LOAD, str(ROOT / "bench" / "load_test.py"), f"http://127.0.0.1:{port}", "8"],
             stdout=subprocess.PIPE,
@@ -69,6 +69,7 @@ def test_probes_on_the_health_port_are_answered_while_the_main_port_is_saturated
     main_ms = statistics.median(t * 1e3 for t, _ in main)
     # the kubelet's timeout is the limit never to pass; the 250 ms is the typical answer
     assert ms[-1] < 1000 and statistics.median(ms) < 250, (ms, f"main port p50 {main_ms:.0f} ms")
+    assert "Traceback" not in server.stdout.read()  # a probe that reads its status line and leaves is no error
 
 
 def test_the_health_port_answers_readiness_as_the_main_port_does_and_nothing_else(tmp_path):
