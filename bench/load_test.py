@@ -267,7 +267,23 @@ def main() -> None:
         if minimal is not None:
             minimal.terminate()
             minimal.wait(10)
-    write(args.out, results, args.target, load_at_start=load_at_start)
+    write(args.out, results, args.target, load_at_start=load_at_start, server_log=_unusual(server.stdout.read()))
+
+
+def _unusual(log: str) -> list[str]:
+    """The server's log lines other than uvicorn's start and stop (a pause in accepting
+    connections, an exception, a warning), kept with the results: nothing reads them meanwhile."""
+    usual = ("Started server", "Waiting for application", "Application startup", "Uvicorn running", "Shutting down")
+    usual += ("Application shutdown", "Finished server", "health probes on")
+    return [ln for ln in log.splitlines() if ln.strip() and not any(u in ln for u in usual)][:50]
+
+
+def _somaxconn() -> int | None:
+    """The kernel's cap on a listen queue (uvicorn asks for 2048)."""
+    try:
+        return int(Path("/proc/sys/net/core/somaxconn").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _one(
@@ -276,13 +292,14 @@ def _one(
     """One run, with health probes (main port, health port) in their own process while it lasts
     (tuner serve only), and what else used the machine meanwhile (other processes' CPU, steal)."""
     load_1m = os.getloadavg()[0]
-    before = _cpu_seconds(pid)
+    before, tcp_before = _cpu_seconds(pid), _tcp_counters()
     prober = None if minimal else _probe_during([base, health] if health else [base], args.max_seconds)
     res = asyncio.run(run(base, args.clients, args.requests, rate, args.max_seconds, args.target, minimal))
     res = {"server": "minimal uvicorn" if minimal else "tuner serve", "load_1m_before": load_1m} | res
     if prober is not None:
         res |= _probe_summary(prober)
     res |= _others(before, _cpu_seconds(pid), res["wall_s"])
+    res |= {k: v - tcp_before[k] for k, v in _tcp_counters().items()}
     print(json.dumps(res))
     return res
 
@@ -300,6 +317,22 @@ def _cpu_seconds(pid: int) -> dict[str, float]:
         "steal": steal / tick,
         "ours": sum(server) / tick + me.user + me.system + kids.ru_utime + kids.ru_stime,
     }
+
+
+def _tcp_counters() -> dict[str, int]:
+    """The kernel's count of connections dropped because a listen queue was full, and of SYNs
+    sent again: a connection dropped there is retried after 1, 3, 7 s, which to the load looks
+    like a request unanswered for seconds while the server answers everyone else (machine-wide
+    counters: other processes' listeners count too)."""
+    try:
+        head, values = [
+            ln.split() for ln in Path("/proc/net/netstat").read_text().splitlines() if ln.startswith("TcpExt")
+        ]
+    except (OSError, ValueError):
+        return {}
+    counters = dict(zip(head[1:], map(int, values[1:]), strict=True))
+    names = {"listen_overflows": "ListenOverflows", "listen_drops": "ListenDrops", "syn_retransmits": "TCPSynRetrans"}
+    return {ours: counters.get(theirs, 0) for ours, theirs in names.items()}
 
 
 def _others(before: dict[str, float], after: dict[str, float], wall: float) -> dict[str, float]:
@@ -332,7 +365,11 @@ def _database(tmp: Path) -> dict[str, str]:
 
 
 def write(
-    out: Path, results: list[dict], target: str = "config", load_at_start: tuple[float, float, float] | None = None
+    out: Path,
+    results: list[dict],
+    target: str = "config",
+    load_at_start: tuple[float, float, float] | None = None,
+    server_log: list[str] | None = None,
 ) -> None:
     out.mkdir(parents=True, exist_ok=True)
     meta = {
@@ -341,6 +378,8 @@ def write(
         "cpu": _cpu_model(),
         "load_avg_at_start": load_at_start,
         "load_avg_at_end": os.getloadavg(),
+        "somaxconn": _somaxconn(),
+        "server_log": server_log,
         "python": platform.python_version(),
         "results": results,
     }
@@ -363,9 +402,9 @@ def write(
             "| server | clients | rate/client (req/s) | requests | errors | req/s | p50 ms | p90 ms | p99 ms | max ms | "
             "DB-path lookups | main port: probes (failed, > 250 ms) | /healthz p50 / max | /readyz p50 / max | "
             "health port: probes (failed, > 250 ms) | /healthz p50 / max | /readyz p50 / max | "
-            "other CPU, steal (cores) |"
+            "other CPU, steal (cores) | listen overflows, SYN retransmits |"
         ),
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         lines.append(
@@ -373,9 +412,15 @@ def write(
             f"{r['errors']} | {r['req_per_s']:.0f} | {r['p50_ms']:.2f} | {r['p90_ms']:.2f} | {r['p99_ms']:.2f} | "
             f"{r['max_ms']:.1f} | {'' if r.get('db_path_lookups') is None else r['db_path_lookups']} | "
             f"{_probe_cells(r, 'probe')} | {_probe_cells(r, 'health_port_probe')} | "
-            f"{r.get('other_cpu_cores', '')}, {r.get('steal_cores', '')} |"
+            f"{r.get('other_cpu_cores', '')}, {r.get('steal_cores', '')} | "
+            f"{r.get('listen_overflows', '')}, {r.get('syn_retransmits', '')} |"
         )
     lines += _ratio_lines(results)
+    lines += [
+        "",
+        f"Listen queue cap (net.core.somaxconn): {meta['somaxconn']}. Server log, other than start and stop: ",
+    ]
+    lines[-1] += "; ".join(f"`{ln}`" for ln in meta["server_log"]) if meta["server_log"] else "nothing."
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
 
 
