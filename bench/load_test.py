@@ -6,6 +6,13 @@ Each client keeps one connection and sends --requests lookups (or until --max-se
 --rate per second (0 = back to back: flat out, which measures capacity and saturation latency).
 Each row also records how many lookups the server answered from the database path
 (`tuner_db_path_lookups_total` in /metrics, before and after): none while the data is unchanged.
+Meanwhile a separate process probes /healthz and /readyz on new connections, on the main port and
+on the health port (TUNER_HEALTH_PORT), as a kubelet does.
+
+    python bench/load_test.py --clients 200 --requests 100000 --max-seconds 10 --rate 0 --repeat 2 \
+        --listen-backlog 8 --tag stall
+caps the server's listen queue, as a kernel with a tiny net.core.somaxconn would: what a
+listen-queue overflow looks like to the load (load_test_stall.md).
 """
 
 from __future__ import annotations
@@ -164,6 +171,19 @@ async def app(scope, receive, send):
 """
 
 
+#: `tuner serve` with uvicorn's listen backlog capped (argv[1]); the wrapped command's own argv follows, unused.
+CAPPED_BACKLOG = """
+import sys, uvicorn
+from verify_tuner.api import server
+from verify_tuner.api.app import create_app
+from verify_tuner.settings import Settings
+settings = Settings.from_env()
+config = server.uvicorn_config(create_app(settings), settings)
+config.backlog = int(sys.argv[1])
+uvicorn.Server(config).run()
+"""
+
+
 def _minimal_uvicorn(tmp: Path, port: int) -> subprocess.Popen:
     """uvicorn's defaults serving one fixed body: the ceiling this machine sets on any uvicorn app."""
     (tmp / "minimal_app.py").write_text(MINIMAL_APP)
@@ -236,6 +256,12 @@ def main() -> None:
         action="store_true",
         help="skip the flat-out runs against a minimal uvicorn app (one after each flat-out run of tuner serve)",
     )
+    ap.add_argument(
+        "--listen-backlog",
+        type=int,
+        help="cap tuner serve's listen queue (as a kernel whose net.core.somaxconn is this small)",
+    )
+    ap.add_argument("--tag", help="results go to load_test_<tag>.* instead")
     ap.add_argument("--probe", metavar="URL", nargs="+", help=argparse.SUPPRESS)  # the probe process's entry point
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args()
@@ -250,7 +276,8 @@ def main() -> None:
     minimal = None if args.no_baseline else _minimal_uvicorn(tmp, minimal_port)
     results = []
     try:
-        with running_server(env, port=port) as server:
+        wrap = () if args.listen_backlog is None else (sys.executable, "-c", CAPPED_BACKLOG, str(args.listen_backlog))
+        with running_server(env, port=port, wrap=wrap) as server:
             import urllib.request
 
             urllib.request.urlopen(f"http://127.0.0.1:{port}/config?H=8&q_len=9&prefix=1", timeout=10).read()  # warm
@@ -267,7 +294,9 @@ def main() -> None:
         if minimal is not None:
             minimal.terminate()
             minimal.wait(10)
-    write(args.out, results, args.target, load_at_start=load_at_start, server_log=_unusual(server.stdout.read()))
+    log = _unusual(server.stdout.read())
+    notes = {"load_at_start": load_at_start, "server_log": log, "backlog": args.listen_backlog}
+    write(args.out, results, args.target, tag=args.tag, **notes)
 
 
 def _unusual(log: str) -> list[str]:
@@ -370,6 +399,8 @@ def write(
     target: str = "config",
     load_at_start: tuple[float, float, float] | None = None,
     server_log: list[str] | None = None,
+    backlog: int | None = None,
+    tag: str | None = None,
 ) -> None:
     out.mkdir(parents=True, exist_ok=True)
     meta = {
@@ -380,10 +411,11 @@ def write(
         "load_avg_at_end": os.getloadavg(),
         "somaxconn": _somaxconn(),
         "server_log": server_log,
+        "listen_backlog": backlog,
         "python": platform.python_version(),
         "results": results,
     }
-    stem = "load_test" if target == "config" else f"load_test_{target}"
+    stem = f"load_test_{tag}" if tag else "load_test" if target == "config" else f"load_test_{target}"
     (out / f"{stem}.json").write_text(json.dumps(meta | {"target": target}, indent=1))
     lines = [
         f"# Load test of `tuner serve` — {meta['date']}, {meta['machine']} (server and clients share them)",
@@ -416,10 +448,8 @@ def write(
             f"{r.get('listen_overflows', '')}, {r.get('syn_retransmits', '')} |"
         )
     lines += _ratio_lines(results)
-    lines += [
-        "",
-        f"Listen queue cap (net.core.somaxconn): {meta['somaxconn']}. Server log, other than start and stop: ",
-    ]
+    cap = f"{meta['somaxconn']}" + (f"; this run capped tuner serve's listen backlog at {backlog}" if backlog else "")
+    lines += ["", f"Listen queue cap (net.core.somaxconn): {cap}. Server log, other than start and stop: "]
     lines[-1] += "; ".join(f"`{ln}`" for ln in meta["server_log"]) if meta["server_log"] else "nothing."
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
 
