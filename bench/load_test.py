@@ -74,12 +74,17 @@ async def client(
     errors: list[str],
     rng: random.Random,
     target: str = "config",
+    events: list[dict] | None = None,
+    t_start: float = 0.0,
 ) -> None:
+    """`events` gets each error's kind, the request's index on its connection (0: its first) and
+    when (s into the run) the connection opened and the request was sent."""
     host, port = base.removeprefix("http://").split(":")
     await asyncio.sleep(rng.random() / rate if rate > 0 else 0)  # spread the first requests
     reader, writer = await asyncio.open_connection(host, int(port))
+    connected = time.perf_counter() - t_start
     try:
-        for _ in range(n):
+        for i in range(n):
             if time.monotonic() > deadline:
                 return
             path = _path(target, rng)
@@ -95,6 +100,9 @@ async def client(
                     errors.append(f"HTTP {status}")
             except (TimeoutError, OSError, asyncio.IncompleteReadError) as exc:
                 errors.append(type(exc).__name__)
+                if events is not None:
+                    at = {"connected_s": round(connected, 3), "sent_s": round(t0 - t_start, 3)}
+                    events.append({"kind": type(exc).__name__, "request": i} | at)
                 return
             finally:
                 lat.append(time.perf_counter() - t0)
@@ -213,11 +221,15 @@ async def run(
 ) -> dict:
     lat: list[float] = []
     errors: list[str] = []
+    events: list[dict] = []
     db_before = 0.0 if minimal else _db_path_lookups(base)
     deadline = time.monotonic() + max_s
     t0 = time.perf_counter()
     await asyncio.gather(
-        *(client(base, requests, rate, deadline, lat, errors, random.Random(i), target) for i in range(clients))
+        *(
+            client(base, requests, rate, deadline, lat, errors, random.Random(i), target, events, t0)
+            for i in range(clients)
+        )
     )
     wall = time.perf_counter() - t0
     q = statistics.quantiles(lat, n=100)
@@ -228,6 +240,7 @@ async def run(
         "sent": len(lat),
         "errors": len(errors),
         "error_kinds": sorted(set(errors)),
+        "first_errors": sorted(events, key=lambda e: e["sent_s"])[:10],
         "wall_s": wall,
         "req_per_s": len(lat) / wall,
         "p50_ms": q[49] * 1e3,
@@ -448,10 +461,26 @@ def write(
             f"{r.get('listen_overflows', '')}, {r.get('syn_retransmits', '')} |"
         )
     lines += _ratio_lines(results)
+    lines += _error_lines(results)
     cap = f"{meta['somaxconn']}" + (f"; this run capped tuner serve's listen backlog at {backlog}" if backlog else "")
     lines += ["", f"Listen queue cap (net.core.somaxconn): {cap}. Server log, other than start and stop: "]
     lines[-1] += "; ".join(f"`{ln}`" for ln in meta["server_log"]) if meta["server_log"] else "nothing."
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+
+
+def _error_lines(results: list[dict]) -> list[str]:
+    """When the errors happened: on a connection's first request (a connection the server never
+    served) or later (a server that stopped answering)."""
+    out = []
+    for n, r in enumerate(results, 1):
+        if r.get("first_errors"):
+            first = "; ".join(
+                f"{e['kind']} on request {e['request']} of a connection opened {e['connected_s']:.2f} s in, "
+                f"sent {e['sent_s']:.2f} s in"
+                for e in r["first_errors"][:3]
+            )
+            out += ["", f"Row {n}'s first errors (of {r['errors']}): {first}."]
+    return out
 
 
 def _probe_cells(r: dict, prefix: str) -> str:
