@@ -63,7 +63,7 @@ class Readiness:
 
     @property
     def bound_s(self) -> float:
-        """The oldest record answered from."""
+        """The oldest record answered from while no probe runs (while one does, its deadline rules)."""
         return self.every_s + self.timeout_s
 
     def start(self) -> None:
@@ -122,7 +122,7 @@ class Readiness:
             return DatabaseHealth(False, False, self._late(f"a probe has been waiting {now - since:.1f} s"))
         if reading is None:
             return DatabaseHealth(False, False, "readiness not checked yet")
-        if now - reading.finished > self.bound_s:
+        if since is None and now - reading.finished > self.bound_s:  # the thread did not start the next probe
             return DatabaseHealth(False, False, f"readiness last checked {now - reading.finished:.1f} s ago")
         if identity != reading.identity:  # the record is about the file that was there before
             self._wake.set()
