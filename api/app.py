@@ -13,7 +13,9 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import Engine
 from verify_tuner.api.deadline import NoAnswer, within
 from verify_tuner.api.file_watch import FileState, FileWatch
+from verify_tuner.api.health_server import HealthServer
 from verify_tuner.api.metrics import Metrics, MetricsMiddleware
+from verify_tuner.api.readiness import Readiness
 from verify_tuner.api.routes import admin, config, health
 from verify_tuner.api.table_cache import TableCache
 from verify_tuner.errors import BadParameter, StorageError
@@ -81,10 +83,28 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.read_sessions = session_factory(read_engine)
     app.state.write_sessions = session_factory(write_engine)
     checker = asyncio.create_task(_revalidate_forever(app))
+    app.state.readiness = readiness = Readiness(settings)
+    readiness.start()
+    health_server = _health_server(app) if settings.health_port is not None else None
     yield
+    if health_server is not None:
+        health_server.stop()
+    readiness.stop()
     checker.cancel()
     read_engine.dispose()
     write_engine.dispose()
+
+
+def _health_server(app: FastAPI) -> HealthServer:
+    settings = app.state.settings
+    try:
+        server = HealthServer(settings.host, settings.health_port, app.state.readiness, app.state.metrics)
+    except OSError as exc:  # a port in use: fail the start, as uvicorn does for the main port
+        app.state.readiness.stop()
+        raise RuntimeError(f"cannot listen on TUNER_HEALTH_PORT {settings.health_port}: {exc}") from None
+    server.start()
+    log.info("health probes on http://%s:%d (/healthz, /readyz)", settings.host, settings.health_port)
+    return server
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

@@ -6,6 +6,13 @@ Each client keeps one connection and sends --requests lookups (or until --max-se
 --rate per second (0 = back to back: flat out, which measures capacity and saturation latency).
 Each row also records how many lookups the server answered from the database path
 (`tuner_db_path_lookups_total` in /metrics, before and after): none while the data is unchanged.
+Meanwhile a separate process probes /healthz and /readyz on new connections, on the main port and
+on the health port (TUNER_HEALTH_PORT), as a kubelet does.
+
+    python bench/load_test.py --clients 200 --requests 100000 --max-seconds 10 --rate 0 --repeat 2 \
+        --listen-backlog 8 --tag stall
+caps the server's listen queue, as a kernel with a tiny net.core.somaxconn would: what a
+listen-queue overflow looks like to the load (load_test_stall.md).
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import json
 import os
 import platform
 import random
+import resource
 import statistics
 import subprocess
 import sys
@@ -66,12 +74,17 @@ async def client(
     errors: list[str],
     rng: random.Random,
     target: str = "config",
+    events: list[dict] | None = None,
+    t_start: float = 0.0,
 ) -> None:
+    """`events` gets each error's kind, the request's index on its connection (0: its first) and
+    when (s into the run) the connection opened and the request was sent."""
     host, port = base.removeprefix("http://").split(":")
     await asyncio.sleep(rng.random() / rate if rate > 0 else 0)  # spread the first requests
     reader, writer = await asyncio.open_connection(host, int(port))
+    connected = time.perf_counter() - t_start
     try:
-        for _ in range(n):
+        for i in range(n):
             if time.monotonic() > deadline:
                 return
             path = _path(target, rng)
@@ -87,6 +100,9 @@ async def client(
                     errors.append(f"HTTP {status}")
             except (TimeoutError, OSError, asyncio.IncompleteReadError) as exc:
                 errors.append(type(exc).__name__)
+                if events is not None:
+                    at = {"connected_s": round(connected, 3), "sent_s": round(t0 - t_start, 3)}
+                    events.append({"kind": type(exc).__name__, "request": i} | at)
                 return
             finally:
                 lat.append(time.perf_counter() - t0)
@@ -96,47 +112,56 @@ async def client(
         writer.close()
 
 
-def probe(base: str, seconds: float, every_s: float = 0.25) -> list[dict]:
+def probe(bases: list[str], seconds: float, every_s: float = 0.25) -> list[dict]:
     """A health probe as a kubelet sends it: a new connection per request, `Connection: close`,
-    a 1 s timeout; run in its own process so the load generator's event loop does not delay it."""
+    a 1 s timeout; run in its own process so the load generator's event loop does not delay it.
+    Each round probes /healthz then /readyz on each base (the main port, then the health port)."""
     import socket
 
-    host, port = base.removeprefix("http://").split(":")
     out, stop = [], time.monotonic() + seconds
     while time.monotonic() < stop:
-        for path in ("/healthz", "/readyz"):
-            t0 = time.perf_counter()
-            try:
-                with socket.create_connection((host, int(port)), timeout=1.0) as s:
-                    s.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
-                    first = s.recv(64)
-                    ok = first.startswith(b"HTTP/1.1 200")
-            except OSError as exc:
-                ok, first = False, type(exc).__name__.encode()
-            out.append({"path": path, "ms": (time.perf_counter() - t0) * 1e3, "ok": ok})
+        for port_name, base in zip(("main", "health"), bases, strict=False):
+            host, port = base.removeprefix("http://").split(":")
+            for path in ("/healthz", "/readyz"):
+                t0 = time.perf_counter()
+                try:
+                    with socket.create_connection((host, int(port)), timeout=1.0) as s:
+                        s.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+                        first = s.recv(64)
+                        ok = first.startswith(b"HTTP/1.1 200")
+                except OSError as exc:
+                    ok, first = False, type(exc).__name__.encode()
+                out.append({"port": port_name, "path": path, "ms": (time.perf_counter() - t0) * 1e3, "ok": ok})
         time.sleep(every_s)
     return out
 
 
-def _probe_during(base: str, seconds: float) -> subprocess.Popen:
-    cmd = [sys.executable, __file__, "--probe", base, "--max-seconds", str(seconds)]
+def _probe_during(bases: list[str], seconds: float) -> subprocess.Popen:
+    cmd = [sys.executable, __file__, "--probe", *bases, "--max-seconds", str(seconds)]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
 
 
 def _probe_summary(proc: subprocess.Popen) -> dict:
+    """The main port's probes as before (probes, probe_*), the health port's as health_port_*."""
     samples = json.loads(proc.communicate(timeout=120)[0])
-    ms = sorted(x["ms"] for x in samples)
-    return {
-        "probes": len(samples),
-        "probe_failed": sum(not x["ok"] for x in samples),
-        "probe_p50_ms": statistics.median(ms),
-        "probe_max_ms": ms[-1],
-        "probe_over_250ms": sum(m > 250 for m in ms),
-        **{
-            f"probe_{path}_p50_max_ms": _p50_max([x["ms"] for x in samples if x["path"] == f"/{path}"])
-            for path in ("healthz", "readyz")
-        },
-    }
+    out: dict = {}
+    for port_name, prefix in (("main", "probe"), ("health", "health_port_probe")):
+        mine = [x for x in samples if x["port"] == port_name]
+        if not mine:
+            continue
+        ms = sorted(x["ms"] for x in mine)
+        out |= {
+            f"{prefix}s": len(mine),
+            f"{prefix}_failed": sum(not x["ok"] for x in mine),
+            f"{prefix}_p50_ms": statistics.median(ms),
+            f"{prefix}_max_ms": ms[-1],
+            f"{prefix}_over_250ms": sum(m > 250 for m in ms),
+            **{
+                f"{prefix}_{path}_p50_max_ms": _p50_max([x["ms"] for x in mine if x["path"] == f"/{path}"])
+                for path in ("healthz", "readyz")
+            },
+        }
+    return out
 
 
 def _p50_max(ms: list[float]) -> list[float]:
@@ -151,6 +176,19 @@ async def app(scope, receive, send):
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
+"""
+
+
+#: `tuner serve` with uvicorn's listen backlog capped (argv[1]); the wrapped command's own argv follows, unused.
+CAPPED_BACKLOG = """
+import sys, uvicorn
+from verify_tuner.api import server
+from verify_tuner.api.app import create_app
+from verify_tuner.settings import Settings
+settings = Settings.from_env()
+config = server.uvicorn_config(create_app(settings), settings)
+config.backlog = int(sys.argv[1])
+uvicorn.Server(config).run()
 """
 
 
@@ -183,11 +221,15 @@ async def run(
 ) -> dict:
     lat: list[float] = []
     errors: list[str] = []
+    events: list[dict] = []
     db_before = 0.0 if minimal else _db_path_lookups(base)
     deadline = time.monotonic() + max_s
     t0 = time.perf_counter()
     await asyncio.gather(
-        *(client(base, requests, rate, deadline, lat, errors, random.Random(i), target) for i in range(clients))
+        *(
+            client(base, requests, rate, deadline, lat, errors, random.Random(i), target, events, t0)
+            for i in range(clients)
+        )
     )
     wall = time.perf_counter() - t0
     q = statistics.quantiles(lat, n=100)
@@ -198,6 +240,7 @@ async def run(
         "sent": len(lat),
         "errors": len(errors),
         "error_kinds": sorted(set(errors)),
+        "first_errors": sorted(events, key=lambda e: e["sent_s"])[:10],
         "wall_s": wall,
         "req_per_s": len(lat) / wall,
         "p50_ms": q[49] * 1e3,
@@ -226,7 +269,13 @@ def main() -> None:
         action="store_true",
         help="skip the flat-out runs against a minimal uvicorn app (one after each flat-out run of tuner serve)",
     )
-    ap.add_argument("--probe", metavar="URL", help=argparse.SUPPRESS)  # the probe process's own entry point
+    ap.add_argument(
+        "--listen-backlog",
+        type=int,
+        help="cap tuner serve's listen queue (as a kernel whose net.core.somaxconn is this small)",
+    )
+    ap.add_argument("--tag", help="results go to load_test_<tag>.* instead")
+    ap.add_argument("--probe", metavar="URL", nargs="+", help=argparse.SUPPRESS)  # the probe process's entry point
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = ap.parse_args()
     if args.probe:
@@ -234,36 +283,108 @@ def main() -> None:
         return
     tmp = Path(tempfile.mkdtemp())
     env = _database(tmp)
-    port, minimal_port = free_port(), free_port()
+    port, minimal_port, health_port = free_port(), free_port(), free_port()
+    env["TUNER_HEALTH_PORT"] = str(health_port)
+    load_at_start = os.getloadavg()
     minimal = None if args.no_baseline else _minimal_uvicorn(tmp, minimal_port)
     results = []
     try:
-        with running_server(env, port=port):
+        wrap = () if args.listen_backlog is None else (sys.executable, "-c", CAPPED_BACKLOG, str(args.listen_backlog))
+        with running_server(env, port=port, wrap=wrap) as server:
             import urllib.request
 
             urllib.request.urlopen(f"http://127.0.0.1:{port}/config?H=8&q_len=9&prefix=1", timeout=10).read()  # warm
             time.sleep(0.5)
             for rate in args.rate:
                 for _ in range(args.repeat):
-                    results.append(_one(f"http://127.0.0.1:{port}", args, rate))
+                    health = f"http://127.0.0.1:{health_port}"
+                    results.append(_one(f"http://127.0.0.1:{port}", args, rate, pid=server.pid, health=health))
                     if rate == 0 and minimal is not None:
-                        results.append(_one(f"http://127.0.0.1:{minimal_port}", args, rate, minimal=True))
+                        results.append(
+                            _one(f"http://127.0.0.1:{minimal_port}", args, rate, pid=minimal.pid, minimal=True)
+                        )
     finally:
         if minimal is not None:
             minimal.terminate()
             minimal.wait(10)
-    write(args.out, results, args.target)
+    log = _unusual(server.stdout.read())
+    notes = {"load_at_start": load_at_start, "server_log": log, "backlog": args.listen_backlog}
+    write(args.out, results, args.target, tag=args.tag, **notes)
 
 
-def _one(base: str, args: argparse.Namespace, rate: float, *, minimal: bool = False) -> dict:
-    """One run, with a health probe in its own process while it lasts (tuner serve only)."""
-    prober = None if minimal else _probe_during(base, args.max_seconds)
+def _unusual(log: str) -> list[str]:
+    """The server's log lines other than uvicorn's start and stop (a pause in accepting
+    connections, an exception, a warning), kept with the results: nothing reads them meanwhile."""
+    usual = ("Started server", "Waiting for application", "Application startup", "Uvicorn running", "Shutting down")
+    usual += ("Application shutdown", "Finished server", "health probes on")
+    return [ln for ln in log.splitlines() if ln.strip() and not any(u in ln for u in usual)][:50]
+
+
+def _somaxconn() -> int | None:
+    """The kernel's cap on a listen queue (uvicorn asks for 2048)."""
+    try:
+        return int(Path("/proc/sys/net/core/somaxconn").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _one(
+    base: str, args: argparse.Namespace, rate: float, *, pid: int, minimal: bool = False, health: str = ""
+) -> dict:
+    """One run, with health probes (main port, health port) in their own process while it lasts
+    (tuner serve only), and what else used the machine meanwhile (other processes' CPU, steal)."""
+    load_1m = os.getloadavg()[0]
+    before, tcp_before = _cpu_seconds(pid), _tcp_counters()
+    prober = None if minimal else _probe_during([base, health] if health else [base], args.max_seconds)
     res = asyncio.run(run(base, args.clients, args.requests, rate, args.max_seconds, args.target, minimal))
-    res = {"server": "minimal uvicorn" if minimal else "tuner serve"} | res
+    res = {"server": "minimal uvicorn" if minimal else "tuner serve", "load_1m_before": load_1m} | res
     if prober is not None:
         res |= _probe_summary(prober)
+    res |= _others(before, _cpu_seconds(pid), res["wall_s"])
+    res |= {k: v - tcp_before[k] for k, v in _tcp_counters().items()}
     print(json.dumps(res))
     return res
+
+
+def _cpu_seconds(pid: int) -> dict[str, float]:
+    """CPU seconds so far: the machine's (busy, steal), the server's, this process's and its
+    reaped children's (the prober)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
+    server = [int(x) for x in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[11:13]]
+    me, kids = os.times(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {
+        "busy": (user + nice + system + irq + softirq) / tick,
+        "steal": steal / tick,
+        "ours": sum(server) / tick + me.user + me.system + kids.ru_utime + kids.ru_stime,
+    }
+
+
+def _tcp_counters() -> dict[str, int]:
+    """The kernel's count of connections dropped because a listen queue was full, and of SYNs
+    sent again: a connection dropped there is retried after 1, 3, 7 s, which to the load looks
+    like a request unanswered for seconds while the server answers everyone else (machine-wide
+    counters: other processes' listeners count too)."""
+    try:
+        head, values = [
+            ln.split() for ln in Path("/proc/net/netstat").read_text().splitlines() if ln.startswith("TcpExt")
+        ]
+    except (OSError, ValueError):
+        return {}
+    counters = dict(zip(head[1:], map(int, values[1:]), strict=True))
+    names = {"listen_overflows": "ListenOverflows", "listen_drops": "ListenDrops", "syn_retransmits": "TCPSynRetrans"}
+    return {ours: counters.get(theirs, 0) for ours, theirs in names.items()}
+
+
+def _others(before: dict[str, float], after: dict[str, float], wall: float) -> dict[str, float]:
+    """Cores' worth of CPU that processes other than this benchmark's used during the run, and
+    that the hypervisor stole: what says the machine was shared."""
+    busy, ours = after["busy"] - before["busy"], after["ours"] - before["ours"]
+    return {
+        "other_cpu_cores": round(max(0.0, busy - ours) / wall, 2),
+        "steal_cores": round((after["steal"] - before["steal"]) / wall, 2),
+    }
 
 
 def _database(tmp: Path) -> dict[str, str]:
@@ -285,22 +406,34 @@ def _database(tmp: Path) -> dict[str, str]:
     return env
 
 
-def write(out: Path, results: list[dict], target: str = "config") -> None:
+def write(
+    out: Path,
+    results: list[dict],
+    target: str = "config",
+    load_at_start: tuple[float, float, float] | None = None,
+    server_log: list[str] | None = None,
+    backlog: int | None = None,
+    tag: str | None = None,
+) -> None:
     out.mkdir(parents=True, exist_ok=True)
     meta = {
         "date": dt.date.today().isoformat(),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "cpu": _cpu_model(),
+        "load_avg_at_start": load_at_start,
         "load_avg_at_end": os.getloadavg(),
+        "somaxconn": _somaxconn(),
+        "server_log": server_log,
+        "listen_backlog": backlog,
         "python": platform.python_version(),
         "results": results,
     }
-    stem = "load_test" if target == "config" else f"load_test_{target}"
+    stem = f"load_test_{tag}" if tag else "load_test" if target == "config" else f"load_test_{target}"
     (out / f"{stem}.json").write_text(json.dumps(meta | {"target": target}, indent=1))
     lines = [
         f"# Load test of `tuner serve` — {meta['date']}, {meta['machine']} (server and clients share them)",
         "",
-        f"CPU: {meta['cpu']}; Python {meta['python']}.",
+        f"CPU: {meta['cpu']}; Python {meta['python']}. {_load_line(meta, results)}",
         "",
         (
             f"{TARGETS[target]} over loopback to one `tuner serve` "
@@ -312,25 +445,63 @@ def write(out: Path, results: list[dict], target: str = "config") -> None:
         "",
         (
             "| server | clients | rate/client (req/s) | requests | errors | req/s | p50 ms | p90 ms | p99 ms | max ms | "
-            "DB-path lookups | probes (failed, > 250 ms) | probe p50 / max ms | /healthz p50 / max | /readyz p50 / max |"
+            "DB-path lookups | main port: probes (failed, > 250 ms) | /healthz p50 / max | /readyz p50 / max | "
+            "health port: probes (failed, > 250 ms) | /healthz p50 / max | /readyz p50 / max | "
+            "other CPU, steal (cores) | listen overflows, SYN retransmits |"
         ),
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
-        probes = (
-            f"{r['probes']} ({r['probe_failed']}, {r['probe_over_250ms']}) | "
-            f"{r['probe_p50_ms']:.1f} / {r['probe_max_ms']:.1f} | "
-            + " | ".join(" / ".join(str(v) for v in r.get(f"probe_{p}_p50_max_ms", [])) for p in ("healthz", "readyz"))
-            if "probes" in r
-            else "| | | "
-        )
         lines.append(
             f"| {r.get('server', 'tuner serve')} | {r['clients']} | {r['rate_per_client'] or 'max'} | {r['sent']} | "
             f"{r['errors']} | {r['req_per_s']:.0f} | {r['p50_ms']:.2f} | {r['p90_ms']:.2f} | {r['p99_ms']:.2f} | "
-            f"{r['max_ms']:.1f} | {'' if r.get('db_path_lookups') is None else r['db_path_lookups']} | {probes} |"
+            f"{r['max_ms']:.1f} | {'' if r.get('db_path_lookups') is None else r['db_path_lookups']} | "
+            f"{_probe_cells(r, 'probe')} | {_probe_cells(r, 'health_port_probe')} | "
+            f"{r.get('other_cpu_cores', '')}, {r.get('steal_cores', '')} | "
+            f"{r.get('listen_overflows', '')}, {r.get('syn_retransmits', '')} |"
         )
     lines += _ratio_lines(results)
+    lines += _error_lines(results)
+    cap = f"{meta['somaxconn']}" + (f"; this run capped tuner serve's listen backlog at {backlog}" if backlog else "")
+    lines += ["", f"Listen queue cap (net.core.somaxconn): {cap}. Server log, other than start and stop: "]
+    lines[-1] += "; ".join(f"`{ln}`" for ln in meta["server_log"]) if meta["server_log"] else "nothing."
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+
+
+def _error_lines(results: list[dict]) -> list[str]:
+    """When the errors happened: on a connection's first request (a connection the server never
+    served) or later (a server that stopped answering)."""
+    out = []
+    for n, r in enumerate(results, 1):
+        if r.get("first_errors"):
+            first = "; ".join(
+                f"{e['kind']} on request {e['request']} of a connection opened {e['connected_s']:.2f} s in, "
+                f"sent {e['sent_s']:.2f} s in"
+                for e in r["first_errors"][:3]
+            )
+            out += ["", f"Row {n}'s first errors (of {r['errors']}): {first}."]
+    return out
+
+
+def _probe_cells(r: dict, prefix: str) -> str:
+    if f"{prefix}s" not in r:
+        return " | | "
+    paths = (" / ".join(str(v) for v in r.get(f"{prefix}_{p}_p50_max_ms", [])) for p in ("healthz", "readyz"))
+    return f"{r[f'{prefix}s']} ({r[f'{prefix}_failed']}, {r[f'{prefix}_over_250ms']}) | " + " | ".join(paths)
+
+
+def _load_line(meta: dict, results: list[dict]) -> str:
+    """Whether the machine was shared: its load average, and the CPU other processes used."""
+    start, end = meta["load_avg_at_start"], meta["load_avg_at_end"]
+    text = f"Load average (1/5/15 min) at the start {' '.join(f'{x:.2f}' for x in start)}; " if start else ""
+    text += f"at the end {' '.join(f'{x:.2f}' for x in end)}."
+    others = max((r.get("other_cpu_cores", 0.0) for r in results), default=0.0)
+    if others >= 0.1:
+        text += (
+            f" The machine was shared: other processes used up to {others:.2f} cores during a run "
+            "(the last column), which this benchmark's numbers do not separate out."
+        )
+    return text
 
 
 def _ratio_lines(results: list[dict]) -> list[str]:
@@ -349,8 +520,9 @@ def _ratio_lines(results: list[dict]) -> list[str]:
         ),
         "",
         (
-            "Probes: a new connection per request to /healthz and /readyz every 0.25 s from a separate process "
-            "during each tuner serve run (1 s timeout, the first bytes of the answer timed)."
+            "Probes: a new connection per request to /healthz and /readyz, on the main port and on the health "
+            "port (TUNER_HEALTH_PORT), every 0.25 s from a separate process during each tuner serve run "
+            "(1 s timeout, the first bytes of the answer timed)."
         ),
     ]
 

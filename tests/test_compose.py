@@ -23,6 +23,8 @@ def test_structure():
     assert s["configs"]["command"] == ["tuner", "serve"]
     assert s["configs"]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
     assert "/readyz" in " ".join(s["configs"]["healthcheck"]["test"])
+    health_port = s["configs"]["environment"]["TUNER_HEALTH_PORT"]  # probed apart from the saturable main port
+    assert f"127.0.0.1:{health_port}/readyz" in " ".join(s["configs"]["healthcheck"]["test"])
     for name in ("migrate", "configs", "tuner"):
         assert "configs-data:/data" in s[name]["volumes"]
     assert "configs-data" in COMPOSE["volumes"]

@@ -29,6 +29,9 @@ class Settings:
     study_storage: str | None = None
     host: str = "127.0.0.1"
     port: int = 8177
+    #: A second port that answers only /healthz and /readyz, from its own thread: a kubelet's probe
+    #: is then answered while the main port is saturated (api/health_server.py). None: no second port.
+    health_port: int | None = None
     #: Bearer token for the write endpoints; None turns them off.
     write_token: str | None = None
     cache_dir: Path = field(default_factory=lambda: Path(user_cache_dir(APP)) / "cubins")
@@ -63,6 +66,8 @@ class Settings:
             raise BadSetting(f"TUNER_DB_TIMEOUT_S must be a number of seconds in (0, 600], got {self.db_timeout_s}")
         if not 1 <= self.port <= 65535:  # uvicorn would bind a random port for 0 and fail obscurely outside
             raise BadSetting(f"the port (TUNER_PORT or --port) must be 1..65535, got {self.port}")
+        if self.health_port is not None and not (1 <= self.health_port <= 65535 and self.health_port != self.port):
+            raise BadSetting(f"TUNER_HEALTH_PORT must be 1..65535 and not the main port, got {self.health_port}")
         self._check_token()
 
     def _check_token(self) -> None:
@@ -99,6 +104,10 @@ class Settings:
             if not (v.isascii() and v.isdigit()):
                 raise BadSetting(f"TUNER_PORT must be an integer port number 1..65535, got {v!r}")
             kwargs["port"] = int(v)
+        if v := env.get("TUNER_HEALTH_PORT"):
+            if not (v.isascii() and v.isdigit()):
+                raise BadSetting(f"TUNER_HEALTH_PORT must be an integer port number 1..65535, got {v!r}")
+            kwargs["health_port"] = int(v)
         if v := env.get("TUNER_MAX_BODY_BYTES"):
             if not (v.isascii() and v.isdigit()) or int(v) < 1:
                 raise BadSetting(f"TUNER_MAX_BODY_BYTES must be a positive number of bytes, got {v!r}")

@@ -1,5 +1,5 @@
 """Issue 30 item 10: `tuner serve` refuses, in one line and before binding, a port outside
-1..65535 and a write token no client could send."""
+1..65535 (the health port's too) and a write token no client could send."""
 
 from __future__ import annotations
 
@@ -27,6 +27,13 @@ def _serve(tmp_path, env: dict[str, str], *args: str) -> subprocess.CompletedPro
         ({"TUNER_PORT": "0"}, (), "1..65535, got 0"),
         ({"TUNER_PORT": "80_80"}, (), "port number 1..65535, got '80_80'"),
         ({}, ("--port", "-1"), "1..65535, got -1"),
+        (
+            {"TUNER_PORT": "8177", "TUNER_HEALTH_PORT": "8177"},
+            (),
+            "TUNER_HEALTH_PORT must be 1..65535 and not the main",
+        ),
+        ({"TUNER_HEALTH_PORT": "70000"}, (), "TUNER_HEALTH_PORT must be 1..65535"),
+        ({"TUNER_HEALTH_PORT": "81x"}, (), "TUNER_HEALTH_PORT must be an integer port number"),
         ({"TUNER_PORT": "8177", "TUNER_WRITE_TOKEN": "a-long-enough-token-01\n"}, (), "trailing newline"),
         ({"TUNER_PORT": "8177", "TUNER_WRITE_TOKEN": "a-long-enough-tökén-01"}, (), "printable ASCII"),
     ],

@@ -1,0 +1,109 @@
+"""Issue 30 item 4: a kubelet's probe on a new connection is answered within 250 ms while the
+main port is saturated. TUNER_HEALTH_PORT serves /healthz and /readyz from its own thread
+(api/health_server.py), with the main port's readiness semantics (api/readiness.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.helpers import free_port, running_server, tuner_cmd
+
+ROOT = Path(__file__).resolve().parents[2]
+LOAD = """
+import asyncio, importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("load_test", sys.argv[1])
+lt = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(lt)
+print(json.dumps(asyncio.run(lt.run(sys.argv[2], clients=200, requests=10**6, rate=0.0, max_s=float(sys.argv[3])))))
+"""
+
+
+def _serve_env(tmp_path: Path) -> dict[str, str]:
+    env = {"TUNER_DATABASE_URL": f"sqlite:///{tmp_path / 'c.db'}", "TUNER_DEVICE": "h200"}
+    subprocess.run(tuner_cmd("db", "upgrade"), env={**os.environ, **env}, check=True, capture_output=True, timeout=60)
+    return env | {"TUNER_HEALTH_PORT": str(free_port())}
+
+
+def _probe(port: int, path: str) -> tuple[float, bytes]:
+    """As a kubelet probes: a new connection, `Connection: close`, a 1 s timeout; the first bytes timed."""
+    t0 = time.perf_counter()
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1.0) as s:
+            s.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+            first = s.recv(64)
+    except OSError as exc:
+        first = type(exc).__name__.encode()
+    return time.perf_counter() - t0, first
+
+
+def test_probes_on_the_health_port_are_answered_while_the_main_port_is_saturated(tmp_path):
+    env = _serve_env(tmp_path)
+    port, health_port = free_port(), int(env["TUNER_HEALTH_PORT"])
+    with running_server(env, port=port) as server:
+        load = subprocess.Popen(
+            [sys.executable, "-c", LOAD, str(ROOT / "bench" / "load_test.py"), f"http://127.0.0.1:{port}", "8"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(2.0)  # the 200 connections open and the loop is saturated
+        ours, main = [], []
+        while load.poll() is None and len(ours) < 40:
+            for path in ("/healthz", "/readyz"):
+                ours.append(_probe(health_port, path))
+            main.append(_probe(port, "/healthz"))
+            time.sleep(0.05)
+        res = json.loads(load.communicate(timeout=60)[0])
+    assert res["errors"] == 0 and res["sent"] > 1000, res
+    assert len(ours) >= 20, "the load ended before the probes ran"
+    ms = sorted(t * 1e3 for t, _ in ours)
+    assert all(first.startswith(b"HTTP/1.1 200") for _, first in ours), [f for _, f in ours]
+    main_ms = statistics.median(t * 1e3 for t, _ in main)
+    # the kubelet's timeout is the limit never to pass; the issue's 250 ms is the typical answer
+    assert ms[-1] < 1000 and statistics.median(ms) < 250, (ms, f"main port p50 {main_ms:.0f} ms")
+    assert "Traceback" not in server.stdout.read()  # a probe that reads its status line and leaves is no error
+
+
+def test_the_health_port_answers_readiness_as_the_main_port_does_and_nothing_else(tmp_path):
+    env = _serve_env(tmp_path)
+    port, health_port = free_port(), int(env["TUNER_HEALTH_PORT"])
+    main, health = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{health_port}"
+    with running_server(env, port=port):
+        assert httpx.get(f"{health}/healthz").json() == {"status": "ok"}
+        ready = httpx.get(f"{health}/readyz")
+        assert ready.status_code == 200 and ready.json() == httpx.get(f"{main}/readyz").json()
+        assert ready.headers["connection"] == "close"
+        assert httpx.get(f"{health}/config", params={"H": 8, "q_len": 9, "prefix": 1}).status_code == 404
+        for suffix in ("", "-wal", "-shm"):
+            if os.path.exists(tmp_path / f"c.db{suffix}"):
+                os.remove(tmp_path / f"c.db{suffix}")
+        for base in (health, main):
+            gone = httpx.get(f"{base}/readyz")
+            assert gone.status_code == 503 and "missing" in gone.json()["reason"], (base, gone.text)
+        assert httpx.get(f"{health}/healthz").status_code == 200  # alive: only not ready
+        metrics = httpx.get(f"{main}/metrics").text
+        assert 'route="/readyz (health port)",status="503"' in metrics
+
+
+def test_a_health_port_in_use_stops_the_start_naming_it(tmp_path):
+    env = _serve_env(tmp_path)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", int(env["TUNER_HEALTH_PORT"])))
+        taken.listen()
+        out = subprocess.run(
+            tuner_cmd("serve"),
+            env={**os.environ, **env, "TUNER_HOST": "127.0.0.1", "TUNER_PORT": str(free_port())},
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    assert out.returncode != 0 and f"TUNER_HEALTH_PORT {env['TUNER_HEALTH_PORT']}" in out.stderr + out.stdout
