@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy.engine import make_url
-from verify_tuner.store.health import DatabaseHealth, probe
 from verify_tuner.settings import Settings
+from verify_tuner.store.health import DatabaseHealth, probe
 
 #: Seconds between the ends of two probes: a database that fails is seen within this (plus a probe).
 EVERY_S = 0.5

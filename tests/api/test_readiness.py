@@ -12,9 +12,9 @@ from fastapi.testclient import TestClient
 from verify_tuner.api import readiness as readiness_module
 from verify_tuner.api.app import create_app
 from verify_tuner.api.readiness import Readiness
+from verify_tuner.settings import Settings
 from verify_tuner.store import migrate
 from verify_tuner.store.health import DatabaseHealth
-from verify_tuner.settings import Settings
 
 READY = DatabaseHealth(True, True)
 
