@@ -12,7 +12,7 @@ import optuna
 import pytest
 from verify_tuner.jobs.runner import TuneJob, tune_on_devices
 from verify_tuner.measure.backend import Workload
-from verify_tuner.search.study import open_storage, prepare_study_storage
+from verify_tuner.search.study import StudyOptions, open_storage, prepare_study_storage
 from verify_tuner.settings import Settings
 from verify_tuner.store import migrate, repo
 from verify_tuner.store.session import make_engine, session_factory, session_scope
@@ -172,7 +172,7 @@ def test_a_key_its_owner_finishes_between_scan_and_claim_is_not_tuned_again(db_u
         return real_claim(session=session, study_id=study_id, owner=owner, stale_before=stale_before)
 
     monkeypatch.setattr(repo, "claim_study", claim_after_the_owner_finished)
-    assert claims._claim(sessions, key, wl, "me", 8, {"sampler": "tpe", "seed": 0}) == claims._DONE
+    assert claims._claim(sessions, key, wl, "me", 8, StudyOptions(storage_url=db_url, seed=0)) == claims._DONE
     with session_scope(sessions) as s:
         row = s.get(repo.Study, sid)
         assert row.owner is None and row.status == "finished"
@@ -231,7 +231,7 @@ def test_an_idle_process_helps_only_a_key_with_more_places_left_than_twice_its_o
         workloads=[wl],
         n_trials=budget,
         owner="me",
-        study_kw={"storage_url": sqlite_url, "sampler": "tpe", "seed": 0, "parallel": 3},
+        options=StudyOptions(storage_url=sqlite_url, seed=0, parallel=3),
     )
     elapsed = time.monotonic() - t0
     assert [c["pick"] for c in calls] == ([False] if helps else [])
@@ -262,7 +262,7 @@ def test_a_process_walks_the_keys_from_its_own_place_and_wraps_around(sqlite_url
         workloads=workloads,
         n_trials=4,
         owner="me",
-        study_kw={"storage_url": sqlite_url, "sampler": "tpe", "seed": 0},
+        options=StudyOptions(storage_url=sqlite_url, seed=0),
         place=place,
     )
     assert res.outcomes == [workloads[k] for k in order]
@@ -281,7 +281,7 @@ def test_a_place_outside_the_processes_is_an_error(sqlite_url):
             workloads=[Workload(8, 9, 4096)],
             n_trials=4,
             owner="me",
-            study_kw={},
+            options=StudyOptions(storage_url=sqlite_url),
             place=(2, 2),
         )
 
@@ -360,7 +360,8 @@ def test_the_cli_says_per_gpu_what_it_owned_helped_and_waited_for(monkeypatch, c
         "waited_s": 7.9,
         "declined": [{"prefix": 38968, "batch": 1, "places_left": 12}],
     }
-    monkeypatch.setattr(runner, "tune_on_devices", lambda *a: [(0, "ok", payload), (1, "error", "TunerError: boom")])
+    results = [runner.DeviceResult(0, **payload), runner.DeviceResult(1, error="TunerError: boom")]
+    monkeypatch.setattr(runner, "tune_on_devices", lambda *a: results)
     with pytest.raises(click.ClickException, match="a GPU's tuner failed"):
         cli_study._start_on_devices(Settings(database_url="sqlite://", cache_dir=tmp_path), None, [0, 1], False)
     out, err = capsys.readouterr()
