@@ -114,7 +114,7 @@ def test_study_goes_on_past_crashes_and_hangs(sessions, db_url):
         out = run_study(
             backend=b,
             sessions=sessions,
-            options=StudyOptions(storage_url=db_url, seed=3),
+            options=StudyOptions(storage_url=db_url, seed=3, sampler="grid"),
             workload=WL,
             n_trials=8,
             restrict={
@@ -129,7 +129,6 @@ def test_study_goes_on_past_crashes_and_hangs(sessions, db_url):
                 "SF": [0],
                 "PIPE": [1],
             },  # every config of the grid
-            sampler="grid",
         )
     finally:
         b.close()

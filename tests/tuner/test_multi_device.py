@@ -57,10 +57,10 @@ def test_ten_keys_on_two_processes_are_shared_out_and_stored_once(db_url, tmp_pa
     prefixes = [1024 * 2 ** (k / 2) for k in range(10)]
     workloads = [Workload(8, 9, round(p)) for p in prefixes]
     results = tune_on_devices(settings, _job(workloads, 8), [0, 1])
-    assert [(d, s) for d, s, _ in results] == [(0, "ok"), (1, "ok")], results
-    owned = [r["key"] for _, _, payload in results for r in payload["keys"]]
+    assert [(r.device, r.ok) for r in results] == [(0, True), (1, True)], results
+    owned = [k["key"] for r in results for k in r.keys]
     assert len(owned) == len(set(owned)) == 10, owned  # every key picked and stored exactly once
-    assert all(payload["keys"] for _, _, payload in results), "one process did all the keys"
+    assert all(r.keys for r in results), "one process did all the keys"
     measured_by_study = _measured_by_study(settings)
     assert len(measured_by_study) == 10
     for name, measured in measured_by_study.items():
@@ -71,7 +71,7 @@ def test_ten_keys_on_two_processes_are_shared_out_and_stored_once(db_url, tmp_pa
         assert all(st.owner is None and st.status == "finished" for st in s.query(repo.Study).all())
     # the same job again: every key is done, nothing is measured or stored again
     again = tune_on_devices(settings, _job(workloads, 8), [0, 1])
-    assert sum(p["done_before"] for _, _, p in again) == 20 and not any(p["keys"] for _, _, p in again)
+    assert sum(r.done_before for r in again) == 20 and not any(r.keys for r in again)
 
 
 def test_one_key_on_two_processes_one_owns_the_other_helps(sqlite_url, tmp_path):
@@ -79,8 +79,7 @@ def test_one_key_on_two_processes_one_owns_the_other_helps(sqlite_url, tmp_path)
     settings = Settings(database_url=sqlite_url, cache_dir=tmp_path / "cache")
     prepare_study_storage(settings.studies)  # as `tuner db upgrade`
     results = tune_on_devices(settings, _job([Workload(8, 9, 46000)], 20), [0, 1])
-    payloads = [p for _, _, p in results]
-    assert sorted(len(p["keys"]) for p in payloads) == [0, 1]
+    assert sorted(len(r.keys) for r in results) == [0, 1]
     (measured,) = _measured_by_study(settings).values()  # owner and helper wrote one study file
     assert len(measured) >= 20 and _dupes(measured) == 0
     with session_scope(session_factory(make_engine(sqlite_url))) as s:
