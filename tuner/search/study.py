@@ -23,6 +23,7 @@ from verify_tuner.heuristic import heuristic_config
 from verify_tuner.kernels import kernel_hash
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.errors import InvalidConfig
+from verify_tuner.kernels.limits import DeviceLimits
 from verify_tuner.kernels.validate import check
 from verify_tuner.keys import ConfigKey
 from verify_tuner.measure.backend import OK, Backend, Workload
@@ -277,11 +278,19 @@ def _precompile(backend: Backend, configs: list[KernelConfig], q_len: int) -> No
 
 
 def _prepare(
-    *, backend: Backend, sessions: sessionmaker[Session], workload: Workload, options: StudyOptions, pick: bool
+    *,
+    backend: Backend,
+    sessions: sessionmaker[Session],
+    workload: Workload,
+    options: StudyOptions,
+    restrict: dict[str, list[int]] | None,
+    pick: bool,
 ) -> tuple[ConfigKey, int, list[KernelConfig]]:
     """The key, its row in the config database (created or reopened) and its warm-start configs."""
     limits = backend.limits
     key = workload_key(limits, workload)
+    if not space.valid_configs(limits, H=key.H, q_len=key.q_len, restrict=restrict):  # cached: _key_search's
+        raise InvalidConfig(f"no valid config for H={key.H}, q_len={key.q_len} on {limits.name}")
     with session_scope(sessions) as s:  # its own transaction: it locks data_version (see repo.upsert_kernel)
         repo.upsert_device(session=s, limits=limits)
     with session_scope(sessions) as s:
@@ -311,23 +320,11 @@ def run_study(
     owner alone re-times the top candidates and stores the winner; `owns()` False at that point
     (the claim went stale and another process took the key over) leaves the storing to it."""
     t0 = time.perf_counter()
-    limits = backend.limits
-    key, study_id, warm = _prepare(backend=backend, sessions=sessions, workload=workload, options=options, pick=pick)
-    valid = space.valid_configs(limits, H=key.H, q_len=key.q_len, restrict=restrict)
-    if not valid:
-        raise InvalidConfig(f"no valid config for H={key.H}, q_len={key.q_len} on {limits.name}")
-    study, storage = _open_study(key, options)
-    search = KeySearch(
-        key=key,
-        workload=workload,
-        study_id=study_id,
-        choices=space.choices(key.H, restrict, limits, q_len=key.q_len),
-        valid=valid,
-        budget=min(n_trials, len(valid)),
-        parallel=max(1, options.parallel),
-        timeout_s=options.timeout_s,
-        default=warm[0],
+    key, study_id, warm = _prepare(
+        backend=backend, sessions=sessions, workload=workload, options=options, restrict=restrict, pick=pick
     )
+    search = _key_search(key, workload, study_id, backend.limits, restrict, n_trials, options, warm[0])
+    study, storage = _open_study(key, options)
     _search(study, storage, search, backend, sessions, options, warm if pick else [], on_progress)
     if not pick:
         winner = Winner(reason="helped with the search (another process owns the key)")
@@ -346,6 +343,30 @@ def run_study(
         )
     return Outcome.of(
         key, workload, study_id, warm[0], winner, _counts(sessions, study_id, pick), time.perf_counter() - t0
+    )
+
+
+def _key_search(
+    key: ConfigKey,
+    workload: Workload,
+    study_id: int,
+    limits: DeviceLimits,
+    restrict: dict[str, list[int]] | None,
+    n_trials: int,
+    options: StudyOptions,
+    default: KernelConfig,
+) -> KeySearch:
+    valid = space.valid_configs(limits, H=key.H, q_len=key.q_len, restrict=restrict)
+    return KeySearch(
+        key=key,
+        workload=workload,
+        study_id=study_id,
+        choices=space.choices(key.H, restrict, limits, q_len=key.q_len),
+        valid=valid,
+        budget=min(n_trials, len(valid)),
+        parallel=max(1, options.parallel),
+        timeout_s=options.timeout_s,
+        default=default,
     )
 
 
