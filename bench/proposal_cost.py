@@ -66,7 +66,7 @@ def main() -> None:
     from verify_tuner import buckets
     from verify_tuner.kernels.limits import known_device
     from verify_tuner.measure.backend import Workload
-    from verify_tuner.search.study import run_study
+    from verify_tuner.search.study import StudyOptions, run_study
     from verify_tuner.store import migrate
     from verify_tuner.store.session import make_engine
 
@@ -85,8 +85,7 @@ def main() -> None:
                 out = run_study(
                     backend=backend,
                     sessions=sessions,
-                    storage_url=url,
-                    seed=args.seed,
+                    options=StudyOptions(storage_url=url, seed=args.seed),
                     workload=Workload(8, 9, prefix),
                     n_trials=n,
                 )

@@ -116,7 +116,7 @@ def _run(mode: str, procs: int, trials: int, prefix_range: str, root: Path) -> d
         tune_on_device(settings, job, 0)
     else:
         res = tune_on_devices(settings, job, list(range(procs)))
-        bad = [r for r in res if r[1] != "ok"]
+        bad = [r for r in res if not r.ok]
         if bad:
             raise RuntimeError(f"a process failed: {bad}")
     wall = time.time() - t0

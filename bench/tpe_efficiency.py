@@ -59,20 +59,17 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     # what-if settings of the tuner's TPE (bench/results/tpe_fit.md); unset: the tuner's own
     ap.add_argument("--n-startup", type=int, default=None, help="finished trials before TPE models them")
-    ap.add_argument("--good-share", type=float, default=None, help="share of trials TPE models as the good ones")
     ap.add_argument("--ei-candidates", type=int, default=None, help="candidates TPE draws per proposal")
     args = ap.parse_args()
-    import verify_tuner.search.study
+    from dataclasses import replace
 
+    from verify_tuner.search.study import StudyOptions, TpeSettings
+
+    tpe = TpeSettings()
     if args.n_startup is not None:
-        verify_tuner.search.study.N_STARTUP = args.n_startup
-    if args.good_share is not None:
-        verify_tuner.search.study.GOOD_SHARE = args.good_share
+        tpe = replace(tpe, n_startup=args.n_startup)
     if args.ei_candidates is not None:
-        from verify_tuner.search.trials import FitTPE
-
-        init = FitTPE.__init__
-        FitTPE.__init__ = lambda self, **kw: init(self, **{**kw, "n_ei_candidates": args.ei_candidates})  # type: ignore
+        tpe = replace(tpe, n_ei_candidates=args.ei_candidates)
     import optuna
     from verify_tuner.kernels.config import PARAM_NAMES, KernelConfig
     from verify_tuner.kernels.limits import known_device
@@ -96,10 +93,9 @@ def main() -> None:
         run_study(
             backend=rb,
             sessions=session_factory(make_engine(url)),
-            storage_url=url,
+            options=StudyOptions(storage_url=url, seed=seed, tpe=tpe),
             workload=Workload(sweep["H"], sweep["q_len"], sweep["prefix"]),
             n_trials=args.budget,
-            seed=seed,
             restrict={p: sorted({c.as_params()[p] for c in table}) for p in PARAM_NAMES},
         )
         hit = next(

@@ -64,7 +64,7 @@ def test_a_bug_in_the_measuring_code_raises_with_its_traceback(backend):
 
 def test_a_bug_stops_the_study_instead_of_failing_a_trial(sessions, db_url):
     from verify_tuner.measure.gpu_backend import MeasurerBug
-    from verify_tuner.search.study import run_study
+    from verify_tuner.search.study import StudyOptions, run_study
 
     b = IsolatedBackend(measurer="tests.fakes:MisbehavingMeasurer", timeout_s=3)
     try:
@@ -72,10 +72,9 @@ def test_a_bug_stops_the_study_instead_of_failing_a_trial(sessions, db_url):
             run_study(
                 backend=b,
                 sessions=sessions,
-                storage_url=db_url,
+                options=StudyOptions(storage_url=db_url, seed=3),
                 workload=WL,
                 n_trials=8,
-                seed=3,
                 restrict={
                     "NSPLIT": [12],
                     "HT": [8],
@@ -106,7 +105,7 @@ def test_a_measurer_that_cannot_start_is_reported():
 
 def test_study_goes_on_past_crashes_and_hangs(sessions, db_url):
     """A study whose search space includes crashing and hanging configs still finishes and stores."""
-    from verify_tuner.search.study import run_study
+    from verify_tuner.search.study import StudyOptions, run_study
     from verify_tuner.store import repo
     from verify_tuner.store.session import session_scope
 
@@ -115,10 +114,9 @@ def test_study_goes_on_past_crashes_and_hangs(sessions, db_url):
         out = run_study(
             backend=b,
             sessions=sessions,
-            storage_url=db_url,
+            options=StudyOptions(storage_url=db_url, seed=3, sampler="grid"),
             workload=WL,
             n_trials=8,
-            seed=3,
             restrict={
                 "NSPLIT": [2, 4, 64],
                 "HT": [8],
@@ -131,7 +129,6 @@ def test_study_goes_on_past_crashes_and_hangs(sessions, db_url):
                 "SF": [0],
                 "PIPE": [1],
             },  # every config of the grid
-            sampler="grid",
         )
     finally:
         b.close()

@@ -4,7 +4,7 @@ tests only)."""
 from __future__ import annotations
 
 from verify_tuner.measure.backend import Workload
-from verify_tuner.search.study import run_study
+from verify_tuner.search.study import StudyOptions, run_study
 from verify_tuner.store.session import make_engine, session_factory
 
 from tests.fakes import SlowFakeBackend
@@ -19,11 +19,8 @@ def run(url: str, marker: str, n_trials: int, seconds: float, parallel: int = 1)
     run_study(
         backend=SlowFakeBackend(marker, seconds=seconds),
         sessions=session_factory(make_engine(url)),
-        storage_url=url,
+        options=StudyOptions(storage_url=url, seed=0, heartbeat_s=1.0, parallel=parallel),
         workload=Workload(8, 9, 46000),
         n_trials=n_trials,
-        seed=0,
         restrict=FIXED,
-        heartbeat_s=1.0,
-        parallel=parallel,
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from verify_tuner.measure.backend import Workload
-from verify_tuner.search.study import run_study
+from verify_tuner.search.study import StudyOptions, run_study
 from verify_tuner.store.session import make_engine, session_factory
 
 from tests.fakes import FakeBackend
@@ -19,9 +19,8 @@ def run(url: str, seed: int, n_trials: int) -> tuple[int, int]:
     run_study(
         backend=fb,
         sessions=session_factory(make_engine(url)),
-        storage_url=url,
+        options=StudyOptions(storage_url=url, seed=seed),
         workload=Workload(8, 9, 46000),
         n_trials=n_trials,
-        seed=seed,
     )
     return os.getpid(), len(fb.measured)

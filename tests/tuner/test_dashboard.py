@@ -15,7 +15,7 @@ import urllib.request
 import optuna
 import pytest
 from verify_tuner.measure.backend import Workload
-from verify_tuner.search.study import run_study
+from verify_tuner.search.study import StudyOptions, run_study
 from verify_tuner.store import migrate
 from verify_tuner.store.session import make_engine, session_factory
 
@@ -37,10 +37,9 @@ def test_optuna_dashboard_lists_our_study_with_params_and_reasons(sqlite_url, tm
     out = run_study(
         backend=FakeBackend(),
         sessions=session_factory(make_engine(sqlite_url)),
-        storage_url=sqlite_url,
+        options=StudyOptions(storage_url=sqlite_url, seed=0),
         workload=Workload(8, 9, 46000),
         n_trials=12,
-        seed=0,
         restrict={"QT": [0], "WR": [2], "WK": [4], "SF": [0], "PIPE": [1]},
     )
     port = free_port()

@@ -12,7 +12,7 @@ import optuna
 import pytest
 from verify_tuner.jobs.runner import TuneJob, tune_on_devices
 from verify_tuner.measure.backend import Workload
-from verify_tuner.search.study import open_storage, prepare_study_storage
+from verify_tuner.search.study import StudyOptions, open_storage, prepare_study_storage
 from verify_tuner.settings import Settings
 from verify_tuner.store import migrate, repo
 from verify_tuner.store.session import make_engine, session_factory, session_scope
@@ -57,10 +57,10 @@ def test_ten_keys_on_two_processes_are_shared_out_and_stored_once(db_url, tmp_pa
     prefixes = [1024 * 2 ** (k / 2) for k in range(10)]
     workloads = [Workload(8, 9, round(p)) for p in prefixes]
     results = tune_on_devices(settings, _job(workloads, 8), [0, 1])
-    assert [(d, s) for d, s, _ in results] == [(0, "ok"), (1, "ok")], results
-    owned = [r["key"] for _, _, payload in results for r in payload["keys"]]
+    assert [(r.device, r.ok) for r in results] == [(0, True), (1, True)], results
+    owned = [k["key"] for r in results for k in r.keys]
     assert len(owned) == len(set(owned)) == 10, owned  # every key picked and stored exactly once
-    assert all(payload["keys"] for _, _, payload in results), "one process did all the keys"
+    assert all(r.keys for r in results), "one process did all the keys"
     measured_by_study = _measured_by_study(settings)
     assert len(measured_by_study) == 10
     for name, measured in measured_by_study.items():
@@ -71,7 +71,7 @@ def test_ten_keys_on_two_processes_are_shared_out_and_stored_once(db_url, tmp_pa
         assert all(st.owner is None and st.status == "finished" for st in s.query(repo.Study).all())
     # the same job again: every key is done, nothing is measured or stored again
     again = tune_on_devices(settings, _job(workloads, 8), [0, 1])
-    assert sum(p["done_before"] for _, _, p in again) == 20 and not any(p["keys"] for _, _, p in again)
+    assert sum(r.done_before for r in again) == 20 and not any(r.keys for r in again)
 
 
 def test_one_key_on_two_processes_one_owns_the_other_helps(sqlite_url, tmp_path):
@@ -79,8 +79,7 @@ def test_one_key_on_two_processes_one_owns_the_other_helps(sqlite_url, tmp_path)
     settings = Settings(database_url=sqlite_url, cache_dir=tmp_path / "cache")
     prepare_study_storage(settings.studies)  # as `tuner db upgrade`
     results = tune_on_devices(settings, _job([Workload(8, 9, 46000)], 20), [0, 1])
-    payloads = [p for _, _, p in results]
-    assert sorted(len(p["keys"]) for p in payloads) == [0, 1]
+    assert sorted(len(r.keys) for r in results) == [0, 1]
     (measured,) = _measured_by_study(settings).values()  # owner and helper wrote one study file
     assert len(measured) >= 20 and _dupes(measured) == 0
     with session_scope(session_factory(make_engine(sqlite_url))) as s:
@@ -172,7 +171,7 @@ def test_a_key_its_owner_finishes_between_scan_and_claim_is_not_tuned_again(db_u
         return real_claim(session=session, study_id=study_id, owner=owner, stale_before=stale_before)
 
     monkeypatch.setattr(repo, "claim_study", claim_after_the_owner_finished)
-    assert claims._claim(sessions, key, wl, "me", 8, {"sampler": "tpe", "seed": 0}) == claims._DONE
+    assert claims._claim(sessions, key, wl, "me", 8, StudyOptions(storage_url=db_url, seed=0)) == claims._DONE
     with session_scope(sessions) as s:
         row = s.get(repo.Study, sid)
         assert row.owner is None and row.status == "finished"
@@ -231,7 +230,7 @@ def test_an_idle_process_helps_only_a_key_with_more_places_left_than_twice_its_o
         workloads=[wl],
         n_trials=budget,
         owner="me",
-        study_kw={"storage_url": sqlite_url, "sampler": "tpe", "seed": 0, "parallel": 3},
+        options=StudyOptions(storage_url=sqlite_url, seed=0, parallel=3),
     )
     elapsed = time.monotonic() - t0
     assert [c["pick"] for c in calls] == ([False] if helps else [])
@@ -262,7 +261,7 @@ def test_a_process_walks_the_keys_from_its_own_place_and_wraps_around(sqlite_url
         workloads=workloads,
         n_trials=4,
         owner="me",
-        study_kw={"storage_url": sqlite_url, "sampler": "tpe", "seed": 0},
+        options=StudyOptions(storage_url=sqlite_url, seed=0),
         place=place,
     )
     assert res.outcomes == [workloads[k] for k in order]
@@ -281,7 +280,7 @@ def test_a_place_outside_the_processes_is_an_error(sqlite_url):
             workloads=[Workload(8, 9, 4096)],
             n_trials=4,
             owner="me",
-            study_kw={},
+            options=StudyOptions(storage_url=sqlite_url),
             place=(2, 2),
         )
 
@@ -360,7 +359,8 @@ def test_the_cli_says_per_gpu_what_it_owned_helped_and_waited_for(monkeypatch, c
         "waited_s": 7.9,
         "declined": [{"prefix": 38968, "batch": 1, "places_left": 12}],
     }
-    monkeypatch.setattr(runner, "tune_on_devices", lambda *a: [(0, "ok", payload), (1, "error", "TunerError: boom")])
+    results = [runner.DeviceResult(0, **payload), runner.DeviceResult(1, error="TunerError: boom")]
+    monkeypatch.setattr(runner, "tune_on_devices", lambda *a: results)
     with pytest.raises(click.ClickException, match="a GPU's tuner failed"):
         cli_study._start_on_devices(Settings(database_url="sqlite://", cache_dir=tmp_path), None, [0, 1], False)
     out, err = capsys.readouterr()

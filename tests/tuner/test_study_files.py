@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import text
 from verify_tuner.errors import BadSetting
 from verify_tuner.measure.backend import Workload
-from verify_tuner.search.study import open_study_storage, run_study
+from verify_tuner.search.study import StudyOptions, open_study_storage, run_study
 from verify_tuner.settings import Settings
 from verify_tuner.store import migrate
 from verify_tuner.store.session import make_engine, session_factory
@@ -75,9 +75,8 @@ def test_keys_get_files_of_their_own_and_a_rerun_resumes_its_file(tmp_path):
         return run_study(
             backend=FakeBackend(),
             sessions=sessions,
-            storage_url=template,
+            options=StudyOptions(storage_url=template, seed=0),
             n_trials=n,
-            seed=0,
             workload=Workload(8, 9, prefix),
             restrict=RESTRICT,
         )

@@ -12,7 +12,7 @@ def test_small_real_study_then_api(sqlite_url, tmp_path):
     from fastapi.testclient import TestClient
     from verify_tuner.api.app import create_app
     from verify_tuner.measure.gpu_backend import IsolatedBackend
-    from verify_tuner.search.study import run_study
+    from verify_tuner.search.study import StudyOptions, run_study
     from verify_tuner.settings import Settings
     from verify_tuner.store import migrate
     from verify_tuner.store.session import make_engine, session_factory
@@ -24,10 +24,9 @@ def test_small_real_study_then_api(sqlite_url, tmp_path):
         out = run_study(
             backend=backend,
             sessions=sessions,
-            storage_url=sqlite_url,
+            options=StudyOptions(storage_url=sqlite_url, seed=0),
             workload=Workload(8, 9, 8192),
             n_trials=8,
-            seed=0,
         )
     finally:
         backend.close()
@@ -76,7 +75,7 @@ def test_a_batch_study_measures_the_ragged_batch_and_serves_its_bucket(sqlite_ur
     from fastapi.testclient import TestClient
     from verify_tuner.api.app import create_app
     from verify_tuner.measure.gpu_backend import IsolatedBackend
-    from verify_tuner.search.study import run_study
+    from verify_tuner.search.study import StudyOptions, run_study
     from verify_tuner.settings import Settings
     from verify_tuner.store import migrate
     from verify_tuner.store.session import make_engine, session_factory
@@ -88,10 +87,9 @@ def test_a_batch_study_measures_the_ragged_batch_and_serves_its_bucket(sqlite_ur
         out = run_study(
             backend=backend,
             sessions=sessions,
-            storage_url=sqlite_url,
+            options=StudyOptions(storage_url=sqlite_url, seed=0),
             workload=Workload(8, 9, 8192, batch=8),
             n_trials=6,
-            seed=0,
             restrict={"STAGES": [2, 3], "QT": [0]},
         )
     finally:

@@ -292,28 +292,23 @@ def _start_on_devices(settings: Settings, job: Any, devices: list[int], as_json:
     from verify_tuner.jobs.runner import tune_on_devices
 
     results = tune_on_devices(settings, job, devices)
-    failed = [(dev, payload) for dev, status, payload in results if status != "ok"]
+    failed = [r for r in results if not r.ok]
     if as_json:
-        click.echo(
-            json.dumps(
-                [{"gpu": dev, "status": status, "result": payload} for dev, status, payload in results],
-                indent=1,
-                allow_nan=False,
-            )
-        )
+        click.echo(json.dumps([r.as_json() for r in results], indent=1, allow_nan=False))
     else:
-        for dev, status, payload in results:
-            if status != "ok":
-                click.echo(f"GPU {dev}: failed: {payload}", err=True)
+        for r in results:
+            if not r.ok:
+                click.echo(f"GPU {r.device}: failed: {r.error}", err=True)
                 continue
-            for r in payload["keys"]:
+            for k in r.keys:
                 click.echo(
-                    f"GPU {dev}: {r['key']} prefix={r['prefix']} batch={r['batch']} best {r['best']} "
-                    f"({r['best_us'] or float('nan'):.1f} us) {r['decision']} {r['counts']}"
+                    f"GPU {r.device}: {k['key']} prefix={k['prefix']} batch={k['batch']} best {k['best']} "
+                    f"({k['best_us'] or float('nan'):.1f} us) {k['decision']} {k['counts']}"
                 )
             click.echo(
-                f"GPU {dev}: owned {len(payload['keys'])} key(s), helped with {payload['helped']}, "
-                f"left {payload['done_before']} to the other processes or to an earlier run, " + _waited(payload)
+                f"GPU {r.device}: owned {len(r.keys)} key(s), helped with {r.helped}, "
+                f"left {r.done_before} to the other processes or to an earlier run, "
+                + _waited({"waited_s": r.waited_s, "declined": r.declined})
             )
     if failed:
         raise click.ClickException("a GPU's tuner failed (see above); the others' results are stored")

@@ -27,16 +27,16 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 from verify_tuner import space
 from verify_tuner.keys import ConfigKey
 from verify_tuner.measure.backend import Backend, Workload
 from verify_tuner.search.outcome import Outcome
-from verify_tuner.search.study import run_study, workload_key
+from verify_tuner.search.study import StudyOptions, run_study, workload_key
+from verify_tuner.search.trials import Progress
 from verify_tuner.store import repo
 from verify_tuner.store.session import session_scope
 
@@ -92,7 +92,7 @@ _DONE = -1
 
 
 def _claim(
-    sessions: sessionmaker[Session], key: ConfigKey, wl: Workload, owner: str, budget: int, study_kw: dict[str, Any]
+    sessions: sessionmaker[Session], key: ConfigKey, wl: Workload, owner: str, budget: int, options: StudyOptions
 ) -> int | None:
     """Claim the key's study: its id when this process now owns it, _DONE when it is finished with
     its budget measured (a re-run, or another process got there first), None when a live process
@@ -101,12 +101,7 @@ def _claim(
     claim's UPDATE, and the key would be tuned twice."""
     with session_scope(sessions) as s:
         row = repo.get_or_create_study(
-            session=s,
-            key=key,
-            prefix=wl.prefix,
-            sampler=study_kw.get("sampler", "tpe"),
-            seed=study_kw.get("seed"),
-            reopen=False,
+            session=s, key=key, prefix=wl.prefix, sampler=options.sampler, seed=options.seed, reopen=False
         )
         study_id = row.id
     stale = repo.utcnow() - timedelta(seconds=CLAIM_STALE_S)
@@ -120,6 +115,41 @@ def _claim(
     return study_id
 
 
+@dataclass(frozen=True)
+class _Job:
+    """What every key of one job shares: how to measure, store and search it."""
+
+    backend: Backend
+    sessions: sessionmaker[Session]
+    n_trials: int
+    owner: str
+    options: StudyOptions
+    restrict: dict[str, list[int]] | None
+    on_progress: Callable[[Progress], None] | None
+
+    def key(self, wl: Workload) -> ConfigKey:
+        return workload_key(self.backend.limits, wl)
+
+    def budget(self, wl: Workload) -> int:  # space.valid_configs is cached per (H, q_len, batch)
+        valid = space.valid_configs(self.backend.limits, H=wl.H, q_len=wl.q_len, restrict=self.restrict)
+        return min(self.n_trials, len(valid))
+
+    def search(
+        self, wl: Workload, *, pick: bool, options: StudyOptions, owns: Callable[[], bool] | None = None
+    ) -> Outcome:
+        return run_study(
+            backend=self.backend,
+            sessions=self.sessions,
+            workload=wl,
+            n_trials=self.n_trials,
+            options=options,
+            restrict=self.restrict,
+            pick=pick,
+            owns=owns,
+            on_progress=self.on_progress,
+        )
+
+
 def run_job(
     *,
     backend: Backend,
@@ -127,9 +157,10 @@ def run_job(
     workloads: list[Workload],
     n_trials: int,
     owner: str,
-    study_kw: dict[str, Any],
+    options: StudyOptions,
     restrict: dict[str, list[int]] | None = None,
     on_key_done: Callable[[], None] | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
     place: tuple[int, int] = (0, 1),
 ) -> JobResult:
     """Tune every key of `workloads` together with whatever other processes run the same job.
@@ -142,73 +173,61 @@ def run_job(
     index, count = place
     if not 0 <= index < count:
         raise ValueError(f"place {place}: the index must be in [0, count)")
-    limits = backend.limits
-
-    def budget(wl: Workload) -> int:  # space.valid_configs is cached per (H, q_len, batch)
-        return min(n_trials, len(space.valid_configs(limits, H=wl.H, q_len=wl.q_len, restrict=restrict)))
-
+    job = _Job(backend, sessions, n_trials, owner, options, restrict, on_progress)
     result = JobResult()
-    in_flight = max(1, study_kw.get("parallel", 1))  # an owner's trials in flight (the same job: the same)
     pending = list(dict.fromkeys(workloads))
     first = index * len(pending) // count
     pending = pending[first:] + pending[:first]  # finished keys leave it: a rescan walks on from here
     with session_scope(sessions) as s:  # alone: it locks data_version, which winners' writes also take
-        repo.upsert_device(session=s, limits=limits)
+        repo.upsert_device(session=s, limits=backend.limits)
     while pending:
-        acted = False
-        for wl in list(pending):
-            study_id = _claim(sessions, workload_key(limits, wl), wl, owner, budget(wl), study_kw)
-            if study_id == _DONE:
-                pending.remove(wl)
-                result.done_before.append(wl)
-                continue
-            if study_id is None:
-                continue
-            with _beating(sessions, study_id, owner) as lost:
-                out = run_study(
-                    backend=backend,
-                    sessions=sessions,
-                    workload=wl,
-                    n_trials=n_trials,
-                    restrict=restrict,
-                    pick=True,
-                    owns=lambda lost=lost: not lost.is_set(),
-                    **study_kw,
-                )
-            with session_scope(sessions) as s:
-                repo.release_study(session=s, study_id=study_id, owner=owner)
-            result.outcomes.append(out)
-            pending.remove(wl)
+        if _own_one(job, pending, result):
             if on_key_done:
                 on_key_done()
-            acted = True
-            break  # rescan from the top: keys finished meanwhile are dropped
-        if acted or not pending:
-            continue
-        for wl in pending:  # every remaining key is owned by a live process
-            with session_scope(sessions) as s:
-                row = repo.find_study(session=s, key=workload_key(limits, wl))
-                left = budget(wl) - (row.n_ok + row.n_failed) if row is not None else 0
-            if left > 2 * in_flight:  # its own seed: the owner samples with the job's, lockstep would repeat it
-                seed = (zlib.crc32(owner.encode()) + (study_kw.get("seed") or 0)) % (2**31 - 1)  # an INTEGER column
-                run_study(
-                    backend=backend,
-                    sessions=sessions,
-                    workload=wl,
-                    n_trials=n_trials,
-                    restrict=restrict,
-                    pick=False,
-                    **{**study_kw, "seed": seed},
-                )
-                result.helped.append(wl)
-                acted = True
-                break
-            result.declined.setdefault(wl, max(0, left))  # below 0: helpers measured past the budget
-        if not acted:
+            continue  # rescan from the top: keys finished meanwhile are dropped
+        if pending and not _help_one(job, pending, result):
             t = time.monotonic()
-            _wait_for_a_release(sessions, [workload_key(limits, wl) for wl in pending], POLL_S)
+            _wait_for_a_release(sessions, [job.key(wl) for wl in pending], POLL_S)
             result.waited_s += time.monotonic() - t
     return result
+
+
+def _own_one(job: _Job, pending: list[Workload], result: JobResult) -> bool:
+    """Claim the first free key of `pending` and tune it; drops the keys found done on the way.
+    False when every remaining key is owned by a live process."""
+    for wl in list(pending):
+        study_id = _claim(job.sessions, job.key(wl), wl, job.owner, job.budget(wl), job.options)
+        if study_id == _DONE:
+            pending.remove(wl)
+            result.done_before.append(wl)
+            continue
+        if study_id is None:
+            continue
+        with _beating(job.sessions, study_id, job.owner) as lost:
+            out = job.search(wl, pick=True, options=job.options, owns=lambda lost=lost: not lost.is_set())
+        with session_scope(job.sessions) as s:
+            repo.release_study(session=s, study_id=study_id, owner=job.owner)
+        result.outcomes.append(out)
+        pending.remove(wl)
+        return True
+    return False
+
+
+def _help_one(job: _Job, pending: list[Workload], result: JobResult) -> bool:
+    """Help with the search of the first owned key whose budget has more places left than twice
+    its owner's trials in flight (an owner's flights are as many as this process's: one job)."""
+    for wl in pending:
+        with session_scope(job.sessions) as s:
+            row = repo.find_study(session=s, key=job.key(wl))
+            left = job.budget(wl) - (row.n_ok + row.n_failed) if row is not None else 0
+        if left > 2 * max(1, job.options.parallel):
+            # its own seed: the owner samples with the job's, and lockstep would repeat its proposals
+            seed = (zlib.crc32(job.owner.encode()) + (job.options.seed or 0)) % (2**31 - 1)  # an INTEGER column
+            job.search(wl, pick=False, options=replace(job.options, seed=seed))
+            result.helped.append(wl)
+            return True
+        result.declined.setdefault(wl, max(0, left))  # below 0: helpers measured past the budget
+    return False
 
 
 def _wait_for_a_release(sessions: sessionmaker[Session], keys: list[ConfigKey], timeout_s: float) -> None:

@@ -17,6 +17,7 @@ from verify_tuner.settings import Settings
 
 if TYPE_CHECKING:  # verify_tuner.jobs.claims imports Optuna and SQLAlchemy: not before the measuring child starts
     from verify_tuner.jobs.claims import JobResult
+    from verify_tuner.search.outcome import Outcome
 
 
 @dataclass(frozen=True)
@@ -65,49 +66,73 @@ def tune_on_device(
     try:
         import optuna
         from verify_tuner.jobs.claims import owner_id, run_job
+        from verify_tuner.search.study import StudyOptions
         from verify_tuner.store.migrate import checked_sessions
 
         optuna.logging.set_verbosity(optuna.logging.ERROR)
         sessions = checked_sessions(settings.database_url)
-        study_kw = {
-            "storage_url": job.storage_url or settings.studies,
-            "sampler": job.sampler,
-            "seed": job.seed,
-            "timeout_s": job.timeout_s,
-            "on_progress": on_progress,
-            "parallel": job.compile_jobs,
-        }
+        options = StudyOptions(
+            storage_url=job.storage_url or settings.studies,
+            sampler=job.sampler,
+            seed=job.seed,
+            timeout_s=job.timeout_s,
+            parallel=job.compile_jobs,
+        )
         return run_job(
             backend=backend,
             sessions=sessions,
             workloads=job.workloads,
             n_trials=job.n_trials,
             owner=owner_id(device_ordinal),
-            study_kw=study_kw,
+            options=options,
             restrict=job.restrict or None,
             on_key_done=on_key_done,
+            on_progress=on_progress,
             place=place,
         )
     finally:
         backend.close()
 
 
+@dataclass(frozen=True)
+class DeviceResult:
+    """What one GPU's process of a job reports: the keys it owned (summary), how many it helped
+    with or found done, what it waited for (idle) -- or, when it failed, why (`error`)."""
+
+    device: int
+    error: str | None = None
+    keys: list[dict[str, Any]] = field(default_factory=list)
+    helped: int = 0
+    done_before: int = 0
+    waited_s: float = 0.0
+    declined: list[dict[str, int]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @classmethod
+    def of(cls, device: int, res: JobResult) -> DeviceResult:
+        return cls(
+            device=device,
+            keys=[summary(o) for o in res.outcomes],
+            helped=len(res.helped),
+            done_before=len(res.done_before),
+            **idle(res),
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        """`tuner study start --devices --json`'s entry for this GPU."""
+        if self.error is not None:
+            return {"gpu": self.device, "status": "error", "result": self.error}
+        result = {k: v for k, v in vars(self).items() if k not in ("device", "error")}
+        return {"gpu": self.device, "status": "ok", "result": result}
+
+
 def _device_main(settings: Settings, job: TuneJob, index: int, count: int, device_ordinal: int, queue: Any) -> None:
     try:
         res = tune_on_device(settings, job, device_ordinal, place=(index, count))
-        queue.put(
-            (
-                index,
-                device_ordinal,
-                "ok",
-                {
-                    "keys": [summary(o) for o in res.outcomes],
-                    "helped": len(res.helped),
-                    "done_before": len(res.done_before),
-                    **idle(res),
-                },
-            )
-        )
+        queue.put((index, DeviceResult.of(device_ordinal, res)))
     except Exception as exc:  # noqa: BLE001 -- the parent reports it and exits non-zero; a bug keeps its traceback
         import traceback
 
@@ -116,10 +141,10 @@ def _device_main(settings: Settings, job: TuneJob, index: int, count: int, devic
         detail = f"{type(exc).__name__}: {exc}"
         if not isinstance(exc, TunerError):
             detail = traceback.format_exc()
-        queue.put((index, device_ordinal, "error", detail))
+        queue.put((index, DeviceResult(device_ordinal, error=detail)))
 
 
-def summary(o: Any) -> dict[str, Any]:
+def summary(o: Outcome) -> dict[str, Any]:
     return {
         "key": str(o.key),
         "prefix": o.workload.prefix,
@@ -157,7 +182,7 @@ def _start_method() -> str:
     return "fork"
 
 
-def tune_on_devices(settings: Settings, job: TuneJob, devices: list[int]) -> list[tuple[int, str, Any]]:
+def tune_on_devices(settings: Settings, job: TuneJob, devices: list[int]) -> list[DeviceResult]:
     """One process per GPU, sharing the job's keys (verify_tuner.jobs.claims: each key's winner is picked and
     stored once) and, at the end, the trials of the keys still running. An owner samples with the
     job's seed, as a lone process would (the processes then propose, and compile, the configs a
@@ -171,10 +196,10 @@ def tune_on_devices(settings: Settings, job: TuneJob, devices: list[int]) -> lis
         )  # not daemonic: it starts its own measuring child
         p.start()
         procs.append(p)
-    results: dict[int, tuple[int, str, Any]] = {}
+    results: dict[int, DeviceResult] = {}
     for _ in procs:  # one report per process, also when two processes share a GPU ("0,0")
-        index, dev, status, payload = queue.get()
-        results[index] = (dev, status, payload)
+        index, result = queue.get()
+        results[index] = result
     for p in procs:
         p.join()
     return [results[i] for i in sorted(results)]

@@ -1,9 +1,6 @@
 """What tuning one key decided: its study, the best config and the default with their
-measurements, whether the best was stored, and why. The search fills it in (verify_tuner.search.trials),
-the winner phase completes it (verify_tuner.search.winner), the study returns it (verify_tuner.search.study).
-
-Its own module because all three need it: it lived in verify_tuner.search.study, which imports the other
-two, so they could only name it under TYPE_CHECKING (an import cycle held off by a flag)."""
+measurements, whether the best was stored, and why. The winner phase decides
+(verify_tuner.search.winner.Winner); the study returns the whole (verify_tuner.search.study)."""
 
 from __future__ import annotations
 
@@ -12,9 +9,10 @@ from dataclasses import dataclass, field
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.keys import ConfigKey
 from verify_tuner.measure.backend import Measurement, Workload
+from verify_tuner.search.winner import Winner
 
 
-@dataclass
+@dataclass(frozen=True)
 class Outcome:
     key: ConfigKey
     workload: Workload
@@ -27,6 +25,31 @@ class Outcome:
     decision: str = ""
     counts: dict[str, int] = field(default_factory=dict)
     wall_s: float = 0.0
+
+    @classmethod
+    def of(
+        cls,
+        key: ConfigKey,
+        workload: Workload,
+        study_id: int,
+        default: KernelConfig | None,
+        winner: Winner,
+        counts: dict[str, int],
+        wall_s: float,
+    ) -> Outcome:
+        return cls(
+            key=key,
+            workload=workload,
+            study_id=study_id,
+            best=winner.best,
+            best_m=winner.best_m,
+            default=default,
+            default_m=winner.default_m,
+            stored=winner.stored,
+            decision=winner.reason,
+            counts=counts,
+            wall_s=wall_s,
+        )
 
     @property
     def speedup(self) -> float | None:

@@ -1,5 +1,6 @@
-"""One Optuna study per workload key: open or resume it, warm start, run the search (verify_tuner.search.trials
-drives each trial), then pick and store the winner (verify_tuner.search.winner).
+"""One Optuna study per workload key: open or resume it, warm start, run the search loop
+(verify_tuner.search.trials: ask, check, compile, measure, tell), then pick and store the winner
+(verify_tuner.search.winner).
 
 Data flow: kernels (validate/compile/launch) -> this module (through a Backend) -> the config
 database (verify_tuner.store.repo) -> the API.
@@ -7,15 +8,13 @@ database (verify_tuner.store.repo) -> the API.
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
-import threading
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import optuna
 from sqlalchemy.orm import Session, sessionmaker
@@ -24,12 +23,25 @@ from verify_tuner.heuristic import heuristic_config
 from verify_tuner.kernels import kernel_hash
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.errors import InvalidConfig
+from verify_tuner.kernels.limits import DeviceLimits
 from verify_tuner.kernels.validate import check
 from verify_tuner.keys import ConfigKey
 from verify_tuner.measure.backend import OK, Backend, Workload
 from verify_tuner.search.outcome import Outcome
-from verify_tuner.search.trials import STATE_ATTR, BudgetSpent, FitTPE, Progress, Search, WarmFirst, refusal
-from verify_tuner.search.winner import pick_winner
+from verify_tuner.search.trials import (
+    STATE_ATTR,
+    Heartbeat,
+    KeySearch,
+    Ledger,
+    Loop,
+    Pipeline,
+    Progress,
+    Proposer,
+    TrialLog,
+    config_signature,
+    refusal,
+)
+from verify_tuner.search.winner import Winner, pick_winner
 from verify_tuner.store import repo
 from verify_tuner.store.session import make_engine, session_scope
 from verify_tuner.study_files import STUDY, study_file_url
@@ -62,7 +74,7 @@ def _trials_without_fsync(storage: optuna.storages.RDBStorage) -> None:
 def open_study_storage(template: str, study_name: str, heartbeat_s: float | None = None) -> optuna.storages.BaseStorage:
     """The storage of one study (open_storage). A file of its own is created by whoever opens it
     first -- an owner and a process helping it may do so at once -- one at a time (the flock of
-    `tuner db upgrade`), as a copy of an empty Optuna storage (_blank_storage)."""
+    `tuner db upgrade`), as a copy of an empty Optuna storage (_blank_study_file)."""
     url = study_file_url(template, study_name)
     if url == template:
         return open_storage(url, heartbeat_s)
@@ -73,7 +85,7 @@ def open_study_storage(template: str, study_name: str, heartbeat_s: float | None
     with migrate.upgrade_lock(url):  # creates the file empty; no connection has a transaction open on it
         if path.stat().st_size == 0:  # put in place whole (a kill mid-copy leaves only a hidden .tmp file)
             tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            shutil.copyfile(_blank_storage(path.parent), tmp)
+            shutil.copyfile(_blank_study_file(path.parent), tmp)
             os.replace(tmp, path)  # a process waiting on the empty file's lock then sees this one
         return open_storage(url, heartbeat_s)
 
@@ -94,10 +106,10 @@ def prepare_study_storage(url: str) -> None:
 
     path = Path(make_url(url).database).expanduser()  # type: ignore[arg-type]
     check_writable(path)  # creates the directory, or says how to make it writable
-    _blank_storage(path.parent)
+    _blank_study_file(path.parent)
 
 
-def _blank_storage(directory: Path) -> Path:
+def _blank_study_file(directory: Path) -> Path:
     """An SQLite file holding Optuna's empty schema (this Optuna version's, in WAL mode, nothing in
     its -wal), made once per directory: Optuna creating its schema loads its alembic revisions to
     stamp the version, far slower than copying a file, and a one-GPU table would pay it every key."""
@@ -155,40 +167,50 @@ def open_storage(url: str, heartbeat_s: float | None = None) -> optuna.storages.
     raise AssertionError("unreachable")
 
 
-#: Finished trials (warm-start configs first, then random configs that fit) before TPE models them.
-N_STARTUP = 4
-#: The share of finished trials (at most 25) TPE models as the good ones (_good_share).
-GOOD_SHARE = 0.25
+@dataclass(frozen=True)
+class TpeSettings:
+    """TPE's knobs, as TPESampler's public constructor takes them. A refused proposal is a pruned
+    trial TPE learns from, so each of its proposals is modelled on every refusal it has seen."""
+
+    #: finished trials (warm-start configs first, then configs drawn among those that fit)
+    #: before TPE models them
+    n_startup: int = 4
+    #: candidates TPE draws from its model of the good trials per proposal
+    n_ei_candidates: int = 24
 
 
-def _good_share(n: int) -> int:
-    """How many of n finished trials TPE models as the good ones: a quarter (at most 25), where
-    Optuna's default is a tenth, a share sized for counts that included the refused proposals; FitTPE
-    proposes configs that fit, and with a tenth its search settles early (replayed with
-    bench/tpe_efficiency.py: bench/results/tpe_fit.md)."""
-    return min(math.ceil(GOOD_SHARE * n), 25)
+@dataclass(frozen=True)
+class StudyOptions:
+    """How a key's study runs, the same for every key of a job (verify_tuner.jobs.claims)."""
+
+    storage_url: str
+    sampler: str = "tpe"
+    seed: int | None = None
+    timeout_s: float | None = None
+    #: trials in flight: each compiles in its own thread while one at a time measures
+    parallel: int = 1
+    #: Optuna's heartbeat (None: off), which fails and retries a killed process's trials
+    heartbeat_s: float | None = HEARTBEAT_S
+    top_k: int = 3  # the search's fastest configs the winner phase re-times
+    rounds: int = 4
+    tpe: TpeSettings = field(default_factory=TpeSettings)
 
 
-def _sampler(
-    name: str, seed: int | None, choices: dict[str, list[int]], fits: Callable[[dict[str, int]], bool]
-) -> optuna.samplers.BaseSampler:
-    if name == "tpe":
+def _sampler(options: StudyOptions) -> optuna.samplers.BaseSampler:
+    if options.sampler == "tpe":
         with warnings.catch_warnings():  # multivariate TPE is marked experimental; it models the
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # constants jointly
-            warnings.simplefilter("ignore", FutureWarning)  # gamma: deprecated in 4.9, kept until 6
             # constant_liar: processes sharing a study see each other's running trials as taken
-            return FitTPE(
-                choices=choices,
-                fits=fits,
-                seed=seed,
-                n_startup_trials=N_STARTUP,
+            return optuna.samplers.TPESampler(
+                seed=options.seed,
+                n_startup_trials=options.tpe.n_startup,
+                n_ei_candidates=options.tpe.n_ei_candidates,
                 multivariate=True,
                 constant_liar=True,
-                gamma=_good_share,
             )
-    if name == "grid":
-        return optuna.samplers.GridSampler(choices, seed=seed)
-    raise ValueError(f"unknown sampler {name!r}: use tpe or grid")
+    if options.sampler == "grid":  # the proposer walks the configs that fit; the sampler is never asked
+        return optuna.samplers.RandomSampler(seed=options.seed)
+    raise ValueError(f"unknown sampler {options.sampler!r}: use tpe or grid")
 
 
 def warm_start_configs(*, session: Session, key: ConfigKey, limits, workload: Workload) -> list[KernelConfig]:
@@ -226,149 +248,168 @@ def workload_key(limits, workload: Workload) -> ConfigKey:  # type: ignore[no-un
     )
 
 
-def _open_study(
-    key: ConfigKey,
-    storage_url: str,
-    heartbeat_s: float | None,
-    sampler: str,
-    seed: int | None,
-    choices: dict[str, list[int]],
-    warm: list[KernelConfig],
-    fits: Callable[[dict[str, int]], bool],
-) -> tuple[optuna.Study, list[dict[str, int]]]:
-    """The key's Optuna study (created or resumed) with its plain sampler, and the warm-start
-    configs the study has not seen (run_study wraps the sampler in search.WarmFirst)."""
-    storage = open_study_storage(storage_url, key.study_name, heartbeat_s)
+def _open_study(key: ConfigKey, options: StudyOptions) -> tuple[optuna.Study, optuna.storages.BaseStorage]:
+    """The key's Optuna study, created or resumed, with this process's sampler."""
+    storage = open_study_storage(options.storage_url, key.study_name, options.heartbeat_s)
     study = optuna.create_study(
         study_name=key.study_name,
         storage=storage,
         direction="minimize",
-        sampler=_sampler(sampler, seed, choices, fits),
+        sampler=_sampler(options),
         load_if_exists=True,
     )
     study.set_user_attr("workload_key", str(key))
+    return study, storage
+
+
+def _unseen(study: optuna.Study, warm: list[KernelConfig], choices: dict[str, list[int]]) -> list[dict[str, int]]:
+    """The warm-start configs inside the choices that the study has no trial of."""
     seen = {tuple(sorted(t.params.items())) for t in study.get_trials(deepcopy=False)}
     queue = [_params(c) for c in warm if all(v in choices[k] for k, v in _params(c).items())]
-    return study, [q for q in queue if tuple(sorted(q.items())) not in seen]
+    return [q for q in queue if tuple(sorted(q.items())) not in seen]
 
 
-def run_study(
+def _precompile(backend: Backend, configs: list[KernelConfig], q_len: int) -> None:
+    """Build every config now, on every core (nvcc is single-threaded): a grid is known up front."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        list(pool.map(lambda c: backend.compile_ahead(c, q_len), configs))
+
+
+def _prepare(
     *,
     backend: Backend,
     sessions: sessionmaker[Session],
-    storage_url: str,
     workload: Workload,
-    n_trials: int,
-    sampler: str = "tpe",
-    seed: int | None = None,
-    timeout_s: float | None = None,
-    top_k: int = 3,
-    rounds: int = 4,
-    on_progress: Callable[[Progress], None] | None = None,
-    restrict: dict[str, list[int]] | None = None,
-    heartbeat_s: float | None = HEARTBEAT_S,
-    pick: bool = True,
-    owns: Callable[[], bool] | None = None,
-    parallel: int = 1,
-) -> Outcome:
-    """Search, pick the winner, store it. `restrict` narrows the choices of some constants
-    (e.g. {"STAGES": [2]}); `n_trials` counts measurements, not invalid or repeated configs.
-    `pick=False` only helps with the search of a key another process owns (verify_tuner.jobs.claims): the
-    owner alone re-times the top candidates and stores the winner; `owns()` False at that point
-    (the claim went stale and another process took the key over) leaves the storing to it.
-    `parallel` trials are in flight at once: each compiles in its own thread while one at a time
-    measures (Optuna's n_jobs; the sampler's constant liar keeps their proposals apart)."""
-    t0 = time.perf_counter()
+    options: StudyOptions,
+    restrict: dict[str, list[int]] | None,
+    pick: bool,
+) -> tuple[ConfigKey, int, list[KernelConfig]]:
+    """The key, its row in the config database (created or reopened) and its warm-start configs."""
     limits = backend.limits
     key = workload_key(limits, workload)
-    choices = space.choices(key.H, restrict, limits, q_len=key.q_len)
-    valid = space.valid_configs(limits, H=key.H, q_len=key.q_len, restrict=restrict)
-    if not valid:
+    if not space.valid_configs(limits, H=key.H, q_len=key.q_len, restrict=restrict):  # cached: _key_search's
         raise InvalidConfig(f"no valid config for H={key.H}, q_len={key.q_len} on {limits.name}")
     with session_scope(sessions) as s:  # its own transaction: it locks data_version (see repo.upsert_kernel)
         repo.upsert_device(session=s, limits=limits)
     with session_scope(sessions) as s:
         # a helper must not reopen a study its owner just finished: the key would look unclaimed
         study_row = repo.get_or_create_study(
-            session=s, key=key, prefix=workload.prefix, sampler=sampler, seed=seed, reopen=pick
+            session=s, key=key, prefix=workload.prefix, sampler=options.sampler, seed=options.seed, reopen=pick
         )
         warm = warm_start_configs(session=s, key=key, limits=limits, workload=workload)
-    out = Outcome(key, workload, study_row.id, default=warm[0])
+    return key, study_row.id, warm
 
-    # a helper leaves the warm start to the owner, whose proposals it would otherwise repeat
-    def fits(params: dict[str, int]) -> bool:
-        return refusal(params, limits, key) is None
 
-    study, queue = _open_study(key, storage_url, heartbeat_s, sampler, seed, choices, warm if pick else [], fits)
-    search = Search(
-        backend=backend,
-        sessions=sessions,
-        workload=workload,
-        out=out,
-        study=study,
-        choices=choices,
-        n_valid=len(valid),
-        budget=min(n_trials, len(valid)),
-        on_progress=on_progress,
+def run_study(
+    *,
+    backend: Backend,
+    sessions: sessionmaker[Session],
+    workload: Workload,
+    n_trials: int,
+    options: StudyOptions,
+    restrict: dict[str, list[int]] | None = None,
+    pick: bool = True,
+    owns: Callable[[], bool] | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
+) -> Outcome:
+    """Search, pick the winner, store it. `restrict` narrows the choices of some constants
+    (e.g. {"STAGES": [2]}); `n_trials` counts measurements, not invalid or repeated configs.
+    `pick=False` only helps with the search of a key another process owns (verify_tuner.jobs.claims): the
+    owner alone re-times the top candidates and stores the winner; `owns()` False at that point
+    (the claim went stale and another process took the key over) leaves the storing to it."""
+    t0 = time.perf_counter()
+    key, study_id, warm = _prepare(
+        backend=backend, sessions=sessions, workload=workload, options=options, restrict=restrict, pick=pick
     )
-    if sampler != "grid":  # a grid sweeps every config anyway, invalid ones pruned by the objective
-        study.sampler = WarmFirst(
-            study.sampler, queue, choices, reject=search.refusal, refused=search.refused, valid=valid, seed=seed
-        )
-    if sampler == "grid":  # the grid is known: build it all up front, on every core (nvcc is single-threaded)
-        from concurrent.futures import ThreadPoolExecutor
-
-        todo = [c for c in valid if tuple(_params(c).values()) not in search.ledger.known]
-        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-            list(pool.map(lambda c: backend.compile_ahead(c, key.q_len), todo))
-    if not search.done:
-        if parallel > 1:
-            _one_ask_at_a_time(study)
-        try:
-            study.optimize(
-                search.objective,
-                timeout=timeout_s,
-                callbacks=[search.after_trial],
-                gc_after_trial=False,
-                n_jobs=parallel,
-                catch=(BudgetSpent,),
-            )
-        finally:
-            search.flush()
+    search = _key_search(key, workload, study_id, backend.limits, restrict, n_trials, options, warm[0])
+    study, storage = _open_study(key, options)
+    _search(study, storage, search, backend, sessions, options, warm if pick else [], on_progress)
     if not pick:
-        out.decision = "helped with the search (another process owns the key)"
+        winner = Winner(reason="helped with the search (another process owns the key)")
     else:
-        pick_winner(
-            out,
+        winner = pick_winner(
+            key=key,
+            study_id=study_id,
+            default=warm[0],
             ranked=_ranked_configs(study),
             backend=backend,
             sessions=sessions,
             workload=workload,
-            top_k=top_k,
-            rounds=rounds,
+            top_k=options.top_k,
+            rounds=options.rounds,
             owns=owns,
         )
-        with session_scope(sessions) as s:
-            repo.finish_study(session=s, study_id=out.study_id)
-            row = s.get(repo.Study, out.study_id)
-            out.counts = {"trials": row.n_trials, "ok": row.n_ok, "invalid": row.n_invalid, "failed": row.n_failed}
-    out.wall_s = time.perf_counter() - t0
-    return out
+    return Outcome.of(
+        key, workload, study_id, warm[0], winner, _counts(sessions, study_id, pick), time.perf_counter() - t0
+    )
 
 
-def _one_ask_at_a_time(study: optuna.Study) -> None:
-    """Serialise this study object's `ask` across Optuna's n_jobs threads. A queued trial (the
-    heartbeat's retry of a killed process's trial) goes to whoever marks it running first, and on
-    SQLite nothing locks it in between: two threads asking at once both took it (one measured it,
-    the other failed telling it). The threads' proposals are serialised anyway (verify_tuner.search.trials)."""
-    lock = threading.Lock()
-    ask = study.ask
+def _key_search(
+    key: ConfigKey,
+    workload: Workload,
+    study_id: int,
+    limits: DeviceLimits,
+    restrict: dict[str, list[int]] | None,
+    n_trials: int,
+    options: StudyOptions,
+    default: KernelConfig,
+) -> KeySearch:
+    valid = space.valid_configs(limits, H=key.H, q_len=key.q_len, restrict=restrict)
+    return KeySearch(
+        key=key,
+        workload=workload,
+        study_id=study_id,
+        choices=space.choices(key.H, restrict, limits, q_len=key.q_len),
+        valid=valid,
+        budget=min(n_trials, len(valid)),
+        parallel=max(1, options.parallel),
+        timeout_s=options.timeout_s,
+        default=default,
+    )
 
-    def locked_ask(*args: Any, **kwargs: Any) -> optuna.Trial:
-        with lock:
-            return ask(*args, **kwargs)
 
-    study.ask = locked_ask  # type: ignore[method-assign]
+def _search(
+    study: optuna.Study,
+    storage: optuna.storages.BaseStorage,
+    search: KeySearch,
+    backend: Backend,
+    sessions: sessionmaker[Session],
+    options: StudyOptions,
+    warm: list[KernelConfig],
+    on_progress: Callable[[Progress], None] | None,
+) -> None:
+    """The search loop (verify_tuner.search.trials) over this study, until the budget is measured."""
+    ledger = Ledger(study)
+    grid = options.sampler == "grid"
+    if grid:  # a helper's warm start would repeat its owner's proposals; a grid has none
+        _precompile(backend, [c for c in search.valid if config_signature(c) not in ledger.known], search.key.q_len)
+    proposer = Proposer(
+        study=study,
+        search=search,
+        ledger=ledger,
+        log=TrialLog(sessions, search.study_id),
+        reject=lambda params: refusal(params, backend.limits, search.key),
+        warm=[] if grid else _unseen(study, warm, search.choices),
+        n_startup=options.tpe.n_startup,
+        grid=grid,
+        seed=options.seed,
+    )
+    with Pipeline(backend, search.workload, search.parallel) as pipeline, Heartbeat(study, storage) as beat:
+        Loop(
+            study=study, search=search, proposer=proposer, pipeline=pipeline, heartbeat=beat, on_progress=on_progress
+        ).run()
+
+
+def _counts(sessions: sessionmaker[Session], study_id: int, pick: bool) -> dict[str, int]:
+    """The owner finishes the study's row and reads its counts; a helper leaves both to it."""
+    if not pick:
+        return {}
+    with session_scope(sessions) as s:
+        repo.finish_study(session=s, study_id=study_id)
+        row = s.get(repo.Study, study_id)
+        return {"trials": row.n_trials, "ok": row.n_ok, "invalid": row.n_invalid, "failed": row.n_failed}
 
 
 def _ranked_configs(study: optuna.Study) -> list[KernelConfig]:
