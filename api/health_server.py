@@ -3,8 +3,8 @@
 
 On the main port a new connection is served in turns of the event loop (accept, make the
 transport, read, run the handler), and each turn serves every ready connection first: under 200
-keep-alive clients flat out a turn takes ~50-100 ms on 2 cores, and a probe on a new connection
-waited 226-252 ms for /healthz (2026-12-01), more on a slower or shared machine. Here the
+keep-alive clients flat out a probe on a new connection waits several such turns (the numbers
+are in bench/results/load_test.md). Here the
 listener's own thread wakes on the probe's connection: the answer waits only for the GIL, which
 the loop releases at each of its socket calls. /readyz answers from the same record as on the
 main port (api/readiness.py), never from the database directly.
