@@ -61,23 +61,56 @@ def time_launches(
     return summarize([stop.time_since(start) * 1000.0 for start, stop in pairs])
 
 
+def graph_shape(
+    est_us: float, n_sets: int, *, replays: int, min_launches: int, budget_us: float | None
+) -> tuple[int, int]:
+    """(launches per graph, replays) for a kernel estimated at `est_us` a launch. Without a budget:
+    every set in turn repeated to `min_launches`, `replays` times. With one, a long kernel needs
+    fewer launches to hide the replay's own cost (a graph of about a millisecond) and fewer replays
+    to be timed well (the budget's worth, at least 5): a config 100x slower than the best is not
+    worth 700 launches, and a study's batched keys are full of them."""
+    if budget_us is None or est_us <= 0:
+        return max(n_sets, min_launches), replays
+    launches = min(max(n_sets, min_launches), max(n_sets, -(-1000 // max(int(est_us), 1))))
+    return launches, max(5, min(replays, int(budget_us / (launches * est_us))))
+
+
 def time_graph(
-    launch: Callable[[int], None], n_sets: int, *, stream: Any, replays: int = 15, min_launches: int = 24
+    launch: Callable[[int], None],
+    n_sets: int,
+    *,
+    stream: Any,
+    replays: int = 15,
+    min_launches: int = 24,
+    budget_us: float | None = None,
 ) -> Timing:
     """Time `launch(k)` the way an inference server runs it: captured in one CUDA graph (every
     input set in turn, repeated to at least `min_launches` launches), replayed `replays` times
-    between events. One sample = one replay's time / its launches, in microseconds.
+    between events. One sample = one replay's time / its launches, in microseconds. With
+    `budget_us`, the graph and the replays shrink for long kernels (graph_shape) after one timed
+    pass over the sets.
 
     `launch` must enqueue on `stream` (a PyCUDA stream); torch captures it through an external
     stream, so PyCUDA and driver launches (the PDL reduce) land in the graph alike."""
     import torch
 
+    ext = torch.cuda.ExternalStream(stream.handle)
     for k in range(n_sets):  # load modules, touch every set once outside the capture
         launch(k)
+    est_us = 0.0
+    if budget_us is not None:
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(ext)
+        for k in range(n_sets):
+            launch(k)
+        stop.record(ext)
+        stop.synchronize()
+        est_us = start.elapsed_time(stop) * 1000.0 / n_sets
     torch.cuda.synchronize()
-    order = [k % n_sets for k in range(max(n_sets, min_launches))]
+    launches, replays = graph_shape(est_us, n_sets, replays=replays, min_launches=min_launches, budget_us=budget_us)
+    order = [k % n_sets for k in range(launches)]
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=torch.cuda.ExternalStream(stream.handle)):
+    with torch.cuda.graph(graph, stream=ext):
         for k in order:
             launch(k)
     graph.replay()

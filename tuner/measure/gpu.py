@@ -14,6 +14,9 @@ from verify_tuner.kernels.shapes import D_V
 from verify_tuner.measure.backend import COMPILE_ERROR, INVALID, OK, WRONG, Measurement, Workload
 
 REL_TOL = 1e-2
+#: Device time one measurement may spend replaying (kernels.timing.graph_shape): enough for 30
+#: samples of any config near the best, without minutes on configs 100x slower.
+BUDGET_US = 100_000.0
 MAX_LOADED = 16  # >= the winner phase's pool (top 3 + default + incumbent)
 
 
@@ -146,7 +149,7 @@ class GpuMeasurer:
         if not err <= REL_TOL:
             return Measurement(WRONG, rel_error=err, reason=f"relative error {err:.3g} > {REL_TOL}")
         with self._kernel_failures():
-            t = time_graph(launch, len(sets), stream=self.stream, replays=self.reps)
+            t = time_graph(launch, len(sets), stream=self.stream, replays=self.reps, budget_us=BUDGET_US)
             self._sync()
         return Measurement(OK, t.median_us, t.p10_us, t.p90_us, t.samples, rel_error=err)
 
@@ -158,7 +161,12 @@ class GpuMeasurer:
         with self._kernel_failures():
             launches = [self._launch_fn(self._launcher(c, wl), sets, out) for c in cfgs]
             rounds_ = interleave(
-                [lambda f=f: time_graph(f, len(sets), stream=self.stream, replays=per_round).samples for f in launches],
+                [
+                    lambda f=f: (
+                        time_graph(f, len(sets), stream=self.stream, replays=per_round, budget_us=BUDGET_US).samples
+                    )
+                    for f in launches
+                ],
                 rounds,
             )
             self._sync()
