@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue-4 measurements on the GPU machine: cold / resumed / fresh-DB `tuner study start` wall times,
 # then the report. Usage: bench/run_tuner_bench.sh OUTDIR  (exactly what produced
-# bench/results/tuner_walltimes_sm_90.txt; the other tuned keys were separate `study start` calls)
+# cb50554:bench/results/tuner_walltimes_sm_90.txt; the other tuned keys were separate `study start` calls)
 set -uo pipefail
 out=${1:?outdir}
 mkdir -p "$out"

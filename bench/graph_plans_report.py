@@ -1,0 +1,137 @@
+"""The graph plans of one table as a results file: what `tuner study graph-plan --json` printed
+(bench/run_table_tune.sh saves it), the study's wall times from the same state dir, and a plot of
+each batch size's plan against every prefix bucket's own best.
+
+    python bench/graph_plans_report.py OUT/graph_plans.json STATE/walltimes.txt \
+        --device "NVIDIA H200" --date 2026-12-02 --out bench/results
+
+Writes graph_plans_<arch>.{json,md,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+PARAMS = ("NSPLIT", "HT", "TK", "BLOCK", "STAGES", "QT", "WR", "WK", "SF", "PIPE")
+
+
+def config_text(p: dict) -> str:
+    return " ".join(f"{k}={p[k]}" for k in PARAMS)
+
+
+def walltimes(path: Path) -> list[dict]:
+    out = []
+    for line in path.read_text().splitlines():
+        m = re.fullmatch(r"(\S+) wall (\d+) ms rc=(-?\d+)", line.strip())
+        if m:
+            out.append({"phase": m[1], "wall_s": int(m[2]) / 1000, "rc": int(m[3])})
+    return out
+
+
+def verifications(url: str) -> dict[str, int]:
+    from collections import Counter
+
+    from verify_tuner.store.migrate import checked_sessions
+    from verify_tuner.store.plans import list_verifications
+
+    with checked_sessions(url)() as s:
+        return dict(Counter(v.verdict for v in list_verifications(session=s)))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("plans_json", type=Path)
+    ap.add_argument("walltimes", type=Path)
+    ap.add_argument("--device", required=True)
+    ap.add_argument("--arch", default="sm_90")
+    ap.add_argument("--date", required=True)
+    ap.add_argument("--out", type=Path, default=Path("bench/results"))
+    ap.add_argument("--database-url", default=None, help="The table's database: its `configs verify` verdicts.")
+    args = ap.parse_args()
+    plans = json.loads(args.plans_json.read_text())
+    walls = walltimes(args.walltimes)
+    study_s = sum(w["wall_s"] for w in walls if w["phase"] == "study")
+    stem = args.out / f"graph_plans_{args.arch}"
+    verdicts = verifications(args.database_url) if args.database_url else {}
+    doc = {
+        "device": args.device,
+        "arch": args.arch,
+        "date": args.date,
+        "walltimes": walls,
+        "verify_verdicts": verdicts,
+        "plans": plans,
+    }
+    stem.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
+    lines = [
+        f"# Graph plans — {args.device} ({args.arch}), {args.date}",
+        "",
+        (
+            "`bash bench/run_table_tune.sh STATE OUT LIMIT 20` (H=8 q=9, prefixes 1024..131072: 15 buckets x batch 1, 8, "
+            "32 = 45 keys, 20 measured trials a key, seed 0), run until the study finished, then "
+            "`python bench/graph_plans_report.py`. The plans: `tuner study graph-plan --rounds 2 --passes 1`, every "
+            "bucket's stored best and the heuristic re-timed side by side at every bucket, equal weights."
+        ),
+        "",
+        f"Study wall time, summed over the calls it took (killed with -9 at each call's limit, resumed from the "
+        f"same files): **{study_s:.0f} s** ("
+        + " + ".join(f"{w['wall_s']:.0f}" for w in walls if w["phase"] == "study")
+        + "); then "
+        + ", ".join(f"{w['phase']} {w['wall_s']:.1f} s" for w in walls if w["phase"] != "study")
+        + "."
+        + (f" `configs verify --sample 20` verdicts: {verdicts}." if verdicts else ""),
+        "",
+        "| batch | plan | expected µs | heuristic µs | regret geomean | worst | worst at prefix |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for p in plans:
+        worst = max(p["buckets"], key=lambda b: b["regret"])
+        lines.append(
+            f"| {p['batch_bucket']['lo']}..{p['batch_bucket']['hi']} | {config_text(p)} | {p['expected_us']:.1f} | "
+            f"{p['heuristic_expected_us']:.1f} | {p['regret_geomean']:.3f} | {p['regret_worst']:.3f} | "
+            f"{worst['prefix']} |"
+        )
+    lines += ["", "Per bucket (plan µs / the bucket's best µs = regret):", ""]
+    lines += [
+        "| prefix | " + " | ".join(f"B {p['batch_bucket']['lo']}..{p['batch_bucket']['hi']}" for p in plans) + " |"
+    ]
+    lines += ["|---|" + "---|" * len(plans)]
+    for i, b in enumerate(plans[0]["buckets"]):
+        cells = []
+        for p in plans:
+            c = p["buckets"][i]
+            cells.append(f"{c['us']:.1f} / {c['best_us']:.1f} = {c['regret']:.3f}")
+        lines.append(f"| {b['prefix']} | " + " | ".join(cells) + " |")
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    plot(plans, stem.with_suffix(".png"), f"{args.device}, {args.date}")
+    print(f"wrote {stem}.{{json,md,png}}")
+
+
+def plot(plans: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for p in plans:
+        label = f"B {p['batch_bucket']['lo']}..{p['batch_bucket']['hi']}"
+        xs = [b["prefix"] for b in p["buckets"]]
+        (line,) = axes[0].plot(xs, [b["us"] for b in p["buckets"]], marker="o", label=f"{label} plan")
+        axes[0].plot(xs, [b["best_us"] for b in p["buckets"]], ls="--", color=line.get_color(), label=f"{label} best")
+        axes[1].plot(xs, [b["regret"] for b in p["buckets"]], marker="o", label=label)
+    axes[0].set(xscale="log", yscale="log", xlabel="prefix", ylabel="µs", title="plan vs each bucket's best")
+    axes[1].axhline(1.15, color="grey", ls=":", label="1.15x")
+    axes[1].set(xscale="log", xlabel="prefix", ylabel="plan / best", title="regret per bucket")
+    for ax in axes:
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"Graph plans H=8 q=9 — {title}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()
