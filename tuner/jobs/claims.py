@@ -34,9 +34,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from verify_tuner import space
 from verify_tuner.keys import ConfigKey
 from verify_tuner.measure.backend import Backend, Workload
+from verify_tuner.search.key_search import Progress
 from verify_tuner.search.outcome import Outcome
 from verify_tuner.search.study import StudyOptions, run_study, workload_key
-from verify_tuner.search.trials import Progress
 from verify_tuner.store import repo
 from verify_tuner.store.session import session_scope
 

@@ -1,5 +1,5 @@
 """One Optuna study per workload key: open or resume it, warm start, run the search loop
-(verify_tuner.search.trials: ask, check, compile, measure, tell), then pick and store the winner
+(verify_tuner.search.loop: ask, check, compile, measure, tell), then pick and store the winner
 (verify_tuner.search.winner).
 
 Data flow: kernels (validate/compile/launch) -> this module (through a Backend) -> the config
@@ -27,20 +27,12 @@ from verify_tuner.kernels.limits import DeviceLimits
 from verify_tuner.kernels.validate import check
 from verify_tuner.keys import ConfigKey
 from verify_tuner.measure.backend import OK, Backend, Workload
+from verify_tuner.search.heartbeat import Heartbeat
+from verify_tuner.search.key_search import STATE_ATTR, KeySearch, Progress, config_signature, refusal
+from verify_tuner.search.ledger import Ledger, TrialLog
+from verify_tuner.search.loop import Loop, Pipeline
 from verify_tuner.search.outcome import Outcome
-from verify_tuner.search.trials import (
-    STATE_ATTR,
-    Heartbeat,
-    KeySearch,
-    Ledger,
-    Loop,
-    Pipeline,
-    Progress,
-    Proposer,
-    TrialLog,
-    config_signature,
-    refusal,
-)
+from verify_tuner.search.proposer import Proposer
 from verify_tuner.search.winner import Winner, pick_winner
 from verify_tuner.store import repo
 from verify_tuner.store.session import make_engine, session_scope
@@ -380,7 +372,7 @@ def _search(
     warm: list[KernelConfig],
     on_progress: Callable[[Progress], None] | None,
 ) -> None:
-    """The search loop (verify_tuner.search.trials) over this study, until the budget is measured."""
+    """The search loop (verify_tuner.search.loop) over this study, until the budget is measured."""
     ledger = Ledger(study)
     grid = options.sampler == "grid"
     if grid:  # a helper's warm start would repeat its owner's proposals; a grid has none
