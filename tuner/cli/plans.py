@@ -46,29 +46,24 @@ def _log_to_stderr() -> None:
         logger.setLevel(logging.INFO)
 
 
+def _shown(*decls: str, **kwargs: Any) -> Callable[..., Any]:
+    """An option whose default the help shows."""
+    return click.option(*decls, show_default=True, **kwargs)
+
+
 GPU_OPTS = [
-    click.option(
-        "--device", "ordinal", type=click.IntRange(min=0), default=0, show_default=True, help="CUDA device ordinal."
-    ),
-    click.option(
+    _shown("--device", "ordinal", type=click.IntRange(min=0), default=0, help="CUDA device ordinal."),
+    _shown(
         "--measure-timeout",
         type=click.FloatRange(min=1),
         default=120.0,
-        show_default=True,
         help="Seconds before a hanging measurement is killed.",
     ),
-    click.option(
-        "--rounds",
-        type=click.IntRange(min=1),
-        default=3,
-        show_default=True,
-        help="Interleaved re-timing rounds per pass.",
-    ),
-    click.option(
+    _shown("--rounds", type=click.IntRange(min=1), default=3, help="Interleaved re-timing rounds per pass."),
+    _shown(
         "--passes",
         type=click.IntRange(min=1),
         default=2,
-        show_default=True,
         help="Walks over the workloads (forward, then backward, ...), the configs' order rotated each time.",
     ),
     click.option("--json", "as_json", is_flag=True, help="Print the result as JSON."),
