@@ -200,15 +200,7 @@ def record_verification(*, session: Session, v: VerificationRow) -> bool:
     repo._bump_version(session)
     device_id, kernel_id = _ids(session, v.key.device, v.key.kernel_hash)
     at = v.verified_at or utcnow()
-    key = {
-        "device_id": device_id,
-        "kernel_id": kernel_id,
-        "dtype": v.key.dtype,
-        "H": v.key.H,
-        "q_len": v.key.q_len,
-        "bucket": v.key.bucket,
-        "batch_bucket": v.key.batch_bucket,
-    }
+    key = repo._key_columns(device_id, kernel_id, v.key)
     session.add(
         Verification(
             **key,
