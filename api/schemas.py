@@ -31,9 +31,8 @@ class PlanBucketOut(BaseModel):
     regret: float = Field(description="us / best_us")
 
 
-class GraphPlanOut(BaseModel):
-    """The one config to capture in the CUDA graph of this batch bucket: fastest in expectation over
-    the prefix range, with its regret at every prefix bucket (tuner study graph-plan)."""
+class KernelParamsOut(BaseModel):
+    """A config's constants (KernelConfig.as_params), the first fields of every config answer."""
 
     NSPLIT: int
     HT: int
@@ -45,6 +44,12 @@ class GraphPlanOut(BaseModel):
     WK: int
     SF: int
     PIPE: int
+
+
+class GraphPlanOut(KernelParamsOut):
+    """The one config to capture in the CUDA graph of this batch bucket: fastest in expectation over
+    the prefix range, with its regret at every prefix bucket (tuner study graph-plan)."""
+
     batch_bucket: BatchBucketOut
     prefix_lo: int = Field(description="the range the plan was measured over: inclusive")
     prefix_hi: int = Field(description="exclusive")
@@ -58,19 +63,9 @@ class GraphPlanOut(BaseModel):
     buckets: list[PlanBucketOut]
 
 
-class ConfigEntryOut(BaseModel):
+class ConfigEntryOut(KernelParamsOut):
     """One prefix bucket's answer: an entry of GET /configs (GET /config adds the graph plan)."""
 
-    NSPLIT: int
-    HT: int
-    TK: int
-    BLOCK: int
-    STAGES: int
-    QT: int
-    WR: int
-    WK: int
-    SF: int
-    PIPE: int
     source: Literal["tuned", "nearest", "heuristic"] = Field(
         description="heuristic also where the bucket's tuned row was verified stale (see stale_verified_at)"
     )

@@ -82,7 +82,7 @@ def _run(mode: str, procs: int, trials: int, prefix_range: str, root: Path) -> d
     from sqlalchemy import create_engine, text
     from verify_tuner.cli.study import _job
     from verify_tuner.jobs.runner import tune_on_device, tune_on_devices
-    from verify_tuner.search.study import prepare_study_storage
+    from verify_tuner.search.study_storage import prepare_study_storage
     from verify_tuner.settings import Settings
     from verify_tuner.store import migrate
     from verify_tuner.study_files import study_urls

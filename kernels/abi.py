@@ -264,27 +264,11 @@ def call_layout(t: Mapping[str, TensorMeta | None], *, q_len: int, H: int, on_cu
 
 
 def _layout(t: Mapping[str, TensorMeta | None], *, q_len: int, H: int, on_cuda: bool = True) -> Layout | str:
-    need = {
-        "q": "bfloat16",
-        "kv": "bfloat16",
-        "kv_indptr": "int32",
-        "kv_indices": "int32",
-        "draft_slots": "int32",
-        "out": "bfloat16",
-    }
-    for name, dtype in need.items():
-        m = t.get(name)
-        if m is None:
-            return f"{name} is required"
-        if m.dtype != dtype:
-            return f"{name} must be {dtype}, got {m.dtype}"
-    mask = t.get("tree_mask")
-    if mask is None:
-        return "tree_mask is required"
-    if mask.dtype not in MASK_BYTES:
-        return f"tree_mask must be an integer type of 8..64 bits ({', '.join(MASK_BYTES)}), got {mask.dtype}"
-    if MASK_BYTES[mask.dtype] * 8 < q_len:
-        return f"tree_mask's {mask.dtype} rows hold {MASK_BYTES[mask.dtype] * 8} bits, q_len is {q_len}"
+    err = _dtype_error(t, q_len)
+    if err:
+        return err
+    mask = t["tree_mask"]
+    assert mask is not None
     q = t["q"]
     assert q is not None
     if len(q.shape) != 4:
@@ -311,15 +295,49 @@ def _layout(t: Mapping[str, TensorMeta | None], *, q_len: int, H: int, on_cuda: 
         err = _shape_error(name, t[name], shape, f"for a batch of {B}")  # type: ignore[arg-type]
         if err:
             return err
+    err = _placement_error(t, q.device, on_cuda)
+    if err:
+        return err
+    q_st, q_sh, pe_st, pe_sh = strides
+    return Layout(q_st, q_sh, pe_st, pe_sh, pages[0], pages[1], MASK_BYTES[mask.dtype])
+
+
+def _dtype_error(t: Mapping[str, TensorMeta | None], q_len: int) -> str | None:
+    """Why a required tensor is missing or of the wrong dtype (the tree mask's: too few bits), or None."""
+    need = {
+        "q": "bfloat16",
+        "kv": "bfloat16",
+        "kv_indptr": "int32",
+        "kv_indices": "int32",
+        "draft_slots": "int32",
+        "out": "bfloat16",
+    }
+    for name, dtype in need.items():
+        m = t.get(name)
+        if m is None:
+            return f"{name} is required"
+        if m.dtype != dtype:
+            return f"{name} must be {dtype}, got {m.dtype}"
+    mask = t.get("tree_mask")
+    if mask is None:
+        return "tree_mask is required"
+    if mask.dtype not in MASK_BYTES:
+        return f"tree_mask must be an integer type of 8..64 bits ({', '.join(MASK_BYTES)}), got {mask.dtype}"
+    if MASK_BYTES[mask.dtype] * 8 < q_len:
+        return f"tree_mask's {mask.dtype} rows hold {MASK_BYTES[mask.dtype] * 8} bits, q_len is {q_len}"
+    return None
+
+
+def _placement_error(t: Mapping[str, TensorMeta | None], device: str, on_cuda: bool) -> str | None:
+    """Why a tensor is off q's device or not contiguous where it must be, or the call not on CUDA; or None."""
     in_place = {"q", "q_pe", "kv_indices"}  # read through their strides
     for name, m in t.items():
         if m is None:
             continue
-        if m.device != q.device:
-            return f"{name} is on {m.device}, q on {q.device}: every tensor must be on one CUDA device"
+        if m.device != device:
+            return f"{name} is on {m.device}, q on {device}: every tensor must be on one CUDA device"
         if name not in in_place and not m.contiguous:
             return f"{name} must be contiguous"
-    if on_cuda and not q.device.startswith("cuda"):
-        return f"the tensors are on {q.device}: the kernel runs on a CUDA device"
-    q_st, q_sh, pe_st, pe_sh = strides
-    return Layout(q_st, q_sh, pe_st, pe_sh, pages[0], pages[1], MASK_BYTES[mask.dtype])
+    if on_cuda and not device.startswith("cuda"):
+        return f"the tensors are on {device}: the kernel runs on a CUDA device"
+    return None

@@ -96,44 +96,14 @@ def make_inputs(
         raise ValueError(f"layout must be one of {SLOT_LAYOUTS}, got {layout!r}")
     gen = torch.Generator().manual_seed(seed)
     B = len(prefix_lens)
-    if page_size > 1:
-        prefix_indices, draft, S = _paged_slots(prefix_lens, q_len, page_size, spare_slots, layout, gen)
-    else:
-        total = sum(prefix_lens) + B * q_len
-        S = total + spare_slots
-        if layout == "scattered":
-            perm = torch.randperm(S, generator=gen)[:total].to(torch.int32)
-        else:
-            perm = torch.arange(total, dtype=torch.int32)
-        prefix_indices = perm[: sum(prefix_lens)].clone()
-        draft = perm[sum(prefix_lens) :].view(B, q_len).clone()
-    indptr = torch.zeros(B + 1, dtype=torch.int32)
-    indptr[1:] = torch.cumsum(torch.tensor(prefix_lens, dtype=torch.int64), 0).to(torch.int32)
-    # values are drawn on the target device: a batch of 32 long requests is gigabytes of KV
-    dgen = torch.Generator(device=device).manual_seed(seed)
-    q = torch.randn(B, q_len, H, D_QK, generator=dgen, device=device).to(torch.bfloat16)
-    kv = torch.randn(S, D_QK, generator=dgen, device=device).to(torch.bfloat16)
-    if page_size > 1:
-        kv = kv.view(S // page_size, page_size, D_QK)
-    rows = None
-    if req_to_token:  # each request's slots in a row of a [B + 5, longest + 7] table, rows shuffled
-        if page_size > 1:
-            raise ValueError("req_to_token holds slots: page_size must be 1")
-        perm_rows = torch.randperm(B + 5, generator=gen)[:B].to(torch.int32)
-        table = torch.full((B + 5, max(prefix_lens, default=0) + 7), -1, dtype=torch.int32)
-        for b in range(B):
-            lo, hi = int(indptr[b]), int(indptr[b + 1])
-            table[perm_rows[b], : hi - lo] = prefix_indices[lo:hi]
-        prefix_indices, rows = table, perm_rows
-    q_pe = None
-    if split_q:  # q_nope in place inside a [B*Q, H, 640] buffer (as an absorbed q often is), q_pe apart
-        wide = torch.zeros(B * q_len, H, D_QK + 64, dtype=torch.bfloat16, device=device)
-        wide[..., :D_V] = q[..., :D_V].reshape(B * q_len, H, D_V)
-        q, q_pe = wide[..., :D_V].view(B, q_len, H, D_V), q[..., D_V:].contiguous()
-    masks = [random_tree_mask(q_len, gen) for _ in range(B)]
-    mask = torch.tensor([[m - (1 << 64) if m >= 1 << 63 else m for m in row] for row in masks], dtype=torch.int64)
-    if mask_dtype != "int64":
-        mask = _narrow_mask(mask, mask_dtype)
+    prefix_indices, draft, S = _slots(prefix_lens, q_len, page_size, spare_slots, layout, gen)
+    indptr = _indptr(prefix_lens)
+    q, kv = _values(B, q_len, H, S, page_size, seed, device)
+    prefix_indices, rows = (
+        _req_to_token(prefix_indices, indptr, prefix_lens, page_size, gen) if req_to_token else (prefix_indices, None)
+    )
+    q, q_pe = _split_q(q, device) if split_q else (q, None)
+    mask = _tree_masks(B, q_len, mask_dtype, gen)
     return Inputs(
         q=q.to(device),
         kv=kv.to(device),
@@ -145,6 +115,84 @@ def make_inputs(
         q_pe=q_pe,
         prefix_rows=rows.to(device) if rows is not None else None,
     )
+
+
+def _slots(
+    prefix_lens: list[int], q_len: int, page_size: int, spare_slots: int, layout: str, gen: Any
+) -> tuple[Any, Any, int]:
+    """(prefix slots -- flat, or a page table --, draft slots [B, Q], pool slots)."""
+    import torch
+
+    if page_size > 1:
+        return _paged_slots(prefix_lens, q_len, page_size, spare_slots, layout, gen)
+    B = len(prefix_lens)
+    total = sum(prefix_lens) + B * q_len
+    S = total + spare_slots
+    if layout == "scattered":
+        perm = torch.randperm(S, generator=gen)[:total].to(torch.int32)
+    else:
+        perm = torch.arange(total, dtype=torch.int32)
+    prefix_indices = perm[: sum(prefix_lens)].clone()
+    draft = perm[sum(prefix_lens) :].view(B, q_len).clone()
+    return prefix_indices, draft, S
+
+
+def _indptr(prefix_lens: list[int]) -> Any:
+    """int32 [B+1]: the prefix lengths' running sum."""
+    import torch
+
+    indptr = torch.zeros(len(prefix_lens) + 1, dtype=torch.int32)
+    indptr[1:] = torch.cumsum(torch.tensor(prefix_lens, dtype=torch.int64), 0).to(torch.int32)
+    return indptr
+
+
+def _values(B: int, q_len: int, H: int, S: int, page_size: int, seed: int, device: str) -> tuple[Any, Any]:
+    """(q [B, Q, H, 576], the KV pool) in bf16."""
+    import torch
+
+    # values are drawn on the target device: a batch of 32 long requests is gigabytes of KV
+    dgen = torch.Generator(device=device).manual_seed(seed)
+    q = torch.randn(B, q_len, H, D_QK, generator=dgen, device=device).to(torch.bfloat16)
+    kv = torch.randn(S, D_QK, generator=dgen, device=device).to(torch.bfloat16)
+    if page_size > 1:
+        kv = kv.view(S // page_size, page_size, D_QK)
+    return q, kv
+
+
+def _req_to_token(
+    prefix_indices: Any, indptr: Any, prefix_lens: list[int], page_size: int, gen: Any
+) -> tuple[Any, Any]:
+    """(table, rows): each request's slots in a row of a [B + 5, longest + 7] table, rows shuffled."""
+    import torch
+
+    if page_size > 1:
+        raise ValueError("req_to_token holds slots: page_size must be 1")
+    B = len(prefix_lens)
+    perm_rows = torch.randperm(B + 5, generator=gen)[:B].to(torch.int32)
+    table = torch.full((B + 5, max(prefix_lens, default=0) + 7), -1, dtype=torch.int32)
+    for b in range(B):
+        lo, hi = int(indptr[b]), int(indptr[b + 1])
+        table[perm_rows[b], : hi - lo] = prefix_indices[lo:hi]
+    return table, perm_rows
+
+
+def _split_q(q: Any, device: str) -> tuple[Any, Any]:
+    """(q_nope, q_pe): q_nope in place inside a [B*Q, H, 640] buffer (as an absorbed q often is), q_pe apart."""
+    import torch
+
+    B, q_len, H, _ = q.shape
+    wide = torch.zeros(B * q_len, H, D_QK + 64, dtype=torch.bfloat16, device=device)
+    wide[..., :D_V] = q[..., :D_V].reshape(B * q_len, H, D_V)
+    return wide[..., :D_V].view(B, q_len, H, D_V), q[..., D_V:].contiguous()
+
+
+def _tree_masks(B: int, q_len: int, mask_dtype: str, gen: Any) -> Any:
+    """[B, Q] random draft trees' rows, as int64 bit patterns or narrowed to `mask_dtype`."""
+    import torch
+
+    masks = [random_tree_mask(q_len, gen) for _ in range(B)]
+    mask = torch.tensor([[m - (1 << 64) if m >= 1 << 63 else m for m in row] for row in masks], dtype=torch.int64)
+    return mask if mask_dtype == "int64" else _narrow_mask(mask, mask_dtype)
 
 
 def _paged_slots(

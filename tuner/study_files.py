@@ -1,6 +1,6 @@
 """Where Optuna's studies live: one storage URL, or a template with one SQLite file per key (the
 default beside an SQLite config database). URL logic only -- the sidecar's settings check it
-without importing Optuna; verify_tuner.search.study opens the storages."""
+without importing Optuna; verify_tuner.search.study_storage opens the storages."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from tests.tuner.killed_worker import run as worker
 
 
 def test_kill_9_then_resume_leaves_nothing_running_and_loses_nothing(db_url, tmp_path):
-    from verify_tuner.search.study import open_storage
+    from verify_tuner.search.study_storage import open_storage
 
     migrate.upgrade(db_url)
     open_storage(db_url)

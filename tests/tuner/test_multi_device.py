@@ -12,7 +12,8 @@ import optuna
 import pytest
 from verify_tuner.jobs.runner import TuneJob, tune_on_devices
 from verify_tuner.measure.backend import Workload
-from verify_tuner.search.study import StudyOptions, open_storage, prepare_study_storage
+from verify_tuner.search.study import StudyOptions
+from verify_tuner.search.study_storage import open_storage, prepare_study_storage
 from verify_tuner.settings import Settings
 from verify_tuner.store import migrate, repo
 from verify_tuner.store.session import make_engine, session_factory, session_scope

@@ -13,7 +13,7 @@ from tests.tuner.shared_worker import run
 
 
 def test_four_processes_share_one_study_on_postgres(pg_url):
-    from verify_tuner.search.study import open_storage
+    from verify_tuner.search.study_storage import open_storage
 
     migrate.upgrade(pg_url)
     open_storage(pg_url)  # what `tuner db upgrade` does

@@ -326,7 +326,7 @@ def test_parallel_trials_compile_ahead_measure_one_at_a_time_and_keep_the_budget
 
 def test_optuna_commits_trials_without_fsync_and_the_config_db_keeps_full(tmp_path):
     from sqlalchemy import text
-    from verify_tuner.search.study import open_storage
+    from verify_tuner.search.study_storage import open_storage
     from verify_tuner.store import migrate
     from verify_tuner.store.session import make_engine
 
@@ -346,7 +346,7 @@ def test_a_study_storage_of_its_own_is_in_wal_mode(tmp_path):
     (every process's sampler reads the trials) never block a writer. It was left in rollback-journal
     mode until session 8."""
     from sqlalchemy import text
-    from verify_tuner.search.study import open_storage
+    from verify_tuner.search.study_storage import open_storage
 
     storage = open_storage(f"sqlite:///{tmp_path}/studies.db")
     with storage.engine.connect() as c:

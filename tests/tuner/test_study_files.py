@@ -13,7 +13,8 @@ import pytest
 from sqlalchemy import text
 from verify_tuner.errors import BadSetting
 from verify_tuner.measure.backend import Workload
-from verify_tuner.search.study import StudyOptions, open_study_storage, run_study
+from verify_tuner.search.study import StudyOptions, run_study
+from verify_tuner.search.study_storage import open_study_storage
 from verify_tuner.settings import Settings
 from verify_tuner.store import migrate
 from verify_tuner.store.session import make_engine, session_factory

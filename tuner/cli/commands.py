@@ -98,7 +98,7 @@ def db_upgrade(settings: Settings, revision: str) -> None:
     Also creates Optuna's tables in a shared study storage, so that tuners starting together on
     several GPUs never race to create them (with a file per key: its directory and the blank
     storage each key's file is copied from when the key is first tuned)."""
-    from verify_tuner.search.study import prepare_study_storage
+    from verify_tuner.search.study_storage import prepare_study_storage
     from verify_tuner.store import migrate
 
     migrate.upgrade(settings.database_url, revision)

@@ -46,29 +46,24 @@ def _log_to_stderr() -> None:
         logger.setLevel(logging.INFO)
 
 
+def _shown(*decls: str, **kwargs: Any) -> Callable[..., Any]:
+    """An option whose default the help shows."""
+    return click.option(*decls, show_default=True, **kwargs)
+
+
 GPU_OPTS = [
-    click.option(
-        "--device", "ordinal", type=click.IntRange(min=0), default=0, show_default=True, help="CUDA device ordinal."
-    ),
-    click.option(
+    _shown("--device", "ordinal", type=click.IntRange(min=0), default=0, help="CUDA device ordinal."),
+    _shown(
         "--measure-timeout",
         type=click.FloatRange(min=1),
         default=120.0,
-        show_default=True,
         help="Seconds before a hanging measurement is killed.",
     ),
-    click.option(
-        "--rounds",
-        type=click.IntRange(min=1),
-        default=3,
-        show_default=True,
-        help="Interleaved re-timing rounds per pass.",
-    ),
-    click.option(
+    _shown("--rounds", type=click.IntRange(min=1), default=3, help="Interleaved re-timing rounds per pass."),
+    _shown(
         "--passes",
         type=click.IntRange(min=1),
         default=2,
-        show_default=True,
         help="Walks over the workloads (forward, then backward, ...), the configs' order rotated each time.",
     ),
     click.option("--json", "as_json", is_flag=True, help="Print the result as JSON."),
@@ -82,8 +77,6 @@ def _gpu_opts(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def register_study(study: click.Group, clean: Callable[..., Any], checked_sessions: Callable[..., Any]) -> None:
-    from verify_tuner.cli.study import _parse_batches, _parse_range
-
     @study.command("graph-plan")
     @click.option("--H", "H", type=click.IntRange(1, 1024), required=True, help="Heads per GPU.")
     @click.option("--q-len", type=click.IntRange(1, 64), required=True, help="Draft nodes per request.")
@@ -115,37 +108,51 @@ def register_study(study: click.Group, clean: Callable[..., Any], checked_sessio
         per-prefix-bucket winners and the heuristic re-measured side by side at every prefix bucket of
         the range, the least expected step time under the prefix weights wins; stores the plans with
         their regret per bucket (docs/integration.md)."""
-        from verify_tuner import buckets
-        from verify_tuner.search import plan_job, prefix_weights
+        _graph_plan(settings, checked_sessions, H, q_len, prefix_range, batch_text, **kw)
 
-        lo, hi = _parse_range(prefix_range)
-        batch_sizes = _parse_batches(batch_text)
-        in_range = buckets.buckets_between(lo, hi)
-        path = kw["prefix_weights"]
-        weights = prefix_weights.load(path, in_range) if path else prefix_weights.equal(in_range)
-        sessions = checked_sessions(settings)
-        _log_to_stderr()
-        backend = open_backend(settings, kw["ordinal"], kw["measure_timeout"])
-        try:
-            results = [
-                plan_job.plan_batch(
-                    backend=backend,
-                    sessions=sessions,
-                    H=H,
-                    q_len=q_len,
-                    prefix_lo=lo,
-                    prefix_hi=hi,
-                    batch=b,
-                    weights=weights,
-                    spread=kw["spread"],
-                    rounds=kw["rounds"],
-                    passes=kw["passes"],
-                )
-                for b in batch_sizes
-            ]
-        finally:
-            backend.close()
-        _print_plans(results, weights, kw["as_json"])
+
+def _graph_plan(
+    settings: Settings,
+    checked_sessions: Callable[..., Any],
+    H: int,
+    q_len: int,
+    prefix_range: str,
+    batch_text: str,
+    **kw: Any,
+) -> None:
+    """`tuner study graph-plan`: one plan per batch size, measured and stored, then printed."""
+    from verify_tuner import buckets
+    from verify_tuner.cli.study import _parse_batches, _parse_range
+    from verify_tuner.search import plan_job, prefix_weights
+
+    lo, hi = _parse_range(prefix_range)
+    batch_sizes = _parse_batches(batch_text)
+    in_range = buckets.buckets_between(lo, hi)
+    path = kw["prefix_weights"]
+    weights = prefix_weights.load(path, in_range) if path else prefix_weights.equal(in_range)
+    sessions = checked_sessions(settings)
+    _log_to_stderr()
+    backend = open_backend(settings, kw["ordinal"], kw["measure_timeout"])
+    try:
+        results = [
+            plan_job.plan_batch(
+                backend=backend,
+                sessions=sessions,
+                H=H,
+                q_len=q_len,
+                prefix_lo=lo,
+                prefix_hi=hi,
+                batch=b,
+                weights=weights,
+                spread=kw["spread"],
+                rounds=kw["rounds"],
+                passes=kw["passes"],
+            )
+            for b in batch_sizes
+        ]
+    finally:
+        backend.close()
+    _print_plans(results, weights, kw["as_json"])
 
 
 def _print_plans(results: list[Any], weights: Any, as_json: bool) -> None:

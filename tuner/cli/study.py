@@ -96,15 +96,21 @@ class _Bar:
             sys.stderr.write("\n")
 
 
-def register(study: click.Group, clean: Callable[..., Any]) -> None:
-    @study.command("start")
-    @click.option("--H", "H", type=click.IntRange(1, 1024), required=True, help="Heads per GPU.")
-    @click.option("--q-len", type=click.IntRange(1, 64), required=True, help="Draft nodes per request.")
-    @click.option(
+def _with_options(options: list[Callable[..., Any]], fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` decorated with `options`, listed in the order --help shows them."""
+    for opt in reversed(options):
+        fn = opt(fn)
+    return fn
+
+
+START_OPTS = [
+    click.option("--H", "H", type=click.IntRange(1, 1024), required=True, help="Heads per GPU."),
+    click.option("--q-len", type=click.IntRange(1, 64), required=True, help="Draft nodes per request."),
+    click.option(
         "--prefix", type=click.IntRange(0, MAX_PREFIX), multiple=True, help="Prefix length to tune (repeatable)."
-    )
-    @click.option("--prefix-range", default=None, help="LO:HI - tune every prefix bucket in the range.")
-    @click.option(
+    ),
+    click.option("--prefix-range", default=None, help="LO:HI - tune every prefix bucket in the range."),
+    click.option(
         "--batch",
         "batch_text",
         default="1",
@@ -112,136 +118,144 @@ def register(study: click.Group, clean: Callable[..., Any]) -> None:
         metavar="B1,B2,...",
         help="Requests per launch to tune for, e.g. 1,8,32: one key per batch bucket; each measures a "
         "ragged batch whose longest prefix is the key's prefix.",
-    )
-    @click.option(
+    ),
+    click.option(
         "--spread",
         type=click.Choice(["uniform", "one-long", "equal"]),
         default="uniform",
         show_default=True,
         help="How a batch's prefixes are drawn (seeded): uniform in 0.5x..1.5x, "
         "or one long request among short ones; scaled so the longest is the prefix.",
-    )
-    @click.option(
+    ),
+    click.option(
         "--trials",
         type=click.IntRange(min=1),
         default=60,
         show_default=True,
         help="Measured trials per key (invalid configs are not counted).",
-    )
-    @click.option(
+    ),
+    click.option(
         "--timeout", type=click.FloatRange(min=0, min_open=True), default=None, help="Seconds per key for the search."
-    )
-    @click.option("--sampler", type=click.Choice(["tpe", "grid"]), default="tpe", show_default=True)
-    @click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=None, help="Sampler seed (NumPy's range).")
-    @click.option(
+    ),
+    click.option("--sampler", type=click.Choice(["tpe", "grid"]), default="tpe", show_default=True),
+    click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=None, help="Sampler seed (NumPy's range)."),
+    click.option(
         "--storage",
         default=None,
         help="Optuna storage URL, or an SQLite file per key with {study} in its name (default: "
         "TUNER_STUDY_STORAGE, else a file per key beside an SQLite config DB, else the config DB).",
-    )
-    @click.option(
+    ),
+    click.option(
         "--device", "ordinal", type=click.IntRange(min=0), default=0, show_default=True, help="CUDA device ordinal."
-    )
-    @click.option(
+    ),
+    click.option(
         "--devices",
         default=None,
         metavar="0,1,...",
         help="Several GPUs: one tuner process per GPU, all sharing the studies.",
-    )
-    @click.option(
+    ),
+    click.option(
         "--measure-timeout",
         type=click.FloatRange(min=1),
         default=120.0,
         show_default=True,
         help="Seconds before a hanging measurement is killed.",
-    )
-    @click.option(
+    ),
+    click.option(
         "--compile-jobs",
         type=click.IntRange(min=1),
         default=None,
         metavar="N",
         help="Trials in flight per GPU: each compiles its config in its own thread while one at a time "
         "measures. Default: the host's cores / GPUs, at most 8.",
-    )
-    @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (one object per key).")
-    @click.option(
+    ),
+    click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (one object per key)."),
+    click.option(
         "--only",
         "only",
         multiple=True,
         metavar="NAME=V1,V2",
         help="Restrict a constant's candidates, e.g. --only STAGES=2 --only BLOCK=256,512.",
+    ),
+]
+
+
+def _start(
+    settings: Settings,
+    H: int,
+    q_len: int,
+    prefix: tuple[int, ...],
+    prefix_range: str | None,
+    batch_text: str,
+    spread: str,
+    trials: int,
+    timeout: float | None,
+    sampler: str,
+    seed: int | None,
+    storage: str | None,
+    ordinal: int,
+    devices: str | None,
+    compile_jobs: int | None,
+    measure_timeout: float,
+    as_json: bool,
+    only: tuple[str, ...],
+) -> None:
+    """Tune the kernel on the local GPU(s) for each (H, q_len, prefix bucket, batch bucket);
+    resumable, and shared with other processes running the same job (docs/operations.md)."""
+    from verify_tuner.jobs.runner import default_compile_jobs
+
+    ordinals = _parse_devices(devices) if devices else [ordinal]
+    job = _job(
+        H,
+        q_len,
+        prefix,
+        prefix_range,
+        batch_text,
+        spread,
+        only,
+        trials=trials,
+        sampler=sampler,
+        seed=seed,
+        timeout=timeout,
+        storage=storage,
+        measure_timeout=measure_timeout,
+        compile_jobs=compile_jobs or default_compile_jobs(len(ordinals)),
     )
-    @click.pass_obj
-    @clean
-    def start(
-        settings: Settings,
-        H: int,
-        q_len: int,
-        prefix: tuple[int, ...],
-        prefix_range: str | None,
-        batch_text: str,
-        spread: str,
-        trials: int,
-        timeout: float | None,
-        sampler: str,
-        seed: int | None,
-        storage: str | None,
-        ordinal: int,
-        devices: str | None,
-        compile_jobs: int | None,
-        measure_timeout: float,
-        as_json: bool,
-        only: tuple[str, ...],
-    ) -> None:
-        """Tune the kernel on the local GPU(s) for each (H, q_len, prefix bucket, batch bucket);
-        resumable, and shared with other processes running the same job (docs/operations.md)."""
-        from verify_tuner.jobs.runner import default_compile_jobs
+    if devices:
+        _start_on_devices(settings, job, ordinals, as_json)
+    else:
+        _start_on_one(settings, job, ordinal, as_json)
 
-        ordinals = _parse_devices(devices) if devices else [ordinal]
-        job = _job(
-            H,
-            q_len,
-            prefix,
-            prefix_range,
-            batch_text,
-            spread,
-            only,
-            trials=trials,
-            sampler=sampler,
-            seed=seed,
-            timeout=timeout,
-            storage=storage,
-            measure_timeout=measure_timeout,
-            compile_jobs=compile_jobs or default_compile_jobs(len(ordinals)),
-        )
-        if devices:
-            _start_on_devices(settings, job, ordinals, as_json)
-        else:
-            _start_on_one(settings, job, ordinal, as_json)
 
-    @study.command("report")
-    @click.option(
+REPORT_OPTS = [
+    click.option(
         "--out",
         "out_dir",
         type=click.Path(file_okay=False, path_type=Path),
         default=Path("bench/results"),
         show_default=True,
-    )
-    @click.option("--device", default=None, help="Default: every recorded device.")
-    @click.pass_obj
-    @clean
-    def report(settings: Settings, out_dir: Path, device: str | None) -> None:
-        """Write a markdown table and a PNG (default vs tuned per bucket, with the memory floor)."""
-        from verify_tuner.store.migrate import checked_sessions
-        from verify_tuner.store.report import write_report
+    ),
+    click.option("--device", default=None, help="Default: every recorded device."),
+]
 
-        written = write_report(sessions=checked_sessions(settings.database_url), out_dir=out_dir, device=device)
-        if not written:
-            raise click.ClickException(
-                "nothing tuned" + (f" on {device}" if device else "") + ": no report written (`tuner configs list`)"
-            )
-        for path in written:
-            click.echo(f"wrote {path}")
+
+def _report(settings: Settings, out_dir: Path, device: str | None) -> None:
+    """Write a markdown table and a PNG (default vs tuned per bucket, with the memory floor)."""
+    from verify_tuner.store.migrate import checked_sessions
+    from verify_tuner.store.report import write_report
+
+    written = write_report(sessions=checked_sessions(settings.database_url), out_dir=out_dir, device=device)
+    if not written:
+        raise click.ClickException(
+            "nothing tuned" + (f" on {device}" if device else "") + ": no report written (`tuner configs list`)"
+        )
+    for path in written:
+        click.echo(f"wrote {path}")
+
+
+def register(study: click.Group, clean: Callable[..., Any]) -> None:
+    study.command("start")(_with_options(START_OPTS, click.pass_obj(clean(_start))))
+    study.command("report")(_with_options(REPORT_OPTS, click.pass_obj(clean(_report))))
 
 
 def _job(

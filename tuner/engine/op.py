@@ -174,27 +174,43 @@ def verify_attention(
         "out": out,
         "lse": lse,
     }
+    _launch(tensors, config, softmax_scale, workspace)
+
+
+def _pointers(t: dict[str, Optional[torch.Tensor]]) -> dict[str, Optional[int]]:  # noqa: UP045
+    """The launch's device addresses of the op's tensors (no q_pe: None; no kv_rows or lse: 0)."""
+    q_pe, kv_rows, lse = t["q_pe"], t["kv_rows"], t["lse"]
+    return {
+        "q": t["q"].data_ptr(),
+        "q_pe": q_pe.data_ptr() if q_pe is not None else None,
+        "kv": t["kv"].data_ptr(),
+        "prefix_indices": t["kv_indices"].data_ptr(),
+        "prefix_rows": kv_rows.data_ptr() if kv_rows is not None else 0,
+        "prefix_indptr": t["kv_indptr"].data_ptr(),
+        "draft_indices": t["draft_slots"].data_ptr(),
+        "tree_mask": t["tree_mask"].data_ptr(),
+        "out": t["out"].data_ptr(),
+        "lse": lse.data_ptr() if lse is not None else 0,
+    }
+
+
+def _launch(
+    tensors: dict[str, Optional[torch.Tensor]],  # noqa: UP045
+    config: list[int],
+    softmax_scale: float,
+    workspace: Optional[torch.Tensor],  # noqa: UP045
+) -> None:
+    """The op's work: check its arguments, find its kernels and workspace, launch on the current stream."""
     cfg, q_len, H, layout = _check(tensors, config)
+    q = tensors["q"]
     device, batch = q.device.index, q.shape[0]
     kernels = _kernels_for(device, cfg, q_len, H)
     part_o, part_lse = _work(kernels.spec, q.device, (device, cfg, q_len, H, batch), batch, workspace)
-    pointers = {
-        "q": q.data_ptr(),
-        "q_pe": q_pe.data_ptr() if q_pe is not None else None,
-        "kv": kv.data_ptr(),
-        "prefix_indices": kv_indices.data_ptr(),
-        "prefix_rows": kv_rows.data_ptr() if kv_rows is not None else 0,
-        "prefix_indptr": kv_indptr.data_ptr(),
-        "draft_indices": draft_slots.data_ptr(),
-        "tree_mask": tree_mask.data_ptr(),
-        "out": out.data_ptr(),
-        "lse": lse.data_ptr() if lse is not None else 0,
-    }
     stream = torch.cuda.current_stream(q.device).cuda_stream
     kernels.launch(
         stream=stream,
         batch=batch,
-        pointers=pointers,
+        pointers=_pointers(tensors),
         part_o=part_o,
         part_lse=part_lse,
         softmax_scale=softmax_scale,

@@ -34,9 +34,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from verify_tuner import space
 from verify_tuner.keys import ConfigKey
 from verify_tuner.measure.backend import Backend, Workload
+from verify_tuner.search.key_search import Progress
 from verify_tuner.search.outcome import Outcome
 from verify_tuner.search.study import StudyOptions, run_study, workload_key
-from verify_tuner.search.trials import Progress
 from verify_tuner.store import repo
 from verify_tuner.store.session import session_scope
 
@@ -167,7 +167,7 @@ def run_job(
 
     `place` is this process's (index, count) among the job's processes on this host: it starts
     its walk at key index*K/count, so each process goes on to its own last key's neighbour -- whose
-    best is then stored to start from (verify_tuner.search.study.warm_start_configs) and whose compiles are
+    best is then stored to start from (verify_tuner.search.warm_start.warm_start_configs) and whose compiles are
     cached -- as a lone process does, instead of the processes taking alternate keys side by side.
     Processes of other hosts start where their own index says; a claim taken meanwhile is skipped."""
     index, count = place

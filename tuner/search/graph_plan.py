@@ -78,12 +78,7 @@ def choose(
     non-finite: it failed there). ValueError when the inputs disagree or nothing can be chosen."""
     _check_shapes(configs, bucket_indices, times, weights)
     cols = sorted(range(len(bucket_indices)), key=lambda j: bucket_indices[j])  # a fixed summation order
-    best: dict[int, tuple[float, KernelConfig]] = {}
-    for j in cols:
-        ran = [(times[i][j], configs[i]) for i in range(len(configs)) if _ok(times[i][j])]
-        if not ran:
-            raise ValueError(f"no finalist ran at prefix bucket {bucket_indices[j]}")
-        best[j] = min(ran, key=lambda tc: (tc[0], order_key(tc[1])))  # type: ignore[arg-type,return-value]
+    best = _fastest_per_bucket(configs, bucket_indices, times, cols)
     eligible, ineligible = [], []
     for i, cfg in enumerate(configs):
         failed = tuple(bucket_indices[j] for j in cols if not _ok(times[i][j]))
@@ -119,6 +114,22 @@ def choose(
         ranking=tuple((configs[i], expected(i)) for i in ranked),
         ineligible=tuple(sorted(ineligible, key=lambda ci: order_key(ci[0]))),
     )
+
+
+def _fastest_per_bucket(
+    configs: Sequence[KernelConfig],
+    bucket_indices: Sequence[int],
+    times: Sequence[Sequence[float | None]],
+    cols: list[int],
+) -> dict[int, tuple[float, KernelConfig]]:
+    """Column j -> (time, config) of the fastest finalist that ran at bucket_indices[j]."""
+    best: dict[int, tuple[float, KernelConfig]] = {}
+    for j in cols:
+        ran = [(times[i][j], configs[i]) for i in range(len(configs)) if _ok(times[i][j])]
+        if not ran:
+            raise ValueError(f"no finalist ran at prefix bucket {bucket_indices[j]}")
+        best[j] = min(ran, key=lambda tc: (tc[0], order_key(tc[1])))  # type: ignore[arg-type,return-value]
+    return best
 
 
 def _check_shapes(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 from verify_tuner import batches, buckets
@@ -106,9 +107,35 @@ def plan_batch(
 
 def _row(plan, matrix, points, limits, khash, dtype, H, q_len, bb, batch, spread, rounds, weights, expected):  # type: ignore[no-untyped-def]
     col = plan.config
+    return plans.PlanRow(
+        device=limits.name,
+        kernel_hash=khash,
+        dtype=dtype,
+        H=H,
+        q_len=q_len,
+        batch_bucket=bb.index,
+        bucket_lo=points[0][0].index,
+        bucket_hi=points[-1][0].index,
+        weights_digest=weights.digest,
+        weights={"source": weights.source, "outside": weights.outside, "buckets": _str_keys(weights.weights)},
+        config=col,
+        expected_us=plan.expected_us,
+        per_bucket=_per_bucket(plan, matrix, points),
+        finalists=_finalists(matrix, points, expected),
+        batch=batch,
+        spread=spread,
+        rounds=rounds,
+        measured_by=measured_by(limits),
+    )
+
+
+def _per_bucket(
+    plan: graph_plan.Plan, matrix: Matrix, points: list[tuple[buckets.Bucket, int]]
+) -> list[dict[str, Any]]:
+    """The chosen config at each prefix bucket of the range: its time, spread and regret."""
     per_bucket = []
     for (b, prefix), cost, wl in zip(points, plan.buckets, matrix.workloads):
-        cell = matrix.cell(col, wl)
+        cell = matrix.cell(plan.config, wl)
         per_bucket.append(
             {
                 "bucket": b.index,
@@ -124,7 +151,14 @@ def _row(plan, matrix, points, limits, khash, dtype, H, q_len, bb, batch, spread
                 "best": cost.best.as_params(),
             }
         )
-    finalists = [
+    return per_bucket
+
+
+def _finalists(
+    matrix: Matrix, points: list[tuple[buckets.Bucket, int]], expected: dict[KernelConfig, float]
+) -> list[dict[str, Any]]:
+    """Every finalist's times across the range, and where it failed (those not ranked)."""
+    return [
         {
             "params": c.as_params(),
             "expected_us": expected.get(c),
@@ -135,26 +169,6 @@ def _row(plan, matrix, points, limits, khash, dtype, H, q_len, bb, batch, spread
         }
         for c in matrix.configs
     ]
-    return plans.PlanRow(
-        device=limits.name,
-        kernel_hash=khash,
-        dtype=dtype,
-        H=H,
-        q_len=q_len,
-        batch_bucket=bb.index,
-        bucket_lo=points[0][0].index,
-        bucket_hi=points[-1][0].index,
-        weights_digest=weights.digest,
-        weights={"source": weights.source, "outside": weights.outside, "buckets": _str_keys(weights.weights)},
-        config=col,
-        expected_us=plan.expected_us,
-        per_bucket=per_bucket,
-        finalists=finalists,
-        batch=batch,
-        spread=spread,
-        rounds=rounds,
-        measured_by=measured_by(limits),
-    )
 
 
 def _str_keys(d: dict[int, float]) -> dict[str, float]:

@@ -95,51 +95,54 @@ def verify(
         rows = [r for r in repo.list_best(session=s, device=limits.name) if r.key.kernel_hash == khash]
         rows = pick_rows(rows, sample)
         prefix_of = {r.key: _prefix(s, r) for r in rows}
-    out = []
-    for r in rows:
-        wl = Workload(
-            r.key.H, r.key.q_len, prefix_of[r.key], dtype=r.key.dtype, batch=batches.by_index(r.key.batch_bucket).hi
-        )
-        default = heuristic_config(limits, H=wl.H, q_len=wl.q_len, prefix=wl.prefix, batch=wl.batch)
-        cfgs = [r.config] if default == r.config else [r.config, default]
-        mx = measure_matrix(backend, cfgs, [wl], rounds=rounds, passes=passes)
-        row_cell = mx.cell(r.config, wl)
-        heur_cell = None if default == r.config else mx.cell(default, wl)
-        v = judge(stored_us=r.median_us, row=row_cell, heuristic=heur_cell)
-        h = heur_cell or row_cell
-        rec = plans.VerificationRow(
-            key=r.key,
-            config=r.config,
-            stored_us=r.median_us,
-            measured_us=row_cell.median_us,
-            measured_p10_us=row_cell.p10_us,
-            measured_p90_us=row_cell.p90_us,
-            heuristic=default,
-            heuristic_us=h.median_us,
-            heuristic_p10_us=h.p10_us,
-            heuristic_p90_us=h.p90_us,
-            noise=v.noise,
-            verdict=v.verdict,
-            reason=v.reason,
-            measured_by=measured_by(limits),
-        )
-        with session_scope(sessions) as s:
-            marked = plans.record_verification(session=s, v=rec)
-        log.info(
-            "verify %s prefix=%d batch=%d: %s %s (stored %s us, now %s us; heuristic %s %s us)%s",
-            r.key,
-            wl.prefix,
-            wl.batch,
-            v.verdict,
-            v.reason,
-            r.median_us,
-            row_cell.median_us,
-            default,
-            h.median_us,
-            "" if marked or v.verdict == "failed" else " -- the row changed meanwhile: not marked",
-        )
-        out.append(rec)
-    return out
+    return [_verify_row(backend, sessions, r, prefix_of[r.key], rounds=rounds, passes=passes) for r in rows]
+
+
+def _verify_row(
+    backend: Backend, sessions: sessionmaker[Session], r: repo.BestRow, prefix: int, *, rounds: int, passes: int
+) -> plans.VerificationRow:
+    """Re-time one stored best beside the heuristic, judge it, store the verification and log it."""
+    limits = backend.limits
+    wl = Workload(r.key.H, r.key.q_len, prefix, dtype=r.key.dtype, batch=batches.by_index(r.key.batch_bucket).hi)
+    default = heuristic_config(limits, H=wl.H, q_len=wl.q_len, prefix=wl.prefix, batch=wl.batch)
+    cfgs = [r.config] if default == r.config else [r.config, default]
+    mx = measure_matrix(backend, cfgs, [wl], rounds=rounds, passes=passes)
+    row_cell = mx.cell(r.config, wl)
+    heur_cell = None if default == r.config else mx.cell(default, wl)
+    v = judge(stored_us=r.median_us, row=row_cell, heuristic=heur_cell)
+    h = heur_cell or row_cell
+    rec = plans.VerificationRow(
+        key=r.key,
+        config=r.config,
+        stored_us=r.median_us,
+        measured_us=row_cell.median_us,
+        measured_p10_us=row_cell.p10_us,
+        measured_p90_us=row_cell.p90_us,
+        heuristic=default,
+        heuristic_us=h.median_us,
+        heuristic_p10_us=h.p10_us,
+        heuristic_p90_us=h.p90_us,
+        noise=v.noise,
+        verdict=v.verdict,
+        reason=v.reason,
+        measured_by=measured_by(limits),
+    )
+    with session_scope(sessions) as s:
+        marked = plans.record_verification(session=s, v=rec)
+    log.info(
+        "verify %s prefix=%d batch=%d: %s %s (stored %s us, now %s us; heuristic %s %s us)%s",
+        r.key,
+        wl.prefix,
+        wl.batch,
+        v.verdict,
+        v.reason,
+        r.median_us,
+        row_cell.median_us,
+        default,
+        h.median_us,
+        "" if marked or v.verdict == "failed" else " -- the row changed meanwhile: not marked",
+    )
+    return rec
 
 
 def _prefix(session: Session, r: repo.BestRow) -> int:

@@ -13,6 +13,7 @@ from verify_tuner import batches
 from verify_tuner.engine_files import FORMAT, file_name, write_atomic
 from verify_tuner.kernels import KERNEL_NAME, KERNEL_VERSION
 from verify_tuner.kernels import kernel_hash as current_kernel_hash
+from verify_tuner.kernels.limits import DeviceLimits
 from verify_tuner.store import lookup, plans, repo
 
 
@@ -30,62 +31,76 @@ def dump(
     written = []
     for name, H, q_len, dtype in sorted(wanted):
         limits = lookup.resolve_device(session=session, name=name, default=None)
-        answers = lookup.table(
-            session=session,
-            limits=limits,
-            H=H,
-            q_len=q_len,
-            dtype=dtype,
-            kernel_hash=khash,
-            batch_buckets=[b.index for b in batches.ALL],
-        )
-        by_key = {
-            (r.key.batch_bucket, r.key.bucket): r
-            for r in rows
-            if (r.key.device, r.key.H, r.key.q_len, r.key.dtype) == (limits.name, H, q_len, dtype)
-        }
-        table: dict[str, list[dict[str, Any]]] = {}
-        for a in answers:
-            entry: dict[str, Any] = {
-                "prefix_lo": a.bucket.lo,
-                "prefix_hi": a.bucket.hi,
-                **a.config.as_params(),
-                "source": a.source,
-            }
-            row = by_key.get((a.batch_bucket.index, a.bucket.index)) if a.source == "tuned" else None
-            if row is not None:
-                entry.update(
-                    {
-                        "median_us": row.median_us,
-                        "p10_us": row.p10_us,
-                        "p90_us": row.p90_us,
-                        "default_us": row.default_us,
-                        "tuned_at": row.tuned_at.isoformat() if row.tuned_at else None,
-                    }
-                )
-            table.setdefault(str(a.batch_bucket.hi), []).append(entry)
-        doc = {
-            "format": FORMAT,
-            "kernel": KERNEL_NAME,
-            "kernel_version": KERNEL_VERSION,
-            "kernel_hash": khash,
-            "device_name": limits.name,
-            "dtype": dtype,
-            "H": H,
-            "q_len": q_len,
-            "batch_buckets": {str(b.hi): [b.lo, b.hi] for b in batches.ALL},
-            "configs": table,
-            # additive: readers of the format that predate plans ignore the key
-            "graph_plans": {
-                str(batches.by_index(i).hi): plans.plan_doc(p)
-                for i, p in sorted(
-                    lookup.graph_plans(
-                        session=session, limits=limits, H=H, q_len=q_len, dtype=dtype, kernel_hash=khash
-                    ).items()
-                )
-            },
-        }
+        doc = _file_doc(session=session, limits=limits, rows=rows, H=H, q_len=q_len, dtype=dtype, khash=khash)
         path = out_dir / file_name(H=H, q_len=q_len, device=limits.name, dtype=dtype)
         write_atomic(path, doc)
         written.append(path)
     return written
+
+
+def _file_doc(
+    *, session: Any, limits: DeviceLimits, rows: list[repo.BestRow], H: int, q_len: int, dtype: str, khash: str
+) -> dict[str, Any]:
+    """One engine file: the table of (H, q_len, dtype) on this device as the sidecar answers it."""
+    answers = lookup.table(
+        session=session,
+        limits=limits,
+        H=H,
+        q_len=q_len,
+        dtype=dtype,
+        kernel_hash=khash,
+        batch_buckets=[b.index for b in batches.ALL],
+    )
+    by_key = {
+        (r.key.batch_bucket, r.key.bucket): r
+        for r in rows
+        if (r.key.device, r.key.H, r.key.q_len, r.key.dtype) == (limits.name, H, q_len, dtype)
+    }
+    return {
+        "format": FORMAT,
+        "kernel": KERNEL_NAME,
+        "kernel_version": KERNEL_VERSION,
+        "kernel_hash": khash,
+        "device_name": limits.name,
+        "dtype": dtype,
+        "H": H,
+        "q_len": q_len,
+        "batch_buckets": {str(b.hi): [b.lo, b.hi] for b in batches.ALL},
+        "configs": _configs(answers, by_key),
+        # additive: readers of the format that predate plans ignore the key
+        "graph_plans": {
+            str(batches.by_index(i).hi): plans.plan_doc(p)
+            for i, p in sorted(
+                lookup.graph_plans(
+                    session=session, limits=limits, H=H, q_len=q_len, dtype=dtype, kernel_hash=khash
+                ).items()
+            )
+        },
+    }
+
+
+def _configs(
+    answers: list[lookup.Answer], by_key: dict[tuple[int, int], repo.BestRow]
+) -> dict[str, list[dict[str, Any]]]:
+    """Each batch bucket's entries, one a prefix bucket; a tuned one with its stored times."""
+    table: dict[str, list[dict[str, Any]]] = {}
+    for a in answers:
+        entry: dict[str, Any] = {
+            "prefix_lo": a.bucket.lo,
+            "prefix_hi": a.bucket.hi,
+            **a.config.as_params(),
+            "source": a.source,
+        }
+        row = by_key.get((a.batch_bucket.index, a.bucket.index)) if a.source == "tuned" else None
+        if row is not None:
+            entry.update(
+                {
+                    "median_us": row.median_us,
+                    "p10_us": row.p10_us,
+                    "p90_us": row.p90_us,
+                    "default_us": row.default_us,
+                    "tuned_at": row.tuned_at.isoformat() if row.tuned_at else None,
+                }
+            )
+        table.setdefault(str(a.batch_bucket.hi), []).append(entry)
+    return table

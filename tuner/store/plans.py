@@ -174,37 +174,39 @@ class VerificationRow:
     verified_at: dt.datetime | None = None
 
 
+#: What a verification's table row and its VerificationRow hold under the same name.
+_VERIFICATION_FIELDS = (
+    "stored_us",
+    "measured_us",
+    "measured_p10_us",
+    "measured_p90_us",
+    "heuristic_us",
+    "heuristic_p10_us",
+    "heuristic_p90_us",
+    "noise",
+    "verdict",
+    "reason",
+    "measured_by",
+)
+
+
+def _verification_fields(v: VerificationRow | Verification) -> dict[str, Any]:
+    return {name: getattr(v, name) for name in _VERIFICATION_FIELDS}
+
+
 def record_verification(*, session: Session, v: VerificationRow) -> bool:
     """Keep `v` in the history and mark the stored best with its verdict, unless the row no longer
     holds the config verified (re-tuned meanwhile: that row was not verified). True: marked."""
     repo._bump_version(session)
     device_id, kernel_id = _ids(session, v.key.device, v.key.kernel_hash)
     at = v.verified_at or utcnow()
-    key = {
-        "device_id": device_id,
-        "kernel_id": kernel_id,
-        "dtype": v.key.dtype,
-        "H": v.key.H,
-        "q_len": v.key.q_len,
-        "bucket": v.key.bucket,
-        "batch_bucket": v.key.batch_bucket,
-    }
+    key = repo._key_columns(device_id, kernel_id, v.key)
     session.add(
         Verification(
             **key,
             params=v.config.as_params(),
-            stored_us=v.stored_us,
-            measured_us=v.measured_us,
-            measured_p10_us=v.measured_p10_us,
-            measured_p90_us=v.measured_p90_us,
             heuristic_params=v.heuristic.as_params(),
-            heuristic_us=v.heuristic_us,
-            heuristic_p10_us=v.heuristic_p10_us,
-            heuristic_p90_us=v.heuristic_p90_us,
-            noise=v.noise,
-            verdict=v.verdict,
-            reason=v.reason,
-            measured_by=v.measured_by,
+            **_verification_fields(v),
             verified_at=at,
         )
     )
@@ -235,18 +237,8 @@ def list_verifications(*, session: Session, device: str | None = None) -> list[V
             VerificationRow(
                 key=ConfigKey(dev, khash, v.dtype, v.H, v.q_len, v.bucket, v.batch_bucket),
                 config=KernelConfig.from_params(v.params),
-                stored_us=v.stored_us,
-                measured_us=v.measured_us,
-                measured_p10_us=v.measured_p10_us,
-                measured_p90_us=v.measured_p90_us,
                 heuristic=KernelConfig.from_params(v.heuristic_params),
-                heuristic_us=v.heuristic_us,
-                heuristic_p10_us=v.heuristic_p10_us,
-                heuristic_p90_us=v.heuristic_p90_us,
-                noise=v.noise,
-                verdict=v.verdict,
-                reason=v.reason,
-                measured_by=v.measured_by,
+                **_verification_fields(v),
                 verified_at=v.verified_at,
             )
         )

@@ -261,17 +261,22 @@ def upsert_best(
     _upsert(
         session,
         BestConfig,
-        key_cols={
-            "device_id": device.id,
-            "kernel_id": kernel.id,
-            "dtype": key.dtype,
-            "H": key.H,
-            "q_len": key.q_len,
-            "bucket": key.bucket,
-            "batch_bucket": key.batch_bucket,
-        },
+        key_cols=_key_columns(device.id, kernel.id, key),
         values=values,
     )
+
+
+def _key_columns(device_id: int, kernel_id: int, key: ConfigKey) -> dict[str, Any]:
+    """The columns a workload key fills in a table keyed by it (best configs, verifications)."""
+    return {
+        "device_id": device_id,
+        "kernel_id": kernel_id,
+        "dtype": key.dtype,
+        "H": key.H,
+        "q_len": key.q_len,
+        "bucket": key.bucket,
+        "batch_bucket": key.batch_bucket,
+    }
 
 
 def delete_best(

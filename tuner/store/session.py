@@ -55,6 +55,17 @@ def make_engine(
         path = Path(parsed.database).expanduser().resolve()
         url = f"sqlite:///file:{quote(str(path))}?mode={'ro' if read_only else 'rw'}&uri=true"
     engine = create_engine(url, connect_args={"timeout": busy_timeout_ms / 1000}, **pool)
+    _sqlite_listeners(
+        engine, immediate=immediate, busy_timeout_ms=busy_timeout_ms, read_only=read_only, foreign_keys=foreign_keys
+    )
+    return engine
+
+
+def _sqlite_listeners(
+    engine: Engine, *, immediate: bool, busy_timeout_ms: int, read_only: bool, foreign_keys: bool
+) -> None:
+    """Each new SQLite connection's pragmas (WAL unless read-only, the busy timeout, foreign keys)
+    and its BEGIN (IMMEDIATE for writers)."""
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
@@ -71,8 +82,6 @@ def make_engine(
         # IMMEDIATE takes the write lock at BEGIN: concurrent writers wait on the busy timeout
         # instead of failing with "database is locked" when a read lock cannot be upgraded.
         conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
-
-    return engine
 
 
 def _postgres_timeouts(timeout_s: float | None, pooled: bool) -> dict[str, Any]:
