@@ -4,6 +4,9 @@ search (run_study with its TPE settings, warm start and dedupe) against the meas
 the CPU: the objective answers each config with its measured median from the sweep.
 
     python bench/tpe_efficiency.py bench/results/sweep_H8_q9_p46000_sm_90.json --seeds 20
+
+A sampled sweep (bench/sweep_grid.py --sample N) is replayed with the search limited to the
+sampled configs (StudyOptions.candidates), so every measurement the replay counts is a recorded one.
 """
 
 from __future__ import annotations
@@ -90,11 +93,19 @@ def main() -> None:
         migrate.upgrade(url)
         rb = Replay(limits, table)
         # the search may only propose what the sweep measured (a sweep of an older, smaller space)
+        # a sampled sweep: TPE's proposals outside the sample are refused, its nearest recorded config tried
+        listed = frozenset(table) if sweep.get("sampled") else None
         run_study(
             backend=rb,
             sessions=session_factory(make_engine(url)),
-            options=StudyOptions(storage_url=url, seed=seed, tpe=tpe),
-            workload=Workload(sweep["H"], sweep["q_len"], sweep["prefix"]),
+            options=StudyOptions(storage_url=url, seed=seed, tpe=tpe, candidates=listed),
+            workload=Workload(
+                sweep["H"],
+                sweep["q_len"],
+                sweep["prefix"],
+                batch=sweep.get("batch", 1),
+                spread=sweep.get("spread", "uniform"),
+            ),
             n_trials=args.budget,
             restrict={p: sorted({c.as_params()[p] for c in table}) for p in PARAM_NAMES},
         )

@@ -352,3 +352,27 @@ def test_a_study_storage_of_its_own_is_in_wal_mode(tmp_path):
     with storage.engine.connect() as c:
         assert c.execute(text("PRAGMA journal_mode")).scalar() == "wal"
         assert c.execute(text("PRAGMA synchronous")).scalar() == 1
+
+
+def test_a_search_over_candidates_measures_only_those(sessions, db_url):
+    # a sampled sweep's replay (bench/tpe_efficiency.py) or an operator's short list: TPE's other
+    # proposals are refused as trials of their own, and the nearest listed config is tried instead
+    import random
+
+    valid = space.valid_configs(H200, H=8, q_len=9)
+    default = heuristic_config(H200, H=8, q_len=9, prefix=WL.prefix)
+    listed = frozenset(random.Random(0).sample(valid, 60)) | {default}
+    fb = FakeBackend()
+    out = run_study(
+        backend=fb,
+        sessions=sessions,
+        options=StudyOptions(storage_url=db_url, seed=0, candidates=listed),
+        workload=WL,
+        n_trials=20,
+    )
+    assert out.stored and out.best in listed
+    assert len(set(fb.measured)) >= 20 and set(fb.measured) <= listed
+    assert all(c in listed for batch in fb.remeasured for c in batch)
+    st = optuna.load_study(study_name=out.key.study_name, storage=db_url)
+    refused = [t.user_attrs.get("reason") for t in st.trials if t.user_attrs.get("state") == "invalid"]
+    assert "not among the candidates" in refused

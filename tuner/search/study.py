@@ -64,6 +64,9 @@ class StudyOptions:
     top_k: int = 3  # the search's fastest configs the winner phase re-times
     rounds: int = 4
     tpe: TpeSettings = field(default_factory=TpeSettings)
+    #: search only these configs (None: every valid one): a recorded sweep's sample replayed, or an
+    #: operator's short list; anything else TPE proposes is refused and its nearest listed config tried
+    candidates: frozenset[KernelConfig] | None = None
 
 
 def _sampler(options: StudyOptions) -> optuna.samplers.BaseSampler:
@@ -197,6 +200,8 @@ def _key_search(
     default: KernelConfig,
 ) -> KeySearch:
     valid = space.valid_configs(limits, H=key.H, q_len=key.q_len, restrict=restrict)
+    if options.candidates is not None:
+        valid = [c for c in valid if c in options.candidates]
     return KeySearch(
         key=key,
         workload=workload,
@@ -230,7 +235,7 @@ def _search(
         search=search,
         ledger=ledger,
         log=TrialLog(sessions, search.study_id),
-        reject=lambda params: refusal(params, backend.limits, search.key),
+        reject=lambda params: _refusal(params, backend.limits, search.key, options.candidates),
         warm=[] if grid else unseen(study, warm, search.choices),
         n_startup=options.tpe.n_startup,
         grid=grid,
@@ -240,6 +245,15 @@ def _search(
         Loop(
             study=study, search=search, proposer=proposer, pipeline=pipeline, heartbeat=beat, on_progress=on_progress
         ).run()
+
+
+def _refusal(
+    params: dict[str, int], limits: DeviceLimits, key: ConfigKey, candidates: frozenset[KernelConfig] | None
+) -> str | None:
+    why = refusal(params, limits, key)
+    if why is None and candidates is not None and KernelConfig.from_params(params) not in candidates:
+        return "not among the candidates"
+    return why
 
 
 def _counts(sessions: sessionmaker[Session], study_id: int, pick: bool) -> dict[str, int]:
