@@ -50,6 +50,9 @@ def main() -> None:
     ap.add_argument("--date", required=True)
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
     ap.add_argument("--database-url", default=None, help="The table's database: its `configs verify` verdicts.")
+    ap.add_argument(
+        "--studies", type=Path, default=None, help="The table's Optuna study files: configs measured at every bucket."
+    )
     args = ap.parse_args()
     plans = json.loads(args.plans_json.read_text())
     walls = walltimes(args.walltimes)
@@ -104,9 +107,77 @@ def main() -> None:
             c = p["buckets"][i]
             cells.append(f"{c['us']:.1f} / {c['best_us']:.1f} = {c['regret']:.3f}")
         lines.append(f"| {b['prefix']} | " + " | ".join(cells) + " |")
+    if args.studies:
+        doc["measured_everywhere"] = everywhere = measured_everywhere(args.studies)
+        lines += ["", *everywhere_lines(everywhere)]
+        stem.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     plot(plans, stem.with_suffix(".png"), f"{args.device}, {args.date}")
     print(f"wrote {stem}.{{json,md,png}}")
+
+
+def measured_everywhere(studies: Path) -> dict[str, list[dict]]:
+    """Per batch bucket, the configs the study measured at every prefix bucket (warm starts carry
+    each bucket's best to the others), ranked by their mean time, with their regret against the
+    fastest measured at each bucket: is there a config, plan finalist or not, good at both ends?"""
+    import math
+    import sqlite3
+
+    times: dict[tuple[int, tuple], dict[int, float]] = {}
+    for f in sorted(studies.glob("*.db")):
+        m = re.search(r"_b(\d+)(?:_B(\d+))?-", f.name)
+        if m is None:
+            continue
+        bucket, bb = int(m[1]), int(m[2] or 0)
+        with sqlite3.connect(f) as c:
+            params: dict[int, dict[str, int]] = {}
+            for tid, name, value, dist in c.execute(
+                "select trial_id, param_name, param_value, distribution_json from trial_params"
+            ):
+                params.setdefault(tid, {})[name] = json.loads(dist)["attributes"]["choices"][int(value)]
+            for tid, us in c.execute(
+                "select t.trial_id, v.value from trials t join trial_values v on v.trial_id = t.trial_id "
+                "where t.state = 'COMPLETE'"
+            ):
+                times.setdefault((bb, tuple(sorted(params[tid].items()))), {}).setdefault(bucket, us)
+    out: dict[str, list[dict]] = {}
+    for bb in sorted({bb for bb, _ in times}):
+        per = {cfg: t for (b, cfg), t in times.items() if b == bb}
+        all_buckets = sorted({k for t in per.values() for k in t})
+        best = {k: min(t[k] for t in per.values() if k in t) for k in all_buckets}
+        rows = []
+        for cfg, t in per.items():
+            if len(t) == len(all_buckets):
+                regret = [t[k] / best[k] for k in all_buckets]
+                rows.append(
+                    {
+                        "config": " ".join(f"{k}={v}" for k, v in sorted(cfg, key=lambda kv: PARAMS.index(kv[0]))),
+                        "mean_us": sum(t.values()) / len(t),
+                        "regret_geomean": math.exp(sum(map(math.log, regret)) / len(regret)),
+                        "regret_worst": max(regret),
+                    }
+                )
+        out[str(bb)] = sorted(rows, key=lambda r: r["mean_us"])
+    return out
+
+
+def everywhere_lines(everywhere: dict[str, list[dict]]) -> list[str]:
+    lines = [
+        (
+            "Configs the study measured at every prefix bucket (warm starts carry each bucket's best to the others), "
+            "the four fastest on average per batch bucket, regret against the fastest measured at each bucket:"
+        ),
+        "",
+        "| batch bucket | configs measured everywhere | config | mean µs | regret geomean | worst |",
+        "|---|---|---|---|---|---|",
+    ]
+    for bb, rows in everywhere.items():
+        for r in rows[:4]:
+            lines.append(
+                f"| {bb} | {len(rows)} | {r['config']} | {r['mean_us']:.1f} | {r['regret_geomean']:.3f} | "
+                f"{r['regret_worst']:.3f} |"
+            )
+    return lines
 
 
 def plot(plans: list[dict], path: Path, title: str) -> None:
