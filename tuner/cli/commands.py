@@ -181,12 +181,12 @@ def device() -> None:
 def device_record(settings: Settings, ordinal: int) -> None:
     """Read the local GPU's limits (needs CUDA) and store them."""
     from verify_tuner.kernels.limits import read_device_limits
-    from verify_tuner.store import repo
+    from verify_tuner.store import devices
     from verify_tuner.store.session import session_scope
 
     limits = read_device_limits(ordinal)
     with session_scope(_checked_sessions(settings)) as s:
-        repo.upsert_device(session=s, limits=limits)
+        devices.upsert_device(session=s, limits=limits)
     click.echo(f"recorded {limits.name} ({limits.arch}, {limits.sm_count} SMs, {limits.max_smem_optin} B smem)")
 
 
@@ -198,12 +198,12 @@ def device_list(settings: Settings, as_json: bool) -> None:
     """List recorded devices."""
     from dataclasses import asdict
 
-    from verify_tuner.store import repo
+    from verify_tuner.store import devices
     from verify_tuner.store.session import session_scope
 
     with session_scope(_checked_sessions(settings)) as s:
-        devices = repo.list_devices(session=s)
-        limits = [asdict(repo.device_limits(d)) for d in devices]
+        recorded = devices.list_devices(session=s)
+        limits = [asdict(devices.device_limits(d)) for d in recorded]
     if as_json:
         click.echo(json.dumps(limits, indent=1, allow_nan=False))
         return
