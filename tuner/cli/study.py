@@ -1,4 +1,4 @@
-"""`tuner study start` and `tuner study report`."""
+"""`tuner study start` and `tuner study report` (`study graph-plan` is in verify_tuner.cli.plans)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 from verify_tuner.buckets import MAX_PREFIX
+from verify_tuner.cli.exits import clean_exit
 from verify_tuner.settings import Settings
 
 
@@ -253,9 +254,13 @@ def _report(settings: Settings, out_dir: Path, device: str | None) -> None:
         click.echo(f"wrote {path}")
 
 
-def register(study: click.Group, clean: Callable[..., Any]) -> None:
-    study.command("start")(_with_options(START_OPTS, click.pass_obj(clean(_start))))
-    study.command("report")(_with_options(REPORT_OPTS, click.pass_obj(clean(_report))))
+@click.group()
+def study() -> None:
+    """Optuna studies that tune the kernel on the local GPU."""
+
+
+study.command("start")(_with_options(START_OPTS, click.pass_obj(clean_exit(_start))))
+study.command("report")(_with_options(REPORT_OPTS, click.pass_obj(clean_exit(_report))))
 
 
 def _job(
