@@ -7,7 +7,7 @@ answer to a lookup with its heuristic fallback (lookup), the one schema of an im
 row (row_schema), import and export (configs_io), the engine config files written from it
 (engine_dump), a read-only snapshot (snapshot) and the tuning report (report). Alembic's
 revisions live in `verify_tuner.migrations` (migrations/), which is this stage's too: its env.py
-imports the tables, and migrate points Alembic at it. May import: `verify_tuner.kernels`, `verify_tuner.migrations` and the namespace
-root's shared modules (`verify_tuner`); nothing of the search, the measuring, the jobs, the API or
-the CLI, which all sit above it.
+imports the tables, and migrate points Alembic at it. May import: `verify_tuner.kernels`,
+`verify_tuner.migrations` and the namespace root's shared modules (`verify_tuner`); nothing of the
+search, the measuring, the jobs, the API or the CLI, which all sit above it.
 """
