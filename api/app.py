@@ -1,5 +1,5 @@
 """App factory. Data flow: kernels -> tuner -> database -> here; this layer only reads the
-database through verify_tuner.store.lookup / verify_tuner.store.repo and speaks HTTP."""
+database through verify_tuner.store.lookup and the store's query modules and speaks HTTP."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Lookups behind the routes, with a cache that keeps serving the last good table when the
 database fails (with the reason in a header). A background check reads a stamp that every write
-changes (repo.data_stamp) and the request path compares against the last stamp it read: no
+changes (data_version.data_stamp) and the request path compares against the last stamp it read: no
 request waits on the database unless its table is missing or the data changed."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from verify_tuner.api.schemas import ConfigEntryOut, GraphPlanOut
 from verify_tuner.errors import StorageError
 from verify_tuner.kernels import kernel_hash as current_kernel_hash
 from verify_tuner.kernels.limits import DeviceLimits
-from verify_tuner.store import lookup, plans, repo
+from verify_tuner.store import best_configs, data_version, lookup, plans
 from verify_tuner.store.session import session_scope
 
 
@@ -99,7 +99,7 @@ class TableCache:
         """The background check: read the stamp (True), or record why it could not be read."""
         try:
             with session_scope(sessions) as session:
-                stamp = repo.data_stamp(session=session)
+                stamp = data_version.data_stamp(session=session)
         except (SQLAlchemyError, StorageError) as exc:
             with self._lock:
                 self._stamp, self._failure = None, str(exc).splitlines()[0][:300]
@@ -168,7 +168,7 @@ class TableCache:
     ) -> Table:
         try:
             with session_scope(sessions) as session:
-                stamp = repo.data_stamp(session=session)
+                stamp = data_version.data_stamp(session=session)
                 with self._lock:
                     hit = self._tables.get(key)
                 if hit is not None and hit.stamp == stamp:
@@ -223,7 +223,7 @@ class TableCache:
         has one (the heuristic fills what is not tuned), another only where configs were stored."""
         if kernel_hash == self.own_kernel:
             return None
-        held = repo.kernels_with_best(session=session, device=device)
+        held = best_configs.kernels_with_best(session=session, device=device)
         if kernel_hash in held:
             return None
         others = [k for k in held if k != self.own_kernel]

@@ -80,7 +80,7 @@ class Emulated:
 def _run(mode: str, procs: int, trials: int, prefix_range: str, root: Path) -> dict:
     import optuna
     from sqlalchemy import create_engine, text
-    from verify_tuner.cli.study import _job
+    from verify_tuner.cli.study_options import tune_job
     from verify_tuner.jobs.runner import tune_on_device, tune_on_devices
     from verify_tuner.search.study_storage import prepare_study_storage
     from verify_tuner.settings import Settings
@@ -92,7 +92,7 @@ def _run(mode: str, procs: int, trials: int, prefix_range: str, root: Path) -> d
     cache.mkdir()
     os.environ["EMU_CACHE_DIR"] = str(cache)
     migrate.upgrade(url)
-    job = _job(
+    job = tune_job(
         8,
         9,
         (),

@@ -20,7 +20,7 @@ from verify_tuner.heuristic import heuristic_config
 from verify_tuner.kernels import kernel_hash
 from verify_tuner.keys import ConfigKey
 from verify_tuner.settings import Settings
-from verify_tuner.store import migrate, plans, repo
+from verify_tuner.store import best_configs, devices, migrate, plans
 from verify_tuner.store.session import make_engine, session_factory, session_scope
 
 from tests.fakes import H200, FakeBackend
@@ -50,11 +50,11 @@ def db(tmp_path):  # type: ignore[no-untyped-def]
     engine = make_engine(url)
     sessions = session_factory(engine)
     with session_scope(sessions) as s:
-        repo.upsert_device(session=s, limits=H200)
+        devices.upsert_device(session=s, limits=H200)
         for bb in (0, 3, 5):  # B=1, 5-8, 17-32: each prefix bucket's winner as the study stored it
             for b in RANGE:
                 key = ConfigKey(H200.name, kernel_hash(), "bf16", 8, 9, b.index, bb)
-                repo.upsert_best(session=s, key=key, config=SHORT if b.mid < 16384 else LONG, median_us=10.0)
+                best_configs.upsert_best(session=s, key=key, config=SHORT if b.mid < 16384 else LONG, median_us=10.0)
     yield url, sessions
     engine.dispose()
 
@@ -188,7 +188,7 @@ def test_verify_marks_a_row_that_stopped_winning_and_the_sidecar_stops_serving_i
         n_stale = sum(v["verdict"] == "stale" for v in verdicts.values())
         assert f"tuner_stale_rows {float(n_stale)}" in metrics
         with session_scope(sessions) as s:  # a re-tune stores the key again
-            repo.upsert_best(session=s, key=slow_key, config=LONG, median_us=30.0)
+            best_configs.upsert_best(session=s, key=slow_key, config=LONG, median_us=30.0)
         time.sleep(0.3)
         assert c.get("/config", params={"H": 8, "q_len": 9, "prefix": 46000}).json()["source"] == "tuned"
     with session_scope(sessions) as s:

@@ -13,7 +13,7 @@ from verify_tuner.api.deps import DEVICE_PATTERN, Digits, SettingsDep, StrictQue
 from verify_tuner.api.file_watch import FileState
 from verify_tuner.api.schemas import DeleteOut, ImportOut
 from verify_tuner.errors import StorageError
-from verify_tuner.store import configs_io, lookup, repo
+from verify_tuner.store import best_configs, configs_io, lookup
 from verify_tuner.store.session import session_scope
 
 router = APIRouter(tags=["admin"], dependencies=[WriteAuth, StrictQuery])
@@ -71,6 +71,6 @@ def _delete(request: Request, sessions: sessionmaker[Session], device: str, **ke
     _check_file(request)
     with session_scope(sessions) as session:
         name = lookup.resolve_device(session=session, name=device, default=None).name  # h200 -> NVIDIA H200
-        n = repo.delete_best(session=session, device=name, **key)
+        n = best_configs.delete_best(session=session, device=name, **key)
     request.app.state.tables.clear()
     return DeleteOut(deleted=n)

@@ -91,16 +91,16 @@ WRITER = """
 import sys
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.limits import known_device
-from verify_tuner.store import repo
+from verify_tuner.store import best_configs, devices
 from verify_tuner.store.session import make_engine, session_factory, session_scope
 from verify_tuner.keys import ConfigKey
 sessions = session_factory(make_engine(sys.argv[1]))
 h = known_device("h200")
 with session_scope(sessions) as s:
-    repo.upsert_device(session=s, limits=h)
+    devices.upsert_device(session=s, limits=h)
 for i in range(100000):
     with session_scope(sessions) as s:
-        repo.upsert_best(session=s, key=ConfigKey(h.name, "k" * 16, "bf16", 1 + i // 26, 1, i % 26),
+        best_configs.upsert_best(session=s, key=ConfigKey(h.name, "k" * 16, "bf16", 1 + i // 26, 1, i % 26),
                          config=KernelConfig(8, 1, 32, 256), median_us=float(i + 1))
     print(i, flush=True)
 """

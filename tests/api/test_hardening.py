@@ -15,7 +15,7 @@ from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.limits import known_device
 from verify_tuner.keys import ConfigKey
 from verify_tuner.settings import Settings
-from verify_tuner.store import migrate, repo
+from verify_tuner.store import best_configs, devices, migrate
 from verify_tuner.store.session import make_engine, session_factory, session_scope
 
 H200 = known_device("h200")
@@ -47,10 +47,10 @@ def _write_elsewhere(db_url: str, *, H: int, prefix: int, nsplit: int, tuned_at:
     """A write by another process (a tuner), not through this sidecar's API."""
     engine = make_engine(db_url)
     with session_scope(session_factory(engine)) as s:
-        if repo.get_device(session=s, name=H200.name) is None:  # as an import does: record it once
-            repo.upsert_device(session=s, limits=H200)
+        if devices.get_device(session=s, name=H200.name) is None:  # as an import does: record it once
+            devices.upsert_device(session=s, limits=H200)
         key = ConfigKey(H200.name, kernel_hash(), "bf16", H, 9, bucket_of(prefix).index)
-        repo.upsert_best(
+        best_configs.upsert_best(
             session=s,
             key=key,
             config=KernelConfig(nsplit=nsplit, ht=8, tk=32, block=256),

@@ -106,7 +106,7 @@ def test_a_measurer_that_cannot_start_is_reported():
 def test_study_goes_on_past_crashes_and_hangs(sessions, db_url):
     """A study whose search space includes crashing and hanging configs still finishes and stores."""
     from verify_tuner.search.study import StudyOptions, run_study
-    from verify_tuner.store import repo
+    from verify_tuner.store import studies
     from verify_tuner.store.session import session_scope
 
     b = IsolatedBackend(measurer="tests.fakes:MisbehavingMeasurer", timeout_s=3)
@@ -133,7 +133,7 @@ def test_study_goes_on_past_crashes_and_hangs(sessions, db_url):
     finally:
         b.close()
     with session_scope(sessions) as s:
-        states = sorted(t.state for t in repo.list_trials(session=s, study_id=out.study_id))
+        states = sorted(t.state for t in studies.list_trials(session=s, study_id=out.study_id))
     assert "crashed" in states and "timeout" in states and "ok" in states
     assert out.stored and out.best.nsplit == 64
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import multiprocessing as mp
 
 from verify_tuner.kernels.config import KernelConfig
-from verify_tuner.store import repo
+from verify_tuner.store import best_configs
 from verify_tuner.store.session import session_scope
 
 from tests.store.concurrent_writer import write_many
@@ -17,7 +17,7 @@ def test_four_processes_upsert_without_loss_or_lock_errors(db_url, sessions):
         done = pool.starmap(write_many, [(db_url, w, N) for w in range(WRITERS)])  # re-raises a child's error
     assert done == [N] * WRITERS
     with session_scope(sessions) as s:
-        rows = repo.list_best(session=s)
+        rows = best_configs.list_best(session=s)
     own = [r for r in rows if r.key.H == 8]
     assert len(own) == WRITERS * 26  # every (writer, bucket) key present
     for r in own:  # and it holds the last value its writer wrote for that bucket

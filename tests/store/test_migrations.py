@@ -83,7 +83,7 @@ def test_0001_database_holding_rows_upgrades_and_back_keeping_them(db_url):
     from sqlalchemy import text
     from verify_tuner.kernels.config import KernelConfig
     from verify_tuner.keys import ConfigKey
-    from verify_tuner.store import repo
+    from verify_tuner.store import best_configs, data_version
     from verify_tuner.store.session import session_factory, session_scope
 
     migrate.upgrade(db_url, "0001")
@@ -100,16 +100,16 @@ def test_0001_database_holding_rows_upgrades_and_back_keeping_them(db_url):
     migrate.upgrade(db_url)
     sessions = session_factory(engine)
     with session_scope(sessions) as s:
-        assert [r.config.nsplit for r in repo.list_best(session=s)] == [64]
-        before = repo.data_stamp(session=s)
-        repo.upsert_best(
+        assert [r.config.nsplit for r in best_configs.list_best(session=s)] == [64]
+        before = data_version.data_stamp(session=s)
+        best_configs.upsert_best(
             session=s,
             key=ConfigKey("NVIDIA H200", "abc", "bf16", 8, 9, 16),
             config=KernelConfig(nsplit=32, ht=8, tk=32, block=256),
             median_us=1.0,
         )
     with session_scope(sessions) as s:
-        assert repo.data_stamp(session=s)[0] == before[0] + 1
+        assert data_version.data_stamp(session=s)[0] == before[0] + 1
     migrate.downgrade(db_url, "0001")
     with engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM best_configs")).scalar_one() == 2
@@ -124,7 +124,7 @@ def test_0002_database_with_rows_gains_batch_buckets_and_loses_nothing(db_url):
     from sqlalchemy import text
     from verify_tuner.kernels.config import KernelConfig
     from verify_tuner.keys import ConfigKey
-    from verify_tuner.store import repo
+    from verify_tuner.store import best_configs, studies
     from verify_tuner.store.session import session_factory, session_scope
 
     migrate.upgrade(db_url, "0002")
@@ -157,25 +157,25 @@ def test_0002_database_with_rows_gains_batch_buckets_and_loses_nothing(db_url):
     sessions = session_factory(engine)
     key1 = ConfigKey("NVIDIA H200", "abc", "bf16", 8, 9, 16)
     with session_scope(sessions) as s:
-        rows = repo.list_best(session=s)
+        rows = best_configs.list_best(session=s)
         assert sorted((r.key.bucket, r.key.batch_bucket, r.config.nsplit) for r in rows) == [
             (9, 0, 33),
             (15, 0, 64),
             (16, 0, 132),
         ]
-        assert repo.get_best(session=s, key=key1).config.nsplit == 132
-        study = repo.get_or_create_study(session=s, key=key1, prefix=46000, sampler="tpe", seed=None)
+        assert best_configs.get_best(session=s, key=key1).config.nsplit == 132
+        study = studies.get_or_create_study(session=s, key=key1, prefix=46000, sampler="tpe", seed=None)
         assert (study.n_trials, study.batch_bucket) == (40, 0)  # the old study resumes, not a new one
-        assert len(repo.list_trials(session=s, study_id=study.id)) == 1
-        repo.upsert_best(
+        assert len(studies.list_trials(session=s, study_id=study.id)) == 1
+        best_configs.upsert_best(
             session=s,
             key=ConfigKey(**{**key1.__dict__, "batch_bucket": 5}),
             config=KernelConfig(nsplit=4, ht=8, tk=32, block=256),
             median_us=90.0,
         )
     with session_scope(sessions) as s:
-        assert repo.get_best(session=s, key=key1).config.nsplit == 132
-        assert len(repo.list_best(session=s)) == 4
+        assert best_configs.get_best(session=s, key=key1).config.nsplit == 132
+        assert len(best_configs.list_best(session=s)) == 4
     migrate.downgrade(db_url, "0002")
     with engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM best_configs")).scalar_one() == 3
@@ -183,7 +183,7 @@ def test_0002_database_with_rows_gains_batch_buckets_and_loses_nothing(db_url):
         assert "batch_bucket" not in {c["name"] for c in inspect(conn).get_columns("best_configs")}
     migrate.upgrade(db_url)
     with session_scope(sessions) as s:
-        assert len(repo.list_best(session=s)) == 3
+        assert len(best_configs.list_best(session=s)) == 3
     engine.dispose()
 
 

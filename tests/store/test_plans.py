@@ -10,7 +10,7 @@ from verify_tuner.errors import StorageError
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.limits import known_device
 from verify_tuner.keys import ConfigKey
-from verify_tuner.store import plans, repo
+from verify_tuner.store import best_configs, data_version, devices, plans
 from verify_tuner.store.session import session_scope
 
 H200 = known_device("h200")
@@ -39,16 +39,16 @@ PLAN = plans.PlanRow(
 
 def _record(sessions) -> None:  # type: ignore[no-untyped-def]
     with session_scope(sessions) as s:
-        repo.upsert_device(session=s, limits=H200)
+        devices.upsert_device(session=s, limits=H200)
 
 
 def test_a_plan_round_trips_and_a_remeasurement_replaces_it(sessions):
     _record(sessions)
     with session_scope(sessions) as s:
-        before = repo.data_stamp(session=s)
+        before = data_version.data_stamp(session=s)
         plans.upsert_plan(session=s, plan=PLAN)
     with session_scope(sessions) as s:
-        after = repo.data_stamp(session=s)
+        after = data_version.data_stamp(session=s)
         (got,) = plans.list_plans(session=s, device=H200.name)
     assert after.version == before.version + 1 and after.plans == 1
     assert got.config == CFG and got.regret_at(10) == pytest.approx(10 / 9) and got.regret_at(11) is None
@@ -100,18 +100,18 @@ def test_a_verdict_marks_the_row_keeps_history_and_a_retune_clears_it(sessions):
     _record(sessions)
     key = ConfigKey(H200.name, KH, "bf16", 8, 9, 15, 3)
     with session_scope(sessions) as s:
-        repo.upsert_best(session=s, key=key, config=CFG, median_us=20.0)
+        best_configs.upsert_best(session=s, key=key, config=CFG, median_us=20.0)
     with session_scope(sessions) as s:
         assert plans.record_verification(session=s, v=_verification(key, CFG, "stale"))
         assert not plans.record_verification(session=s, v=_verification(key, OTHER, "stale"))  # not the row's config
         assert not plans.record_verification(session=s, v=_verification(replace(key, bucket=16), CFG, "stale"))
     with session_scope(sessions) as s:
-        row = repo.get_best(session=s, key=key)
-        assert row.stale and row.verified_at is not None and repo.data_stamp(session=s).stale == 1
+        row = best_configs.get_best(session=s, key=key)
+        assert row.stale and row.verified_at is not None and data_version.data_stamp(session=s).stale == 1
         assert [v.verdict for v in plans.list_verifications(session=s)] == ["stale"] * 3
     with session_scope(sessions) as s:  # a re-tune stores the row again
-        repo.upsert_best(session=s, key=key, config=OTHER, median_us=18.0)
+        best_configs.upsert_best(session=s, key=key, config=OTHER, median_us=18.0)
     with session_scope(sessions) as s:
-        row = repo.get_best(session=s, key=key)
-        assert row.verdict is None and not row.stale and repo.data_stamp(session=s).stale == 0
+        row = best_configs.get_best(session=s, key=key)
+        assert row.verdict is None and not row.stale and data_version.data_stamp(session=s).stale == 0
         assert len(plans.list_verifications(session=s, device=H200.name)) == 3  # nothing deleted

@@ -9,7 +9,7 @@ from verify_tuner.errors import StorageError
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.limits import known_device
 from verify_tuner.keys import ConfigKey
-from verify_tuner.store import migrate, repo
+from verify_tuner.store import best_configs, devices, migrate
 from verify_tuner.store.session import make_engine, session_factory, session_scope
 from verify_tuner.store.snapshot import write_snapshot
 
@@ -20,9 +20,9 @@ def test_snapshot_copies_devices_and_best_configs(db_url, tmp_path):
     migrate.upgrade(db_url)
     sessions = session_factory(make_engine(db_url))
     with session_scope(sessions) as s:
-        repo.upsert_device(session=s, limits=H200)
+        devices.upsert_device(session=s, limits=H200)
         for bucket in (10, 15):
-            repo.upsert_best(
+            best_configs.upsert_best(
                 session=s,
                 key=ConfigKey(H200.name, "k" * 16, "bf16", 8, 9, bucket),
                 config=KernelConfig(132, 8, 32, 256),
@@ -53,9 +53,9 @@ def test_snapshot_leaves_stale_rows_out_and_carries_the_graph_plans(sqlite_url, 
     keys = [ConfigKey(H200.name, "k" * 16, "bf16", 8, 9, b) for b in (10, 15)]
     cfg = KernelConfig(132, 8, 32, 256)
     with session_scope(sessions) as s:
-        repo.upsert_device(session=s, limits=H200)
+        devices.upsert_device(session=s, limits=H200)
         for key in keys:
-            repo.upsert_best(session=s, key=key, config=cfg, median_us=70.0)
+            best_configs.upsert_best(session=s, key=key, config=cfg, median_us=70.0)
         plans.upsert_plan(session=s, plan=PLAN)
     with session_scope(sessions) as s:
         assert plans.record_verification(session=s, v=_verification(keys[1], cfg, "stale"))

@@ -15,7 +15,7 @@ from verify_tuner.measure.backend import Workload
 from verify_tuner.search.study import StudyOptions
 from verify_tuner.search.study_storage import open_storage, prepare_study_storage
 from verify_tuner.settings import Settings
-from verify_tuner.store import migrate, repo
+from verify_tuner.store import best_configs, devices, migrate, models, studies
 from verify_tuner.store.session import make_engine, session_factory, session_scope
 from verify_tuner.study_files import study_urls
 
@@ -68,8 +68,8 @@ def test_ten_keys_on_two_processes_are_shared_out_and_stored_once(db_url, tmp_pa
         assert len(measured) >= 8, name
         assert _dupes(measured) == 0, f"{name}: {_dupes(measured)} duplicated measurements"
     with session_scope(session_factory(make_engine(db_url))) as s:
-        assert len(repo.list_best(session=s)) == 10
-        assert all(st.owner is None and st.status == "finished" for st in s.query(repo.Study).all())
+        assert len(best_configs.list_best(session=s)) == 10
+        assert all(st.owner is None and st.status == "finished" for st in s.query(models.Study).all())
     # the same job again: every key is done, nothing is measured or stored again
     again = tune_on_devices(settings, _job(workloads, 8), [0, 1])
     assert sum(r.done_before for r in again) == 20 and not any(r.keys for r in again)
@@ -84,7 +84,7 @@ def test_one_key_on_two_processes_one_owns_the_other_helps(sqlite_url, tmp_path)
     (measured,) = _measured_by_study(settings).values()  # owner and helper wrote one study file
     assert len(measured) >= 20 and _dupes(measured) == 0
     with session_scope(session_factory(make_engine(sqlite_url))) as s:
-        assert len(repo.list_best(session=s)) == 1
+        assert len(best_configs.list_best(session=s)) == 1
 
 
 def test_a_claim_is_exclusive_until_its_owner_stops_beating(sessions):
@@ -95,20 +95,20 @@ def test_a_claim_is_exclusive_until_its_owner_stops_beating(sessions):
     key = ConfigKey(h200.name, "abc", "bf16", 8, 9, 15)
     now = dt.datetime.now(dt.UTC)
     with session_scope(sessions) as s:
-        repo.upsert_device(session=s, limits=h200)
-        sid = repo.get_or_create_study(session=s, key=key, prefix=46000, sampler="tpe", seed=None).id
-        assert repo.claim_study(session=s, study_id=sid, owner="hostA:1:gpu0", stale_before=now - dt.timedelta(60))
-        assert not repo.claim_study(
+        devices.upsert_device(session=s, limits=h200)
+        sid = studies.get_or_create_study(session=s, key=key, prefix=46000, sampler="tpe", seed=None).id
+        assert studies.claim_study(session=s, study_id=sid, owner="hostA:1:gpu0", stale_before=now - dt.timedelta(60))
+        assert not studies.claim_study(
             session=s, study_id=sid, owner="hostB:2:gpu0", stale_before=now - dt.timedelta(seconds=30)
         )
-        assert repo.beat_study(session=s, study_id=sid, owner="hostA:1:gpu0")
+        assert studies.beat_study(session=s, study_id=sid, owner="hostA:1:gpu0")
         # hostA dies: once its last beat is older than the stale limit, hostB takes the key over
-        assert repo.claim_study(
-            session=s, study_id=sid, owner="hostB:2:gpu0", stale_before=repo.utcnow() + dt.timedelta(seconds=1)
+        assert studies.claim_study(
+            session=s, study_id=sid, owner="hostB:2:gpu0", stale_before=models.utcnow() + dt.timedelta(seconds=1)
         )
-        assert not repo.beat_study(session=s, study_id=sid, owner="hostA:1:gpu0")  # A learns it lost it
-        repo.release_study(session=s, study_id=sid, owner="hostB:2:gpu0")
-        assert repo.find_study(session=s, key=key).owner is None
+        assert not studies.beat_study(session=s, study_id=sid, owner="hostA:1:gpu0")  # A learns it lost it
+        studies.release_study(session=s, study_id=sid, owner="hostB:2:gpu0")
+        assert studies.find_study(session=s, key=key).owner is None
 
 
 @pytest.mark.postgres
@@ -141,7 +141,7 @@ def test_two_hosts_share_a_job_through_postgresql(pg_url, tmp_path):
     owned = [k for o, _ in outs for k in json.loads(o.strip().splitlines()[-1])]
     assert len(owned) == len(set(owned)) == 6
     with session_scope(session_factory(make_engine(pg_url))) as s:
-        assert len(repo.list_best(session=s)) == 6
+        assert len(best_configs.list_best(session=s)) == 6
 
 
 def test_a_key_its_owner_finishes_between_scan_and_claim_is_not_tuned_again(db_url, monkeypatch):
@@ -157,24 +157,24 @@ def test_a_key_its_owner_finishes_between_scan_and_claim_is_not_tuned_again(db_u
     wl, limits = Workload(8, 9, 4096), known_device("h200")
     key = workload_key(limits, wl)
     with session_scope(sessions) as s:
-        repo.upsert_device(session=s, limits=limits)
+        devices.upsert_device(session=s, limits=limits)
     with session_scope(sessions) as s:  # the other owner is mid-search
-        row = repo.get_or_create_study(session=s, key=key, prefix=wl.prefix, sampler="tpe", seed=0, reopen=False)
+        row = studies.get_or_create_study(session=s, key=key, prefix=wl.prefix, sampler="tpe", seed=0, reopen=False)
         row.n_ok, sid = 8, row.id
     with session_scope(sessions) as s:
-        assert repo.claim_study(session=s, study_id=sid, owner="other", stale_before=repo.utcnow())
-    real_claim = repo.claim_study
+        assert studies.claim_study(session=s, study_id=sid, owner="other", stale_before=models.utcnow())
+    real_claim = studies.claim_study
 
     def claim_after_the_owner_finished(*, session, study_id, owner, stale_before):  # type: ignore[no-untyped-def]
         with session_scope(sessions) as s2:
-            repo.finish_study(session=s2, study_id=study_id)
-            repo.release_study(session=s2, study_id=study_id, owner="other")
+            studies.finish_study(session=s2, study_id=study_id)
+            studies.release_study(session=s2, study_id=study_id, owner="other")
         return real_claim(session=session, study_id=study_id, owner=owner, stale_before=stale_before)
 
-    monkeypatch.setattr(repo, "claim_study", claim_after_the_owner_finished)
+    monkeypatch.setattr(studies, "claim_study", claim_after_the_owner_finished)
     assert claims._claim(sessions, key, wl, "me", 8, StudyOptions(storage_url=db_url, seed=0)) == claims._DONE
     with session_scope(sessions) as s:
-        row = s.get(repo.Study, sid)
+        row = s.get(models.Study, sid)
         assert row.owner is None and row.status == "finished"
 
 
@@ -196,22 +196,22 @@ def test_an_idle_process_helps_only_a_key_with_more_places_left_than_twice_its_o
     sessions = session_factory(make_engine(sqlite_url))
     wl, limits, budget = Workload(8, 9, 4096), known_device("h200"), 8
     with session_scope(sessions) as s:
-        repo.upsert_device(session=s, limits=limits)
+        devices.upsert_device(session=s, limits=limits)
     with session_scope(sessions) as s:  # a live owner is mid-search
-        row = repo.get_or_create_study(
+        row = studies.get_or_create_study(
             session=s, key=workload_key(limits, wl), prefix=wl.prefix, sampler="tpe", seed=0, reopen=False
         )
         row.n_ok, sid = budget - left, row.id
     with session_scope(sessions) as s:
-        assert repo.claim_study(session=s, study_id=sid, owner="other", stale_before=repo.utcnow())
+        assert studies.claim_study(session=s, study_id=sid, owner="other", stale_before=models.utcnow())
     calls = []
 
     def owner_finishes() -> None:
         with session_scope(sessions) as s:
-            row = s.get(repo.Study, sid)
+            row = s.get(models.Study, sid)
             row.n_ok = budget
-            repo.finish_study(session=s, study_id=sid)
-            repo.release_study(session=s, study_id=sid, owner="other")
+            studies.finish_study(session=s, study_id=sid)
+            studies.release_study(session=s, study_id=sid, owner="other")
 
     def helper_search(**kw):  # type: ignore[no-untyped-def]
         calls.append(kw)
@@ -320,10 +320,10 @@ def test_a_process_waiting_on_owned_keys_goes_on_when_one_is_released_not_a_poll
     h200 = known_device("h200")
     keys = [ConfigKey(h200.name, "abc", "bf16", 8, 9, b) for b in (14, 15)]
     with session_scope(sessions) as s:
-        repo.upsert_device(session=s, limits=h200)
-        ids = [repo.get_or_create_study(session=s, key=k, prefix=46000, sampler="tpe", seed=None).id for k in keys]
+        devices.upsert_device(session=s, limits=h200)
+        ids = [studies.get_or_create_study(session=s, key=k, prefix=46000, sampler="tpe", seed=None).id for k in keys]
         for sid in ids:
-            assert repo.claim_study(session=s, study_id=sid, owner="other", stale_before=repo.utcnow())
+            assert studies.claim_study(session=s, study_id=sid, owner="other", stale_before=models.utcnow())
 
     t0 = time.monotonic()
     claims._wait_for_a_release(sessions, keys, 0.3)  # nobody releases: back after the timeout
@@ -331,7 +331,7 @@ def test_a_process_waiting_on_owned_keys_goes_on_when_one_is_released_not_a_poll
 
     def release() -> None:
         with session_scope(sessions) as s:
-            repo.release_study(session=s, study_id=ids[1], owner="other")
+            studies.release_study(session=s, study_id=ids[1], owner="other")
 
     timer = threading.Timer(0.2, release)
     timer.start()
@@ -340,7 +340,7 @@ def test_a_process_waiting_on_owned_keys_goes_on_when_one_is_released_not_a_poll
     timer.join()
     assert 0.2 <= time.monotonic() - t0 < 5  # on the release, not at the 30 s timeout
     with session_scope(sessions) as s:
-        assert repo.owners_of(session=s, workload_keys=[str(k) for k in keys]) == {
+        assert studies.owners_of(session=s, workload_keys=[str(k) for k in keys]) == {
             str(keys[0]): "other",
             str(keys[1]): None,
         }

@@ -8,7 +8,7 @@ from verify_tuner.kernels import kernel_hash
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.limits import known_device
 from verify_tuner.keys import ConfigKey
-from verify_tuner.store import migrate, plans, repo
+from verify_tuner.store import best_configs, devices, migrate, plans
 from verify_tuner.store.session import make_engine, session_factory, session_scope
 
 
@@ -17,10 +17,10 @@ def test_report_writes_table_and_plot(sqlite_url, tmp_path):
     sessions = session_factory(make_engine(sqlite_url))
     h200 = replace(known_device("h200"), copy_bw_gbps=4200.0)
     with session_scope(sessions) as s:
-        repo.upsert_device(session=s, limits=h200)
+        devices.upsert_device(session=s, limits=h200)
         for bucket, us in ((9, 20.0), (15, 75.0)):
             for bb in (0, 5):
-                repo.upsert_best(
+                best_configs.upsert_best(
                     session=s,
                     key=ConfigKey(h200.name, kernel_hash(), "bf16", 8, 9, bucket, bb),
                     config=KernelConfig(128, 8, 32, 256),

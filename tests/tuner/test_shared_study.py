@@ -6,7 +6,7 @@ from __future__ import annotations
 import multiprocessing as mp
 
 import optuna
-from verify_tuner.store import migrate, repo
+from verify_tuner.store import best_configs, migrate, models, studies
 from verify_tuner.store.session import make_engine, session_factory, session_scope
 
 from tests.tuner.shared_worker import run
@@ -26,10 +26,10 @@ def test_four_processes_share_one_study_on_postgres(pg_url):
     measured = [t for t in st.trials if t.user_attrs.get("measured")]
     assert len(measured) >= 30
     with session_scope(session_factory(make_engine(pg_url))) as s:
-        (study_row,) = s.query(repo.Study).all()
-        rows = [t for t in repo.list_trials(session=s, study_id=study_row.id) if t.state != "invalid"]
-        best = repo.list_best(session=s)
-        every = repo.list_trials(session=s, study_id=study_row.id)
+        (study_row,) = s.query(models.Study).all()
+        rows = [t for t in studies.list_trials(session=s, study_id=study_row.id) if t.state != "invalid"]
+        best = best_configs.list_best(session=s)
+        every = studies.list_trials(session=s, study_id=study_row.id)
         counts = (study_row.n_trials, study_row.n_ok, study_row.n_invalid, study_row.n_failed)
     search_rows = len(rows)
     assert search_rows >= len(measured), "a measured Optuna trial has no row in tuning_trials"

@@ -10,7 +10,7 @@ from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.validate import check
 from verify_tuner.measure.backend import Workload
 from verify_tuner.search.study import StudyOptions, run_study
-from verify_tuner.store import repo
+from verify_tuner.store import best_configs, devices, models, studies
 from verify_tuner.store.session import session_scope
 
 from tests.fakes import H200, FakeBackend
@@ -34,7 +34,7 @@ def study(sessions, db_url, backend, **kw):
 
 def trials(sessions, study_id):
     with session_scope(sessions) as s:
-        return repo.list_trials(session=s, study_id=study_id)
+        return studies.list_trials(session=s, study_id=study_id)
 
 
 def test_search_stores_a_valid_winner_with_speedup(sessions, db_url):
@@ -44,7 +44,7 @@ def test_search_stores_a_valid_winner_with_speedup(sessions, db_url):
     assert check(out.best, H200, H=8, q_len=9) is None
     assert out.speedup and out.speedup > 1
     with session_scope(sessions) as s:
-        row = repo.get_best(session=s, key=out.key)
+        row = best_configs.get_best(session=s, key=out.key)
     assert row.config == out.best and row.default_us == pytest.approx(out.default_m.median_us)
     assert row.speedup == pytest.approx(out.speedup)
     assert out.best.nsplit not in (12, 24)  # wrong / crashed configs never win
@@ -155,11 +155,11 @@ def test_warm_start_measures_the_default_then_neighbours_first(sessions, db_url)
     fb = FakeBackend()
     neighbour = KernelConfig(nsplit=96, ht=4, tk=16, block=256, stages=3, wk=2, sf=1, pipe=3)  # in FIXED's space
     with session_scope(sessions) as s:
-        repo.upsert_device(session=s, limits=H200)
+        devices.upsert_device(session=s, limits=H200)
         from verify_tuner.kernels import kernel_hash
         from verify_tuner.keys import ConfigKey
 
-        repo.upsert_best(
+        best_configs.upsert_best(
             session=s, key=ConfigKey(H200.name, kernel_hash(), "bf16", 8, 9, 14), config=neighbour, median_us=30.0
         )
     study(sessions, db_url, fb, n_trials=5)
@@ -177,7 +177,7 @@ def test_a_search_restricted_away_from_a_faster_default_stores_the_default(sessi
     assert out.default == default and default.nsplit not in (1, 2)
     assert out.stored and out.best == default and out.speedup == pytest.approx(1.0)
     with session_scope(sessions) as s:
-        assert repo.get_best(session=s, key=out.key).config == default
+        assert best_configs.get_best(session=s, key=out.key).config == default
 
 
 def test_resume_reuses_measurements(sessions, db_url):
@@ -213,7 +213,7 @@ def test_stored_best_is_kept_when_the_new_winner_is_within_noise(sessions, db_ur
     )
     assert "kept stored best" in again.decision or again.best == incumbent
     with session_scope(sessions) as s:
-        assert repo.get_best(session=s, key=out.key).config == incumbent
+        assert best_configs.get_best(session=s, key=out.key).config == incumbent
 
 
 def test_a_clearly_faster_config_replaces_the_stored_best(sessions, db_url):
@@ -224,14 +224,14 @@ def test_a_clearly_faster_config_replaces_the_stored_best(sessions, db_url):
     slow_best = KernelConfig(nsplit=8, ht=1, tk=16, block=128, wr=1, wk=4)
     key = ConfigKey(H200.name, kernel_hash(), "bf16", 8, 9, bucket_of(46000).index)
     with session_scope(sessions) as s:
-        repo.upsert_device(session=s, limits=H200)
-        repo.upsert_best(session=s, key=key, config=slow_best, median_us=1000.0)
+        devices.upsert_device(session=s, limits=H200)
+        best_configs.upsert_best(session=s, key=key, config=slow_best, median_us=1000.0)
     fb = FakeBackend(noise=0.0)
     out = study(sessions, db_url, fb, n_trials=25)
     assert out.decision == "stored new best" and out.best != slow_best
     assert slow_best in fb.remeasured[-1], "the incumbent must be re-timed beside the challengers"
     with session_scope(sessions) as s:
-        assert repo.get_best(session=s, key=key).config == out.best
+        assert best_configs.get_best(session=s, key=key).config == out.best
 
 
 def batch_cost(cfg: KernelConfig, wl: Workload) -> float:
@@ -253,9 +253,9 @@ def test_a_batch_study_is_its_own_key_and_warm_starts_from_b1(sessions, db_url):
     assert b32.stored and 64 <= b32.best.nsplit <= 2 * 132 and b1.best.nsplit >= 64
     assert b1.best in fb.measured[:6]  # enqueued from the neighbouring batch bucket, as stored
     with session_scope(sessions) as s:
-        assert repo.get_best(session=s, key=b1.key).config == b1.best
-        assert repo.get_best(session=s, key=b32.key).config == b32.best
-        assert s.get(repo.Study, b32.study_id).batch_bucket == 5
+        assert best_configs.get_best(session=s, key=b1.key).config == b1.best
+        assert best_configs.get_best(session=s, key=b32.key).config == b32.best
+        assert s.get(models.Study, b32.study_id).batch_bucket == 5
 
 
 def test_batch_workloads_draw_reproducible_ragged_prefixes():

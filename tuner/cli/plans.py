@@ -122,11 +122,11 @@ def _graph_plan(
 ) -> None:
     """`tuner study graph-plan`: one plan per batch size, measured and stored, then printed."""
     from verify_tuner import buckets
-    from verify_tuner.cli.study import _parse_batches, _parse_range
+    from verify_tuner.cli.study_options import parse_batches, parse_range
     from verify_tuner.search import plan_job, prefix_weights
 
-    lo, hi = _parse_range(prefix_range)
-    batch_sizes = _parse_batches(batch_text)
+    lo, hi = parse_range(prefix_range)
+    batch_sizes = parse_batches(batch_text)
     in_range = buckets.buckets_between(lo, hi)
     path = kw["prefix_weights"]
     weights = prefix_weights.load(path, in_range) if path else prefix_weights.equal(in_range)

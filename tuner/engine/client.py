@@ -13,8 +13,10 @@ heuristic; `source` / `reason` say which and why the others were passed over, an
 heuristics). The sidecar is asked for the table of the kernel this package launches (its kernel
 hash): one that holds none answers 404, and a table made for another kernel, from any source, is
 refused and the next source tried. `refresh()` re-fetches the sidecar's table only if it changed
-(If-None-Match with its ETag). `prefix` for a batch of requests is its longest one (verify_tuner.batches.prefix_of,
-measured in docs/batching.md); `batch` is the number of requests verified in the launch.
+(If-None-Match with its ETag). `prefix` for a batch of requests is its longest one
+(verify_tuner.batches.prefix_of, measured in docs/batching.md); `batch` is the number of requests
+verified in the launch. The table's entries and the checks it passes are in
+verify_tuner.engine.config_table, the request to the sidecar in verify_tuner.engine.sidecar.
 
 A worker never blocks on, or crashes because of, the sidecar. A snapshot that cannot be saved is
 noted in `reason` (the sidecar's table is still used); a device the client does not know and no
@@ -24,47 +26,29 @@ table for it leaves `source == "none"` for the worker to check, without raising.
 from __future__ import annotations
 
 import bisect
-import itertools
 import json
 import os
 import urllib.error
-import urllib.parse
-import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 
 from platformdirs import user_cache_dir
-from verify_tuner import batches, buckets, engine_files
-from verify_tuner.heuristic import heuristic_config
+from verify_tuner import batches, engine_files
+from verify_tuner.engine import sidecar
+from verify_tuner.engine.config_table import (
+    Entry,
+    GraphPlanChoice,
+    engine_file_configs,
+    heuristic_table,
+    parse_table,
+)
 from verify_tuner.kernels import kernel_hash as current_kernel_hash
-from verify_tuner.kernels.config import PARAM_NAMES, KernelConfig
+from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.limits import DeviceLimits, known_device
-from verify_tuner.kernels.validate import check
+
+# Entry and GraphPlanChoice live in config_table; a worker imports them from here.
+__all__ = ["DIR_ENV", "URL_ENV", "ConfigClient", "Entry", "GraphPlanChoice"]
 
 URL_ENV, DIR_ENV = "VERIFY_TUNER_URL", "VERIFY_TUNER_CONFIG_DIR"
-
-
-@dataclass(frozen=True)
-class Entry:
-    lo: int
-    hi: int
-    config: KernelConfig
-    source: str  # tuned | nearest | heuristic (as the sidecar answered)
-
-
-@dataclass(frozen=True)
-class GraphPlanChoice:
-    """What to capture in the CUDA graph of one batch size (ConfigClient.graph_plan). `source`:
-    "graph_plan" (the tuner's plan for the batch bucket: fastest in expectation over its prefix
-    range, `regrets` its time / the best config's time per prefix bucket, (lo, hi, regret)) or
-    "longest_prefix" (no plan held: the table's config for the longest prefix, no regrets known)."""
-
-    config: KernelConfig
-    source: str
-    regrets: tuple[tuple[int, int, float], ...] = ()
-    expected_us: float | None = None
-    prefix_range: tuple[int, int] | None = None
-    reason: str = ""
 
 
 class ConfigClient:
@@ -111,7 +95,7 @@ class ConfigClient:
             try:
                 self._ask_sidecar(etag=None)
                 return self._done(passed)
-            except _PassedOver as exc:
+            except sidecar.PassedOver as exc:
                 passed.append(str(exc))
         else:
             passed.append(f"no sidecar ({URL_ENV} not set)")
@@ -134,7 +118,7 @@ class ConfigClient:
             self._set({})
             self.source, self.reason = "none", f"device {self.device!r} is unknown, so no heuristic either"
             return self._done(passed)
-        self._set(self._heuristic_table())
+        self._set(heuristic_table(self.limits, H=self.H, q_len=self.q_len))
         self.source, self.reason = "heuristic", f"the built-in heuristic for {self.limits.name}"
         return self._done(passed)
 
@@ -147,26 +131,26 @@ class ConfigClient:
             return "failed"
         try:
             changed = self._ask_sidecar(etag=self.etag if self.source == "sidecar" else None)
-        except _PassedOver as exc:
+        except sidecar.PassedOver as exc:
             self.refresh_error = str(exc)
             return "failed"
         self.refresh_error = None
         return "updated" if changed else "unchanged"
 
     def _ask_sidecar(self, *, etag: str | None) -> bool:
-        """Load the sidecar's table (False: unchanged since `etag`, a 304); _PassedOver says why not,
-        telling an unreachable or failing sidecar from one that refused this worker's request."""
+        """Load the sidecar's table (False: unchanged since `etag`, a 304); sidecar.PassedOver says
+        why not, telling an unreachable or failing sidecar from one that refused this worker's request."""
         try:
             table, new_etag = self._get_table(etag)
             self._load(table)
         except urllib.error.HTTPError as exc:  # before OSError, its base class
             if exc.code == 304 and etag:
                 return False
-            raise _PassedOver(self._refused(exc)) from None
+            raise sidecar.PassedOver(sidecar.refused(self.base_url, exc)) from None
         except OSError as exc:
-            raise _PassedOver(f"sidecar unavailable at {self.base_url} ({type(exc).__name__}: {exc})") from None
+            raise sidecar.PassedOver(f"sidecar unavailable at {self.base_url} ({type(exc).__name__}: {exc})") from None
         except (ValueError, KeyError, TypeError) as exc:
-            raise _PassedOver(
+            raise sidecar.PassedOver(
                 f"sidecar at {self.base_url} served a table this worker cannot use ({type(exc).__name__}: {exc})"
             ) from None
         self.etag = new_etag
@@ -176,12 +160,6 @@ class ConfigClient:
         except (OSError, ValueError) as exc:  # keep the good table; a later fetch without the sidecar has no snapshot
             self.reason += f"; snapshot not saved ({type(exc).__name__}: {exc})"
         return True
-
-    def _refused(self, exc: urllib.error.HTTPError) -> str:
-        detail = _error_detail(exc)
-        if exc.code >= 500:
-            return f"sidecar unavailable at {self.base_url} (HTTP {exc.code}: {detail})"
-        return f"sidecar at {self.base_url} refused this worker's request (HTTP {exc.code}: {detail})"
 
     def _done(self, passed: list[str]) -> str:
         if passed:
@@ -209,38 +187,20 @@ class ConfigClient:
             f"in {len(self._table)} batch buckets"
         )
 
-    def _heuristic_table(self) -> dict[int, list[Entry]]:
-        return {
-            bb.index: [
-                Entry(
-                    b.lo,
-                    b.hi,
-                    heuristic_config(self.limits, H=self.H, q_len=self.q_len, prefix=b.mid, batch=bb.hi),  # type: ignore[arg-type]
-                    "heuristic",
-                )
-                for b in buckets.ALL
-            ]
-            for bb in batches.ALL
-        }
-
     def _set(self, by_batch: dict[int, list[Entry]]) -> None:
         # one assignment: a lookup on another thread sees the old table or the new one, never a mix
         self._table = {i: ([e.lo for e in es], es) for i, es in by_batch.items()}
 
     def _get_table(self, etag: str | None) -> tuple[dict, str | None]:
-        q = urllib.parse.urlencode(
-            {
-                "H": self.H,
-                "q_len": self.q_len,
-                "device": self.device,
-                "dtype": self.dtype,
-                "all_batches": "true",
-                "kernel_hash": self.kernel_hash,
-            }
-        )
-        req = urllib.request.Request(f"{self.base_url}/configs?{q}", headers={"If-None-Match": etag} if etag else {})
-        with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-            return json.loads(resp.read()), resp.headers.get("ETag")
+        query = {
+            "H": self.H,
+            "q_len": self.q_len,
+            "device": self.device,
+            "dtype": self.dtype,
+            "all_batches": "true",
+            "kernel_hash": self.kernel_hash,
+        }
+        return sidecar.get_table(self.base_url, query, etag, self.timeout_s)  # type: ignore[arg-type]
 
     def _config_file(self) -> Path:
         """This device's file, else its family's (a `NVIDIA H200 NVL` reads the H200's)."""
@@ -266,16 +226,7 @@ class ConfigClient:
         self._check_kernel(doc["kernel_hash"])
         if (doc["H"], doc["q_len"], doc["dtype"]) != (self.H, self.q_len, self.dtype):
             raise ValueError(f"file is for H={doc['H']} q_len={doc['q_len']} dtype={doc['dtype']}")
-        configs = [
-            {
-                **e,
-                "bucket": {"lo": e["prefix_lo"], "hi": e["prefix_hi"]},
-                "batch_bucket": {"index": batches.bucket_of(int(hi)).index},
-            }
-            for hi, entries in doc["configs"].items()
-            for e in entries
-        ]
-        self._install(configs, list(doc.get("graph_plans", {}).values()))
+        self._install(engine_file_configs(doc), list(doc.get("graph_plans", {}).values()))
 
     def _load(self, table: dict) -> None:
         self._check_kernel(table["kernel_hash"])
@@ -284,42 +235,9 @@ class ConfigClient:
         self._install(table["configs"], table.get("graph_plans", []))
 
     def _install(self, configs: list[dict], graph_plans: list[dict] | None = None) -> None:
-        by_batch: dict[int, list[Entry]] = {}
-        for c in configs:
-            by_batch.setdefault(int(c["batch_bucket"]["index"]), []).append(
-                Entry(
-                    c["bucket"]["lo"],
-                    c["bucket"]["hi"],
-                    KernelConfig.from_params({k: c[k] for k in PARAM_NAMES if k in c}),
-                    c["source"],
-                )
-            )
-        self._check_device(by_batch)
-        if set(by_batch) != {bb.index for bb in batches.ALL}:
-            raise ValueError(f"table holds batch buckets {sorted(by_batch)}, not all {len(batches.ALL)}")
-        for entries in by_batch.values():
-            entries.sort(key=lambda e: e.lo)
-            if entries[0].lo != 0 or any(a.hi != b.lo for a, b in itertools.pairwise(entries)):
-                raise ValueError("table does not cover every prefix")
-        plans = {int(p["batch_bucket"]["index"]): _plan_choice(p) for p in graph_plans or []}
-        for p in plans.values():
-            if self.limits is not None and (why := check(p.config, self.limits, H=self.H, q_len=self.q_len)):
-                raise ValueError(f"graph plan {p.config} cannot run on {self.limits.name}: {why}")
+        by_batch, plans = parse_table(configs, graph_plans, self.limits, H=self.H, q_len=self.q_len)
         self._plans = plans  # before the table: a graph_plan() racing a refresh sees a plan of either
         self._set(by_batch)
-
-    def _check_device(self, by_batch: dict[int, list[Entry]]) -> None:
-        """Every config must run on this device, whatever the table's file name or source said
-        (another GPU's table saved under this one's name would launch configs it cannot run)."""
-        if self.limits is None:  # nothing to check against: the caller sees source and reason
-            return
-        entries = [e for es in by_batch.values() for e in es]
-        bad = [(e, r) for e in entries if (r := check(e.config, self.limits, H=self.H, q_len=self.q_len))]
-        if bad:
-            e, why = bad[0]
-            raise ValueError(
-                f"{len(bad)} of {len(entries)} configs cannot run on {self.limits.name} (e.g. {e.config}: {why})"
-            )
 
     def _save(self, table: dict) -> None:
         engine_files.write_atomic(self.snapshot, table)
@@ -365,36 +283,3 @@ class ConfigClient:
     def distinct_configs(self) -> list[KernelConfig]:
         """Every config the table can answer: what a worker pre-compiles / graph-captures."""
         return sorted({e.config for _, es in self._table.values() for e in es})
-
-
-def _plan_choice(p: dict) -> GraphPlanChoice:
-    regrets = tuple((int(b["prefix_lo"]), int(b["prefix_hi"]), float(b["regret"])) for b in p["buckets"])
-    worst = max((r for _, _, r in regrets), default=1.0)
-    return GraphPlanChoice(
-        KernelConfig.from_params({k: p[k] for k in PARAM_NAMES if k in p}),
-        "graph_plan",
-        regrets,
-        p.get("expected_us"),
-        (int(p["prefix_lo"]), int(p["prefix_hi"])),
-        f"graph plan for prefixes {p['prefix_lo']}..{p['prefix_hi']}, worst regret {worst:.3f}x "
-        f"(measured {p.get('measured_at')} on {p.get('measured_by')})",
-    )
-
-
-class _PassedOver(Exception):
-    """Why a source was passed over, as `reason` words it."""
-
-
-def _error_detail(exc: urllib.error.HTTPError) -> str:
-    """The one-line `detail` of the sidecar's error body (FastAPI's shape), else its first line."""
-    try:
-        raw = exc.read(4096).decode("utf-8", "replace")
-    except OSError:
-        return exc.reason or "no body"
-    try:
-        detail = json.loads(raw)["detail"]
-    except (ValueError, KeyError, TypeError):
-        return (raw.splitlines() or [str(exc.reason)])[0][:300]
-    if isinstance(detail, list):  # a 422: each item names its parameter
-        detail = "; ".join(f"{'.'.join(map(str, d.get('loc', [])))}: {d.get('msg')}" for d in detail)
-    return str(detail)[:300]

@@ -2,7 +2,7 @@
 (`--devices 0,1`) or the same command on several hosts against one PostgreSQL.
 
 Each key (one Optuna study) has at most one **owner**: the process that claimed it in the config
-database (one atomic UPDATE, verify_tuner.store.repo.claim_study) and beats every CLAIM_BEAT_S. Only the
+database (one atomic UPDATE, verify_tuner.store.studies.claim_study) and beats every CLAIM_BEAT_S. Only the
 owner re-times the top candidates and stores the winner, so every key's winner is picked and
 stored once. A process walks the job's keys in order from its own starting key (process i of P
 on one host starts at key i*K/P of K and wraps around) and claims the first free one; when every
@@ -37,7 +37,7 @@ from verify_tuner.measure.backend import Backend, Workload
 from verify_tuner.search.key_search import Progress
 from verify_tuner.search.outcome import Outcome
 from verify_tuner.search.study import StudyOptions, run_study, workload_key
-from verify_tuner.store import repo
+from verify_tuner.store import devices, models, studies
 from verify_tuner.store.session import session_scope
 
 CLAIM_BEAT_S = 5.0
@@ -75,7 +75,7 @@ def _beating(sessions: sessionmaker[Session], study_id: int, owner: str) -> Iter
     def beat() -> None:
         while not stop.wait(CLAIM_BEAT_S):
             with session_scope(sessions) as s:
-                if not repo.beat_study(session=s, study_id=study_id, owner=owner):
+                if not studies.beat_study(session=s, study_id=study_id, owner=owner):
                     lost.set()
                     return
 
@@ -100,17 +100,17 @@ def _claim(
     check before the claim could read a study that its owner finishes and releases before the
     claim's UPDATE, and the key would be tuned twice."""
     with session_scope(sessions) as s:
-        row = repo.get_or_create_study(
+        row = studies.get_or_create_study(
             session=s, key=key, prefix=wl.prefix, sampler=options.sampler, seed=options.seed, reopen=False
         )
         study_id = row.id
-    stale = repo.utcnow() - timedelta(seconds=CLAIM_STALE_S)
+    stale = models.utcnow() - timedelta(seconds=CLAIM_STALE_S)
     with session_scope(sessions) as s:  # one transaction: the claim's UPDATE holds the row for the check
-        if not repo.claim_study(session=s, study_id=study_id, owner=owner, stale_before=stale):
+        if not studies.claim_study(session=s, study_id=study_id, owner=owner, stale_before=stale):
             return None
-        row = s.get(repo.Study, study_id, populate_existing=True)
+        row = s.get(models.Study, study_id, populate_existing=True)
         if row.status == "finished" and row.n_ok + row.n_failed >= budget:
-            repo.release_study(session=s, study_id=study_id, owner=owner)
+            studies.release_study(session=s, study_id=study_id, owner=owner)
             return _DONE
     return study_id
 
@@ -179,7 +179,7 @@ def run_job(
     first = index * len(pending) // count
     pending = pending[first:] + pending[:first]  # finished keys leave it: a rescan walks on from here
     with session_scope(sessions) as s:  # alone: it locks data_version, which winners' writes also take
-        repo.upsert_device(session=s, limits=backend.limits)
+        devices.upsert_device(session=s, limits=backend.limits)
     while pending:
         if _own_one(job, pending, result):
             if on_key_done:
@@ -206,7 +206,7 @@ def _own_one(job: _Job, pending: list[Workload], result: JobResult) -> bool:
         with _beating(job.sessions, study_id, job.owner) as lost:
             out = job.search(wl, pick=True, options=job.options, owns=lambda lost=lost: not lost.is_set())
         with session_scope(job.sessions) as s:
-            repo.release_study(session=s, study_id=study_id, owner=job.owner)
+            studies.release_study(session=s, study_id=study_id, owner=job.owner)
         result.outcomes.append(out)
         pending.remove(wl)
         return True
@@ -218,7 +218,7 @@ def _help_one(job: _Job, pending: list[Workload], result: JobResult) -> bool:
     its owner's trials in flight (an owner's flights are as many as this process's: one job)."""
     for wl in pending:
         with session_scope(job.sessions) as s:
-            row = repo.find_study(session=s, key=job.key(wl))
+            row = studies.find_study(session=s, key=job.key(wl))
             left = job.budget(wl) - (row.n_ok + row.n_failed) if row is not None else 0
         if left > 2 * max(1, job.options.parallel):
             # its own seed: the owner samples with the job's, and lockstep would repeat its proposals
@@ -237,7 +237,7 @@ def _wait_for_a_release(sessions: sessionmaker[Session], keys: list[ConfigKey], 
     names = [str(k) for k in keys]
     while True:
         with session_scope(sessions) as s:
-            owners = repo.owners_of(session=s, workload_keys=names)
+            owners = studies.owners_of(session=s, workload_keys=names)
         if len(owners) < len(names) or None in owners.values():
             return
         left = deadline - time.monotonic()

@@ -10,7 +10,7 @@ from optuna.trial import TrialState
 from sqlalchemy.orm import Session, sessionmaker
 from verify_tuner.measure.backend import INVALID, Measurement
 from verify_tuner.search.key_search import MEASURED_ATTR, PARAMS, Signature, signature
-from verify_tuner.store import repo
+from verify_tuner.store import studies
 from verify_tuner.store.session import session_scope
 
 #: How long an earlier trial of another process may still be writing its params (it is being
@@ -39,7 +39,7 @@ class TrialLog:
             return
         with session_scope(self.sessions) as s:
             for params, m in rows:
-                repo.record_trial(
+                studies.record_trial(
                     session=s,
                     study_id=self.study_id,
                     params=params,

@@ -21,7 +21,7 @@ from verify_tuner.measure.backend import Backend, Workload
 from verify_tuner.measure.matrix import Matrix, measure_matrix
 from verify_tuner.search import graph_plan
 from verify_tuner.search.prefix_weights import PrefixWeights
-from verify_tuner.store import plans, repo
+from verify_tuner.store import best_configs, plans
 from verify_tuner.store.session import session_scope
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ def plan_batch(
     points = range_prefixes(prefix_lo, prefix_hi)
     in_range = {b.index for b, _ in points}
     with session_scope(sessions) as s:
-        rows = repo.list_best_for(
+        rows = best_configs.list_best_for(
             session=s, device=limits.name, kernel_hash=khash, dtype=dtype, H=H, q_len=q_len, batch_bucket=bb.index
         )
     winners = [r for r in rows if r.key.bucket in in_range]

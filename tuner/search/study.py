@@ -4,7 +4,7 @@ loop (verify_tuner.search.loop: ask, check, compile, measure, tell), then pick a
 winner (verify_tuner.search.winner).
 
 Data flow: kernels (validate/compile/launch) -> this module (through a Backend) -> the config
-database (verify_tuner.store.repo) -> the API.
+database (verify_tuner.store.studies, verify_tuner.store.best_configs) -> the API.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from verify_tuner.search.proposer import Proposer
 from verify_tuner.search.study_storage import HEARTBEAT_S, open_study_storage
 from verify_tuner.search.warm_start import unseen, warm_start_configs
 from verify_tuner.search.winner import Winner, pick_winner
-from verify_tuner.store import repo
+from verify_tuner.store import devices, models, studies
 from verify_tuner.store.session import session_scope
 
 
@@ -134,11 +134,11 @@ def _prepare(
     key = workload_key(limits, workload)
     if not space.valid_configs(limits, H=key.H, q_len=key.q_len, restrict=restrict):  # cached: _key_search's
         raise InvalidConfig(f"no valid config for H={key.H}, q_len={key.q_len} on {limits.name}")
-    with session_scope(sessions) as s:  # its own transaction: it locks data_version (see repo.upsert_kernel)
-        repo.upsert_device(session=s, limits=limits)
+    with session_scope(sessions) as s:  # its own transaction: it locks data_version (see devices.upsert_kernel)
+        devices.upsert_device(session=s, limits=limits)
     with session_scope(sessions) as s:
         # a helper must not reopen a study its owner just finished: the key would look unclaimed
-        study_row = repo.get_or_create_study(
+        study_row = studies.get_or_create_study(
             session=s, key=key, prefix=workload.prefix, sampler=options.sampler, seed=options.seed, reopen=pick
         )
         warm = warm_start_configs(session=s, key=key, limits=limits, workload=workload)
@@ -261,8 +261,8 @@ def _counts(sessions: sessionmaker[Session], study_id: int, pick: bool) -> dict[
     if not pick:
         return {}
     with session_scope(sessions) as s:
-        repo.finish_study(session=s, study_id=study_id)
-        row = s.get(repo.Study, study_id)
+        studies.finish_study(session=s, study_id=study_id)
+        row = s.get(models.Study, study_id)
         return {"trials": row.n_trials, "ok": row.n_ok, "invalid": row.n_invalid, "failed": row.n_failed}
 
 

@@ -27,7 +27,7 @@ from verify_tuner.kernels import kernel_hash as current_kernel_hash
 from verify_tuner.measure.backend import Backend, Workload
 from verify_tuner.measure.matrix import Cell, measure_matrix
 from verify_tuner.search.plan_job import measured_by
-from verify_tuner.store import plans, repo
+from verify_tuner.store import best_configs, plans
 from verify_tuner.store.models import Study
 from verify_tuner.store.session import session_scope
 
@@ -72,7 +72,7 @@ def judge(*, stored_us: float | None, row: Cell, heuristic: Cell | None) -> Verd
     return Verdict("ok", f"{now:.2f} us (stored {stored_us or float('nan'):.2f}), within the noise {tol:.1%}", tol)
 
 
-def pick_rows(rows: list[repo.BestRow], sample: int | None) -> list[repo.BestRow]:
+def pick_rows(rows: list[best_configs.BestRow], sample: int | None) -> list[best_configs.BestRow]:
     """The rows to verify: all, or the `sample` least recently verified (never verified first, then
     oldest), so repeated runs walk the whole table. Deterministic: the key breaks ties."""
     never = dt.datetime.min.replace(tzinfo=dt.UTC)
@@ -92,14 +92,14 @@ def verify(
     verifications stored, in the order measured."""
     limits, khash = backend.limits, current_kernel_hash()
     with session_scope(sessions) as s:
-        rows = [r for r in repo.list_best(session=s, device=limits.name) if r.key.kernel_hash == khash]
+        rows = [r for r in best_configs.list_best(session=s, device=limits.name) if r.key.kernel_hash == khash]
         rows = pick_rows(rows, sample)
         prefix_of = {r.key: _prefix(s, r) for r in rows}
     return [_verify_row(backend, sessions, r, prefix_of[r.key], rounds=rounds, passes=passes) for r in rows]
 
 
 def _verify_row(
-    backend: Backend, sessions: sessionmaker[Session], r: repo.BestRow, prefix: int, *, rounds: int, passes: int
+    backend: Backend, sessions: sessionmaker[Session], r: best_configs.BestRow, prefix: int, *, rounds: int, passes: int
 ) -> plans.VerificationRow:
     """Re-time one stored best beside the heuristic, judge it, store the verification and log it."""
     limits = backend.limits
@@ -145,7 +145,7 @@ def _verify_row(
     return rec
 
 
-def _prefix(session: Session, r: repo.BestRow) -> int:
+def _prefix(session: Session, r: best_configs.BestRow) -> int:
     """The prefix the row was tuned at (its study's), else its bucket's middle."""
     if r.study_id is not None:
         st = session.get(Study, r.study_id)

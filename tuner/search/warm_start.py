@@ -11,7 +11,7 @@ from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.validate import check
 from verify_tuner.keys import ConfigKey
 from verify_tuner.measure.backend import Workload
-from verify_tuner.store import repo
+from verify_tuner.store import best_configs
 
 
 def _params(cfg: KernelConfig) -> dict[str, int]:
@@ -24,7 +24,7 @@ def warm_start_configs(*, session: Session, key: ConfigKey, limits, workload: Wo
     nearest prefix), then of other H with the same q_len -- each only if valid here."""
     cands = [heuristic_config(limits, H=key.H, q_len=key.q_len, prefix=workload.prefix, batch=workload.batch)]
     here = buckets.by_index(key.bucket)
-    same = repo.list_best_for(
+    same = best_configs.list_best_for(
         session=session, device=key.device, kernel_hash=key.kernel_hash, dtype=key.dtype, H=key.H, q_len=key.q_len
     )
     same.sort(
@@ -33,7 +33,9 @@ def warm_start_configs(*, session: Session, key: ConfigKey, limits, workload: Wo
             buckets.log_distance(buckets.by_index(r.key.bucket), here),
         )
     )
-    others = [r for r in repo.list_best(session=session, device=key.device, q_len=key.q_len) if r.key.H != key.H]
+    others = [
+        r for r in best_configs.list_best(session=session, device=key.device, q_len=key.q_len) if r.key.H != key.H
+    ]
     for r in same + others:  # as stored: NSPLIT is the grid's parts, which every batch shares
         cfg = r.config
         if cfg not in cands and check(cfg, limits, H=key.H, q_len=key.q_len) is None:

@@ -12,7 +12,7 @@ from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.validate import check
 from verify_tuner.keys import ConfigKey
 from verify_tuner.measure.backend import Backend, Measurement, Workload
-from verify_tuner.store import repo
+from verify_tuner.store import best_configs
 from verify_tuner.store.session import session_scope
 
 
@@ -58,7 +58,7 @@ def _incumbent(sessions: sessionmaker[Session], key: ConfigKey, backend: Backend
     """The stored best, if it fits this device (one imported for another device's limits was
     never compiled here: it is simply replaced)."""
     with session_scope(sessions) as s:
-        stored = repo.get_best(session=s, key=key)
+        stored = best_configs.get_best(session=s, key=key)
     if stored is None or check(stored.config, backend.limits, H=key.H, q_len=key.q_len) is not None:
         return None
     return stored.config
@@ -116,7 +116,7 @@ def pick_winner(
     m = won.best_m
     assert won.best is not None and m is not None
     with session_scope(sessions) as s:
-        repo.upsert_best(
+        best_configs.upsert_best(
             session=s,
             key=key,
             config=won.best,

@@ -18,7 +18,7 @@ from verify_tuner.kernels.config import PARAM_NAMES, KernelConfig
 from verify_tuner.kernels.errors import InvalidConfig
 from verify_tuner.kernels.validate import check
 from verify_tuner.keys import ConfigKey
-from verify_tuner.store import repo
+from verify_tuner.store import best_configs, devices
 from verify_tuner.store import row_schema as rows_schema
 from verify_tuner.store.lookup import resolve_device
 
@@ -56,7 +56,7 @@ def export_rows(
     *, session: Session, device: str | None = None, H: int | None = None, q_len: int | None = None
 ) -> list[dict[str, Any]]:
     out = []
-    for r in repo.list_best(session=session, device=device, H=H, q_len=q_len):
+    for r in best_configs.list_best(session=session, device=device, H=H, q_len=q_len):
         b, bb = buckets.by_index(r.key.bucket), batches.by_index(r.key.batch_bucket)
         p = r.config.as_params()
         out.append(
@@ -195,7 +195,7 @@ def import_rows(*, session: Session, rows: list[dict[str, Any]], allow_empty: bo
         if p.key.kernel_hash != current
     ]
     for p in parsed:
-        if repo.get_device(session=session, name=p.limits.name) is None:
-            repo.upsert_device(session=session, limits=p.limits)
-        repo.upsert_best(session=session, key=p.key, config=p.config, tuned_at=p.tuned_at, **p.timing)
+        if devices.get_device(session=session, name=p.limits.name) is None:
+            devices.upsert_device(session=session, limits=p.limits)
+        best_configs.upsert_best(session=session, key=p.key, config=p.config, tuned_at=p.tuned_at, **p.timing)
     return ImportResult(len(parsed), warnings)

@@ -14,7 +14,7 @@ from verify_tuner.engine_files import FORMAT, file_name, write_atomic
 from verify_tuner.kernels import KERNEL_NAME, KERNEL_VERSION
 from verify_tuner.kernels import kernel_hash as current_kernel_hash
 from verify_tuner.kernels.limits import DeviceLimits
-from verify_tuner.store import lookup, plans, repo
+from verify_tuner.store import best_configs, devices, lookup, plans
 
 
 def dump(
@@ -23,10 +23,10 @@ def dump(
     """Write the files for every (device, H, q_len) holding tuned rows of this kernel (or only
     `device`), plus the given (H, q_len) shapes (heuristic tables where nothing is tuned)."""
     khash = current_kernel_hash()
-    rows = [r for r in repo.list_best(session=session, device=device) if r.key.kernel_hash == khash]
+    rows = [r for r in best_configs.list_best(session=session, device=device) if r.key.kernel_hash == khash]
     wanted: set[tuple[str, int, int, str]] = {(r.key.device, r.key.H, r.key.q_len, r.key.dtype) for r in rows}
     if shapes:
-        names = [device] if device else sorted({d.name for d in repo.list_devices(session=session)})
+        names = [device] if device else sorted({d.name for d in devices.list_devices(session=session)})
         wanted |= {(n, H, q, "bf16") for n in names for H, q in shapes}
     written = []
     for name, H, q_len, dtype in sorted(wanted):
@@ -39,7 +39,7 @@ def dump(
 
 
 def _file_doc(
-    *, session: Any, limits: DeviceLimits, rows: list[repo.BestRow], H: int, q_len: int, dtype: str, khash: str
+    *, session: Any, limits: DeviceLimits, rows: list[best_configs.BestRow], H: int, q_len: int, dtype: str, khash: str
 ) -> dict[str, Any]:
     """One engine file: the table of (H, q_len, dtype) on this device as the sidecar answers it."""
     answers = lookup.table(
@@ -80,7 +80,7 @@ def _file_doc(
 
 
 def _configs(
-    answers: list[lookup.Answer], by_key: dict[tuple[int, int], repo.BestRow]
+    answers: list[lookup.Answer], by_key: dict[tuple[int, int], best_configs.BestRow]
 ) -> dict[str, list[dict[str, Any]]]:
     """Each batch bucket's entries, one a prefix bucket; a tuned one with its stored times."""
     table: dict[str, list[dict[str, Any]]] = {}

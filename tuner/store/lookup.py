@@ -15,7 +15,7 @@ from verify_tuner.kernels import kernel_hash as current_kernel_hash
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.errors import InvalidConfig
 from verify_tuner.kernels.limits import DeviceLimits, known_device
-from verify_tuner.store import plans, repo
+from verify_tuner.store import best_configs, devices, plans
 
 #: A tuned neighbour bucket is served only this close (log2 of the prefix ratio): beyond it the
 #: heuristic, which adapts to the prefix, is the better guess (a config tuned for 4k prefixes
@@ -43,23 +43,23 @@ def resolve_device(*, session: Session, name: str | None, default: str | None) -
     """Limits of the named device (else the sidecar's, else the only one recorded)."""
     name = name or default
     if name is None:
-        devices = repo.list_devices(session=session)
-        if len(devices) != 1:
-            known = ", ".join(d.name for d in devices) or "none recorded"
+        recorded = devices.list_devices(session=session)
+        if len(recorded) != 1:
+            known = ", ".join(d.name for d in recorded) or "none recorded"
             raise BadParameter("device", f"required: this service has no default device (recorded: {known})")
-        return repo.device_limits(devices[0])
-    dev = repo.get_device(session=session, name=name)
+        return devices.device_limits(recorded[0])
+    dev = devices.get_device(session=session, name=name)
     if dev is not None:
-        return repo.device_limits(dev)
+        return devices.device_limits(dev)
     limits = known_device(name)
     if limits is not None:
-        dev = repo.get_device(session=session, name=limits.name)
-        return repo.device_limits(dev) if dev is not None else limits
+        dev = devices.get_device(session=session, name=limits.name)
+        return devices.device_limits(dev) if dev is not None else limits
     raise BadParameter("device", f"unknown device {name!r}: not recorded by the tuner and not a known GPU")
 
 
 def _pick(
-    rows: list[repo.BestRow],
+    rows: list[best_configs.BestRow],
     *,
     limits: DeviceLimits,
     H: int,
@@ -83,7 +83,7 @@ def _pick(
         return Answer(
             r.config, "tuned", bucket, limits.name, khash, r.median_us, r.speedup, r.tuned_at, bucket.index, batch
         )
-    r = repo.nearest_row(rows, bucket)
+    r = best_configs.nearest_row(rows, bucket)
     if r is not None and buckets.log_distance(buckets.by_index(r.key.bucket), bucket) <= NEAREST_MAX_OCTAVES:
         return Answer(r.config, "nearest", bucket, limits.name, khash, None, r.speedup, r.tuned_at, r.key.bucket, batch)
     return _heuristic(limits, H=H, q_len=q_len, bucket=bucket, batch=batch, khash=khash)
@@ -97,7 +97,7 @@ def _heuristic(
     bucket: buckets.Bucket,
     batch: batches.BatchBucket,
     khash: str,
-    stale: repo.BestRow | None = None,
+    stale: best_configs.BestRow | None = None,
 ) -> Answer:
     try:
         cfg = heuristic_config(limits, H=H, q_len=q_len, prefix=bucket.mid, batch=batch.hi)
@@ -121,7 +121,7 @@ def answer(
     """`prefix` is the batch's lookup prefix (verify_tuner.batches.prefix_of)."""
     khash = kernel_hash or current_kernel_hash()
     bb = batches.bucket_of(batch)
-    rows = repo.list_best_for(
+    rows = best_configs.list_best_for(
         session=session, device=limits.name, kernel_hash=khash, dtype=dtype, H=H, q_len=q_len, batch_bucket=bb.index
     )
     return _pick(rows, limits=limits, H=H, q_len=q_len, bucket=buckets.bucket_of(prefix), batch=bb, khash=khash)
@@ -141,7 +141,9 @@ def table(
     major: what a worker caches at startup and looks up each step."""
     khash = kernel_hash or current_kernel_hash()
     wanted = [batches.by_index(i) for i in (batch_buckets if batch_buckets is not None else [0])]
-    rows = repo.list_best_for(session=session, device=limits.name, kernel_hash=khash, dtype=dtype, H=H, q_len=q_len)
+    rows = best_configs.list_best_for(
+        session=session, device=limits.name, kernel_hash=khash, dtype=dtype, H=H, q_len=q_len
+    )
     return [
         _pick(rows, limits=limits, H=H, q_len=q_len, bucket=b, batch=bb, khash=khash)
         for bb in wanted

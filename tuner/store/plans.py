@@ -1,6 +1,6 @@
 """Queries for graph plans and verifications, keyword-only, each taking the session (beside
-verify_tuner.store.repo, whose devices, kernels and version bump they use). Every write bumps
-data_version first, as repo's writers do: the sidecar's tables change with it."""
+verify_tuner.store.devices and best_configs, whose devices, kernels and best rows they use).
+Every write bumps data_version first, as every writer does: the sidecar's tables change with it."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from verify_tuner.errors import StorageError
 from verify_tuner.kernels.build import KERNEL_NAME, KERNEL_VERSION
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.keys import ConfigKey
-from verify_tuner.store import repo
+from verify_tuner.store import best_configs, data_version, devices, writes
 from verify_tuner.store.models import BestConfig, Device, GraphPlan, Kernel, Verification, utcnow
 
 
@@ -51,17 +51,17 @@ class PlanRow:
 
 
 def _ids(session: Session, device: str, kernel_hash: str) -> tuple[int, int]:
-    dev = repo.get_device(session=session, name=device)
+    dev = devices.get_device(session=session, name=device)
     if dev is None:
         raise StorageError(f"device {device!r} is not recorded; record it first (tuner device record)")
-    kernel = repo.upsert_kernel(session=session, source_hash=kernel_hash, name=KERNEL_NAME, version=KERNEL_VERSION)
+    kernel = devices.upsert_kernel(session=session, source_hash=kernel_hash, name=KERNEL_NAME, version=KERNEL_VERSION)
     return dev.id, kernel.id
 
 
 def upsert_plan(*, session: Session, plan: PlanRow) -> None:
     """Store `plan`, replacing the plan of the same key (device, kernel, dtype, H, q_len, batch
     bucket, range, weights' digest): a re-measurement supersedes the last one."""
-    repo._bump_version(session)  # first, like every writer (one lock order)
+    data_version.bump_version(session)  # first, like every writer (one lock order)
     device_id, kernel_id = _ids(session, plan.device, plan.kernel_hash)
     key = {
         "device_id": device_id,
@@ -86,7 +86,7 @@ def upsert_plan(*, session: Session, plan: PlanRow) -> None:
         "measured_by": plan.measured_by,
         "measured_at": plan.measured_at or utcnow(),
     }
-    repo._upsert(session, GraphPlan, key_cols=key, values=values)
+    writes.upsert(session, GraphPlan, key_cols=key, values=values)
 
 
 def list_plans(
@@ -197,10 +197,10 @@ def _verification_fields(v: VerificationRow | Verification) -> dict[str, Any]:
 def record_verification(*, session: Session, v: VerificationRow) -> bool:
     """Keep `v` in the history and mark the stored best with its verdict, unless the row no longer
     holds the config verified (re-tuned meanwhile: that row was not verified). True: marked."""
-    repo._bump_version(session)
+    data_version.bump_version(session)
     device_id, kernel_id = _ids(session, v.key.device, v.key.kernel_hash)
     at = v.verified_at or utcnow()
-    key = repo._key_columns(device_id, kernel_id, v.key)
+    key = writes.key_columns(device_id, kernel_id, v.key)
     session.add(
         Verification(
             **key,
@@ -216,7 +216,7 @@ def record_verification(*, session: Session, v: VerificationRow) -> bool:
     row = session.scalars(
         select(BestConfig).where(*(getattr(BestConfig, k) == val for k, val in key.items()))
     ).one_or_none()
-    if row is None or repo._to_row(row, v.key.device, v.key.kernel_hash).config != v.config:
+    if row is None or best_configs.to_best_row(row, v.key.device, v.key.kernel_hash).config != v.config:
         return False
     row.verdict, row.verified_at = v.verdict, at
     return True

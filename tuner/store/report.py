@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from verify_tuner import batches, buckets, engine_files
 from verify_tuner.files import write_shared
 from verify_tuner.kernels.shapes import floor_bytes
-from verify_tuner.store import plans, repo
+from verify_tuner.store import best_configs, devices, models, plans
 from verify_tuner.store.session import session_scope
 
 
@@ -19,20 +19,20 @@ def write_report(*, sessions: sessionmaker[Session], out_dir: Path, device: str 
     a batch bucket is its own curve, never joined to another's -- and each graph plan's regret per
     prefix bucket."""
     with session_scope(sessions) as s:
-        rows = repo.list_best(session=s, device=device)
+        rows = best_configs.list_best(session=s, device=device)
         graph_plans = plans.list_plans(session=s, device=device)
-        devices = {d.name: d for d in repo.list_devices(session=s)}
+        recorded = {d.name: d for d in devices.list_devices(session=s)}
         prefixes = {}
         for r in rows:
             if r.study_id is not None:
-                st = s.get(repo.Study, r.study_id)
+                st = s.get(models.Study, r.study_id)
                 prefixes[r.key] = st.prefix if st else None
     if rows:  # nothing to write: no folder either
         out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for dev_name in sorted({r.key.device for r in rows}):
         dev_rows = [r for r in rows if r.key.device == dev_name]
-        bw = devices[dev_name].copy_bw_gbps if dev_name in devices else None
+        bw = recorded[dev_name].copy_bw_gbps if dev_name in recorded else None
         stem = out_dir / f"tuned_{engine_files.slug(dev_name.lower())}"
         lines = [
             f"# Tuned vs default — {dev_name}, {dt.date.today().isoformat()}",

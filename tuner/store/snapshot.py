@@ -13,7 +13,7 @@ from typing import Any
 from verify_tuner.errors import StorageError
 from verify_tuner.kernels.limits import DeviceLimits
 from verify_tuner.keys import ConfigKey
-from verify_tuner.store import configs_io, migrate, plans, repo
+from verify_tuner.store import best_configs, configs_io, devices, migrate, plans
 from verify_tuner.store.session import make_engine, session_factory, session_scope
 
 
@@ -25,14 +25,14 @@ def write_snapshot(source_url: str, dest: Path) -> int:
         raise StorageError(f"{dest} exists: remove it or choose another path (a snapshot is never merged)")
     src = migrate.checked_sessions(source_url)
     with session_scope(src) as s:
-        devices = [repo.device_limits(d) for d in repo.list_devices(session=s)]
-        stale = {r.key for r in repo.list_best(session=s) if r.stale}
+        recorded = [devices.device_limits(d) for d in devices.list_devices(session=s)]
+        stale = {r.key for r in best_configs.list_best(session=s) if r.stale}
         rows = [row for row in configs_io.export_rows(session=s) if _key(row) not in stale]
         graph_plans = plans.list_plans(session=s)
     work = dest.with_name(dest.name + ".partial")  # built aside, renamed into place when complete
     _remove(work)
     try:
-        n = _build(work, devices, rows, graph_plans)
+        n = _build(work, recorded, rows, graph_plans)
         os.replace(work, dest)
     finally:
         _remove(work)
@@ -46,15 +46,15 @@ def _key(row: dict[str, Any]) -> ConfigKey:
 
 
 def _build(
-    path: Path, devices: list[DeviceLimits], rows: list[dict[str, Any]], graph_plans: list[plans.PlanRow]
+    path: Path, recorded: list[DeviceLimits], rows: list[dict[str, Any]], graph_plans: list[plans.PlanRow]
 ) -> int:
     url = f"sqlite:///{path}"
     migrate.upgrade(url)
     engine = make_engine(url)
     try:
         with session_scope(session_factory(engine)) as d:
-            for limits in devices:
-                repo.upsert_device(session=d, limits=limits)
+            for limits in recorded:
+                devices.upsert_device(session=d, limits=limits)
             n = configs_io.import_rows(session=d, rows=rows).imported if rows else 0  # validated again on the way in
             for p in graph_plans:
                 plans.upsert_plan(session=d, plan=p)

@@ -1,0 +1,218 @@
+"""`tuner configs`: the best configs stored in the database, listed, shown, exported, dumped as
+engine files and imported (`configs verify` is in verify_tuner.cli.plans)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+from verify_tuner.batches import MAX_BATCH
+from verify_tuner.buckets import MAX_PREFIX
+from verify_tuner.cli.database import checked_sessions
+from verify_tuner.cli.exits import clean_exit
+from verify_tuner.cli.options import H_RANGE, JSON_OPT, Q_LEN_RANGE
+from verify_tuner.kernels.validate import MAX_Q_LEN
+from verify_tuner.keys import MAX_H
+from verify_tuner.settings import Settings
+
+
+@click.group()
+def configs() -> None:
+    """Best configs stored in the database."""
+
+
+@configs.command("list")
+@click.option("--device", default=None)
+@click.option("--H", "H", type=H_RANGE, default=None)
+@click.option("--q-len", type=Q_LEN_RANGE, default=None)
+@JSON_OPT
+@click.pass_obj
+@clean_exit
+def configs_list(settings: Settings, device: str | None, H: int | None, q_len: int | None, as_json: bool) -> None:
+    """One line per stored best config (with STAGES and the kernel hash)."""
+    from verify_tuner.kernels import kernel_hash
+    from verify_tuner.kernels.config import PARAM_NAMES
+    from verify_tuner.store import configs_io
+    from verify_tuner.store.session import session_scope
+
+    with session_scope(checked_sessions(settings)) as s:
+        rows = configs_io.export_rows(session=s, device=device, H=H, q_len=q_len)
+    current = kernel_hash()
+    if as_json:
+        click.echo(json.dumps([{**r, "served": r["kernel_hash"] == current} for r in rows], indent=1, allow_nan=False))
+        return
+    if not rows:
+        click.echo("no tuned configs")
+    for r in rows:
+        consts = " ".join(f"{k}={r[k]}" for k in PARAM_NAMES)
+        served = "" if r["kernel_hash"] == current else "  (another kernel: not served)"
+        click.echo(
+            f"{r['device']}  H={r['H']} q_len={r['q_len']} prefix[{r['bucket_lo']},{r['bucket_hi']}) "
+            f"B[{r['batch_lo']},{r['batch_hi']}]  "
+            f"{consts}  {_us(r['median_us'])} (default {_us(r['default_us'])})  "
+            f"kernel {r['kernel_hash']}{served}"
+        )
+
+
+def _us(v: float | None) -> str:
+    return "?" if v is None else f"{v:.1f} us"
+
+
+@configs.command("show")
+@click.option("--H", "H", type=H_RANGE, required=True)
+@click.option("--q-len", type=Q_LEN_RANGE, required=True)
+@click.option(
+    "--prefix",
+    type=click.IntRange(0, MAX_PREFIX),
+    required=True,
+    help="A batch's longest prefix (verify_tuner.batches.prefix_of).",
+)
+@click.option(
+    "--batch", type=click.IntRange(1, MAX_BATCH), default=1, show_default=True, help="Requests verified in one launch."
+)
+@click.option("--device", default=None, help="Default: TUNER_DEVICE, else the only recorded device.")
+@JSON_OPT
+@click.pass_obj
+@clean_exit
+def configs_show(
+    settings: Settings, H: int, q_len: int, prefix: int, batch: int, device: str | None, as_json: bool
+) -> None:
+    """The config the service would answer for this key (tuned, nearest or heuristic); JSON
+    either way (--json is accepted for symmetry with the other commands)."""
+    from verify_tuner.store import lookup
+    from verify_tuner.store.session import session_scope
+
+    with session_scope(checked_sessions(settings)) as s:
+        limits = lookup.resolve_device(session=s, name=device, default=settings.device)
+        a = lookup.answer(session=s, limits=limits, H=H, q_len=q_len, prefix=prefix, batch=batch)
+    click.echo(
+        json.dumps(
+            {
+                **a.config.as_params(),
+                "source": a.source,
+                "bucket": [a.bucket.lo, a.bucket.hi],
+                "batch_bucket": [a.batch_bucket.lo, a.batch_bucket.hi],
+                "device": a.device,
+                "expected_us": a.expected_us,
+            },
+            indent=2,
+        )
+    )
+
+
+@configs.command("export")
+@click.option("--format", "fmt", type=click.Choice(["json", "csv"]), default="json", show_default=True)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="File to write (default: stdout).",
+)
+@click.option("--device", default=None)
+@click.pass_obj
+@clean_exit
+def configs_export(settings: Settings, fmt: str, output: Path | None, device: str | None) -> None:
+    """Write every stored best config as JSON or CSV."""
+    from verify_tuner.files import write_shared
+    from verify_tuner.store import configs_io
+    from verify_tuner.store.session import session_scope
+
+    with session_scope(checked_sessions(settings)) as s:
+        text = configs_io.dumps(configs_io.export_rows(session=s, device=device), fmt)
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        write_shared(output, text)
+        click.echo(f"wrote {output}")
+
+
+def _write_cubins(settings: Settings, out_dir: Path, paths: list[Path]) -> Path:
+    """The cubin bundle for every config the dumped files serve, on each file's device arch."""
+    from verify_tuner import engine_files
+    from verify_tuner.engine.bundle import write_bundle
+    from verify_tuner.kernels.limits import known_device
+
+    items = []
+    for path in paths:
+        doc = json.loads(path.read_text())
+        limits = known_device(doc["device_name"])
+        if limits is None:
+            raise click.ClickException(f"{doc['device_name']}: no known arch to compile its cubins for")
+        items += [(cfg, doc["q_len"], limits.arch) for cfg in engine_files.distinct_configs(doc)]
+    return write_bundle(out_dir / "cubins", items, cache_dir=settings.cache_dir)
+
+
+@configs.command("dump")
+@click.option(
+    "--out-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Folder for the files (created if missing); point VERIFY_TUNER_CONFIG_DIR at it.",
+)
+@click.option("--device", default=None, help="Default: every recorded device.")
+@click.option(
+    "--shape",
+    "shapes",
+    multiple=True,
+    metavar="H:Q",
+    help="Also write this (H, q_len) where nothing is tuned (heuristic table); repeatable.",
+)
+@click.option(
+    "--cubins",
+    is_flag=True,
+    help="Also compile every config the files serve for each device's arch into OUT_DIR/cubins "
+    "(needs nvcc): the bundle an inference host loads without nvcc (VERIFY_TUNER_CUBINS).",
+)
+@click.pass_obj
+@clean_exit
+def configs_dump(settings: Settings, out_dir: Path, device: str | None, shapes: tuple[str, ...], cubins: bool) -> None:
+    """Write engine-style files, one per (H, q_len, device, dtype), named like vLLM's tuned
+    configs (H=8,q_len=9,device_name=NVIDIA_H200,dtype=bf16.json): the whole answer table for
+    the kernel this version launches, for workers that read configs from a folder."""
+    from verify_tuner.store import engine_dump
+    from verify_tuner.store.session import session_scope
+
+    parsed = []
+    for text in shapes:
+        try:
+            H, q = (int(x) for x in text.split(":"))
+        except ValueError:
+            raise click.BadParameter(f"expected H:Q like 8:9, got {text!r}", param_hint="--shape") from None
+        if not (1 <= H <= MAX_H and 1 <= q <= MAX_Q_LEN):
+            raise click.BadParameter(
+                f"need 1 <= H <= {MAX_H} and 1 <= Q <= {MAX_Q_LEN}, got {text!r}", param_hint="--shape"
+            )
+        parsed.append((H, q))
+    with session_scope(checked_sessions(settings)) as s:
+        paths = engine_dump.dump(session=s, out_dir=out_dir, device=device, shapes=parsed)
+    if not paths:
+        click.echo("nothing tuned for this kernel: no files written (give --shape H:Q for heuristic tables)")
+    for p in paths:
+        click.echo(f"wrote {p}")
+    if cubins and paths:
+        manifest = _write_cubins(settings, out_dir, paths)
+        click.echo(f"wrote {manifest}")
+
+
+@configs.command("import")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--format", "fmt", type=click.Choice(["json", "csv"]), default=None, help="Default: from the file extension."
+)
+@click.pass_obj
+@clean_exit
+def configs_import(settings: Settings, path: Path, fmt: str | None) -> None:
+    """Import best configs; every row is checked and the file is rejected whole on any error."""
+    from verify_tuner.store import configs_io
+    from verify_tuner.store.session import session_scope
+
+    fmt = fmt or ("csv" if path.suffix.lower() == ".csv" else "json")
+    loaded = configs_io.loads(path.read_bytes(), fmt)
+    with session_scope(checked_sessions(settings)) as s:
+        result = configs_io.import_rows(session=s, rows=loaded.rows, allow_empty=loaded.dump)
+    for w in result.warnings:
+        click.echo(f"warning: {w}", err=True)
+    click.echo(f"imported {result.imported} config(s)")

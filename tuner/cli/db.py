@@ -1,0 +1,65 @@
+"""`tuner db`: schema migrations of the config database and its read-only snapshot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from verify_tuner.cli.database import require_existing
+from verify_tuner.cli.exits import clean_exit
+from verify_tuner.settings import Settings
+
+
+@click.group()
+def db() -> None:
+    """Schema migrations of the config database."""
+
+
+@db.command("upgrade")
+@click.option("--revision", default="head", show_default=True, help="Target revision.")
+@click.pass_obj
+@clean_exit
+def db_upgrade(settings: Settings, revision: str) -> None:
+    """Create or migrate the schema (run once before `tuner serve` or `tuner study start`).
+
+    Also creates Optuna's tables in a shared study storage, so that tuners starting together on
+    several GPUs never race to create them (with a file per key: its directory and the blank
+    storage each key's file is copied from when the key is first tuned)."""
+    from verify_tuner.search.study_storage import prepare_study_storage
+    from verify_tuner.store import migrate
+
+    migrate.upgrade(settings.database_url, revision)
+    prepare_study_storage(settings.studies)
+    click.echo(f"database at revision {revision}: {_safe_url(settings.database_url)}")
+
+
+@db.command("snapshot")
+@click.argument("dest", type=click.Path(dir_okay=False, path_type=Path))
+@click.pass_obj
+@clean_exit
+def db_snapshot(settings: Settings, dest: Path) -> None:
+    """Write DEST: an SQLite file with the devices and best configs of the config database, in
+    rollback-journal mode, to mount read-only under `tuner serve --read-only-database`."""
+    from verify_tuner.store.snapshot import write_snapshot
+
+    n = write_snapshot(settings.database_url, dest)
+    click.echo(f"wrote {dest}: {n} best configs")
+
+
+@db.command("current")
+@click.pass_obj
+@clean_exit
+def db_current(settings: Settings) -> None:
+    """Print the schema revision of the database and the one this version needs."""
+    from verify_tuner.store import migrate
+    from verify_tuner.store.session import make_engine
+
+    require_existing(settings.database_url)
+    engine = make_engine(settings.database_url, immediate=False, read_only=True)  # a look, never a write
+    click.echo(f"current: {migrate.current_revision(engine) or 'none'}; head: {migrate.head_revision()}")
+
+
+def _safe_url(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)

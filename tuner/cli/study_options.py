@@ -1,0 +1,207 @@
+"""The options of `tuner study start` and `tuner study report`, their parsing, and the TuneJob
+that start's arguments describe."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+from verify_tuner.buckets import MAX_PREFIX
+
+
+def parse_range(text: str) -> tuple[int, int]:
+    try:
+        lo, hi = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise click.BadParameter(f"expected LO:HI, got {text!r}", param_hint="--prefix-range") from None
+    if not 0 <= lo <= hi <= MAX_PREFIX:
+        raise click.BadParameter(f"need 0 <= LO <= HI <= {MAX_PREFIX}, got {text!r}", param_hint="--prefix-range")
+    return lo, hi
+
+
+def parse_only(items: tuple[str, ...]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for item in items:
+        name, _, values = item.partition("=")
+        try:
+            out[name.strip().upper()] = [int(v) for v in values.split(",") if v.strip()]
+        except ValueError:
+            raise click.BadParameter(f"expected NAME=V1,V2 with integers, got {item!r}") from None
+        if not out[name.strip().upper()]:
+            raise click.BadParameter(f"no values in {item!r}")
+    return out
+
+
+def parse_devices(text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise click.BadParameter(f"--devices takes GPU ordinals like 0,1; got {text!r}") from None
+    if not out or any(d < 0 for d in out):
+        raise click.BadParameter(f"--devices takes GPU ordinals like 0,1; got {text!r}")
+    return out
+
+
+def parse_batches(text: str) -> list[int]:
+    from verify_tuner.batches import MAX_BATCH
+
+    try:
+        out = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise click.BadParameter(f"--batch takes batch sizes like 1,8,32; got {text!r}") from None
+    if not out or not all(1 <= b <= MAX_BATCH for b in out):
+        raise click.BadParameter(f"--batch takes batch sizes in 1..{MAX_BATCH} like 1,8,32; got {text!r}")
+    return out
+
+
+def prefixes_for(prefix: tuple[int, ...], prefix_range: str | None) -> list[int]:
+    """Explicit prefixes, plus one representative prefix per bucket of the range."""
+    from verify_tuner import buckets
+
+    out = list(prefix)
+    if prefix_range:
+        lo, hi = parse_range(prefix_range)
+        out += [min(max(b.mid, lo), hi) for b in buckets.buckets_between(lo, hi)]
+    if not out:
+        raise click.UsageError("give --prefix (repeatable) or --prefix-range LO:HI")
+    return sorted(set(out))
+
+
+def with_options(options: list[Callable[..., Any]], fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` decorated with `options`, listed in the order --help shows them."""
+    for opt in reversed(options):
+        fn = opt(fn)
+    return fn
+
+
+START_OPTS = [
+    click.option("--H", "H", type=click.IntRange(1, 1024), required=True, help="Heads per GPU."),
+    click.option("--q-len", type=click.IntRange(1, 64), required=True, help="Draft nodes per request."),
+    click.option(
+        "--prefix", type=click.IntRange(0, MAX_PREFIX), multiple=True, help="Prefix length to tune (repeatable)."
+    ),
+    click.option("--prefix-range", default=None, help="LO:HI - tune every prefix bucket in the range."),
+    click.option(
+        "--batch",
+        "batch_text",
+        default="1",
+        show_default=True,
+        metavar="B1,B2,...",
+        help="Requests per launch to tune for, e.g. 1,8,32: one key per batch bucket; each measures a "
+        "ragged batch whose longest prefix is the key's prefix.",
+    ),
+    click.option(
+        "--spread",
+        type=click.Choice(["uniform", "one-long", "equal"]),
+        default="uniform",
+        show_default=True,
+        help="How a batch's prefixes are drawn (seeded): uniform in 0.5x..1.5x, "
+        "or one long request among short ones; scaled so the longest is the prefix.",
+    ),
+    click.option(
+        "--trials",
+        type=click.IntRange(min=1),
+        default=60,
+        show_default=True,
+        help="Measured trials per key (invalid configs are not counted).",
+    ),
+    click.option(
+        "--timeout", type=click.FloatRange(min=0, min_open=True), default=None, help="Seconds per key for the search."
+    ),
+    click.option("--sampler", type=click.Choice(["tpe", "grid"]), default="tpe", show_default=True),
+    click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=None, help="Sampler seed (NumPy's range)."),
+    click.option(
+        "--storage",
+        default=None,
+        help="Optuna storage URL, or an SQLite file per key with {study} in its name (default: "
+        "TUNER_STUDY_STORAGE, else a file per key beside an SQLite config DB, else the config DB).",
+    ),
+    click.option(
+        "--device", "ordinal", type=click.IntRange(min=0), default=0, show_default=True, help="CUDA device ordinal."
+    ),
+    click.option(
+        "--devices",
+        default=None,
+        metavar="0,1,...",
+        help="Several GPUs: one tuner process per GPU, all sharing the studies.",
+    ),
+    click.option(
+        "--measure-timeout",
+        type=click.FloatRange(min=1),
+        default=120.0,
+        show_default=True,
+        help="Seconds before a hanging measurement is killed.",
+    ),
+    click.option(
+        "--compile-jobs",
+        type=click.IntRange(min=1),
+        default=None,
+        metavar="N",
+        help="Trials in flight per GPU: each compiles its config in its own thread while one at a time "
+        "measures. Default: the host's cores / GPUs, at most 8.",
+    ),
+    click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON (one object per key)."),
+    click.option(
+        "--only",
+        "only",
+        multiple=True,
+        metavar="NAME=V1,V2",
+        help="Restrict a constant's candidates, e.g. --only STAGES=2 --only BLOCK=256,512.",
+    ),
+]
+
+
+REPORT_OPTS = [
+    click.option(
+        "--out",
+        "out_dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=Path("bench/results"),
+        show_default=True,
+    ),
+    click.option("--device", default=None, help="Default: every recorded device."),
+]
+
+
+def tune_job(
+    H: int,
+    q_len: int,
+    prefix: tuple[int, ...],
+    prefix_range: str | None,
+    batch_text: str,
+    spread: str,
+    only: tuple[str, ...],
+    **kw: Any,
+) -> Any:
+    """The TuneJob the arguments describe; every argument is checked here, before a worker or a
+    GPU is touched (and before Optuna is imported: the measuring child starts first)."""
+    from verify_tuner import space
+    from verify_tuner.jobs.runner import TuneJob
+    from verify_tuner.measure.backend import Workload
+    from verify_tuner.study_files import study_storage_error
+
+    if kw["storage"] is not None and (why := study_storage_error(kw["storage"])):
+        raise click.BadParameter(why, param_hint="--storage")
+    restrict = parse_only(only)
+    try:
+        space.choices(H, restrict, q_len=q_len)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--only") from None
+    workloads = [
+        Workload(H, q_len, p, batch=b, spread=spread)
+        for b in parse_batches(batch_text)
+        for p in prefixes_for(prefix, prefix_range)
+    ]
+    return TuneJob(
+        workloads=workloads,
+        n_trials=kw["trials"],
+        sampler=kw["sampler"],
+        seed=kw["seed"],
+        timeout_s=kw["timeout"],
+        storage_url=kw["storage"],
+        measure_timeout_s=kw["measure_timeout"],
+        restrict=restrict,
+        compile_jobs=kw["compile_jobs"],
+    )

@@ -1,0 +1,123 @@
+"""The table a worker's config client holds: per batch bucket, its entries by prefix bucket and
+the tuner's graph plan, read from a sidecar's table or an engine config file with every config
+checked to run on the device before it is used; and the built-in heuristic's table. Needs only
+the bare package (verify_tuner.engine.client imports it)."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from verify_tuner import batches, buckets
+from verify_tuner.heuristic import heuristic_config
+from verify_tuner.kernels.config import PARAM_NAMES, KernelConfig
+from verify_tuner.kernels.limits import DeviceLimits
+from verify_tuner.kernels.validate import check
+
+
+@dataclass(frozen=True)
+class Entry:
+    lo: int
+    hi: int
+    config: KernelConfig
+    source: str  # tuned | nearest | heuristic (as the sidecar answered)
+
+
+@dataclass(frozen=True)
+class GraphPlanChoice:
+    """What to capture in the CUDA graph of one batch size (ConfigClient.graph_plan). `source`:
+    "graph_plan" (the tuner's plan for the batch bucket: fastest in expectation over its prefix
+    range, `regrets` its time / the best config's time per prefix bucket, (lo, hi, regret)) or
+    "longest_prefix" (no plan held: the table's config for the longest prefix, no regrets known)."""
+
+    config: KernelConfig
+    source: str
+    regrets: tuple[tuple[int, int, float], ...] = ()
+    expected_us: float | None = None
+    prefix_range: tuple[int, int] | None = None
+    reason: str = ""
+
+
+def heuristic_table(limits: DeviceLimits, *, H: int, q_len: int) -> dict[int, list[Entry]]:
+    """The built-in heuristic's entry for every prefix bucket of every batch bucket."""
+    return {
+        bb.index: [
+            Entry(
+                b.lo,
+                b.hi,
+                heuristic_config(limits, H=H, q_len=q_len, prefix=b.mid, batch=bb.hi),
+                "heuristic",
+            )
+            for b in buckets.ALL
+        ]
+        for bb in batches.ALL
+    }
+
+
+def engine_file_configs(doc: dict) -> list[dict]:
+    """An engine config file's entries in the shape of a sidecar table's (`bucket`, `batch_bucket`)."""
+    return [
+        {
+            **e,
+            "bucket": {"lo": e["prefix_lo"], "hi": e["prefix_hi"]},
+            "batch_bucket": {"index": batches.bucket_of(int(hi)).index},
+        }
+        for hi, entries in doc["configs"].items()
+        for e in entries
+    ]
+
+
+def parse_table(
+    configs: list[dict], graph_plans: list[dict] | None, limits: DeviceLimits | None, *, H: int, q_len: int
+) -> tuple[dict[int, list[Entry]], dict[int, GraphPlanChoice]]:
+    """The entries (sorted by prefix) and graph plans per batch bucket index. ValueError when a
+    config or plan cannot run on `limits` (None: unchecked), a batch bucket is missing or a batch
+    bucket's entries do not cover every prefix."""
+    by_batch: dict[int, list[Entry]] = {}
+    for c in configs:
+        by_batch.setdefault(int(c["batch_bucket"]["index"]), []).append(
+            Entry(
+                c["bucket"]["lo"],
+                c["bucket"]["hi"],
+                KernelConfig.from_params({k: c[k] for k in PARAM_NAMES if k in c}),
+                c["source"],
+            )
+        )
+    _check_device(by_batch, limits, H=H, q_len=q_len)
+    if set(by_batch) != {bb.index for bb in batches.ALL}:
+        raise ValueError(f"table holds batch buckets {sorted(by_batch)}, not all {len(batches.ALL)}")
+    for entries in by_batch.values():
+        entries.sort(key=lambda e: e.lo)
+        if entries[0].lo != 0 or any(a.hi != b.lo for a, b in itertools.pairwise(entries)):
+            raise ValueError("table does not cover every prefix")
+    plans = {int(p["batch_bucket"]["index"]): _plan_choice(p) for p in graph_plans or []}
+    for p in plans.values():
+        if limits is not None and (why := check(p.config, limits, H=H, q_len=q_len)):
+            raise ValueError(f"graph plan {p.config} cannot run on {limits.name}: {why}")
+    return by_batch, plans
+
+
+def _check_device(by_batch: dict[int, list[Entry]], limits: DeviceLimits | None, *, H: int, q_len: int) -> None:
+    """Every config must run on this device, whatever the table's file name or source said
+    (another GPU's table saved under this one's name would launch configs it cannot run)."""
+    if limits is None:  # nothing to check against: the caller sees source and reason
+        return
+    entries = [e for es in by_batch.values() for e in es]
+    bad = [(e, r) for e in entries if (r := check(e.config, limits, H=H, q_len=q_len))]
+    if bad:
+        e, why = bad[0]
+        raise ValueError(f"{len(bad)} of {len(entries)} configs cannot run on {limits.name} (e.g. {e.config}: {why})")
+
+
+def _plan_choice(p: dict) -> GraphPlanChoice:
+    regrets = tuple((int(b["prefix_lo"]), int(b["prefix_hi"]), float(b["regret"])) for b in p["buckets"])
+    worst = max((r for _, _, r in regrets), default=1.0)
+    return GraphPlanChoice(
+        KernelConfig.from_params({k: p[k] for k in PARAM_NAMES if k in p}),
+        "graph_plan",
+        regrets,
+        p.get("expected_us"),
+        (int(p["prefix_lo"]), int(p["prefix_hi"])),
+        f"graph plan for prefixes {p['prefix_lo']}..{p['prefix_hi']}, worst regret {worst:.3f}x "
+        f"(measured {p.get('measured_at')} on {p.get('measured_by')})",
+    )

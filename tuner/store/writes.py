@@ -1,0 +1,46 @@
+"""What every writer of a keyed table shares: INSERT ... ON CONFLICT portable across SQLite and
+PostgreSQL, and the columns a workload key fills."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.orm import Session
+from verify_tuner.errors import StorageError
+from verify_tuner.keys import ConfigKey
+
+
+def _insert(session: Session, model: type, row: dict[str, Any]):  # type: ignore[no-untyped-def]
+    dialect = session.get_bind().dialect.name
+    if dialect == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert
+    elif dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert  # type: ignore[assignment]
+    else:
+        raise StorageError(f"unsupported database dialect {dialect!r}")
+    return insert(model).values(**row)
+
+
+def upsert(session: Session, model: type, *, key_cols: dict[str, Any], values: dict[str, Any]) -> None:
+    """INSERT ... ON CONFLICT DO UPDATE, portable across SQLite and PostgreSQL: concurrent writers
+    of one key never fail and never lose a committed row."""
+    stmt = _insert(session, model, {**key_cols, **values})
+    session.execute(stmt.on_conflict_do_update(index_elements=list(key_cols), set_=values))
+
+
+def insert_ignore(session: Session, model: type, *, key_cols: dict[str, Any], values: dict[str, Any]) -> None:
+    stmt = _insert(session, model, {**key_cols, **values})
+    session.execute(stmt.on_conflict_do_nothing(index_elements=list(key_cols)))
+
+
+def key_columns(device_id: int, kernel_id: int, key: ConfigKey) -> dict[str, Any]:
+    """The columns a workload key fills in a table keyed by it (best configs, verifications)."""
+    return {
+        "device_id": device_id,
+        "kernel_id": kernel_id,
+        "dtype": key.dtype,
+        "H": key.H,
+        "q_len": key.q_len,
+        "bucket": key.bucket,
+        "batch_bucket": key.batch_bucket,
+    }
