@@ -57,6 +57,7 @@ def main() -> None:
     plans = json.loads(args.plans_json.read_text())
     walls = walltimes(args.walltimes)
     study_s = sum(w["wall_s"] for w in walls if w["phase"] == "study")
+    args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / f"graph_plans_{args.arch}"
     verdicts = verifications(args.database_url) if args.database_url else {}
     doc = {
