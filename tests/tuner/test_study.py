@@ -324,6 +324,24 @@ def test_parallel_trials_compile_ahead_measure_one_at_a_time_and_keep_the_budget
     assert len(more.measured) == 3
 
 
+class _SlowDefaultBackend(_ThreadedBackend):
+    """The default compiles slowest (a big config's nvcc): the others finish compiling first."""
+
+    def compile_ahead(self, cfg, q_len):  # type: ignore[no-untyped-def]
+        slow = cfg == heuristic_config(H200, H=8, q_len=9, prefix=46000)
+        self._enter("compiling", 0.6 if slow else 0.02)
+        FakeBackend.compile_ahead(self, cfg, q_len)
+
+
+def test_the_default_is_measured_first_even_when_it_compiles_last(sessions, db_url):
+    # the baseline every later trial is compared with: measured before anything submitted after it
+    fb = _SlowDefaultBackend()
+    out = study(sessions, db_url, fb, n_trials=6, parallel=4)
+    assert out.stored and fb.max_compiling > 1
+    assert fb.measured[0] == heuristic_config(H200, H=8, q_len=9, prefix=46000)
+    assert fb.max_measuring == 1
+
+
 def test_optuna_commits_trials_without_fsync_and_the_config_db_keeps_full(tmp_path):
     from sqlalchemy import text
     from verify_tuner.search.study_storage import open_storage

@@ -14,6 +14,7 @@ verify_tuner.search.heartbeat, the study's ledger and the trial log verify_tuner
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -30,25 +31,43 @@ from verify_tuner.search.proposer import Proposal, Proposer
 
 class Pipeline:
     """Compiles configs in a pool of threads and measures them one at a time in another: the GPU
-    is never shared, and a config compiles while the one before it measures."""
+    is never shared, and a config compiles while the one before it measures. A lead config (the
+    heuristic default, the baseline every later one is compared with) compiles on a thread of its
+    own and is measured before any config submitted after it."""
 
     def __init__(self, backend: Backend, workload: Workload, compile_jobs: int) -> None:
         self.backend, self.workload = backend, workload
         self.compiling = ThreadPoolExecutor(max(1, compile_jobs), thread_name_prefix="compile")
+        self.leading = ThreadPoolExecutor(1, thread_name_prefix="compile-lead")  # never queued behind waiters
         self.gpu = ThreadPoolExecutor(1, thread_name_prefix="measure")
+        self._lead_queued = threading.Event()
+        self._lead_queued.set()
 
     def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.compiling.shutdown(wait=exc[0] is None, cancel_futures=True)
-        self.gpu.shutdown(wait=exc[0] is None, cancel_futures=True)
+        self._lead_queued.set()  # no compile thread waits for a lead that will not come
+        for pool in (self.leading, self.compiling, self.gpu):
+            pool.shutdown(wait=exc[0] is None, cancel_futures=True)
 
-    def submit(self, cfg: KernelConfig) -> Future[Measurement]:
+    def submit(self, cfg: KernelConfig, *, lead: bool = False) -> Future[Measurement]:
+        if lead:
+            self._lead_queued.clear()
+            return self.leading.submit(self._build_then_measure_lead, cfg)
         return self.compiling.submit(self._build_then_measure, cfg)
+
+    def _build_then_measure_lead(self, cfg: KernelConfig) -> Measurement:
+        try:
+            self.backend.compile_ahead(cfg, self.workload.q_len)
+            measured = self.gpu.submit(self.backend.measure, cfg, self.workload)
+        finally:
+            self._lead_queued.set()
+        return measured.result()
 
     def _build_then_measure(self, cfg: KernelConfig) -> Measurement:
         self.backend.compile_ahead(cfg, self.workload.q_len)
+        self._lead_queued.wait()
         return self.gpu.submit(self.backend.measure, cfg, self.workload).result()
 
 
@@ -110,7 +129,8 @@ class Loop:
             p = self.proposer.ask()
             if p is not None:
                 self.heartbeat.add(p.trial.number)
-                self.in_flight[self.pipeline.submit(p.cfg)] = p
+                lead = p.cfg == self.search.default and not self.in_flight
+                self.in_flight[self.pipeline.submit(p.cfg, lead=lead)] = p
 
     def _result(self, p: Proposal, f: Future[Measurement]) -> Measurement:
         try:
