@@ -122,25 +122,19 @@ def measured_everywhere(studies: Path) -> dict[str, list[dict]]:
     each bucket's best to the others), ranked by their mean time, with their regret against the
     fastest measured at each bucket: is there a config, plan finalist or not, good at both ends?"""
     import math
-    import sqlite3
+
+    import optuna
 
     times: dict[tuple[int, tuple], dict[int, float]] = {}
     for f in sorted(studies.glob("*.db")):
-        m = re.search(r"_b(\d+)(?:_B(\d+))?-", f.name)
-        if m is None:
-            continue
-        bucket, bb = int(m[1]), int(m[2] or 0)
-        with sqlite3.connect(f) as c:
-            params: dict[int, dict[str, int]] = {}
-            for tid, name, value, dist in c.execute(
-                "select trial_id, param_name, param_value, distribution_json from trial_params"
-            ):
-                params.setdefault(tid, {})[name] = json.loads(dist)["attributes"]["choices"][int(value)]
-            for tid, us in c.execute(
-                "select t.trial_id, v.value from trials t join trial_values v on v.trial_id = t.trial_id "
-                "where t.state = 'COMPLETE'"
-            ):
-                times.setdefault((bb, tuple(sorted(params[tid].items()))), {}).setdefault(bucket, us)
+        url = f"sqlite:///{f}"
+        for name in optuna.get_all_study_names(storage=url):
+            study = optuna.load_study(study_name=name, storage=url)
+            # the study's workload key: device|kernel|dtype|H..|Q..|b<prefix bucket>[|B<batch bucket>, not B=1]
+            fields = study.user_attrs["workload_key"].split("|")
+            bucket, bb = int(fields[5][1:]), int(fields[6][1:]) if len(fields) > 6 else 0
+            for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
+                times.setdefault((bb, tuple(sorted(t.params.items()))), {}).setdefault(bucket, t.value)
     out: dict[str, list[dict]] = {}
     for bb in sorted({bb for bb, _ in times}):
         per = {cfg: t for (b, cfg), t in times.items() if b == bb}

@@ -25,7 +25,7 @@ t() { # t NAME CMD...: run CMD, append its wall time and exit status
 save() { tar czf "$out/state.tgz" -C "$(dirname "$state")" "$(basename "$state")"; } # what the next call carries
 python3 -m verify_tuner db upgrade >/dev/null
 if ! t study timeout -s KILL "$limit" python3 -m verify_tuner study start "${keys[@]}" --trials "$trials" --seed 0 \
-  --compile-jobs 14 >>"$out/study.log" 2>"$out/study.err"; then
+  --compile-jobs "$(($(nproc) > 3 ? $(nproc) - 2 : 1))" >>"$out/study.log" 2>"$out/study.err"; then
   save
   tail -2 "$out/study.err"
   echo "study not finished in this call: run again with the same STATE"
