@@ -3,6 +3,7 @@ one at a time by the tuner's own measurer in its restartable child (a crashing c
 only itself). Writes JSON for bench/tpe_efficiency.py, which replays the tuner's search against
 these measurements.
 
+    python3 bench/sweep_grid.py --H 8 --q-len 9 --prefix 46000 --sample 1500 --compile-only h200
     python3 bench/sweep_grid.py --H 8 --q-len 9 --prefix 46000 --sample 1500 --out $OUT
     python3 bench/sweep_grid.py --H 8 --q-len 9 --prefix 70000 --batch 32 \
         --configs $OUT/sweep_H8_q9_p46000_b1_sm_90.json --out $OUT     # the same configs, another key
@@ -61,6 +62,13 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
     ap.add_argument("--cache", type=Path, default=Path("/tmp/va-cache"))
     ap.add_argument("--only", action="append", default=[], metavar="NAME=V1,V2", help="(repeatable)")
+    ap.add_argument(
+        "--compile-only",
+        metavar="DEVICE",
+        default=None,
+        help="fill the cache for DEVICE's limits (a known GPU name) and exit: no GPU needed, so the "
+        "compiles can run beside other work on the device",
+    )
     args = ap.parse_args()
     restrict = {k.upper(): [int(v) for v in vals.split(",")] for k, vals in (o.split("=", 1) for o in args.only)}
 
@@ -70,8 +78,15 @@ def main() -> None:
     from verify_tuner.measure.backend import Workload
     from verify_tuner.measure.gpu_backend import IsolatedBackend
 
-    backend = IsolatedBackend(measurer_kwargs={"cache_dir": str(args.cache), "reps": 30})
-    limits = backend.limits
+    if args.compile_only:
+        from verify_tuner.kernels.limits import known_device
+
+        limits = known_device(args.compile_only)
+        if limits is None:
+            raise SystemExit(f"unknown device {args.compile_only!r}")
+    else:
+        backend = IsolatedBackend(measurer_kwargs={"cache_dir": str(args.cache), "reps": 30})
+        limits = backend.limits
     valid = space.valid_configs(limits, H=args.H, q_len=args.q_len, restrict=restrict)
     default = heuristic_config(limits, H=args.H, q_len=args.q_len, prefix=args.prefix, batch=args.batch)
     if args.configs:
@@ -87,6 +102,12 @@ def main() -> None:
     failures = precompile(todo, args.q_len, limits.arch, args.cache)
     t_compile = time.perf_counter() - t0
     print(f"compiled {len(todo)} configs in {t_compile:.0f} s ({len(failures)} failed)", flush=True)
+    if args.compile_only:  # the list itself, for the measuring run's --configs (the same draw on any machine)
+        listed = args.out / f"sweep_H{args.H}_q{args.q_len}_configs_{limits.arch}.json"
+        args.out.mkdir(parents=True, exist_ok=True)
+        listed.write_text(json.dumps({"rows": [c.as_params() for c in configs], "failed": failures}, indent=0))
+        print(f"wrote {listed}")
+        return
     wl = Workload(args.H, args.q_len, args.prefix, batch=args.batch, spread=args.spread)
     meta = {
         "device": limits.name,

@@ -167,6 +167,35 @@ def test_warm_start_measures_the_default_then_neighbours_first(sessions, db_url)
     assert fb.measured[1] == neighbour
 
 
+def test_a_cold_search_starts_from_tpe_and_still_compares_the_winner_with_the_default(sessions, db_url):
+    # bench/tpe_efficiency.py --cold: the search quality of TPE on its own, without the heuristic
+    # default and the neighbours' bests as its first trials; the winner phase still re-times the default
+    fb = FakeBackend()
+    neighbour = KernelConfig(nsplit=96, ht=4, tk=16, block=256, stages=3, wk=2, sf=1, pipe=3)
+    with session_scope(sessions) as s:
+        devices.upsert_device(session=s, limits=H200)
+        from verify_tuner.kernels import kernel_hash
+        from verify_tuner.keys import ConfigKey
+
+        best_configs.upsert_best(
+            session=s, key=ConfigKey(H200.name, kernel_hash(), "bf16", 8, 9, 14), config=neighbour, median_us=30.0
+        )
+    default = heuristic_config(H200, H=8, q_len=9, prefix=46000)
+    out = run_study(
+        backend=fb,
+        sessions=sessions,
+        options=StudyOptions(storage_url=db_url, seed=1, warm_start=False),
+        workload=WL,
+        n_trials=5,
+        restrict=FIXED,
+    )
+    search = fb.measured[:5]  # the winner phase measures (or re-times) after the search's five
+    assert search[0] not in (default, neighbour) and neighbour not in search
+    winner_phase = fb.measured[5:] + [c for batch in fb.remeasured for c in batch]
+    assert default in winner_phase, "the winner phase must time the default"
+    assert out.default == default and out.stored
+
+
 def test_a_search_restricted_away_from_a_faster_default_stores_the_default(sessions, db_url):
     # `--only NSPLIT=1,2`: every config the search may try is slower than the heuristic's default
     # (NSPLIT=132 here), which the winner phase gates and times; the default must win, not the

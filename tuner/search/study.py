@@ -67,6 +67,10 @@ class StudyOptions:
     #: search only these configs (None: every valid one): a recorded sweep's sample replayed, or an
     #: operator's short list; anything else TPE proposes is refused and its nearest listed config tried
     candidates: frozenset[KernelConfig] | None = None
+    #: False: the search starts from TPE's own draws, not the heuristic and the neighbours' bests
+    #: (what bench/tpe_efficiency.py --cold measures: the search on its own); the winner phase
+    #: still re-times the heuristic beside the finalists
+    warm_start: bool = True
 
 
 def _sampler(options: StudyOptions) -> optuna.samplers.BaseSampler:
@@ -168,7 +172,9 @@ def run_study(
     )
     search = _key_search(key, workload, study_id, backend.limits, restrict, n_trials, options, warm[0])
     study, storage = _open_study(key, options)
-    _search(study, storage, search, backend, sessions, options, warm if pick else [], on_progress)
+    _search(
+        study, storage, search, backend, sessions, options, warm if pick and options.warm_start else [], on_progress
+    )
     if not pick:
         winner = Winner(reason="helped with the search (another process owns the key)")
     else:
