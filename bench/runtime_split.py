@@ -7,7 +7,8 @@ replays, inputs rotated past the L2):
 - ragged: 1x100k + 7x2k (B=8) and 1x120k + 31x1k (B=32), against the long request alone;
 - uniform: B=32 with prefixes 20k..70k, against max(HBM floor, FLOP / 645 TFLOP/s);
 - short: B=1 at P=0 and P=4096;
-- variants: the plan's per-request cost PLAN_C A/B'd on the short and ragged cases.
+- variants: the plan's row splits (-DVA_ROWSPLIT=1: none; -DPLAN_SPLIT_TILES=k: split while the
+  batch has fewer than k tiles a grid part) A/B'd on short prefixes, a short batch, B=1 46k and ragged B=8.
 Each row: us, limit_us, achieved TB/s and TFLOP/s, and the partial kernel's own time.
 
     python3 bench/runtime_split.py --out bench/results
@@ -204,12 +205,14 @@ def main() -> None:
     add("uniform B=32: 20k..70k", uniform)
     rows[-1]["vs_limit"] = round(rows[-1]["us"] / rows[-1]["limit_us"], 3)
     add("B=1 P=1000", [1000])
-    for flags in ((), ("-DPLAN_C=64",), ("-DPLAN_C=256",)):
+    # the plan's variants: row splits compiled out, splitting while parts would hold < 2 or 4 tiles
+    for flags in ((), ("-DVA_ROWSPLIT=1",), ("-DPLAN_SPLIT_TILES=2",), ("-DPLAN_SPLIT_TILES=4",)):
         tag = " ".join(flags) or "default plan"
-        add(f"B=1 P=0 [{tag}]", [0], flags)
-        add(f"B=1 P=4096 [{tag}]", [4096], flags)
+        for P in (0, 1218, 2435, 4096, 8192):
+            add(f"B=1 P={P} [{tag}]", [P], flags)
+        add(f"B=8 P=1218 [{tag}]", [1218] * 8, flags)
+        add(f"B=1 P=46000 [{tag}]", [46000], flags)
         add(f"ragged B=8 [{tag}]", [100_000] + [2000] * 7, flags)
-        add(f"ragged B=32 [{tag}]", [120_000] + [1000] * 31, flags)
     import torch
 
     meta = {

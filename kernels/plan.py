@@ -11,6 +11,12 @@ fixed cost: the Q load, the pipeline's fill, the epilogue). Part p of the N acti
 units [p*W/N, (p+1)*W/N) of the batch's W; a KV tile belongs to the part that holds its last
 token's unit. N = min(NSPLIT, W // (PLAN_MIN_TILES * TK)): a part spans at least one tile, so
 every part between a request's first and last holds some of its tiles and writes a partial.
+
+Row splits: when W // (PLAN_MIN_TILES * TK) < NSPLIT * PLAN_SPLIT_TILES (with the default 1: a
+batch too short for every part to get a tile), the grid's parts would idle; instead N drops to at most NSPLIT // R and each part runs as R blocks, block r taking
+the n8 row tiles [r*RS, (r+1)*RS) of the block's rows over the part's tiles (R = the kernel's
+VA_ROWSPLIT, at most the row tiles; RS = ceil(row tiles / R)). Slots and the reduce are those of
+the N parts: the row splits write disjoint rows of them.
 """
 
 from __future__ import annotations
@@ -21,6 +27,17 @@ from dataclasses import dataclass
 #: Defaults of the kernel's PLAN_C (tokens of fixed cost a request adds) and PLAN_MIN_TILES.
 PLAN_C = 128
 PLAN_MIN_TILES = 1
+#: The kernel's VA_ROWSPLIT default: the blocks a short batch's part is split into by rows, and
+#: PLAN_SPLIT_TILES: split while the batch has fewer tiles than that many per grid part.
+ROW_SPLITS = 3
+PLAN_SPLIT_TILES = 1
+
+
+def row_splits(*, rows: int, nsplit: int, splits: int = ROW_SPLITS) -> int:
+    """The kernel's RSPLIT for a block of `rows` query rows: 1 when it cannot split (one n8 row
+    tile, or fewer grid parts than splits)."""
+    nr = -(-rows // 8)
+    return min(splits, nr) if nr > 1 and splits > 1 and nsplit >= splits else 1
 
 
 @dataclass(frozen=True)
@@ -46,6 +63,9 @@ class Plan:
     nsplit: int
     c: int = PLAN_C
     min_tiles: int = PLAN_MIN_TILES
+    #: the kernel's RSPLIT (row_splits): 1, no row splits
+    rsplit: int = 1
+    split_tiles: int = PLAN_SPLIT_TILES
 
     def unit(self, b: int) -> int:
         """U(b): units before request b."""
@@ -58,7 +78,18 @@ class Plan:
     @property
     def parts(self) -> int:
         """N, the parts that get work."""
-        return max(1, min(self.nsplit, self.total // (self.min_tiles * self.tk)))
+        n = max(1, min(self.nsplit, self.total // (self.min_tiles * self.tk)))
+        return max(1, min(n, self.nsplit // self.rsplit)) if self.split else n
+
+    @property
+    def split(self) -> bool:
+        """Whether the parts run as row splits: without them some grid parts would idle."""
+        return self.rsplit > 1 and self.total // (self.min_tiles * self.tk) < self.nsplit * self.split_tiles
+
+    @property
+    def blocks_per_part(self) -> int:
+        """R: the grid parts each part's tiles run on (row splits), 1 without a split."""
+        return self.rsplit if self.split else 1
 
     def part_begin(self, p: int) -> int:
         return p * self.total // self.parts
@@ -99,11 +130,20 @@ class Plan:
 
 
 def plan(
-    prefix_lens: Sequence[int], *, q_len: int, tk: int, nsplit: int, c: int = PLAN_C, min_tiles: int = PLAN_MIN_TILES
+    prefix_lens: Sequence[int],
+    *,
+    q_len: int,
+    tk: int,
+    nsplit: int,
+    c: int = PLAN_C,
+    min_tiles: int = PLAN_MIN_TILES,
+    rsplit: int = 1,
+    split_tiles: int = PLAN_SPLIT_TILES,
 ) -> Plan:
     if not prefix_lens:
         raise ValueError("a batch holds at least one request")
-    return Plan(tuple(p + q_len for p in prefix_lens), tk=tk, nsplit=nsplit, c=c, min_tiles=min_tiles)
+    lengths = tuple(p + q_len for p in prefix_lens)
+    return Plan(lengths, tk=tk, nsplit=nsplit, c=c, min_tiles=min_tiles, rsplit=rsplit, split_tiles=split_tiles)
 
 
 def workspace_slots(*, nsplit: int, batch: int) -> int:

@@ -28,7 +28,9 @@
 // sequences, each the prefix followed by the QN draft slots ("virtual tokens"). The grid is
 // (NSPLIT, head groups x row tiles) whatever the batch; Plan (below) shares the batch's tiles
 // out evenly at run time from prefix_indptr, so the grid and the arguments stay fixed while a
-// captured graph is replayed over growing prefixes and changing batches. Everything runs on mma.sync
+// captured graph is replayed over growing prefixes and changing batches; a batch too short to give
+// every part a tile runs its parts as row splits instead (v5: RSPLIT blocks a part, each a share of
+// the rows, so the idle parts shorten the short prefix's chain). Everything runs on mma.sync
 // m16n8k16 (bf16 in, fp32 acc), which sm_80, sm_90 and sm_120 share. Products are transposed
 // -- tokens and latent dims on the M side, query rows on the N side -- because ROWS is small:
 //   QK:  S^T[TK, ROWS]  = K[TK, 576]  . Q^T[576, ROWS]
@@ -87,7 +89,13 @@ constexpr int NGROUPS = PIPE == 3 ? 2 : 1;  // warp groups taking turns at QK + 
 constexpr int GWARPS = NWARPS / NGROUPS;    // warps of one group: QK and softmax of a tile
 constexpr int WT = GWARPS / (WR * WK);   // QK: token groups
 constexpr int MQ = TM / WT;              // QK: m16 token tiles per warp
-constexpr int NQ = (NR + WR - 1) / WR;   // QK: n8 row tiles per warp (strided over row groups)
+// Row splits (Plan): a short batch's parts are split RSPLIT ways by rows, RS n8 row tiles each.
+// VA_ROWSPLIT=1 compiles the split out.
+#ifndef VA_ROWSPLIT
+#define VA_ROWSPLIT 3
+#endif
+constexpr int RSPLIT = NR > 1 && NSPLIT >= VA_ROWSPLIT && VA_ROWSPLIT > 1 ? (VA_ROWSPLIT < NR ? VA_ROWSPLIT : NR) : 1;
+constexpr int RS = (NR + RSPLIT - 1) / RSPLIT;
 constexpr int KS = KSTEPS / WK;          // QK: k16 steps per warp
 constexpr int NSB = SF ? WK / 2 : WK;    // partial-score buffers
 constexpr int SSTRIDE = TK + 4;          // floats per partial-score row (16 B aligned, conflict-free)
@@ -241,6 +249,10 @@ __device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync
 __device__ __forceinline__ void bar_arrive(int id, int n) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
+template <bool V>
+struct Flag {  // a compile-time choice passed to a generic lambda
+  static constexpr bool value = V;
+};
 namespace {
 constexpr int BAR_GROUP = 1;      // + group: the group's 128 threads
 constexpr int BAR_P = 3;          // + tile parity: P(t) is ready (owner arrives, the other group syncs)
@@ -296,6 +308,14 @@ __device__ __forceinline__ unsigned long long mask_row(const void* mask, int byt
 #ifndef PLAN_MIN_TILES
 #define PLAN_MIN_TILES 1
 #endif
+// Row splits: a batch with fewer tiles than the grid has parts would leave parts idle; instead
+// the plan gives each of N <= NSPLIT / RSPLIT parts RSPLIT blocks, each taking RS of the block's
+// NR n8 row tiles over the same KV tiles, so a short prefix's chain -- Q load, QK, softmax, PV,
+// epilogue -- runs on a third of the rows (and a request has fewer partials for the reduce to read).
+// PLAN_SPLIT_TILES: split while the batch has fewer than that many tiles per grid part.
+#ifndef PLAN_SPLIT_TILES
+#define PLAN_SPLIT_TILES 1
+#endif
 namespace {
 struct Seg {  // tiles [t0, t1] of one request (none when t0 > t1); direct: all of its tiles
   int t0, t1;
@@ -305,6 +325,7 @@ struct Plan {
   const int* indptr;
   long long W;
   int N;
+  int R;  // blocks per part: grid part g computes KV part g % N, n8 row tiles from (g / N) * RS
   __device__ __forceinline__ long long U(int b) const {
     return (long long)(__ldg(indptr + b) - __ldg(indptr)) + (long long)b * (QN + PLAN_C);
   }
@@ -327,6 +348,11 @@ __device__ __forceinline__ Plan make_plan(const int* indptr, int B) {
   p.W = p.U(B);
   const long long cap = p.W / (PLAN_MIN_TILES * TK);
   p.N = (int)(cap < 1 ? 1 : (cap < NSPLIT ? cap : NSPLIT));
+  p.R = 1;
+  if (RSPLIT > 1 && cap < (long long)NSPLIT * PLAN_SPLIT_TILES) {  // parts would idle (or hold few tiles)
+    p.R = RSPLIT;
+    p.N = max(1, min(p.N, NSPLIT / RSPLIT));
+  }
   return p;
 }
 // Part `part`'s first segment from request b on, into seg: {t0, t1, direct, request} (request B: none left).
@@ -400,14 +426,19 @@ __device__ __forceinline__ void load_kv_tile(bf16* Kt, const bf16* __restrict__ 
 // with SF=1 the upper half of the k-slices adds into the lower half's buffers after a barrier
 // (every thread of the block calls this at the same point). The k-slices interleave: slice wk
 // takes k-steps wk, wk+WK, wk+2WK, ..., so each ldmatrix address is a per-lane base plus a
-// compile-time offset (swz) once the loop is unrolled.
-__device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* Ss, int warp, int lane, int grp = 0) {
+// compile-time offset (swz) once the loop is unrolled. The block's n8 row tiles are NT from nlo
+// (all NR from 0, or a row split's RS).
+template <int NT>
+__device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* Ss, int warp, int lane, int grp, int nlo) {
+  constexpr int NQ = (NT + WR - 1) / WR;  // n8 row tiles per warp (strided over row groups)
   const int wk = warp % WK, wr = (warp / WK) % WR, wt = warp / (WK * WR);
   const int mat = lane >> 3, r8 = lane & 7, g = lane >> 2, tq = lane & 3;
+  // row tile n of this warp exists: within the block's NT and the request's NR (a last split may hold fewer)
+  auto live = [&](int n) { return wr + n * WR < NT && nlo + wr + n * WR < NR; };
   float acc[MQ][NQ][4];
   zero_fill(acc);
   constexpr int ROWB = KSTRIDE * 2;
-  const uint32_t qrow = smem_u32(Qs) + (wr * 8 + r8) * ROWB;                        // + n*WR*8 rows
+  const uint32_t qrow = smem_u32(Qs) + (nlo * 8 + wr * 8 + r8) * ROWB;              // + n*WR*8 rows
   const uint32_t krow = smem_u32(Kt) + (wt * MQ * 16 + r8 + (mat & 1) * 8) * ROWB;  // + a*16 rows
   const int cq = 2 * wk + 2 * WK * (mat >> 1) + (mat & 1);  // Q x4: steps j, j+1 (mat>>1), k halves (mat&1)
   const int ck = 2 * wk + (mat >> 1);                       // K x4: tokens +8 (mat&1), k halves (mat>>1)
@@ -416,7 +447,7 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
     uint32_t fb4[NQ][4];
 #pragma unroll
     for (int n = 0; n < NQ; ++n)
-      if (wr + n * WR < NR) ldsm_x4(fb4[n], qrow + n * WR * 8 * ROWB + swz(cq, r8, 2 * WK * j));
+      if (live(n)) ldsm_x4(fb4[n], qrow + n * WR * 8 * ROWB + swz(cq, r8, 2 * WK * j));
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       uint32_t fa[MQ][4];
@@ -424,7 +455,7 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
       for (int a = 0; a < MQ; ++a) ldsm_x4(fa[a], krow + a * 16 * ROWB + swz(ck, r8, 2 * WK * (j + h)));
 #pragma unroll
       for (int n = 0; n < NQ; ++n) {
-        if (wr + n * WR >= NR) continue;
+        if (!live(n)) continue;
         const uint32_t fb[2] = {fb4[n][2 * h], fb4[n][2 * h + 1]};
 #pragma unroll
         for (int a = 0; a < MQ; ++a) mma16816(acc[a][n], fa[a], fb);
@@ -439,7 +470,7 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
     const int cq1 = 2 * wk + (mat & 1);  // Q x2: k halves
 #pragma unroll
     for (int n = 0; n < NQ; ++n) {
-      if (wr + n * WR >= NR) continue;
+      if (!live(n)) continue;
       uint32_t fb[2];
       ldsm_x2(fb, qrow + n * WR * 8 * ROWB + swz(cq1, r8, 2 * WK * j));
 #pragma unroll
@@ -458,8 +489,8 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
       for (int a = 0; a < MQ; ++a)
 #pragma unroll
         for (int n = 0; n < NQ; ++n) {
-          const int nj = wr + n * WR;
-          if (nj >= NR) continue;
+          if (!live(n)) continue;
+          const int nj = nlo + wr + n * WR;
 #pragma unroll
           for (int c = 0; c < 4; ++c) {
             const int t = (wt * MQ + a) * 16 + g + (c >> 1) * 8;
@@ -479,11 +510,11 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
 // 1, or the row's accumulator is still 0).
 __device__ __forceinline__ void softmax_row(const float* Ss, bf16* Ps, float* m_s, float* l_s, float* a_s,
                                             int* resc, const unsigned long long* mask_s, const Span& sp,
-                                            int rows_here, int vbase, float scale_log2, int r, int sl) {
-  // RPP need not divide ROWS_PAD: lanes past it compute on the last row (their shuffles stay
-  // converged) and store nothing
-  const bool real = r < ROWS_PAD;
-  r = real ? r : ROWS_PAD - 1;
+                                            int rows_here, int vbase, float scale_log2, int r, int sl, int rhi) {
+  // RPP need not divide the rows: lanes past the block's last (rhi - 1) compute on it (their
+  // shuffles stay converged) and store nothing
+  const bool real = r < rhi;
+  r = real ? r : rhi - 1;
   float s[SPL];
 #pragma unroll
   for (int j = 0; j < SPL; ++j) s[j] = 0.f;
@@ -547,16 +578,16 @@ __device__ __forceinline__ void softmax_row(const float* Ss, bf16* Ps, float* m_
 // warp pass; writes P (bf16) and the row's rescale factor for PV.
 __device__ __forceinline__ void softmax_tile(const float* Ss, bf16* Ps, float* m_s, float* l_s, float* a_s,
                                              int* resc_s, const unsigned long long* mask_s, const Span& sp, int rows_here,
-                                             int it, float scale_log2, int warp, int lane) {
+                                             int it, float scale_log2, int warp, int lane, int rlo, int rhi) {
   const int vbase = sp.v0 + it * TK;
   const int sub = lane / LPR, sl = lane % LPR;
   constexpr int PASSES = (ROWS_PAD + GWARPS * RPP - 1) / (GWARPS * RPP);
   // (the passes stay rolled: unrolling them so their loads overlap measured no faster)
 #pragma unroll 1
   for (int pass = 0; pass < PASSES; ++pass) {
-    const int r0 = (pass * GWARPS + warp) * RPP;
-    if (r0 >= ROWS_PAD) break;  // uniform across the warp: the shuffles below stay converged
-    softmax_row(Ss, Ps, m_s, l_s, a_s, resc_s + (it & 1), mask_s, sp, rows_here, vbase, scale_log2, r0 + sub, sl);
+    const int r0 = rlo + (pass * GWARPS + warp) * RPP;
+    if (r0 >= rhi) break;  // uniform across the warp: the shuffles below stay converged
+    softmax_row(Ss, Ps, m_s, l_s, a_s, resc_s + (it & 1), mask_s, sp, rows_here, vbase, scale_log2, r0 + sub, sl, rhi);
   }
   // the next tile's flag: last read by PV(it-1), which every thread finished before this tile's
   // scores were complete (a barrier lies between them in PIPE 0 and 1; in PIPE 3 this group's
@@ -567,16 +598,20 @@ __device__ __forceinline__ void softmax_tile(const float* Ss, bf16* Ps, float* m
 
 // O^T = alpha * O^T + V^T . P^T for one tile (V = the first 512 dims of the KV tile Kt); the
 // alpha product only when the tile's rescale flag says some row needs it.
-__device__ __forceinline__ void pv_tile(float (&acc)[MW][NR][4], const bf16* Kt, const bf16* Ps, const float* a_s,
-                                        bool rescale, int warp, int lane) {
+// The block's n8 row tiles: NT from nlo, as in qk_tile.
+template <int NT>
+__device__ __forceinline__ void pv_tile(float (&acc)[MW][NT][4], const bf16* Kt, const bf16* Ps, const float* a_s,
+                                        bool rescale, int warp, int lane, int nlo) {
   const int tq = lane & 3, mat = lane >> 3, r8 = lane & 7;
+  auto live = [&](int nr) { return nlo + nr < NR; };
   constexpr int ROWB = KSTRIDE * 2;
   const uint32_t vrow = smem_u32(Kt) + (r8 + (mat >> 1) * 8) * ROWB;
   const int cv = 2 * warp * MW + (mat & 1);
   if (rescale) {  // some row's max grew this tile (block-uniform)
 #pragma unroll
-    for (int nr = 0; nr < NR; ++nr) {
-      const float a0 = a_s[nr * 8 + 2 * tq], a1 = a_s[nr * 8 + 2 * tq + 1];
+    for (int nr = 0; nr < NT; ++nr) {
+      if (!live(nr)) continue;
+      const float a0 = a_s[(nlo + nr) * 8 + 2 * tq], a1 = a_s[(nlo + nr) * 8 + 2 * tq + 1];
 #pragma unroll
       for (int mw = 0; mw < MW; ++mw) {
         acc[mw][nr][0] *= a0; acc[mw][nr][1] *= a1;
@@ -586,16 +621,17 @@ __device__ __forceinline__ void pv_tile(float (&acc)[MW][NR][4], const bf16* Kt,
   }
 #pragma unroll
   for (int kk = 0; kk < TM; ++kk) {
-    uint32_t fb[NR][2];
+    uint32_t fb[NT][2];
 #pragma unroll
-    for (int nr = 0; nr < NR; ++nr)
-      ldsm_x2(fb[nr], smem_u32(Ps + (nr * 8 + r8) * PSTRIDE + kk * 16 + (mat & 1) * 8));
+    for (int nr = 0; nr < NT; ++nr)
+      if (live(nr)) ldsm_x2(fb[nr], smem_u32(Ps + ((nlo + nr) * 8 + r8) * PSTRIDE + kk * 16 + (mat & 1) * 8));
 #pragma unroll
     for (int mw = 0; mw < MW; ++mw) {
       uint32_t fa[4];  // V^T: tokens kk*16 + r8 (+8: mat>>1), dims (warp*MW+mw)*16 (+8: mat&1)
       ldsm_x4_t(fa, vrow + kk * 16 * ROWB + swz(cv, r8, 2 * mw));
 #pragma unroll
-      for (int nr = 0; nr < NR; ++nr) mma16816(acc[mw][nr], fa, fb[nr]);
+      for (int nr = 0; nr < NT; ++nr)
+        if (live(nr)) mma16816(acc[mw][nr], fa, fb[nr]);
     }
   }
 }
@@ -605,7 +641,7 @@ __device__ __forceinline__ void pv_tile(float (&acc)[MW][NR][4], const bf16* Kt,
 #ifdef VA_PROFILE_SKIP_QK
 #define QK_TILE(...)
 #else
-#define QK_TILE(...) qk_tile(__VA_ARGS__)
+#define QK_TILE(...) qk_tile<NT>(__VA_ARGS__)
 #endif
 #ifdef VA_PROFILE_SKIP_SOFTMAX
 #define SOFTMAX_TILE(...)
@@ -688,20 +724,33 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
   auto row_index = [&](int X, int r) {  // query row r of this block in request (or slot) X -> flat (X, node, head)
     return ((size_t)X * QN + node0 + r / HT) * H + hg * HT + r % HT;
   };
+  // The KV part this block computes and its first n8 row tile (a row split's block: see Plan).
+  int split_kvp = part_id, split_lo = 0;
   // ---- the plan: which tiles of which requests this part takes (Plan says how parts share a batch).
   // Its 64-bit state stays out of the registers the tile loop needs: thread 0 finds each segment
   // and leaves it in seg_s.
   {
     const Plan pl = make_plan(prefix_indptr, B);
-    if (part_id >= pl.N) return;  // fewer parts than the grid's have work: the batch is short
-    const long long u0 = pl.part_begin(part_id);
+    if (part_id >= pl.N * pl.R) return;  // fewer parts than the grid's have work: the batch is short
+    split_kvp = part_id % pl.N;
+    split_lo = pl.R > 1 ? part_id / pl.N * RS : 0;
+    const long long u0 = pl.part_begin(split_kvp);
     // the request holding unit u0 (exactly one b has U(b) <= u0 < U(b+1)): the thread that finds it
     // finds the first segment too, so the Q load waits on one round trip of index loads
     for (int b = tid; b < B; b += BLOCK)
-      if (pl.U(b) <= u0 && u0 < pl.U(b + 1)) next_segment(seg_s, prefix_indptr, B, part_id, b);
+      if (pl.U(b) <= u0 && u0 < pl.U(b + 1)) next_segment(seg_s, prefix_indptr, B, split_kvp, b);
     __syncthreads();
+    split_lo = pl.R > 1 ? split_lo : -1;  // -1: every row (the segment loop below without the split)
   }
   TRACE(0, 1);
+  // The segment loop, compiled twice: with every row tile (NT = NR from 0: the loops and the
+  // accumulators as without the split, a runtime range there spilled at 72 rows) and with a row
+  // split's RS tiles from a runtime nlo.
+  auto segments = [&](auto split) {
+    constexpr bool SPLIT = decltype(split)::value;
+    constexpr int NT = SPLIT ? RS : NR;
+    const int kvp = SPLIT ? split_kvp : part_id, nlo = SPLIT ? split_lo : 0;
+    const int rlo = nlo * 8, rhi = (nlo + NT < NR ? nlo + NT : NR) * 8;  // its rows (with pad rows)
   // The request index is read from seg_s where it is used (not held in a register across the tile loop).
 #pragma unroll 1
   while (seg_s[3] < B) {
@@ -714,8 +763,8 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
     // load. Q rides in the first
     // cp.async group (PIPE 3: a group of its own); PIPE 0 keeps one slot free for the first
     // iteration to fill, PIPE 1 and 3 fill every slot now.
-    for (int c = tid; c < ROWS_PAD * CHUNKS; c += BLOCK) {  // Q rows r = i*HT + hl; pad rows zero
-      const int r = c / CHUNKS, part = c - r * CHUNKS;
+    for (int c = tid; c < (rhi - rlo) * CHUNKS; c += BLOCK) {  // Q rows r = i*HT + hl; pad rows zero
+      const int r = rlo + c / CHUNKS, part = c - (r - rlo) * CHUNKS;
       const bool valid = r < rows_here;
       const long long tok = (long long)seg_s[3] * QN + node0 + r / HT, head = hg * HT + r % HT;
       const bf16* src = part < D_V / 8 ? q + tok * q_st + head * q_sh + part * 8
@@ -769,7 +818,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
     __syncthreads();  // every prologue copy has read its index
     // The part's next segment, found while this one's tiles are in flight (by a thread of the
     // group that waits for tile 0 anyway), so the part goes on (or exits) without a round trip.
-    if (tid == BLOCK - 1) next_segment(seg_s + 4, prefix_indptr, B, part_id, seg_s[3] + 1);
+    if (tid == BLOCK - 1) next_segment(seg_s + 4, prefix_indptr, B, kvp, seg_s[3] + 1);
 #pragma unroll
     for (int k = 0; k < PER; ++k) {
       const int i = tid + k * BLOCK;
@@ -790,7 +839,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
       cp_async_commit();  // possibly empty: keeps the group count uniform for the waits
     };
 
-    float acc[MW][NR][4];
+    float acc[MW][NT][4];
     zero_fill(acc);
 
     TRACE(0, 2);
@@ -805,16 +854,16 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
     // Two barriers a tile; PV(t) and QK(t+1) back to back. The slot of tile t-1 is refilled with
     // tile t+STAGES-1 at the first barrier, so STAGES-1 tiles are in flight while a tile computes
     // only when STAGES >= 3.
-    QK_TILE(Qs, Ks, Ss, warp, lane);
+    QK_TILE(Qs, Ks, Ss, warp, lane, 0, nlo);
 #pragma unroll 1
     for (int it = 0; it < ntiles; ++it) {
       __syncthreads();  // S(it) complete; PV(it-1) done, so the slot of tile it-1 is free
       refill(it + STAGES - 1);
-      SOFTMAX_TILE(Ss, Ps, m_s, l_s, a_s, resc_s, mask_s, sp, rows_here, it, scale_log2, warp, lane);
+      SOFTMAX_TILE(Ss, Ps, m_s, l_s, a_s, resc_s, mask_s, sp, rows_here, it, scale_log2, warp, lane, rlo, rhi);
       cp_async_wait<STAGES - 2>();  // tile it+1 has landed (this thread's copies)
       __syncthreads();              // P(it) ready; everyone's copies of tile it+1 visible
-      PV_TILE(acc, Ks + (it % STAGES) * TK * KSTRIDE, Ps, a_s, resc_s[it & 1] != 0, warp, lane);
-      if (it + 1 < ntiles) QK_TILE(Qs, Ks + ((it + 1) % STAGES) * TK * KSTRIDE, Ss, warp, lane);
+      PV_TILE(acc, Ks + (it % STAGES) * TK * KSTRIDE, Ps, a_s, resc_s[it & 1] != 0, warp, lane, nlo);
+      if (it + 1 < ntiles) QK_TILE(Qs, Ks + ((it + 1) % STAGES) * TK * KSTRIDE, Ss, warp, lane, 0, nlo);
     }
 #elif PIPE == 1
     // Three barriers a tile; the slot of tile t is refilled with tile t+STAGES right after PV(t),
@@ -822,11 +871,11 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
 #pragma unroll 1
     for (int it = 0; it < ntiles; ++it) {
       const bf16* Kt = Ks + (it % STAGES) * TK * KSTRIDE;
-      QK_TILE(Qs, Kt, Ss, warp, lane);
+      QK_TILE(Qs, Kt, Ss, warp, lane, 0, nlo);
       __syncthreads();  // S(it) complete
-      SOFTMAX_TILE(Ss, Ps, m_s, l_s, a_s, resc_s, mask_s, sp, rows_here, it, scale_log2, warp, lane);
+      SOFTMAX_TILE(Ss, Ps, m_s, l_s, a_s, resc_s, mask_s, sp, rows_here, it, scale_log2, warp, lane, rlo, rhi);
       __syncthreads();  // P(it) ready
-      PV_TILE(acc, Kt, Ps, a_s, resc_s[it & 1] != 0, warp, lane);
+      PV_TILE(acc, Kt, Ps, a_s, resc_s[it & 1] != 0, warp, lane, nlo);
       cp_async_wait<STAGES - 2>();  // tile it+1 has landed (this thread's copies)
       __syncthreads();              // PV(it) done everywhere: the slot is free; tile it+1 visible
       refill(it + STAGES);
@@ -849,24 +898,24 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
       if (own) {
         if (t == 0) cp_async_wait<1>(); else cp_async_wait<0>();  // tile t (group 0 has tile 2 pending at t=0)
         bar_sync(BAR_GROUP + grp, GWARPS * 32);                     // ... landed for the whole group
-        QK_TILE(Qs, Kt, Sg, gw, lane, grp);
+        QK_TILE(Qs, Kt, Sg, gw, lane, grp, nlo);
       }
       if (t >= 1) {
         const int u = t - 1;  // the other group's tile
         bar_sync(BAR_P + (u & 1), BLOCK);  // P(u), its alphas and flag are ready
         PV_TILE(acc, Ks + (u % STAGES) * TK * KSTRIDE, Ps + (u & 1) * PBUF, a_s + (u & 1) * ROWS_PAD,
-                resc_s[u & 1] != 0, warp, lane);
+                resc_s[u & 1] != 0, warp, lane, nlo);
         bar_sync(BAR_EMPTY + u % STAGES, BLOCK);  // the owner's PV(u) is done too: the slot is free
         if (own) refill(t + STAGES - 1);
       }
       if (own) {
         bar_sync(BAR_GROUP + grp, GWARPS * 32);  // S(t) complete
         SOFTMAX_TILE(Sg, Ps + (t & 1) * PBUF, m_s, l_s, a_s + (t & 1) * ROWS_PAD, resc_s, mask_s, sp, rows_here, t,
-                     scale_log2, gw, lane);
+                     scale_log2, gw, lane, rlo, rhi);
         bar_sync(BAR_GROUP + grp, GWARPS * 32);  // P(t) ready for this group
         const bool rescale = resc_s[t & 1] != 0;  // read before the arrive lets the other group's softmax reset it
         bar_arrive(BAR_P + (t & 1), BLOCK);      // ... and for the other
-        PV_TILE(acc, Kt, Ps + (t & 1) * PBUF, a_s + (t & 1) * ROWS_PAD, rescale, warp, lane);
+        PV_TILE(acc, Kt, Ps + (t & 1) * PBUF, a_s + (t & 1) * ROWS_PAD, rescale, warp, lane, nlo);
         bar_arrive(BAR_EMPTY + t % STAGES, BLOCK);
       }
     }
@@ -879,13 +928,14 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
     const int g = lane >> 2, tq = lane & 3;
     bf16* Os = Qs;
 #pragma unroll
-    for (int nr = 0; nr < NR; ++nr) {
-      const float l0 = l_s[nr * 8 + 2 * tq], l1 = l_s[nr * 8 + 2 * tq + 1];
+    for (int nr = 0; nr < NT; ++nr) {
+      if (nlo + nr >= NR) continue;  // a last row split's missing tiles
+      const int r = (nlo + nr) * 8 + 2 * tq;
+      const float l0 = l_s[r], l1 = l_s[r + 1];
       const float i0 = l0 > 0.f ? 1.f / l0 : 0.f, i1 = l1 > 0.f ? 1.f / l1 : 0.f;
 #pragma unroll
       for (int mw = 0; mw < MW; ++mw) {
         const int d = (warp * MW + mw) * 16 + g;
-        const int r = nr * 8 + 2 * tq;
         Os[sw(r, d)] = __float2bfloat16_rn(acc[mw][nr][0] * i0);
         Os[sw(r + 1, d)] = __float2bfloat16_rn(acc[mw][nr][1] * i1);
         Os[sw(r, d + 8)] = __float2bfloat16_rn(acc[mw][nr][2] * i0);
@@ -896,14 +946,15 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
     constexpr int VCH = D_V * 2 / 16;  // 16-byte chunks per output row
     const int b = seg_s[3];
     const bool direct = seg_s[2] != 0;
-    const int X = direct ? b : part_id + b;  // output row block: the request itself, or its workspace slot
+    const int X = direct ? b : kvp + b;  // output row block: the request itself, or its workspace slot
     bf16* o_dst = direct ? out : part_o;
-    for (int c = tid; c < rows_here * VCH; c += BLOCK) {
-      const int r = c / VCH, part = c - r * VCH;
+    const int r_end = rhi < rows_here ? rhi : rows_here;  // this block's real rows: [rlo, r_end)
+    for (int c = tid; c < (r_end - rlo) * VCH; c += BLOCK) {
+      const int r = rlo + c / VCH, part = c - (r - rlo) * VCH;
       const uint4 v = *reinterpret_cast<const uint4*>(Os + sw(r, part * 8));
       *reinterpret_cast<uint4*>(o_dst + row_index(X, r) * D_V + part * 8) = v;
     }
-    for (int r = tid; r < rows_here; r += BLOCK) {
+    for (int r = rlo + tid; r < r_end; r += BLOCK) {
       const float l = l_s[r];
       const float lse2 = l > 0.f ? m_s[r] + log2f(l) : NEG_INF;  // log2 domain, as the reduce merges
       if (!direct) part_lse[row_index(X, r)] = lse2;
@@ -914,6 +965,11 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
     if (tid < 4) seg_s[tid] = seg_s[4 + tid];  // the next segment (found in the prologue)
     __syncthreads();
   }  // segments
+  };
+  if (RSPLIT > 1 && split_lo >= 0)
+    segments(Flag<true>());
+  else
+    segments(Flag<false>());
   TRACE(0, 6);
 }
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from verify_tuner.kernels.plan import PLAN_C, plan, workspace_slots
+from verify_tuner.kernels.plan import PLAN_C, ROW_SPLITS, plan, row_splits, workspace_slots
 
 EXTREMES = {
     "one 200k and 31 empty": [200_000] + [0] * 31,
@@ -19,8 +19,8 @@ EXTREMES = {
 }
 
 
-def _check(prefix_lens: list[int], q_len: int, tk: int, nsplit: int) -> None:
-    p = plan(prefix_lens, q_len=q_len, tk=tk, nsplit=nsplit)
+def _check(prefix_lens: list[int], q_len: int, tk: int, nsplit: int, rsplit: int = 1, split_tiles: int = 1) -> None:
+    p = plan(prefix_lens, q_len=q_len, tk=tk, nsplit=nsplit, rsplit=rsplit, split_tiles=split_tiles)
     segs = p.segments()
     # every tile of every request exactly once, in order
     owned: dict[int, list[int]] = {}
@@ -43,14 +43,22 @@ def _check(prefix_lens: list[int], q_len: int, tk: int, nsplit: int) -> None:
     for part in range(p.parts):
         tokens = sum(min((s.t1 + 1) * tk, p.lengths[s.request]) - s.t0 * tk for s in segs if s.part == part)
         assert tokens <= share + tk, (part, tokens, share)
-    assert 1 <= p.parts <= nsplit
+    assert 1 <= p.parts * p.blocks_per_part <= nsplit  # the grid holds every block
+
+
+def _row_tiles(rows: int, nsplit: int, r: int) -> list[int]:
+    """The n8 row tiles the kernel's row-split block r computes (its split_lo and RS)."""
+    nr, R = -(-rows // 8), row_splits(rows=rows, nsplit=nsplit)
+    rs = -(-nr // R)
+    return [t for t in range(r * rs, (r + 1) * rs) if t < nr]
 
 
 @pytest.mark.parametrize("case", EXTREMES, ids=list(EXTREMES))
 @pytest.mark.parametrize("nsplit", [1, 8, 132, 264])
 @pytest.mark.parametrize("tk", [16, 32, 64])
-def test_extremes(case, nsplit, tk):
-    _check(EXTREMES[case], q_len=9, tk=tk, nsplit=nsplit)
+@pytest.mark.parametrize("rows", [8, 72])
+def test_extremes(case, nsplit, tk, rows):
+    _check(EXTREMES[case], q_len=9, tk=tk, nsplit=nsplit, rsplit=row_splits(rows=rows, nsplit=nsplit))
 
 
 @settings(max_examples=300, deadline=None)
@@ -62,6 +70,30 @@ def test_extremes(case, nsplit, tk):
 )
 def test_random_batches(prefix_lens, q_len, tk, nsplit):
     _check(prefix_lens, q_len, tk, nsplit)
+    _check(prefix_lens, q_len, tk, nsplit, rsplit=row_splits(rows=72, nsplit=nsplit))
+    _check(prefix_lens, q_len, tk, nsplit, rsplit=row_splits(rows=72, nsplit=nsplit), split_tiles=3)
+
+
+@pytest.mark.parametrize("rows", [8, 9, 16, 24, 33, 40, 64, 72])
+@pytest.mark.parametrize("nsplit", [1, 2, 3, 132])
+def test_row_splits_cover_every_row_tile_once(rows, nsplit):
+    R = row_splits(rows=rows, nsplit=nsplit)
+    covered = [t for r in range(R) for t in _row_tiles(rows, nsplit, r)]
+    assert covered == list(range(-(-rows // 8)))
+    assert R <= nsplit and (R == 1 or R == min(ROW_SPLITS, -(-rows // 8)))
+
+
+def test_a_short_request_runs_as_row_splits_over_fewer_parts():
+    # B=1 P=1000, 72 rows: 35 parts of one tile would leave 97 of 132 grid parts idle; as row
+    # splits, 35 parts x 3 blocks of 24 rows (105 blocks); a long prefix keeps every part whole
+    short = plan([1000], q_len=9, tk=32, nsplit=132, rsplit=3)
+    assert short.split and short.parts == 35 and short.blocks_per_part == 3
+    fewer = plan([3000], q_len=9, tk=32, nsplit=132, rsplit=3)
+    assert fewer.split and fewer.parts == 44  # 98 tiles: 44 parts of 2-3 tiles
+    assert not plan([4096], q_len=9, tk=32, nsplit=132, rsplit=3).split  # a tile for every part
+    assert plan([4096], q_len=9, tk=32, nsplit=132, rsplit=3, split_tiles=2).parts == 44
+    long = plan([46000], q_len=9, tk=32, nsplit=132, rsplit=3)
+    assert not long.split and long.parts == 132 and long.blocks_per_part == 1
 
 
 def test_one_long_request_among_short_ones_is_shared_evenly():
