@@ -1026,44 +1026,44 @@ __device__ __forceinline__ void store_merged(bf16* __restrict__ out, float* __re
 }
 
 // Merge the partials of one (b, i, h) row's 128 latent dims [quarter*128, +128) with the log-sum-exp
-// rule: 16 threads of 8 dims; the block's RED_GROUPS thread groups walk the parts in parallel,
-// RED_UNROLL parts in flight per thread, then combine their results in shared memory. Every part
-// between the request's first and last wrote its partial (Plan).
-__device__ __forceinline__ void merge_item(const bf16* __restrict__ part_o, const float* __restrict__ part_lse,
-                                           bf16* __restrict__ out, float* __restrict__ lse, size_t row, int quarter,
-                                           int b, int p_first, int nparts, int H, float (*red_o)[16][9],
-                                           float (*red_l)[16], float* red_m) {
-  const int tid = threadIdx.x, grp = tid / 16, l16 = tid % 16;
+// rule: 16 threads of 8 dims; `gpi` thread groups (this thread's is number `gl` of them, block group
+// `grp`) walk the parts in parallel, RED_UNROLL parts in flight per thread, then the first combines
+// their results in shared memory (the caller's barrier between: every thread of the block takes
+// part in one round). Every part between the request's first and last wrote its partial (Plan).
+__device__ __forceinline__ void merge_item_walk(const bf16* __restrict__ part_o, const float* __restrict__ part_lse,
+                                                size_t row, int quarter, int b, int p_first, int nparts, int H,
+                                                int grp, int gl, int gpi, float (*red_o)[16][9], float (*red_l)[16],
+                                                float* red_m) {
+  const int l16 = threadIdx.x % 16;
   const int nh = (int)(row % ((size_t)QN * H));
   const int dim = quarter * 128 + l16 * 8;
   const size_t slot_stride = (size_t)QN * H;               // rows of one workspace slot
   const size_t row0 = (size_t)(p_first + b) * slot_stride + nh;  // slot p + b of part p
   float o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
   float m = NEG_INF, L = 0.f;  // this group's running max and sum
-  merge_parts<RED_UNROLL>(part_o + row0 * D_V + dim, part_lse + row0, slot_stride, grp, RED_GROUPS, nparts, o, m, L);
+  merge_parts<RED_UNROLL>(part_o + row0 * D_V + dim, part_lse + row0, slot_stride, gl, gpi, nparts, o, m, L);
 #pragma unroll
   for (int j = 0; j < 8; ++j) red_o[grp][l16][j] = o[j];
   red_l[grp][l16] = L;
   if (l16 == 0) red_m[grp] = m;
-  __syncthreads();
-  if (grp == 0) {
-    float M = NEG_INF;
+}
+
+// The first group of an item's `gpi` combines their running results (after merge_item_walk and a barrier).
+__device__ __forceinline__ void merge_item_combine(bf16* __restrict__ out, float* __restrict__ lse, size_t row,
+                                                   int quarter, int grp, int gpi, float (*red_o)[16][9],
+                                                   float (*red_l)[16], const float* red_m) {
+  const int l16 = threadIdx.x % 16, dim = quarter * 128 + l16 * 8;
+  float M = NEG_INF;
+  for (int k = grp; k < grp + gpi; ++k) M = fmaxf(M, red_m[k]);
+  const float base = M == NEG_INF ? 0.f : M;
+  float o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}, L = 0.f;
+  for (int k = grp; k < grp + gpi; ++k) {
+    const float w = exp2f(red_m[k] - base);
 #pragma unroll
-    for (int k = 0; k < RED_GROUPS; ++k) M = fmaxf(M, red_m[k]);
-    const float base = M == NEG_INF ? 0.f : M;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) o[j] = 0.f;
-    L = 0.f;
-#pragma unroll
-    for (int k = 0; k < RED_GROUPS; ++k) {
-      const float w = exp2f(red_m[k] - base);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) o[j] += w * red_o[k][l16][j];
-      L += w * red_l[k][l16];
-    }
-    store_merged(out, lse, row, dim, quarter == 0 && l16 == 0, o, M, L);
+    for (int j = 0; j < 8; ++j) o[j] += w * red_o[k][l16][j];
+    L += w * red_l[k][l16];
   }
-  __syncthreads();  // red_* are free for the next item
+  store_merged(out, lse, row, dim, quarter == 0 && l16 == 0, o, M, L);
 }
 
 // The same merge by one group of 16 threads alone (no block barrier), for items with few parts:
@@ -1097,12 +1097,12 @@ verify_attn_reduce(const bf16* __restrict__ part_o, const float* __restrict__ pa
   __shared__ float red_o[RED_GROUPS][16][9];
   __shared__ float red_l[RED_GROUPS][16];
   __shared__ float red_m[RED_GROUPS];
-  __shared__ int todo[RED_THREADS][3];  // item, p_first, parts
-  __shared__ int ntodo;
+  __shared__ int todo[RED_THREADS][3];  // item, p_first, parts: few parts from the front, many from the back
+  __shared__ int ntodo, nbig;
   const int tid = threadIdx.x;
   const long long items = (long long)B * QN * H * 4;
   TRACE(1, 0);
-  if (tid == 0) ntodo = 0;
+  if (tid == 0) ntodo = 0, nbig = 0;
   __syncthreads();
   if (tid < per_block) {
     const long long item = blockIdx.x + (long long)tid * gridDim.x;
@@ -1113,28 +1113,39 @@ verify_attn_reduce(const bf16* __restrict__ part_o, const float* __restrict__ pa
       const int Lb = (int)(Ub1 - Ub - PLAN_C);
       const int p_first = pl.part_of(Ub + PLAN_C + min(TK, Lb) - 1), p_last = pl.part_of(Ub1 - 1);
       if (p_first != p_last) {  // one part wrote this request's output itself otherwise
-        const int k = atomicAdd(&ntodo, 1);
-        todo[k][0] = (int)item, todo[k][1] = p_first, todo[k][2] = p_last - p_first + 1;
+        const int np = p_last - p_first + 1;
+        const int k = np > RED_SMALL ? RED_THREADS - 1 - atomicAdd(&nbig, 1) : atomicAdd(&ntodo, 1);
+        todo[k][0] = (int)item, todo[k][1] = p_first, todo[k][2] = np;
       }
     }
   }
   __syncthreads();
-  const int n = ntodo;
+  const int n = ntodo, nb = nbig;
   TRACE(1, 1);
-  if (n == 0) return;
+  if (n + nb == 0) return;
 #if VA_PDL
   asm volatile("griddepcontrol.wait;\n" ::: "memory");  // the partial grid has finished and flushed
 #endif
   TRACE(1, 2);
-  for (int k = 0; k < n; ++k) {  // many parts: the whole block merges the item
-    if (todo[k][2] <= RED_SMALL) continue;
-    const int item = todo[k][0];
-    const size_t row = (size_t)(item / 4);
-    merge_item(part_o, part_lse, out, lse, row, item % 4, (int)(row / ((size_t)QN * H)), todo[k][1], todo[k][2], H,
-               red_o, red_l, red_m);
+  // Many parts: the block's groups share a round's items out, RED_GROUPS / items groups each (a
+  // long request's one item gets them all; several items of mid-length requests merge at once
+  // instead of one after another).
+  for (int k0 = 0; k0 < nb; k0 += RED_GROUPS) {
+    const int m = min(RED_GROUPS, nb - k0), gpi = RED_GROUPS / m;
+    const int grp = tid / 16, k = grp / gpi, first = k * gpi;
+    int item = 0;
+    if (k < m) {
+      const int* t = todo[RED_THREADS - 1 - (k0 + k)];
+      item = t[0];
+      const size_t row = (size_t)(item / 4);
+      merge_item_walk(part_o, part_lse, row, item % 4, (int)(row / ((size_t)QN * H)), t[1], t[2], H, grp,
+                      grp - first, gpi, red_o, red_l, red_m);
+    }
+    __syncthreads();
+    if (k < m && grp == first) merge_item_combine(out, lse, (size_t)(item / 4), item % 4, grp, gpi, red_o, red_l, red_m);
+    __syncthreads();  // red_* are free for the next round
   }
   for (int k = tid / 16; k < n; k += RED_GROUPS) {  // few parts: a thread group an item
-    if (todo[k][2] > RED_SMALL) continue;
     const int item = todo[k][0];
     const size_t row = (size_t)(item / 4);
     merge_item_group(part_o, part_lse, out, lse, row, item % 4, (int)(row / ((size_t)QN * H)), todo[k][1],
