@@ -12,8 +12,8 @@ units [p*W/N, (p+1)*W/N) of the batch's W; a KV tile belongs to the part that ho
 token's unit. N = min(NSPLIT, W // (PLAN_MIN_TILES * TK)): a part spans at least one tile, so
 every part between a request's first and last holds some of its tiles and writes a partial.
 
-Row splits: when W // (PLAN_MIN_TILES * TK) < NSPLIT * PLAN_SPLIT_TILES (with the default 1: a
-batch too short for every part to get a tile), the grid's parts would idle; instead N drops to at most NSPLIT // R and each part runs as R blocks, block r taking
+Row splits: when W // TK < NSPLIT * PLAN_SPLIT_TILES (with the default 1: a batch too short for
+every part to get a tile; PLAN_MIN_TILES does not enter), the grid's parts would idle; instead N drops to at most NSPLIT // R and each part runs as R blocks, block r taking
 the n8 row tiles [r*RS, (r+1)*RS) of the block's rows over the part's tiles (R = the kernel's
 VA_ROWSPLIT, at most the row tiles; RS = ceil(row tiles / R)). Slots and the reduce are those of
 the N parts: the row splits write disjoint rows of them.
@@ -84,7 +84,7 @@ class Plan:
     @property
     def split(self) -> bool:
         """Whether the parts run as row splits: without them some grid parts would idle."""
-        return self.rsplit > 1 and self.total // (self.min_tiles * self.tk) < self.nsplit * self.split_tiles
+        return self.rsplit > 1 and self.total // self.tk < self.nsplit * self.split_tiles
 
     @property
     def blocks_per_part(self) -> int:

@@ -312,7 +312,8 @@ __device__ __forceinline__ unsigned long long mask_row(const void* mask, int byt
 // the plan gives each of N <= NSPLIT / RSPLIT parts RSPLIT blocks, each taking RS of the block's
 // NR n8 row tiles over the same KV tiles, so a short prefix's chain -- Q load, QK, softmax, PV,
 // epilogue -- runs on a third of the rows (and a request has fewer partials for the reduce to read).
-// PLAN_SPLIT_TILES: split while the batch has fewer than that many tiles per grid part.
+// PLAN_SPLIT_TILES: split while the batch has fewer than that many tiles per grid part (its
+// tiles, whatever PLAN_MIN_TILES: parts of two tiles need not be row splits).
 #ifndef PLAN_SPLIT_TILES
 #define PLAN_SPLIT_TILES 1
 #endif
@@ -349,7 +350,8 @@ __device__ __forceinline__ Plan make_plan(const int* indptr, int B) {
   const long long cap = p.W / (PLAN_MIN_TILES * TK);
   p.N = (int)(cap < 1 ? 1 : (cap < NSPLIT ? cap : NSPLIT));
   p.R = 1;
-  if (RSPLIT > 1 && cap < (long long)NSPLIT * PLAN_SPLIT_TILES) {  // parts would idle (or hold few tiles)
+  // parts would idle (or hold few tiles): the batch's tiles, not PLAN_MIN_TILES' parts, decide
+  if (RSPLIT > 1 && p.W / TK < (long long)NSPLIT * PLAN_SPLIT_TILES) {
     p.R = RSPLIT;
     p.N = max(1, min(p.N, NSPLIT / RSPLIT));
   }

@@ -92,6 +92,9 @@ def test_a_short_request_runs_as_row_splits_over_fewer_parts():
     assert fewer.split and fewer.parts == 44  # 98 tiles: 44 parts of 2-3 tiles
     assert not plan([4096], q_len=9, tk=32, nsplit=132, rsplit=3).split  # a tile for every part
     assert plan([4096], q_len=9, tk=32, nsplit=132, rsplit=3, split_tiles=2).parts == 44
+    # parts of two tiles at P=4096 (both seesaw groups with a tile) stay whole: the batch has a tile a part
+    two = plan([4096], q_len=9, tk=32, nsplit=132, rsplit=3, min_tiles=2)
+    assert not two.split and two.parts == 66
     long = plan([46000], q_len=9, tk=32, nsplit=132, rsplit=3)
     assert not long.split and long.parts == 132 and long.blocks_per_part == 1
 
