@@ -3,7 +3,7 @@ found after 10/20/40/80 measurements? Replays the tuner's own
 search (run_study with its TPE settings, warm start and dedupe) against the measured sweep, on
 the CPU: the objective answers each config with its measured median from the sweep.
 
-    python bench/tpe_efficiency.py bench/results/sweep_H8_q9_p46000_sm_90.json --seeds 20
+    python bench/tpe_efficiency.py bench/results/sweep_H8_q9_p46000_b1_sm_90.json --seeds 40 --budget 60 [--cold]
 
 A sampled sweep (bench/sweep_grid.py --sample N) is replayed with the search limited to the
 sampled configs (StudyOptions.candidates), so every measurement the replay counts is a recorded one.
