@@ -27,7 +27,7 @@ FIXED = {"QT": [0], "WR": [2], "WK": [2], "SF": [1], "PIPE": [3], "STAGES": [3],
 def study(sessions, db_url, backend, **kw):
     kw.setdefault("n_trials", 25)
     kw["restrict"] = {**FIXED, **kw.get("restrict", {})}
-    option_names = ("sampler", "seed", "parallel", "timeout_s")
+    option_names = ("sampler", "seed", "parallel", "timeout_s", "warm_start")
     options = StudyOptions(storage_url=db_url, **{"seed": 1, **{k: kw.pop(k) for k in option_names if k in kw}})
     return run_study(backend=backend, sessions=sessions, options=options, workload=kw.pop("workload", WL), **kw)
 
@@ -151,26 +151,8 @@ def test_repeated_params_are_answered_from_storage(sessions, db_url):
         assert t.params == src.params and (t.value == src.value or t.value is None)
 
 
-def test_warm_start_measures_the_default_then_neighbours_first(sessions, db_url):
-    fb = FakeBackend()
-    neighbour = KernelConfig(nsplit=96, ht=4, tk=16, block=256, stages=3, wk=2, sf=1, pipe=3)  # in FIXED's space
-    with session_scope(sessions) as s:
-        devices.upsert_device(session=s, limits=H200)
-        from verify_tuner.kernels import kernel_hash
-        from verify_tuner.keys import ConfigKey
-
-        best_configs.upsert_best(
-            session=s, key=ConfigKey(H200.name, kernel_hash(), "bf16", 8, 9, 14), config=neighbour, median_us=30.0
-        )
-    study(sessions, db_url, fb, n_trials=5)
-    assert fb.measured[0] == heuristic_config(H200, H=8, q_len=9, prefix=46000)
-    assert fb.measured[1] == neighbour
-
-
-def test_a_cold_search_starts_from_tpe_and_still_compares_the_winner_with_the_default(sessions, db_url):
-    # bench/tpe_efficiency.py --cold: the search quality of TPE on its own, without the heuristic
-    # default and the neighbours' bests as its first trials; the winner phase still re-times the default
-    fb = FakeBackend()
+def _store_neighbour(sessions) -> KernelConfig:
+    """A stored best of the neighbouring prefix bucket (14) of WL's key, in FIXED's space: the warm start's second config."""
     neighbour = KernelConfig(nsplit=96, ht=4, tk=16, block=256, stages=3, wk=2, sf=1, pipe=3)
     with session_scope(sessions) as s:
         devices.upsert_device(session=s, limits=H200)
@@ -180,15 +162,24 @@ def test_a_cold_search_starts_from_tpe_and_still_compares_the_winner_with_the_de
         best_configs.upsert_best(
             session=s, key=ConfigKey(H200.name, kernel_hash(), "bf16", 8, 9, 14), config=neighbour, median_us=30.0
         )
+    return neighbour
+
+
+def test_warm_start_measures_the_default_then_neighbours_first(sessions, db_url):
+    fb = FakeBackend()
+    neighbour = _store_neighbour(sessions)
+    study(sessions, db_url, fb, n_trials=5)
+    assert fb.measured[0] == heuristic_config(H200, H=8, q_len=9, prefix=46000)
+    assert fb.measured[1] == neighbour
+
+
+def test_a_cold_search_starts_from_tpe_and_still_compares_the_winner_with_the_default(sessions, db_url):
+    # bench/tpe_efficiency.py --cold: the search quality of TPE on its own, without the heuristic
+    # default and the neighbours' bests as its first trials; the winner phase still re-times the default
+    fb = FakeBackend()
+    neighbour = _store_neighbour(sessions)
     default = heuristic_config(H200, H=8, q_len=9, prefix=46000)
-    out = run_study(
-        backend=fb,
-        sessions=sessions,
-        options=StudyOptions(storage_url=db_url, seed=1, warm_start=False),
-        workload=WL,
-        n_trials=5,
-        restrict=FIXED,
-    )
+    out = study(sessions, db_url, fb, n_trials=5, warm_start=False)
     search = fb.measured[:5]  # the winner phase measures (or re-times) after the search's five
     assert search[0] not in (default, neighbour) and neighbour not in search
     winner_phase = fb.measured[5:] + [c for batch in fb.remeasured for c in batch]
