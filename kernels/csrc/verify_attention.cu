@@ -1027,23 +1027,32 @@ __device__ __forceinline__ void store_merged(bf16* __restrict__ out, float* __re
   if (lse != nullptr && lse_lane) lse[row] = L > 0.f ? ((m == NEG_INF ? 0.f : m) + log2f(L)) * 0.69314718055994531f : NEG_INF;
 }
 
-// Merge the partials of one (b, i, h) row's 128 latent dims [quarter*128, +128) with the log-sum-exp
-// rule: 16 threads of 8 dims; `gpi` thread groups (this thread's is number `gl` of them, block group
-// `grp`) walk the parts in parallel, RED_UNROLL parts in flight per thread, then the first combines
-// their results in shared memory (the caller's barrier between: every thread of the block takes
-// part in one round). Every part between the request's first and last wrote its partial (Plan).
+// Thread l16 of a group: its walk over an item's parts first, first + step, ...: the running output, max and
+// sum of its 8 dims of the (b, i, h) row's quarter [quarter*128, +128). Every part between the
+// request's first and last wrote its partial (Plan).
+template <int U>
+__device__ __forceinline__ void walk_item(const bf16* __restrict__ part_o, const float* __restrict__ part_lse,
+                                          size_t row, int quarter, int b, int p_first, int nparts, int H, int l16,
+                                          int first, int step, float (&o)[8], float& m, float& L) {
+  const int nh = (int)(row % ((size_t)QN * H));
+  const int dim = quarter * 128 + l16 * 8;
+  const size_t slot_stride = (size_t)QN * H;               // rows of one workspace slot
+  const size_t row0 = (size_t)(p_first + b) * slot_stride + nh;  // slot p + b of part p
+  merge_parts<U>(part_o + row0 * D_V + dim, part_lse + row0, slot_stride, first, step, nparts, o, m, L);
+}
+
+// Merge one item with the log-sum-exp rule: 16 threads of 8 dims; `gpi` thread groups (this
+// thread's is number `gl` of them, block group `grp`) walk the parts in parallel, RED_UNROLL parts in
+// flight per thread, then the first combines their results in shared memory (the caller's barrier
+// between: every thread of the block takes part in one round).
 __device__ __forceinline__ void merge_item_walk(const bf16* __restrict__ part_o, const float* __restrict__ part_lse,
                                                 size_t row, int quarter, int b, int p_first, int nparts, int H,
                                                 int grp, int gl, int gpi, float (*red_o)[16][9], float (*red_l)[16],
                                                 float* red_m) {
   const int l16 = threadIdx.x % 16;
-  const int nh = (int)(row % ((size_t)QN * H));
-  const int dim = quarter * 128 + l16 * 8;
-  const size_t slot_stride = (size_t)QN * H;               // rows of one workspace slot
-  const size_t row0 = (size_t)(p_first + b) * slot_stride + nh;  // slot p + b of part p
   float o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
   float m = NEG_INF, L = 0.f;  // this group's running max and sum
-  merge_parts<RED_UNROLL>(part_o + row0 * D_V + dim, part_lse + row0, slot_stride, gl, gpi, nparts, o, m, L);
+  walk_item<RED_UNROLL>(part_o, part_lse, row, quarter, b, p_first, nparts, H, l16, gl, gpi, o, m, L);
 #pragma unroll
   for (int j = 0; j < 8; ++j) red_o[grp][l16][j] = o[j];
   red_l[grp][l16] = L;
@@ -1073,14 +1082,10 @@ __device__ __forceinline__ void merge_item_combine(bf16* __restrict__ out, float
 __device__ __forceinline__ void merge_item_group(const bf16* __restrict__ part_o, const float* __restrict__ part_lse,
                                                  bf16* __restrict__ out, float* __restrict__ lse, size_t row,
                                                  int quarter, int b, int p_first, int nparts, int H, int l16) {
-  const int nh = (int)(row % ((size_t)QN * H));
-  const int dim = quarter * 128 + l16 * 8;
-  const size_t slot_stride = (size_t)QN * H;
-  const size_t row0 = (size_t)(p_first + b) * slot_stride + nh;
   float o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
   float m = NEG_INF, L = 0.f;
-  merge_parts<4>(part_o + row0 * D_V + dim, part_lse + row0, slot_stride, 0, 1, nparts, o, m, L);
-  store_merged(out, lse, row, dim, quarter == 0 && l16 == 0, o, m, L);
+  walk_item<4>(part_o, part_lse, row, quarter, b, p_first, nparts, H, l16, 0, 1, o, m, L);
+  store_merged(out, lse, row, quarter * 128 + l16 * 8, quarter == 0 && l16 == 0, o, m, L);
 }
 
 // Items with at most this many parts are merged by one thread group each.
