@@ -111,6 +111,25 @@ def test_db_current_on_a_missing_path_creates_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []  # neither the file nor its folder
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("db", "current"),
+        ("study", "report", "--out", "{tmp}/rep"),
+        ("configs", "list"),
+        ("db", "snapshot", "{tmp}/s.db"),
+    ],
+)
+def test_commands_on_a_missing_database_path_create_nothing(tmp_path, args):
+    # `study report` and `configs snapshot` opened the database with create=True: a mistyped path
+    # left an empty file and its folder behind before failing on the schema
+    url = f"sqlite:///{tmp_path / 'typo' / 'configs.db'}"
+    r = run_tuner({"TUNER_DATABASE_URL": url}, *[a.format(tmp=tmp_path / "out") for a in args])
+    assert r.returncode == 1 and "Error: no database at " in r.stderr and "tuner db upgrade" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "typo").exists()
+
+
 def test_a_bad_database_url_option_is_blamed_on_the_option(sqlite_url):
     r = run_tuner({"TUNER_DATABASE_URL": sqlite_url}, "--database-url", "notaurl", "db", "current")
     assert r.returncode == 2 and "Invalid value for '--database-url': not a database URL" in r.stderr, r.stderr

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-from verify_tuner.cli.database import require_existing
 from verify_tuner.cli.exits import clean_exit
 from verify_tuner.settings import Settings
 
@@ -54,7 +53,7 @@ def db_current(settings: Settings) -> None:
     from verify_tuner.store import migrate
     from verify_tuner.store.session import make_engine
 
-    require_existing(settings.database_url)
+    migrate.require_existing(settings.database_url)
     engine = make_engine(settings.database_url, immediate=False, read_only=True)  # a look, never a write
     click.echo(f"current: {migrate.current_revision(engine) or 'none'}; head: {migrate.head_revision()}")
 

@@ -110,10 +110,24 @@ def ensure_current(engine: Engine) -> None:
         )
 
 
+def require_existing(url: str) -> None:
+    """Only `tuner db upgrade` creates a database: elsewhere a missing SQLite file is a mistaken path
+    (opening it would leave an empty file, and its folders, behind)."""
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:") or "uri" in parsed.query:
+        return  # a server, memory, or an SQLite URI (file:...) that SQLite resolves itself
+    if not Path(parsed.database).expanduser().exists():
+        raise StorageError(f"no database at {parsed.database}: check the path, or create it with `tuner db upgrade`")
+
+
 def checked_sessions(url: str) -> sessionmaker[Session]:
-    """Sessions on `url` after checking its schema is current (StorageError naming the fix if not)."""
+    """Sessions on `url`, which must exist, after checking its schema is current (StorageError
+    naming the fix if not)."""
     from verify_tuner.store.session import make_engine, session_factory
 
+    require_existing(url)
     engine = make_engine(url)
     ensure_current(engine)
     return session_factory(engine)
