@@ -13,10 +13,11 @@ token's unit. N = min(NSPLIT, W // (PLAN_MIN_TILES * TK)): a part spans at least
 every part between a request's first and last holds some of its tiles and writes a partial.
 
 Row splits: when W // TK < NSPLIT * PLAN_SPLIT_TILES (with the default 1: a batch too short for
-every part to get a tile; PLAN_MIN_TILES does not enter), the grid's parts would idle; instead N drops to at most NSPLIT // R and each part runs as R blocks, block r taking
-the n8 row tiles [r*RS, (r+1)*RS) of the block's rows over the part's tiles (R = the kernel's
-VA_ROWSPLIT, at most the row tiles; RS = ceil(row tiles / R)). Slots and the reduce are those of
-the N parts: the row splits write disjoint rows of them.
+every part to get a tile; PLAN_MIN_TILES does not enter), the grid's parts would idle; instead N
+drops to at most NSPLIT // R and each part runs as R blocks, block r taking the n8 row tiles
+row_split_tiles(r) of the block's rows over the part's tiles (R = row_splits: the kernel's
+VA_ROWSPLIT, at most the row tiles). Slots and the reduce are those of the N parts: the row
+splits write disjoint rows of them.
 """
 
 from __future__ import annotations
@@ -38,6 +39,14 @@ def row_splits(*, rows: int, nsplit: int, splits: int = ROW_SPLITS) -> int:
     tile, or fewer grid parts than splits)."""
     nr = -(-rows // 8)
     return min(splits, nr) if nr > 1 and splits > 1 and nsplit >= splits else 1
+
+
+def row_split_tiles(*, rows: int, nsplit: int, r: int, splits: int = ROW_SPLITS) -> range:
+    """The n8 row tiles that block r of a row-split part computes: the kernel's split_lo = r * RS and
+    RS = ceil(NR / RSPLIT) tiles from there, clipped to the block's NR (a last split may hold fewer)."""
+    nr = -(-rows // 8)
+    rs = -(-nr // row_splits(rows=rows, nsplit=nsplit, splits=splits))
+    return range(min(r * rs, nr), min((r + 1) * rs, nr))
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from verify_tuner.kernels.plan import PLAN_C, ROW_SPLITS, plan, row_splits, workspace_slots
+from verify_tuner.kernels.plan import PLAN_C, ROW_SPLITS, plan, row_split_tiles, row_splits, workspace_slots
 
 EXTREMES = {
     "one 200k and 31 empty": [200_000] + [0] * 31,
@@ -46,13 +46,6 @@ def _check(prefix_lens: list[int], q_len: int, tk: int, nsplit: int, rsplit: int
     assert 1 <= p.parts * p.blocks_per_part <= nsplit  # the grid holds every block
 
 
-def _row_tiles(rows: int, nsplit: int, r: int) -> list[int]:
-    """The n8 row tiles the kernel's row-split block r computes (its split_lo and RS)."""
-    nr, R = -(-rows // 8), row_splits(rows=rows, nsplit=nsplit)
-    rs = -(-nr // R)
-    return [t for t in range(r * rs, (r + 1) * rs) if t < nr]
-
-
 @pytest.mark.parametrize("case", EXTREMES, ids=list(EXTREMES))
 @pytest.mark.parametrize("nsplit", [1, 8, 132, 264])
 @pytest.mark.parametrize("tk", [16, 32, 64])
@@ -78,7 +71,7 @@ def test_random_batches(prefix_lens, q_len, tk, nsplit):
 @pytest.mark.parametrize("nsplit", [1, 2, 3, 132])
 def test_row_splits_cover_every_row_tile_once(rows, nsplit):
     R = row_splits(rows=rows, nsplit=nsplit)
-    covered = [t for r in range(R) for t in _row_tiles(rows, nsplit, r)]
+    covered = [t for r in range(R) for t in row_split_tiles(rows=rows, nsplit=nsplit, r=r)]
     assert covered == list(range(-(-rows // 8)))
     assert R <= nsplit and (R == 1 or R == min(ROW_SPLITS, -(-rows // 8)))
 
