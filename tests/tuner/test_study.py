@@ -7,6 +7,7 @@ import pytest
 from verify_tuner import space
 from verify_tuner.heuristic import heuristic_config
 from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.errors import InvalidConfig
 from verify_tuner.kernels.validate import check
 from verify_tuner.measure.backend import Workload
 from verify_tuner.search.study import StudyOptions, run_study
@@ -390,6 +391,36 @@ def test_a_study_storage_of_its_own_is_in_wal_mode(tmp_path):
     with storage.engine.connect() as c:
         assert c.execute(text("PRAGMA journal_mode")).scalar() == "wal"
         assert c.execute(text("PRAGMA synchronous")).scalar() == 1
+
+
+def test_a_search_over_candidates_without_the_default_does_not_refuse_its_warm_start(sessions, db_url):
+    import random
+
+    valid = space.valid_configs(H200, H=8, q_len=9)
+    default = heuristic_config(H200, H=8, q_len=9, prefix=WL.prefix)
+    listed = frozenset(c for c in random.Random(1).sample(valid, 60) if c != default)
+    out = run_study(
+        backend=FakeBackend(),
+        sessions=sessions,
+        options=StudyOptions(storage_url=db_url, seed=0, candidates=listed),
+        workload=WL,
+        n_trials=5,
+    )
+    st = optuna.load_study(study_name=out.key.study_name, storage=db_url)
+    assert st.trials and all(KernelConfig.from_params(t.params) != default for t in st.trials if len(t.params) == 10)
+    assert "not among the candidates" not in [t.user_attrs.get("reason") for t in st.trials[:1]]
+
+
+def test_candidates_that_are_all_invalid_are_one_clear_error(sessions, db_url):
+    too_big = KernelConfig(nsplit=132, ht=128, tk=128, block=1024, stages=8)
+    with pytest.raises(InvalidConfig, match="none of the 1 candidates is valid"):
+        run_study(
+            backend=FakeBackend(),
+            sessions=sessions,
+            options=StudyOptions(storage_url=db_url, seed=0, candidates=frozenset({too_big})),
+            workload=WL,
+            n_trials=5,
+        )
 
 
 def test_a_search_over_candidates_measures_only_those(sessions, db_url):

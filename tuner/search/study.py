@@ -208,6 +208,11 @@ def _key_search(
     valid = space.valid_configs(limits, H=key.H, q_len=key.q_len, restrict=restrict)
     if options.candidates is not None:
         valid = [c for c in valid if c in options.candidates]
+        if not valid:
+            raise InvalidConfig(
+                f"none of the {len(options.candidates)} candidates is valid for H={key.H}, q_len={key.q_len} on "
+                f"{limits.name}"
+            )
     return KeySearch(
         key=key,
         workload=workload,
@@ -242,7 +247,7 @@ def _search(
         ledger=ledger,
         log=TrialLog(sessions, search.study_id),
         reject=lambda params: _refusal(params, backend.limits, search.key, options.candidates),
-        warm=[] if grid else unseen(study, warm, search.choices),
+        warm=[] if grid else unseen(study, _candidates_only(warm, options.candidates), search.choices),
         n_startup=options.tpe.n_startup,
         grid=grid,
         seed=options.seed,
@@ -251,6 +256,11 @@ def _search(
         Loop(
             study=study, search=search, proposer=proposer, pipeline=pipeline, heartbeat=beat, on_progress=on_progress
         ).run()
+
+
+def _candidates_only(warm: list[KernelConfig], candidates: frozenset[KernelConfig] | None) -> list[KernelConfig]:
+    """The warm start within the candidates: one outside them would only be refused as a trial."""
+    return warm if candidates is None else [c for c in warm if c in candidates]
 
 
 def _refusal(
