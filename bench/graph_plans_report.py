@@ -15,11 +15,11 @@ import json
 import re
 from pathlib import Path
 
-PARAMS = ("NSPLIT", "HT", "TK", "BLOCK", "STAGES", "QT", "WR", "WK", "SF", "PIPE")
+from verify_tuner.kernels.config import PARAM_NAMES, KernelConfig
 
 
 def config_text(p: dict) -> str:
-    return " ".join(f"{k}={p[k]}" for k in PARAMS)
+    return str(KernelConfig.from_params({k: p[k] for k in PARAM_NAMES}))
 
 
 def walltimes(path: Path) -> list[dict]:
@@ -53,6 +53,7 @@ def main() -> None:
     ap.add_argument(
         "--studies", type=Path, default=None, help="The table's Optuna study files: configs measured at every bucket."
     )
+    ap.add_argument("--trials", type=int, default=20, help="the measured trials a key the table was tuned with")
     args = ap.parse_args()
     plans = json.loads(args.plans_json.read_text())
     walls = walltimes(args.walltimes)
@@ -68,13 +69,12 @@ def main() -> None:
         "verify_verdicts": verdicts,
         "plans": plans,
     }
-    stem.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
     lines = [
         f"# Graph plans — {args.device} ({args.arch}), {args.date}",
         "",
         (
-            "`bash bench/run_table_tune.sh STATE OUT LIMIT 20` (H=8 q=9, prefixes 1024..131072: 15 buckets x batch 1, 8, "
-            "32 = 45 keys, 20 measured trials a key, seed 0), run until the study finished, then "
+            f"`bash bench/run_table_tune.sh STATE OUT LIMIT {args.trials}` (H=8 q=9, prefixes 1024..131072: 15 buckets "
+            f"x batch 1, 8, 32 = 45 keys, {args.trials} measured trials a key, seed 0), run until the study finished, then "
             "`python bench/graph_plans_report.py`. The plans: `tuner study graph-plan --rounds 2 --passes 1`, every "
             "bucket's stored best and the heuristic re-timed side by side at every bucket, equal weights."
         ),
@@ -111,7 +111,7 @@ def main() -> None:
     if args.studies:
         doc["measured_everywhere"] = everywhere = measured_everywhere(args.studies)
         lines += ["", *everywhere_lines(everywhere)]
-        stem.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
+    stem.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     plot(plans, stem.with_suffix(".png"), f"{args.device}, {args.date}")
     print(f"wrote {stem}.{{json,md,png}}")
@@ -124,15 +124,15 @@ def measured_everywhere(studies: Path) -> dict[str, list[dict]]:
     import math
 
     import optuna
+    from verify_tuner.keys import ConfigKey
+    from verify_tuner.study_files import STUDY, study_urls
 
     times: dict[tuple[int, tuple], dict[int, float]] = {}
-    for f in sorted(studies.glob("*.db")):
-        url = f"sqlite:///{f}"
+    for url in study_urls(f"sqlite:///{studies / STUDY}.db"):
         for name in optuna.get_all_study_names(storage=url):
             study = optuna.load_study(study_name=name, storage=url)
-            # the study's workload key: device|kernel|dtype|H..|Q..|b<prefix bucket>[|B<batch bucket>, not B=1]
-            fields = study.user_attrs["workload_key"].split("|")
-            bucket, bb = int(fields[5][1:]), int(fields[6][1:]) if len(fields) > 6 else 0
+            key = ConfigKey.parse(study.user_attrs["workload_key"])
+            bucket, bb = key.bucket, key.batch_bucket
             for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
                 times.setdefault((bb, tuple(sorted(t.params.items()))), {}).setdefault(bucket, t.value)
     out: dict[str, list[dict]] = {}
@@ -146,7 +146,7 @@ def measured_everywhere(studies: Path) -> dict[str, list[dict]]:
                 regret = [t[k] / best[k] for k in all_buckets]
                 rows.append(
                     {
-                        "config": " ".join(f"{k}={v}" for k, v in sorted(cfg, key=lambda kv: PARAMS.index(kv[0]))),
+                        "config": str(KernelConfig.from_params(dict(cfg))),
                         "mean_us": sum(t.values()) / len(t),
                         "regret_geomean": math.exp(sum(map(math.log, regret)) / len(regret)),
                         "regret_worst": max(regret),

@@ -32,6 +32,12 @@ class ConfigKey:
         batch = f"|B{self.batch_bucket}" if self.batch_bucket else ""
         return f"{self.device}|{self.kernel_hash}|{self.dtype}|H{self.H}|Q{self.q_len}|b{self.bucket}{batch}"
 
+    @classmethod
+    def parse(cls, text: str) -> ConfigKey:
+        """The key `str(key)` wrote (a study's workload_key attribute)."""
+        device, kernel_hash, dtype, h, q, b, *batch = text.split("|")
+        return cls(device, kernel_hash, dtype, int(h[1:]), int(q[1:]), int(b[1:]), int(batch[0][1:]) if batch else 0)
+
     @property
     def study_name(self) -> str:
         return f"verify-s{SPACE_VERSION}:" + str(self)  # a study keeps one search space: new space, new study
