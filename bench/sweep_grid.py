@@ -35,10 +35,11 @@ def stratified_sample(valid: list[KernelConfig], n: int, seed: int, always: Kern
     valid config takes appears at least min(3, its count) times, plus `always`."""
     rng = random.Random(seed)
     picked = dict.fromkeys([always] if always in valid else [])
+    params = [c.as_params() for c in valid]
     for name in PARAM_NAMES:
         by_value: dict[int, list[KernelConfig]] = {}
-        for c in valid:
-            by_value.setdefault(c.as_params()[name], []).append(c)
+        for c, p in zip(valid, params, strict=True):
+            by_value.setdefault(p[name], []).append(c)
         for members in by_value.values():
             for c in rng.sample(members, min(3, len(members))):
                 picked.setdefault(c)
@@ -139,6 +140,8 @@ def main() -> None:
         write(path, meta, rows, time.perf_counter() - t0)
         backend.close()
     ok = [r for r in rows if r["state"] == "ok"]
+    if not ok:
+        raise SystemExit(f"{len(rows)} rows, none passed the gate; wrote {path}")
     best = min(ok, key=lambda r: r["median_us"])
     print(f"{len(rows)} rows, {len(ok)} ok, best {best['median_us']:.1f} us {config_of(best)}; wrote {path}")
 
@@ -148,9 +151,9 @@ def config_of(row: dict) -> KernelConfig:
 
 
 def write(path: Path, meta: dict, rows: list[dict], measure_s: float) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({**meta, "measure_s": measure_s, "n_rows": len(rows), "rows": rows}, indent=0))
-    tmp.replace(path)
+    from verify_tuner.files import write_shared
+
+    write_shared(path, json.dumps({**meta, "measure_s": measure_s, "n_rows": len(rows), "rows": rows}, indent=0))
 
 
 if __name__ == "__main__":

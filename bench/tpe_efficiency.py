@@ -97,7 +97,7 @@ def main() -> None:
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         url = f"sqlite:///{tempfile.mkdtemp()}/r.db"
         migrate.upgrade(url)
-        rb = Replay(limits, table)
+        rb, seen = Replay(limits, table), []  # seen: the calls made when each measured trial was told
         # the search may only propose what the sweep measured (a sweep of an older, smaller space)
         # a sampled sweep: TPE's proposals outside the sample are refused, its nearest recorded config tried
         listed = frozenset(table) if sweep.get("sampled") else None
@@ -114,8 +114,11 @@ def main() -> None:
             ),
             n_trials=args.budget,
             restrict={p: sorted({c.as_params()[p] for c in table}) for p in PARAM_NAMES},
+            on_progress=lambda _p, rb=rb, seen=seen: seen.append(len(rb.calls)),
         )
-        searched = rb.calls[: args.budget]  # the winner phase's re-timings follow the search's measurements
+        searched = (
+            rb.calls[: seen[-1]] if seen else []
+        )  # the last progress is the search's end: the winner phase follows
         hit = next(
             (
                 i + 1
