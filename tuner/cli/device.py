@@ -7,7 +7,7 @@ import json
 import click
 from verify_tuner.cli.database import checked_sessions
 from verify_tuner.cli.exits import clean_exit
-from verify_tuner.cli.options import JSON_OPT
+from verify_tuner.cli.options import JSON_OPT, ORDINAL_OPT
 from verify_tuner.settings import Settings
 
 
@@ -17,9 +17,7 @@ def device() -> None:
 
 
 @device.command("record")
-@click.option(
-    "--device", "ordinal", type=click.IntRange(min=0), default=0, show_default=True, help="CUDA device ordinal."
-)
+@ORDINAL_OPT
 @click.pass_obj
 @clean_exit
 def device_record(settings: Settings, ordinal: int) -> None:

@@ -2,10 +2,38 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import click
+from verify_tuner.batches import SPREADS
 from verify_tuner.kernels.validate import MAX_Q_LEN
 from verify_tuner.keys import MAX_H
 
 JSON_OPT = click.option("--json", "as_json", is_flag=True, help="Machine-readable output (JSON).")
 H_RANGE = click.IntRange(1, MAX_H)
 Q_LEN_RANGE = click.IntRange(1, MAX_Q_LEN)
+H_OPT = click.option("--H", "H", type=H_RANGE, required=True, help="Heads per GPU.")
+Q_LEN_OPT = click.option("--q-len", type=Q_LEN_RANGE, required=True, help="Draft nodes per request.")
+ORDINAL_OPT = click.option(
+    "--device", "ordinal", type=click.IntRange(min=0), default=0, show_default=True, help="CUDA device ordinal."
+)
+MEASURE_TIMEOUT_OPT = click.option(
+    "--measure-timeout",
+    type=click.FloatRange(min=1),
+    default=120.0,
+    show_default=True,
+    help="Seconds before a hanging measurement is killed.",
+)
+
+
+def spread_option(help: str) -> Callable[..., Any]:
+    """--spread, how a batch's prefixes are drawn (verify_tuner.batches)."""
+    return click.option("--spread", type=click.Choice(list(SPREADS)), default="uniform", show_default=True, help=help)
+
+
+def with_options(options: list[Callable[..., Any]], fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` decorated with `options`, listed in the order --help shows them."""
+    for opt in reversed(options):
+        fn = opt(fn)
+    return fn

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from verify_tuner.cli.options import H_OPT, MEASURE_TIMEOUT_OPT, ORDINAL_OPT, Q_LEN_OPT, spread_option, with_options
 from verify_tuner.settings import Settings
 
 
@@ -52,13 +53,8 @@ def _shown(*decls: str, **kwargs: Any) -> Callable[..., Any]:
 
 
 GPU_OPTS = [
-    _shown("--device", "ordinal", type=click.IntRange(min=0), default=0, help="CUDA device ordinal."),
-    _shown(
-        "--measure-timeout",
-        type=click.FloatRange(min=1),
-        default=120.0,
-        help="Seconds before a hanging measurement is killed.",
-    ),
+    ORDINAL_OPT,
+    MEASURE_TIMEOUT_OPT,
     _shown("--rounds", type=click.IntRange(min=1), default=3, help="Interleaved re-timing rounds per pass."),
     _shown(
         "--passes",
@@ -71,15 +67,13 @@ GPU_OPTS = [
 
 
 def _gpu_opts(fn: Callable[..., Any]) -> Callable[..., Any]:
-    for opt in reversed(GPU_OPTS):
-        fn = opt(fn)
-    return fn
+    return with_options(GPU_OPTS, fn)
 
 
 def register_study(study: click.Group, clean: Callable[..., Any], checked_sessions: Callable[..., Any]) -> None:
     @study.command("graph-plan")
-    @click.option("--H", "H", type=click.IntRange(1, 1024), required=True, help="Heads per GPU.")
-    @click.option("--q-len", type=click.IntRange(1, 64), required=True, help="Draft nodes per request.")
+    @H_OPT
+    @Q_LEN_OPT
     @click.option(
         "--prefix-range", required=True, metavar="LO:HI", help="The prefixes the captured graphs will replay."
     )
@@ -93,13 +87,7 @@ def register_study(study: click.Group, clean: Callable[..., Any], checked_sessio
         help="A production histogram, prefix -> weight (JSON object or list of pairs, or CSV prefix,weight); "
         "default: the range's buckets weighted equally.",
     )
-    @click.option(
-        "--spread",
-        type=click.Choice(["uniform", "one-long", "equal"]),
-        default="uniform",
-        show_default=True,
-        help="How each batch's prefixes are drawn (as `study start`).",
-    )
+    @spread_option("How each batch's prefixes are drawn (as `study start`).")
     @_gpu_opts
     @click.pass_obj
     @clean

@@ -9,7 +9,8 @@ from typing import Any
 
 import click
 from verify_tuner.cli.exits import clean_exit
-from verify_tuner.cli.study_options import REPORT_OPTS, START_OPTS, parse_devices, tune_job, with_options
+from verify_tuner.cli.options import with_options
+from verify_tuner.cli.study_options import REPORT_OPTS, START_OPTS, parse_devices, tune_job
 from verify_tuner.cli.study_output import Bar, summary_table, waited
 from verify_tuner.settings import Settings
 

@@ -3,12 +3,12 @@ that start's arguments describe."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 from verify_tuner.buckets import MAX_PREFIX
+from verify_tuner.cli.options import H_OPT, MEASURE_TIMEOUT_OPT, ORDINAL_OPT, Q_LEN_OPT, spread_option
 
 
 def parse_range(text: str) -> tuple[int, int]:
@@ -69,16 +69,9 @@ def prefixes_for(prefix: tuple[int, ...], prefix_range: str | None) -> list[int]
     return sorted(set(out))
 
 
-def with_options(options: list[Callable[..., Any]], fn: Callable[..., Any]) -> Callable[..., Any]:
-    """`fn` decorated with `options`, listed in the order --help shows them."""
-    for opt in reversed(options):
-        fn = opt(fn)
-    return fn
-
-
 START_OPTS = [
-    click.option("--H", "H", type=click.IntRange(1, 1024), required=True, help="Heads per GPU."),
-    click.option("--q-len", type=click.IntRange(1, 64), required=True, help="Draft nodes per request."),
+    H_OPT,
+    Q_LEN_OPT,
     click.option(
         "--prefix", type=click.IntRange(0, MAX_PREFIX), multiple=True, help="Prefix length to tune (repeatable)."
     ),
@@ -92,13 +85,9 @@ START_OPTS = [
         help="Requests per launch to tune for, e.g. 1,8,32: one key per batch bucket; each measures a "
         "ragged batch whose longest prefix is the key's prefix.",
     ),
-    click.option(
-        "--spread",
-        type=click.Choice(["uniform", "one-long", "equal"]),
-        default="uniform",
-        show_default=True,
-        help="How a batch's prefixes are drawn (seeded): uniform in 0.5x..1.5x, "
-        "or one long request among short ones; scaled so the longest is the prefix.",
+    spread_option(
+        "How a batch's prefixes are drawn (seeded): uniform in 0.5x..1.5x, "
+        "or one long request among short ones; scaled so the longest is the prefix."
     ),
     click.option(
         "--trials",
@@ -118,22 +107,14 @@ START_OPTS = [
         help="Optuna storage URL, or an SQLite file per key with {study} in its name (default: "
         "TUNER_STUDY_STORAGE, else a file per key beside an SQLite config DB, else the config DB).",
     ),
-    click.option(
-        "--device", "ordinal", type=click.IntRange(min=0), default=0, show_default=True, help="CUDA device ordinal."
-    ),
+    ORDINAL_OPT,
     click.option(
         "--devices",
         default=None,
         metavar="0,1,...",
         help="Several GPUs: one tuner process per GPU, all sharing the studies.",
     ),
-    click.option(
-        "--measure-timeout",
-        type=click.FloatRange(min=1),
-        default=120.0,
-        show_default=True,
-        help="Seconds before a hanging measurement is killed.",
-    ),
+    MEASURE_TIMEOUT_OPT,
     click.option(
         "--compile-jobs",
         type=click.IntRange(min=1),
