@@ -13,8 +13,7 @@ from verify_tuner.cli import device as cli_device
 from verify_tuner.cli import plans as cli_plans
 from verify_tuner.cli import serve as cli_serve
 from verify_tuner.cli import study as cli_study
-from verify_tuner.cli.database import checked_sessions, database_url_option, url_problem
-from verify_tuner.cli.exits import clean_exit
+from verify_tuner.cli.database import database_url_option, url_problem
 from verify_tuner.errors import TunerError
 from verify_tuner.settings import Settings
 
@@ -41,8 +40,8 @@ def cli(ctx: click.Context, database_url: str | None) -> None:
 
 for group in (cli_db.db, cli_serve.serve, cli_device.device, cli_configs.configs, cli_study.study):
     cli.add_command(group)
-cli_plans.register_study(cli_study.study, clean_exit, checked_sessions)  # `study graph-plan`
-cli_plans.register_configs(cli_configs.configs, clean_exit, checked_sessions)  # `configs verify`
+cli_plans.register_study(cli_study.study)  # `study graph-plan`
+cli_plans.register_configs(cli_configs.configs)  # `configs verify`
 
 
 def main() -> None:

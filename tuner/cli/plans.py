@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import click
+from verify_tuner.cli.database import checked_sessions
+from verify_tuner.cli.exits import clean_exit
 from verify_tuner.cli.options import H_OPT, MEASURE_TIMEOUT_OPT, ORDINAL_OPT, Q_LEN_OPT, spread_option, with_options
 from verify_tuner.settings import Settings
 
@@ -70,7 +72,7 @@ def _gpu_opts(fn: Callable[..., Any]) -> Callable[..., Any]:
     return with_options(GPU_OPTS, fn)
 
 
-def register_study(study: click.Group, clean: Callable[..., Any], checked_sessions: Callable[..., Any]) -> None:
+def register_study(study: click.Group) -> None:
     @study.command("graph-plan")
     @H_OPT
     @Q_LEN_OPT
@@ -90,18 +92,17 @@ def register_study(study: click.Group, clean: Callable[..., Any], checked_sessio
     @spread_option("How each batch's prefixes are drawn (as `study start`).")
     @_gpu_opts
     @click.pass_obj
-    @clean
+    @clean_exit
     def graph_plan(settings: Settings, H: int, q_len: int, prefix_range: str, batch_text: str, **kw: Any) -> None:
         """Choose, per batch size, the one config to capture in its CUDA graph: the stored
         per-prefix-bucket winners and the heuristic re-measured side by side at every prefix bucket of
         the range, the least expected step time under the prefix weights wins; stores the plans with
         their regret per bucket (docs/integration.md)."""
-        _graph_plan(settings, checked_sessions, H, q_len, prefix_range, batch_text, **kw)
+        _graph_plan(settings, H, q_len, prefix_range, batch_text, **kw)
 
 
 def _graph_plan(
     settings: Settings,
-    checked_sessions: Callable[..., Any],
     H: int,
     q_len: int,
     prefix_range: str,
@@ -167,7 +168,7 @@ def _print_plans(results: list[Any], weights: Any, as_json: bool) -> None:
             )
 
 
-def register_configs(configs: click.Group, clean: Callable[..., Any], checked_sessions: Callable[..., Any]) -> None:
+def register_configs(configs: click.Group) -> None:
     @configs.command("verify")
     @click.option(
         "--sample",
@@ -178,7 +179,7 @@ def register_configs(configs: click.Group, clean: Callable[..., Any], checked_se
     )
     @_gpu_opts
     @click.pass_obj
-    @clean
+    @clean_exit
     def verify(settings: Settings, sample: int | None, **kw: Any) -> None:
         """Re-time stored bests against the heuristic on this GPU and mark those that no longer win
         (stale: not served until re-tuned) or whose time moved beyond the noise; every verification is
