@@ -9,12 +9,11 @@ from dataclasses import dataclass
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 from verify_tuner import buckets
-from verify_tuner.errors import StorageError
 from verify_tuner.kernels.build import KERNEL_NAME, KERNEL_VERSION
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.keys import ConfigKey
 from verify_tuner.store.data_version import bump_version
-from verify_tuner.store.devices import get_device, upsert_kernel
+from verify_tuner.store.devices import get_device, key_ids
 from verify_tuner.store.models import BestConfig, Device, Kernel, utcnow
 from verify_tuner.store.writes import key_columns, upsert
 
@@ -135,10 +134,13 @@ def upsert_best(
     kernel_version: str = KERNEL_VERSION,
 ) -> None:
     """Store `config` as the best for `key`, replacing any existing row (the caller decides)."""
-    device = get_device(session=session, name=key.device)
-    if device is None:
-        raise StorageError(f"device {key.device!r} is not recorded; record it first (tuner device record)")
-    kernel = upsert_kernel(session=session, source_hash=key.kernel_hash, name=kernel_name, version=kernel_version)
+    device_id, kernel_id = key_ids(
+        session=session,
+        device=key.device,
+        kernel_hash=key.kernel_hash,
+        kernel_name=kernel_name,
+        kernel_version=kernel_version,
+    )
     p = config.as_params()
     extra = config.extra_params()
     speedup = default_us / median_us if default_us and median_us else None
@@ -163,7 +165,7 @@ def upsert_best(
     upsert(
         session,
         BestConfig,
-        key_cols=key_columns(device.id, kernel.id, key),
+        key_cols=key_columns(device_id, kernel_id, key),
         values=values,
     )
 

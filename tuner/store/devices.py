@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
+from verify_tuner.errors import StorageError
+from verify_tuner.kernels.build import KERNEL_NAME, KERNEL_VERSION
 from verify_tuner.kernels.limits import DeviceLimits
 from verify_tuner.store.data_version import bump_version
 from verify_tuner.store.models import Device, Kernel, utcnow
@@ -57,6 +59,21 @@ def device_limits(device: Device) -> DeviceLimits:
         cuda_version=device.cuda_version,
         copy_bw_gbps=device.copy_bw_gbps,
     )
+
+
+def key_ids(
+    *,
+    session: Session,
+    device: str,
+    kernel_hash: str,
+    kernel_name: str = KERNEL_NAME,
+    kernel_version: str = KERNEL_VERSION,
+) -> tuple[int, int]:
+    """The ids of a key's device row, which must be recorded, and kernel row (inserted on first use)."""
+    dev = get_device(session=session, name=device)
+    if dev is None:
+        raise StorageError(f"device {device!r} is not recorded; record it first (tuner device record)")
+    return dev.id, upsert_kernel(session=session, source_hash=kernel_hash, name=kernel_name, version=kernel_version).id
 
 
 def upsert_kernel(*, session: Session, source_hash: str, name: str, version: str) -> Kernel:

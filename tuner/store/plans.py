@@ -10,8 +10,6 @@ from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
-from verify_tuner.errors import StorageError
-from verify_tuner.kernels.build import KERNEL_NAME, KERNEL_VERSION
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.keys import ConfigKey
 from verify_tuner.store import best_configs, data_version, devices, writes
@@ -50,19 +48,11 @@ class PlanRow:
         return None
 
 
-def _ids(session: Session, device: str, kernel_hash: str) -> tuple[int, int]:
-    dev = devices.get_device(session=session, name=device)
-    if dev is None:
-        raise StorageError(f"device {device!r} is not recorded; record it first (tuner device record)")
-    kernel = devices.upsert_kernel(session=session, source_hash=kernel_hash, name=KERNEL_NAME, version=KERNEL_VERSION)
-    return dev.id, kernel.id
-
-
 def upsert_plan(*, session: Session, plan: PlanRow) -> None:
     """Store `plan`, replacing the plan of the same key (device, kernel, dtype, H, q_len, batch
     bucket, range, weights' digest): a re-measurement supersedes the last one."""
     data_version.bump_version(session)  # first, like every writer (one lock order)
-    device_id, kernel_id = _ids(session, plan.device, plan.kernel_hash)
+    device_id, kernel_id = devices.key_ids(session=session, device=plan.device, kernel_hash=plan.kernel_hash)
     key = {
         "device_id": device_id,
         "kernel_id": kernel_id,
@@ -198,7 +188,7 @@ def record_verification(*, session: Session, v: VerificationRow) -> bool:
     """Keep `v` in the history and mark the stored best with its verdict, unless the row no longer
     holds the config verified (re-tuned meanwhile: that row was not verified). True: marked."""
     data_version.bump_version(session)
-    device_id, kernel_id = _ids(session, v.key.device, v.key.kernel_hash)
+    device_id, kernel_id = devices.key_ids(session=session, device=v.key.device, kernel_hash=v.key.kernel_hash)
     at = v.verified_at or utcnow()
     key = writes.key_columns(device_id, kernel_id, v.key)
     session.add(

@@ -7,12 +7,10 @@ import datetime as dt
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
-from verify_tuner.errors import StorageError
-from verify_tuner.kernels.build import KERNEL_NAME, KERNEL_VERSION
 from verify_tuner.keys import ConfigKey
-from verify_tuner.store.devices import get_device, upsert_kernel
+from verify_tuner.store.devices import key_ids
 from verify_tuner.store.models import Study, Trial, utcnow
-from verify_tuner.store.writes import insert_ignore
+from verify_tuner.store.writes import insert_ignore, key_columns
 
 
 def get_or_create_study(
@@ -20,22 +18,13 @@ def get_or_create_study(
 ) -> Study:
     """The study of `key`, created on first use; a finished one is reopened (resume) unless
     `reopen` is False (a look at its state)."""
-    device = get_device(session=session, name=key.device)
-    if device is None:
-        raise StorageError(f"device {key.device!r} is not recorded")
-    kernel = upsert_kernel(session=session, source_hash=key.kernel_hash, name=KERNEL_NAME, version=KERNEL_VERSION)
+    device_id, kernel_id = key_ids(session=session, device=key.device, kernel_hash=key.kernel_hash)
     insert_ignore(
         session,
         Study,
         key_cols={"workload_key": str(key)},
         values={
-            "device_id": device.id,
-            "kernel_id": kernel.id,
-            "dtype": key.dtype,
-            "H": key.H,
-            "q_len": key.q_len,
-            "bucket": key.bucket,
-            "batch_bucket": key.batch_bucket,
+            **key_columns(device_id, kernel_id, key),
             "prefix": prefix,
             "status": "running",
             "sampler": sampler,
