@@ -26,6 +26,16 @@ SHAPES = [(8, 9, 46000), (8, 1, 131072), (64, 9, 46000), (16, 9, 16384), (128, 1
 ROUNDS, REPS = 5, 10
 
 
+def parse_shapes(text: str) -> list[tuple[int, int, int]]:
+    try:
+        shapes = [tuple(int(v) for v in item.split(":")) for item in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: shapes are H:Q:PREFIX,... of integers") from None
+    if not shapes or any(len(s) != 3 for s in shapes):
+        raise argparse.ArgumentTypeError(f"{text!r}: shapes are H:Q:PREFIX,... of three integers each")
+    return shapes
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--a-flags", default="", help="nvcc flags of variant A, one string (write --a-flags=-DX)")
@@ -33,6 +43,12 @@ def main() -> None:
     ap.add_argument("--label", default="A vs B")
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
     ap.add_argument("--cache", default=os.environ.get("TUNER_CACHE_DIR", "/tmp/va-cache"))
+    ap.add_argument(
+        "--shapes",
+        type=parse_shapes,
+        default=SHAPES,
+        help="H:Q:PREFIX,... (default: the six no-regression shapes)",
+    )
     args = ap.parse_args()
 
     import pycuda.autoprimaryctx  # noqa: F401
@@ -63,7 +79,7 @@ def main() -> None:
         "| H | Q | prefix | config | A µs | B µs | B/A |",
         "|---|---|---|---|---|---|---|",
     ]
-    for H, Q, P in SHAPES:
+    for H, Q, P in args.shapes:
         cfg = heuristic_config(limits, H=H, q_len=Q, prefix=P)
         sets = rotating_inputs(prefix_lens=[P], q_len=Q, H=H, l2_bytes=limits.l2_bytes, seed=H + Q + P)
         ref = reference(sets[0])[0]
