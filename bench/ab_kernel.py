@@ -18,22 +18,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchlib import parse_shapes
 from verify_tuner.heuristic import heuristic_config
 from verify_tuner.kernels.build import SOURCE
 from verify_tuner.kernels.shapes import D_V
 
 SHAPES = [(8, 9, 46000), (8, 1, 131072), (64, 9, 46000), (16, 9, 16384), (128, 1, 46000), (8, 9, 4096)]
 ROUNDS, REPS = 5, 10
-
-
-def parse_shapes(text: str) -> list[tuple[int, int, int]]:
-    try:
-        shapes = [tuple(int(v) for v in item.split(":")) for item in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: shapes are H:Q:PREFIX,... of integers") from None
-    if not shapes or any(len(s) != 3 for s in shapes):
-        raise argparse.ArgumentTypeError(f"{text!r}: shapes are H:Q:PREFIX,... of three integers each")
-    return shapes
 
 
 def main() -> None:

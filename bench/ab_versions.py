@@ -94,16 +94,26 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
     ap.add_argument("--cache", default=os.environ.get("TUNER_CACHE_DIR", "/tmp/va-cache"))
     ap.add_argument("--base-label", help="name of the base in the report (default: its git revision)")
-    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--shapes", default=None, help="H:Q:PREFIX,... (default: the no-regression and short-prefix shapes)"
+    )
+    ap.add_argument("--tag", default="versions", help="the report is ab_TAG_ARCH.{md,json} under --out")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)  # the shapes as JSON: run the base side
     args = ap.parse_args()
-    if args.worker:  # child: the base tree is first on sys.path
-        print(json.dumps(time_defaults(SHAPES, args.cache + "-base")))
+    if args.worker:  # child: the base tree is first on sys.path (so this tree's benchlib is not imported)
+        print(json.dumps(time_defaults([tuple(s) for s in json.loads(args.worker)], args.cache + "-base")))
         return
+    from benchlib import parse_shapes
+
+    try:
+        shapes = parse_shapes(args.shapes) if args.shapes else SHAPES
+    except argparse.ArgumentTypeError as e:
+        ap.error(f"--shapes: {e}")
     if args.base_tree is None:
         ap.error("--base-tree is required")
     env = {**os.environ, "PYTHONPATH": f"{args.base_tree.resolve()}:{os.environ.get('PYTHONPATH', '')}"}
     child = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--worker", "--cache", args.cache],
+        [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(shapes), "--cache", args.cache],
         env=env,
         cwd=args.base_tree,
         capture_output=True,
@@ -114,7 +124,7 @@ def main() -> None:
         raise SystemExit(f"base tree failed:\n{child.stderr[-3000:]}")
     base = json.loads(child.stdout.strip().splitlines()[-1])
     sys.path.insert(0, str(HERE))
-    new = time_defaults(SHAPES, args.cache)
+    new = time_defaults(shapes, args.cache)
     from verify_tuner.kernels.limits import read_device_limits
 
     limits = read_device_limits(0)
@@ -147,7 +157,7 @@ def main() -> None:
         )
     print("\n".join(lines))
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"ab_versions_{limits.arch}"
+    stem = args.out / f"ab_{args.tag}_{limits.arch}"
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     stem.with_suffix(".json").write_text(json.dumps({"base": base, "new": new, "base_rev": rev}, indent=1))
 

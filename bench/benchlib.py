@@ -4,6 +4,7 @@ A/B medians. Run from bench/ scripts (`python3 bench/X.py` puts this folder on s
 
 from __future__ import annotations
 
+import argparse
 import statistics
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any, TypeVar
@@ -54,3 +55,14 @@ def interleaved_medians(
         [lambda k=k: time_graph(launchers[k], n_sets, stream=stream, replays=reps).median_us for k in keys], rounds
     )
     return {k: statistics.median(r) for k, r in zip(keys, per_round)}
+
+
+def parse_shapes(text: str) -> list[tuple[int, int, int]]:
+    """An argparse type: `H:Q:PREFIX,...` as (H, q_len, prefix) triples."""
+    try:
+        shapes = [tuple(int(v) for v in item.split(":")) for item in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: shapes are H:Q:PREFIX,... of integers") from None
+    if not shapes or any(len(s) != 3 for s in shapes):
+        raise argparse.ArgumentTypeError(f"{text!r}: shapes are H:Q:PREFIX,... of three integers each")
+    return shapes
