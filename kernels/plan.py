@@ -34,18 +34,26 @@ ROW_SPLITS = 3
 PLAN_SPLIT_TILES = 1
 
 
+def _row_split(*, rows: int, nsplit: int, splits: int) -> tuple[int, int]:
+    """The kernel's (RSPLIT, RS): RS = ceil(NR / min(splits, NR)) n8 row tiles a split, and as many
+    splits as such shares fill (4 tiles over 3 are 2 + 2, not 2 + 2 + 0)."""
+    nr = -(-rows // 8)
+    r0 = min(splits, nr) if nr > 1 and splits > 1 and nsplit >= splits else 1
+    rs = -(-nr // r0)
+    return -(-nr // rs), rs
+
+
 def row_splits(*, rows: int, nsplit: int, splits: int = ROW_SPLITS) -> int:
     """The kernel's RSPLIT for a block of `rows` query rows: 1 when it cannot split (one n8 row
     tile, or fewer grid parts than splits)."""
-    nr = -(-rows // 8)
-    return min(splits, nr) if nr > 1 and splits > 1 and nsplit >= splits else 1
+    return _row_split(rows=rows, nsplit=nsplit, splits=splits)[0]
 
 
 def row_split_tiles(*, rows: int, nsplit: int, r: int, splits: int = ROW_SPLITS) -> range:
     """The n8 row tiles that block r of a row-split part computes: the kernel's split_lo = r * RS and
-    RS = ceil(NR / RSPLIT) tiles from there, clipped to the block's NR (a last split may hold fewer)."""
+    RS tiles from there, clipped to the block's NR (a last split may hold fewer, never none)."""
     nr = -(-rows // 8)
-    rs = -(-nr // row_splits(rows=rows, nsplit=nsplit, splits=splits))
+    rs = _row_split(rows=rows, nsplit=nsplit, splits=splits)[1]
     return range(min(r * rs, nr), min((r + 1) * rs, nr))
 
 

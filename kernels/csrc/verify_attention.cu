@@ -94,8 +94,11 @@ constexpr int MQ = TM / WT;              // QK: m16 token tiles per warp
 #ifndef VA_ROWSPLIT
 #define VA_ROWSPLIT 3
 #endif
-constexpr int RSPLIT = NR > 1 && NSPLIT >= VA_ROWSPLIT && VA_ROWSPLIT > 1 ? (VA_ROWSPLIT < NR ? VA_ROWSPLIT : NR) : 1;
-constexpr int RS = (NR + RSPLIT - 1) / RSPLIT;
+constexpr int RSPLIT0 = NR > 1 && NSPLIT >= VA_ROWSPLIT && VA_ROWSPLIT > 1 ? (VA_ROWSPLIT < NR ? VA_ROWSPLIT : NR) : 1;
+constexpr int RS = (NR + RSPLIT0 - 1) / RSPLIT0;
+// As many splits as RS-tile shares fill: NR=4 over 3 would leave the third empty, so it is 2 + 2
+// and the plan gets NSPLIT/2 parts instead of NSPLIT/3.
+constexpr int RSPLIT = (NR + RS - 1) / RS;
 constexpr int KS = KSTEPS / WK;          // QK: k16 steps per warp
 constexpr int NSB = SF ? WK / 2 : WK;    // partial-score buffers
 constexpr int SSTRIDE = TK + 4;          // floats per partial-score row (16 B aligned, conflict-free)

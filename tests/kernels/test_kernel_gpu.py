@@ -112,12 +112,14 @@ def test_long_prefix_many_tiles(gpu):
         (KernelConfig(nsplit=94, ht=4, tk=16, block=256, stages=2, wr=4, wk=2, pipe=1), 8, 9),
         # the seesaw at 40 rows: 2 + 2 + 1
         (KernelConfig(nsplit=132, ht=8, tk=32, block=256, stages=3, wr=2, wk=2, sf=1, pipe=3), 8, 5),
+        # 32 rows, 4 n8 tiles: two splits of 2 (a third would be empty), so NSPLIT/2 parts
+        (KernelConfig(nsplit=132, ht=8, tk=32, block=256, stages=3, wr=2, wk=2, sf=1, pipe=3), 8, 4),
     ],
-    ids=["36-rows-pipe1", "40-rows-seesaw"],
+    ids=["36-rows-pipe1", "40-rows-seesaw", "32-rows-two-splits"],
 )
 def test_row_splits_whose_last_split_is_short(gpu, cfg, H, Q):
     """Short batches run as row splits (kernels/plan.py); the blocks of the pool above have 1-4 or 9
-    n8 row tiles, whose splits are full or (4 tiles, e.g. HT=2 Q=16: 2 + 2 + 0) empty, never part-filled."""
+    n8 row tiles, whose splits are full; these are part-filled or, at 4 tiles, two instead of three."""
     from verify_tuner.kernels.plan import plan, row_splits
     from verify_tuner.kernels.reference import make_inputs, reference, rel_error
     from verify_tuner.kernels.validate import shape

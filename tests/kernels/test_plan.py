@@ -67,13 +67,21 @@ def test_random_batches(prefix_lens, q_len, tk, nsplit):
     _check(prefix_lens, q_len, tk, nsplit, rsplit=row_splits(rows=72, nsplit=nsplit), split_tiles=3)
 
 
-@pytest.mark.parametrize("rows", [8, 9, 16, 24, 33, 40, 64, 72])
+@pytest.mark.parametrize("rows", [8, 9, 16, 24, 32, 33, 40, 64, 72, 128])
 @pytest.mark.parametrize("nsplit", [1, 2, 3, 132])
 def test_row_splits_cover_every_row_tile_once(rows, nsplit):
     R = row_splits(rows=rows, nsplit=nsplit)
-    covered = [t for r in range(R) for t in row_split_tiles(rows=rows, nsplit=nsplit, r=r)]
-    assert covered == list(range(-(-rows // 8)))
-    assert R <= nsplit and (R == 1 or R == min(ROW_SPLITS, -(-rows // 8)))
+    splits = [row_split_tiles(rows=rows, nsplit=nsplit, r=r) for r in range(R)]
+    assert [t for tiles in splits for t in tiles] == list(range(-(-rows // 8)))
+    # no block of a part idles: every split holds a tile (a last one may hold fewer: 6 + 6 + 4)
+    assert all(splits)
+    assert R <= nsplit and (R == 1 or R in (ROW_SPLITS, -(-rows // 8), 2))
+
+
+def test_four_row_tiles_split_two_ways_not_three():
+    # 32 rows (H=8 q=4 at HT=8): 2 + 2 tiles over two blocks, so a part takes 2 grid slots, not 3
+    assert row_splits(rows=32, nsplit=132) == 2
+    assert [list(row_split_tiles(rows=32, nsplit=132, r=r)) for r in range(2)] == [[0, 1], [2, 3]]
 
 
 def test_a_short_request_runs_as_row_splits_over_fewer_parts():
