@@ -21,16 +21,30 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchlib import parse_shapes
 from verify_tuner.heuristic import heuristic_config
 from verify_tuner.kernels.build import SOURCE
+from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.errors import InvalidConfig
 from verify_tuner.kernels.shapes import D_V
 
 SHAPES = [(8, 9, 46000), (8, 1, 131072), (64, 9, 46000), (16, 9, 16384), (128, 1, 46000), (8, 9, 4096)]
 ROUNDS, REPS = 5, 10
 
 
+def parse_config(text: str) -> KernelConfig:
+    try:
+        return KernelConfig.from_params(dict(item.split("=", 1) for item in text.split()))
+    except (ValueError, InvalidConfig) as e:
+        raise argparse.ArgumentTypeError(f"{text!r}: {e}") from None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--a-flags", default="", help="nvcc flags of variant A, one string (write --a-flags=-DX)")
     ap.add_argument("--b-flags", default="", help="nvcc flags of variant B, one string (write --b-flags=-DX)")
+    ap.add_argument(
+        "--b-config",
+        type=parse_config,
+        help="variant B's config as 'NSPLIT=66 HT=4 ...' (default: the heuristic default, as A)",
+    )
     ap.add_argument("--label", default="A vs B")
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
     ap.add_argument("--cache", default=os.environ.get("TUNER_CACHE_DIR", "/tmp/va-cache"))
@@ -64,7 +78,7 @@ def main() -> None:
         (
             f"A flags: `{' '.join(variants['A']) or '(none)'}`; B flags: `{' '.join(variants['B']) or '(none)'}`. "
             f"Median over {ROUNDS} interleaved rounds of the per-round median of {REPS} CUDA-graph replays, inputs rotated "
-            "past the L2; config = the heuristic default."
+            "past the L2; config = the heuristic default" + (f" (B: `{args.b_config}`)." if args.b_config else ".")
         ),
         "",
         "| H | Q | prefix | config | A µs | B µs | B/A |",
@@ -72,18 +86,19 @@ def main() -> None:
     ]
     for H, Q, P in args.shapes:
         cfg = heuristic_config(limits, H=H, q_len=Q, prefix=P)
+        cfgs = {"A": cfg, "B": args.b_config or cfg}
         sets = rotating_inputs(prefix_lens=[P], q_len=Q, H=H, l2_bytes=limits.l2_bytes, seed=H + Q + P)
         ref = reference(sets[0])[0]
         out = torch.empty(1, Q, H, D_V, dtype=torch.bfloat16, device="cuda")
         launchers = {
             name: checked_launcher(
                 VerifyAttention(
-                    cfg, H=H, q_len=Q, limits=limits, max_batch=1, cache_dir=Path(args.cache), extra_flags=flags
+                    cfgs[name], H=H, q_len=Q, limits=limits, max_batch=1, cache_dir=Path(args.cache), extra_flags=flags
                 ),
                 sets,
                 out,
                 ref,
-                f"variant {name} at H={H} Q={Q} P={P} {cfg}",
+                f"variant {name} at H={H} Q={Q} P={P} {cfgs[name]}",
                 stream=stream,
             )
             for name, flags in variants.items()
