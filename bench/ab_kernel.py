@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchlib import parse_shapes
+from benchlib import parse_config, parse_shapes
 from verify_tuner.heuristic import heuristic_config
 from verify_tuner.kernels.build import SOURCE
 from verify_tuner.kernels.config import KernelConfig
@@ -29,11 +29,11 @@ SHAPES = [(8, 9, 46000), (8, 1, 131072), (64, 9, 46000), (16, 9, 16384), (128, 1
 ROUNDS, REPS = 5, 10
 
 
-def parse_config(text: str) -> KernelConfig:
+def config_arg(text: str) -> KernelConfig:
     try:
-        return KernelConfig.from_params(dict(item.split("=", 1) for item in text.split()))
-    except (ValueError, InvalidConfig) as e:
-        raise argparse.ArgumentTypeError(f"{text!r}: {e}") from None
+        return parse_config(text)
+    except InvalidConfig as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def main() -> None:
@@ -42,7 +42,7 @@ def main() -> None:
     ap.add_argument("--b-flags", default="", help="nvcc flags of variant B, one string (write --b-flags=-DX)")
     ap.add_argument(
         "--b-config",
-        type=parse_config,
+        type=config_arg,
         help="variant B's config as 'NSPLIT=66 HT=4 ...' (default: the heuristic default, as A)",
     )
     ap.add_argument("--label", default="A vs B")

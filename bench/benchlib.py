@@ -9,6 +9,8 @@ import statistics
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any, TypeVar
 
+from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.errors import InvalidConfig
 from verify_tuner.kernels.reference import Inputs, _visible, poisoned_run_error
 from verify_tuner.kernels.shapes import D_QK, D_V
 from verify_tuner.kernels.timing import interleave, time_graph
@@ -66,3 +68,11 @@ def parse_shapes(text: str) -> list[tuple[int, int, int]]:
     if not shapes or any(len(s) != 3 for s in shapes):
         raise argparse.ArgumentTypeError(f"{text!r}: shapes are H:Q:PREFIX,... of three integers each")
     return shapes
+
+
+def parse_config(text: str) -> KernelConfig:
+    """A config as printed (`NSPLIT=66 HT=4 ...`); InvalidConfig names what is wrong."""
+    items = text.split()
+    if not all("=" in item for item in items):
+        raise InvalidConfig(f"{text!r}: a config is NAME=VALUE pairs")
+    return KernelConfig.from_params(dict(item.split("=", 1) for item in items))

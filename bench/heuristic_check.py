@@ -20,16 +20,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchlib import parse_config
 from verify_tuner.heuristic import heuristic_config
 from verify_tuner.kernels.build import precompile
-from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.shapes import D_V
 
 ROUNDS, REPS = 3, 10
-
-
-def parse_config(text: str) -> KernelConfig:
-    return KernelConfig.from_params(dict(part.split("=") for part in text.split()))
 
 
 def main() -> None:

@@ -75,7 +75,11 @@ def test_row_splits_cover_every_row_tile_once(rows, nsplit):
     assert [t for tiles in splits for t in tiles] == list(range(-(-rows // 8)))
     # no block of a part idles: every split holds a tile (a last one may hold fewer: 6 + 6 + 4)
     assert all(splits)
-    assert R <= nsplit and (R == 1 or R in (ROW_SPLITS, -(-rows // 8), 2))
+    nr = -(-rows // 8)
+    assert R <= nsplit and (R > 1) == (nr > 1 and nsplit >= ROW_SPLITS)
+    # the kernel's shares: RS = ceil(NR / min(ROW_SPLITS, NR)) tiles, as many as they fill
+    rs = -(-nr // min(ROW_SPLITS, nr)) if R > 1 else nr
+    assert len(splits[0]) == rs and R == -(-nr // rs)
 
 
 def test_four_row_tiles_split_two_ways_not_three():
