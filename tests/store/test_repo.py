@@ -135,3 +135,20 @@ def test_database_errors_become_storage_errors(sessions):
         from sqlalchemy import text
 
         s.execute(text("select * from no_such_table"))
+
+
+def test_recording_an_unchanged_device_does_not_turn_the_data_stamp_over(sessions):
+    from dataclasses import replace
+
+    from verify_tuner.store.data_version import data_stamp
+
+    _record(sessions)
+    with session_scope(sessions) as s:
+        before = data_stamp(session=s)
+    _record(sessions)  # what every study key and claim does
+    with session_scope(sessions) as s:
+        assert data_stamp(session=s) == before
+        devices.upsert_device(session=s, limits=replace(H200, driver_version="99.0"))
+    with session_scope(sessions) as s:
+        assert data_stamp(session=s) != before
+        assert devices.get_device(session=s, name=H200.name).driver_version == "99.0"
