@@ -4,9 +4,11 @@ stamps are read back. Printed per case, in microseconds from the first partial b
 when the working partial blocks pass each phase (median / max over them) and when the reduce's
 blocks start, finish their plan check, are released by griddepcontrol.wait and end. The same
 cases are also timed as CUDA-graph replays plain, traced (the stamps' cost) and with
--DVA_PROFILE_EMPTY (the launch pair alone: the floor a graph replay pays).
+-DVA_PROFILE_EMPTY (the launch pair alone: the floor a graph replay pays). `--variant LABEL=FLAGS`
+(repeatable) traces the same cases again with extra compile flags, e.g. a plan constant or a
+VA_PROFILE_SKIP_* phase left out, so a change's effect shows phase by phase.
 
-    python3 bench/phase_trace.py --out $OUT      # on the GPU machine
+    python3 bench/phase_trace.py --out $OUT [--variant split4=-DPLAN_SPLIT_TILES=4]   # GPU machine
 """
 
 from __future__ import annotations
@@ -17,9 +19,25 @@ import json
 import statistics
 from pathlib import Path
 
-PARTIAL = ["entry", "plan", "prologue issued", "Q + tile 0 landed", "tiles done", "epilogue done", "exit"]
+# slot 7: a -DVA_PROFILE_REPEAT build's second pass starts (slots 2-5 are then that pass's)
+PARTIAL = ["entry", "plan", "prologue issued", "Q + tile 0 landed", "tiles done", "epilogue done", "exit", "repeat"]
 REDUCE = ["entry", "plan check", "wait released", "exit"]
-CASES = {"B=1 P=0": [0], "B=1 P=4096": [4096], "B=1 P=46000": [46000], "B=8 1x100k+7x2k": [100_000] + [2000] * 7}
+CASES = {
+    "B=1 P=0": [0],
+    "B=1 P=4096": [4096],
+    "B=1 P=8192": [8192],
+    "B=1 P=46000": [46000],
+    "B=8 1x100k+7x2k": [100_000] + [2000] * 7,
+}
+
+
+def _variant(text: str) -> tuple[str, tuple[str, ...]]:
+    """An argparse type: LABEL=FLAGS (flags space-separated, each starting with -D)."""
+    label, sep, flags = text.partition("=")
+    parts = tuple(flags.split())
+    if not sep or not label or not parts or not all(f.startswith("-D") for f in parts):
+        raise argparse.ArgumentTypeError(f"{text!r}: a variant is LABEL=-DNAME[=VALUE] ...")
+    return label, parts
 
 
 def _trace(va, inp, out, stream) -> dict:
@@ -57,6 +75,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--cache", default="/tmp/va-trace-cache")
+    ap.add_argument("--variant", type=_variant, action="append", default=[], help="LABEL=FLAGS, repeatable")
     args = ap.parse_args()
 
     import pycuda.autoprimaryctx  # noqa: F401
@@ -71,13 +90,15 @@ def main() -> None:
     limits, stream = read_device_limits(0), cuda.Stream()
     H, Q = 8, 9
     rows = []
-    for case, lens in CASES.items():
+    for (variant, extra), (case, lens) in ((v, c) for v in [("default", ()), *args.variant] for c in CASES.items()):
         cfg = heuristic_config(limits, H=H, q_len=Q, prefix=max(lens), batch=len(lens))
         out = torch.empty(len(lens), Q, H, 512, dtype=torch.bfloat16, device="cuda")
         kw = {"H": H, "q_len": Q, "limits": limits, "max_batch": len(lens), "cache_dir": Path(args.cache)}
-        traced = VerifyAttention(cfg, extra_flags=("-DVA_TRACE",), **kw)
+        traced = VerifyAttention(cfg, extra_flags=("-DVA_TRACE", *extra), **kw)
         row = {
             "case": case,
+            "variant": variant,
+            "flags": list(extra),
             "config": cfg.as_params(),
             **_trace(traced, make_inputs(prefix_lens=lens, q_len=Q, H=H), out, stream),
         }
@@ -87,7 +108,7 @@ def main() -> None:
             ("graph us traced", ("-DVA_TRACE",)),
             ("graph us empty", ("-DVA_PROFILE_EMPTY",)),
         ):
-            va = VerifyAttention(cfg, extra_flags=flags, **kw)
+            va = VerifyAttention(cfg, extra_flags=(*flags, *extra), **kw)
             row[label] = round(
                 time_graph(
                     lambda k, va=va, sets=sets, out=out: va.run(sets[k], out, stream=stream), len(sets), stream=stream
@@ -97,7 +118,7 @@ def main() -> None:
         rows.append(row)
         p, r = row["partial"], row["reduce"]
         print(
-            f"{case}: graph {row['graph us']} us (traced {row['graph us traced']}, empty pair {row['graph us empty']}); "
+            f"{case} [{variant}]: graph {row['graph us']} us (traced {row['graph us traced']}, empty pair {row['graph us empty']}); "
             f"{row['working blocks']}/{row['partial blocks']} partial blocks work: "
             + ", ".join(f"{k} {v.get('median')}/{v.get('max')}" for k, v in p.items())
             + f"; reduce x{row['reduce blocks']}: "

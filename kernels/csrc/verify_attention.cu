@@ -971,10 +971,26 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
     __syncthreads();
   }  // segments
   };
+#ifdef VA_PROFILE_REPEAT  // profiling: the part's work twice through the same code, the second
+  // pass with warm instruction and constant caches (its stamps replace the first's; slot 7: its start)
+  __shared__ int first_seg[4];  // (shared: registers held across the passes spilled)
+  if (tid < 4) first_seg[tid] = seg_s[tid];
+#pragma unroll 1
+  for (int rep = 0; rep < 2; ++rep) {
+    if (rep == 1) {
+      __syncthreads();
+      if (tid < 4) seg_s[tid] = first_seg[tid];
+      __syncthreads();
+      TRACE(0, 7);
+    }
+#endif
   if (RSPLIT > 1 && split_lo >= 0)
     segments(Flag<true>());
   else
     segments(Flag<false>());
+#ifdef VA_PROFILE_REPEAT
+  }
+#endif
   TRACE(0, 6);
 }
 
