@@ -99,8 +99,32 @@ constexpr int RS = (NR + RSPLIT0 - 1) / RSPLIT0;
 // As many splits as RS-tile shares fill: NR=4 over 3 would leave the third empty, so it is 2 + 2
 // and the plan gets NSPLIT/2 parts instead of NSPLIT/3.
 constexpr int RSPLIT = (NR + RS - 1) / RS;
+// The QK grid of a row split's block (its RS tiles). Its score buffers are packed at the split's
+// RS*8 rows within the NSB * ROWS_PAD rows the layout holds, so a block of few rows can take more
+// k-slices, i.e. shorter mma chains, in the same space: for the seesaw, one row group and 4
+// k-slices where they fit (a 24-row split of H=8 q=9: 3 n8 tiles a warp over 9 k-steps, not 2
+// over 18), else the config's grid. VA_SPLIT_WR / _WK / _SF set it by hand (experiments).
+constexpr bool split_grid_fits(int wr, int wk, int sf) {
+  return wr >= 1 && wk >= 1 && GWARPS % (wr * wk) == 0 && TM % (GWARPS / (wr * wk)) == 0 && KSTEPS % wk == 0 &&
+         (sf == 0 || wk % 2 == 0) && (sf ? wk / 2 : wk) * RS <= (SF ? WK / 2 : WK) * NR;
+}
+constexpr bool SPLIT_K4 = PIPE == 3 && RSPLIT > 1 && split_grid_fits(1, 4, SF);
+#ifndef VA_SPLIT_WR
+#define VA_SPLIT_WR (SPLIT_K4 ? 1 : WR)
+#endif
+#ifndef VA_SPLIT_WK
+#define VA_SPLIT_WK (SPLIT_K4 ? 4 : WK)
+#endif
+#ifndef VA_SPLIT_SF
+#define VA_SPLIT_SF SF
+#endif
+constexpr int SWR = VA_SPLIT_WR, SWK = VA_SPLIT_WK, SSF = VA_SPLIT_SF;
 constexpr int KS = KSTEPS / WK;          // QK: k16 steps per warp
 constexpr int NSB = SF ? WK / 2 : WK;    // partial-score buffers
+constexpr int NSB_S = SSF ? SWK / 2 : SWK;  // a row split's
+// rows of each of a row split's score buffers: its own RS*8 when its grid differs from the config's
+// (the config's grid keeps the config's buffer rows)
+constexpr int SBROWS = SWR != WR || SWK != WK || SSF != SF ? RS * 8 : ROWS_PAD;
 constexpr int SSTRIDE = TK + 4;          // floats per partial-score row (16 B aligned, conflict-free)
 constexpr int PSTRIDE = TK + 8;          // bf16 per P row (ldmatrix rows conflict-free)
 constexpr float NEG_INF = -__builtin_huge_valf();
@@ -114,6 +138,9 @@ static_assert(WR >= 1 && WK >= 1 && GWARPS % (WR * WK) == 0, "WR*WK must divide 
 static_assert(TM % WT == 0, "the QK token groups must tile the KV tile");
 static_assert(KSTEPS % WK == 0, "WK must divide the 36 k-steps");
 static_assert(WR <= NR, "more QK row groups than n8 row tiles");
+static_assert(split_grid_fits(SWR, SWK, SSF),
+              "VA_SPLIT_*: the split's QK grid must tile its warps, the KV tile and the k-steps, and its score "
+              "buffers fit the layout's (row groups past its RS tiles idle, as in the config's grid)");
 static_assert(STAGES >= 2 && STAGES <= 8, "STAGES must be 2..8");
 static_assert(PIPE == 0 || PIPE == 1 || PIPE == 3, "PIPE must be 0, 1 or 3");
 static_assert(PIPE != 3 || (NWARPS == 8 && STAGES == 3), "PIPE 3 (seesaw) runs two groups of 4 warps on 3 slots");
@@ -433,75 +460,80 @@ __device__ __forceinline__ void load_kv_tile(bf16* Kt, const bf16* __restrict__ 
 // takes k-steps wk, wk+WK, wk+2WK, ..., so each ldmatrix address is a per-lane base plus a
 // compile-time offset (swz) once the loop is unrolled. The block's n8 row tiles are NT from nlo
 // (all NR from 0, or a row split's RS).
-template <int NT>
+// QWR, QWK, QSF: the grid of this instantiation (a row split's block may use another than WR, WK,
+// SF); its QNSB buffers hold BROWS rows each, from row `rbase` (0, or the split's first).
+template <int NT, int QWR, int QWK, int QSF, int BROWS>
 __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* Ss, int warp, int lane, int grp, int nlo) {
-  constexpr int NQ = (NT + WR - 1) / WR;  // n8 row tiles per warp (strided over row groups)
-  const int wk = warp % WK, wr = (warp / WK) % WR, wt = warp / (WK * WR);
+  constexpr int QWT = GWARPS / (QWR * QWK), QMQ = TM / QWT;  // its token groups, m16 tiles a warp
+  constexpr int QKS = KSTEPS / QWK, QNSB = QSF ? QWK / 2 : QWK;
+  constexpr int NQ = (NT + QWR - 1) / QWR;  // n8 row tiles per warp (strided over row groups)
+  const int wk = warp % QWK, wr = (warp / QWK) % QWR, wt = warp / (QWK * QWR);
   const int mat = lane >> 3, r8 = lane & 7, g = lane >> 2, tq = lane & 3;
   // row tile n of this warp exists: within the block's NT and the request's NR (a last split may hold fewer)
-  auto live = [&](int n) { return wr + n * WR < NT && nlo + wr + n * WR < NR; };
-  float acc[MQ][NQ][4];
+  auto live = [&](int n) { return wr + n * QWR < NT && nlo + wr + n * QWR < NR; };
+  float acc[QMQ][NQ][4];
   zero_fill(acc);
   constexpr int ROWB = KSTRIDE * 2;
-  const uint32_t qrow = smem_u32(Qs) + (nlo * 8 + wr * 8 + r8) * ROWB;              // + n*WR*8 rows
-  const uint32_t krow = smem_u32(Kt) + (wt * MQ * 16 + r8 + (mat & 1) * 8) * ROWB;  // + a*16 rows
-  const int cq = 2 * wk + 2 * WK * (mat >> 1) + (mat & 1);  // Q x4: steps j, j+1 (mat>>1), k halves (mat&1)
+  const uint32_t qrow = smem_u32(Qs) + (nlo * 8 + wr * 8 + r8) * ROWB;              // + n*QWR*8 rows
+  const uint32_t krow = smem_u32(Kt) + (wt * QMQ * 16 + r8 + (mat & 1) * 8) * ROWB;  // + a*16 rows
+  const int cq = 2 * wk + 2 * QWK * (mat >> 1) + (mat & 1);  // Q x4: steps j, j+1 (mat>>1), k halves (mat&1)
   const int ck = 2 * wk + (mat >> 1);                       // K x4: tokens +8 (mat&1), k halves (mat>>1)
 #pragma unroll
-  for (int j = 0; j + 1 < KS; j += 2) {  // the warp's k-step pairs (j, j+1): ks = wk + WK*j
+  for (int j = 0; j + 1 < QKS; j += 2) {  // the warp's k-step pairs (j, j+1): ks = wk + QWK*j
     uint32_t fb4[NQ][4];
 #pragma unroll
     for (int n = 0; n < NQ; ++n)
-      if (live(n)) ldsm_x4(fb4[n], qrow + n * WR * 8 * ROWB + swz(cq, r8, 2 * WK * j));
+      if (live(n)) ldsm_x4(fb4[n], qrow + n * QWR * 8 * ROWB + swz(cq, r8, 2 * QWK * j));
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      uint32_t fa[MQ][4];
+      uint32_t fa[QMQ][4];
 #pragma unroll
-      for (int a = 0; a < MQ; ++a) ldsm_x4(fa[a], krow + a * 16 * ROWB + swz(ck, r8, 2 * WK * (j + h)));
+      for (int a = 0; a < QMQ; ++a) ldsm_x4(fa[a], krow + a * 16 * ROWB + swz(ck, r8, 2 * QWK * (j + h)));
 #pragma unroll
       for (int n = 0; n < NQ; ++n) {
         if (!live(n)) continue;
         const uint32_t fb[2] = {fb4[n][2 * h], fb4[n][2 * h + 1]};
 #pragma unroll
-        for (int a = 0; a < MQ; ++a) mma16816(acc[a][n], fa[a], fb);
+        for (int a = 0; a < QMQ; ++a) mma16816(acc[a][n], fa[a], fb);
       }
     }
   }
-  if constexpr (KS % 2 == 1) {  // odd k-slice: the last step alone
-    constexpr int j = KS - 1;
-    uint32_t fa[MQ][4];
+  if constexpr (QKS % 2 == 1) {  // odd k-slice: the last step alone
+    constexpr int j = QKS - 1;
+    uint32_t fa[QMQ][4];
 #pragma unroll
-    for (int a = 0; a < MQ; ++a) ldsm_x4(fa[a], krow + a * 16 * ROWB + swz(ck, r8, 2 * WK * j));
+    for (int a = 0; a < QMQ; ++a) ldsm_x4(fa[a], krow + a * 16 * ROWB + swz(ck, r8, 2 * QWK * j));
     const int cq1 = 2 * wk + (mat & 1);  // Q x2: k halves
 #pragma unroll
     for (int n = 0; n < NQ; ++n) {
       if (!live(n)) continue;
       uint32_t fb[2];
-      ldsm_x2(fb, qrow + n * WR * 8 * ROWB + swz(cq1, r8, 2 * WK * j));
+      ldsm_x2(fb, qrow + n * QWR * 8 * ROWB + swz(cq1, r8, 2 * QWK * j));
 #pragma unroll
-      for (int a = 0; a < MQ; ++a) mma16816(acc[a][n], fa[a], fb);
+      for (int a = 0; a < QMQ; ++a) mma16816(acc[a][n], fa[a], fb);
     }
   }
-  float* Sw = Ss + (wk % NSB) * ROWS_PAD * SSTRIDE;
+  float* Sw = Ss + (wk % QNSB) * BROWS * SSTRIDE;
+  const int rbase = BROWS == ROWS_PAD ? 0 : nlo * 8;  // row r at r - rbase of its buffer
 #pragma unroll
-  for (int pass = 0; pass < (SF ? 2 : 1); ++pass) {
-    if (SF && pass == 1) {  // the lower half's partials are in place
+  for (int pass = 0; pass < (QSF ? 2 : 1); ++pass) {
+    if (QSF && pass == 1) {  // the lower half's partials are in place
       if constexpr (PIPE == 3) bar_sync(BAR_GROUP + grp, GWARPS * 32);
       else __syncthreads();
     }
-    if (wk / NSB == pass) {
+    if (wk / QNSB == pass) {
 #pragma unroll
-      for (int a = 0; a < MQ; ++a)
+      for (int a = 0; a < QMQ; ++a)
 #pragma unroll
         for (int n = 0; n < NQ; ++n) {
           if (!live(n)) continue;
-          const int nj = nlo + wr + n * WR;
+          const int nj = nlo + wr + n * QWR;
 #pragma unroll
           for (int c = 0; c < 4; ++c) {
-            const int t = (wt * MQ + a) * 16 + g + (c >> 1) * 8;
+            const int t = (wt * QMQ + a) * 16 + g + (c >> 1) * 8;
             const int r = nj * 8 + 2 * tq + (c & 1);
-            if (pass == 0) Sw[r * SSTRIDE + t] = acc[a][n][c];
-            else Sw[r * SSTRIDE + t] += acc[a][n][c];
+            if (pass == 0) Sw[(r - rbase) * SSTRIDE + t] = acc[a][n][c];
+            else Sw[(r - rbase) * SSTRIDE + t] += acc[a][n][c];
           }
         }
     }
@@ -513,9 +545,12 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
 // rescale factor PV applies to the row's accumulator; raises the tile's rescale flag when a row
 // that already holds weight moves its reference max (PV skips the rescale otherwise: alpha is
 // 1, or the row's accumulator is still 0).
+// QNSB score buffers of BROWS rows each, row r at r - rbase (as qk_tile wrote them).
+template <int QNSB, int BROWS>
 __device__ __forceinline__ void softmax_row(const float* Ss, bf16* Ps, float* m_s, float* l_s, float* a_s,
                                             int* resc, const unsigned long long* mask_s, const Span& sp,
-                                            int rows_here, int vbase, float scale_log2, int r, int sl, int rhi) {
+                                            int rows_here, int vbase, float scale_log2, int r, int sl, int rhi,
+                                            int rbase) {
   // RPP need not divide the rows: lanes past the block's last (rhi - 1) compute on it (their
   // shuffles stay converged) and store nothing
   const bool real = r < rhi;
@@ -524,10 +559,10 @@ __device__ __forceinline__ void softmax_row(const float* Ss, bf16* Ps, float* m_
 #pragma unroll
   for (int j = 0; j < SPL; ++j) s[j] = 0.f;
 #pragma unroll
-  for (int k = 0; k < NSB; ++k)
+  for (int k = 0; k < QNSB; ++k)
 #pragma unroll
     for (int q4 = 0; q4 < SPL / 4; ++q4) {
-      const float4 x = *reinterpret_cast<const float4*>(Ss + (k * ROWS_PAD + r) * SSTRIDE + sl * SPL + q4 * 4);
+      const float4 x = *reinterpret_cast<const float4*>(Ss + (k * BROWS + r - rbase) * SSTRIDE + sl * SPL + q4 * 4);
       s[4 * q4] += x.x; s[4 * q4 + 1] += x.y; s[4 * q4 + 2] += x.z; s[4 * q4 + 3] += x.w;
     }
   const bool row_ok = real && r < rows_here;
@@ -581,6 +616,7 @@ __device__ __forceinline__ void softmax_row(const float* Ss, bf16* Ps, float* m_
 
 // Online softmax of tile `it` over the summed partial scores: LPR lanes per row, RPP rows per
 // warp pass; writes P (bf16) and the row's rescale factor for PV.
+template <int QNSB, int BROWS>
 __device__ __forceinline__ void softmax_tile(const float* Ss, bf16* Ps, float* m_s, float* l_s, float* a_s,
                                              int* resc_s, const unsigned long long* mask_s, const Span& sp, int rows_here,
                                              int it, float scale_log2, int warp, int lane, int rlo, int rhi) {
@@ -592,7 +628,8 @@ __device__ __forceinline__ void softmax_tile(const float* Ss, bf16* Ps, float* m
   for (int pass = 0; pass < PASSES; ++pass) {
     const int r0 = rlo + (pass * GWARPS + warp) * RPP;
     if (r0 >= rhi) break;  // uniform across the warp: the shuffles below stay converged
-    softmax_row(Ss, Ps, m_s, l_s, a_s, resc_s + (it & 1), mask_s, sp, rows_here, vbase, scale_log2, r0 + sub, sl, rhi);
+    softmax_row<QNSB, BROWS>(Ss, Ps, m_s, l_s, a_s, resc_s + (it & 1), mask_s, sp, rows_here, vbase, scale_log2,
+                             r0 + sub, sl, rhi, BROWS == ROWS_PAD ? 0 : rlo);
   }
   // the next tile's flag: last read by PV(it-1), which every thread finished before this tile's
   // scores were complete (a barrier lies between them in PIPE 0 and 1; in PIPE 3 this group's
@@ -646,12 +683,13 @@ __device__ __forceinline__ void pv_tile(float (&acc)[MW][NT][4], const bf16* Kt,
 #ifdef VA_PROFILE_SKIP_QK
 #define QK_TILE(...)
 #else
-#define QK_TILE(...) qk_tile<NT>(__VA_ARGS__)
+// a row split's block: its own QK grid (VA_SPLIT_*), score buffers of SBROWS rows
+#define QK_TILE(...) qk_tile<NT, SPLIT ? SWR : WR, SPLIT ? SWK : WK, SPLIT ? SSF : SF, SPLIT ? SBROWS : ROWS_PAD>(__VA_ARGS__)
 #endif
 #ifdef VA_PROFILE_SKIP_SOFTMAX
 #define SOFTMAX_TILE(...)
 #else
-#define SOFTMAX_TILE(...) softmax_tile(__VA_ARGS__)
+#define SOFTMAX_TILE(...) softmax_tile<SPLIT ? NSB_S : NSB, SPLIT ? SBROWS : ROWS_PAD>(__VA_ARGS__)
 #endif
 #ifdef VA_PROFILE_SKIP_PV
 #define PV_TILE(...)
