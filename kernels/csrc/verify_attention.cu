@@ -88,7 +88,8 @@ constexpr int TM = TK / 16;              // token m16 tiles per KV tile
 constexpr int NGROUPS = PIPE == 3 ? 2 : 1;  // warp groups taking turns at QK + softmax (PIPE 3)
 constexpr int GWARPS = NWARPS / NGROUPS;    // warps of one group: QK and softmax of a tile
 constexpr int WT = GWARPS / (WR * WK);   // QK: token groups
-constexpr int MQ = TM / WT;              // QK: m16 token tiles per warp
+constexpr int NSB = SF ? WK / 2 : WK;    // partial-score buffers
+constexpr int SSTRIDE = TK + 4;          // floats per partial-score row (16 B aligned, conflict-free)
 // Row splits (Plan): a short batch's parts are split RSPLIT ways by rows, RS n8 row tiles each.
 // VA_ROWSPLIT=1 compiles the split out.
 #ifndef VA_ROWSPLIT
@@ -123,8 +124,8 @@ constexpr bool split_grid_fits(int wr, int wk, int sf) {
   const int nsb = sf ? wk / 2 : wk;
   return wr >= 1 && wk >= 1 && GWARPS % (wr * wk) == 0 && TM % (GWARPS / (wr * wk)) == 0 && KSTEPS % wk == 0 &&
          (sf == 0 || wk % 2 == 0) &&
-         (VA_SPLIT_BORROW ? NGROUPS * nsb * RS * 8 * (TK + 4) * 4 <= split_free_rows() * KSTRIDE * 2
-                          : nsb * RS <= (SF ? WK / 2 : WK) * NR);
+         (VA_SPLIT_BORROW ? NGROUPS * nsb * RS * 8 * SSTRIDE * 4 <= split_free_rows() * KSTRIDE * 2
+                          : nsb * RS <= NSB * NR);
 }
 constexpr bool SPLIT_K4 = PIPE == 3 && RSPLIT > 1 && split_grid_fits(1, 4, SF);
 #ifndef VA_SPLIT_WR
@@ -137,13 +138,10 @@ constexpr bool SPLIT_K4 = PIPE == 3 && RSPLIT > 1 && split_grid_fits(1, 4, SF);
 #define VA_SPLIT_SF SF
 #endif
 constexpr int SWR = VA_SPLIT_WR, SWK = VA_SPLIT_WK, SSF = VA_SPLIT_SF;
-constexpr int KS = KSTEPS / WK;          // QK: k16 steps per warp
-constexpr int NSB = SF ? WK / 2 : WK;    // partial-score buffers
 constexpr int NSB_S = SSF ? SWK / 2 : SWK;  // a row split's
 // rows of each of a row split's score buffers: its own RS*8 when its grid differs from the config's
-// (the config's grid keeps the config's buffer rows)
-constexpr int SBROWS = SWR != WR || SWK != WK || SSF != SF ? RS * 8 : ROWS_PAD;
-constexpr int SSTRIDE = TK + 4;          // floats per partial-score row (16 B aligned, conflict-free)
+// or they live in the free Q rows (the config's grid in the score space keeps the config's rows)
+constexpr int SBROWS = SWR != WR || SWK != WK || SSF != SF || VA_SPLIT_BORROW ? RS * 8 : ROWS_PAD;
 constexpr int PSTRIDE = TK + 8;          // bf16 per P row (ldmatrix rows conflict-free)
 constexpr float NEG_INF = -__builtin_huge_valf();
 constexpr float RESCALE_LOG2 = 8.f;  // softmax: how far (log2) a row's max may pass its reference
@@ -956,7 +954,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
     static_assert(PIPE == 3, "VA_SPLIT_BORROW is for the seesaw");
     if constexpr (SPLIT) {  // the split's score buffers in the free Q rows on its larger side
       bf16* free_q = rlo >= ROWS_PAD - rhi ? Qs : Qs + rhi * KSTRIDE;
-      Sg = reinterpret_cast<float*>(free_q) + grp * NSB_S * RS * 8 * SSTRIDE;
+      Sg = reinterpret_cast<float*>(free_q) + grp * NSB_S * SBROWS * SSTRIDE;
     }
 #endif
 #pragma unroll 1
