@@ -105,27 +105,10 @@ constexpr int RSPLIT = (NR + RS - 1) / RS;
 // k-slices, i.e. shorter mma chains, in the same space: for the seesaw, one row group and 4
 // k-slices where they fit (a 24-row split of H=8 q=9: 3 n8 tiles a warp over 9 k-steps, not 2
 // over 18), else the config's grid. VA_SPLIT_WR / _WK / _SF set it by hand (experiments).
-// VA_SPLIT_BORROW=1 (experiment, seesaw only): the buffers live instead in the Q rows outside the
-// split (free while it runs), which hold more of them than the score space does.
-#ifndef VA_SPLIT_BORROW
-#define VA_SPLIT_BORROW 0
-#endif
-// the fewest Q rows any split leaves free on one side of its own: before it, or after it
-constexpr int split_free_rows() {
-  int least = NR * 8;
-  for (int r = 0; r * RS < NR; ++r) {
-    const int before = r * RS * 8, after = NR * 8 - ((r + 1) * RS < NR ? (r + 1) * RS : NR) * 8;
-    const int best = before > after ? before : after;
-    least = best < least ? best : least;
-  }
-  return least;
-}
 constexpr bool split_grid_fits(int wr, int wk, int sf) {
   const int nsb = sf ? wk / 2 : wk;
   return wr >= 1 && wk >= 1 && GWARPS % (wr * wk) == 0 && TM % (GWARPS / (wr * wk)) == 0 && KSTEPS % wk == 0 &&
-         (sf == 0 || wk % 2 == 0) &&
-         (VA_SPLIT_BORROW ? NGROUPS * nsb * RS * 8 * SSTRIDE * 4 <= split_free_rows() * KSTRIDE * 2
-                          : nsb * RS <= NSB * NR);
+         (sf == 0 || wk % 2 == 0) && nsb * RS <= NSB * NR;
 }
 constexpr bool SPLIT_K4 = PIPE == 3 && RSPLIT > 1 && split_grid_fits(1, 4, SF);
 #ifndef VA_SPLIT_WR
@@ -140,8 +123,8 @@ constexpr bool SPLIT_K4 = PIPE == 3 && RSPLIT > 1 && split_grid_fits(1, 4, SF);
 constexpr int SWR = VA_SPLIT_WR, SWK = VA_SPLIT_WK, SSF = VA_SPLIT_SF;
 constexpr int NSB_S = SSF ? SWK / 2 : SWK;  // a row split's
 // rows of each of a row split's score buffers: its own RS*8 when its grid differs from the config's
-// or they live in the free Q rows (the config's grid in the score space keeps the config's rows)
-constexpr int SBROWS = SWR != WR || SWK != WK || SSF != SF || VA_SPLIT_BORROW ? RS * 8 : ROWS_PAD;
+// (the config's grid keeps the config's rows)
+constexpr int SBROWS = SWR != WR || SWK != WK || SSF != SF ? RS * 8 : ROWS_PAD;
 constexpr int PSTRIDE = TK + 8;          // bf16 per P row (ldmatrix rows conflict-free)
 constexpr float NEG_INF = -__builtin_huge_valf();
 constexpr float RESCALE_LOG2 = 8.f;  // softmax: how far (log2) a row's max may pass its reference
@@ -950,13 +933,6 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
     // completes before the next use of the same id can start, see docs/kernel.md).
     constexpr int SGROUP = NSB * ROWS_PAD * SSTRIDE, PBUF = ROWS_PAD * PSTRIDE;
     float* Sg = Ss + grp * SGROUP;
-#if VA_SPLIT_BORROW
-    static_assert(PIPE == 3, "VA_SPLIT_BORROW is for the seesaw");
-    if constexpr (SPLIT) {  // the split's score buffers in the free Q rows on its larger side
-      bf16* free_q = rlo >= ROWS_PAD - rhi ? Qs : Qs + rhi * KSTRIDE;
-      Sg = reinterpret_cast<float*>(free_q) + grp * NSB_S * SBROWS * SSTRIDE;
-    }
-#endif
 #pragma unroll 1
     for (int t = grp; t <= ntiles; t += 2) {
       const bool own = t < ntiles;
