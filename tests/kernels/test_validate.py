@@ -88,3 +88,45 @@ def test_config_parsing_rejects_garbage():
     with pytest.raises(InvalidConfig, match="positive"):
         KernelConfig(nsplit=0, ht=1, tk=16, block=128)
     assert KernelConfig.from_params({"nsplit": "4", "HT": 2, "TK": 16, "BLOCK": 128}).stages == 2
+
+
+def test_half_compiles_a_companion_of_half_the_heads_on_the_same_grid():
+    seesaw = KernelConfig(nsplit=132, ht=8, tk=32, block=256, stages=3, wr=2, wk=2, sf=1, pipe=3, half=4)
+    half = seesaw.half_config()
+    assert (half.nsplit, half.ht, half.wr, half.wk, half.sf, half.half) == (66, 4, 1, 4, 0, 0)
+    assert (half.tk, half.block, half.stages, half.pipe, half.qt) == (32, 256, 3, 3, 0)
+    assert check(seesaw, H200, H=8, q_len=9) is None
+    # the kernel's dynamic shared memory is the larger body's
+    assert smem_bytes(seesaw, 9) == max(smem_bytes(replace(seesaw, half=0), 9), smem_bytes(half, 9))
+    with pytest.raises(InvalidConfig, match="HALF=0"):
+        replace(seesaw, half=0).half_config()
+
+
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        ({"half": 5}, "HALF=5 not in"),
+        ({"ht": 1, "nsplit": 132}, "even HT"),
+        ({"nsplit": 131}, "even HT and NSPLIT"),
+        ({"pipe": 1, "stages": 2}, "seesaw"),
+    ],
+)
+def test_half_is_refused_before_compiling_where_its_companion_cannot_run(change, reason):
+    seesaw = KernelConfig(nsplit=132, ht=8, tk=32, block=256, stages=3, wr=2, wk=2, sf=1, pipe=3, half=4)
+    got = check(replace(seesaw, **change), H200, H=8, q_len=9)
+    assert got is not None and reason in got, got
+
+
+def test_half_names_its_companion_when_the_companion_is_what_cannot_run():
+    # at q_len=2 the companion's 8 rows are one n8 tile on its one row group: fine; the device's
+    # limits apply to it too
+    seesaw = KernelConfig(nsplit=132, ht=8, tk=32, block=256, stages=3, wr=2, wk=2, sf=1, pipe=3, half=4)
+    assert check(seesaw, H200, H=8, q_len=2) is None
+    got = check(seesaw, PRO6000, H=8, q_len=9)  # 99 KB: neither body fits, the companion is named first
+    assert got is not None and got.startswith("HALF: the companion NSPLIT=66 HT=4") and "shared memory" in got
+
+
+def test_half_parses_from_stored_params_and_defaults_to_off():
+    assert KernelConfig.from_params({"NSPLIT": 4, "HT": 2, "TK": 16, "BLOCK": 128}).half == 0
+    assert KernelConfig.from_params({"NSPLIT": 4, "HT": 2, "TK": 16, "BLOCK": 128, "HALF": "3"}).half == 3
+    assert "HALF=3" in str(KernelConfig(4, 2, 16, 128, half=3))
