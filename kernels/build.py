@@ -21,56 +21,28 @@ from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.errors import CompileError
 
 SOURCE = Path(__file__).parent / "csrc" / "verify_attention.cu"
-#: The entries of a config with HALF > 0, rendered after two bodies of SOURCE (render says how).
-HALF_SOURCE = Path(__file__).parent / "csrc" / "verify_attention_half.cu"
 KERNEL_NAME = "verify_attention"
 #: Bump when the kernel's semantics or interface change; part of every cache key and DB key.
 KERNEL_VERSION = "5"
 NVCC_FLAGS = ("-O3", "-std=c++17", "--use_fast_math", "-lineinfo")
 
 
-def _defines(cfg: KernelConfig, q_len: int, *, undef: bool = False) -> list[str]:
+def render(cfg: KernelConfig, q_len: int) -> str:
+    """The full source with sorted, validated #defines and a #line so errors point at the .cu."""
     consts = {**cfg.as_params(), "QN": q_len, "QT": cfg.row_tile(q_len)}
     lines = []
     for name in sorted(consts):
         if not name.isidentifier():
             raise CompileError(f"bad constant name {name!r}")
-        lines += [f"#undef {name}"] if undef else []
         lines.append(f"#define {name} {int(consts[name])}")
-    return lines
-
-
-def render(cfg: KernelConfig, q_len: int) -> str:
-    """The full source with sorted, validated #defines and a #line so errors point at the .cu.
-
-    A config with HALF > 0 is the kernel twice, as device-function bodies (VA_BODY) in namespaces
-    va_half (its short-batch companion, `KernelConfig.half_config`) and va_full (itself), then the
-    entries of HALF_SOURCE, which pick one body per launch; both reduce bodies take the full
-    config's block size (VA_RED_NSPLIT)."""
-    body = SOURCE.read_text()
-    if not cfg.half:
-        return "\n".join([*_defines(cfg, q_len), f'#line 1 "{SOURCE.name}"']) + "\n" + body
-    lines = [
-        "#include <cuda_bf16.h>",
-        "#include <stdint.h>",
-        "#define VA_BODY 1",
-        f"#define VA_RED_NSPLIT {cfg.nsplit}",
-    ]
-    for ns, c, inline in (("va_half", cfg.half_config(), "VA_HALF_INLINE"), ("va_full", cfg, "VA_FULL_INLINE")):
-        lines += [*_defines(c, q_len, undef=True), "#undef VA_BODY_INLINE", f"#define VA_BODY_INLINE {inline}"]
-        lines += ["#undef VA_ROWSPLIT"] + (
-            ["#ifdef VA_FULL_NOSPLIT", "#define VA_ROWSPLIT 1", "#endif"] if c is cfg else []
-        )
-        lines += [f"namespace {ns} {{", f'#line 1 "{SOURCE.name}"', body, f"}}  // namespace {ns}"]
-    lines += [f'#line 1 "{HALF_SOURCE.name}"', HALF_SOURCE.read_text()]
-    return "\n".join(lines) + "\n"
+    lines.append(f'#line 1 "{SOURCE.name}"')
+    return "\n".join(lines) + "\n" + SOURCE.read_text()
 
 
 @functools.cache
 def kernel_hash() -> str:
     """Hash of the kernel source and version: identifies the kernel in the database."""
     h = hashlib.sha256(SOURCE.read_bytes())
-    h.update(HALF_SOURCE.read_bytes())
     h.update(KERNEL_VERSION.encode())
     return h.hexdigest()[:16]
 

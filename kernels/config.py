@@ -24,12 +24,9 @@ WK_CHOICES = (1, 2, 3, 4, 6)
 #: apart) was slower at every measured shape and was removed; its number is not reused.
 PIPE_CHOICES = (0, 1, 3)
 SF_CHOICES = (0, 1)
-#: HALF: 0, or the KV tiles per grid part below which a batch runs as the config's short-batch
-#: companion (`KernelConfig.half_config`), compiled into the same kernel.
-HALF_CHOICES = (0, 2, 3, 4)
 
 #: The constants, in the order tables and exports show them.
-PARAM_NAMES = ("NSPLIT", "HT", "TK", "BLOCK", "STAGES", "QT", "WR", "WK", "SF", "PIPE", "HALF")
+PARAM_NAMES = ("NSPLIT", "HT", "TK", "BLOCK", "STAGES", "QT", "WR", "WK", "SF", "PIPE")
 #: The four the product was specified with; they are columns of their own in the database.
 CORE_PARAMS = ("NSPLIT", "HT", "TK", "BLOCK")
 
@@ -41,9 +38,7 @@ class KernelConfig:
     WR x WK the QK warp grid (row groups x k-slices), SF the score fold (1: the k-slices share
     half as many partial-score buffers), PIPE the pipeline (0: PV(t) and QK(t+1) fused, two
     barriers a tile; 1: a slot is refilled right after its PV, three barriers; 3: the seesaw, two
-    groups of 4 warps alternate tiles for QK + softmax, named barriers only, 3 slots). HALF > 0
-    compiles the short-batch companion in too (`half_config`): a batch with fewer than HALF KV
-    tiles per part runs on it, in the same grid."""
+    groups of 4 warps alternate tiles for QK + softmax, named barriers only, 3 slots)."""
 
     nsplit: int
     ht: int
@@ -55,12 +50,11 @@ class KernelConfig:
     wk: int = 4
     sf: int = 0
     pipe: int = 1
-    half: int = 0
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            low = 0 if f.name in ("qt", "sf", "pipe", "half") else 1
+            low = 0 if f.name in ("qt", "sf", "pipe") else 1
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 kind = "a non-negative" if low == 0 else "a positive"
                 raise InvalidConfig(f"{f.name.upper()} must be {kind} integer, got {value!r}")
@@ -77,30 +71,11 @@ class KernelConfig:
         """Draft nodes one block holds: QT, or all of them when QT is 0."""
         return self.qt or q_len
 
-    def half_config(self) -> KernelConfig:
-        """The short-batch companion of a HALF config: blocks of HT/2 heads over NSPLIT/2 parts (the
-        same number of blocks: twice the head groups), QK on one row group and 4 k-slices without
-        the score fold (the grid of the fastest 36-row configs at H=8 q=9), the rest unchanged."""
-        if not self.half:
-            raise InvalidConfig("HALF=0: the config has no short-batch companion")
-        return KernelConfig(
-            nsplit=self.nsplit // 2,
-            ht=self.ht // 2,
-            tk=self.tk,
-            block=self.block,
-            stages=self.stages,
-            qt=self.qt,
-            wr=1,
-            wk=4,
-            sf=0,
-            pipe=self.pipe,
-        )
-
     @classmethod
     def from_params(cls, params: dict[str, object]) -> KernelConfig:
         """Build from a mapping with upper- or lower-case keys; the four core constants are
         required, the others take their defaults (the compute-mode structure: STAGES=2 QT=0 WR=2
-        WK=4 SF=0 PIPE=1 HALF=0)."""
+        WK=4 SF=0 PIPE=1)."""
         norm = {str(k).lower(): v for k, v in params.items()}
         missing = {c.lower() for c in CORE_PARAMS} - norm.keys()
         if missing:

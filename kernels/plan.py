@@ -163,16 +163,6 @@ def plan(
     return Plan(lengths, tk=tk, nsplit=nsplit, c=c, min_tiles=min_tiles, rsplit=rsplit, split_tiles=split_tiles)
 
 
-def runs_half(prefix_lens: Sequence[int], *, q_len: int, tk: int, nsplit: int, half: int, c: int = PLAN_C) -> bool:
-    """Whether a config with HALF=`half` runs this batch on its short-batch companion (the kernels'
-    run_half): while the batch has fewer than `half` KV tiles (of the config's TK, plan units) per
-    part of the config's grid. Both kernels decide it from prefix_indptr, so they always agree."""
-    if not half:
-        return False
-    total = sum(prefix_lens) + len(prefix_lens) * (q_len + c)
-    return total // tk < nsplit * half
-
-
 def workspace_slots(*, nsplit: int, batch: int) -> int:
     """Partial slots a batch can need: part p's partial of request b lives in slot p + b."""
     return nsplit + batch - 1

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 from verify_tuner.kernels.config import (
     BLOCK_CHOICES,
-    HALF_CHOICES,
     PIPE_CHOICES,
     SF_CHOICES,
     STAGES_CHOICES,
@@ -66,14 +65,7 @@ def groups(cfg: KernelConfig) -> int:
 
 
 def smem_bytes(cfg: KernelConfig, q_len: int) -> int:
-    """Dynamic shared memory of the partial kernel, in bytes (SMEM_* in the .cu): a HALF config's
-    is the larger of its two bodies'."""
-    if cfg.half:
-        return max(_body_smem(cfg, q_len), _body_smem(cfg.half_config(), q_len))
-    return _body_smem(cfg, q_len)
-
-
-def _body_smem(cfg: KernelConfig, q_len: int) -> int:
+    """Dynamic shared memory of the partial kernel, in bytes (SMEM_* in the .cu)."""
     rp = shape(cfg, q_len).rows_padded
     q = rp * KSTRIDE * 2
     kv = cfg.stages * cfg.tk * KSTRIDE * 2
@@ -125,10 +117,6 @@ def check(cfg: KernelConfig, limits: DeviceLimits, *, H: int, q_len: int) -> str
         return f"PIPE={cfg.pipe} not in {PIPE_CHOICES}"
     if cfg.qt >= q_len and cfg.qt != 0:
         return f"QT={cfg.qt} must be below q_len={q_len} (QT=0 holds all nodes in one block)"
-    if cfg.half:
-        reason = _half_reason(cfg, limits, H=H, q_len=q_len)
-        if reason:
-            return reason
     if cfg.block > limits.max_threads_per_block:
         return f"BLOCK={cfg.block} over the device's {limits.max_threads_per_block} threads per block"
     reason = _warp_grid_reason(cfg, q_len)
@@ -148,19 +136,6 @@ def check(cfg: KernelConfig, limits: DeviceLimits, *, H: int, q_len: int) -> str
             f"(HT*QT={shape(cfg, q_len).rows} rows): it would spill"
         )
     return None
-
-
-def _half_reason(cfg: KernelConfig, limits: DeviceLimits, *, H: int, q_len: int) -> str | None:
-    """Why a HALF config's short-batch companion cannot be compiled in, or None."""
-    if cfg.half not in HALF_CHOICES:
-        return f"HALF={cfg.half} not in {HALF_CHOICES}"
-    if cfg.ht % 2 or cfg.nsplit % 2:
-        return f"HALF needs an even HT and NSPLIT (its companion halves both), got HT={cfg.ht} NSPLIT={cfg.nsplit}"
-    if cfg.pipe != 3:
-        return "HALF is built for the seesaw (PIPE=3): its companion's grid is one row group and 4 k-slices a group"
-    half = cfg.half_config()
-    reason = check(half, limits, H=H, q_len=q_len)
-    return f"HALF: the companion {half} cannot run: {reason}" if reason else None
 
 
 def _warp_grid_reason(cfg: KernelConfig, q_len: int) -> str | None:

@@ -63,33 +63,6 @@
 
 typedef __nv_bfloat16 bf16;
 
-// HALF > 0 (a config's short-batch companion, kernels/build.py): this file is rendered twice, in
-// namespaces va_half and va_full with VA_BODY defined, and the entries of
-// verify_attention_half.cu run one of the two bodies per launch. A body is then a device
-// function that takes its block's grid coordinates as arguments.
-#ifdef VA_BODY
-#if defined(VA_TRACE) || defined(VA_PROFILE_REPEAT)
-#error "the profiling builds trace one body: HALF must be 0"
-#endif
-#ifndef VA_HALF_INLINE  // how each body enters its entry (experiments: __noinline__)
-#define VA_HALF_INLINE __forceinline__
-#endif
-#ifndef VA_FULL_INLINE
-#define VA_FULL_INLINE __forceinline__
-#endif
-#define VA_PARTIAL_ENTRY __device__ VA_BODY_INLINE void
-#define VA_REDUCE_ENTRY __device__ __forceinline__ void
-#define VA_BODY_PARAMS , int va_bx, int va_by
-#define VA_BX va_bx
-#define VA_BY va_by
-#else
-#define VA_PARTIAL_ENTRY extern "C" __global__ void __launch_bounds__(BLOCK, VA_MINB)
-#define VA_REDUCE_ENTRY extern "C" __global__ void __launch_bounds__(RED_THREADS)
-#define VA_BODY_PARAMS
-#define VA_BX blockIdx.x
-#define VA_BY blockIdx.y
-#endif
-
 // Programmatic dependent launch (sm_90+): the partial lets the reduce grid be scheduled early
 // and the reduce waits for the partial's results in griddepcontrol.wait. kernels/launch.py reads
 // kUsesPdl and launches the reduce with the matching attribute only when it is 1.
@@ -118,7 +91,7 @@ constexpr int WT = GWARPS / (WR * WK);   // QK: token groups
 constexpr int NSB = SF ? WK / 2 : WK;    // partial-score buffers
 constexpr int SSTRIDE = TK + 4;          // floats per partial-score row (16 B aligned, conflict-free)
 // Row splits (Plan): a short batch's parts are split RSPLIT ways by rows, RS n8 row tiles each.
-// VA_ROWSPLIT=1 compiles the split out (experiment VA_FULL_NOSPLIT: for a HALF config's full body).
+// VA_ROWSPLIT=1 compiles the split out.
 #ifndef VA_ROWSPLIT
 #define VA_ROWSPLIT 3
 #endif
@@ -200,25 +173,16 @@ static_assert(D_V <= KSTRIDE, "O staging fits the Q rows");
 
 // The reduce's block (verify_attn_reduce says why these sizes).
 namespace {
-#ifndef VA_RED_NSPLIT  // a HALF config's two bodies both size the block by the full config's NSPLIT
-#define VA_RED_NSPLIT NSPLIT
-#endif
-constexpr int RED_THREADS = VA_RED_NSPLIT > 64 ? 256 : 128;
+constexpr int RED_THREADS = NSPLIT > 64 ? 256 : 128;
 constexpr int RED_GROUPS = RED_THREADS / 16;
 constexpr int RED_SHARE = (NSPLIT + RED_GROUPS - 1) / RED_GROUPS;
 constexpr int RED_UNROLL = RED_SHARE <= 24 ? RED_SHARE : 8;
 }  // namespace
 
-namespace {
-constexpr int SMEM_BYTES = SMEM_Q + SMEM_K + SMEM_S + SMEM_P + SMEM_STATS + SMEM_MASK + SMEM_SLOTS;
-constexpr int GRID_PARTS = NSPLIT;  // (the entries of a HALF config map the grid onto each body's)
-}  // namespace
-#ifndef VA_BODY
-// Read back by kernels/runtime.py to check that validate.py's smem formula matches this layout.
-extern "C" __device__ const int kSmemBytes = SMEM_BYTES;
+// Read back by kernels/launch.py to check that validate.py's smem formula matches this layout.
+extern "C" __device__ const int kSmemBytes = SMEM_Q + SMEM_K + SMEM_S + SMEM_P + SMEM_STATS + SMEM_MASK + SMEM_SLOTS;
 extern "C" __device__ const int kUsesPdl = VA_PDL;
 extern "C" __device__ const int kReduceThreads = RED_THREADS;
-#endif
 
 // Offset of element (row, col) in a Q, KV or O-staging buffer. Rows are 1152 B (9 x 128 B, no
 // padding) and the 16-byte chunk c of row r sits at chunk c ^ (r & 7) of its 128-byte group, so a
@@ -754,7 +718,7 @@ __device__ __forceinline__ void trace_stamp(int kernel, int slot) {
 #define VA_MINB 1  // blocks per SM the register allocation must allow
 #endif
 
-VA_PARTIAL_ENTRY
+extern "C" __global__ void __launch_bounds__(BLOCK, VA_MINB)
 verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h) at (b*QN + i)*q_st + h*q_sh: dims 0..511
                     const bf16* __restrict__ q_pe,           // the same rows' dims 512..575 (rope), at pe_st, pe_sh
                     const bf16* __restrict__ kv,             // [S, 576] (pages of 2^page_shift slots)
@@ -768,7 +732,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
                     bf16* __restrict__ out,        // [B, QN, H, 512]: requests one part covers
                     float* __restrict__ lse,       // [B, QN, H] natural log, or null
                     int B, int H, int q_st, int q_sh, int pe_st, int pe_sh, int page_shift, int page_stride,
-                    int mask_bytes, float scale_log2 VA_BODY_PARAMS) {
+                    int mask_bytes, float scale_log2) {
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* Qs = reinterpret_cast<bf16*>(smem);
   bf16* Ks = Qs + ROWS_PAD * KSTRIDE;
@@ -782,7 +746,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
   unsigned long long* mask_s = reinterpret_cast<unsigned long long*>(seg_s + 8);
   int* idx_s = reinterpret_cast<int*>(mask_s + QT);  // [STAGES][TK] slot indices, fetched ahead by cp.async
 
-  const int part_id = VA_BX, hg = VA_BY / NQT, qt = VA_BY % NQT;
+  const int part_id = blockIdx.x, hg = blockIdx.y / NQT, qt = blockIdx.y % NQT;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int grp = NGROUPS == 1 ? 0 : warp / GWARPS, gw = NGROUPS == 1 ? warp : warp % GWARPS;  // PIPE 3's groups
 #if VA_PDL
@@ -1057,11 +1021,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
       TRACE(0, 7);
     }
 #endif
-#ifdef VA_SPLIT_LIKELY  // experiment: code layout (the likely path's loops are placed first)
-  if (__builtin_expect(RSPLIT > 1 && split_lo >= 0, 1))
-#else
   if (RSPLIT > 1 && split_lo >= 0)
-#endif
     segments(Flag<true>());
   else
     segments(Flag<false>());
@@ -1191,7 +1151,7 @@ constexpr int RED_SMALL = 8;
 // grid's G takes items g, g+G, ..., `per_block` of them (the launch sizes G so that a large batch
 // does not pay the GPU's block-launch rate for requests that need no merge). Its threads check
 // their items against the plan at once; only items of requests that several parts share merge.
-VA_REDUCE_ENTRY
+extern "C" __global__ void __launch_bounds__(RED_THREADS)
 verify_attn_reduce(const bf16* __restrict__ part_o, const float* __restrict__ part_lse,
                    const int* __restrict__ prefix_indptr,  // [B + 1]
                    bf16* __restrict__ out,                 // [B, QN, H, 512]

@@ -118,23 +118,3 @@ def test_a_short_batch_leaves_parts_idle_and_writes_directly():
     p = plan([0], q_len=9, tk=32, nsplit=132)
     (seg,) = p.segments()  # one part of the few with units holds the one tile
     assert seg.direct and (seg.t0, seg.t1) == (0, 0) and p.parts == (9 + PLAN_C) // 32 < 132
-
-
-def test_a_half_config_switches_to_its_companion_below_half_tiles_a_part():
-    from verify_tuner.kernels.plan import runs_half
-
-    # H=8 q=9 TK=32 NSPLIT=132 HALF=4: units P + 9 + 128 a request, switch below 528 tiles
-    kw = {"q_len": 9, "tk": 32, "nsplit": 132, "half": 4}
-    assert runs_half([0], **kw)
-    edge = 528 * 32 - 9 - PLAN_C  # the first prefix with 528 tiles of units
-    assert runs_half([edge - 1], **kw) and not runs_half([edge], **kw)
-    assert not runs_half([46000], **kw)
-    assert not runs_half([0], **(kw | {"half": 0}))
-    # a batch: the sum of its units decides, as the kernel's W
-    assert runs_half([1000] * 8, **kw) and not runs_half([3000] * 8, **kw)
-
-
-def test_a_half_configs_two_bodies_both_fit_the_full_configs_workspace():
-    # the companion has half the parts: its slots p + b stay inside the full grid's
-    for batch in (1, 8, 256):
-        assert workspace_slots(nsplit=66, batch=batch) <= workspace_slots(nsplit=132, batch=batch)
