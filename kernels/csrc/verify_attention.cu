@@ -1021,7 +1021,14 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
       TRACE(0, 7);
     }
 #endif
+  // The order of the two instantiations in the binary is worth up to 25 %: the path whose tile loop
+  // lands first in the kernel's code runs fastest (bench/results/ab_kernel_flags_sm_90.md).
+  // VA_SPLIT_LIKELY (experiment) puts the row split's first.
+#ifdef VA_SPLIT_LIKELY
+  if (__builtin_expect(RSPLIT > 1 && split_lo >= 0, 1))
+#else
   if (RSPLIT > 1 && split_lo >= 0)
+#endif
     segments(Flag<true>());
   else
     segments(Flag<false>());

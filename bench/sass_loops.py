@@ -1,0 +1,84 @@
+"""Where the partial kernel's loops that hold mma instructions lie in its SASS, per compile-flag
+variant (no GPU: nvcc and cuobjdump only, e.g. from the nvidia-cuda-cuobjdump wheel). The H200
+measured the same tile loop up to 1.3x slower when it lands further into the kernel's code
+(bench/results/ab_kernel_flags_sm_90.md), so a change that moves code is checked here first.
+
+    python bench/sass_loops.py --flags= --flags=-DVA_SPLIT_LIKELY [--config "NSPLIT=132 HT=8 ..."] [--q-len 9]
+
+One line per loop (a backward branch's target to the branch, innermost loops too): its byte
+range, instructions, mma (HMMA) and local-memory (spill) instructions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchlib import parse_config
+from verify_tuner.kernels.build import compile_cubin, ptxas_report
+from verify_tuner.kernels.config import KernelConfig
+
+DEFAULT = KernelConfig(132, 8, 32, 256, stages=3, wr=2, wk=2, sf=1, pipe=3)  # the H200's H=8 q=9 default
+_INS = re.compile(r"\s+/\*([0-9a-f]+)\*/\s+(.*?);")
+
+
+def sass(cubin: Path, function: str = "verify_attn_partial") -> list[tuple[int, str]]:
+    """(address, instruction) of one function of a cubin."""
+    text = subprocess.run(["cuobjdump", "-sass", str(cubin)], check=True, capture_output=True, text=True).stdout
+    out, cur = [], None
+    for line in text.splitlines():
+        if "Function : " in line:
+            cur = line.split("Function : ", 1)[1].strip()
+            continue
+        m = _INS.match(line)
+        if m and cur == function:
+            out.append((int(m.group(1), 16), m.group(2)))
+    return out
+
+
+def mma_loops(ins: list[tuple[int, str]]) -> list[dict]:
+    loops = []
+    for addr, text in ins:
+        m = re.search(r"\bBRA\b.*?(0x[0-9a-f]+)", text)
+        if m and int(m.group(1), 16) < addr:
+            lo = int(m.group(1), 16)
+            body = [t for a, t in ins if lo <= a <= addr]
+            mma = sum("HMMA" in t for t in body)
+            if mma:
+                spill = sum(("STL" in t or "LDL" in t) for t in body)
+                loops.append({"lo": lo, "hi": addr, "ins": len(body), "hmma": mma, "spill": spill})
+    return sorted(loops, key=lambda d: d["lo"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--flags", action="append", default=None, help="one variant's nvcc flags (repeatable)")
+    ap.add_argument("--config", type=parse_config, default=DEFAULT)
+    ap.add_argument("--q-len", type=int, default=9)
+    ap.add_argument("--arch", default="sm_90")
+    args = ap.parse_args()
+    if shutil.which("cuobjdump") is None:
+        raise SystemExit("cuobjdump not on PATH (pip install nvidia-cuda-cuobjdump; its bin/ holds it)")
+    with tempfile.TemporaryDirectory() as cache:
+        for flags in args.flags or [""]:
+            built = compile_cubin(args.config, args.q_len, args.arch, Path(cache), tuple(flags.split()))
+            ins = sass(built.path)
+            rep = ptxas_report(built.ptxas_log)
+            print(
+                f"{flags or '(default)'}: {len(ins)} instructions, {rep['registers']} registers, spills {rep['spill_stores']}/{rep['spill_loads']} B"
+            )
+            for lp in mma_loops(ins):
+                print(
+                    f"  {lp['lo']:#07x}-{lp['hi']:#07x}  {lp['ins']:5d} ins  {lp['hmma']:3d} HMMA  {lp['spill']} spill"
+                )
+
+
+if __name__ == "__main__":
+    main()
