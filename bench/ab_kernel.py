@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import hashlib
 import os
 import sys
 from pathlib import Path
@@ -81,8 +82,8 @@ def main() -> None:
             "past the L2; config = the heuristic default" + (f" (B: `{args.b_config}`)." if args.b_config else ".")
         ),
         "",
-        "| H | Q | prefix | config | A µs | B µs | B/A |",
-        "|---|---|---|---|---|---|---|",
+        "| H | Q | prefix | config | A µs | B µs | B/A | A partial µs | B partial µs | partial B/A |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for H, Q, P in args.shapes:
         cfg = heuristic_config(limits, H=H, q_len=Q, prefix=P)
@@ -90,28 +91,40 @@ def main() -> None:
         sets = rotating_inputs(prefix_lens=[P], q_len=Q, H=H, l2_bytes=limits.l2_bytes, seed=H + Q + P)
         ref = reference(sets[0])[0]
         out = torch.empty(1, Q, H, D_V, dtype=torch.bfloat16, device="cuda")
-        launchers = {
-            name: checked_launcher(
-                VerifyAttention(
-                    cfgs[name], H=H, q_len=Q, limits=limits, max_batch=1, cache_dir=Path(args.cache), extra_flags=flags
-                ),
-                sets,
-                out,
-                ref,
-                f"variant {name} at H={H} Q={Q} P={P} {cfgs[name]}",
-                stream=stream,
+        vas = {
+            name: VerifyAttention(
+                cfgs[name], H=H, q_len=Q, limits=limits, max_batch=1, cache_dir=Path(args.cache), extra_flags=flags
             )
             for name, flags in variants.items()
         }
+        launchers = {
+            name: checked_launcher(
+                va, sets, out, ref, f"variant {name} at H={H} Q={Q} P={P} {cfgs[name]}", stream=stream
+            )
+            for name, va in vas.items()
+        }
+        # the partial kernel alone too: a layout change can move the partial-to-reduce hand-over
+        # more than the partial (bench/results/ab_kernel_flags_sm_90.md)
+        for name, va in list(vas.items()):
+            launchers[name + " partial"] = _partial_launcher(va, sets, out, stream)
         med = interleaved_medians(launchers, len(sets), rounds=ROUNDS, reps=REPS, stream=stream)
-        a, b = med["A"], med["B"]
-        lines.append(f"| {H} | {Q} | {P} | {cfg} | {a:.1f} | {b:.1f} | {b / a:.3f} |")
+        a, b, ap, bp = med["A"], med["B"], med["A partial"], med["B partial"]
+        lines.append(
+            f"| {H} | {Q} | {P} | {cfg} | {a:.1f} | {b:.1f} | {b / a:.3f} | {ap:.1f} | {bp:.1f} | {bp / ap:.3f} |"
+        )
         print(lines[-1], flush=True)
         sets = []
         torch.cuda.empty_cache()
     args.out.mkdir(parents=True, exist_ok=True)
-    slug = "".join(ch if ch.isalnum() else "_" for ch in args.label.lower())[:40].strip("_")
+    slug = "".join(ch if ch.isalnum() else "_" for ch in args.label.lower())
+    if len(slug) > 40:  # labels that share their first 40 characters must not overwrite each other
+        slug = slug[:32].strip("_") + "_" + hashlib.sha256(args.label.encode()).hexdigest()[:7]
     (args.out / f"ab_{slug}_{limits.arch}.md").write_text("\n".join(lines) + "\n")
+
+
+def _partial_launcher(va, sets, out, stream):
+    """`k -> the partial kernel alone on sets[k]` (its output was checked with the reduce)."""
+    return lambda k: va.run(sets[k], out, stream=stream, reduce=False)
 
 
 if __name__ == "__main__":
