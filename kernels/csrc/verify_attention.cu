@@ -785,15 +785,14 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
     split_lo = pl.R > 1 ? split_lo : -1;  // -1: every row (the segment loop below without the split)
   }
   TRACE(0, 1);
-  // The segment loop. Its tile loop and O staging are compiled twice (`tiles` below): with every
-  // row tile (NT = NR from 0: the loops and the accumulators as without the split, a runtime range
-  // there spilled at 72 rows) and with a row split's RS tiles from a runtime nlo; the prologue and
-  // the stores are one copy, so the second tile loop lies nearer the kernel's start (where the
-  // H200 runs a tile loop fastest: docs/kernel.md, code layout).
-  const bool split_rt = RSPLIT > 1 && split_lo >= 0;
-  const int kvp = split_rt ? split_kvp : part_id, nlo_rt = split_rt ? split_lo : 0;
-  const int rlo_rt = nlo_rt * 8, rhi_rt = split_rt ? min(nlo_rt + RS, NR) * 8 : ROWS_PAD;  // its rows (with pad rows)
-  auto segments = [&]() {
+  // The segment loop, compiled twice: with every row tile (NT = NR from 0: the loops and the
+  // accumulators as without the split, a runtime range there spilled at 72 rows) and with a row
+  // split's RS tiles from a runtime nlo.
+  auto segments = [&](auto split) {
+    constexpr bool SPLIT = decltype(split)::value;
+    constexpr int NT = SPLIT ? RS : NR;
+    const int kvp = SPLIT ? split_kvp : part_id, nlo = SPLIT ? split_lo : 0;
+    const int rlo = nlo * 8, rhi = (nlo + NT < NR ? nlo + NT : NR) * 8;  // its rows (with pad rows)
   // The request index is read from seg_s where it is used (not held in a register across the tile loop).
 #pragma unroll 1
   while (seg_s[3] < B) {
@@ -806,8 +805,8 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
     // load. Q rides in the first
     // cp.async group (PIPE 3: a group of its own); PIPE 0 keeps one slot free for the first
     // iteration to fill, PIPE 1 and 3 fill every slot now.
-    for (int c = tid; c < (rhi_rt - rlo_rt) * CHUNKS; c += BLOCK) {  // Q rows r = i*HT + hl; pad rows zero
-      const int r = rlo_rt + c / CHUNKS, part = c - (r - rlo_rt) * CHUNKS;
+    for (int c = tid; c < (rhi - rlo) * CHUNKS; c += BLOCK) {  // Q rows r = i*HT + hl; pad rows zero
+      const int r = rlo + c / CHUNKS, part = c - (r - rlo) * CHUNKS;
       const bool valid = r < rows_here;
       const long long tok = (long long)seg_s[3] * QN + node0 + r / HT, head = hg * HT + r % HT;
       const bf16* src = part < D_V / 8 ? q + tok * q_st + head * q_sh + part * 8
@@ -882,10 +881,6 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
       cp_async_commit();  // possibly empty: keeps the group count uniform for the waits
     };
 
-    auto tiles = [&](auto split) {
-    constexpr bool SPLIT = decltype(split)::value;
-    constexpr int NT = SPLIT ? RS : NR;
-    const int nlo = SPLIT ? nlo_rt : 0, rlo = nlo * 8, rhi = SPLIT ? rhi_rt : ROWS_PAD;
     float acc[MW][NT][4];
     zero_fill(acc);
 
@@ -989,28 +984,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
         Os[sw(r + 1, d + 8)] = __float2bfloat16_rn(acc[mw][nr][3] * i1);
       }
     }
-    };  // tiles
-    // The order of the two instantiations in the binary matters (docs/kernel.md, code layout);
-    // VA_SPLIT_LIKELY (experiment) puts the row split's first.
-#if defined(VA_SPLIT_LIKELY)
-    if (__builtin_expect(split_rt, 1))
-      tiles(Flag<true>());
-    else
-      tiles(Flag<false>());
-#elif defined(VA_SPLIT_UNLIKELY)
-    if (__builtin_expect(split_rt, 0))
-      tiles(Flag<true>());
-    else
-      tiles(Flag<false>());
-#else
-    if (!split_rt)
-      tiles(Flag<false>());
-    else
-      tiles(Flag<true>());
-#endif
     __syncthreads();
-    const int rlo = rlo_rt, rhi = rhi_rt;
-    const bf16* Os = Qs;
     constexpr int VCH = D_V * 2 / 16;  // 16-byte chunks per output row
     const int b = seg_s[3];
     const bool direct = seg_s[2] != 0;
@@ -1047,7 +1021,17 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
       TRACE(0, 7);
     }
 #endif
-  segments();
+  // The order of the two instantiations in the binary is worth up to 25 %: the path whose tile loop
+  // lands first in the kernel's code runs fastest (bench/results/ab_kernel_flags_sm_90.md).
+  // VA_SPLIT_LIKELY (experiment) puts the row split's first.
+#ifdef VA_SPLIT_LIKELY
+  if (__builtin_expect(RSPLIT > 1 && split_lo >= 0, 1))
+#else
+  if (RSPLIT > 1 && split_lo >= 0)
+#endif
+    segments(Flag<true>());
+  else
+    segments(Flag<false>());
 #ifdef VA_PROFILE_REPEAT
   }
 #endif
