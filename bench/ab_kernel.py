@@ -105,7 +105,7 @@ def main() -> None:
         }
         # the partial kernel alone too: a layout change can move the partial-to-reduce hand-over
         # more than the partial (bench/results/ab_kernel_flags_sm_90.md)
-        for name, va in list(vas.items()):
+        for name, va in vas.items():
             launchers[name + " partial"] = _partial_launcher(va, sets, out, stream)
         med = interleaved_medians(launchers, len(sets), rounds=ROUNDS, reps=REPS, stream=stream)
         a, b, ap, bp = med["A"], med["B"], med["A partial"], med["B partial"]
