@@ -749,7 +749,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
   const int part_id = blockIdx.x, hg = blockIdx.y / NQT, qt = blockIdx.y % NQT;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int grp = NGROUPS == 1 ? 0 : warp / GWARPS, gw = NGROUPS == 1 ? warp : warp % GWARPS;  // PIPE 3's groups
-#if VA_PDL && !defined(VA_PDL_LATE)
+#if VA_PDL
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");  // the reduce may be scheduled now
 #endif
   TRACE(0, 0);
@@ -1034,9 +1034,6 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
     segments(Flag<false>());
 #ifdef VA_PROFILE_REPEAT
   }
-#endif
-#if VA_PDL && defined(VA_PDL_LATE)  // experiment: the reduce's blocks scheduled only as parts finish
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
   TRACE(0, 6);
 }
