@@ -82,8 +82,11 @@ def main() -> None:
             "past the L2; config = the heuristic default" + (f" (B: `{args.b_config}`)." if args.b_config else ".")
         ),
         "",
-        "| H | Q | prefix | config | A µs | B µs | B/A | A partial µs | B partial µs | partial B/A |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        (
+            "| H | Q | prefix | config | A µs | B µs | B/A | A partial µs | B partial µs | partial B/A "
+            "| A reduce µs | B reduce µs |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for H, Q, P in args.shapes:
         cfg = heuristic_config(limits, H=H, q_len=Q, prefix=P)
@@ -103,14 +106,16 @@ def main() -> None:
             )
             for name, va in vas.items()
         }
-        # the partial kernel alone too: a layout change can move the partial-to-reduce hand-over
-        # more than the partial (bench/results/ab_kernel_flags_sm_90.md)
+        # each kernel alone too: a layout change of the partial moved the step past it more than
+        # the partial itself, with and without PDL (bench/results/ab_kernel_flags_sm_90.md)
         for name, va in vas.items():
-            launchers[name + " partial"] = _partial_launcher(va, sets, out, stream)
+            launchers[name + " partial"] = _kernel_launcher(va, sets, out, stream, reduce=False)
+            launchers[name + " reduce"] = _kernel_launcher(va, sets, out, stream, partial=False)
         med = interleaved_medians(launchers, len(sets), rounds=ROUNDS, reps=REPS, stream=stream)
-        a, b, ap, bp = med["A"], med["B"], med["A partial"], med["B partial"]
+        a, b, ap, bp, ar, br = (med[k] for k in ("A", "B", "A partial", "B partial", "A reduce", "B reduce"))
         lines.append(
-            f"| {H} | {Q} | {P} | {cfg} | {a:.1f} | {b:.1f} | {b / a:.3f} | {ap:.1f} | {bp:.1f} | {bp / ap:.3f} |"
+            f"| {H} | {Q} | {P} | {cfg} | {a:.1f} | {b:.1f} | {b / a:.3f} | {ap:.1f} | {bp:.1f} | {bp / ap:.3f} "
+            f"| {ar:.1f} | {br:.1f} |"
         )
         print(lines[-1], flush=True)
         sets = []
@@ -122,9 +127,10 @@ def main() -> None:
     (args.out / f"ab_{slug}_{limits.arch}.md").write_text("\n".join(lines) + "\n")
 
 
-def _partial_launcher(va, sets, out, stream):
-    """`k -> the partial kernel alone on sets[k]` (its output was checked with the reduce)."""
-    return lambda k: va.run(sets[k], out, stream=stream, reduce=False)
+def _kernel_launcher(va, sets, out, stream, *, reduce=True, partial=True):
+    """`k -> one kernel alone on sets[k]` (the pair's output was checked; the reduce alone merges
+    the partials the last launch left, which for one shape's sets have the same plan)."""
+    return lambda k: va.run(sets[k], out, stream=stream, reduce=reduce, partial=partial)
 
 
 if __name__ == "__main__":

@@ -80,12 +80,14 @@ class VerifyAttention:
         softmax_scale: float | None = None,
         stream: Any = None,
         reduce: bool = True,
+        partial: bool = True,
         layout: Layout | None = None,
     ) -> None:
         """Enqueue partial + reduce on `stream` (a pycuda Stream or None for the default); q_pe and
         layout as in LaunchSpec.partial_args (None: one 576-wide q, page-size-1 slots, uint64 mask).
         reduce=False enqueues the partial kernel alone (benchmarks use it to split the time: a
-        request that one part holds whole is complete after it, the others need the reduce)."""
+        request that one part holds whole is complete after it, the others need the reduce);
+        partial=False the reduce alone, over the partials the last full launch left."""
         if not 1 <= batch <= self.max_batch:
             raise LaunchError(f"batch {batch} outside 1..{self.max_batch} this launcher was built for")
         pointers = {
@@ -109,9 +111,12 @@ class VerifyAttention:
             softmax_scale=softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(D_QK),
             layout=layout,
             reduce=reduce,
+            partial=partial,
         )
 
-    def run(self, inputs: Any, out: Any, *, lse: Any = None, stream: Any = None, reduce: bool = True) -> None:
+    def run(
+        self, inputs: Any, out: Any, *, lse: Any = None, stream: Any = None, reduce: bool = True, partial: bool = True
+    ) -> None:
         """Enqueue on one `verify_tuner.kernels.reference.Inputs` set (tests, tuner and benchmarks)."""
         s = inputs
         self(
@@ -130,4 +135,5 @@ class VerifyAttention:
             softmax_scale=s.scale,
             stream=stream,
             reduce=reduce,
+            partial=partial,
         )

@@ -109,16 +109,21 @@ class CubinKernels:
         softmax_scale: float,
         layout: Layout | None = None,
         reduce: bool = True,
+        partial: bool = True,
     ) -> None:
         """Enqueue partial + reduce on `stream` (a CUstream handle as an int; 0 the legacy default
-        stream). reduce=False enqueues the partial alone (benchmarks split the time with it)."""
+        stream). reduce=False enqueues the partial alone, partial=False the reduce alone, over the
+        partials a previous launch left in the workspace (benchmarks split the time with them)."""
+        if not (reduce or partial):
+            raise ValueError("launch with neither kernel")
         drv = _driver()
         spec = self.spec
-        args = spec.partial_args(
-            part_o=part_o, part_lse=part_lse, batch=batch, softmax_scale=softmax_scale, layout=layout, **pointers
-        )
-        cfg = self._config(spec.partial_grid(), spec.cfg.block, self.smem, stream, pdl=False)
-        _ok(drv.cuLaunchKernelEx(cfg, self.partial, (args, _PARTIAL_TYPES), 0), "cuLaunchKernelEx(partial)")
+        if partial:
+            args = spec.partial_args(
+                part_o=part_o, part_lse=part_lse, batch=batch, softmax_scale=softmax_scale, layout=layout, **pointers
+            )
+            cfg = self._config(spec.partial_grid(), spec.cfg.block, self.smem, stream, pdl=False)
+            _ok(drv.cuLaunchKernelEx(cfg, self.partial, (args, _PARTIAL_TYPES), 0), "cuLaunchKernelEx(partial)")
         if not reduce:
             return
         blocks, per_block = reduce_grid(

@@ -136,3 +136,28 @@ def test_ragged_extremes(gpu, case):
         torch.cuda.synchronize()
         assert rel_error(out, ref_o) <= 1e-2, f"{cfg}: out"
         assert rel_error(lse, ref_lse) <= 1e-3, f"{cfg}: lse"
+
+
+def test_the_two_kernels_enqueued_apart_give_the_pairs_answer(gpu):
+    """Benchmarks time each kernel alone (`partial=False` / `reduce=False`): the reduce enqueued by
+    itself must merge what the partial left, so the split launch is the pair's answer, and a
+    launch with neither kernel is our bug."""
+    import torch
+    from verify_tuner.kernels.launch import VerifyAttention
+    from verify_tuner.kernels.reference import make_inputs, reference, rel_error
+
+    limits, cache = gpu
+    lens = [46000, 3, 2000]  # one request over many parts, one part-held, one in between
+    inp = make_inputs(prefix_lens=lens, q_len=Q, H=H, seed=5, spare_slots=11)
+    ref_o, ref_lse = reference(inp)
+    va = VerifyAttention(CONFIGS[0], H=H, q_len=Q, limits=limits, max_batch=len(lens), cache_dir=cache)
+    out = torch.full((len(lens), Q, H, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    lse = torch.full((len(lens), Q, H), float("nan"), dtype=torch.float32, device="cuda")
+    va.run(inp, out, lse=lse, reduce=False)
+    torch.cuda.synchronize()
+    assert torch.isnan(out[0]).all(), "the partial alone completed a request that several parts share"
+    va.run(inp, out, lse=lse, partial=False)
+    torch.cuda.synchronize()
+    assert rel_error(out, ref_o) <= 1e-2 and rel_error(lse, ref_lse) <= 1e-3
+    with pytest.raises(ValueError, match="neither kernel"):
+        va.run(inp, out, reduce=False, partial=False)
