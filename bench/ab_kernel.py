@@ -55,7 +55,16 @@ def main() -> None:
         default=SHAPES,
         help="H:Q:PREFIX,... (default: the six no-regression shapes)",
     )
+    ap.add_argument(
+        "--neighbour-mb",
+        type=int,
+        default=0,
+        help="follow every launch with a bf16 GEMM streaming this many MB of weights, as the rest of "
+        "an engine's layer (cold caches); its own time is subtracted (default 0: back-to-back replays)",
+    )
     args = ap.parse_args()
+    if not 0 <= args.neighbour_mb <= 4096:
+        ap.error(f"--neighbour-mb {args.neighbour_mb}: give 0..4096")
 
     import pycuda.autoprimaryctx  # noqa: F401
     import pycuda.driver as cuda
@@ -79,7 +88,14 @@ def main() -> None:
         (
             f"A flags: `{' '.join(variants['A']) or '(none)'}`; B flags: `{' '.join(variants['B']) or '(none)'}`. "
             f"Median over {ROUNDS} interleaved rounds of the per-round median of {REPS} CUDA-graph replays, inputs rotated "
-            "past the L2; config = the heuristic default" + (f" (B: `{args.b_config}`)." if args.b_config else ".")
+            "past the L2; config = the heuristic default"
+            + (f" (B: `{args.b_config}`)." if args.b_config else ".")
+            + (
+                f" Every launch is followed by a bf16 GEMM over {args.neighbour_mb} MB of weights (the rest of a layer: "
+                "cold instruction and data caches), whose own time is subtracted."
+                if args.neighbour_mb
+                else ""
+            )
         ),
         "",
         (
@@ -111,7 +127,13 @@ def main() -> None:
         for name, va in vas.items():
             launchers[name + " partial"] = _kernel_launcher(va, sets, out, stream, reduce=False)
             launchers[name + " reduce"] = _kernel_launcher(va, sets, out, stream, partial=False)
-        med = interleaved_medians(launchers, len(sets), rounds=ROUNDS, reps=REPS, stream=stream)
+        between = _neighbour(args.neighbour_mb) if args.neighbour_mb else None
+        if between is not None:
+            launchers["neighbour"] = lambda k: None
+        med = interleaved_medians(launchers, len(sets), rounds=ROUNDS, reps=REPS, stream=stream, between=between)
+        if between is not None:
+            alone = med.pop("neighbour")
+            med = {k: v - alone for k, v in med.items()}
         a, b, ap, bp, ar, br = (med[k] for k in ("A", "B", "A partial", "B partial", "A reduce", "B reduce"))
         lines.append(
             f"| {H} | {Q} | {P} | {cfg} | {a:.1f} | {b:.1f} | {b / a:.3f} | {ap:.1f} | {bp:.1f} | {bp / ap:.3f} "
@@ -125,6 +147,18 @@ def main() -> None:
     if len(slug) > 40:  # labels that share their first 40 characters must not overwrite each other
         slug = slug[:32].strip("_") + "_" + hashlib.sha256(args.label.encode()).hexdigest()[:7]
     (args.out / f"ab_{slug}_{limits.arch}.md").write_text("\n".join(lines) + "\n")
+
+
+def _neighbour(mb: int):
+    """A GEMM of 16 rows over `mb` MB of bf16 weights (7168 wide, as a large model's hidden size):
+    its cuBLAS code and weights stand in for the layer's other kernels between two attention calls."""
+    import torch
+
+    n = max(1, mb * 2**20 // (2 * 7168))
+    x = torch.randn(16, 7168, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(7168, n, dtype=torch.bfloat16, device="cuda")
+    y = torch.empty(16, n, dtype=torch.bfloat16, device="cuda")
+    return lambda: torch.matmul(x, w, out=y)
 
 
 def _kernel_launcher(va, sets, out, stream, *, reduce=True, partial=True):

@@ -47,15 +47,23 @@ def checked_launcher(
 
 
 def interleaved_medians(
-    launchers: Mapping[K, Callable[[int], None]], n_sets: int, *, rounds: int, reps: int, stream: Any
+    launchers: Mapping[K, Callable[[int], None]],
+    n_sets: int,
+    *,
+    rounds: int,
+    reps: int,
+    stream: Any,
+    between: Callable[[], None] | None = None,
 ) -> dict[K, float]:
     """Median over `rounds` interleaved rounds of each launcher's per-round median of `reps`
     CUDA-graph replays (the benchmarks' A/B; the launchers enqueue on `stream`): timed as engines
-    run the kernels, without the host's launch cost in the number."""
+    run the kernels, without the host's launch cost in the number. `between`: as in time_graph."""
     keys = list(launchers)
-    per_round = interleave(
-        [lambda k=k: time_graph(launchers[k], n_sets, stream=stream, replays=reps).median_us for k in keys], rounds
-    )
+
+    def one(k: K) -> float:
+        return time_graph(launchers[k], n_sets, stream=stream, replays=reps, between=between).median_us
+
+    per_round = interleave([lambda k=k: one(k) for k in keys], rounds)
     return {k: statistics.median(r) for k, r in zip(keys, per_round)}
 
 

@@ -83,6 +83,7 @@ def time_graph(
     replays: int = 15,
     min_launches: int = 24,
     budget_us: float | None = None,
+    between: Callable[[], None] | None = None,
 ) -> Timing:
     """Time `launch(k)` the way an inference server runs it: captured in one CUDA graph (every
     input set in turn, repeated to at least `min_launches` launches), replayed `replays` times
@@ -91,18 +92,31 @@ def time_graph(
     pass over the sets.
 
     `launch` must enqueue on `stream` (a PyCUDA stream); torch captures it through an external
-    stream, so PyCUDA and driver launches (the PDL reduce) land in the graph alike."""
+    stream, so PyCUDA and driver launches (the PDL reduce) land in the graph alike.
+
+    `between()`, when given, is enqueued after every launch (torch work on the current stream,
+    which is `stream` here): the rest of an engine's layer, whose code and data leave the kernel's
+    caches cold as a real forward pass does, where back-to-back replays keep its instructions warm.
+    Its own time is in the samples: time it with a `launch` that enqueues nothing and subtract."""
     import torch
 
     ext = torch.cuda.ExternalStream(stream.handle)
-    for k in range(n_sets):  # load modules, touch every set once outside the capture
+
+    def step(k: int) -> None:
         launch(k)
+        if between is not None:
+            between()
+
+    with torch.cuda.stream(ext):
+        for k in range(n_sets):  # load modules, touch every set once outside the capture
+            step(k)
     est_us = 0.0
     if budget_us is not None:
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record(ext)
-        for k in range(n_sets):
-            launch(k)
+        with torch.cuda.stream(ext):
+            for k in range(n_sets):
+                step(k)
         stop.record(ext)
         stop.synchronize()
         est_us = start.elapsed_time(stop) * 1000.0 / n_sets
@@ -112,7 +126,7 @@ def time_graph(
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=ext):
         for k in order:
-            launch(k)
+            step(k)
     graph.replay()
     torch.cuda.synchronize()
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(replays)]
