@@ -60,7 +60,8 @@ def main() -> None:
         type=int,
         default=0,
         help="follow every launch with a bf16 GEMM streaming this many MB of weights, as the rest of "
-        "an engine's layer (cold caches); its own time is subtracted (default 0: back-to-back replays)",
+        "an engine's layer (cold caches); its own time is subtracted, so give more than the L2 (e.g. 128 on "
+        "an H200) for a GEMM whose time does not depend on what ran before it (default 0: back-to-back replays)",
     )
     args = ap.parse_args()
     if not 0 <= args.neighbour_mb <= 4096:
