@@ -123,10 +123,11 @@ async def get_configs(
             table = t
     body = _table_body(tables, dtype=dtype, H=H, q_len=q_len)
     etag = '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
-    headers = {"ETag": etag, "Cache-Control": "no-cache"}
+    # a worker revalidating its copy during an outage is told the table is stale, as a full answer would be
+    headers = {"ETag": etag, "Cache-Control": "no-cache"} | _stale_header(table)
     if request.headers.get("if-none-match") == etag:
         return Response(status_code=304, headers=headers)
-    return Response(body, media_type="application/json", headers=headers | _stale_header(table))
+    return Response(body, media_type="application/json", headers=headers)
 
 
 def _table_body(tables: list[Table], *, dtype: str, H: int, q_len: int) -> bytes:

@@ -70,6 +70,21 @@ def test_unreadable_schema_serves_last_good_table_with_reason_or_503(tmp_path):
         assert "tuner_db_errors_total" in c.get("/metrics").text
 
 
+def test_a_worker_revalidating_its_table_during_an_outage_is_told_it_is_stale(tmp_path):
+    db = tmp_path / "c.db"
+    with _client(db) as c:
+        c.post("/configs/import", json=[ROW], headers={"Authorization": f"Bearer {TOKEN}"})
+        first = c.get("/configs", params={"H": 8, "q_len": 9})
+        assert first.status_code == 200 and "X-Config-Stale" not in first.headers
+        con = sqlite3.connect(db)
+        con.execute("ALTER TABLE best_configs RENAME TO best_configs_gone")
+        con.commit()
+        con.close()
+        time.sleep(c.app.state.tables.recheck_s + 0.05)
+        again = c.get("/configs", params={"H": 8, "q_len": 9}, headers={"If-None-Match": first.headers["ETag"]})
+        assert again.status_code == 304 and "serving the last good table" in again.headers["X-Config-Stale"]
+
+
 def test_locked_database_keeps_answering(tmp_path):
     db = tmp_path / "c.db"
     with _client(db) as c:
