@@ -160,6 +160,40 @@ def test_the_sidecar_the_dump_and_the_client_carry_the_plan(run, db, tmp_path, m
         assert client.graph_plan(8, max_prefix=10**6).reason.endswith("were not measured")
 
 
+def test_the_dumped_bundle_holds_a_plans_config_the_table_no_longer_serves(run, db, tmp_path, monkeypatch):
+    """A plan made, then its buckets re-tuned: a host without nvcc still captures the plan's config."""
+    from verify_tuner.engine import bundle as bundle_mod
+    from verify_tuner.engine.bundle import Bundle
+
+    weights = tmp_path / "hist.csv"
+    weights.write_text("prefix,weight\n2000,1\n100000,50\n120000,50\n")
+    assert run(*PLAN_ARGS, "--batch", "8", "--prefix-weights", str(weights)).exit_code == 0  # the plan: LONG
+    _, sessions = db
+    newer = replace(LONG, nsplit=128)
+    with session_scope(sessions) as s:
+        for bb in (0, 3, 5):
+            for b in RANGE:
+                if b.mid >= 16384:
+                    key = ConfigKey(H200.name, kernel_hash(), "bf16", 8, 9, b.index, bb)
+                    best_configs.upsert_best(session=s, key=key, config=newer, median_us=9.0)
+
+    class Compiled:
+        def __init__(self, cfg):  # type: ignore[no-untyped-def]
+            self.cubin = b"\x7fELF" + str(cfg).encode()
+
+    monkeypatch.setattr(bundle_mod, "compile_cubin", lambda cfg, q_len, arch, cache: Compiled(cfg))
+    out = tmp_path / "dump"
+    r = run("configs", "dump", "--out-dir", str(out), "--cubins")
+    assert r.exit_code == 0, r.output
+    client = ConfigClient(H=8, q_len=9, device="NVIDIA H200", config_dir=out, snapshot_dir=tmp_path / "s")
+    assert client.fetch() == "config_dir"
+    plan = client.graph_plan(8, max_prefix=131072)
+    assert plan.source == "graph_plan" and plan.config == LONG
+    assert LONG not in {client.lookup(p, b) for p in (2000, 100_000) for b in (1, 8, 32)}
+    assert LONG in client.distinct_configs()
+    assert Bundle.open(out / "cubins").cubin(LONG, 9, H200.arch) == b"\x7fELF" + str(LONG).encode()
+
+
 def test_verify_marks_a_row_that_stopped_winning_and_the_sidecar_stops_serving_it(run, db, tmp_path):
     url, sessions = db
     slow_key = ConfigKey(H200.name, kernel_hash(), "bf16", 8, 9, buckets.bucket_of(46000).index, 0)

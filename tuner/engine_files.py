@@ -48,11 +48,13 @@ def read(path: Path) -> dict[str, Any]:
 
 
 def distinct_configs(doc: dict[str, Any]) -> list[Any]:
-    """Every distinct config a file's table serves (what a cubin bundle must hold for it)."""
+    """Every distinct config a file's table or graph plans serve (what a cubin bundle must hold for it)."""
     from verify_tuner.kernels.config import PARAM_NAMES, KernelConfig
 
-    found = {KernelConfig.from_params({k: e[k] for k in PARAM_NAMES}) for es in doc["configs"].values() for e in es}
-    return sorted(found)
+    entries = [e for es in doc["configs"].values() for e in es]
+    # a plan can name a config no bucket serves any more (re-tuned after the plan was made)
+    entries += list(doc.get("graph_plans", {}).values())
+    return sorted({KernelConfig.from_params({k: e[k] for k in PARAM_NAMES if k in e}) for e in entries})
 
 
 def tuned_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:

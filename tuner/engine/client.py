@@ -281,5 +281,6 @@ class ConfigClient:
         )
 
     def distinct_configs(self) -> list[KernelConfig]:
-        """Every config the table can answer: what a worker pre-compiles / graph-captures."""
-        return sorted({e.config for _, es in self._table.values() for e in es})
+        """Every config the table or a graph plan can answer: what a worker pre-compiles / graph-captures."""
+        plans = {p.config for p in self._plans.values()}
+        return sorted({e.config for _, es in self._table.values() for e in es} | plans)
