@@ -26,6 +26,7 @@ table for it leaves `source == "none"` for the worker to check, without raising.
 from __future__ import annotations
 
 import bisect
+import http.client
 import json
 import os
 import urllib.error
@@ -149,6 +150,8 @@ class ConfigClient:
             raise sidecar.PassedOver(sidecar.refused(self.base_url, exc)) from None
         except OSError as exc:
             raise sidecar.PassedOver(f"sidecar unavailable at {self.base_url} ({type(exc).__name__}: {exc})") from None
+        except http.client.HTTPException as exc:  # a cut-off answer, or something else listening on the port
+            raise sidecar.PassedOver(sidecar.broken(self.base_url, exc)) from None
         except (ValueError, KeyError, TypeError) as exc:
             raise sidecar.PassedOver(
                 f"sidecar at {self.base_url} served a table this worker cannot use ({type(exc).__name__}: {exc})"

@@ -3,6 +3,7 @@ package installs no HTTP client), and the words for a sidecar that refused or fa
 
 from __future__ import annotations
 
+import http.client
 import json
 import urllib.error
 import urllib.parse
@@ -29,11 +30,17 @@ def refused(base_url: str | None, exc: urllib.error.HTTPError) -> str:
     return f"sidecar at {base_url} refused this worker's request (HTTP {exc.code}: {detail})"
 
 
+def broken(base_url: str | None, exc: http.client.HTTPException) -> str:
+    """An answer that is not whole HTTP in words, on one line whatever the peer sent."""
+    detail = " ".join(str(exc).split())[:200] or "no detail"
+    return f"sidecar unavailable at {base_url} (no valid HTTP answer: {type(exc).__name__}: {detail})"
+
+
 def _error_detail(exc: urllib.error.HTTPError) -> str:
     """The one-line `detail` of the sidecar's error body (FastAPI's shape), else its first line."""
     try:
         raw = exc.read(4096).decode("utf-8", "replace")
-    except OSError:
+    except (OSError, http.client.HTTPException):  # a body cut short says no more than the status
         return exc.reason or "no body"
     try:
         detail = json.loads(raw)["detail"]
