@@ -5,12 +5,62 @@ each such source over and says why; it never raises."""
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import threading
 from collections.abc import Callable, Iterator
 
 import pytest
-from verify_tuner.engine.client import ConfigClient
+from verify_tuner import batches, engine_files
+from verify_tuner.engine.client import URL_ENV, ConfigClient
+from verify_tuner.engine.config_table import heuristic_table
+from verify_tuner.kernels import KERNEL_NAME, KERNEL_VERSION, kernel_hash
+from verify_tuner.kernels.limits import known_device
+
+H200 = known_device("h200")
+
+
+@pytest.fixture(autouse=True)
+def _no_sidecar_from_the_environment(monkeypatch):  # type: ignore[no-untyped-def]
+    monkeypatch.delenv(URL_ENV, raising=False)
+
+
+def sidecar_table() -> dict:
+    """A valid /configs answer (every batch bucket, the heuristic's entries) for H=8 q_len=9."""
+    configs = [
+        {"bucket": {"lo": e.lo, "hi": e.hi}, "batch_bucket": {"index": i}, **e.config.as_params(), "source": e.source}
+        for i, es in heuristic_table(H200, H=8, q_len=9).items()
+        for e in es
+    ]
+    return {"kernel_hash": kernel_hash(), "H": 8, "q_len": 9, "configs": configs, "graph_plans": []}
+
+
+def engine_doc() -> dict:
+    """The same table as a `tuner configs dump` file."""
+    configs = {
+        str(batches.by_index(i).hi): [
+            {"prefix_lo": e.lo, "prefix_hi": e.hi, **e.config.as_params(), "source": e.source} for e in es
+        ]
+        for i, es in heuristic_table(H200, H=8, q_len=9).items()
+    }
+    return {
+        "format": engine_files.FORMAT,
+        "kernel": KERNEL_NAME,
+        "kernel_version": KERNEL_VERSION,
+        "kernel_hash": kernel_hash(),
+        "device_name": H200.name,
+        "dtype": "bf16",
+        "H": 8,
+        "q_len": 9,
+        "configs": configs,
+        "graph_plans": {},
+    }
+
+
+def write_engine_file(folder, doc: dict):  # type: ignore[no-untyped-def]
+    path = folder / engine_files.file_name(H=8, q_len=9, device=H200.name, dtype="bf16")
+    engine_files.write_atomic(path, doc)
+    return path
 
 
 def http_answer(body: bytes, *, length: int | None = None) -> bytes:
@@ -66,3 +116,56 @@ def test_an_answer_that_is_not_whole_http_is_passed_over(tmp_path, raw, why):
         assert f"sidecar unavailable at {url} (no valid HTTP answer: {why}" in c.reason
         assert "\n" not in c.reason and c.lookup(46000, 8) is not None
         assert c.refresh() == "failed" and "no valid HTTP answer" in c.refresh_error  # type: ignore[operator]
+
+
+BAD_ENTRIES = [
+    pytest.param({"NSPLIT": 0}, "NSPLIT must be a positive integer, got 0", id="nsplit-0"),
+    pytest.param({"NSPLIT": None}, "constants must be integers", id="nsplit-null"),
+    pytest.param(
+        {"source": ["tuned"]},
+        "prefix bounds must be integers and source a name, got 512..724 ['tuned']",
+        id="source-a-list",
+    ),
+]
+
+
+@pytest.mark.parametrize(("edit", "why"), BAD_ENTRIES)
+def test_a_malformed_entry_from_the_sidecar_is_passed_over(tmp_path, edit, why):
+    table = sidecar_table()
+    table["configs"][3].update(edit)
+    body = json.dumps(table).encode()
+    with raw_sidecar(lambda conn: conn.sendall(http_answer(body))) as url:
+        c = client(url, tmp_path)
+        assert c.fetch() == "heuristic"
+    assert f"served a table this worker cannot use (ValueError: malformed table: {why}" in c.reason
+
+
+@pytest.mark.parametrize(("edit", "why"), BAD_ENTRIES)
+def test_a_malformed_entry_in_the_config_dir_or_the_snapshot_is_passed_over(tmp_path, edit, why):
+    doc = engine_doc()
+    doc["configs"]["1"][3].update(edit)
+    write_engine_file(tmp_path / "cfg", doc)
+    c = client(None, tmp_path, config_dir=tmp_path / "cfg")
+    good = sidecar_table()
+    c.snapshot.parent.mkdir(parents=True)
+    c.snapshot.write_text(json.dumps(good))
+    assert c.fetch() == "snapshot"
+    assert f"config dir {tmp_path / 'cfg'}: ValueError: malformed table: {why}" in c.reason
+    good["configs"][3].update(edit)
+    c.snapshot.write_text(json.dumps(good))
+    assert c.fetch() == "heuristic"
+    assert f"no usable snapshot (ValueError: malformed table: {why}" in c.reason
+
+
+def test_malformed_graph_plans_are_passed_over(tmp_path):
+    doc = engine_doc()
+    doc["graph_plans"] = []  # the sidecar's shape in a file, which keys its plans by batch bucket
+    write_engine_file(tmp_path / "cfg", doc)
+    table = sidecar_table()
+    table["graph_plans"] = [{"NSPLIT": 8, "batch_bucket": {"index": 3}}]
+    body = json.dumps(table).encode()
+    with raw_sidecar(lambda conn: conn.sendall(http_answer(body))) as url:
+        c = client(url, tmp_path, config_dir=tmp_path / "cfg")
+        assert c.fetch() == "heuristic"
+    assert "(ValueError: malformed table: no field 'buckets')" in c.reason
+    assert "ValueError: malformed table: graph_plans must be an object, not list" in c.reason

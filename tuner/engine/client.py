@@ -39,6 +39,7 @@ from verify_tuner.engine.config_table import (
     Entry,
     GraphPlanChoice,
     engine_file_configs,
+    engine_file_plans,
     heuristic_table,
     parse_table,
 )
@@ -229,7 +230,7 @@ class ConfigClient:
         self._check_kernel(doc["kernel_hash"])
         if (doc["H"], doc["q_len"], doc["dtype"]) != (self.H, self.q_len, self.dtype):
             raise ValueError(f"file is for H={doc['H']} q_len={doc['q_len']} dtype={doc['dtype']}")
-        self._install(engine_file_configs(doc), list(doc.get("graph_plans", {}).values()))
+        self._install(engine_file_configs(doc), engine_file_plans(doc))
 
     def _load(self, table: dict) -> None:
         self._check_kernel(table["kernel_hash"])

@@ -5,12 +5,15 @@ the bare package (verify_tuner.engine.client imports it)."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from verify_tuner import batches, buckets
 from verify_tuner.heuristic import heuristic_config
 from verify_tuner.kernels.config import PARAM_NAMES, KernelConfig
+from verify_tuner.kernels.errors import InvalidConfig
 from verify_tuner.kernels.limits import DeviceLimits
 from verify_tuner.kernels.validate import check
 
@@ -55,34 +58,40 @@ def heuristic_table(limits: DeviceLimits, *, H: int, q_len: int) -> dict[int, li
 
 
 def engine_file_configs(doc: dict) -> list[dict]:
-    """An engine config file's entries in the shape of a sidecar table's (`bucket`, `batch_bucket`)."""
-    return [
-        {
-            **e,
-            "bucket": {"lo": e["prefix_lo"], "hi": e["prefix_hi"]},
-            "batch_bucket": {"index": batches.bucket_of(int(hi)).index},
-        }
-        for hi, entries in doc["configs"].items()
-        for e in entries
-    ]
+    """An engine config file's entries in the shape of a sidecar table's (`bucket`, `batch_bucket`);
+    ValueError when the file's table is malformed."""
+    with _malformed():
+        return [
+            {
+                **e,
+                "bucket": {"lo": e["prefix_lo"], "hi": e["prefix_hi"]},
+                "batch_bucket": {"index": batches.bucket_of(int(hi)).index},
+            }
+            for hi, entries in doc["configs"].items()
+            for e in entries
+        ]
+
+
+def engine_file_plans(doc: dict) -> list[dict]:
+    """An engine config file's graph plans (an object keyed by batch bucket, absent in older files)."""
+    plans = doc.get("graph_plans", {})
+    if not isinstance(plans, dict):  # ValueError, as every malformed table: the client passes the file over
+        raise ValueError(f"malformed table: graph_plans must be an object, not {type(plans).__name__}")  # noqa: TRY004
+    return list(plans.values())
 
 
 def parse_table(
     configs: list[dict], graph_plans: list[dict] | None, limits: DeviceLimits | None, *, H: int, q_len: int
 ) -> tuple[dict[int, list[Entry]], dict[int, GraphPlanChoice]]:
-    """The entries (sorted by prefix) and graph plans per batch bucket index. ValueError when a
-    config or plan cannot run on `limits` (None: unchecked), a batch bucket is missing or a batch
-    bucket's entries do not cover every prefix."""
-    by_batch: dict[int, list[Entry]] = {}
-    for c in configs:
-        by_batch.setdefault(int(c["batch_bucket"]["index"]), []).append(
-            Entry(
-                c["bucket"]["lo"],
-                c["bucket"]["hi"],
-                KernelConfig.from_params({k: c[k] for k in PARAM_NAMES if k in c}),
-                c["source"],
-            )
-        )
+    """The entries (sorted by prefix) and graph plans per batch bucket index. ValueError when the
+    table is malformed (a field missing or of the wrong type, a constant out of range), a config or
+    plan cannot run on `limits` (None: unchecked), a batch bucket is missing or a batch bucket's
+    entries do not cover every prefix."""
+    with _malformed():
+        by_batch: dict[int, list[Entry]] = {}
+        for c in configs:
+            by_batch.setdefault(int(c["batch_bucket"]["index"]), []).append(_entry(c))
+        plans = {int(p["batch_bucket"]["index"]): _plan_choice(p) for p in graph_plans or []}
     _check_device(by_batch, limits, H=H, q_len=q_len)
     if set(by_batch) != {bb.index for bb in batches.ALL}:
         raise ValueError(f"table holds batch buckets {sorted(by_batch)}, not all {len(batches.ALL)}")
@@ -90,11 +99,35 @@ def parse_table(
         entries.sort(key=lambda e: e.lo)
         if entries[0].lo != 0 or any(a.hi != b.lo for a, b in itertools.pairwise(entries)):
             raise ValueError("table does not cover every prefix")
-    plans = {int(p["batch_bucket"]["index"]): _plan_choice(p) for p in graph_plans or []}
+    if unknown := set(plans) - {bb.index for bb in batches.ALL}:
+        raise ValueError(f"table holds graph plans for batch buckets {sorted(unknown)}, which do not exist")
     for p in plans.values():
         if limits is not None and (why := check(p.config, limits, H=H, q_len=q_len)):
             raise ValueError(f"graph plan {p.config} cannot run on {limits.name}: {why}")
     return by_batch, plans
+
+
+@contextlib.contextmanager
+def _malformed() -> Iterator[None]:
+    """A table's bad field as the ValueError on which every source is passed over, with its reason."""
+    try:
+        yield
+    except InvalidConfig as exc:
+        raise ValueError(f"malformed table: {exc}") from None
+    except KeyError as exc:
+        raise ValueError(f"malformed table: no field {exc}") from None
+    except (TypeError, AttributeError) as exc:
+        raise ValueError(f"malformed table: {exc}") from None
+
+
+def _entry(c: dict) -> Entry:
+    lo, hi, source = c["bucket"]["lo"], c["bucket"]["hi"], c["source"]
+    # lookup() bisects and compares these and `counts` tallies the sources: a wrong type would raise there
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (lo, hi)) or not isinstance(source, str):
+        raise ValueError(
+            f"malformed table: prefix bounds must be integers and source a name, got {lo!r}..{hi!r} {source!r}"
+        )
+    return Entry(lo, hi, KernelConfig.from_params({k: c[k] for k in PARAM_NAMES if k in c}), source)
 
 
 def _check_device(by_batch: dict[int, list[Entry]], limits: DeviceLimits | None, *, H: int, q_len: int) -> None:
