@@ -222,6 +222,25 @@ def test_dumped_exported_and_reported_files_are_0644_under_a_private_umask(place
     assert not [p for p in out.rglob(".*")]  # no temporary file left behind
 
 
+def test_dump_folders_are_0755_under_a_private_umask_and_existing_ones_are_left_alone(place):
+    """A worker running as another user must be able to enter the folders to read the files."""
+    env, tmp = place
+    mine = tmp / "mine"
+    mine.mkdir(mode=0o700)
+    out = mine / "engine" / "h200"
+    r = subprocess.run(
+        tuner_cmd("configs", "dump", "--out-dir", str(out)),
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        umask=0o077,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    assert [_mode(p) for p in (mine, mine / "engine", out)] == [0o700, 0o755, 0o755]
+    assert {_mode(p) for p in out.iterdir()} == {0o644}
+
+
 def test_write_shared_replaces_whole_and_syncs_file_and_folder(tmp_path, monkeypatch):
     from verify_tuner.files import write_shared
 

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from verify_tuner.files import write_shared
+from verify_tuner.files import make_shared_dirs, write_shared
 
 FORMAT = "verify-tuner/engine-config/1"
 ROW_FIELDS = ("median_us", "p10_us", "p90_us", "default_us", "tuned_at")
@@ -34,8 +34,8 @@ def file_name(*, H: int, q_len: int, device: str, dtype: str) -> str:
 
 
 def write_atomic(path: Path, doc: dict[str, Any]) -> None:
-    """`doc` as the JSON file `path` (its folder created), readable by every user (verify_tuner.files)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """`doc` as the JSON file `path` (its folders created), readable by every user (verify_tuner.files)."""
+    make_shared_dirs(path.parent)
     write_shared(path, json.dumps(doc, indent=1, allow_nan=False))  # valid JSON only: no Infinity / NaN
 
 

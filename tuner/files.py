@@ -11,12 +11,29 @@ from pathlib import Path
 
 #: Readable by every user: a worker or a tuner running as another user reads these files.
 SHARED_MODE = 0o644
+#: The folders they lie in, listable and enterable by every user for the same reason.
+SHARED_DIR_MODE = 0o755
+
+
+def make_shared_dirs(path: Path) -> None:
+    """Create `path` and its missing parents, each level it creates SHARED_DIR_MODE whatever the
+    umask; folders that already exist are left as they are."""
+    missing = []
+    while not path.exists():
+        missing.append(path)
+        path = path.parent
+    for folder in reversed(missing):
+        try:
+            folder.mkdir()
+        except FileExistsError:  # another writer made it meanwhile: theirs to set
+            continue
+        os.chmod(folder, SHARED_DIR_MODE)  # mkdir's mode is masked by the umask (0700 under umask 077)
 
 
 def write_shared(path: Path, data: bytes | str, *, mode: int = SHARED_MODE) -> None:
     """Write `data` to `path` atomically and durably, with `mode` whatever the umask: a reader sees
     the old file or the new one, never a part, and the new one survives a power cut once this returns.
-    The directory must exist; OSError (with the path) when it cannot be written."""
+    The directory must exist (make_shared_dirs); OSError (with the path) when it cannot be written."""
     raw = data.encode() if isinstance(data, str) else data
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

@@ -4,10 +4,13 @@ read back, and refused when it is for another kernel or damaged."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import stat
+from types import SimpleNamespace
 
 import pytest
+from verify_tuner.engine import bundle as bundle_mod
 from verify_tuner.engine.bundle import MANIFEST, Bundle, BundleError, write_bundle
 from verify_tuner.kernels.config import KernelConfig
 
@@ -55,3 +58,17 @@ def test_a_damaged_cubin_or_another_kernel_is_refused(bundle, tmp_path):
 def test_a_missing_bundle_says_so(tmp_path):
     with pytest.raises(BundleError, match="no cubin bundle"):
         Bundle.open(tmp_path / "nowhere")
+
+
+def test_the_bundle_folders_are_0755_under_a_private_umask(tmp_path, monkeypatch):
+    """`configs dump --cubins` run under umask 077: an engine running as another user still reads it."""
+    monkeypatch.setattr(bundle_mod, "compile_cubin", lambda cfg, q_len, arch, cache: SimpleNamespace(cubin=b"\x7fELF"))
+    root = tmp_path / "engine" / "cubins"
+    old = os.umask(0o077)
+    try:
+        write_bundle(root, [(CFG, 9, "sm_90")], cache_dir=tmp_path / "cache")
+    finally:
+        os.umask(old)
+    assert [stat.S_IMODE(p.stat().st_mode) for p in (root.parent, root)] == [0o755, 0o755]
+    assert {stat.S_IMODE(p.stat().st_mode) for p in root.iterdir()} == {0o644}
+    assert Bundle.open(root).cubin(CFG, 9, "sm_90") == b"\x7fELF"

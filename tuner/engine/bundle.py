@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from verify_tuner.files import write_shared
+from verify_tuner.files import make_shared_dirs, write_shared
 from verify_tuner.kernels.build import KERNEL_NAME, KERNEL_VERSION, compile_cubin, kernel_hash
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.errors import TunerError
@@ -31,7 +31,7 @@ def _entry_key(arch: str, q_len: int, cfg: KernelConfig) -> str:
 
 def write_bundle(out_dir: Path, items: list[tuple[KernelConfig, int, str]], *, cache_dir: Path) -> Path:
     """Compile (or take from the cache) each (config, q_len, arch) and write the bundle."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_shared_dirs(out_dir)  # an engine running as another user reads the bundle
     entries = []
     for cfg, q_len, arch in sorted(set(items), key=lambda x: _entry_key(x[2], x[1], x[0])):
         cubin = compile_cubin(cfg, q_len, arch, cache_dir).cubin
