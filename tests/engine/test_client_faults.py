@@ -8,6 +8,7 @@ import contextlib
 import json
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -74,6 +75,7 @@ def raw_sidecar(send: Callable[[socket.socket], None]) -> Iterator[str]:
     server = socket.create_server(("127.0.0.1", 0))
     server.settimeout(0.2)
     stop = threading.Event()
+    conns: list[socket.socket] = []
 
     def loop() -> None:
         while not stop.is_set():
@@ -81,6 +83,7 @@ def raw_sidecar(send: Callable[[socket.socket], None]) -> Iterator[str]:
                 conn, _ = server.accept()
             except TimeoutError:
                 continue
+            conns.append(conn)
             with conn:
                 conn.recv(65536)
                 with contextlib.suppress(OSError):  # the client may hang up first
@@ -92,7 +95,11 @@ def raw_sidecar(send: Callable[[socket.socket], None]) -> Iterator[str]:
         yield f"http://127.0.0.1:{server.getsockname()[1]}"
     finally:
         stop.set()
+        for conn in conns:  # ends a trickle still sending
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
         thread.join(5)
+        assert not thread.is_alive()
         server.close()
 
 
@@ -169,3 +176,37 @@ def test_malformed_graph_plans_are_passed_over(tmp_path):
         assert c.fetch() == "heuristic"
     assert "(ValueError: malformed table: no field 'buckets')" in c.reason
     assert "ValueError: malformed table: graph_plans must be an object, not list" in c.reason
+
+
+def trickle(raw: bytes, every_s: float = 0.15) -> Callable[[socket.socket], None]:
+    """Send `raw` a byte at a time: each read is well inside the client's timeout, the whole is not."""
+
+    def send(conn: socket.socket) -> None:
+        for b in raw:
+            conn.sendall(bytes([b]))
+            time.sleep(every_s)
+
+    return send
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n",  # slow to even say it failed
+        http_answer(json.dumps(sidecar_table()).encode()),  # a good table, sent too slowly to wait for
+    ],
+    ids=["status-line", "body"],
+)
+def test_a_sidecar_trickling_its_answer_does_not_hold_fetch_past_timeout_s(tmp_path, raw):
+    with raw_sidecar(trickle(raw)) as url:
+        c = client(url, tmp_path)
+        c.snapshot.parent.mkdir(parents=True)
+        c.snapshot.write_text(json.dumps(sidecar_table()))
+        started = time.monotonic()
+        assert c.fetch() == "snapshot"
+        assert time.monotonic() - started < c.timeout_s + 0.5
+        assert "sidecar unavailable" in c.reason and "TimeoutError: no whole answer within timeout_s=1 s" in c.reason
+        started = time.monotonic()  # the first answer is still coming: no second thread is started for it
+        assert c.refresh() == "failed" and time.monotonic() - started < 0.5
+        assert "answer to an earlier request is still coming" in c.refresh_error  # type: ignore[operator]
+        assert c.source == "snapshot" and c.lookup(46000, 8) is not None

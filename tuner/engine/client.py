@@ -29,7 +29,6 @@ import bisect
 import http.client
 import json
 import os
-import urllib.error
 from pathlib import Path
 
 from platformdirs import user_cache_dir
@@ -73,7 +72,8 @@ class ConfigClient:
         folder = config_dir if config_dir is not None else os.environ.get(DIR_ENV)
         self.config_dir = Path(folder) if folder else None
         self.H, self.q_len, self.device, self.dtype = H, q_len, device, dtype
-        self.timeout_s = timeout_s
+        self.timeout_s = timeout_s  # in all, for one request to the sidecar (sidecar.Requests)
+        self._requests = sidecar.Requests()
         self.limits = limits or known_device(device)
         #: the kernel this worker launches: tables made for another are refused
         self.kernel_hash = kernel_hash or current_kernel_hash()
@@ -145,7 +145,7 @@ class ConfigClient:
         try:
             table, new_etag = self._get_table(etag)
             self._load(table)
-        except urllib.error.HTTPError as exc:  # before OSError, its base class
+        except sidecar.ErrorStatus as exc:
             if exc.code == 304 and etag:
                 return False
             raise sidecar.PassedOver(sidecar.refused(self.base_url, exc)) from None
@@ -204,7 +204,7 @@ class ConfigClient:
             "all_batches": "true",
             "kernel_hash": self.kernel_hash,
         }
-        return sidecar.get_table(self.base_url, query, etag, self.timeout_s)  # type: ignore[arg-type]
+        return self._requests.get_table(self.base_url, query, etag, self.timeout_s)  # type: ignore[arg-type]
 
     def _config_file(self) -> Path:
         """This device's file, else its family's (a `NVIDIA H200 NVL` reads the H200's)."""

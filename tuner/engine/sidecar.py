@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import threading
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -14,20 +15,62 @@ class PassedOver(Exception):
     """Why a source was passed over, as `reason` words it."""
 
 
-def get_table(base_url: str, query: dict[str, object], etag: str | None, timeout_s: float) -> tuple[dict, str | None]:
-    """The sidecar's /configs answer for `query` and its ETag; a 304 for `etag` raises HTTPError."""
+class ErrorStatus(Exception):
+    """The sidecar answered an HTTP error status (a 304 too); `detail` is its body in one line."""
+
+    def __init__(self, code: int, detail: str) -> None:
+        super().__init__(f"HTTP {code}: {detail}")
+        self.code, self.detail = code, detail
+
+
+class Requests:
+    """One client's requests for its sidecar's table, one at a time, each waited for at most
+    `timeout_s` in all: urllib's timeout bounds each socket operation only, so a sidecar trickling
+    its answer would otherwise hold the caller for as long as it kept sending."""
+
+    def __init__(self) -> None:
+        self._last: threading.Thread | None = None
+
+    def get_table(
+        self, base_url: str, query: dict[str, object], etag: str | None, timeout_s: float
+    ) -> tuple[dict, str | None]:
+        """The sidecar's /configs answer for `query` and its ETag; ErrorStatus for an error status or
+        a 304 for `etag`; TimeoutError when no whole answer came within `timeout_s`."""
+        if self._last is not None and self._last.is_alive():  # one thread a client however slow its sidecar
+            raise TimeoutError(f"the answer to an earlier request is still coming, past timeout_s={timeout_s:g} s")
+        out: list[tuple[dict, str | None] | Exception] = []
+
+        def ask() -> None:
+            try:
+                out.append(_get_table(base_url, query, etag, timeout_s))
+            except Exception as exc:  # noqa: BLE001 -- raised again in the caller's thread below
+                out.append(exc)
+
+        self._last = threading.Thread(target=ask, name="verify-tuner-sidecar", daemon=True)
+        self._last.start()
+        self._last.join(timeout_s)
+        if not out:
+            raise TimeoutError(f"no whole answer within timeout_s={timeout_s:g} s")
+        if isinstance(out[0], Exception):
+            raise out[0]
+        return out[0]
+
+
+def _get_table(base_url: str, query: dict[str, object], etag: str | None, timeout_s: float) -> tuple[dict, str | None]:
     q = urllib.parse.urlencode(query)
     req = urllib.request.Request(f"{base_url}/configs?{q}", headers={"If-None-Match": etag} if etag else {})
-    with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-        return json.loads(resp.read()), resp.headers.get("ETag")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            return json.loads(resp.read()), resp.headers.get("ETag")
+    except urllib.error.HTTPError as exc:  # its body read here, within the caller's deadline
+        raise ErrorStatus(exc.code, _error_detail(exc)) from None
 
 
-def refused(base_url: str | None, exc: urllib.error.HTTPError) -> str:
+def refused(base_url: str | None, exc: ErrorStatus) -> str:
     """An HTTP error answer in words: a 5xx is a sidecar unavailable, else it refused the request."""
-    detail = _error_detail(exc)
     if exc.code >= 500:
-        return f"sidecar unavailable at {base_url} (HTTP {exc.code}: {detail})"
-    return f"sidecar at {base_url} refused this worker's request (HTTP {exc.code}: {detail})"
+        return f"sidecar unavailable at {base_url} (HTTP {exc.code}: {exc.detail})"
+    return f"sidecar at {base_url} refused this worker's request (HTTP {exc.code}: {exc.detail})"
 
 
 def broken(base_url: str | None, exc: http.client.HTTPException) -> str:
