@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
-from verify_tuner import batches, engine_files
+from verify_tuner import batches, buckets, engine_files
 from verify_tuner.engine.client import URL_ENV, ConfigClient
 from verify_tuner.engine.config_table import heuristic_table
 from verify_tuner.kernels import KERNEL_NAME, KERNEL_VERSION, kernel_hash
@@ -210,3 +210,20 @@ def test_a_sidecar_trickling_its_answer_does_not_hold_fetch_past_timeout_s(tmp_p
         assert c.refresh() == "failed" and time.monotonic() - started < 0.5
         assert "answer to an earlier request is still coming" in c.refresh_error  # type: ignore[operator]
         assert c.source == "snapshot" and c.lookup(46000, 8) is not None
+
+
+def test_a_table_that_stops_short_of_the_longest_prefix_is_refused_at_fetch(tmp_path):
+    """A trimmed or older file without the open last bucket: refused up front, not in lookup()."""
+    doc = engine_doc()
+    doc["configs"] = {hi: es[:-1] for hi, es in doc["configs"].items()}
+    write_engine_file(tmp_path / "cfg", doc)
+    c = client(None, tmp_path, config_dir=tmp_path / "cfg")
+    short = sidecar_table()
+    short["configs"] = [e for e in short["configs"] if e["bucket"]["hi"] <= buckets.MAX_EDGE]
+    c.snapshot.parent.mkdir(parents=True)
+    c.snapshot.write_text(json.dumps(short))
+    assert c.fetch() == "heuristic"
+    why = f"table covers prefixes up to {buckets.MAX_EDGE - 1}, not {buckets.MAX_PREFIX}"
+    assert f"config dir {tmp_path / 'cfg'}: ValueError: {why}" in c.reason
+    assert f"no usable snapshot (ValueError: {why})" in c.reason
+    assert c.lookup(buckets.MAX_PREFIX, 8) == c.graph_plan(8, max_prefix=buckets.MAX_PREFIX).config

@@ -86,7 +86,7 @@ def parse_table(
     """The entries (sorted by prefix) and graph plans per batch bucket index. ValueError when the
     table is malformed (a field missing or of the wrong type, a constant out of range), a config or
     plan cannot run on `limits` (None: unchecked), a batch bucket is missing or a batch bucket's
-    entries do not cover every prefix."""
+    entries do not cover every prefix from 0 to buckets.MAX_PREFIX."""
     with _malformed():
         by_batch: dict[int, list[Entry]] = {}
         for c in configs:
@@ -99,6 +99,8 @@ def parse_table(
         entries.sort(key=lambda e: e.lo)
         if entries[0].lo != 0 or any(a.hi != b.lo for a, b in itertools.pairwise(entries)):
             raise ValueError("table does not cover every prefix")
+        if entries[-1].hi != buckets.ALL[-1].hi:  # lookup() of a longer prefix would raise in the hot path
+            raise ValueError(f"table covers prefixes up to {entries[-1].hi - 1}, not {buckets.MAX_PREFIX}")
     if unknown := set(plans) - {bb.index for bb in batches.ALL}:
         raise ValueError(f"table holds graph plans for batch buckets {sorted(unknown)}, which do not exist")
     for p in plans.values():
