@@ -72,3 +72,12 @@ def test_the_bundle_folders_are_0755_under_a_private_umask(tmp_path, monkeypatch
     assert [stat.S_IMODE(p.stat().st_mode) for p in (root.parent, root)] == [0o755, 0o755]
     assert {stat.S_IMODE(p.stat().st_mode) for p in root.iterdir()} == {0o644}
     assert Bundle.open(root).cubin(CFG, 9, "sm_90") == b"\x7fELF"
+
+
+def test_a_cubin_missing_from_a_partly_copied_bundle_is_a_bundle_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(bundle_mod, "compile_cubin", lambda cfg, q_len, arch, cache: SimpleNamespace(cubin=b"\x7fELF"))
+    write_bundle(tmp_path / "b", [(CFG, 9, "sm_90")], cache_dir=tmp_path / "cache")
+    (cubin,) = (tmp_path / "b").glob("*.cubin")
+    cubin.unlink()  # the manifest arrived, the cubin did not
+    with pytest.raises(BundleError, match=f"cannot read {cubin} of the bundle \\(FileNotFoundError"):
+        Bundle.open(tmp_path / "b").cubin(CFG, 9, "sm_90")

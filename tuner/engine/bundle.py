@@ -79,7 +79,12 @@ class Bundle:
         e = self.entries.get(_entry_key(arch, q_len, cfg))
         if e is None:
             raise BundleError(f"the bundle at {self.root} has no cubin for {cfg} at q_len={q_len} on {arch}")
-        data = (self.root / e["file"]).read_bytes()
+        try:
+            data = (self.root / e["file"]).read_bytes()
+        except OSError as exc:  # a bundle copied in part, or without read access for this user
+            raise BundleError(
+                f"cannot read {self.root / e['file']} of the bundle ({type(exc).__name__}: {exc.strerror})"
+            ) from None
         if hashlib.sha256(data).hexdigest() != e["sha256"]:
             raise BundleError(f"{self.root / e['file']} does not match its manifest's sha256 (damaged or replaced)")
         return data
