@@ -306,3 +306,35 @@ def test_json_flags_print_valid_json(run):
     assert dev["name"] == "NVIDIA H200" and dev["sm_count"] == 132
     show = json.loads(run("configs", "show", "--H", "8", "--q-len", "9", "--prefix", "46000", "--json").output)
     assert show["source"] == "tuned" and show["batch_bucket"] == [1, 1]
+
+
+def test_device_filters_take_the_alias_and_refuse_an_unknown_device(run, tmp_path):
+    """`--device h200` (README's spelling) matched nothing: the rows are recorded as NVIDIA H200."""
+    assert run("db", "upgrade").exit_code == 0
+    rows = [{"device": "h200", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256}]
+    (tmp_path / "r.json").write_text(json.dumps(rows))
+    assert run("configs", "import", str(tmp_path / "r.json")).exit_code == 0
+
+    assert "NSPLIT=64" in run("configs", "list", "--device", "h200").output
+    (listed,) = json.loads(run("configs", "list", "--device", "h200", "--json").output)
+    assert listed["device"] == "NVIDIA H200"
+    (exported,) = json.loads(run("configs", "export", "--device", "h200").output)
+    assert exported["NSPLIT"] == 64
+    dumped = run("configs", "dump", "--out-dir", str(tmp_path / "dump"), "--device", "h200")
+    assert dumped.exit_code == 0 and "device_name=NVIDIA_H200" in dumped.output
+    report = run("study", "report", "--out", str(tmp_path / "rep"), "--device", "h200")
+    assert "nothing tuned" not in report.output
+    assert "NSPLIT=64" in (tmp_path / "rep" / "tuned_nvidia-h200.md").read_text()  # written before the plot
+
+    for args in (
+        ("configs", "list"),
+        ("configs", "list", "--json"),
+        ("configs", "export"),
+        ("configs", "dump", "--out-dir", str(tmp_path / "none")),
+        ("study", "report", "--out", str(tmp_path / "none")),
+    ):
+        r = run(*args, "--device", "h2000")
+        assert r.exit_code == 1 and r.output.strip() == (
+            "Error: device: unknown device 'h2000': not recorded by the tuner and not a known GPU"
+        ), (args, r.output)
+    assert not (tmp_path / "none").exists()

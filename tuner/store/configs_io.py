@@ -20,7 +20,7 @@ from verify_tuner.kernels.validate import check
 from verify_tuner.keys import ConfigKey
 from verify_tuner.store import best_configs, devices
 from verify_tuner.store import row_schema as rows_schema
-from verify_tuner.store.lookup import resolve_device
+from verify_tuner.store.lookup import device_name, resolve_device
 
 FIELDS = [
     "device",
@@ -56,6 +56,7 @@ def export_rows(
     *, session: Session, device: str | None = None, H: int | None = None, q_len: int | None = None
 ) -> list[dict[str, Any]]:
     out = []
+    device = device_name(session=session, name=device)
     for r in best_configs.list_best(session=session, device=device, H=H, q_len=q_len):
         b, bb = buckets.by_index(r.key.bucket), batches.by_index(r.key.batch_bucket)
         p = r.config.as_params()

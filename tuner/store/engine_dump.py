@@ -23,6 +23,7 @@ def dump(
     """Write the files for every (device, H, q_len) holding tuned rows of this kernel (or only
     `device`), plus the given (H, q_len) shapes (heuristic tables where nothing is tuned)."""
     khash = current_kernel_hash()
+    device = lookup.device_name(session=session, name=device)
     rows = [r for r in best_configs.list_best(session=session, device=device) if r.key.kernel_hash == khash]
     wanted: set[tuple[str, int, int, str]] = {(r.key.device, r.key.H, r.key.q_len, r.key.dtype) for r in rows}
     if shapes:

@@ -58,6 +58,12 @@ def resolve_device(*, session: Session, name: str | None, default: str | None) -
     raise BadParameter("device", f"unknown device {name!r}: not recorded by the tuner and not a known GPU")
 
 
+def device_name(*, session: Session, name: str | None) -> str | None:
+    """The recorded name an operator's --device means (an alias such as h200 → NVIDIA H200), or None
+    for every device; an unknown one raises BadParameter, so a filter never silently matches nothing."""
+    return None if name is None else resolve_device(session=session, name=name, default=None).name
+
+
 def _pick(
     rows: list[best_configs.BestRow],
     *,

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from verify_tuner import batches, buckets, engine_files
 from verify_tuner.files import write_shared
 from verify_tuner.kernels.shapes import floor_bytes
-from verify_tuner.store import best_configs, devices, models, plans
+from verify_tuner.store import best_configs, devices, lookup, models, plans
 from verify_tuner.store.session import session_scope
 
 
@@ -19,6 +19,7 @@ def write_report(*, sessions: sessionmaker[Session], out_dir: Path, device: str 
     a batch bucket is its own curve, never joined to another's -- and each graph plan's regret per
     prefix bucket."""
     with session_scope(sessions) as s:
+        device = lookup.device_name(session=s, name=device)
         rows = best_configs.list_best(session=s, device=device)
         graph_plans = plans.list_plans(session=s, device=device)
         recorded = {d.name: d for d in devices.list_devices(session=s)}
