@@ -338,3 +338,82 @@ def test_device_filters_take_the_alias_and_refuse_an_unknown_device(run, tmp_pat
             "Error: device: unknown device 'h2000': not recorded by the tuner and not a known GPU"
         ), (args, r.output)
     assert not (tmp_path / "none").exists()
+
+
+def test_a_stale_verdict_survives_list_snapshot_and_export_import(run, sqlite_url, tmp_path):
+    """Two tuned neighbour buckets, one verified stale: the live sidecar answers the stale bucket
+    with the heuristic; the listing, a snapshot's sidecar and an exported-then-imported database
+    must say and do the same (a snapshot without the row served the neighbour there as "nearest")."""
+    from fastapi.testclient import TestClient
+    from verify_tuner.api.app import create_app
+    from verify_tuner.heuristic import heuristic_config
+    from verify_tuner.kernels.limits import known_device
+    from verify_tuner.settings import Settings
+    from verify_tuner.store import best_configs, plans
+    from verify_tuner.store.migrate import checked_sessions
+    from verify_tuner.store.session import session_scope
+
+    assert run("db", "upgrade").exit_code == 0
+    base = {"device": "h200", "H": 8, "q_len": 9, "HT": 8, "TK": 32, "BLOCK": 256, "median_us": 40.0}
+    rows = [{**base, "prefix": 46000, "NSPLIT": 64}, {**base, "prefix": 30000, "NSPLIT": 96}]  # buckets 15, 14
+    (tmp_path / "r.json").write_text(json.dumps(rows))
+    assert run("configs", "import", str(tmp_path / "r.json")).exit_code == 0
+    with session_scope(checked_sessions(sqlite_url)) as s:
+        (row,) = [r for r in best_configs.list_best(session=s) if r.key.bucket == 15]
+        h = heuristic_config(known_device("h200"), H=8, q_len=9, prefix=40000, batch=1)
+        v = plans.VerificationRow(
+            key=row.key,
+            config=row.config,
+            heuristic=h,
+            stored_us=40.0,
+            measured_us=80.0,
+            measured_p10_us=79.0,
+            measured_p90_us=81.0,
+            heuristic_us=50.0,
+            heuristic_p10_us=49.0,
+            heuristic_p90_us=51.0,
+            noise=0.05,
+            verdict="stale",
+            reason="the heuristic is faster",
+            measured_by="test",
+        )
+        assert plans.record_verification(session=s, v=v)
+
+    def served(url: str, **kw: bool) -> dict:
+        settings = Settings(database_url=url, device="h200", **kw)
+        with TestClient(create_app(settings)) as c:
+            r = c.get("/config", params={"H": 8, "q_len": 9, "prefix": 46000})
+            assert r.status_code == 200
+            return r.json()
+
+    live = served(sqlite_url)
+    assert live["source"] == "heuristic" and live["stale_verified_at"]
+
+    by_nsplit = {r["NSPLIT"]: r for r in json.loads(run("configs", "list", "--json").output)}
+    assert by_nsplit[64]["served"] is False and by_nsplit[64]["verdict"] == "stale"
+    assert by_nsplit[96]["served"] is True and by_nsplit[96]["verdict"] is None
+    (stale_line,) = [line for line in run("configs", "list").output.splitlines() if "NSPLIT=64" in line]
+    assert "verified stale" in stale_line and "not served" in stale_line
+
+    snap = tmp_path / "snap.db"
+    assert run("db", "snapshot", str(snap)).exit_code == 0
+    from_snapshot = served(f"sqlite:///{snap}", database_read_only=True)
+    assert from_snapshot["source"] == live["source"] and from_snapshot["NSPLIT"] == live["NSPLIT"]
+
+    for fmt in ("json", "csv"):
+        out = tmp_path / f"out.{fmt}"
+        assert run("configs", "export", "--format", fmt, "-o", str(out)).exit_code == 0
+        fresh = f"sqlite:///{tmp_path / f'fresh-{fmt}.db'}"
+        assert CliRunner().invoke(cli, ["--database-url", fresh, "db", "upgrade"]).exit_code == 0
+        r = CliRunner().invoke(cli, ["--database-url", fresh, "configs", "import", str(out)])
+        assert r.exit_code == 0 and "imported 2" in r.output, r.output
+        listed = CliRunner().invoke(cli, ["--database-url", fresh, "configs", "list", "--json"]).output
+        imported = {r["NSPLIT"]: r for r in json.loads(listed)}
+        assert imported[64]["verdict"] == "stale" and imported[64]["served"] is False, fmt
+        assert imported[64]["verified_at"] == by_nsplit[64]["verified_at"], fmt
+        assert imported[96]["verdict"] is None, fmt
+        assert served(fresh)["source"] == "heuristic", fmt
+    # a row never verified is written as before (no verdict keys), so older versions still read it
+    exported = {r["NSPLIT"]: r for r in json.loads(run("configs", "export").output)}
+    assert "verdict" not in exported[96] and "verified_at" not in exported[96]
+    assert exported[64]["verdict"] == "stale"

@@ -94,6 +94,10 @@ BAD_VALUES = [
     ({"median_us": -1.0}, "median_us"),
     ({"p10_us": 50.0, "p90_us": 30.0}, "p10_us"),
     ({"bucket": 99, "prefix": None}, "bucket"),
+    ({"verdict": "bogus", "verified_at": "2026-12-01T10:00:00+00:00"}, "verdict"),
+    ({"verdict": "failed", "verified_at": "2026-12-01T10:00:00+00:00"}, "verdict"),  # never a row's mark
+    ({"verdict": "stale"}, "verified_at"),
+    ({"verdict": "stale", "verified_at": 12345}, "verified_at"),
 ]
 
 

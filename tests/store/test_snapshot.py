@@ -43,7 +43,7 @@ def test_snapshot_copies_devices_and_best_configs(db_url, tmp_path):
         write_snapshot(db_url, dest)
 
 
-def test_snapshot_leaves_stale_rows_out_and_carries_the_graph_plans(sqlite_url, tmp_path):
+def test_snapshot_keeps_stale_rows_marked_and_carries_the_graph_plans(sqlite_url, tmp_path):
     from verify_tuner.store import plans
 
     from tests.store.test_plans import PLAN, _verification
@@ -60,10 +60,11 @@ def test_snapshot_leaves_stale_rows_out_and_carries_the_graph_plans(sqlite_url, 
     with session_scope(sessions) as s:
         assert plans.record_verification(session=s, v=_verification(keys[1], cfg, "stale"))
     dest = tmp_path / "snap.db"
-    assert write_snapshot(sqlite_url, dest) == 1
+    assert write_snapshot(sqlite_url, dest) == 2
     con = sqlite3.connect(dest)
     try:
-        assert con.execute("SELECT bucket FROM best_configs").fetchall() == [(10,)]
+        got = con.execute("SELECT bucket, verdict, verified_at IS NOT NULL FROM best_configs ORDER BY bucket")
+        assert got.fetchall() == [(10, None, 0), (15, "stale", 1)]
         assert con.execute("SELECT count(*) FROM graph_plans").fetchone() == (1,)
         assert con.execute("SELECT count(*) FROM best_verifications").fetchone() == (0,)
     finally:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 from verify_tuner.batches import MAX_BATCH
@@ -41,19 +42,29 @@ def configs_list(settings: Settings, device: str | None, H: int | None, q_len: i
         rows = configs_io.export_rows(session=s, device=device, H=H, q_len=q_len)
     current = kernel_hash()
     if as_json:
-        click.echo(json.dumps([{**r, "served": r["kernel_hash"] == current} for r in rows], indent=1, allow_nan=False))
+        click.echo(json.dumps([{**r, "served": _served(r, current)} for r in rows], indent=1, allow_nan=False))
         return
     if not rows:
         click.echo("no tuned configs")
     for r in rows:
         consts = " ".join(f"{k}={r[k]}" for k in PARAM_NAMES)
-        served = "" if r["kernel_hash"] == current else "  (another kernel: not served)"
+        if r["kernel_hash"] != current:
+            served = "  (another kernel: not served)"
+        elif r["verdict"] == "stale":
+            served = f"  (verified stale {r['verified_at']}: not served, the heuristic answers)"
+        else:
+            served = ""
         click.echo(
             f"{r['device']}  H={r['H']} q_len={r['q_len']} prefix[{r['bucket_lo']},{r['bucket_hi']}) "
             f"B[{r['batch_lo']},{r['batch_hi']}]  "
             f"{consts}  {_us(r['median_us'])} (default {_us(r['default_us'])})  "
             f"kernel {r['kernel_hash']}{served}"
         )
+
+
+def _served(row: dict[str, Any], current: str) -> bool:
+    """What the sidecar does with the row: this kernel's, and not verified stale (verify_tuner.store.lookup)."""
+    return row["kernel_hash"] == current and row["verdict"] != "stale"
 
 
 def _us(v: float | None) -> str:

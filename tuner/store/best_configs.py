@@ -132,8 +132,11 @@ def upsert_best(
     tuned_at: dt.datetime | None = None,
     kernel_name: str = KERNEL_NAME,
     kernel_version: str = KERNEL_VERSION,
+    verdict: str | None = None,
+    verified_at: dt.datetime | None = None,
 ) -> None:
-    """Store `config` as the best for `key`, replacing any existing row (the caller decides)."""
+    """Store `config` as the best for `key`, replacing any existing row (the caller decides); the
+    verdict is the imported row's own (an export carries it), else none."""
     device_id, kernel_id = key_ids(
         session=session,
         device=key.device,
@@ -158,8 +161,8 @@ def upsert_best(
         "study_id": study_id,
         "tuned_at": tuned_at or utcnow(),
         # storing the row again (a re-tune, an import) replaces what a verification said of the old one
-        "verdict": None,
-        "verified_at": None,
+        "verdict": verdict,
+        "verified_at": verified_at,
     }
     bump_version(session)
     upsert(

@@ -41,7 +41,11 @@ FIELDS = [
     "default_us",
     "speedup",
     "tuned_at",
+    "verdict",
+    "verified_at",
 ]
+#: Written only when set: a JSON file of rows never verified reads as before, also in older versions.
+OPTIONAL_JSON_FIELDS = ("verdict", "verified_at")
 
 
 class ImportRejected(TunerError):
@@ -80,6 +84,8 @@ def export_rows(
                 "default_us": r.default_us,
                 "speedup": r.speedup,
                 "tuned_at": r.tuned_at.isoformat() if r.tuned_at else None,
+                "verdict": r.verdict,
+                "verified_at": r.verified_at.isoformat() if r.verified_at else None,
             }
         )
     return out
@@ -87,6 +93,7 @@ def export_rows(
 
 def dumps(rows: list[dict[str, Any]], fmt: str) -> str:
     if fmt == "json":
+        rows = [{k: v for k, v in r.items() if v is not None or k not in OPTIONAL_JSON_FIELDS} for r in rows]
         return json.dumps(rows, indent=2, allow_nan=False)
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=FIELDS)
@@ -138,6 +145,8 @@ class _Parsed:
     timing: dict[str, float | None]
     tuned_at: dt.datetime | None
     limits: Any
+    verdict: str | None = None
+    verified_at: dt.datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -164,7 +173,7 @@ def _parse(session: Session, raw: dict[str, Any]) -> _Parsed:
         row.batch_bucket,
     )
     timing = {k: getattr(row, k) for k in rows_schema.TIMING_FIELDS}
-    return _Parsed(key, cfg, timing, row.tuned_at, limits)
+    return _Parsed(key, cfg, timing, row.tuned_at, limits, row.verdict, row.verified_at)
 
 
 def import_rows(*, session: Session, rows: list[dict[str, Any]], allow_empty: bool = False) -> ImportResult:
@@ -198,5 +207,13 @@ def import_rows(*, session: Session, rows: list[dict[str, Any]], allow_empty: bo
     for p in parsed:
         if devices.get_device(session=session, name=p.limits.name) is None:
             devices.upsert_device(session=session, limits=p.limits)
-        best_configs.upsert_best(session=session, key=p.key, config=p.config, tuned_at=p.tuned_at, **p.timing)
+        best_configs.upsert_best(
+            session=session,
+            key=p.key,
+            config=p.config,
+            tuned_at=p.tuned_at,
+            verdict=p.verdict,
+            verified_at=p.verified_at,
+            **p.timing,
+        )
     return ImportResult(len(parsed), warnings)

@@ -67,6 +67,10 @@ class ConfigRow(BaseModel):
     default_us: float | None = None
     speedup: float | None = None
     tuned_at: dt.datetime | None = None
+    #: optional (files without them import as before): the row's last `tuner configs verify` verdict
+    #: and when, so a row verified stale stays unserved where it is imported ("failed" never marks a row)
+    verdict: Literal["ok", "moved", "stale"] | None = None
+    verified_at: dt.datetime | None = None
 
     @field_validator("device", "kernel_hash")
     @classmethod
@@ -88,14 +92,14 @@ class ConfigRow(BaseModel):
             raise ValueError(f"must be a finite number > 0, got {v!r}")
         return float(v)
 
-    @field_validator("tuned_at", mode="before")
+    @field_validator("tuned_at", "verified_at", mode="before")
     @classmethod
     def _iso_text(cls, v: Any) -> Any:
         if v is not None and not isinstance(v, str | dt.datetime):
             raise ValueError(f"must be an ISO 8601 date-time string, got {v!r}")
         return v
 
-    @field_validator("tuned_at")
+    @field_validator("tuned_at", "verified_at")
     @classmethod
     def _aware(cls, v: dt.datetime | None) -> dt.datetime | None:
         return v.replace(tzinfo=dt.UTC) if v is not None and v.tzinfo is None else v
@@ -104,6 +108,8 @@ class ConfigRow(BaseModel):
     def _consistent(self) -> ConfigRow:
         if (self.bucket is None) == (self.prefix is None):
             raise ValueError("give exactly one of bucket and prefix")
+        if (self.verdict is None) != (self.verified_at is None):
+            raise ValueError("give both of verdict and verified_at, or neither")
         if self.bucket is not None and (self.bucket_lo, self.bucket_hi) != (None, None):
             b = ALL[self.bucket]
             if (self.bucket_lo, self.bucket_hi) != (b.lo, b.hi):

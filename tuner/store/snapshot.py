@@ -1,7 +1,8 @@
 """A self-contained, read-only-mountable SQLite copy of what the sidecar serves (devices, best
 configs and graph plans) from any config database, SQLite or PostgreSQL. Studies, trials and the
-verification history stay behind; a row verified stale is left out (the sidecar does not serve it,
-so a snapshot's sidecar must not either: the heuristic answers its bucket)."""
+verification history stay behind; each best keeps its verdict, so a row verified stale is copied
+marked stale and the snapshot's sidecar answers as the live one: the heuristic for its bucket, and
+no neighbour borrows it (leaving the row out let a neighbour's config answer there as "nearest")."""
 
 from __future__ import annotations
 
@@ -12,8 +13,7 @@ from typing import Any
 
 from verify_tuner.errors import StorageError
 from verify_tuner.kernels.limits import DeviceLimits
-from verify_tuner.keys import ConfigKey
-from verify_tuner.store import best_configs, configs_io, devices, migrate, plans
+from verify_tuner.store import configs_io, devices, migrate, plans
 from verify_tuner.store.session import make_engine, session_factory, session_scope
 
 
@@ -26,8 +26,7 @@ def write_snapshot(source_url: str, dest: Path) -> int:
     src = migrate.checked_sessions(source_url)
     with session_scope(src) as s:
         recorded = [devices.device_limits(d) for d in devices.list_devices(session=s)]
-        stale = {r.key for r in best_configs.list_best(session=s) if r.stale}
-        rows = [row for row in configs_io.export_rows(session=s) if _key(row) not in stale]
+        rows = configs_io.export_rows(session=s)  # with each row's verdict and verified_at
         graph_plans = plans.list_plans(session=s)
     work = dest.with_name(dest.name + ".partial")  # built aside, renamed into place when complete
     _remove(work)
@@ -37,12 +36,6 @@ def write_snapshot(source_url: str, dest: Path) -> int:
     finally:
         _remove(work)
     return n
-
-
-def _key(row: dict[str, Any]) -> ConfigKey:
-    return ConfigKey(
-        row["device"], row["kernel_hash"], row["dtype"], row["H"], row["q_len"], row["bucket"], row["batch_bucket"]
-    )
 
 
 def _build(
