@@ -417,3 +417,34 @@ def test_a_stale_verdict_survives_list_snapshot_and_export_import(run, sqlite_ur
     exported = {r["NSPLIT"]: r for r in json.loads(run("configs", "export").output)}
     assert "verdict" not in exported[96] and "verified_at" not in exported[96]
     assert exported[64]["verdict"] == "stale"
+
+
+@pytest.mark.parametrize(
+    "storage, expect",
+    [
+        ("mysql://u@h/db", "TUNER_STUDY_STORAGE: 'mysql' is not supported"),  # was Optuna's ImportError
+        ("sqlite+nodriver:///x.db", "TUNER_STUDY_STORAGE: unknown driver 'sqlite+nodriver'"),
+        (
+            "postgresql+psycopg://nobody@127.0.0.1:1/studies",  # nothing listens: no server needed
+            "(study storage postgresql+psycopg://nobody@127.0.0.1:1/studies, TUNER_STUDY_STORAGE)",
+        ),
+        ("sqlite:///FILE/x.db", "for the study storage (File exists): set TUNER_STUDY_STORAGE"),
+        ("sqlite:///FILE/{study}.db", "for the study storage (File exists): set TUNER_STUDY_STORAGE"),
+    ],
+    ids=["backend", "driver", "unreachable", "file", "file-per-key"],
+)
+def test_a_bad_study_storage_is_blamed_on_tuner_study_storage(sqlite_url, tmp_path, storage, expect):
+    """`db upgrade` migrates the config database, then prepares TUNER_STUDY_STORAGE: a mistake in
+    the latter named TUNER_DATABASE_URL, or the config database, or was a traceback."""
+    (tmp_path / "file").write_text("")  # a regular file where the storage's directory would be
+    env = {"TUNER_DATABASE_URL": sqlite_url, "TUNER_STUDY_STORAGE": storage.replace("FILE", str(tmp_path / "file"))}
+    r = run_tuner(env, "db", "upgrade")
+    assert r.returncode == 1 and "Traceback" not in r.stderr and expect in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "TUNER_DATABASE_URL" not in r.stderr
+    assert sqlite_url not in r.stderr, r.stderr
+
+
+def test_a_study_storage_option_on_an_unsupported_backend_is_one_line():
+    r = run_tuner({}, "study", "start", "--H", "8", "--q-len", "9", "--prefix", "1", "--storage", "mysql://u@h/db")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "Invalid value for --storage: 'mysql' is not supported" in r.stderr, r.stderr

@@ -36,6 +36,8 @@ def cli(ctx: click.Context, database_url: str | None) -> None:
         raise click.ClickException(str(exc)) from None
     if database_url is None and (why := url_problem(ctx.obj.database_url)):
         raise click.ClickException(f"TUNER_DATABASE_URL: {why}")
+    if ctx.obj.study_storage is not None and (why := url_problem(ctx.obj.study_storage)):
+        raise click.ClickException(f"TUNER_STUDY_STORAGE: {why}")  # a mysql:// URL was Optuna's ImportError
 
 
 for group in (cli_db.db, cli_serve.serve, cli_device.device, cli_configs.configs, cli_study.study):

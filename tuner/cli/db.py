@@ -24,11 +24,10 @@ def db_upgrade(settings: Settings, revision: str) -> None:
     Also creates Optuna's tables in a shared study storage, so that tuners starting together on
     several GPUs never race to create them (with a file per key: its directory and the blank
     storage each key's file is copied from when the key is first tuned)."""
-    from verify_tuner.search.study_storage import prepare_study_storage
     from verify_tuner.store import migrate
 
     migrate.upgrade(settings.database_url, revision)
-    prepare_study_storage(settings.studies)
+    _prepare_studies(settings)
     click.echo(f"database at revision {revision}: {_safe_url(settings.database_url)}")
 
 
@@ -56,6 +55,23 @@ def db_current(settings: Settings) -> None:
     migrate.require_existing(settings.database_url)
     engine = make_engine(settings.database_url, immediate=False, read_only=True)  # a look, never a write
     click.echo(f"current: {migrate.current_revision(engine) or 'none'}; head: {migrate.head_revision()}")
+
+
+def _prepare_studies(settings: Settings) -> None:
+    """prepare_study_storage, a database failure there named as the study storage's (it was blamed
+    on the config database, which had just been upgraded)."""
+    from sqlalchemy.exc import SQLAlchemyError
+    from verify_tuner.cli.exits import database_message
+    from verify_tuner.search.study_storage import prepare_study_storage
+
+    try:
+        prepare_study_storage(settings.studies)
+    except SQLAlchemyError as exc:
+        source = "TUNER_STUDY_STORAGE" if settings.study_storage else "the default; TUNER_STUDY_STORAGE sets another"
+        message = database_message(exc, where=f"study storage {_safe_url(settings.studies)}, {source}")
+        if message is None:
+            raise
+        raise click.ClickException(message) from None
 
 
 def _safe_url(url: str) -> str:

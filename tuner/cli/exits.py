@@ -81,15 +81,16 @@ def operator_message(exc: BaseException) -> str | None:
     return database_message(exc)
 
 
-def database_message(exc: BaseException | None) -> str | None:
+def database_message(exc: BaseException | None, where: str | None = None) -> str | None:
     """One line for a database that is down, unreadable, read-only or not a database at all, or None
-    for any other database error (a constraint or a statement of ours failing is a bug)."""
+    for any other database error (a constraint or a statement of ours failing is a bug). `where`
+    names the database (default: the command's config database, without its password)."""
     from sqlalchemy.exc import DatabaseError, InterfaceError, OperationalError
 
     if not isinstance(exc, OperationalError | InterfaceError) and type(exc) is not DatabaseError:
         return None
     first = str(exc.orig if exc.orig is not None else exc).strip().splitlines()[0]
-    where = _current_database()
+    where = where or _current_database()
     if "readonly database" in first:
         return f"database {where} is read-only ({first}): {_READ_ONLY_HINT}"
     if type(exc) is DatabaseError:

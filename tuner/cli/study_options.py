@@ -159,11 +159,12 @@ def tune_job(
     """The TuneJob the arguments describe; every argument is checked here, before a worker or a
     GPU is touched (and before Optuna is imported: the measuring child starts first)."""
     from verify_tuner import space
+    from verify_tuner.cli.database import url_problem
     from verify_tuner.jobs.runner import TuneJob
     from verify_tuner.measure.backend import Workload
     from verify_tuner.study_files import study_storage_error
 
-    if kw["storage"] is not None and (why := study_storage_error(kw["storage"])):
+    if kw["storage"] is not None and (why := study_storage_error(kw["storage"]) or url_problem(kw["storage"])):
         raise click.BadParameter(why, param_hint="--storage")
     restrict = parse_only(only)
     try:

@@ -19,6 +19,8 @@ from verify_tuner.study_files import STUDY, study_file_url
 #: lost host) is failed by the next process that opens the study and retried with its params.
 HEARTBEAT_S = 10.0
 HEARTBEAT_GRACE = 3
+#: The variable an unwritable study storage is blamed on (the config database's is TUNER_DATABASE_URL).
+STUDY_SETTING = "TUNER_STUDY_STORAGE"
 
 
 def _trials_without_fsync(storage: optuna.storages.RDBStorage) -> None:
@@ -47,7 +49,7 @@ def open_study_storage(template: str, study_name: str, heartbeat_s: float | None
     from verify_tuner.store import migrate
 
     path = Path(make_url(url).database).expanduser()  # type: ignore[arg-type]
-    with migrate.upgrade_lock(url):  # creates the file empty; no connection has a transaction open on it
+    with migrate.upgrade_lock(url, STUDY_SETTING):  # creates the file empty; no connection has a transaction open on it
         if path.stat().st_size == 0:  # put in place whole (a kill mid-copy leaves only a hidden .tmp file)
             tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
             shutil.copyfile(_blank_study_file(path.parent), tmp)
@@ -63,14 +65,14 @@ def prepare_study_storage(url: str) -> None:
     from verify_tuner.store import migrate
 
     if STUDY not in url:
-        with migrate.upgrade_lock(url):  # Optuna creates its tables on first open: one at a time
+        with migrate.upgrade_lock(url, STUDY_SETTING):  # Optuna creates its tables on first open: one at a time
             open_storage(url)
         return
     from sqlalchemy.engine import make_url
     from verify_tuner.store.session import check_writable
 
     path = Path(make_url(url).database).expanduser()  # type: ignore[arg-type]
-    check_writable(path)  # creates the directory, or says how to make it writable
+    check_writable(path, STUDY_SETTING)  # creates the directory, or says how to make it writable
     _blank_study_file(path.parent)
 
 
@@ -82,7 +84,7 @@ def _blank_study_file(directory: Path) -> Path:
     url = f"sqlite:///{blank}"
     from verify_tuner.store import migrate
 
-    with migrate.upgrade_lock(url):
+    with migrate.upgrade_lock(url, STUDY_SETTING):
         if blank.stat().st_size == 0:
             storage = open_storage(url)
             with storage.engine.connect() as c:
@@ -100,6 +102,11 @@ def open_storage(url: str, heartbeat_s: float | None = None) -> optuna.storages.
     from sqlalchemy.exc import IntegrityError, ProgrammingError
 
     if url.startswith("sqlite"):  # journal_mode=WAL is stored in the file: set it once, on a connection
+        from sqlalchemy.engine import make_url
+        from verify_tuner.store.session import check_writable
+
+        if (db := make_url(url).database) and db != ":memory:":
+            check_writable(Path(db).expanduser(), STUDY_SETTING)  # before make_engine blames TUNER_DATABASE_URL
         engine = make_engine(url)  # (the config database's engine sets it on connect; Optuna's does not)
         with engine.connect():
             pass

@@ -55,11 +55,12 @@ def include_name(name: str | None, type_: str, parent_names: object) -> bool:
 
 
 @contextlib.contextmanager
-def upgrade_lock(url: str) -> Iterator[None]:
+def upgrade_lock(url: str, setting: str = "TUNER_DATABASE_URL") -> Iterator[None]:
     """Serialise schema creation across processes: several `tuner db upgrade` (or tuners and
     sidecars started together) on one fresh database must all succeed, not race on the version
     table. PostgreSQL: a session advisory lock; SQLite: flock(2) on the database file itself
-    (independent of SQLite's own fcntl locks; an empty new file is a valid empty database)."""
+    (independent of SQLite's own fcntl locks; an empty new file is a valid empty database).
+    `setting`: the variable named when the file cannot be created (check_writable)."""
     from sqlalchemy.engine import make_url
 
     parsed = make_url(url)
@@ -83,7 +84,7 @@ def upgrade_lock(url: str) -> Iterator[None]:
         from verify_tuner.store.session import check_writable
 
         path = Path(parsed.database).expanduser()
-        check_writable(path)  # the fix in one line, before anything tries to create the file
+        check_writable(path, setting)  # the fix in one line, before anything tries to create the file
         with open(path, "ab") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             yield

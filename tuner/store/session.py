@@ -125,18 +125,20 @@ def url_error(url: str) -> str | None:
     return None
 
 
-def check_writable(path: Path) -> None:
+def check_writable(path: Path, setting: str = "TUNER_DATABASE_URL") -> None:
     """A database this process could not create or write fails here with the fix, instead of as
     SQLite's bare "unable to open database file" at the first query (the classic case: a
-    container's non-root user on a fresh root-owned volume)."""
+    container's non-root user on a fresh root-owned volume). `setting`: the variable that named
+    the file (the study storage's is TUNER_STUDY_STORAGE), so the message blames the right one."""
     import os
 
+    what = "the study storage" if setting == "TUNER_STUDY_STORAGE" else "the database"
     directory = path.parent
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise StorageError(
-            f"cannot create {directory} for the database ({exc.strerror}): set TUNER_DATABASE_URL "
+            f"cannot create {directory} for {what} ({exc.strerror}): set {setting} "
             "to a writable path, or create that directory for this user"
         ) from None
     if not path.exists() and not os.access(directory, os.W_OK | os.X_OK):
@@ -144,7 +146,7 @@ def check_writable(path: Path) -> None:
         raise StorageError(
             f"cannot create {path}: {directory} is not writable by uid {os.getuid()} (owned by uid "
             f"{owner}); mount a volume this user can write (e.g. `chown {os.getuid()} {directory}`) "
-            "or set TUNER_DATABASE_URL to a writable path"
+            f"or set {setting} to a writable path"
         )
 
 
