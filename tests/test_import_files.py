@@ -171,3 +171,12 @@ def client_factory(db_url, tmp_path):
             yield c, {"Authorization": f"Bearer {token}"}
 
     return make
+
+
+def test_a_deeply_nested_file_is_one_line_not_a_traceback(run, tmp_path):
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    r = run("configs", "import", str(path))
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert "not valid JSON: arrays or objects nested too deeply" in r.output
+    assert "no tuned configs" in run("configs", "list").output

@@ -157,3 +157,12 @@ def test_a_short_write_token_is_refused_at_start():
         Settings(write_token="s3cret")
     with pytest.raises(ValueError, match="at least 16"):
         Settings.from_env({"TUNER_WRITE_TOKEN": "short"})
+
+
+@pytest.mark.parametrize("deep", ["[" * 100_000 + "]" * 100_000, '{"a":' * 100_000 + "1" + "}" * 100_000])
+def test_a_deeply_nested_import_body_is_422_not_500(client, deep):
+    """json recurses per level: 100k of them was a RecursionError, a 500 to a client with the token."""
+    r = client.post("/configs/import", content=deep, headers={**AUTH, "Content-Type": "application/json"})
+    assert r.status_code == 422, r.text
+    assert "nested too deeply" in r.json()["detail"]["errors"][0]
+    assert client.get("/config", params=Q).json()["source"] == "heuristic"  # nothing stored
