@@ -448,3 +448,14 @@ def test_a_study_storage_option_on_an_unsupported_backend_is_one_line():
     r = run_tuner({}, "study", "start", "--H", "8", "--q-len", "9", "--prefix", "1", "--storage", "mysql://u@h/db")
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "Invalid value for --storage: 'mysql' is not supported" in r.stderr, r.stderr
+
+
+def test_upgrade_prints_the_revision_the_database_is_at(run):
+    """`--revision 0001` on a database at head printed "at revision 0001" while it stayed at head."""
+    assert "database at revision 0001:" in run("db", "upgrade", "--revision", "0001").output
+    assert "current: 0001" in run("db", "current").output
+    assert "database at revision 0004:" in run("db", "upgrade").output
+    r = run("db", "upgrade", "--revision", "0001")
+    assert r.exit_code == 0
+    assert "database at revision 0004 (already past 0001: `tuner db upgrade` never downgrades)" in r.output
+    assert "current: 0004" in run("db", "current").output

@@ -28,7 +28,35 @@ def db_upgrade(settings: Settings, revision: str) -> None:
 
     migrate.upgrade(settings.database_url, revision)
     _prepare_studies(settings)
-    click.echo(f"database at revision {revision}: {_safe_url(settings.database_url)}")
+    now = _revision_now(settings.database_url)
+    # alembic's upgrade to a revision the database is already past changes nothing: say so, not the target
+    past = f" (already past {revision}: `tuner db upgrade` never downgrades)" if _names_other(revision, now) else ""
+    click.echo(f"database at revision {now or 'none'}{past}: {_safe_url(settings.database_url)}")
+
+
+def _revision_now(url: str) -> str | None:
+    """The revision the database is at, read back after the upgrade."""
+    from verify_tuner.store import migrate
+    from verify_tuner.store.session import make_engine
+
+    engine = make_engine(url, immediate=False, read_only=True)  # a look, never a write
+    try:
+        return migrate.current_revision(engine)
+    finally:
+        engine.dispose()
+
+
+def _names_other(revision: str, now: str | None) -> bool:
+    """Whether `revision` names one shipped revision other than `now` (head, an id; not a relative step)."""
+    from alembic.script import ScriptDirectory
+    from alembic.util import CommandError
+    from verify_tuner.store import migrate
+
+    try:
+        target = ScriptDirectory.from_config(migrate.alembic_config("sqlite://")).get_revision(revision)
+    except CommandError:
+        return False
+    return target is not None and target.revision != now
 
 
 @db.command("snapshot")
