@@ -118,11 +118,13 @@ def test_db_current_on_a_missing_path_creates_nothing(tmp_path):
         ("study", "report", "--out", "{tmp}/rep"),
         ("configs", "list"),
         ("db", "snapshot", "{tmp}/s.db"),
+        ("serve", "--device", "h200"),
+        ("serve", "--read-only-database"),
     ],
 )
 def test_commands_on_a_missing_database_path_create_nothing(tmp_path, args):
-    # `study report` and `configs snapshot` opened the database with create=True: a mistyped path
-    # left an empty file and its folder behind before failing on the schema
+    # `study report`, `configs snapshot` and `serve` opened the database with create=True: a mistyped
+    # path left an empty file and its folder behind before failing on the schema
     url = f"sqlite:///{tmp_path / 'typo' / 'configs.db'}"
     r = run_tuner({"TUNER_DATABASE_URL": url}, *[a.format(tmp=tmp_path / "out") for a in args])
     assert r.returncode == 1 and "Error: no database at " in r.stderr and "tuner db upgrade" in r.stderr, r.stderr

@@ -25,10 +25,12 @@ def serve(
     """Run the read-only config service (FastAPI under uvicorn)."""
     from verify_tuner.api import server
     from verify_tuner.api.app import create_app
-    from verify_tuner.store.migrate import ensure_current
+    from verify_tuner.store.migrate import ensure_current, require_existing
     from verify_tuner.store.session import make_engine
 
     settings = settings.with_overrides(host=host, port=port, device=device, database_read_only=read_only_database)
-    # fail fast, before binding
-    ensure_current(make_engine(settings.database_url, immediate=False, read_only=settings.database_read_only))
+    # fail fast, before binding; serving never creates a database (a mistyped path would leave an empty file)
+    require_existing(settings.database_url)
+    engine = make_engine(settings.database_url, immediate=False, read_only=settings.database_read_only, create=False)
+    ensure_current(engine)
     server.run(create_app(settings), settings)  # uvicorn, with the request limits of api/server.py
