@@ -1,14 +1,17 @@
 """Issue 30 item 10: `tuner serve` refuses, in one line and before binding, a port outside
-1..65535 (the health port's too) and a write token no client could send."""
+1..65535 (the health port's too), a write token no client could send, and a default device
+(TUNER_DEVICE / --device) that requests could not resolve."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 
+import httpx
 import pytest
 
-from tests.helpers import tuner_cmd
+from tests.helpers import free_port, running_server, tuner_cmd
 
 
 def _serve(tmp_path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:  # type: ignore[no-untyped-def]
@@ -36,9 +39,40 @@ def _serve(tmp_path, env: dict[str, str], *args: str) -> subprocess.CompletedPro
         ({"TUNER_HEALTH_PORT": "81x"}, (), "TUNER_HEALTH_PORT must be an integer port number"),
         ({"TUNER_PORT": "8177", "TUNER_WRITE_TOKEN": "a-long-enough-token-01\n"}, (), "trailing newline"),
         ({"TUNER_PORT": "8177", "TUNER_WRITE_TOKEN": "a-long-enough-tökén-01"}, (), "printable ASCII"),
+        ({"TUNER_DEVICE": "h2OO"}, (), "TUNER_DEVICE/--device 'h2OO' is neither a known GPU"),
+        ({"TUNER_DEVICE": "h200"}, ("--device", "h2OO"), "TUNER_DEVICE/--device 'h2OO' is neither a known GPU"),
     ],
 )
-def test_serve_refuses_a_bad_port_or_token_in_one_line(tmp_path, env, args, says):
+def test_serve_refuses_a_bad_port_token_or_device_in_one_line(tmp_path, env, args, says):
     out = _serve(tmp_path, env, *args)
     assert out.returncode != 0 and says in out.stderr, out.stderr
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def _answers_without_a_device(env: dict[str, str], device: str) -> None:
+    port = free_port()
+    with running_server(env, port=port):
+        r = httpx.get(f"http://127.0.0.1:{port}/config", params={"H": 8, "q_len": 9, "prefix": 1000})
+        assert r.status_code == 200 and r.json()["device"] == device, r.text
+
+
+def test_serve_with_a_known_gpu_as_default_device_on_a_fresh_database(tmp_path):
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    subprocess.run(tuner_cmd("--database-url", url, "db", "upgrade"), check=True, capture_output=True, timeout=60)
+    _answers_without_a_device({"TUNER_DATABASE_URL": url, "TUNER_DEVICE": "h200"}, "NVIDIA H200")
+
+
+def test_serve_with_a_device_recorded_only_in_the_database_as_default(tmp_path):
+    from verify_tuner.kernels.limits import KNOWN_DEVICES
+    from verify_tuner.store import devices
+    from verify_tuner.store.session import make_engine, session_factory, session_scope
+
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    subprocess.run(tuner_cmd("--database-url", url, "db", "upgrade"), check=True, capture_output=True, timeout=60)
+    # as `tuner device record` stores a GPU the table of known ones lacks
+    lab_gpu = dataclasses.replace(KNOWN_DEVICES["NVIDIA H200"], name="Lab GPU 7")
+    engine = make_engine(url)
+    with session_scope(session_factory(engine)) as s:
+        devices.upsert_device(session=s, limits=lab_gpu)
+    engine.dispose()
+    _answers_without_a_device({"TUNER_DATABASE_URL": url, "TUNER_DEVICE": "Lab GPU 7"}, "Lab GPU 7")

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 from verify_tuner.cli.exits import clean_exit
 from verify_tuner.settings import Settings
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
 
 
 @click.command()
@@ -32,5 +37,28 @@ def serve(
     # fail fast, before binding; serving never creates a database (a mistyped path would leave an empty file)
     require_existing(settings.database_url)
     engine = make_engine(settings.database_url, immediate=False, read_only=settings.database_read_only, create=False)
-    ensure_current(engine)
+    try:
+        ensure_current(engine)
+        if settings.device is not None:
+            _check_device(engine, settings.device)
+    finally:
+        engine.dispose()
     server.run(create_app(settings), settings)  # uvicorn, with the request limits of api/server.py
+
+
+def _check_device(engine: Engine, name: str) -> None:
+    """Refuse a default device that requests could not resolve: every request naming none would get a
+    422 blaming a `device` query parameter the worker never sent."""
+    from verify_tuner.errors import BadParameter
+    from verify_tuner.store import devices, lookup
+    from verify_tuner.store.session import session_factory, session_scope
+
+    with session_scope(session_factory(engine)) as s:
+        try:
+            lookup.resolve_device(session=s, name=name, default=None)  # as a request naming it would
+        except BadParameter:
+            recorded = ", ".join(d.name for d in devices.list_devices(session=s)) or "none"
+            raise click.ClickException(
+                f"TUNER_DEVICE/--device {name!r} is neither a known GPU (e.g. h200, h100, a100, l40s, rtx-pro-6000, "
+                f"or its CUDA name) nor a device recorded in the database (recorded: {recorded})"
+            ) from None
