@@ -97,14 +97,28 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 def _health_server(app: FastAPI) -> HealthServer:
     settings = app.state.settings
-    try:
-        server = HealthServer(settings.host, settings.health_port, app.state.readiness, app.state.metrics)
-    except OSError as exc:  # a port in use: fail the start, as uvicorn does for the main port
-        app.state.readiness.stop()
-        raise RuntimeError(f"cannot listen on TUNER_HEALTH_PORT {settings.health_port}: {exc}") from None
-    server.start()
-    log.info("health probes on http://%s:%d (/healthz, /readyz)", settings.host, settings.health_port)
+    server = app.state.health_server  # bound by `tuner serve` before uvicorn starts (bind_health_port)
+    if server is None:
+        try:
+            server = bind_health_port(settings, app.state.metrics)
+        except OSError as exc:  # a port in use: fail the start, as uvicorn does for the main port
+            app.state.readiness.stop()
+            raise RuntimeError(health_port_error(settings, exc)) from None
+    server.start(app.state.readiness)
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    log.info("health probes on http://%s:%d (/healthz, /readyz)", host, settings.health_port)
     return server
+
+
+def bind_health_port(settings: Settings, metrics: Metrics) -> HealthServer:
+    """The health port's listener, bound (OSError when it cannot be: in use, no such address)."""
+    assert settings.health_port is not None
+    return HealthServer(settings.host, settings.health_port, metrics)
+
+
+def health_port_error(settings: Settings, exc: OSError) -> str:
+    where = f"TUNER_HEALTH_PORT {settings.health_port} (TUNER_HOST {settings.host})"
+    return f"cannot listen on {where}: {exc.strerror or exc}"
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -118,6 +132,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         "q_len and prefix bucket.",
     )
     app.state.settings = settings
+    app.state.health_server = None
     from importlib.metadata import PackageNotFoundError, version
 
     from verify_tuner.kernels import KERNEL_VERSION, kernel_hash

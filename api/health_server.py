@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import socketserver
 import sys
 import threading
@@ -30,6 +31,11 @@ log = logging.getLogger(__name__)
 MAX_CONNECTIONS = 8
 #: Seconds a connection may take to send its request: a kubelet sends it at once.
 REQUEST_TIMEOUT_S = 2.0
+
+
+def address_family(host: str, port: int) -> socket.AddressFamily:
+    """The family of the first address `host` resolves to for listening (socket.gaierror if none)."""
+    return socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -63,9 +69,14 @@ class HealthServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 64  # the listen backlog: socketserver's 5 would drop a burst of probes
 
-    def __init__(self, host: str, port: int, readiness: Readiness, metrics: Metrics) -> None:
-        self.readiness, self.metrics = readiness, metrics
+    readiness: Readiness  # set by start(): the app makes it after the port is bound
+
+    def __init__(self, host: str, port: int, metrics: Metrics) -> None:
+        """Bind host:port now (OSError if it cannot be had), in the family `host` resolves to:
+        socketserver's default is IPv4 only, so TUNER_HOST=:: would fail."""
+        self.metrics = metrics
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self.address_family = address_family(host, port)
         super().__init__((host, port), _Handler)
         self._thread = threading.Thread(target=self.serve_forever, name="tuner-health", daemon=True)
 
@@ -96,7 +107,8 @@ class HealthServer(ThreadingHTTPServer):
         finally:
             self._slots.release()
 
-    def start(self) -> None:
+    def start(self, readiness: Readiness) -> None:
+        self.readiness = readiness
         self._thread.start()
 
     def stop(self) -> None:

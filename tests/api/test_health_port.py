@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.helpers import free_port, running_server, tuner_cmd
 
@@ -86,7 +87,7 @@ def test_the_health_port_answers_readiness_as_the_main_port_does_and_nothing_els
     with running_server(env, port=port):
         assert httpx.get(f"{health}/healthz").json() == {"status": "ok"}
         ready = httpx.get(f"{health}/readyz")
-        assert ready.status_code == 200 and ready.json() == httpx.get(f"{main}/readyz").json()
+        assert ready is not None and ready.status_code == 200 and ready.json() == httpx.get(f"{main}/readyz").json()
         assert ready.headers["connection"] == "close"
         assert httpx.get(f"{health}/config", params={"H": 8, "q_len": 9, "prefix": 1}).status_code == 404
         for suffix in ("", "-wal", "-shm"):
@@ -113,4 +114,37 @@ def test_a_health_port_in_use_stops_the_start_naming_it(tmp_path):
             timeout=30,
             check=False,
         )
-    assert out.returncode != 0 and f"TUNER_HEALTH_PORT {env['TUNER_HEALTH_PORT']}" in out.stderr + out.stdout
+    assert out.returncode != 0 and f"TUNER_HEALTH_PORT {env['TUNER_HEALTH_PORT']}" in out.stderr, out.stderr
+    # one line, not uvicorn's lifespan traceback
+    assert "Traceback" not in out.stderr + out.stdout and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def _has_ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _has_ipv6_loopback(), reason="this machine has no IPv6 loopback")
+def test_the_health_port_listens_on_an_ipv6_host(tmp_path):
+    env = _serve_env(tmp_path)
+    health = f"http://[::1]:{env['TUNER_HEALTH_PORT']}"
+    full = {**os.environ, **env, "TUNER_HOST": "::", "TUNER_PORT": str(free_port())}
+    proc = subprocess.Popen(tuner_cmd("serve"), env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline, ready = time.monotonic() + 30, None
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                ready = httpx.get(f"{health}/readyz", timeout=1)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        assert proc.poll() is None, proc.stdout.read()  # socketserver's IPv4-only default refused '::'
+        assert ready is not None and ready.status_code == 200 and ready.json()["status"] == "ready", ready.text
+        assert httpx.get(f"{health}/healthz", timeout=1).json() == {"status": "ok"}
+    finally:
+        proc.terminate()
+        proc.wait(10)

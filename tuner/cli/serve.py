@@ -29,7 +29,7 @@ def serve(
 ) -> None:
     """Run the read-only config service (FastAPI under uvicorn)."""
     from verify_tuner.api import server
-    from verify_tuner.api.app import create_app
+    from verify_tuner.api.app import bind_health_port, create_app, health_port_error
     from verify_tuner.store.migrate import ensure_current, require_existing
     from verify_tuner.store.session import make_engine
 
@@ -43,7 +43,14 @@ def serve(
             _check_device(engine, settings.device)
     finally:
         engine.dispose()
-    server.run(create_app(settings), settings)  # uvicorn, with the request limits of api/server.py
+    app = create_app(settings)
+    if settings.health_port is not None:
+        # bound here, not in the app's startup, so that a port in use is one line rather than uvicorn's traceback
+        try:
+            app.state.health_server = bind_health_port(settings, app.state.metrics)
+        except OSError as exc:
+            raise click.ClickException(health_port_error(settings, exc)) from None
+    server.run(app, settings)  # uvicorn, with the request limits of api/server.py
 
 
 def _check_device(engine: Engine, name: str) -> None:
