@@ -33,7 +33,8 @@ def run_online() -> None:
     # the first-connect hook that initialises the dialect (reflection in batch migrations needs it).
     # SQLite alters a table by copying it: with foreign keys on, dropping the old copy of
     # tuning_studies would cascade-delete every trial. They are off while migrating and checked after.
-    engine = make_engine(config.get_main_option("sqlalchemy.url"), pooled=False, foreign_keys=False)
+    # `tuner db upgrade` makes the file: it starts in WAL, where readers never wait on a writer.
+    engine = make_engine(config.get_main_option("sqlalchemy.url"), pooled=False, foreign_keys=False, wal=True)
     with engine.connect() as conn:
         _run(conn)
     engine.dispose()

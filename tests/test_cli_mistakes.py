@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
 import stat
 import subprocess
 from pathlib import Path
 
+import httpx
 import pytest
 
-from tests.helpers import file_modes_bind, run_tuner, tuner_cmd
+from tests.helpers import file_modes_bind, free_port, run_tuner, running_server, tuner_cmd
 
 ROW = {"device": "h200", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256}
 CSV_HEAD = "device,H,q_len,prefix,NSPLIT,HT,TK,BLOCK\n"
@@ -86,7 +88,7 @@ CASES = [
     # item 16
     ("unreachable-db", DOWN, ["configs", "list"], None, "database unavailable: connection failed"),
     ("read-only-db-serve", RODB, ["serve"], None, "tuner serve --read-only-database"),
-    ("read-only-db-list", RODB, ["configs", "list"], None, "--read-only-database"),
+    ("read-only-db-import", RODB, ["configs", "import", "{tmp}/row.json"], None, "--read-only-database"),
     ("start-negative-timeout", None, ["study", "start", "--H", "8", "--q-len", "9", "--prefix", "5", "--timeout", "-5"], None, "'--timeout'"),
 ]  # fmt: skip
 
@@ -144,10 +146,80 @@ def test_the_option_overrides_a_bad_environment_url(sqlite_url):
     assert r.returncode == 0 and "current: " in r.stdout, r.stderr
 
 
+def _journal_mode(path: Path) -> str:
+    con = sqlite3.connect(path)
+    try:
+        return con.execute("PRAGMA journal_mode").fetchone()[0]
+    finally:
+        con.close()
+
+
+def test_reading_a_snapshot_leaves_it_in_rollback_journal_mode_for_a_read_only_mount(place):
+    # every connect that could write set WAL, which the file keeps: a snapshot listed once was then
+    # refused by `tuner serve --read-only-database` on a read-only mount
+    env, tmp = place
+    snap = tmp / "snap" / "s.db"
+    assert run_tuner(env, "db", "snapshot", str(snap)).returncode == 0
+    at_snap = {"TUNER_DATABASE_URL": f"sqlite:///{snap}"}
+    for args in (("configs", "list"), ("configs", "export"), ("device", "list"), ("db", "current")):
+        r = run_tuner(at_snap, *args)
+        assert r.returncode == 0, (args, r.stderr)
+        assert _journal_mode(snap) == "delete", args
+    assert sorted(p.name for p in snap.parent.iterdir()) == ["s.db"]
+    wrap = _bound()
+    snap.chmod(0o444)
+    snap.parent.chmod(0o555)
+    try:
+        port = free_port()
+        with running_server({**at_snap, "TUNER_DATABASE_READ_ONLY": "1"}, port=port, wrap=wrap):
+            r = httpx.get(
+                f"http://127.0.0.1:{port}/config", params={"device": "h200", "H": 8, "q_len": 9, "prefix": 46000}
+            )
+            assert r.status_code == 200 and r.json()["source"] == "tuned", r.text
+    finally:
+        snap.parent.chmod(0o755)
+
+
+def test_writing_to_a_snapshot_switches_it_to_wal(place):
+    # a writer's later transactions must not block readers (or be blocked by them) for the busy timeout
+    env, tmp = place
+    snap = tmp / "s.db"
+    assert run_tuner(env, "db", "snapshot", str(snap)).returncode == 0
+    r = run_tuner({"TUNER_DATABASE_URL": f"sqlite:///{snap}"}, "configs", "import", str(tmp / "row.json"))
+    assert r.returncode == 0 and _journal_mode(snap) == "wal", r.stderr
+
+
+def test_serving_a_read_only_wal_file_read_only_does_not_hint_at_the_flag_given(place):
+    _, tmp = place
+    (tmp / "rowal").mkdir()
+    copy = tmp / "rowal" / "c.db"
+    shutil.copy(tmp / "rodb" / "c.db", copy)
+    con = sqlite3.connect(copy)
+    assert con.execute("PRAGMA journal_mode=WAL").fetchone() == ("wal",)
+    con.close()
+    copy.chmod(0o444)
+    (tmp / "rowal").chmod(0o555)
+    try:
+        r = run_tuner({"TUNER_DATABASE_URL": f"sqlite:///{copy}"}, "serve", "--read-only-database", wrap=_bound())
+    finally:
+        (tmp / "rowal").chmod(0o755)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "in WAL mode" in r.stderr and "tuner db snapshot" in r.stderr and "--read-only-database" not in r.stderr, (
+        r.stderr
+    )
+
+
 def test_db_current_reads_a_read_only_snapshot(place):
     _, tmp = place
     r = run_tuner({"TUNER_DATABASE_URL": f"sqlite:///{tmp}/rodb/c.db"}, "db", "current", wrap=_bound())
     assert r.returncode == 0 and r.stdout.startswith("current: 0"), r.stderr
+
+
+def test_configs_list_reads_a_read_only_snapshot(place):
+    # it failed on setting WAL, a write, before read-only commands stopped setting it
+    _, tmp = place
+    r = run_tuner({"TUNER_DATABASE_URL": f"sqlite:///{tmp}/rodb/c.db"}, "configs", "list", wrap=_bound())
+    assert r.returncode == 0 and "NSPLIT=64" in r.stdout, r.stderr
 
 
 def test_nothing_stored_is_said(sqlite_url, tmp_path):

@@ -10,9 +10,12 @@ from __future__ import annotations
 import errno
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
+
+if TYPE_CHECKING:
+    from verify_tuner.settings import Settings
 
 #: Optional packages a command may need, with how to get them.
 OPTIONAL = {
@@ -36,7 +39,7 @@ FILE_ERRNOS = {
     errno.EDQUOT,
 }
 
-_READ_ONLY_HINT = (
+READ_ONLY_HINT = (
     "to serve a read-only snapshot, use `tuner serve --read-only-database` (TUNER_DATABASE_READ_ONLY=1); "
     "other commands need the database writable by this user"
 )
@@ -92,17 +95,55 @@ def database_message(exc: BaseException | None, where: str | None = None) -> str
     first = str(exc.orig if exc.orig is not None else exc).strip().splitlines()[0]
     where = where or _current_database()
     if "readonly database" in first:
-        return f"database {where} is read-only ({first}): {_READ_ONLY_HINT}"
+        return f"database {where} is read-only ({first}): {_read_only_hint()}"
     if type(exc) is DatabaseError:
         return f"database {where} cannot be read: {first}"
     return f"database unavailable: {first} ({where})"
 
 
-def _current_database() -> str:
-    """The database URL of the running command, without its password."""
+def _read_only_hint() -> str:
+    """What to do about a read-only database: the flag, unless the command already opened it read-only."""
+    settings = _current_settings()
+    if settings is None or not settings.database_read_only:
+        return READ_ONLY_HINT
+    if _in_wal(settings.database_url):
+        return (
+            "it was opened read-only as asked, but the file is in WAL mode, which SQLite reads only with its "
+            "-wal and -shm writable beside it: serve a copy in rollback-journal mode, as `tuner db snapshot` writes"
+        )
+    return (
+        "it was opened read-only as asked, yet SQLite needs to write beside it (a journal left by an "
+        "interrupted writer?): serve a fresh copy made by `tuner db snapshot`"
+    )
+
+
+def _in_wal(url: str) -> bool:
+    """Whether an SQLite file's header says WAL (its read and write versions, bytes 18 and 19, are 2)."""
+    from pathlib import Path
+
     from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return False
+    try:
+        with open(Path(parsed.database).expanduser(), "rb") as f:
+            return f.read(20)[18:20] == b"\x02\x02"
+    except OSError:
+        return False
+
+
+def _current_settings() -> Settings | None:
+    """The settings of the running command (with its own options, where it stored them on its context)."""
     from verify_tuner.settings import Settings
 
     ctx = click.get_current_context(silent=True)
-    settings = ctx.find_object(Settings) if ctx else None
+    return ctx.find_object(Settings) if ctx else None
+
+
+def _current_database() -> str:
+    """The database URL of the running command, without its password."""
+    from sqlalchemy.engine import make_url
+
+    settings = _current_settings()
     return make_url(settings.database_url).render_as_string(hide_password=True) if settings else "?"

@@ -34,11 +34,14 @@ def serve(
     from verify_tuner.store.session import make_engine
 
     settings = settings.with_overrides(host=host, port=port, device=device, database_read_only=read_only_database)
+    click.get_current_context().obj = settings  # so that an error's hint knows --read-only-database was given
     # fail fast, before binding; serving never creates a database (a mistyped path would leave an empty file)
     require_existing(settings.database_url)
     engine = make_engine(settings.database_url, immediate=False, read_only=settings.database_read_only, create=False)
     try:
         ensure_current(engine)
+        if not settings.database_read_only:
+            _check_writable(settings.database_url)
         if settings.device is not None:
             _check_device(engine, settings.device)
     finally:
@@ -51,6 +54,28 @@ def serve(
         except OSError as exc:
             raise click.ClickException(health_port_error(settings, exc)) from None
     server.run(app, settings)  # uvicorn, with the request limits of api/server.py
+
+
+def _check_writable(url: str) -> None:
+    """Refuse an SQLite file this user cannot write unless --read-only-database says it is a snapshot:
+    reading it no longer fails on setting WAL, and the sidecar's writes and readiness need it writable."""
+    import os
+    from pathlib import Path
+
+    from sqlalchemy.engine import make_url
+    from verify_tuner.cli.exits import READ_ONLY_HINT
+
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:") or "uri" in parsed.query:
+        return
+    path = Path(parsed.database).expanduser()
+    # the directory too: SQLite writes its journal, or WAL's -wal and -shm, beside the file
+    blocked = [str(p) for p in (path, path.parent) if not os.access(p, os.W_OK)]
+    if blocked:
+        where = parsed.render_as_string(hide_password=True)
+        raise click.ClickException(
+            f"database {where} is read-only (cannot write {', '.join(blocked)}): {READ_ONLY_HINT}"
+        )
 
 
 def _check_device(engine: Engine, name: str) -> None:

@@ -107,7 +107,7 @@ def open_storage(url: str, heartbeat_s: float | None = None) -> optuna.storages.
 
         if (db := make_url(url).database) and db != ":memory:":
             check_writable(Path(db).expanduser(), STUDY_SETTING)  # before make_engine blames TUNER_DATABASE_URL
-        engine = make_engine(url)  # (the config database's engine sets it on connect; Optuna's does not)
+        engine = make_engine(url, wal=True)  # (Optuna's engine does not)
         with engine.connect():
             pass
         engine.dispose()

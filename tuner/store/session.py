@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,8 @@ from sqlalchemy.exc import NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 from verify_tuner.errors import StorageError
+
+log = logging.getLogger(__name__)
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 #: A PostgreSQL that accepts a connection and never answers would otherwise hang every command for good.
@@ -31,9 +35,11 @@ def make_engine(
     foreign_keys: bool = True,
     timeout_s: float | None = None,
     create: bool = True,
+    wal: bool = False,
 ) -> Engine:
-    """An engine; SQLite gets WAL, a busy timeout and, for writers (`immediate`), transactions
-    that take the write lock up front. Read-only users pass immediate=False so that they never
+    """An engine; SQLite gets a busy timeout, WAL once a connection has written (or at connect with
+    `wal`: what creates the file), and, for writers (`immediate`), transactions that take the
+    write lock up front. Read-only users pass immediate=False so that they never
     queue behind writers (WAL readers need no lock). `pooled=False` opens a new connection per
     use: what a probe needs to see the database as a restarted process would. `read_only` opens
     an SQLite file read-only and leaves its journal mode alone (a read-only file cannot switch
@@ -42,7 +48,9 @@ def make_engine(
     keys on would cascade into the rows that point at it. `timeout_s` (the sidecar's) bounds, on
     PostgreSQL, the connect, each statement (server side) and the wait for a pooled connection;
     without it only the connect is bounded (CONNECT_TIMEOUT_S). `create=False` never creates a
-    missing SQLite file (the sidecar's: a file deleted under it must not come back empty)."""
+    missing SQLite file (the sidecar's: a file deleted under it must not come back empty). The
+    journal mode is stored in the file, so a connection that only reads never sets it: reading a
+    snapshot (rollback-journal mode, bound for a read-only mount) must leave it as it was."""
     check_url(url)
     parsed = make_url(url)
     pool: dict[str, Any] = {} if pooled else {"poolclass": NullPool}
@@ -56,26 +64,46 @@ def make_engine(
         url = f"sqlite:///file:{quote(str(path))}?mode={'ro' if read_only else 'rw'}&uri=true"
     engine = create_engine(url, connect_args={"timeout": busy_timeout_ms / 1000}, **pool)
     _sqlite_listeners(
-        engine, immediate=immediate, busy_timeout_ms=busy_timeout_ms, read_only=read_only, foreign_keys=foreign_keys
+        engine,
+        immediate=immediate,
+        busy_timeout_ms=busy_timeout_ms,
+        read_only=read_only,
+        foreign_keys=foreign_keys,
+        wal=wal,
     )
     return engine
 
 
 def _sqlite_listeners(
-    engine: Engine, *, immediate: bool, busy_timeout_ms: int, read_only: bool, foreign_keys: bool
+    engine: Engine, *, immediate: bool, busy_timeout_ms: int, read_only: bool, foreign_keys: bool, wal: bool
 ) -> None:
-    """Each new SQLite connection's pragmas (WAL unless read-only, the busy timeout, foreign keys)
-    and its BEGIN (IMMEDIATE for writers)."""
+    """Each new SQLite connection's pragmas (the busy timeout, foreign keys, WAL with `wal`), its
+    BEGIN (IMMEDIATE for writers), and WAL once it has written (never when read-only)."""
 
     @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+    def _on_connect(dbapi_conn, record) -> None:  # type: ignore[no-untyped-def]
         dbapi_conn.isolation_level = None  # we issue BEGIN ourselves, below
         cur = dbapi_conn.cursor()
-        if not read_only:
+        if wal and not read_only:
             cur.execute("PRAGMA journal_mode=WAL")
+            record.info["wal"] = True
         cur.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")
         cur.execute(f"PRAGMA foreign_keys={'ON' if foreign_keys else 'OFF'}")
         cur.close()
+
+    if not read_only:
+
+        @event.listens_for(engine, "checkin")
+        def _wal_once_written(dbapi_conn, record) -> None:  # type: ignore[no-untyped-def]
+            # back in the pool no transaction is open (the mode cannot change inside one); the first
+            # write ran in the file's old mode, every later one in WAL, where readers never wait on it
+            if dbapi_conn is None or record.info.get("wal") or not dbapi_conn.total_changes:
+                return
+            try:
+                dbapi_conn.execute("PRAGMA journal_mode=WAL")
+                record.info["wal"] = True
+            except sqlite3.Error as exc:  # the write is committed: a later one retries the switch
+                log.warning("could not switch %s to WAL: %s", engine.url, exc)
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn) -> None:  # type: ignore[no-untyped-def]
