@@ -57,14 +57,15 @@ def _cubin(cfg: KernelConfig, q_len: int, arch: str) -> bytes:
         _bundle = Bundle.open(Path(os.environ["VERIFY_TUNER_CUBINS"]))
     if _bundle is not None:
         return _bundle.cubin(cfg, q_len, arch)
-    import shutil
+    from verify_tuner.kernels.build import compile_cubin, nvcc_path
+    from verify_tuner.kernels.errors import CompileError
 
-    if shutil.which("nvcc") is None:
+    try:
+        nvcc_path()  # the compiler's own search (PATH, then $CUDA_HOME/bin), not a narrower one
+    except CompileError as exc:
         raise BundleError(
-            "no cubin bundle (set VERIFY_TUNER_CUBINS to a `tuner configs dump --cubins` folder) "
-            "and no nvcc to compile one"
-        )
-    from verify_tuner.kernels.build import compile_cubin
+            f"no cubin bundle (set VERIFY_TUNER_CUBINS to a `tuner configs dump --cubins` folder) and {exc}"
+        ) from None
 
     cache = Path(os.environ.get("TUNER_CACHE_DIR", Path.home() / ".cache" / "verify-tuner" / "cubins"))
     return compile_cubin(cfg, q_len, arch, cache).cubin

@@ -1,0 +1,40 @@
+"""Where the op finds a compiler when no bundle is set: the same search the compiler itself uses
+(PATH, then $CUDA_HOME/bin), so a host with nvcc only under CUDA_HOME is not told it has none."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from verify_tuner.engine import op
+from verify_tuner.engine.bundle import BundleError
+from verify_tuner.kernels import build
+from verify_tuner.kernels.config import KernelConfig
+
+CFG = KernelConfig(nsplit=132, ht=8, tk=32, block=256, stages=3, wr=2, wk=2, sf=1, pipe=3)
+
+
+@pytest.fixture
+def no_bundle(monkeypatch, tmp_path):
+    monkeypatch.delenv("VERIFY_TUNER_CUBINS", raising=False)
+    monkeypatch.setattr(op, "_bundle", None)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-path"))
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def test_nvcc_only_under_cuda_home_compiles(no_bundle, monkeypatch, tmp_path):
+    nvcc = tmp_path / "cuda" / "bin" / "nvcc"
+    nvcc.parent.mkdir(parents=True)
+    nvcc.write_text("#!/bin/sh\n")
+    nvcc.chmod(0o755)
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
+    calls = []
+    monkeypatch.setattr(build, "compile_cubin", lambda *a: calls.append(a) or SimpleNamespace(cubin=b"\x7fELF"))
+    assert op._cubin(CFG, 9, "sm_90") == b"\x7fELF"
+    assert calls and calls[0][:3] == (CFG, 9, "sm_90")
+
+
+def test_no_bundle_and_no_nvcc_anywhere_says_both(no_bundle, monkeypatch, tmp_path):
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "no-cuda"))
+    with pytest.raises(BundleError, match=r"no cubin bundle .* and nvcc not found on PATH or in \$CUDA_HOME/bin"):
+        op._cubin(CFG, 9, "sm_90")
