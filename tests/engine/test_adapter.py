@@ -112,3 +112,17 @@ def test_layers_share_one_refill():
     assert layer.buf is be.buf and layer.kv is not be.kv and layer.config_for(4) is be.config_for(4)
     with pytest.raises(ValueError, match="not laid out like"):
         be.for_layer(torch.ones(10, 64, 576, dtype=torch.bfloat16))
+
+
+@pytest.mark.parametrize("q_len", [0, 65])
+def test_a_q_len_no_tree_mask_row_holds_is_named(q_len):
+    with pytest.raises(ValueError, match=f"q_len must be in 1..64 .*got {q_len}"):
+        VerifyBackend(
+            H=8,
+            q_len=q_len,
+            kv_pool=torch.zeros(10, 576, dtype=torch.bfloat16),
+            pick_config=lambda bs: CFG,
+            max_batch=2,
+            softmax_scale=0.04,
+            req_to_token=torch.zeros(2, 8, dtype=torch.int32),
+        )

@@ -27,6 +27,7 @@ import torch
 from verify_tuner.engine import op as _op  # registers torch.ops.verify_tuner.verify_attention
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.shapes import D_QK, D_V
+from verify_tuner.kernels.validate import MAX_Q_LEN
 
 #: SGLang's packed mask row types, by the q_len they hold (QLEN_ONLY_BITPACKING), then uint64.
 PACKED_MASK = ((8, torch.uint8), (16, torch.uint16), (32, torch.uint32), (64, torch.int64))
@@ -69,6 +70,8 @@ class VerifyBackend:
         max_pages: int | None = None,
         mask_dtype: torch.dtype | None = None,
     ) -> None:
+        if not 1 <= q_len <= MAX_Q_LEN:  # the mask's row type and the kernel both stop there
+            raise ValueError(f"q_len must be in 1..{MAX_Q_LEN} (a uint64 tree-mask row), got {q_len}")
         if (req_to_token is None) == (max_pages is None):
             raise ValueError("give req_to_token (page size 1) or max_pages (a paged pool's block table), not both")
         self.H, self.q_len, self.kv, self.scale = H, q_len, kv_pool, softmax_scale
