@@ -10,6 +10,7 @@ import shutil
 import sqlite3
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -351,3 +352,26 @@ def test_cubin_cache_files_are_0644(tmp_path):
     target = tmp_path / "k.cubin"
     build._atomic_write(target, b"\x7fELF")
     assert target.read_bytes() == b"\x7fELF" and _mode(target) == 0o644
+
+
+def test_a_home_relative_sqlite_url_as_the_docs_print_it_is_the_file_under_home(tmp_path):
+    """docs/operations.md prints the default as sqlite:///~/...: every engine opens that file, not
+    a literal `~` folder under the working directory."""
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir()
+    cwd.mkdir()
+    env = {**os.environ, "HOME": str(home), "TUNER_DATABASE_URL": "sqlite:///~/vt/configs.db"}
+    for args in (("db", "upgrade"), ("configs", "list")):
+        code = "import sys; sys.argv[0] = 'tuner'; from verify_tuner.cli.entry import main; main()"
+        r = subprocess.run(
+            [sys.executable, "-c", code, *args],
+            env=env,
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert r.returncode == 0, r.stderr
+    assert (home / "vt" / "configs.db").stat().st_size > 0
+    assert not (cwd / "~").exists()

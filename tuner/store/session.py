@@ -62,6 +62,8 @@ def make_engine(
     if file_db and (read_only or not create):
         path = Path(parsed.database).expanduser().resolve()
         url = f"sqlite:///file:{quote(str(path))}?mode={'ro' if read_only else 'rw'}&uri=true"
+    elif file_db:  # the file the checks above looked at, not a literal `~` folder under the cwd
+        url = parsed.set(database=str(Path(parsed.database).expanduser())).render_as_string(hide_password=False)
     engine = create_engine(url, connect_args={"timeout": busy_timeout_ms / 1000}, **pool)
     _sqlite_listeners(
         engine,
