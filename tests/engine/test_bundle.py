@@ -81,3 +81,28 @@ def test_a_cubin_missing_from_a_partly_copied_bundle_is_a_bundle_error(tmp_path,
     cubin.unlink()  # the manifest arrived, the cubin did not
     with pytest.raises(BundleError, match=f"cannot read {cubin} of the bundle \\(FileNotFoundError"):
         Bundle.open(tmp_path / "b").cubin(CFG, 9, "sm_90")
+
+
+@pytest.mark.parametrize(
+    "manifest",
+    [
+        [],
+        {"kernel_hash": "K"},
+        {"kernel_hash": "K", "entries": [{"arch": "sm_90"}]},
+        {"kernel_hash": "K", "entries": 3},
+    ],
+    ids=["a list", "no entries", "an entry without config", "entries not a list"],
+)
+def test_a_manifest_of_the_wrong_shape_is_a_bundle_error(tmp_path, monkeypatch, manifest):
+    monkeypatch.setattr(bundle_mod, "kernel_hash", lambda: "K")
+    (tmp_path / MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(BundleError, match="manifest"):
+        Bundle.open(tmp_path)
+
+
+def test_an_entry_without_its_file_is_refused_when_the_bundle_opens(tmp_path, monkeypatch):
+    monkeypatch.setattr(bundle_mod, "kernel_hash", lambda: "K")
+    entry = {"arch": "sm_90", "q_len": 9, "config": CFG.as_params(), "sha256": "0" * 64}
+    (tmp_path / MANIFEST).write_text(json.dumps({"kernel_hash": "K", "entries": [entry]}))
+    with pytest.raises(BundleError, match="malformed .*no file name"):
+        Bundle.open(tmp_path)

@@ -16,7 +16,7 @@ from pathlib import Path
 from verify_tuner.files import make_shared_dirs, write_shared
 from verify_tuner.kernels.build import KERNEL_NAME, KERNEL_VERSION, compile_cubin, kernel_hash
 from verify_tuner.kernels.config import KernelConfig
-from verify_tuner.kernels.errors import TunerError
+from verify_tuner.kernels.errors import InvalidConfig, TunerError
 
 MANIFEST = "manifest.json"
 
@@ -64,15 +64,24 @@ class Bundle:
             raise BundleError(f"no cubin bundle at {root} ({MANIFEST} missing)") from None
         except (OSError, ValueError) as exc:
             raise BundleError(f"unreadable cubin bundle manifest {root / MANIFEST}: {exc}") from None
+        if not isinstance(manifest, dict):
+            raise BundleError(f"cubin bundle manifest {root / MANIFEST} is not a JSON object")
         if manifest.get("kernel_hash") != kernel_hash():
             raise BundleError(
                 f"the bundle at {root} is for kernel {manifest.get('kernel_hash')}, "
                 f"this package launches {kernel_hash()}: rebuild it with `tuner configs dump --cubins`"
             )
         entries = {}
-        for e in manifest["entries"]:
-            cfg = KernelConfig.from_params(e["config"])
-            entries[_entry_key(e["arch"], e["q_len"], cfg)] = e
+        try:
+            for e in manifest["entries"]:
+                cfg = KernelConfig.from_params(e["config"])
+                entries[_entry_key(e["arch"], e["q_len"], cfg)] = e
+                if not (isinstance(e.get("file"), str) and isinstance(e.get("sha256"), str)):  # read at launch
+                    raise TypeError(f"entry {e.get('config')} has no file name and sha256")
+        except (KeyError, TypeError, AttributeError, InvalidConfig) as exc:  # a hand-edited or foreign manifest
+            raise BundleError(
+                f"cubin bundle manifest {root / MANIFEST} is malformed ({type(exc).__name__}: {exc})"
+            ) from None
         return cls(root, entries)
 
     def cubin(self, cfg: KernelConfig, q_len: int, arch: str) -> bytes:
