@@ -121,3 +121,9 @@ def test_lookup_by_batch_uses_that_batch_buckets_table(tmp_path):
         c.lookup(46000, batch=0)
     snap = json.loads(c.snapshot.read_text())
     assert len({cfg["batch_bucket"]["index"] for cfg in snap["configs"]}) == 13
+
+
+@pytest.mark.parametrize(("kw", "says"), [({"q_len": 65}, "q_len must be in 1..64"), ({"H": 0}, "H must be")])
+def test_a_shape_no_table_can_hold_is_named_when_the_client_is_made(tmp_path, kw, says):
+    with pytest.raises(ValueError, match=says):
+        ConfigClient(**({"H": 8, "q_len": 9} | kw), device="NVIDIA H200", snapshot_dir=tmp_path)

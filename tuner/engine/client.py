@@ -45,6 +45,7 @@ from verify_tuner.engine.config_table import (
 from verify_tuner.kernels import kernel_hash as current_kernel_hash
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.limits import DeviceLimits, known_device
+from verify_tuner.kernels.validate import MAX_Q_LEN
 
 # Entry and GraphPlanChoice live in config_table; a worker imports them from here.
 __all__ = ["DIR_ENV", "URL_ENV", "ConfigClient", "Entry", "GraphPlanChoice"]
@@ -67,6 +68,11 @@ class ConfigClient:
         limits: DeviceLimits | None = None,
         kernel_hash: str | None = None,
     ) -> None:
+        # a shape no table can hold is the caller's mistake, said here: fetch() promises never to raise
+        if not (hasattr(H, "__index__") and H >= 1):  # numpy and torch integers index too
+            raise ValueError(f"H must be a positive number of heads, got {H!r}")
+        if not (hasattr(q_len, "__index__") and 1 <= q_len <= MAX_Q_LEN):
+            raise ValueError(f"q_len must be in 1..{MAX_Q_LEN}, got {q_len!r}")
         url = base_url if base_url is not None else os.environ.get(URL_ENV)
         self.base_url = url.rstrip("/") if url else None
         folder = config_dir if config_dir is not None else os.environ.get(DIR_ENV)
