@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import httpx
 
@@ -25,16 +26,22 @@ def tuner_cmd(*args: str) -> list[str]:
 
 
 def run_tuner(
-    env: dict[str, str], *args: str, block: str | None = None, wrap: Sequence[str] = (), timeout: float = 60
+    env: dict[str, str],
+    *args: str,
+    block: str | None = None,
+    wrap: Sequence[str] = (),
+    timeout: float = 60,
+    cwd: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """`tuner ARGS` in a fresh process, as an operator runs it (optionally with one package made
-    unimportable, as on a machine that lacks it; `wrap` prefixes the command)."""
+    unimportable, as on a machine that lacks it; `wrap` prefixes the command; `cwd` its folder)."""
     code = "import sys; sys.argv[0] = 'tuner'; from verify_tuner.cli.entry import main; main()"
     if block:
         code = f"import sys; sys.modules[{block!r}] = None; " + code
     return subprocess.run(
         [*wrap, sys.executable, "-c", code, *args],
         env={**os.environ, **env},
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -10,7 +10,6 @@ import shutil
 import sqlite3
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx
@@ -360,18 +359,9 @@ def test_a_home_relative_sqlite_url_as_the_docs_print_it_is_the_file_under_home(
     home, cwd = tmp_path / "home", tmp_path / "cwd"
     home.mkdir()
     cwd.mkdir()
-    env = {**os.environ, "HOME": str(home), "TUNER_DATABASE_URL": "sqlite:///~/vt/configs.db"}
+    env = {"HOME": str(home), "TUNER_DATABASE_URL": "sqlite:///~/vt/configs.db"}
     for args in (("db", "upgrade"), ("configs", "list")):
-        code = "import sys; sys.argv[0] = 'tuner'; from verify_tuner.cli.entry import main; main()"
-        r = subprocess.run(
-            [sys.executable, "-c", code, *args],
-            env=env,
-            cwd=cwd,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        r = run_tuner(env, *args, cwd=cwd)
         assert r.returncode == 0, r.stderr
     assert (home / "vt" / "configs.db").stat().st_size > 0
     assert not (cwd / "~").exists()
