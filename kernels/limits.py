@@ -57,7 +57,8 @@ KNOWN_DEVICES: dict[str, DeviceLimits] = {
         DeviceLimits("NVIDIA L40S", 8, 9, 142, 99 * _KB, 100 * _KB, l2_bytes=96 * 1024 * _KB),
     )
 }
-_ALIASES = {
+#: Short names an operator may give for a known device (`--device h200`).
+ALIASES = {
     "h200": "NVIDIA H200",
     "h100": "NVIDIA H100 80GB HBM3",
     "rtx-pro-6000": "NVIDIA RTX PRO 6000 Blackwell Server Edition",
@@ -84,7 +85,7 @@ def known_device(name: str) -> DeviceLimits | None:
     """Look a device up by its CUDA name, spelled as torch or the engines spell it (`NVIDIA
     H200`, `NVIDIA_H200`), a short alias (h200, rtx-pro-6000, ...) or a variant of a known
     family (`NVIDIA H200 NVL`); None when unknown."""
-    key = _ALIASES.get(name.lower()) or _BY_NORM.get(_norm(name))
+    key = ALIASES.get(name.lower()) or _BY_NORM.get(_norm(name))
     if key is None:
         n = _norm(name)
         family = max((f for f in _FAMILIES if n == f or n.startswith(f + " ")), key=len, default=None)

@@ -82,6 +82,7 @@ def _check_device(engine: Engine, name: str) -> None:
     """Refuse a default device that requests could not resolve: every request naming none would get a
     422 blaming a `device` query parameter the worker never sent."""
     from verify_tuner.errors import BadParameter
+    from verify_tuner.kernels.limits import ALIASES
     from verify_tuner.store import devices, lookup
     from verify_tuner.store.session import session_factory, session_scope
 
@@ -91,6 +92,6 @@ def _check_device(engine: Engine, name: str) -> None:
         except BadParameter:
             recorded = ", ".join(d.name for d in devices.list_devices(session=s)) or "none"
             raise click.ClickException(
-                f"TUNER_DEVICE/--device {name!r} is neither a known GPU (e.g. h200, h100, a100, l40s, rtx-pro-6000, "
-                f"or its CUDA name) nor a device recorded in the database (recorded: {recorded})"
+                f"TUNER_DEVICE/--device {name!r} is neither a known GPU ({', '.join(ALIASES)}, or its CUDA name) "
+                f"nor a device recorded in the database (recorded: {recorded})"
             ) from None
