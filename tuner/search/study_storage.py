@@ -102,12 +102,7 @@ def open_storage(url: str, heartbeat_s: float | None = None) -> optuna.storages.
     from sqlalchemy.exc import IntegrityError, ProgrammingError
 
     if url.startswith("sqlite"):  # journal_mode=WAL is stored in the file: set it once, on a connection
-        from sqlalchemy.engine import make_url
-        from verify_tuner.store.session import check_writable
-
-        if (db := make_url(url).database) and db != ":memory:":
-            check_writable(Path(db).expanduser(), STUDY_SETTING)  # before make_engine blames TUNER_DATABASE_URL
-        engine = make_engine(url, wal=True)  # (Optuna's engine does not)
+        engine = make_engine(url, wal=True, setting=STUDY_SETTING)  # (Optuna's engine does not)
         with engine.connect():
             pass
         engine.dispose()

@@ -36,6 +36,7 @@ def make_engine(
     timeout_s: float | None = None,
     create: bool = True,
     wal: bool = False,
+    setting: str = "TUNER_DATABASE_URL",
 ) -> Engine:
     """An engine; SQLite gets a busy timeout, WAL once a connection has written (or at connect with
     `wal`: what creates the file), and, for writers (`immediate`), transactions that take the
@@ -48,7 +49,8 @@ def make_engine(
     keys on would cascade into the rows that point at it. `timeout_s` (the sidecar's) bounds, on
     PostgreSQL, the connect, each statement (server side) and the wait for a pooled connection;
     without it only the connect is bounded (CONNECT_TIMEOUT_S). `create=False` never creates a
-    missing SQLite file (the sidecar's: a file deleted under it must not come back empty). The
+    missing SQLite file (the sidecar's: a file deleted under it must not come back empty);
+    `setting` is the variable an unwritable file is blamed on (check_writable). The
     journal mode is stored in the file, so a connection that only reads never sets it: reading a
     snapshot (rollback-journal mode, bound for a read-only mount) must leave it as it was."""
     check_url(url)
@@ -58,7 +60,7 @@ def make_engine(
         return create_engine(url, pool_pre_ping=True, **pool, **_postgres_timeouts(timeout_s, pooled))
     file_db = bool(parsed.database) and parsed.database != ":memory:"
     if file_db and not read_only:
-        check_writable(Path(parsed.database).expanduser())
+        check_writable(Path(parsed.database).expanduser(), setting)
     if file_db and (read_only or not create):
         path = Path(parsed.database).expanduser().resolve()
         url = f"sqlite:///file:{quote(str(path))}?mode={'ro' if read_only else 'rw'}&uri=true"
