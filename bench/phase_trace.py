@@ -51,11 +51,9 @@ def _trace(va, inp, out, stream) -> dict:
     cuda.memset_d8(dev, 0, size)
     va.run(inp, out, stream=stream)
     stream.synchronize()
-    raw = np.empty((3, 8192, 8), np.uint64)
+    raw = np.empty((2, 8192, 8), np.uint64)
     cuda.memcpy_dtoh(raw, dev)
-    # [0] the full partial kernel, [2] the row-split one (the one the plan does not pick exits before
-    # its second stamp), [1] the reduce
-    part, red = np.concatenate([raw[0], raw[2]]).astype(np.int64), raw[1].astype(np.int64)
+    part, red = raw[0].astype(np.int64), raw[1].astype(np.int64)
     t0 = int(part[part[:, 0] > 0, 0].min())
     working = part[part[:, 1] > 0]
     launched = red[red[:, 0] > 0]

@@ -7,8 +7,8 @@ replays, inputs rotated past the L2):
 - ragged: 1x100k + 7x2k (B=8) and 1x120k + 31x1k (B=32), against the long request alone;
 - uniform: B=32 with prefixes 20k..70k, against max(HBM floor, FLOP / 645 TFLOP/s);
 - short: B=1 at P=0 and P=4096;
-- variants: the partial's two bodies compiled into one kernel (-DVA_ONE_KERNEL=1, the layout before
-  they were two) A/B'd on short prefixes, a short batch, B=1 46k and ragged B=8.
+- variants: the plan's row splits (-DVA_ROWSPLIT=1: none; -DPLAN_SPLIT_TILES=k: split while the
+  batch has fewer than k tiles a grid part) A/B'd on short prefixes, a short batch, B=1 46k and ragged B=8.
 Each row: us, limit_us, achieved TB/s and TFLOP/s, and the partial kernel's own time.
 
     python3 bench/runtime_split.py --out bench/results
@@ -205,9 +205,8 @@ def main() -> None:
     add("uniform B=32: 20k..70k", uniform)
     rows[-1]["vs_limit"] = round(rows[-1]["us"] / rows[-1]["limit_us"], 3)
     add("B=1 P=1000", [1000])
-    # the partial's bodies as two kernels (default) and as one; the plan's variants before (no row
-    # splits, splitting while parts would hold < 2 or 4 tiles): 21f55e5:bench/results/runtime_sm_90.md
-    for flags in ((), ("-DVA_ONE_KERNEL=1",)):
+    # the plan's variants: row splits compiled out, splitting while parts would hold < 2 or 4 tiles
+    for flags in ((), ("-DVA_ROWSPLIT=1",), ("-DPLAN_SPLIT_TILES=2",), ("-DPLAN_SPLIT_TILES=4",)):
         tag = " ".join(flags) or "default plan"
         for P in (0, 1218, 2435, 4096, 8192):
             add(f"B=1 P={P} [{tag}]", [P], flags)

@@ -56,32 +56,20 @@ class CubinKernels:
         self.module = _ok(drv.cuModuleLoadData(cubin), "cuModuleLoadData")
         self.partial = _ok(drv.cuModuleGetFunction(self.module, b"verify_attn_partial"), "cuModuleGetFunction")
         self.reduce = _ok(drv.cuModuleGetFunction(self.module, b"verify_attn_reduce"), "cuModuleGetFunction")
-        # a row-splitting config's short batches run in a kernel of their own, launched first
-        self.partial_split = (
-            _ok(drv.cuModuleGetFunction(self.module, b"verify_attn_partial_split"), "cuModuleGetFunction")
-            if self._read_int(b"kSplitKernel") == 1
-            else None
-        )
         self.smem = smem_bytes(spec.cfg, spec.q_len)
         if self._read_int(b"kSmemBytes") != self.smem:  # a bug, not a bad config: the formulas drifted apart
             raise RuntimeError(f"smem formula {self.smem} B != the cubin's layout")
+        attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        _ok(drv.cuFuncSetAttribute(self.partial, attr, self.smem), "cuFuncSetAttribute")
         fa = drv.CUfunction_attribute
-        for fn in (self.partial, self.partial_split):
-            if fn is None:
-                continue
-            _ok(drv.cuFuncSetAttribute(fn, fa.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, self.smem), "attr")
-            max_threads = _ok(drv.cuFuncGetAttribute(fa.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, fn), "attr")
-            if max_threads < spec.cfg.block:
-                regs = _ok(drv.cuFuncGetAttribute(fa.CU_FUNC_ATTRIBUTE_NUM_REGS, fn), "attr")
-                raise InvalidConfig(
-                    f"BLOCK={spec.cfg.block} but the compiled kernel allows {max_threads} threads "
-                    f"({regs} registers/thread)"
-                )
+        max_threads = _ok(drv.cuFuncGetAttribute(fa.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, self.partial), "attr")
+        if max_threads < spec.cfg.block:
+            regs = _ok(drv.cuFuncGetAttribute(fa.CU_FUNC_ATTRIBUTE_NUM_REGS, self.partial), "attr")
+            raise InvalidConfig(
+                f"BLOCK={spec.cfg.block} but the compiled kernel allows {max_threads} threads ({regs} registers/thread)"
+            )
         self.reduce_threads = self._read_int(b"kReduceThreads")
         self.uses_pdl = self._read_int(b"kUsesPdl") == 1
-        if self.partial_split is not None:
-            self.split_first = self._read_int(b"kSplitFirst") == 1
-            self.second_pdl = self._read_int(b"kSecondPdl") == 1
 
     def global_ptr(self, name: bytes) -> tuple[int, int]:
         """(device address, bytes) of a __device__ variable of the module."""
@@ -101,7 +89,7 @@ class CubinKernels:
         cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
         cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block, 1, 1
         cfg.sharedMemBytes, cfg.hStream = smem, drv.CUstream(stream)
-        if pdl:  # scheduled while the kernel before it runs; waits for it in griddepcontrol.wait
+        if pdl:  # the reduce is scheduled while the partial runs and waits in griddepcontrol.wait
             attr = drv.CUlaunchAttribute()
             attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
             attr.value.programmaticStreamSerializationAllowed = 1
@@ -125,9 +113,7 @@ class CubinKernels:
     ) -> None:
         """Enqueue partial + reduce on `stream` (a CUstream handle as an int; 0 the legacy default
         stream). reduce=False enqueues the partial alone, partial=False the reduce alone, over the
-        partials a previous launch left in the workspace (benchmarks split the time with them).
-        The partial is two kernels where the config splits rows (the split one first): the same
-        arguments, the plan on the device decides which of them works."""
+        partials a previous launch left in the workspace (benchmarks split the time with them)."""
         if not (reduce or partial):
             raise ValueError("launch with neither kernel")
         drv = _driver()
@@ -136,13 +122,8 @@ class CubinKernels:
             args = spec.partial_args(
                 part_o=part_o, part_lse=part_lse, batch=batch, softmax_scale=softmax_scale, layout=layout, **pointers
             )
-            grid = spec.partial_grid()
-            fns = [self.partial]
-            if self.partial_split is not None:
-                fns = [self.partial_split, self.partial] if self.split_first else [self.partial, self.partial_split]
-            for i, fn in enumerate(fns):
-                cfg = self._config(grid, spec.cfg.block, self.smem, stream, pdl=i == 1 and self.second_pdl)
-                _ok(drv.cuLaunchKernelEx(cfg, fn, (args, _PARTIAL_TYPES), 0), "cuLaunchKernelEx(partial)")
+            cfg = self._config(spec.partial_grid(), spec.cfg.block, self.smem, stream, pdl=False)
+            _ok(drv.cuLaunchKernelEx(cfg, self.partial, (args, _PARTIAL_TYPES), 0), "cuLaunchKernelEx(partial)")
         if not reduce:
             return
         blocks, per_block = reduce_grid(

@@ -63,10 +63,9 @@
 
 typedef __nv_bfloat16 bf16;
 
-// Programmatic dependent launch (sm_90+): each kernel lets the next (split partial -> full partial ->
-// reduce) be scheduled early, and the next waits for its results in griddepcontrol.wait.
-// kernels/runtime.py reads kUsesPdl and launches the second and third with the matching attribute
-// only when it is 1.
+// Programmatic dependent launch (sm_90+): the partial lets the reduce grid be scheduled early
+// and the reduce waits for the partial's results in griddepcontrol.wait. kernels/launch.py reads
+// kUsesPdl and launches the reduce with the matching attribute only when it is 1.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && !defined(VA_NO_PDL)
 #define VA_PDL 1
 #else
@@ -101,15 +100,6 @@ constexpr int RS = (NR + RSPLIT0 - 1) / RSPLIT0;
 // As many splits as RS-tile shares fill: NR=4 over 3 would leave the third empty, so it is 2 + 2
 // and the plan gets NSPLIT/2 parts instead of NSPLIT/3.
 constexpr int RSPLIT = (NR + RS - 1) / RS;
-#ifndef VA_ONE_KERNEL
-#define VA_ONE_KERNEL 0
-#endif
-#ifndef VA_SPLIT_FIRST  // the split kernel is launched before the full one (0: after)
-#define VA_SPLIT_FIRST 1
-#endif
-#ifndef VA_SECOND_PDL  // the second partial kernel is a programmatic launch (0: a plain one)
-#define VA_SECOND_PDL 1
-#endif
 // The QK grid of a row split's block (its RS tiles). Its score buffers are packed at the split's
 // RS*8 rows within the NSB * ROWS_PAD rows the layout holds, so a block of few rows can take more
 // k-slices, i.e. shorter mma chains, in the same space: for the seesaw, one row group and 4
@@ -193,11 +183,6 @@ constexpr int RED_UNROLL = RED_SHARE <= 24 ? RED_SHARE : 8;
 extern "C" __device__ const int kSmemBytes = SMEM_Q + SMEM_K + SMEM_S + SMEM_P + SMEM_STATS + SMEM_MASK + SMEM_SLOTS;
 extern "C" __device__ const int kUsesPdl = VA_PDL;
 extern "C" __device__ const int kReduceThreads = RED_THREADS;
-// 1: verify_attn_partial_split has a body and is launched before verify_attn_partial.
-// -DVA_ONE_KERNEL=1 compiles both bodies into verify_attn_partial, as before (A/B experiments).
-extern "C" __device__ const int kSplitKernel = RSPLIT > 1 && !VA_ONE_KERNEL;
-extern "C" __device__ const int kSplitFirst = VA_SPLIT_FIRST;
-extern "C" __device__ const int kSecondPdl = VA_PDL && VA_SECOND_PDL;
 
 // Offset of element (row, col) in a Q, KV or O-staging buffer. Rows are 1152 B (9 x 128 B, no
 // padding) and the 16-byte chunk c of row r sits at chunk c ^ (r & 7) of its 128-byte group, so a
@@ -712,10 +697,10 @@ __device__ __forceinline__ void pv_tile(float (&acc)[MW][NT][4], const bf16* Kt,
 #endif
 
 // Profiling (bench/phase_trace.py): thread 0 of each block stamps the global timer at phase
-// boundaries into va_trace ([0] the full partial, [2] the split one: 8 stamps a block; [1] the reduce).
+// boundaries into va_trace (partial: 8 stamps a block; the reduce's from slot 6 of its own rows).
 #ifdef VA_TRACE
 extern "C" {
-__device__ unsigned long long va_trace[3][8192][8];
+__device__ unsigned long long va_trace[2][8192][8];
 }
 __device__ __forceinline__ void trace_stamp(int kernel, int slot) {
   if (threadIdx.x != 0) return;
@@ -733,27 +718,21 @@ __device__ __forceinline__ void trace_stamp(int kernel, int slot) {
 #define VA_MINB 1  // blocks per SM the register allocation must allow
 #endif
 
-// The partial's two bodies, one kernel each (verify_attn_partial: blocks of every row tile;
-// verify_attn_partial_split: a row split's, when RSPLIT > 1), launched one after the other with the same
-// arguments: the plan picks the one that works, the other exits. Compiled into one kernel, whichever
-// body's code came second ran 1.5-2.5x slower on cold instruction caches (an engine's layer between two
-// steps) and up to 1.3x on warm ones (bench/results/ab_kernel_flags_sm_90.md).
-template <bool SPLITK>
-__device__ __forceinline__ void
-partial_body(const bf16* __restrict__ q,              // row (b*QN + i, h) at (b*QN + i)*q_st + h*q_sh: dims 0..511
-             const bf16* __restrict__ q_pe,           // the same rows' dims 512..575 (rope), at pe_st, pe_sh
-             const bf16* __restrict__ kv,             // [S, 576] (pages of 2^page_shift slots)
-             const int* __restrict__ prefix_indices,  // [sum P_b] slots, or a table: a row of page_stride per request
-             const int* __restrict__ prefix_rows,     // [B] request b's row of the table, or null: row b
-             const int* __restrict__ prefix_indptr,   // [B + 1] prefix tokens
-             const int* __restrict__ draft_indices,   // [B, QN] slots
-             const void* __restrict__ tree_mask,      // [B, QN] rows of mask_bytes
-             bf16* __restrict__ part_o,     // [NSPLIT + B - 1 slots, QN, H, 512]: o / l
-             float* __restrict__ part_lse,  // [NSPLIT + B - 1 slots, QN, H]: m + log2(l)
-             bf16* __restrict__ out,        // [B, QN, H, 512]: requests one part covers
-             float* __restrict__ lse,       // [B, QN, H] natural log, or null
-             int B, int H, int q_st, int q_sh, int pe_st, int pe_sh, int page_shift, int page_stride,
-             int mask_bytes, float scale_log2) {
+extern "C" __global__ void __launch_bounds__(BLOCK, VA_MINB)
+verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h) at (b*QN + i)*q_st + h*q_sh: dims 0..511
+                    const bf16* __restrict__ q_pe,           // the same rows' dims 512..575 (rope), at pe_st, pe_sh
+                    const bf16* __restrict__ kv,             // [S, 576] (pages of 2^page_shift slots)
+                    const int* __restrict__ prefix_indices,  // [sum P_b] slots, or a table: a row of page_stride per request
+                    const int* __restrict__ prefix_rows,     // [B] request b's row of the table, or null: row b
+                    const int* __restrict__ prefix_indptr,   // [B + 1] prefix tokens
+                    const int* __restrict__ draft_indices,   // [B, QN] slots
+                    const void* __restrict__ tree_mask,      // [B, QN] rows of mask_bytes
+                    bf16* __restrict__ part_o,     // [NSPLIT + B - 1 slots, QN, H, 512]: o / l
+                    float* __restrict__ part_lse,  // [NSPLIT + B - 1 slots, QN, H]: m + log2(l)
+                    bf16* __restrict__ out,        // [B, QN, H, 512]: requests one part covers
+                    float* __restrict__ lse,       // [B, QN, H] natural log, or null
+                    int B, int H, int q_st, int q_sh, int pe_st, int pe_sh, int page_shift, int page_stride,
+                    int mask_bytes, float scale_log2) {
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* Qs = reinterpret_cast<bf16*>(smem);
   bf16* Ks = Qs + ROWS_PAD * KSTRIDE;
@@ -773,7 +752,7 @@ partial_body(const bf16* __restrict__ q,              // row (b*QN + i, h) at (b
 #if VA_PDL
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");  // the reduce may be scheduled now
 #endif
-  TRACE(SPLITK ? 2 : 0, 0);
+  TRACE(0, 0);
 #if defined(VA_PROFILE_EMPTY)  // profiling: the launch alone (outputs are garbage by design)
   return;
 #endif
@@ -794,14 +773,6 @@ partial_body(const bf16* __restrict__ q,              // row (b*QN + i, h) at (b
   // and leaves it in seg_s.
   {
     const Plan pl = make_plan(prefix_indptr, B);
-    if ((VA_ONE_KERNEL ? false : RSPLIT > 1 && pl.R > 1) != SPLITK) {  // the other kernel's batch
-#if VA_PDL && VA_SECOND_PDL
-      // the second kernel completes after the first one's results are visible, so the reduce's wait
-      // on it covers them
-      if (SPLITK != (VA_SPLIT_FIRST != 0)) asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-      return;
-    }
     if (part_id >= pl.N * pl.R) return;  // fewer parts than the grid's have work: the batch is short
     split_kvp = part_id % pl.N;
     split_lo = pl.R > 1 ? part_id / pl.N * RS : 0;
@@ -813,7 +784,7 @@ partial_body(const bf16* __restrict__ q,              // row (b*QN + i, h) at (b
     __syncthreads();
     split_lo = pl.R > 1 ? split_lo : -1;  // -1: every row (the segment loop below without the split)
   }
-  TRACE(SPLITK ? 2 : 0, 1);
+  TRACE(0, 1);
   // The segment loop, compiled twice: with every row tile (NT = NR from 0: the loops and the
   // accumulators as without the split, a runtime range there spilled at 72 rows) and with a row
   // split's RS tiles from a runtime nlo.
@@ -913,14 +884,14 @@ partial_body(const bf16* __restrict__ q,              // row (b*QN + i, h) at (b
     float acc[MW][NT][4];
     zero_fill(acc);
 
-    TRACE(SPLITK ? 2 : 0, 2);
+    TRACE(0, 2);
 #if PIPE == 3
     if (grp == 0) cp_async_wait<2>(); else cp_async_wait<1>();  // Q (0: tiles 0, 2 pending; 1: tile 1)
 #else
     cp_async_wait<PRE - 1>();  // Q and tile 0 have landed
 #endif
     __syncthreads();
-    TRACE(SPLITK ? 2 : 0, 3);
+    TRACE(0, 3);
 #if PIPE == 0
     // Two barriers a tile; PV(t) and QK(t+1) back to back. The slot of tile t-1 is refilled with
     // tile t+STAGES-1 at the first barrier, so STAGES-1 tiles are in flight while a tile computes
@@ -993,7 +964,7 @@ partial_body(const bf16* __restrict__ q,              // row (b*QN + i, h) at (b
 #endif
     cp_async_wait<0>();
     __syncthreads();  // every warp is past its last QK: the Q region can hold O
-    TRACE(SPLITK ? 2 : 0, 4);
+    TRACE(0, 4);
 
     // ---- epilogue: o / l as bf16 staged row-major in the Q region, then 16-byte stores
     const int g = lane >> 2, tq = lane & 3;
@@ -1032,7 +1003,7 @@ partial_body(const bf16* __restrict__ q,              // row (b*QN + i, h) at (b
       else if (lse != nullptr) lse[row_index(X, r)] = lse2 * 0.69314718055994531f;
     }
     __syncthreads();  // every thread has read seg_s, and the Q region and stats are free again
-    TRACE(SPLITK ? 2 : 0, 5);
+    TRACE(0, 5);
     if (tid < 4) seg_s[tid] = seg_s[4 + tid];  // the next segment (found in the prologue)
     __syncthreads();
   }  // segments
@@ -1047,36 +1018,24 @@ partial_body(const bf16* __restrict__ q,              // row (b*QN + i, h) at (b
       __syncthreads();
       if (tid < 4) seg_s[tid] = first_seg[tid];
       __syncthreads();
-      TRACE(SPLITK ? 2 : 0, 7);
+      TRACE(0, 7);
     }
 #endif
-  if constexpr (SPLITK)
-    segments(Flag<true>());
-  else if (VA_ONE_KERNEL && RSPLIT > 1 && split_lo >= 0)
+  // The order of the two instantiations in the binary is worth up to 25 %: the path whose tile loop
+  // lands first in the kernel's code runs fastest (bench/results/ab_kernel_flags_sm_90.md).
+  // VA_SPLIT_LIKELY (experiment) puts the row split's first.
+#ifdef VA_SPLIT_LIKELY
+  if (__builtin_expect(RSPLIT > 1 && split_lo >= 0, 1))
+#else
+  if (RSPLIT > 1 && split_lo >= 0)
+#endif
     segments(Flag<true>());
   else
     segments(Flag<false>());
 #ifdef VA_PROFILE_REPEAT
   }
 #endif
-  TRACE(SPLITK ? 2 : 0, 6);
-}
-
-#define VA_PARTIAL_PARAMS                                                                                        \
-  const bf16* __restrict__ q, const bf16* __restrict__ q_pe, const bf16* __restrict__ kv,                        \
-  const int* __restrict__ prefix_indices, const int* __restrict__ prefix_rows,                                   \
-  const int* __restrict__ prefix_indptr, const int* __restrict__ draft_indices,                                  \
-  const void* __restrict__ tree_mask, bf16* __restrict__ part_o, float* __restrict__ part_lse,                   \
-  bf16* __restrict__ out, float* __restrict__ lse, int B, int H, int q_st, int q_sh, int pe_st, int pe_sh,       \
-  int page_shift, int page_stride, int mask_bytes, float scale_log2
-#define VA_PARTIAL_ARGS \
-  q, q_pe, kv, prefix_indices, prefix_rows, prefix_indptr, draft_indices, tree_mask, \
-  part_o, part_lse, out, lse, B, H, q_st, q_sh, pe_st, pe_sh, page_shift, page_stride, mask_bytes, scale_log2
-extern "C" __global__ void __launch_bounds__(BLOCK, VA_MINB) verify_attn_partial(VA_PARTIAL_PARAMS) {
-  partial_body<false>(VA_PARTIAL_ARGS);
-}
-extern "C" __global__ void __launch_bounds__(BLOCK, VA_MINB) verify_attn_partial_split(VA_PARTIAL_PARAMS) {
-  if constexpr (RSPLIT > 1 && !VA_ONE_KERNEL) partial_body<true>(VA_PARTIAL_ARGS);
+  TRACE(0, 6);
 }
 
 // Online log-sum-exp merge of parts first, first + step, ... (< nparts) of one row's 8 dims

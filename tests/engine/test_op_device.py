@@ -43,14 +43,7 @@ class FakeDriver(types.ModuleType):
             CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK="threads",
             CU_FUNC_ATTRIBUTE_NUM_REGS="regs",
         )
-        self.globals = {
-            b"kSmemBytes": smem_bytes(CFG, 9),
-            b"kReduceThreads": 256,
-            b"kUsesPdl": 1,
-            b"kSplitKernel": 1,
-            b"kSplitFirst": 1,
-            b"kSecondPdl": 1,
-        }  # CFG's layout
+        self.globals = {b"kSmemBytes": smem_bytes(CFG, 9), b"kReduceThreads": 256, b"kUsesPdl": 1}  # CFG's layout
         self.addresses = {name: 0x1000 + 16 * i for i, name in enumerate(self.globals)}
 
     def cuInit(self, flags):
