@@ -70,7 +70,7 @@ def main() -> None:
     import pycuda.autoprimaryctx  # noqa: F401
     import pycuda.driver as cuda
     import torch
-    from benchlib import checked_launcher, interleaved_medians
+    from benchlib import checked_launcher, interleaved_medians, neighbour_gemm
     from verify_tuner.kernels.launch import VerifyAttention
     from verify_tuner.kernels.limits import read_device_limits
     from verify_tuner.kernels.reference import reference
@@ -128,7 +128,7 @@ def main() -> None:
         for name, va in vas.items():
             launchers[name + " partial"] = _kernel_launcher(va, sets, out, stream, reduce=False)
             launchers[name + " reduce"] = _kernel_launcher(va, sets, out, stream, partial=False)
-        between = _neighbour(args.neighbour_mb) if args.neighbour_mb else None
+        between = neighbour_gemm(args.neighbour_mb) if args.neighbour_mb else None
         if between is not None:
             launchers["neighbour"] = lambda k: None
         med = interleaved_medians(launchers, len(sets), rounds=ROUNDS, reps=REPS, stream=stream, between=between)
@@ -148,18 +148,6 @@ def main() -> None:
     if len(slug) > 40:  # labels that share their first 40 characters must not overwrite each other
         slug = slug[:32].strip("_") + "_" + hashlib.sha256(args.label.encode()).hexdigest()[:7]
     (args.out / f"ab_{slug}_{limits.arch}.md").write_text("\n".join(lines) + "\n")
-
-
-def _neighbour(mb: int):
-    """A GEMM of 16 rows over `mb` MB of bf16 weights (7168 wide, as a large model's hidden size):
-    its cuBLAS code and weights stand in for the layer's other kernels between two attention calls."""
-    import torch
-
-    n = max(1, mb * 2**20 // (2 * 7168))
-    x = torch.randn(16, 7168, dtype=torch.bfloat16, device="cuda")
-    w = torch.randn(7168, n, dtype=torch.bfloat16, device="cuda")
-    y = torch.empty(16, n, dtype=torch.bfloat16, device="cuda")
-    return lambda: torch.matmul(x, w, out=y)
 
 
 def _kernel_launcher(va, sets, out, stream, *, reduce=True, partial=True):
