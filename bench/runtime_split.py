@@ -7,9 +7,12 @@ replays, inputs rotated past the L2):
 - ragged: 1x100k + 7x2k (B=8) and 1x120k + 31x1k (B=32), against the long request alone;
 - uniform: B=32 with prefixes 20k..70k, against max(HBM floor, FLOP / 645 TFLOP/s);
 - short: B=1 at P=0 and P=4096;
-- variants: the plan's row splits (-DVA_ROWSPLIT=1: none; -DPLAN_SPLIT_TILES=k: split while the
-  batch has fewer than k tiles a grid part) A/B'd on short prefixes, a short batch, B=1 46k and ragged B=8.
-Each row: us, limit_us, achieved TB/s and TFLOP/s, and the partial kernel's own time.
+- variants: the default (no row splits since kernel v6) against row splits built in
+  (-DVA_ROWSPLIT=3) on short prefixes, a short batch, B=1 46k and ragged B=8.
+Each row: us, limit_us, achieved TB/s and TFLOP/s, and the partial kernel's own time; with
+--neighbour-mb (default 128) also cold_us, the pair followed in its graph by a bf16 GEMM streaming
+that many MB (the rest of an engine's layer: cold instruction and data caches), the GEMM's own
+time subtracted.
 
     python3 bench/runtime_split.py --out bench/results
 """
@@ -31,7 +34,7 @@ MMA_TFLOPS = 645.0  # mma.sync ceiling on the H200 (../shared/anchors/h200.md)
 
 
 class Bench:
-    def __init__(self, cache: str) -> None:
+    def __init__(self, cache: str, neighbour_mb: int = 0) -> None:
         import pycuda.autoprimaryctx  # noqa: F401
         import pycuda.driver as cuda
         from verify_tuner.kernels.limits import read_device_limits
@@ -41,6 +44,11 @@ class Bench:
         self.bw = copy_bandwidth()
         self.stream = cuda.Stream()
         self.cache = Path(cache)
+        self.neighbour = None
+        if neighbour_mb:
+            from benchlib import neighbour_gemm
+
+            self.neighbour = neighbour_gemm(neighbour_mb)
 
     def limit_us(self, lens: list[int], h: int = H, q: int = Q) -> float:
         mem = floor_bytes(lens, q_len=q, H=h) / self.bw * 1e6
@@ -69,7 +77,17 @@ class Bench:
         part = time_graph(
             lambda k: va.run(sets[k], out, stream=self.stream, reduce=False), len(sets), stream=self.stream
         )
-        return self.row(cfg, lens, full.median_us, part.median_us, flags, err, h, q)
+        row = self.row(cfg, lens, full.median_us, part.median_us, flags, err, h, q)
+        if self.neighbour is not None:
+            cold = time_graph(
+                lambda k: va.run(sets[k], out, stream=self.stream),
+                len(sets),
+                stream=self.stream,
+                between=self.neighbour,
+            )
+            alone = time_graph(lambda k: None, len(sets), stream=self.stream, between=self.neighbour)
+            row["cold_us"] = round(cold.median_us - alone.median_us, 2)
+        return row
 
     def row(self, cfg, lens, us, partial_us, flags, err, h=H, q=Q) -> dict:
         return {
@@ -179,8 +197,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
     ap.add_argument("--cache", default=os.environ.get("TUNER_CACHE_DIR", "/tmp/va-cache"))
+    ap.add_argument("--neighbour-mb", type=int, default=128, help="the GEMM of cold_us (0: no cold_us)")
     args = ap.parse_args()
-    b = Bench(args.cache)
+    if not 0 <= args.neighbour_mb <= 4096:
+        ap.error(f"--neighbour-mb {args.neighbour_mb}: give 0..4096")
+    b = Bench(args.cache, args.neighbour_mb)
     rows: list[dict] = []
 
     def add(case: str, lens: list[int], flags: tuple[str, ...] = (), cfg=None, **extra) -> dict:
@@ -205,8 +226,9 @@ def main() -> None:
     add("uniform B=32: 20k..70k", uniform)
     rows[-1]["vs_limit"] = round(rows[-1]["us"] / rows[-1]["limit_us"], 3)
     add("B=1 P=1000", [1000])
-    # the plan's variants: row splits compiled out, splitting while parts would hold < 2 or 4 tiles
-    for flags in ((), ("-DVA_ROWSPLIT=1",), ("-DPLAN_SPLIT_TILES=2",), ("-DPLAN_SPLIT_TILES=4",)):
+    # the plan without and with row splits (splitting while parts would hold < 2 or 4 tiles, the
+    # variants before: 21f55e5:bench/results/runtime_sm_90.md)
+    for flags in ((), ("-DVA_ROWSPLIT=3",)):
         tag = " ".join(flags) or "default plan"
         for P in (0, 1218, 2435, 4096, 8192):
             add(f"B=1 P={P} [{tag}]", [P], flags)
@@ -220,6 +242,7 @@ def main() -> None:
         "arch": b.limits.arch,
         "date": dt.date.today().isoformat(),
         "copy_bw_tbps": round(b.bw / 1e12, 3),
+        "neighbour_mb": args.neighbour_mb,
         "torch": torch.__version__,
         "rows": rows,
     }
@@ -228,13 +251,19 @@ def main() -> None:
     lines = [
         f"# Runtime work split ({meta['device']}, {meta['date']}; `python3 bench/runtime_split.py`)",
         "",
-        "| case | us | partial us | limit us | TB/s | TFLOP/s | vs | config |",
-        "|---|---|---|---|---|---|---|---|",
+        (
+            f"cold us: the pair with a bf16 GEMM over {args.neighbour_mb} MB of weights after every launch in its "
+            "graph (an engine's layer between two steps), the GEMM's own time subtracted."
+        ),
+        "",
+        "| case | us | partial us | cold us | limit us | TB/s | TFLOP/s | vs | config |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         vs = r.get("ratio") or r.get("vs_alone") or r.get("vs_limit") or ""
         lines.append(
-            f"| {r['case']} | {r['us']} | {r['partial_us']} | {r['limit_us']} | {r['tbps']} | {r['tflops']} "
+            f"| {r['case']} | {r['us']} | {r['partial_us']} | {r.get('cold_us', '')} | {r['limit_us']} "
+            f"| {r['tbps']} | {r['tflops']} "
             f"| {vs} | `{r['config']}` {r['flags']} |"
         )
     (args.out / f"runtime_{b.limits.arch}.md").write_text("\n".join(lines) + "\n")

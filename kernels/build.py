@@ -23,7 +23,7 @@ from verify_tuner.kernels.errors import CompileError
 SOURCE = Path(__file__).parent / "csrc" / "verify_attention.cu"
 KERNEL_NAME = "verify_attention"
 #: Bump when the kernel's semantics or interface change; part of every cache key and DB key.
-KERNEL_VERSION = "5"
+KERNEL_VERSION = "6"
 NVCC_FLAGS = ("-O3", "-std=c++17", "--use_fast_math", "-lineinfo")
 
 

@@ -12,7 +12,8 @@ units [p*W/N, (p+1)*W/N) of the batch's W; a KV tile belongs to the part that ho
 token's unit. N = min(NSPLIT, W // (PLAN_MIN_TILES * TK)): a part spans at least one tile, so
 every part between a request's first and last holds some of its tiles and writes a partial.
 
-Row splits: when W // TK < NSPLIT * PLAN_SPLIT_TILES (with the default 1: a batch too short for
+Row splits (a kernel built with -DVA_ROWSPLIT=3; the default build has none, ROW_SPLITS): when
+W // TK < NSPLIT * PLAN_SPLIT_TILES (with the default 1: a batch too short for
 every part to get a tile; PLAN_MIN_TILES does not enter), the grid's parts would idle; instead N
 drops to at most NSPLIT // R and each part runs as R blocks, block r taking the n8 row tiles
 row_split_tiles(r) of the block's rows over the part's tiles (R = row_splits: the kernel's
@@ -28,9 +29,10 @@ from dataclasses import dataclass
 #: Defaults of the kernel's PLAN_C (tokens of fixed cost a request adds) and PLAN_MIN_TILES.
 PLAN_C = 128
 PLAN_MIN_TILES = 1
-#: The kernel's VA_ROWSPLIT default: the blocks a short batch's part is split into by rows, and
-#: PLAN_SPLIT_TILES: split while the batch has fewer tiles than that many per grid part.
-ROW_SPLITS = 3
+#: The kernel's VA_ROWSPLIT default: the blocks a short batch's part is split into by rows (1:
+#: none; -DVA_ROWSPLIT=3 builds split into 3), and PLAN_SPLIT_TILES: split while the batch has
+#: fewer tiles than that many per grid part.
+ROW_SPLITS = 1
 PLAN_SPLIT_TILES = 1
 
 

@@ -91,9 +91,11 @@ constexpr int WT = GWARPS / (WR * WK);   // QK: token groups
 constexpr int NSB = SF ? WK / 2 : WK;    // partial-score buffers
 constexpr int SSTRIDE = TK + 4;          // floats per partial-score row (16 B aligned, conflict-free)
 // Row splits (Plan): a short batch's parts are split RSPLIT ways by rows, RS n8 row tiles each.
-// VA_ROWSPLIT=1 compiles the split out.
+// Compiled out by default (VA_ROWSPLIT=1; 3 compiles them in): between an engine's other kernels,
+// which leave the instruction caches cold, the split's second copy of the segment loop cost more
+// than the split saved at every short prefix (docs/kernel.md).
 #ifndef VA_ROWSPLIT
-#define VA_ROWSPLIT 3
+#define VA_ROWSPLIT 1
 #endif
 constexpr int RSPLIT0 = NR > 1 && NSPLIT >= VA_ROWSPLIT && VA_ROWSPLIT > 1 ? (VA_ROWSPLIT < NR ? VA_ROWSPLIT : NR) : 1;
 constexpr int RS = (NR + RSPLIT0 - 1) / RSPLIT0;

@@ -96,8 +96,10 @@ def test_programmatic_dependent_launch_only_where_the_device_has_it(tmp_path, ar
 @pytest.mark.parametrize(
     "flags, fits",
     [
-        ((), True),  # the default: one row group, 4 k-slices (2 folded buffers of 24 rows) in the 72-row score space
-        (("-DVA_SPLIT_SF=0",), False),  # 4 unfolded buffers of 24 rows: 96 rows, more than the 72 there are
+        # row splits built in; their default grid: one row group, 4 k-slices (2 folded buffers of 24 rows)
+        # in the 72-row score space
+        (("-DVA_ROWSPLIT=3",), True),
+        (("-DVA_ROWSPLIT=3", "-DVA_SPLIT_SF=0"), False),  # 4 unfolded buffers of 24 rows: 96 rows, more than 72
     ],
 )
 def test_a_row_splits_qk_grid_is_refused_when_its_score_buffers_do_not_fit(tmp_path, flags, fits):

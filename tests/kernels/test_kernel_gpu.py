@@ -47,12 +47,12 @@ def gpu(tmp_path_factory):
     return limits, cache
 
 
-def _run(cfg, inp, limits, cache, *, lse=True):
+def _run(cfg, inp, limits, cache, *, lse=True, flags=()):
     import torch
     from verify_tuner.kernels.launch import VerifyAttention
 
     B, Q, H, _ = inp.q.shape
-    va = VerifyAttention(cfg, H=H, q_len=Q, limits=limits, max_batch=B, cache_dir=cache)
+    va = VerifyAttention(cfg, H=H, q_len=Q, limits=limits, max_batch=B, cache_dir=cache, extra_flags=flags)
     out = torch.full((B, Q, H, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
     lse_t = torch.full((B, Q, H), float("nan"), dtype=torch.float32, device="cuda") if lse else None
     torch.cuda.synchronize()
@@ -118,8 +118,9 @@ def test_long_prefix_many_tiles(gpu):
     ids=["36-rows-pipe1", "40-rows-seesaw", "32-rows-two-splits"],
 )
 def test_row_splits_whose_last_split_is_short(gpu, cfg, H, Q):
-    """Short batches run as row splits (kernels/plan.py); the blocks of the pool above have 1-4 or 9
-    n8 row tiles, whose splits are full; these are part-filled or, at 4 tiles, two instead of three."""
+    """Built with row splits (-DVA_ROWSPLIT=3, not the default), short batches run as row splits
+    (kernels/plan.py); the blocks of the pool above have 1-4 or 9 n8 row tiles, whose splits are
+    full; these are part-filled or, at 4 tiles, two instead of three."""
     from verify_tuner.kernels.plan import plan, row_splits
     from verify_tuner.kernels.reference import make_inputs, reference, rel_error
     from verify_tuner.kernels.validate import shape
@@ -128,10 +129,11 @@ def test_row_splits_whose_last_split_is_short(gpu, cfg, H, Q):
     assert check(cfg, limits, H=H, q_len=Q) is None
     rows = shape(cfg, Q).rows
     for lens in ([0], [777], [1000, 0, 37]):
-        assert plan(lens, q_len=Q, tk=cfg.tk, nsplit=cfg.nsplit, rsplit=row_splits(rows=rows, nsplit=cfg.nsplit)).split
+        rsplit = row_splits(rows=rows, nsplit=cfg.nsplit, splits=3)
+        assert plan(lens, q_len=Q, tk=cfg.tk, nsplit=cfg.nsplit, rsplit=rsplit).split
         inp = make_inputs(prefix_lens=lens, q_len=Q, H=H, seed=len(lens) * 7 + Q, spare_slots=99)
         ref_o, ref_lse = reference(inp)
-        _, out, lse = _run(cfg, inp, limits, cache)
+        _, out, lse = _run(cfg, inp, limits, cache, flags=("-DVA_ROWSPLIT=3",))
         assert rel_error(out, ref_o) <= 1e-2, (cfg, lens)
         assert rel_error(lse, ref_lse) <= 1e-3, (cfg, lens)
 

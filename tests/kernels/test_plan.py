@@ -51,7 +51,8 @@ def _check(prefix_lens: list[int], q_len: int, tk: int, nsplit: int, rsplit: int
 @pytest.mark.parametrize("tk", [16, 32, 64])
 @pytest.mark.parametrize("rows", [8, 72])
 def test_extremes(case, nsplit, tk, rows):
-    _check(EXTREMES[case], q_len=9, tk=tk, nsplit=nsplit, rsplit=row_splits(rows=rows, nsplit=nsplit))
+    for ways in (1, 3):  # the default build and -DVA_ROWSPLIT=3
+        _check(EXTREMES[case], q_len=9, tk=tk, nsplit=nsplit, rsplit=row_splits(rows=rows, nsplit=nsplit, splits=ways))
 
 
 @settings(max_examples=300, deadline=None)
@@ -63,29 +64,37 @@ def test_extremes(case, nsplit, tk, rows):
 )
 def test_random_batches(prefix_lens, q_len, tk, nsplit):
     _check(prefix_lens, q_len, tk, nsplit)
-    _check(prefix_lens, q_len, tk, nsplit, rsplit=row_splits(rows=72, nsplit=nsplit))
-    _check(prefix_lens, q_len, tk, nsplit, rsplit=row_splits(rows=72, nsplit=nsplit), split_tiles=3)
+    split3 = row_splits(rows=72, nsplit=nsplit, splits=3)  # as built with -DVA_ROWSPLIT=3
+    _check(prefix_lens, q_len, tk, nsplit, rsplit=split3)
+    _check(prefix_lens, q_len, tk, nsplit, rsplit=split3, split_tiles=3)
 
 
 @pytest.mark.parametrize("rows", [8, 9, 16, 24, 32, 33, 40, 64, 72, 128])
 @pytest.mark.parametrize("nsplit", [1, 2, 3, 132])
-def test_row_splits_cover_every_row_tile_once(rows, nsplit):
-    R = row_splits(rows=rows, nsplit=nsplit)
-    splits = [row_split_tiles(rows=rows, nsplit=nsplit, r=r) for r in range(R)]
+@pytest.mark.parametrize("ways", [ROW_SPLITS, 3])  # the default build (none) and -DVA_ROWSPLIT=3
+def test_row_splits_cover_every_row_tile_once(rows, nsplit, ways):
+    R = row_splits(rows=rows, nsplit=nsplit, splits=ways)
+    splits = [row_split_tiles(rows=rows, nsplit=nsplit, r=r, splits=ways) for r in range(R)]
     assert [t for tiles in splits for t in tiles] == list(range(-(-rows // 8)))
     # no block of a part idles: every split holds a tile (a last one may hold fewer: 6 + 6 + 4)
     assert all(splits)
     nr = -(-rows // 8)
-    assert R <= nsplit and (R > 1) == (nr > 1 and nsplit >= ROW_SPLITS)
-    # the kernel's shares: RS = ceil(NR / min(ROW_SPLITS, NR)) tiles, as many as they fill
-    rs = -(-nr // min(ROW_SPLITS, nr)) if R > 1 else nr
+    assert R <= nsplit and (R > 1) == (nr > 1 and ways > 1 and nsplit >= ways)
+    # the kernel's shares: RS = ceil(NR / min(ways, NR)) tiles, as many as they fill
+    rs = -(-nr // min(ways, nr)) if R > 1 else nr
     assert len(splits[0]) == rs and R == -(-nr // rs)
 
 
+def test_the_default_build_has_no_row_splits():
+    assert ROW_SPLITS == 1 and row_splits(rows=72, nsplit=132) == 1
+    assert not plan([0], q_len=9, tk=32, nsplit=132, rsplit=row_splits(rows=72, nsplit=132)).split
+
+
 def test_four_row_tiles_split_two_ways_not_three():
-    # 32 rows (H=8 q=4 at HT=8): 2 + 2 tiles over two blocks, so a part takes 2 grid slots, not 3
-    assert row_splits(rows=32, nsplit=132) == 2
-    assert [list(row_split_tiles(rows=32, nsplit=132, r=r)) for r in range(2)] == [[0, 1], [2, 3]]
+    # 32 rows (H=8 q=4 at HT=8) built with 3-way splits: 2 + 2 tiles over two blocks, so a part takes
+    # 2 grid slots, not 3
+    assert row_splits(rows=32, nsplit=132, splits=3) == 2
+    assert [list(row_split_tiles(rows=32, nsplit=132, r=r, splits=3)) for r in range(2)] == [[0, 1], [2, 3]]
 
 
 def test_a_short_request_runs_as_row_splits_over_fewer_parts():
