@@ -7,6 +7,7 @@ PyCUDA. The cache key hashes everything that can change the binary.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import functools
 import hashlib
@@ -14,6 +15,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,13 +98,27 @@ def compile_cubin(
     log_path = cache_dir / f"{stem}.log"
     if target.exists():
         return Built(target.read_bytes(), target, _read(log_path), cached=True)
-    with open(cache_dir / f"{stem}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with _build_lock(cache_dir / f"{stem}.lock"):
         if target.exists():  # another process built it while we waited for the lock
             return Built(target.read_bytes(), target, _read(log_path), cached=True)
         log = _run_nvcc(source, arch, target, extra_flags)
         _atomic_write(log_path, log.encode())
     return Built(target.read_bytes(), target, log, cached=False)
+
+
+@contextlib.contextmanager
+def _build_lock(path: Path) -> Iterator[None]:
+    """An exclusive flock on `path`, opened read-only: a lock file another user's tuner created
+    (0644 in a shared TUNER_CACHE_DIR) is still one this user can lock, where opening it for
+    writing would be refused."""
+    fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
+    try:
+        if os.fstat(fd).st_uid == os.geteuid():  # ours: 0644 whatever the umask, for the next user
+            os.fchmod(fd, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def _run_nvcc(source: str, arch: str, target: Path, extra_flags: tuple[str, ...]) -> str:

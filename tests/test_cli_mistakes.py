@@ -10,6 +10,7 @@ import shutil
 import sqlite3
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -365,3 +366,31 @@ def test_a_home_relative_sqlite_url_as_the_docs_print_it_is_the_file_under_home(
         assert r.returncode == 0, r.stderr
     assert (home / "vt" / "configs.db").stat().st_size > 0
     assert not (cwd / "~").exists()
+
+
+def test_a_build_lock_another_user_created_is_one_this_user_can_take(tmp_path):
+    """A shared TUNER_CACHE_DIR: the lock file of a config another user's tuner started building
+    (theirs, 0644) must not stop this user's build with a PermissionError."""
+    wrap = _bound()
+    lock = tmp_path / "k.lock"
+    lock.write_text("")
+    os.chown(lock, 10001, 10001)  # another user's file (this test runs as root, its child without DAC override)
+    lock.chmod(0o644)
+    code = (
+        "import sys; from pathlib import Path; from verify_tuner.kernels.build import _build_lock\n"
+        "with _build_lock(Path(sys.argv[1])): print('locked')"
+    )
+    done = subprocess.run([*wrap, sys.executable, "-c", code, str(lock)], capture_output=True, text=True, check=False)
+    assert done.returncode == 0 and done.stdout.strip() == "locked", done.stderr
+
+
+def test_a_build_lock_this_user_creates_is_0644_under_a_private_umask(tmp_path):
+    from verify_tuner.kernels.build import _build_lock
+
+    old = os.umask(0o077)
+    try:
+        with _build_lock(tmp_path / "k.lock"):
+            pass
+    finally:
+        os.umask(old)
+    assert _mode(tmp_path / "k.lock") == 0o644
