@@ -93,6 +93,15 @@ def known_device(name: str) -> DeviceLimits | None:
     return KNOWN_DEVICES.get(key) if key else None
 
 
+def same_device(a: str, b: str) -> bool:
+    """Whether two names mean one device's limits: the same name however spelt, or two names
+    (aliases, family variants) of one known device."""
+    if _norm(a) == _norm(b):
+        return True
+    la, lb = known_device(a), known_device(b)
+    return la is not None and lb is not None and la.name == lb.name
+
+
 def read_device_limits(ordinal: int = 0) -> DeviceLimits:
     """Query the limits of CUDA device `ordinal` through PyCUDA (GPU path only)."""
     import pycuda.driver as cuda

@@ -46,6 +46,18 @@ def test_fetch_from_sidecar_then_snapshot_then_heuristic(tmp_path):
     c2 = ConfigClient(f"http://127.0.0.1:{port}", H=8, q_len=9, device="NVIDIA H200", snapshot_dir=snap, timeout_s=0.5)
     assert c2.fetch() == "snapshot" and "sidecar unavailable" in c2.reason
     assert c2.lookup(46000) == c.lookup(46000)
+    # the same snapshot under the name a worker spelling its device `h200` reads: one device, used
+    alias = ConfigClient(f"http://127.0.0.1:{port}", H=8, q_len=9, device="h200", snapshot_dir=snap, timeout_s=0.5)
+    alias.snapshot.write_text(c.snapshot.read_text())
+    assert alias.fetch() == "snapshot" and alias.lookup(46000) == c.lookup(46000)
+    # a snapshot copied from another GPU's host, or made for another dtype, is not trusted
+    table = json.loads(c.snapshot.read_text())
+    for changed, why in (({"device": "NVIDIA L40S"}, "is for device 'NVIDIA L40S'"), ({"dtype": "fp8"}, "dtype fp8")):
+        c.snapshot.write_text(json.dumps(table | changed))
+        other = ConfigClient(
+            f"http://127.0.0.1:{port}", H=8, q_len=9, device="NVIDIA H200", snapshot_dir=snap, timeout_s=0.5
+        )
+        assert other.fetch() == "heuristic" and why in other.reason, other.reason
     # no snapshot either: the heuristic, valid for the device
     c3 = ConfigClient(
         f"http://127.0.0.1:{port}", H=8, q_len=9, device="h200", snapshot_dir=tmp_path / "none", timeout_s=0.5

@@ -23,7 +23,14 @@ def test_another_gpus_table_under_this_gpus_file_name_is_not_served(tmp_path):
     assert _tuner(env, "configs", "dump", "--out-dir", str(out)).returncode == 0
     a100 = known_device("a100")
     h200_file = out / file_name(H=8, q_len=9, device="NVIDIA H200", dtype="bf16")
-    h200_file.rename(out / file_name(H=8, q_len=9, device=a100.name, dtype="bf16"))
+    a100_file = out / file_name(H=8, q_len=9, device=a100.name, dtype="bf16")
+    h200_file.rename(a100_file)
+    client = ConfigClient(None, H=8, q_len=9, device=a100.name, config_dir=out, snapshot_dir=tmp_path / "snap")
+    assert client.fetch() == "heuristic", client.reason
+    assert "table is for device 'NVIDIA H200'" in client.reason  # the file says whose it is
+    # its device edited too: every config is still checked against the device it would run on
+    doc = json.loads(a100_file.read_text())
+    a100_file.write_text(json.dumps(doc | {"device_name": a100.name}))
     client = ConfigClient(None, H=8, q_len=9, device=a100.name, config_dir=out, snapshot_dir=tmp_path / "snap")
     assert client.fetch() == "heuristic", client.reason
     assert f"cannot run on {a100.name}" in client.reason

@@ -33,7 +33,15 @@ def sidecar_table() -> dict:
         for i, es in heuristic_table(H200, H=8, q_len=9).items()
         for e in es
     ]
-    return {"kernel_hash": kernel_hash(), "H": 8, "q_len": 9, "configs": configs, "graph_plans": []}
+    return {
+        "device": H200.name,
+        "kernel_hash": kernel_hash(),
+        "dtype": "bf16",
+        "H": 8,
+        "q_len": 9,
+        "configs": configs,
+        "graph_plans": [],
+    }
 
 
 def engine_doc() -> dict:

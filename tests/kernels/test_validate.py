@@ -88,3 +88,12 @@ def test_config_parsing_rejects_garbage():
     with pytest.raises(InvalidConfig, match="positive"):
         KernelConfig(nsplit=0, ht=1, tk=16, block=128)
     assert KernelConfig.from_params({"nsplit": "4", "HT": 2, "TK": 16, "BLOCK": 128}).stages == 2
+
+
+def test_same_device_takes_spellings_aliases_and_family_variants_not_other_gpus():
+    from verify_tuner.kernels.limits import same_device
+
+    assert same_device("NVIDIA H200", "nvidia_h200") and same_device("h200", "NVIDIA H200")
+    assert same_device("NVIDIA H200 NVL", "NVIDIA H200")  # the family shares the H200's limits and table
+    assert same_device("Some Future GPU", "some future  gpu")  # unknown, but spelt alike
+    assert not same_device("NVIDIA H200", "NVIDIA L40S") and not same_device("Some Future GPU", "h200")

@@ -44,7 +44,7 @@ from verify_tuner.engine.config_table import (
 )
 from verify_tuner.kernels import kernel_hash as current_kernel_hash
 from verify_tuner.kernels.config import KernelConfig
-from verify_tuner.kernels.limits import DeviceLimits, known_device
+from verify_tuner.kernels.limits import DeviceLimits, known_device, same_device
 from verify_tuner.kernels.validate import MAX_Q_LEN
 
 # Entry and GraphPlanChoice live in config_table; a worker imports them from here.
@@ -232,14 +232,24 @@ class ConfigClient:
         if khash != self.kernel_hash:
             raise ValueError(f"table is for kernel {khash}, this worker launches {self.kernel_hash}")
 
+    def _check_device(self, name: str, dtype: str) -> None:
+        """A table tuned on another GPU (a snapshot or file copied between hosts) or for another
+        dtype would serve configs measured for something this worker does not run."""
+        if not same_device(name, self.device):
+            raise ValueError(f"table is for device {name!r}, this worker runs on {self.device!r}")
+        if dtype != self.dtype:
+            raise ValueError(f"table is for dtype {dtype}, this worker runs {self.dtype}")
+
     def _load_engine(self, doc: dict) -> None:
         self._check_kernel(doc["kernel_hash"])
-        if (doc["H"], doc["q_len"], doc["dtype"]) != (self.H, self.q_len, self.dtype):
-            raise ValueError(f"file is for H={doc['H']} q_len={doc['q_len']} dtype={doc['dtype']}")
+        self._check_device(doc["device_name"], doc["dtype"])
+        if (doc["H"], doc["q_len"]) != (self.H, self.q_len):
+            raise ValueError(f"file is for H={doc['H']} q_len={doc['q_len']}")
         self._install(engine_file_configs(doc), engine_file_plans(doc))
 
     def _load(self, table: dict) -> None:
         self._check_kernel(table["kernel_hash"])
+        self._check_device(table["device"], table["dtype"])
         if (table["H"], table["q_len"]) != (self.H, self.q_len):
             raise ValueError(f"table is for H={table['H']} q_len={table['q_len']}")
         self._install(table["configs"], table.get("graph_plans", []))
