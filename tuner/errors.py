@@ -12,12 +12,18 @@ __all__ = [
     "InvalidConfig",
     "LaunchError",
     "StorageError",
+    "StudyStorageError",
     "TunerError",
 ]
 
 
 class StorageError(TunerError):
     """The configuration database failed or holds something it should not."""
+
+
+class StudyStorageError(TunerError):
+    """The Optuna study storage cannot be opened; the message names it (not the config database,
+    whose failures StorageError reports)."""
 
 
 class BadSetting(TunerError, ValueError):

@@ -445,3 +445,19 @@ def test_a_search_over_candidates_measures_only_those(sessions, db_url):
     st = optuna.load_study(study_name=out.key.study_name, storage=db_url)
     refused = [t.user_attrs.get("reason") for t in st.trials if t.user_attrs.get("state") == "invalid"]
     assert "not among the candidates" in refused
+
+
+def test_a_study_storage_that_refuses_is_named_not_the_config_database(sessions, db_url):
+    """`study start` with TUNER_STUDY_STORAGE pointing at a server that is down reported "database
+    unavailable: ... (<the config database>)", which the operator had just migrated."""
+    from verify_tuner.cli.exits import operator_message
+    from verify_tuner.errors import StudyStorageError
+
+    down = "postgresql+psycopg://nobody:secret@127.0.0.1:1/studies"  # nothing listens on port 1
+    options = StudyOptions(storage_url=down, seed=1, heartbeat_s=None)
+    with pytest.raises(StudyStorageError) as info:
+        run_study(backend=FakeBackend(), sessions=sessions, options=options, workload=WL, n_trials=1)
+    line = operator_message(info.value)
+    assert line is not None and line.startswith("study storage unavailable: ") and "\n" not in line
+    assert "127.0.0.1:1/studies" in line and "TUNER_STUDY_STORAGE" in line
+    assert "secret" not in line and db_url not in line

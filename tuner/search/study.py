@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import optuna
 from sqlalchemy.orm import Session, sessionmaker
 from verify_tuner import batches, buckets, space
+from verify_tuner.errors import StudyStorageError
 from verify_tuner.kernels import kernel_hash
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.errors import InvalidConfig
@@ -103,15 +104,27 @@ def workload_key(limits, workload: Workload) -> ConfigKey:  # type: ignore[no-un
 
 
 def _open_study(key: ConfigKey, options: StudyOptions) -> tuple[optuna.Study, optuna.storages.BaseStorage]:
-    """The key's Optuna study, created or resumed, with this process's sampler."""
-    storage = open_study_storage(options.storage_url, key.study_name, options.heartbeat_s)
-    study = optuna.create_study(
-        study_name=key.study_name,
-        storage=storage,
-        direction="minimize",
-        sampler=_sampler(options),
-        load_if_exists=True,
-    )
+    """The key's Optuna study, created or resumed, with this process's sampler. A study storage
+    that is down or refuses is a StudyStorageError naming it: the CLI reported a database error
+    here as the config database's, which the operator had just migrated."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import InterfaceError, OperationalError
+
+    try:
+        storage = open_study_storage(options.storage_url, key.study_name, options.heartbeat_s)
+        study = optuna.create_study(
+            study_name=key.study_name,
+            storage=storage,
+            direction="minimize",
+            sampler=_sampler(options),
+            load_if_exists=True,
+        )
+    except (OperationalError, InterfaceError) as exc:
+        first = str(exc.orig if exc.orig is not None else exc).strip().splitlines()[0]
+        where = make_url(options.storage_url).render_as_string(hide_password=True)
+        raise StudyStorageError(
+            f"study storage unavailable: {first} ({where}; --storage or TUNER_STUDY_STORAGE sets it)"
+        ) from exc
     study.set_user_attr("workload_key", str(key))
     return study, storage
 
