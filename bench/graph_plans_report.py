@@ -41,6 +41,30 @@ def verifications(url: str) -> dict[str, int]:
         return dict(Counter(v.verdict for v in list_verifications(session=s)))
 
 
+def table_rows(url: str) -> tuple[dict[str, int], list[dict]]:
+    """The table's trials by state (measured, refused before compiling, ...) and its stored best per
+    (batch bucket, prefix bucket) with its config: what the per-bucket regrets are against."""
+    from collections import Counter
+
+    from sqlalchemy import select
+    from verify_tuner.store import best_configs, models
+    from verify_tuner.store.migrate import checked_sessions
+
+    with checked_sessions(url)() as s:
+        states = dict(Counter(s.scalars(select(models.Trial.state))))
+        bests = [
+            {
+                "batch_bucket": r.key.batch_bucket,
+                "bucket": r.key.bucket,
+                "config": str(r.config),
+                "median_us": r.median_us,
+                "default_us": r.default_us,
+            }
+            for r in best_configs.list_best(session=s)
+        ]
+    return states, sorted(bests, key=lambda b: (b["batch_bucket"], b["bucket"]))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("plans_json", type=Path)
@@ -61,12 +85,15 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / f"graph_plans_{args.arch}"
     verdicts = verifications(args.database_url) if args.database_url else {}
+    states, bests = table_rows(args.database_url) if args.database_url else ({}, [])
     doc = {
         "device": args.device,
         "arch": args.arch,
         "date": args.date,
         "walltimes": walls,
         "verify_verdicts": verdicts,
+        "trial_states": states,
+        "stored_bests": bests,
         "plans": plans,
     }
     lines = [
@@ -85,7 +112,8 @@ def main() -> None:
         + "); then "
         + ", ".join(f"{w['phase']} {w['wall_s']:.1f} s" for w in walls if w["phase"] != "study")
         + "."
-        + (f" `configs verify --sample 20` verdicts: {verdicts}." if verdicts else ""),
+        + (f" `configs verify --sample 20` verdicts: {verdicts}." if verdicts else "")
+        + (f" The study's trials by state: {states}." if states else ""),
         "",
         "| batch | plan | expected µs | heuristic µs | regret geomean | worst | worst at prefix |",
         "|---|---|---|---|---|---|---|",
@@ -108,6 +136,23 @@ def main() -> None:
             c = p["buckets"][i]
             cells.append(f"{c['us']:.1f} / {c['best_us']:.1f} = {c['regret']:.3f}")
         lines.append(f"| {b['prefix']} | " + " | ".join(cells) + " |")
+    if bests:
+        from verify_tuner import batches, buckets
+
+        lines += [
+            "",
+            "The stored bests (each bucket's own best, the regrets' reference) where they are not the plan:",
+            "",
+        ]
+        lines += ["| batch bucket | prefix bucket | best | µs | heuristic µs |", "|---|---|---|---|---|"]
+        plan_of = {p["batch_bucket"]["lo"]: config_text(p) for p in plans}
+        for b in bests:
+            bb, pb = batches.by_index(b["batch_bucket"]), buckets.by_index(b["bucket"])
+            if b["config"] == plan_of.get(bb.lo):
+                continue
+            lines.append(
+                f"| {bb.lo}..{bb.hi} | {pb.lo}..{pb.hi} | {b['config']} | {b['median_us']:.1f} | {b['default_us']:.1f} |"
+            )
     if args.studies:
         doc["measured_everywhere"] = everywhere = measured_everywhere(args.studies)
         lines += ["", *everywhere_lines(everywhere)]
