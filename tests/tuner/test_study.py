@@ -461,3 +461,28 @@ def test_a_study_storage_that_refuses_is_named_not_the_config_database(sessions,
     assert line is not None and line.startswith("study storage unavailable: ") and "\n" not in line
     assert "127.0.0.1:1/studies" in line and "TUNER_STUDY_STORAGE" in line
     assert "secret" not in line and db_url not in line
+
+
+@pytest.mark.parametrize(
+    "statement, ours",
+    [
+        ("UPDATE trials SET state=? WHERE trials.trial_id = ?", False),  # Optuna's table: the study storage's
+        ("INSERT INTO tuning_trials (study_id, params) VALUES (?, ?)", True),  # the config database's
+    ],
+    ids=["study-storage", "config-database"],
+)
+def test_a_database_failure_mid_study_is_blamed_on_the_database_it_hit(sessions, db_url, monkeypatch, statement, ours):
+    """After the storage opened: a failed statement on Optuna's tables names the study storage; one
+    on the config database's stays the config database's error (the CLI names that database)."""
+    from sqlalchemy.exc import OperationalError
+    from verify_tuner.errors import StudyStorageError
+
+    def tell(self, *args, **kwargs):
+        raise OperationalError(statement, {}, Exception("server closed the connection unexpectedly"))
+
+    monkeypatch.setattr(optuna.study.Study, "tell", tell)
+    expected = OperationalError if ours else StudyStorageError
+    with pytest.raises(expected) as info:
+        study(sessions, db_url, FakeBackend(), n_trials=2)
+    if not ours:
+        assert str(info.value).startswith("study storage unavailable: server closed the connection unexpectedly")

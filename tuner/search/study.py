@@ -9,10 +9,12 @@ database (verify_tuner.store.studies, verify_tuner.store.best_configs) -> the AP
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import optuna
@@ -103,14 +105,36 @@ def workload_key(limits, workload: Workload) -> ConfigKey:  # type: ignore[no-un
     )
 
 
-def _open_study(key: ConfigKey, options: StudyOptions) -> tuple[optuna.Study, optuna.storages.BaseStorage]:
-    """The key's Optuna study, created or resumed, with this process's sampler. A study storage
-    that is down or refuses is a StudyStorageError naming it: the CLI reported a database error
-    here as the config database's, which the operator had just migrated."""
+#: Optuna's RDB tables (the config database's are tuning_trials, tuning_studies, ...): a failed
+#: statement on one of them is the study storage's failure.
+_OPTUNA_TABLES = re.compile(
+    r"\b(?:from|into|update|join)\s+\"?(?:trials|trial_\w+|studies|study_\w+|version_info)\b", re.IGNORECASE
+)
+
+
+@contextlib.contextmanager
+def _study_storage_errors(url: str, *, opening: bool = False) -> Iterator[None]:
+    """A study storage that is down or refuses, as a StudyStorageError naming it: the CLI reported
+    such a database error as the config database's, which the operator had just migrated. Opening
+    the storage, every such error is its; later, those of statements on Optuna's tables."""
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import InterfaceError, OperationalError
 
     try:
+        yield
+    except (OperationalError, InterfaceError) as exc:
+        if not opening and not (exc.statement and _OPTUNA_TABLES.search(exc.statement)):
+            raise
+        first = str(exc.orig if exc.orig is not None else exc).strip().splitlines()[0]
+        where = make_url(url).render_as_string(hide_password=True)
+        raise StudyStorageError(
+            f"study storage unavailable: {first} ({where}; --storage or TUNER_STUDY_STORAGE sets it)"
+        ) from exc
+
+
+def _open_study(key: ConfigKey, options: StudyOptions) -> tuple[optuna.Study, optuna.storages.BaseStorage]:
+    """The key's Optuna study, created or resumed, with this process's sampler."""
+    with _study_storage_errors(options.storage_url, opening=True):
         storage = open_study_storage(options.storage_url, key.study_name, options.heartbeat_s)
         study = optuna.create_study(
             study_name=key.study_name,
@@ -119,12 +143,6 @@ def _open_study(key: ConfigKey, options: StudyOptions) -> tuple[optuna.Study, op
             sampler=_sampler(options),
             load_if_exists=True,
         )
-    except (OperationalError, InterfaceError) as exc:
-        first = str(exc.orig if exc.orig is not None else exc).strip().splitlines()[0]
-        where = make_url(options.storage_url).render_as_string(hide_password=True)
-        raise StudyStorageError(
-            f"study storage unavailable: {first} ({where}; --storage or TUNER_STUDY_STORAGE sets it)"
-        ) from exc
     study.set_user_attr("workload_key", str(key))
     return study, storage
 
@@ -185,9 +203,11 @@ def run_study(
     )
     search = _key_search(key, workload, study_id, backend.limits, restrict, n_trials, options, warm[0])
     study, storage = _open_study(key, options)
-    _search(
-        study, storage, search, backend, sessions, options, warm if pick and options.warm_start else [], on_progress
-    )
+    with _study_storage_errors(options.storage_url):
+        _search(
+            study, storage, search, backend, sessions, options, warm if pick and options.warm_start else [], on_progress
+        )
+        ranked = _ranked_configs(study) if pick else []
     if not pick:
         winner = Winner(reason="helped with the search (another process owns the key)")
     else:
@@ -195,7 +215,7 @@ def run_study(
             key=key,
             study_id=study_id,
             default=warm[0],
-            ranked=_ranked_configs(study),
+            ranked=ranked,
             backend=backend,
             sessions=sessions,
             workload=workload,
