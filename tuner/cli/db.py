@@ -25,13 +25,14 @@ def db_upgrade(settings: Settings, revision: str) -> None:
     several GPUs never race to create them (with a file per key: its directory and the blank
     storage each key's file is copied from when the key is first tuned)."""
     from verify_tuner.store import migrate
+    from verify_tuner.store.session import safe_url
 
     migrate.upgrade(settings.database_url, revision)
     _prepare_studies(settings)
     now = _revision_now(settings.database_url)
     # alembic's upgrade to a revision the database is already past changes nothing: say so, not the target
     past = f" (already past {revision}: `tuner db upgrade` never downgrades)" if _names_other(revision, now) else ""
-    click.echo(f"database at revision {now or 'none'}{past}: {_safe_url(settings.database_url)}")
+    click.echo(f"database at revision {now or 'none'}{past}: {safe_url(settings.database_url)}")
 
 
 def _revision_now(url: str) -> str | None:
@@ -91,18 +92,13 @@ def _prepare_studies(settings: Settings) -> None:
     from sqlalchemy.exc import SQLAlchemyError
     from verify_tuner.cli.exits import database_message
     from verify_tuner.search.study_storage import prepare_study_storage
+    from verify_tuner.store.session import safe_url
 
     try:
         prepare_study_storage(settings.studies)
     except SQLAlchemyError as exc:
         source = "TUNER_STUDY_STORAGE" if settings.study_storage else "the default; TUNER_STUDY_STORAGE sets another"
-        message = database_message(exc, where=f"study storage {_safe_url(settings.studies)}, {source}")
+        message = database_message(exc, where=f"study storage {safe_url(settings.studies)}, {source}")
         if message is None:
             raise
         raise click.ClickException(message) from None
-
-
-def _safe_url(url: str) -> str:
-    from sqlalchemy.engine import make_url
-
-    return make_url(url).render_as_string(hide_password=True)

@@ -92,7 +92,9 @@ def database_message(exc: BaseException | None, where: str | None = None) -> str
 
     if not isinstance(exc, OperationalError | InterfaceError) and type(exc) is not DatabaseError:
         return None
-    first = str(exc.orig if exc.orig is not None else exc).strip().splitlines()[0]
+    from verify_tuner.store.session import error_line
+
+    first = error_line(exc)
     where = where or _current_database()
     if "readonly database" in first:
         return f"database {where} is read-only ({first}): {_read_only_hint()}"
@@ -143,7 +145,7 @@ def _current_settings() -> Settings | None:
 
 def _current_database() -> str:
     """The database URL of the running command, without its password."""
-    from sqlalchemy.engine import make_url
+    from verify_tuner.store.session import safe_url
 
     settings = _current_settings()
-    return make_url(settings.database_url).render_as_string(hide_password=True) if settings else "?"
+    return safe_url(settings.database_url) if settings else "?"

@@ -117,18 +117,16 @@ def _study_storage_errors(url: str, *, opening: bool = False) -> Iterator[None]:
     """A study storage that is down or refuses, as a StudyStorageError naming it: the CLI reported
     such a database error as the config database's, which the operator had just migrated. Opening
     the storage, every such error is its; later, those of statements on Optuna's tables."""
-    from sqlalchemy.engine import make_url
     from sqlalchemy.exc import InterfaceError, OperationalError
+    from verify_tuner.store.session import error_line, safe_url
 
     try:
         yield
     except (OperationalError, InterfaceError) as exc:
         if not opening and not (exc.statement and _OPTUNA_TABLES.search(exc.statement)):
             raise
-        first = str(exc.orig if exc.orig is not None else exc).strip().splitlines()[0]
-        where = make_url(url).render_as_string(hide_password=True)
         raise StudyStorageError(
-            f"study storage unavailable: {first} ({where}; --storage or TUNER_STUDY_STORAGE sets it)"
+            f"study storage unavailable: {error_line(exc)} ({safe_url(url)}; --storage or TUNER_STUDY_STORAGE sets it)"
         ) from exc
 
 

@@ -132,10 +132,21 @@ def _postgres_timeouts(timeout_s: float | None, pooled: bool) -> dict[str, Any]:
     return args
 
 
+def safe_url(url: str) -> str:
+    """The URL as an operator may read it: without its password."""
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def error_line(exc: SQLAlchemyError) -> str:
+    """A database error's first line, the driver's own (without SQLAlchemy's statement and link)."""
+    orig = getattr(exc, "orig", None)
+    return str(orig if orig is not None else exc).strip().splitlines()[0]
+
+
 def check_url(url: str) -> None:
     """StorageError naming the URL (without its password) when url_error finds it cannot be opened."""
     if why := url_error(url):
-        raise StorageError(f"database URL {make_url(url).render_as_string(hide_password=True)}: {why}")
+        raise StorageError(f"database URL {safe_url(url)}: {why}")
 
 
 def url_error(url: str) -> str | None:
