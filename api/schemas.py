@@ -31,6 +31,12 @@ class PlanBucketOut(BaseModel):
     regret: float = Field(description="us / best_us")
 
 
+NEIGHBOUR_DOC = (
+    "how the times were measured: 0 CUDA-graph replays back to back; N each launch followed by a GEMM over N MB "
+    "of weights (an engine's layer: cold caches), its own time subtracted"
+)
+
+
 class KernelParamsOut(BaseModel):
     """A config's constants (KernelConfig.as_params), the first fields of every config answer."""
 
@@ -60,6 +66,7 @@ class GraphPlanOut(KernelParamsOut):
     weights_source: str | None = Field(None, description="equal, or the operator's --prefix-weights file")
     measured_at: dt.datetime | None
     measured_by: str
+    neighbour_mb: int = Field(0, description=NEIGHBOUR_DOC)
     buckets: list[PlanBucketOut]
 
 
@@ -74,6 +81,7 @@ class ConfigEntryOut(KernelParamsOut):
     device: str
     kernel_hash: str
     expected_us: float | None
+    neighbour_mb: int | None = Field(None, description=NEIGHBOUR_DOC + "; none without expected_us")
     speedup_vs_default: float | None
     tuned_at: dt.datetime | None
     tuned_bucket: int | None = Field(None, description="bucket the config was tuned on (nearest/tuned)")
@@ -94,6 +102,7 @@ class ConfigEntryOut(KernelParamsOut):
             device=a.device,
             kernel_hash=a.kernel_hash,
             expected_us=a.expected_us,
+            neighbour_mb=a.neighbour_mb,
             speedup_vs_default=a.speedup_vs_default,
             tuned_at=a.tuned_at,
             tuned_bucket=a.from_bucket,

@@ -70,11 +70,11 @@ def main() -> None:
     import pycuda.autoprimaryctx  # noqa: F401
     import pycuda.driver as cuda
     import torch
-    from benchlib import checked_launcher, interleaved_medians, neighbour_gemm
+    from benchlib import checked_launcher, interleaved_medians
     from verify_tuner.kernels.launch import VerifyAttention
     from verify_tuner.kernels.limits import read_device_limits
     from verify_tuner.kernels.reference import reference
-    from verify_tuner.kernels.timing import rotating_inputs
+    from verify_tuner.kernels.timing import neighbour_gemm, rotating_inputs
 
     limits, stream = read_device_limits(0), cuda.Stream()
     variants = {"A": tuple(args.a_flags.split()), "B": tuple(args.b_flags.split())}

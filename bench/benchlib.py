@@ -84,15 +84,3 @@ def parse_config(text: str) -> KernelConfig:
     if not all("=" in item for item in items):
         raise InvalidConfig(f"{text!r}: a config is NAME=VALUE pairs")
     return KernelConfig.from_params(dict(item.split("=", 1) for item in items))
-
-
-def neighbour_gemm(mb: int) -> Callable[[], Any]:
-    """A GEMM of 16 rows over `mb` MB of bf16 weights (7168 wide, as a large model's hidden size):
-    its cuBLAS code and weights stand in for the layer's other kernels between two attention calls."""
-    import torch
-
-    n = max(1, mb * 2**20 // (2 * 7168))
-    x = torch.randn(16, 7168, dtype=torch.bfloat16, device="cuda")
-    w = torch.randn(7168, n, dtype=torch.bfloat16, device="cuda")
-    y = torch.empty(16, n, dtype=torch.bfloat16, device="cuda")
-    return lambda: torch.matmul(x, w, out=y)

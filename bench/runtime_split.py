@@ -46,7 +46,7 @@ class Bench:
         self.cache = Path(cache)
         self.neighbour = None
         if neighbour_mb:
-            from benchlib import neighbour_gemm
+            from verify_tuner.kernels.timing import neighbour_gemm
 
             self.neighbour = neighbour_gemm(neighbour_mb)
 

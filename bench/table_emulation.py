@@ -107,6 +107,7 @@ def _run(mode: str, procs: int, trials: int, prefix_range: str, root: Path) -> d
         storage=None,
         measure_timeout=120.0,
         compile_jobs=8,
+        neighbour_mb=0,
     )
     job = type(job)(**{**vars(job), "measurer": "bench.table_emulation:Emulated"})
     settings = Settings(database_url=url, cache_dir=cache)

@@ -140,6 +140,36 @@ def time_graph(
     return summarize(samples)
 
 
+#: The largest neighbour GEMM a measurement may put between launches (its weights live on the GPU).
+MAX_NEIGHBOUR_MB = 4096
+
+
+def check_neighbour_mb(mb: object) -> int:
+    """`mb` as a neighbour size, or ValueError saying the range (0: no neighbour)."""
+    if isinstance(mb, bool) or not isinstance(mb, int) or not 0 <= mb <= MAX_NEIGHBOUR_MB:
+        raise ValueError(f"neighbour_mb must be an integer 0..{MAX_NEIGHBOUR_MB}, got {mb!r}")
+    return mb
+
+
+def neighbour_gemm(mb: int) -> Callable[[], Any]:
+    """A GEMM of 16 rows over `mb` MB of bf16 weights (7168 wide, as a large model's hidden size):
+    its cuBLAS code and weights stand in for the layer's other kernels between two attention calls,
+    so a timing with it between launches sees the cold instruction and data caches an engine's
+    attention sees. More than the L2 makes its own time independent of what ran before it."""
+    import torch
+
+    n = max(1, check_neighbour_mb(mb) * 2**20 // (2 * 7168))
+    x = torch.randn(16, 7168, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(7168, n, dtype=torch.bfloat16, device="cuda")
+    y = torch.empty(16, n, dtype=torch.bfloat16, device="cuda")
+    return lambda: torch.matmul(x, w, out=y)
+
+
+def less(t: Timing, us: float) -> Timing:
+    """`t` with `us` taken off every sample: a timing with the neighbour, less the neighbour's own."""
+    return summarize([s - us for s in t.samples])
+
+
 T = TypeVar("T")
 
 

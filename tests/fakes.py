@@ -45,6 +45,7 @@ class FakeBackend:
         self.measured: list[KernelConfig] = []
         self.remeasured: list[list[KernelConfig]] = []
         self.compiled: list[KernelConfig] = []
+        self.workloads: list[Workload] = []  # every workload measured or re-measured, in order
 
     def _samples(self, cfg: KernelConfig, wl: Workload, n: int) -> list[float]:
         base = self.cost(cfg, wl)
@@ -54,6 +55,7 @@ class FakeBackend:
         reason = check(cfg, self.limits, H=wl.H, q_len=wl.q_len)
         assert reason is None, f"an invalid config reached the backend: {cfg}: {reason}"
         self.measured.append(cfg)
+        self.workloads.append(wl)
         if cfg.nsplit == self.wrong_nsplit:
             return Measurement(WRONG, rel_error=0.5, reason="relative error 0.5 > 0.01")
         if cfg.nsplit == self.crash_nsplit:
@@ -63,6 +65,7 @@ class FakeBackend:
 
     def remeasure(self, cfgs: list[KernelConfig], wl: Workload, rounds: int) -> list[Measurement]:
         self.remeasured.append(list(cfgs))
+        self.workloads.append(wl)
         out = []
         for cfg in cfgs:
             s = sorted(self._samples(cfg, wl, 10 * rounds))

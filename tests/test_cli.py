@@ -37,7 +37,7 @@ def run(sqlite_url):
 
 def test_upgrade_import_show_list_export(run, tmp_path):
     assert run("db", "upgrade").exit_code == 0
-    assert "head: 0004" in run("db", "current").output
+    assert "head: 0005" in run("db", "current").output
     rows = [
         {
             "device": "h200",
@@ -454,8 +454,8 @@ def test_upgrade_prints_the_revision_the_database_is_at(run):
     """`--revision 0001` on a database at head printed "at revision 0001" while it stayed at head."""
     assert "database at revision 0001:" in run("db", "upgrade", "--revision", "0001").output
     assert "current: 0001" in run("db", "current").output
-    assert "database at revision 0004:" in run("db", "upgrade").output
+    assert "database at revision 0005:" in run("db", "upgrade").output
     r = run("db", "upgrade", "--revision", "0001")
     assert r.exit_code == 0
-    assert "database at revision 0004 (already past 0001: `tuner db upgrade` never downgrades)" in r.output
-    assert "current: 0004" in run("db", "current").output
+    assert "database at revision 0005 (already past 0001: `tuner db upgrade` never downgrades)" in r.output
+    assert "current: 0005" in run("db", "current").output

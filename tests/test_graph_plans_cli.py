@@ -235,3 +235,55 @@ def test_verify_sample_walks_the_least_recently_verified_rows(run):
     second = json.loads(run("configs", "verify", "--sample", "5", "--json").stdout)
     seen = lambda docs: {(d["bucket"], d["batch_bucket"]) for d in docs}
     assert len(seen(first)) == 5 and not seen(first) & seen(second)
+
+
+def cold(cost):  # type: ignore[no-untyped-def]
+    """The landscape with an engine's layer between launches: a fixed cold-cache cost on top."""
+    return lambda cfg, wl: cost(cfg, wl) + (4.0 if wl.neighbour_mb else 0.0)
+
+
+def test_a_plan_measured_cold_is_measured_cold_throughout_and_says_so_where_it_is_served(run, db, tmp_path):
+    url, sessions = db
+    run.backend.cost = cold(run.backend.cost)
+    r = run(*PLAN_ARGS, "--batch", "1", "--neighbour-mb", "128", "--json")
+    assert r.exit_code == 0, r.output
+    assert run.backend.workloads and {w.neighbour_mb for w in run.backend.workloads} == {128}
+    (doc,) = json.loads(r.stdout)
+    assert doc["neighbour_mb"] == 128
+    with session_scope(sessions) as s:
+        (stored,) = plans.list_plans(session=s)
+    assert stored.neighbour_mb == 128
+    # the fake's cold cost is in the plan's times: each bucket's time is its back-to-back time + 4 us
+    at = {b["prefix"]: b["us"] for b in stored.per_bucket}
+    p = min(at)
+    assert at[p] == pytest.approx(landscape(DEFAULT, replace(run.backend.workloads[0], prefix=p)) + 4.0, rel=0.02)
+    with TestClient(create_app(Settings(database_url=url, device="h200", cache_dir=tmp_path))) as c:
+        got = c.get("/config", params={"H": 8, "q_len": 9, "prefix": 46000}).json()
+        assert got["graph_plan"]["neighbour_mb"] == 128
+        assert got["source"] == "tuned" and got["neighbour_mb"] == 0  # the row itself was tuned back to back
+
+
+def test_verify_re_times_each_row_as_it_was_measured(run, db):
+    _, sessions = db
+    key = ConfigKey(H200.name, kernel_hash(), "bf16", 8, 9, buckets.bucket_of(46000).index, 0)
+    with session_scope(sessions) as s:  # this key re-tuned cold; every other row stays back to back
+        best_configs.upsert_best(session=s, key=key, config=LONG, median_us=40.0, neighbour_mb=128)
+    run.backend.cost = cold(run.backend.cost)
+    r = run("configs", "verify", "--sample", "100", "--json")
+    assert r.exit_code == 0, r.output
+    by_key = {(v["bucket"], v["batch_bucket"]): v for v in json.loads(r.stdout)}
+    assert by_key[(key.bucket, 0)]["neighbour_mb"] == 128
+    assert {v["neighbour_mb"] for k, v in by_key.items() if k != (key.bucket, 0)} == {0}
+    assert sum(w.neighbour_mb == 128 for w in run.backend.workloads) >= 2  # gate + re-time, cold
+    with session_scope(sessions) as s:
+        history = {(v.key.bucket, v.key.batch_bucket): v for v in plans.list_verifications(session=s)}
+    assert history[(key.bucket, 0)].neighbour_mb == 128
+    # re-timed cold: the fake's cold cost is in the time judged against the row's cold stored one
+    wl = next(w for w in run.backend.workloads if w.neighbour_mb)
+    assert history[(key.bucket, 0)].measured_us == pytest.approx(landscape(LONG, wl) + 4.0, rel=0.02)
+
+
+@pytest.mark.parametrize("value", ["-1", "4097", "x"])
+def test_a_neighbour_size_out_of_range_is_one_line(run, value):
+    r = run(*PLAN_ARGS, "--neighbour-mb", value)
+    assert r.exit_code == 2 and "--neighbour-mb" in r.output and "Traceback" not in r.output

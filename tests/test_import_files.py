@@ -180,3 +180,39 @@ def test_a_deeply_nested_file_is_one_line_not_a_traceback(run, tmp_path):
     assert r.exit_code == 1 and "Traceback" not in r.output, r.output
     assert "not valid JSON: arrays or objects nested too deeply" in r.output
     assert "no tuned configs" in run("configs", "list").output
+
+
+@pytest.mark.parametrize("fmt", ["json", "csv"])
+def test_how_a_row_was_timed_survives_export_and_import(run, tmp_path, fmt):
+    """A time means something only with its condition: a row tuned cold (the neighbour GEMM after
+    every launch) must not come back from a file as a back-to-back time, nor the reverse."""
+    from verify_tuner.buckets import bucket_of
+
+    cold, warm = bucket_of(46000).index, bucket_of(4096).index
+    src = tmp_path / "in.json"
+    src.write_text(json.dumps([{**GOOD, "neighbour_mb": 128}, {**GOOD, "prefix": 4096}]))
+    assert run("configs", "import", str(src)).exit_code == 0
+    out = tmp_path / f"out.{fmt}"
+    assert run("configs", "export", "--format", fmt, "--output", str(out)).exit_code == 0
+    if fmt == "json":
+        rows = {r["bucket"]: r for r in json.loads(out.read_text())}
+        assert rows[cold]["neighbour_mb"] == 128 and "neighbour_mb" not in rows[warm]  # older readers take it
+    else:
+        rows = {int(r["bucket"]): r for r in csv.DictReader(io.StringIO(out.read_text()))}
+        assert (rows[cold]["neighbour_mb"], rows[warm]["neighbour_mb"]) == ("128", "0")
+    swapped = tmp_path / "swapped.json"  # the same keys with the other conditions, then the export back
+    swapped.write_text(json.dumps([GOOD, {**GOOD, "prefix": 4096, "neighbour_mb": 64}]))
+    assert run("configs", "import", str(swapped)).exit_code == 0
+    assert run("configs", "import", str(out)).exit_code == 0
+    again = tmp_path / "again.json"
+    assert run("configs", "export", "--output", str(again)).exit_code == 0
+    back = {r["bucket"]: r.get("neighbour_mb", 0) for r in json.loads(again.read_text())}
+    assert back == {cold: 128, warm: 0}
+
+
+@pytest.mark.parametrize("bad", [-1, 4097, "128", 1.5])
+def test_a_neighbour_size_out_of_range_is_a_rejected_row(run, tmp_path, bad):
+    src = tmp_path / "in.json"
+    src.write_text(json.dumps([{**GOOD, "neighbour_mb": bad}]))
+    r = run("configs", "import", str(src))
+    assert r.exit_code == 1 and "row 1" in r.output and "neighbour_mb" in r.output and "Traceback" not in r.output

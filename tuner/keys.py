@@ -40,4 +40,14 @@ class ConfigKey:
 
     @property
     def study_name(self) -> str:
-        return f"verify-s{SPACE_VERSION}:" + str(self)  # a study keeps one search space: new space, new study
+        return self.study_name_for(0)
+
+    def study_label(self, neighbour_mb: int = 0) -> str:
+        """The study's identity in the config database: the key, and how its trials are timed when
+        not back to back (verify_tuner.measure.backend.Workload.neighbour_mb), so a study timed cold
+        never resumes one timed back to back: their times do not compare."""
+        return str(self) if not neighbour_mb else f"{self}|N{neighbour_mb}"
+
+    def study_name_for(self, neighbour_mb: int = 0) -> str:
+        # a study keeps one search space: new space, new study
+        return f"verify-s{SPACE_VERSION}:" + self.study_label(neighbour_mb)

@@ -326,7 +326,9 @@ def test_a_process_waiting_on_owned_keys_goes_on_when_one_is_released_not_a_poll
             assert studies.claim_study(session=s, study_id=sid, owner="other", stale_before=models.utcnow())
 
     t0 = time.monotonic()
-    claims._wait_for_a_release(sessions, keys, 0.3)  # nobody releases: back after the timeout
+    claims._wait_for_a_release(
+        sessions, [k.study_label() for k in keys], 0.3
+    )  # nobody releases: back after the timeout
     assert 0.3 <= time.monotonic() - t0 < 3
 
     def release() -> None:
@@ -336,7 +338,7 @@ def test_a_process_waiting_on_owned_keys_goes_on_when_one_is_released_not_a_poll
     timer = threading.Timer(0.2, release)
     timer.start()
     t0 = time.monotonic()
-    claims._wait_for_a_release(sessions, keys, 30.0)
+    claims._wait_for_a_release(sessions, [k.study_label() for k in keys], 30.0)
     timer.join()
     assert 0.2 <= time.monotonic() - t0 < 5  # on the release, not at the 30 s timeout
     with session_scope(sessions) as s:

@@ -14,7 +14,7 @@ from verify_tuner.search.study import StudyOptions, run_study
 from verify_tuner.store import best_configs, devices, models, studies
 from verify_tuner.store.session import session_scope
 
-from tests.fakes import H200, FakeBackend
+from tests.fakes import H200, FakeBackend, fake_cost
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 WL = Workload(8, 9, 46000)
@@ -486,3 +486,37 @@ def test_a_database_failure_mid_study_is_blamed_on_the_database_it_hit(sessions,
         study(sessions, db_url, FakeBackend(), n_trials=2)
     if not ours:
         assert str(info.value).startswith("study storage unavailable: server closed the connection unexpectedly")
+
+
+def test_a_study_timed_cold_is_its_own_study_and_its_row_says_how_it_was_timed(sessions, db_url):
+    """A cold study (each launch followed by the neighbour GEMM) never resumes the key's back-to-back
+    study, whose times do not compare with its own; the row stored last says how it was timed."""
+    from dataclasses import replace as dc_replace
+
+    cold_wl = dc_replace(WL, neighbour_mb=128)
+    fb = FakeBackend(cost=lambda cfg, wl: fake_cost(cfg, wl) + (5.0 if wl.neighbour_mb else 0.0))
+    warm = study(sessions, db_url, fb, n_trials=10)
+    n_warm = len(fb.workloads)
+    cold = study(sessions, db_url, fb, n_trials=10, workload=cold_wl)
+    assert cold.key == warm.key and cold.study_id != warm.study_id
+    with session_scope(sessions) as s:
+        rows = {r.id: r for r in s.query(models.Study).all()}
+        best = best_configs.get_best(session=s, key=cold.key)
+    assert rows[warm.study_id].workload_key == str(warm.key) and rows[warm.study_id].neighbour_mb == 0
+    assert rows[cold.study_id].workload_key == f"{cold.key}|N128" and rows[cold.study_id].neighbour_mb == 128
+    assert len(trials(sessions, cold.study_id)) >= 10  # its own trials: none of the back-to-back study's
+    assert {w.neighbour_mb for w in fb.workloads[n_warm:]} == {128}  # search and winner phase alike
+    assert best.neighbour_mb == 128 and best.median_us > 5.0
+    names = {s.study_name for s in optuna.get_all_study_summaries(storage=db_url)}
+    assert {warm.key.study_name, warm.key.study_name_for(128)} <= names
+    # back to back again: the first study resumes, and the row is its again
+    again = study(sessions, db_url, fb, n_trials=12)
+    assert again.study_id == warm.study_id
+    with session_scope(sessions) as s:
+        assert best_configs.get_best(session=s, key=again.key).neighbour_mb == 0
+
+
+@pytest.mark.parametrize("mb", [-1, 4097, True, 1.5])
+def test_a_workload_refuses_a_neighbour_size_out_of_range(mb):
+    with pytest.raises(ValueError, match="neighbour_mb must be an integer 0..4096"):
+        Workload(8, 9, 46000, neighbour_mb=mb)

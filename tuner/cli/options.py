@@ -18,6 +18,17 @@ Q_LEN_OPT = click.option("--q-len", type=Q_LEN_RANGE, required=True, help="Draft
 ORDINAL_OPT = click.option(
     "--device", "ordinal", type=click.IntRange(min=0), default=0, show_default=True, help="CUDA device ordinal."
 )
+NEIGHBOUR_OPT = click.option(
+    "--neighbour-mb",
+    type=click.IntRange(0, 4096),
+    default=0,
+    show_default=True,
+    help="Time each launch followed by a bf16 GEMM over this many MB of weights, its own time subtracted: "
+    "the rest of an engine's layer, which leaves the kernel's caches cold (more than the L2, e.g. 128 on an "
+    "H200). 0: CUDA-graph replays back to back. Stored with every time; a study under one never resumes "
+    "one under the other.",
+)
+
 MEASURE_TIMEOUT_OPT = click.option(
     "--measure-timeout",
     type=click.FloatRange(min=1),

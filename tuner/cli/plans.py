@@ -17,7 +17,15 @@ from typing import Any
 import click
 from verify_tuner.cli.database import checked_sessions
 from verify_tuner.cli.exits import clean_exit
-from verify_tuner.cli.options import H_OPT, MEASURE_TIMEOUT_OPT, ORDINAL_OPT, Q_LEN_OPT, spread_option, with_options
+from verify_tuner.cli.options import (
+    H_OPT,
+    MEASURE_TIMEOUT_OPT,
+    NEIGHBOUR_OPT,
+    ORDINAL_OPT,
+    Q_LEN_OPT,
+    spread_option,
+    with_options,
+)
 from verify_tuner.settings import Settings
 
 
@@ -90,6 +98,7 @@ def register_study(study: click.Group) -> None:
         "default: the range's buckets weighted equally.",
     )
     @spread_option("How each batch's prefixes are drawn (as `study start`).")
+    @NEIGHBOUR_OPT
     @_gpu_opts
     @click.pass_obj
     @clean_exit
@@ -136,6 +145,7 @@ def _graph_plan(
                 spread=kw["spread"],
                 rounds=kw["rounds"],
                 passes=kw["passes"],
+                neighbour_mb=kw["neighbour_mb"],
             )
             for b in batch_sizes
         ]
@@ -218,6 +228,7 @@ def _verification_doc(v: Any) -> dict[str, Any]:
         "measured_us": v.measured_us,
         "heuristic_us": v.heuristic_us,
         "noise": v.noise,
+        "neighbour_mb": v.neighbour_mb,
         "verdict": v.verdict,
         "reason": v.reason,
     }

@@ -34,6 +34,7 @@ def _start(
     measure_timeout: float,
     as_json: bool,
     only: tuple[str, ...],
+    neighbour_mb: int,
 ) -> None:
     """Tune the kernel on the local GPU(s) for each (H, q_len, prefix bucket, batch bucket);
     resumable, and shared with other processes running the same job (docs/operations.md)."""
@@ -55,6 +56,7 @@ def _start(
         storage=storage,
         measure_timeout=measure_timeout,
         compile_jobs=compile_jobs or default_compile_jobs(len(ordinals)),
+        neighbour_mb=neighbour_mb,
     )
     if devices:
         _start_on_devices(settings, job, ordinals, as_json)

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 from verify_tuner.buckets import MAX_PREFIX
-from verify_tuner.cli.options import H_OPT, MEASURE_TIMEOUT_OPT, ORDINAL_OPT, Q_LEN_OPT, spread_option
+from verify_tuner.cli.options import H_OPT, MEASURE_TIMEOUT_OPT, NEIGHBOUR_OPT, ORDINAL_OPT, Q_LEN_OPT, spread_option
 
 
 def parse_range(text: str) -> tuple[int, int]:
@@ -89,6 +89,7 @@ START_OPTS = [
         "How a batch's prefixes are drawn (seeded): uniform in 0.5x..1.5x, "
         "or one long request among short ones; scaled so the longest is the prefix."
     ),
+    NEIGHBOUR_OPT,
     click.option(
         "--trials",
         type=click.IntRange(min=1),
@@ -172,7 +173,7 @@ def tune_job(
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--only") from None
     workloads = [
-        Workload(H, q_len, p, batch=b, spread=spread)
+        Workload(H, q_len, p, batch=b, spread=spread, neighbour_mb=kw["neighbour_mb"])
         for b in parse_batches(batch_text)
         for p in prefixes_for(prefix, prefix_range)
     ]

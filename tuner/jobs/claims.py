@@ -101,7 +101,13 @@ def _claim(
     claim's UPDATE, and the key would be tuned twice."""
     with session_scope(sessions) as s:
         row = studies.get_or_create_study(
-            session=s, key=key, prefix=wl.prefix, sampler=options.sampler, seed=options.seed, reopen=False
+            session=s,
+            key=key,
+            prefix=wl.prefix,
+            sampler=options.sampler,
+            seed=options.seed,
+            reopen=False,
+            neighbour_mb=wl.neighbour_mb,
         )
         study_id = row.id
     stale = models.utcnow() - timedelta(seconds=CLAIM_STALE_S)
@@ -187,7 +193,7 @@ def run_job(
             continue  # rescan from the top: keys finished meanwhile are dropped
         if pending and not _help_one(job, pending, result):
             t = time.monotonic()
-            _wait_for_a_release(sessions, [job.key(wl) for wl in pending], POLL_S)
+            _wait_for_a_release(sessions, [job.key(wl).study_label(wl.neighbour_mb) for wl in pending], POLL_S)
             result.waited_s += time.monotonic() - t
     return result
 
@@ -218,7 +224,7 @@ def _help_one(job: _Job, pending: list[Workload], result: JobResult) -> bool:
     its owner's trials in flight (an owner's flights are as many as this process's: one job)."""
     for wl in pending:
         with session_scope(job.sessions) as s:
-            row = studies.find_study(session=s, key=job.key(wl))
+            row = studies.find_study(session=s, key=job.key(wl), neighbour_mb=wl.neighbour_mb)
             left = job.budget(wl) - (row.n_ok + row.n_failed) if row is not None else 0
         if left > 2 * max(1, job.options.parallel):
             # its own seed: the owner samples with the job's, and lockstep would repeat its proposals
@@ -230,11 +236,10 @@ def _help_one(job: _Job, pending: list[Workload], result: JobResult) -> bool:
     return False
 
 
-def _wait_for_a_release(sessions: sessionmaker[Session], keys: list[ConfigKey], timeout_s: float) -> None:
-    """Return once one of `keys` has no owner (its owner finished or released it), or after
-    `timeout_s`; one read-only query every WATCH_S."""
+def _wait_for_a_release(sessions: sessionmaker[Session], names: list[str], timeout_s: float) -> None:
+    """Return once one of the studies `names` (ConfigKey.study_label) has no owner (its owner
+    finished or released it), or after `timeout_s`; one read-only query every WATCH_S."""
     deadline = time.monotonic() + timeout_s
-    names = [str(k) for k in keys]
     while True:
         with session_scope(sessions) as s:
             owners = studies.owners_of(session=s, workload_keys=names)

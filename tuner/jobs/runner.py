@@ -149,6 +149,7 @@ def summary(o: Outcome) -> dict[str, Any]:
         "key": str(o.key),
         "prefix": o.workload.prefix,
         "batch": o.workload.batch,
+        "neighbour_mb": o.workload.neighbour_mb,
         "best": str(o.best) if o.best else None,
         "best_us": o.best_m.median_us if o.best_m else None,
         "decision": o.decision,

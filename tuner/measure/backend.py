@@ -28,13 +28,19 @@ class Workload:
     dtype: str = "bf16"
     batch: int = 1
     spread: str = "uniform"
+    #: How the launches are timed: 0 back to back; N > 0 each followed by a bf16 GEMM streaming N MB
+    #: of weights (the rest of an engine's layer, which leaves the kernel's caches cold), whose own
+    #: time is subtracted (verify_tuner.kernels.timing.neighbour_gemm)
+    neighbour_mb: int = 0
 
     def __post_init__(self) -> None:
         from verify_tuner import batches
+        from verify_tuner.kernels.timing import check_neighbour_mb
 
         batches.bucket_of(self.batch)  # ValueError naming the range
         if self.spread not in batches.SPREADS:
             raise ValueError(f"spread must be one of {batches.SPREADS}, got {self.spread!r}")
+        check_neighbour_mb(self.neighbour_mb)
 
     def prefix_lens(self) -> list[int]:
         from verify_tuner import batches

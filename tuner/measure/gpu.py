@@ -41,6 +41,7 @@ class GpuMeasurer:
         # Loaded modules + workspaces, least recently used evicted: a long study or a sweep of a
         # thousand configs must not keep every module and workspace alive on the GPU.
         self._launchers: OrderedDict[tuple[KernelConfig, int, int, int], Any] = OrderedDict()
+        self._neighbours: dict[int, Any] = {}  # by size: the GEMM of workloads timed cold
 
     @staticmethod
     def probe_limits() -> Any:
@@ -104,6 +105,28 @@ class GpuMeasurer:
             )
         return self._launchers[key]
 
+    def _neighbour(self, wl: Workload) -> Any:
+        """The GEMM put after every launch of `wl` (None: back to back)."""
+        if not wl.neighbour_mb:
+            return None
+        if wl.neighbour_mb not in self._neighbours:
+            from verify_tuner.kernels.timing import neighbour_gemm
+
+            self._neighbours[wl.neighbour_mb] = neighbour_gemm(wl.neighbour_mb)
+        return self._neighbours[wl.neighbour_mb]
+
+    def _time(self, launch: Any, n_sets: int, wl: Workload, replays: int) -> Any:
+        """`launch` timed as `wl` says; with a neighbour, less the neighbour's own time measured
+        right after (a graph of the neighbour alone), so drift between the two is seconds."""
+        from verify_tuner.kernels.timing import less, time_graph
+
+        between = self._neighbour(wl)
+        t = time_graph(launch, n_sets, stream=self.stream, replays=replays, budget_us=BUDGET_US, between=between)
+        if between is None:
+            return t
+        alone = time_graph(lambda k: None, n_sets, stream=self.stream, replays=replays, between=between)
+        return less(t, alone.median_us)
+
     def _launch_fn(self, va: Any, sets: list[Any], out: Any):  # type: ignore[no-untyped-def]
         def launch(k: int) -> None:
             va.run(sets[k], out, stream=self.stream)
@@ -133,7 +156,6 @@ class GpuMeasurer:
 
     def measure(self, cfg: KernelConfig, wl: Workload) -> Measurement:
         from verify_tuner.kernels.reference import poisoned_run_error
-        from verify_tuner.kernels.timing import time_graph
 
         sets, ref, out = self._prepare(wl)
         try:
@@ -149,24 +171,19 @@ class GpuMeasurer:
         if not err <= REL_TOL:
             return Measurement(WRONG, rel_error=err, reason=f"relative error {err:.3g} > {REL_TOL}")
         with self._kernel_failures():
-            t = time_graph(launch, len(sets), stream=self.stream, replays=self.reps, budget_us=BUDGET_US)
+            t = self._time(launch, len(sets), wl, self.reps)
             self._sync()
         return Measurement(OK, t.median_us, t.p10_us, t.p90_us, t.samples, rel_error=err)
 
     def remeasure(self, cfgs: list[KernelConfig], wl: Workload, rounds: int) -> list[Measurement]:
-        from verify_tuner.kernels.timing import interleave, summarize, time_graph
+        from verify_tuner.kernels.timing import interleave, summarize
 
         sets, _, out = self._prepare(wl)
         per_round = max(10, self.reps // 2)
         with self._kernel_failures():
             launches = [self._launch_fn(self._launcher(c, wl), sets, out) for c in cfgs]
             rounds_ = interleave(
-                [
-                    lambda f=f: (
-                        time_graph(f, len(sets), stream=self.stream, replays=per_round, budget_us=BUDGET_US).samples
-                    )
-                    for f in launches
-                ],
+                [lambda f=f: self._time(f, len(sets), wl, per_round).samples for f in launches],
                 rounds,
             )
             self._sync()

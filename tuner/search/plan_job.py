@@ -67,6 +67,7 @@ def plan_batch(
     rounds: int = 3,
     passes: int = 2,
     dtype: str = "bf16",
+    neighbour_mb: int = 0,
 ) -> PlanResult:
     """Measure the finalists of batch size `batch` over the range, choose its plan and store it.
     TunerError when the batch bucket has no stored winner in the range or nothing can be chosen."""
@@ -87,7 +88,9 @@ def plan_batch(
         )
     default = heuristic_config(limits, H=H, q_len=q_len, prefix=prefix_hi, batch=batch)
     finalists = sorted({r.config for r in winners} | {default}, key=graph_plan.order_key)
-    workloads = [Workload(H, q_len, p, dtype=dtype, batch=batch, spread=spread) for _, p in points]
+    workloads = [
+        Workload(H, q_len, p, dtype=dtype, batch=batch, spread=spread, neighbour_mb=neighbour_mb) for _, p in points
+    ]
     matrix = measure_matrix(backend, finalists, workloads, rounds=rounds, passes=passes)
     idx = [b.index for b, _ in points]
     try:
@@ -126,6 +129,7 @@ def _row(plan, matrix, points, limits, khash, dtype, H, q_len, bb, batch, spread
         spread=spread,
         rounds=rounds,
         measured_by=measured_by(limits),
+        neighbour_mb=matrix.workloads[0].neighbour_mb,
     )
 
 

@@ -130,18 +130,22 @@ def _study_storage_errors(url: str, *, opening: bool = False) -> Iterator[None]:
         ) from exc
 
 
-def _open_study(key: ConfigKey, options: StudyOptions) -> tuple[optuna.Study, optuna.storages.BaseStorage]:
-    """The key's Optuna study, created or resumed, with this process's sampler."""
+def _open_study(
+    key: ConfigKey, options: StudyOptions, neighbour_mb: int = 0
+) -> tuple[optuna.Study, optuna.storages.BaseStorage]:
+    """The key's Optuna study under this timing, created or resumed, with this process's sampler."""
+    name = key.study_name_for(neighbour_mb)
     with _study_storage_errors(options.storage_url, opening=True):
-        storage = open_study_storage(options.storage_url, key.study_name, options.heartbeat_s)
+        storage = open_study_storage(options.storage_url, name, options.heartbeat_s)
         study = optuna.create_study(
-            study_name=key.study_name,
+            study_name=name,
             storage=storage,
             direction="minimize",
             sampler=_sampler(options),
             load_if_exists=True,
         )
     study.set_user_attr("workload_key", str(key))
+    study.set_user_attr("neighbour_mb", neighbour_mb)
     return study, storage
 
 
@@ -172,7 +176,13 @@ def _prepare(
     with session_scope(sessions) as s:
         # a helper must not reopen a study its owner just finished: the key would look unclaimed
         study_row = studies.get_or_create_study(
-            session=s, key=key, prefix=workload.prefix, sampler=options.sampler, seed=options.seed, reopen=pick
+            session=s,
+            key=key,
+            prefix=workload.prefix,
+            sampler=options.sampler,
+            seed=options.seed,
+            reopen=pick,
+            neighbour_mb=workload.neighbour_mb,
         )
         warm = warm_start_configs(session=s, key=key, limits=limits, workload=workload)
     return key, study_row.id, warm
@@ -200,7 +210,7 @@ def run_study(
         backend=backend, sessions=sessions, workload=workload, options=options, restrict=restrict, pick=pick
     )
     search = _key_search(key, workload, study_id, backend.limits, restrict, n_trials, options, warm[0])
-    study, storage = _open_study(key, options)
+    study, storage = _open_study(key, options, workload.neighbour_mb)
     with _study_storage_errors(options.storage_url):
         _search(
             study, storage, search, backend, sessions, options, warm if pick and options.warm_start else [], on_progress

@@ -103,7 +103,15 @@ def _verify_row(
 ) -> plans.VerificationRow:
     """Re-time one stored best beside the heuristic, judge it, store the verification and log it."""
     limits = backend.limits
-    wl = Workload(r.key.H, r.key.q_len, prefix, dtype=r.key.dtype, batch=batches.by_index(r.key.batch_bucket).hi)
+    # timed as the row was (back to back or cold): its stored time is the reference of "moved"
+    wl = Workload(
+        r.key.H,
+        r.key.q_len,
+        prefix,
+        dtype=r.key.dtype,
+        batch=batches.by_index(r.key.batch_bucket).hi,
+        neighbour_mb=r.neighbour_mb,
+    )
     default = heuristic_config(limits, H=wl.H, q_len=wl.q_len, prefix=wl.prefix, batch=wl.batch)
     cfgs = [r.config] if default == r.config else [r.config, default]
     mx = measure_matrix(backend, cfgs, [wl], rounds=rounds, passes=passes)
@@ -126,6 +134,7 @@ def _verify_row(
         verdict=v.verdict,
         reason=v.reason,
         measured_by=measured_by(limits),
+        neighbour_mb=wl.neighbour_mb,
     )
     with session_scope(sessions) as s:
         marked = plans.record_verification(session=s, v=rec)

@@ -125,5 +125,6 @@ def pick_winner(
             p90_us=m.p90_us,
             default_us=won.default_m.median_us if won.default_m else None,
             study_id=study_id,
+            neighbour_mb=workload.neighbour_mb,
         )
     return Winner(won.reason, won.best, m, won.default_m, stored=True)

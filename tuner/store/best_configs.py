@@ -34,6 +34,8 @@ class BestRow:
     #: the latest `tuner configs verify` verdict since it was stored (None: none): a "stale" row is not served
     verdict: str | None = None
     verified_at: dt.datetime | None = None
+    #: how its times were measured (0: back to back; verify_tuner.measure.backend.Workload.neighbour_mb)
+    neighbour_mb: int = 0
 
     @property
     def stale(self) -> bool:
@@ -80,6 +82,7 @@ def to_best_row(best: BestConfig, device: str, kernel_hash: str) -> BestRow:
         best.tuned_at,
         best.verdict,
         best.verified_at,
+        best.neighbour_mb,
     )
 
 
@@ -134,6 +137,7 @@ def upsert_best(
     kernel_version: str = KERNEL_VERSION,
     verdict: str | None = None,
     verified_at: dt.datetime | None = None,
+    neighbour_mb: int = 0,
 ) -> None:
     """Store `config` as the best for `key`, replacing any existing row (the caller decides); the
     verdict is the imported row's own (an export carries it), else none."""
@@ -163,6 +167,7 @@ def upsert_best(
         # storing the row again (a re-tune, an import) replaces what a verification said of the old one
         "verdict": verdict,
         "verified_at": verified_at,
+        "neighbour_mb": neighbour_mb,
     }
     bump_version(session)
     upsert(

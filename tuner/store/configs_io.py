@@ -43,9 +43,12 @@ FIELDS = [
     "tuned_at",
     "verdict",
     "verified_at",
+    "neighbour_mb",
 ]
 #: Written only when set: a JSON file of rows never verified reads as before, also in older versions.
 OPTIONAL_JSON_FIELDS = ("verdict", "verified_at")
+#: Written only when not this value: rows timed back to back read as before, also in older versions.
+JSON_DEFAULTS = {"neighbour_mb": 0}
 
 
 class ImportRejected(TunerError):
@@ -86,6 +89,7 @@ def export_rows(
                 "tuned_at": r.tuned_at.isoformat() if r.tuned_at else None,
                 "verdict": r.verdict,
                 "verified_at": r.verified_at.isoformat() if r.verified_at else None,
+                "neighbour_mb": r.neighbour_mb,
             }
         )
     return out
@@ -93,7 +97,15 @@ def export_rows(
 
 def dumps(rows: list[dict[str, Any]], fmt: str) -> str:
     if fmt == "json":
-        rows = [{k: v for k, v in r.items() if v is not None or k not in OPTIONAL_JSON_FIELDS} for r in rows]
+        rows = [
+            {
+                k: v
+                for k, v in r.items()
+                if (v is not None or k not in OPTIONAL_JSON_FIELDS)
+                and (k not in JSON_DEFAULTS or v != JSON_DEFAULTS[k])
+            }
+            for r in rows
+        ]
         return json.dumps(rows, indent=2, allow_nan=False)
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=FIELDS)
@@ -147,6 +159,7 @@ class _Parsed:
     limits: Any
     verdict: str | None = None
     verified_at: dt.datetime | None = None
+    neighbour_mb: int = 0
 
 
 @dataclass(frozen=True)
@@ -173,7 +186,7 @@ def _parse(session: Session, raw: dict[str, Any]) -> _Parsed:
         row.batch_bucket,
     )
     timing = {k: getattr(row, k) for k in rows_schema.TIMING_FIELDS}
-    return _Parsed(key, cfg, timing, row.tuned_at, limits, row.verdict, row.verified_at)
+    return _Parsed(key, cfg, timing, row.tuned_at, limits, row.verdict, row.verified_at, row.neighbour_mb)
 
 
 def import_rows(*, session: Session, rows: list[dict[str, Any]], allow_empty: bool = False) -> ImportResult:
@@ -214,6 +227,7 @@ def import_rows(*, session: Session, rows: list[dict[str, Any]], allow_empty: bo
             tuned_at=p.tuned_at,
             verdict=p.verdict,
             verified_at=p.verified_at,
+            neighbour_mb=p.neighbour_mb,
             **p.timing,
         )
     return ImportResult(len(parsed), warnings)

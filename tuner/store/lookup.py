@@ -37,6 +37,8 @@ class Answer:
     batch_bucket: batches.BatchBucket = batches.ALL[0]  # never crossed: tuned rows of this one only
     #: the bucket's tuned row was verified stale then (`tuner configs verify`): the heuristic answers
     stale_verified_at: dt.datetime | None = None
+    #: how expected_us was measured (verify_tuner.measure.backend.Workload.neighbour_mb); None without a time
+    neighbour_mb: int | None = None
 
 
 def resolve_device(*, session: Session, name: str | None, default: str | None) -> DeviceLimits:
@@ -87,7 +89,17 @@ def _pick(
     if exact:
         r = exact[0]
         return Answer(
-            r.config, "tuned", bucket, limits.name, khash, r.median_us, r.speedup, r.tuned_at, bucket.index, batch
+            r.config,
+            "tuned",
+            bucket,
+            limits.name,
+            khash,
+            r.median_us,
+            r.speedup,
+            r.tuned_at,
+            bucket.index,
+            batch,
+            neighbour_mb=r.neighbour_mb,
         )
     r = best_configs.nearest_row(rows, bucket)
     if r is not None and buckets.log_distance(buckets.by_index(r.key.bucket), bucket) <= NEAREST_MAX_OCTAVES:

@@ -40,6 +40,7 @@ class PlanRow:
     rounds: int = 0
     measured_by: str = ""
     measured_at: dt.datetime | None = None
+    neighbour_mb: int = 0  # how its times were measured (verify_tuner.measure.backend.Workload)
 
     def regret_at(self, bucket: int) -> float | None:
         for b in self.per_bucket:
@@ -75,6 +76,7 @@ def upsert_plan(*, session: Session, plan: PlanRow) -> None:
         "rounds": plan.rounds,
         "measured_by": plan.measured_by,
         "measured_at": plan.measured_at or utcnow(),
+        "neighbour_mb": plan.neighbour_mb,
     }
     writes.upsert(session, GraphPlan, key_cols=key, values=values)
 
@@ -141,6 +143,7 @@ def _plan_row(p: GraphPlan, device: str, kernel_hash: str) -> PlanRow:
         rounds=p.rounds,
         measured_by=p.measured_by,
         measured_at=p.measured_at,
+        neighbour_mb=p.neighbour_mb,
     )
 
 
@@ -162,6 +165,7 @@ class VerificationRow:
     reason: str
     measured_by: str
     verified_at: dt.datetime | None = None
+    neighbour_mb: int = 0  # how it re-timed (the row's own condition)
 
 
 #: What a verification's table row and its VerificationRow hold under the same name.
@@ -177,6 +181,7 @@ _VERIFICATION_FIELDS = (
     "verdict",
     "reason",
     "measured_by",
+    "neighbour_mb",
 )
 
 
@@ -256,6 +261,7 @@ def plan_doc(p: PlanRow) -> dict[str, Any]:
         "weights_source": p.weights.get("source"),
         "measured_at": p.measured_at.isoformat() if p.measured_at else None,
         "measured_by": p.measured_by,
+        "neighbour_mb": p.neighbour_mb,
         "buckets": [
             {
                 "prefix_lo": buckets.by_index(b["bucket"]).lo,

@@ -26,6 +26,7 @@ from pydantic import (
 from verify_tuner import batches
 from verify_tuner.buckets import ALL, MAX_PREFIX
 from verify_tuner.kernels.config import PARAM_NAMES
+from verify_tuner.kernels.timing import MAX_NEIGHBOUR_MB
 from verify_tuner.keys import MAX_H
 
 TIMING_FIELDS = ("median_us", "p10_us", "p90_us", "default_us")
@@ -71,6 +72,9 @@ class ConfigRow(BaseModel):
     #: and when, so a row verified stale stays unserved where it is imported ("failed" never marks a row)
     verdict: Literal["ok", "moved", "stale"] | None = None
     verified_at: dt.datetime | None = None
+    #: how the times were measured (0, or absent: back to back; N: each launch followed by a GEMM over
+    #: N MB of weights, its own time subtracted)
+    neighbour_mb: StrictInt = Field(0, ge=0, le=MAX_NEIGHBOUR_MB)
 
     @field_validator("device", "kernel_hash")
     @classmethod
@@ -152,6 +156,7 @@ _INT_FIELDS = {
     "batch_bucket",
     "batch_lo",
     "batch_hi",
+    "neighbour_mb",
     *PARAM_NAMES,
 }
 _FLOAT_FIELDS = {*TIMING_FIELDS, "speedup"}

@@ -14,17 +14,26 @@ from verify_tuner.store.writes import insert_ignore, key_columns
 
 
 def get_or_create_study(
-    *, session: Session, key: ConfigKey, prefix: int, sampler: str, seed: int | None, reopen: bool = True
+    *,
+    session: Session,
+    key: ConfigKey,
+    prefix: int,
+    sampler: str,
+    seed: int | None,
+    reopen: bool = True,
+    neighbour_mb: int = 0,
 ) -> Study:
-    """The study of `key`, created on first use; a finished one is reopened (resume) unless
-    `reopen` is False (a look at its state)."""
+    """The study of `key` timed as `neighbour_mb` says, created on first use; a finished one is
+    reopened (resume) unless `reopen` is False (a look at its state)."""
+    label = key.study_label(neighbour_mb)
     device_id, kernel_id = key_ids(session=session, device=key.device, kernel_hash=key.kernel_hash)
     insert_ignore(
         session,
         Study,
-        key_cols={"workload_key": str(key)},
+        key_cols={"workload_key": label},
         values={
             **key_columns(device_id, kernel_id, key),
+            "neighbour_mb": neighbour_mb,
             "prefix": prefix,
             "status": "running",
             "sampler": sampler,
@@ -36,14 +45,14 @@ def get_or_create_study(
             "n_failed": 0,
         },
     )
-    study = session.scalars(select(Study).where(Study.workload_key == str(key))).one()
+    study = session.scalars(select(Study).where(Study.workload_key == label)).one()
     if reopen and study.status != "running":
         study.status, study.finished_at, study.sampler = "running", None, sampler
     return study
 
 
-def find_study(*, session: Session, key: ConfigKey) -> Study | None:
-    return session.scalars(select(Study).where(Study.workload_key == str(key))).one_or_none()
+def find_study(*, session: Session, key: ConfigKey, neighbour_mb: int = 0) -> Study | None:
+    return session.scalars(select(Study).where(Study.workload_key == key.study_label(neighbour_mb))).one_or_none()
 
 
 def claim_study(*, session: Session, study_id: int, owner: str, stale_before: dt.datetime) -> bool:
