@@ -78,18 +78,21 @@ def main() -> None:
         "--studies", type=Path, default=None, help="The table's Optuna study files: configs measured at every bucket."
     )
     ap.add_argument("--trials", type=int, default=20, help="the measured trials a key the table was tuned with")
+    ap.add_argument("--tag", default="", help="file names graph_plans_TAG_ARCH (a table timed another way)")
     args = ap.parse_args()
     plans = json.loads(args.plans_json.read_text())
     walls = walltimes(args.walltimes)
     study_s = sum(w["wall_s"] for w in walls if w["phase"] == "study")
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / f"graph_plans_{args.arch}"
+    stem = args.out / (f"graph_plans_{args.tag}_{args.arch}" if args.tag else f"graph_plans_{args.arch}")
+    nb = {p.get("neighbour_mb", 0) for p in plans}
     verdicts = verifications(args.database_url) if args.database_url else {}
     states, bests = table_rows(args.database_url) if args.database_url else ({}, [])
     doc = {
         "device": args.device,
         "arch": args.arch,
         "date": args.date,
+        "neighbour_mb": sorted(nb),
         "walltimes": walls,
         "verify_verdicts": verdicts,
         "trial_states": states,
@@ -104,6 +107,12 @@ def main() -> None:
             f"x batch 1, 8, 32 = 45 keys, {args.trials} measured trials a key, seed 0), run until the study finished, then "
             "`python bench/graph_plans_report.py`. The plans: `tuner study graph-plan --rounds 2 --passes 1`, every "
             "bucket's stored best and the heuristic re-timed side by side at every bucket, equal weights."
+            + (
+                f" Timed cold: `NEIGHBOUR_MB={max(nb)}`, every launch of the study, the plans and the unseen draws "
+                f"followed by a bf16 GEMM over {max(nb)} MB of weights, its own time subtracted."
+                if any(nb)
+                else " Timed back to back (CUDA-graph replays, inputs rotated past the L2)."
+            )
         ),
         "",
         f"Study wall time, summed over the calls it took (killed with -9 at each call's limit, resumed from the "

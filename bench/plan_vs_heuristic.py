@@ -52,6 +52,13 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
     ap.add_argument("--cache", default=os.environ.get("TUNER_CACHE_DIR", "/tmp/va-cache"))
+    ap.add_argument(
+        "--neighbour-mb",
+        type=int,
+        default=0,
+        help="time each launch followed by a GEMM over this many MB, its own time subtracted (as the study's "
+        "--neighbour-mb; default 0: back to back)",
+    )
     args = ap.parse_args()
     lo, hi = (int(x) for x in args.prefix_range.split(":"))
     H, Q = args.H, args.q_len
@@ -64,11 +71,16 @@ def main() -> None:
     from verify_tuner.kernels.launch import VerifyAttention
     from verify_tuner.kernels.limits import read_device_limits
     from verify_tuner.kernels.reference import reference
-    from verify_tuner.kernels.timing import rotating_inputs
+    from verify_tuner.kernels.timing import check_neighbour_mb, neighbour_gemm, rotating_inputs
     from verify_tuner.store.migrate import checked_sessions
     from verify_tuner.store.plans import served_plans
 
+    try:
+        check_neighbour_mb(args.neighbour_mb)
+    except ValueError as exc:
+        ap.error(str(exc))
     limits, stream = read_device_limits(0), cuda.Stream()
+    between = neighbour_gemm(args.neighbour_mb) if args.neighbour_mb else None
     sessions = checked_sessions(os.environ["TUNER_DATABASE_URL"])
     with sessions() as s:
         plans = served_plans(session=s, device=limits.name, kernel_hash=kernel_hash(), dtype="bf16", H=H, q_len=Q)
@@ -90,7 +102,14 @@ def main() -> None:
             out = torch.empty(batch, Q, H, D_V, dtype=torch.bfloat16, device="cuda")
             what = f"B={batch} prefixes {min(lens)}..{max(lens)}"
             launchers = {cfg: checked_launcher(va, sets, out, ref, what, stream=stream) for cfg, va in kernels.items()}
-            medians = interleaved_medians(launchers, len(sets), rounds=ROUNDS, reps=REPS, stream=stream)
+            if between is not None:
+                launchers["neighbour"] = lambda k: None
+            medians = interleaved_medians(
+                launchers, len(sets), rounds=ROUNDS, reps=REPS, stream=stream, between=between
+            )
+            if between is not None:
+                alone = medians.pop("neighbour")
+                medians = {k: v - alone for k, v in medians.items()}
             row = {"batch": batch, "max_prefix": max(lens), "total_tokens": sum(lens)}
             row |= {f"{k}_us": medians[c] for k, c in named.items()} | {k: str(c) for k, c in named.items()}
             row["speedup"] = row["heuristic_us"] / row["plan_us"]
@@ -114,14 +133,21 @@ def write(out: Path, limits, rows: list[dict], args: argparse.Namespace) -> None
         for b in {r["batch"] for r in rows}
     }
     overall = statistics.geometric_mean(list(per_batch.values()))
-    doc = {"device": limits.name, "arch": limits.arch, "date": stamp, "per_batch_geomean": per_batch, "rows": rows}
+    doc = {
+        "device": limits.name,
+        "arch": limits.arch,
+        "date": stamp,
+        "neighbour_mb": args.neighbour_mb,
+        "per_batch_geomean": per_batch,
+        "rows": rows,
+    }
     (out / f"{stem}.json").write_text(json.dumps(doc, indent=1))
     lines = [
         f"# Graph plan vs heuristic on unseen draws — {limits.name} ({limits.arch}), {stamp}",
         "",
         (
             f"`python3 bench/plan_vs_heuristic.py --H {args.H} --q-len {args.q_len} --prefix-range {args.prefix_range} "
-            f"--batch {args.batch} --draws {args.draws}`: per batch size, the stored graph plan and the heuristic "
+            f"--batch {args.batch} --draws {args.draws} --neighbour-mb {args.neighbour_mb}`: per batch size, the stored graph plan and the heuristic "
             "timed side by side in CUDA graphs (median of "
             f"{ROUNDS} interleaved rounds of {REPS} replays, inputs rotated past the L2, output checked against the fp32 "
             "reference first) on batches the study never measured (prefixes log-uniform over the range, ragged draws "

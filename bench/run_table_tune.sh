@@ -5,13 +5,15 @@
 # Resumable: the study runs at most STUDY_LIMIT_S in one call and is killed (-9) there; run the
 # script again on the same STATE dir (a later device call carries it back) and it goes on where it
 # was killed. Every phase's wall time is appended to STATE/walltimes.txt.
-#   bench/run_table_tune.sh STATE OUT STUDY_LIMIT_S [TRIALS]
+#   [NEIGHBOUR_MB=128] bench/run_table_tune.sh STATE OUT STUDY_LIMIT_S [TRIALS]
+# NEIGHBOUR_MB times every phase cold (--neighbour-mb: a GEMM over that many MB after each launch).
 set -uo pipefail
 state=${1:?state dir} out=${2:?out dir} limit=${3:?seconds the study may run in this call} trials=${4:-20}
 mkdir -p "$state" "$out"
 TUNER_DATABASE_URL="sqlite:///$(realpath "$state")/configs.db"
 export TUNER_DATABASE_URL TUNER_CACHE_DIR=${TUNER_CACHE_DIR:-/tmp/va-cache}
 keys=(--H 8 --q-len 9 --prefix-range 1024:131072 --batch 1,8,32)
+nb=(--neighbour-mb "${NEIGHBOUR_MB:-0}")
 t() { # t NAME CMD...: run CMD, append its wall time and exit status
   local name=$1 s e rc
   shift
@@ -24,7 +26,7 @@ t() { # t NAME CMD...: run CMD, append its wall time and exit status
 }
 save() { tar czf "$out/state.tgz" -C "$(dirname "$state")" "$(basename "$state")"; } # what the next call carries
 python3 -m verify_tuner db upgrade >/dev/null
-if ! t study timeout -s KILL "$limit" python3 -m verify_tuner study start "${keys[@]}" --trials "$trials" --seed 0 \
+if ! t study timeout -s KILL "$limit" python3 -m verify_tuner study start "${keys[@]}" "${nb[@]}" --trials "$trials" --seed 0 \
   --compile-jobs "$(($(nproc) > 3 ? $(nproc) - 2 : 1))" >>"$out/study.log" 2>"$out/study.err"; then
   save
   tail -2 "$out/study.err"
@@ -33,9 +35,9 @@ if ! t study timeout -s KILL "$limit" python3 -m verify_tuner study start "${key
 fi
 save
 tail -50 "$out/study.log"
-t graph-plan python3 -m verify_tuner study graph-plan "${keys[@]}" --rounds 2 --passes 1 --json \
+t graph-plan python3 -m verify_tuner study graph-plan "${keys[@]}" "${nb[@]}" --rounds 2 --passes 1 --json \
   >"$out/graph_plans.json" 2>"$out/graph_plans.log"
 t verify python3 -m verify_tuner configs verify --sample 20 --rounds 2 --passes 1 >"$out/verify.log" 2>&1
 tail -1 "$out/verify.log"
-t unseen python3 bench/plan_vs_heuristic.py "${keys[@]}" --draws 4 --out "$out"
+t unseen python3 bench/plan_vs_heuristic.py "${keys[@]}" "${nb[@]}" --draws 4 --out "$out"
 save
