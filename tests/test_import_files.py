@@ -216,3 +216,14 @@ def test_a_neighbour_size_out_of_range_is_a_rejected_row(run, tmp_path, bad):
     src.write_text(json.dumps([{**GOOD, "neighbour_mb": bad}]))
     r = run("configs", "import", str(src))
     assert r.exit_code == 1 and "row 1" in r.output and "neighbour_mb" in r.output and "Traceback" not in r.output
+
+
+def test_configs_list_says_which_rows_were_timed_cold(run, tmp_path):
+    src = tmp_path / "in.json"
+    src.write_text(json.dumps([{**GOOD, "neighbour_mb": 128}, {**GOOD, "prefix": 4096}]))
+    assert run("configs", "import", str(src)).exit_code == 0
+    from verify_tuner.buckets import bucket_of
+
+    lines = run("configs", "list").output.splitlines()
+    (cold,) = [line for line in lines if "cold: 128 MB neighbour" in line]
+    assert f"prefix[{bucket_of(46000).lo}," in cold and len(lines) == 2

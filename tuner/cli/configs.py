@@ -57,7 +57,7 @@ def configs_list(settings: Settings, device: str | None, H: int | None, q_len: i
         click.echo(
             f"{r['device']}  H={r['H']} q_len={r['q_len']} prefix[{r['bucket_lo']},{r['bucket_hi']}) "
             f"B[{r['batch_lo']},{r['batch_hi']}]  "
-            f"{consts}  {_us(r['median_us'])} (default {_us(r['default_us'])})  "
+            f"{consts}  {_us(r['median_us'])} (default {_us(r['default_us'])}{_timed(r['neighbour_mb'])})  "
             f"kernel {r['kernel_hash']}{served}"
         )
 
@@ -65,6 +65,11 @@ def configs_list(settings: Settings, device: str | None, H: int | None, q_len: i
 def _served(row: dict[str, Any], current: str) -> bool:
     """What the sidecar does with the row: this kernel's, and not verified stale (verify_tuner.store.lookup)."""
     return row["kernel_hash"] == current and row["verdict"] != "stale"
+
+
+def _timed(neighbour_mb: int) -> str:
+    """How the row's times were measured, where not back to back (docs/operations.md)."""
+    return f", cold: {neighbour_mb} MB neighbour" if neighbour_mb else ""
 
 
 def _us(v: float | None) -> str:

@@ -51,8 +51,9 @@ def write_report(*, sessions: sessionmaker[Session], out_dir: Path, device: str 
             p = prefixes.get(r.key) or b.mid
             floor = _floor_us(r.key.H, r.key.q_len, p, bw, bb.hi)
             stale = " (stale: not served)" if r.stale else ""
+            cold = f" (timed cold: {r.neighbour_mb} MB neighbour)" if r.neighbour_mb else ""
             lines.append(
-                f"| {r.key.H} | {r.key.q_len} | {bb} | [{b.lo}, {b.hi}) | {p} | {r.config}{stale} | {_f(r.median_us)} | "
+                f"| {r.key.H} | {r.key.q_len} | {bb} | [{b.lo}, {b.hi}) | {p} | {r.config}{stale}{cold} | {_f(r.median_us)} | "
                 f"{_f(r.default_us)} | {_f(r.speedup, 'x')} | {_f(floor)} |"
             )
         dev_plans = [g for g in graph_plans if g.device == dev_name]
