@@ -520,3 +520,36 @@ def test_a_study_timed_cold_is_its_own_study_and_its_row_says_how_it_was_timed(s
 def test_a_workload_refuses_a_neighbour_size_out_of_range(mb):
     with pytest.raises(ValueError, match="neighbour_mb must be an integer 0..4096"):
         Workload(8, 9, 46000, neighbour_mb=mb)
+
+
+def test_a_study_storage_that_accepts_and_never_answers_is_named_not_a_hang(sessions, pg_url):
+    """TUNER_STUDY_STORAGE on a PostgreSQL behind a stalled path (a frozen host): Optuna's engine had
+    no connect timeout, so `study start` waited for good where the config database gives up."""
+    import threading
+    import time
+
+    from sqlalchemy.engine import make_url
+    from verify_tuner.errors import StudyStorageError
+
+    from tests.stall_proxy import stalling_proxy
+
+    real = make_url(pg_url)
+    with stalling_proxy((real.host or "127.0.0.1", real.port or 5432)) as proxy:
+        proxy.stall()
+        url = real.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
+        options = StudyOptions(storage_url=url, seed=1, heartbeat_s=None)
+        raised: list[BaseException] = []
+
+        def start() -> None:
+            try:
+                run_study(backend=FakeBackend(), sessions=sessions, options=options, workload=WL, n_trials=1)
+            except BaseException as exc:  # noqa: BLE001 (the test reads it)
+                raised.append(exc)
+
+        t0 = time.monotonic()
+        worker = threading.Thread(target=start, daemon=True)
+        worker.start()
+        worker.join(60)
+        assert not worker.is_alive(), "study start still waiting on a storage that never answers"
+    assert len(raised) == 1 and isinstance(raised[0], StudyStorageError), raised
+    assert str(raised[0]).startswith("study storage unavailable: ") and time.monotonic() - t0 < 40

@@ -12,7 +12,7 @@ import warnings
 from pathlib import Path
 
 import optuna
-from verify_tuner.store.session import make_engine
+from verify_tuner.store.session import CONNECT_TIMEOUT_S, make_engine
 from verify_tuner.study_files import STUDY, study_file_url
 
 #: Optuna's heartbeat: a trial whose process stops beating for HEARTBEAT_GRACE x this (kill -9, a
@@ -107,8 +107,8 @@ def open_storage(url: str, heartbeat_s: float | None = None) -> optuna.storages.
             pass
         engine.dispose()
         kwargs: dict[str, object] = {"connect_args": {"timeout": 60}}
-    else:
-        kwargs = {"pool_pre_ping": True}
+    else:  # bounded like the config database's: a server that accepts and never answers must not hang a study
+        kwargs = {"pool_pre_ping": True, "connect_args": {"connect_timeout": CONNECT_TIMEOUT_S}}
     beat: dict[str, object] = {}
     if heartbeat_s is not None:
         beat = {
