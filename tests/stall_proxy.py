@@ -28,7 +28,10 @@ class StallingProxy:
         self._flowing.set()
 
     def close(self) -> None:
+        """Refuse new connections from now on and cut the open ones (a server that went away)."""
         self._flowing.set()
+        with contextlib.suppress(OSError):  # wakes the accept() a plain close() leaves blocked, and
+            self._listener.shutdown(socket.SHUT_RDWR)  # still accepting one more connection
         self._listener.close()
         with self._lock:
             for s in self._socks:

@@ -553,3 +553,34 @@ def test_a_study_storage_that_accepts_and_never_answers_is_named_not_a_hang(sess
         assert not worker.is_alive(), "study start still waiting on a storage that never answers"
     assert len(raised) == 1 and isinstance(raised[0], StudyStorageError), raised
     assert str(raised[0]).startswith("study storage unavailable: ") and time.monotonic() - t0 < 40
+
+
+@pytest.mark.parametrize("storage_down", [True, False], ids=["storage-down", "storage-up"])
+def test_a_failure_naming_no_statement_is_the_study_storages_only_if_it_no_longer_answers(
+    sessions, pg_url, monkeypatch, storage_down
+):
+    """A connection lost at checkout names no statement: it was blamed on the config database
+    whichever database went away. The storage (behind a proxy that is then shut) is probed."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import OperationalError
+    from verify_tuner.errors import StudyStorageError
+
+    from tests.stall_proxy import stalling_proxy
+
+    real = make_url(pg_url)
+    with stalling_proxy((real.host or "127.0.0.1", real.port or 5432)) as proxy:
+        url = real.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
+
+        def tell(self, *args, **kwargs):
+            if storage_down:
+                proxy.close()  # the storage's server is gone: new connections are refused
+            raise OperationalError(None, None, Exception("server closed the connection unexpectedly"))
+
+        monkeypatch.setattr(optuna.study.Study, "tell", tell)
+        options = StudyOptions(storage_url=url, seed=1, heartbeat_s=None)
+        expected = StudyStorageError if storage_down else OperationalError
+        with pytest.raises(expected) as info:
+            run_study(backend=FakeBackend(), sessions=sessions, options=options, workload=WL, n_trials=2)
+    if storage_down:
+        assert str(info.value).startswith("study storage unavailable: server closed the connection unexpectedly")
+        assert f"127.0.0.1:{proxy.port}" in str(info.value)

@@ -112,19 +112,46 @@ _OPTUNA_TABLES = re.compile(
 )
 
 
+def _answers(storage: optuna.storages.BaseStorage | None) -> bool:
+    """Whether the study storage takes a new connection and a statement now (a failure that names no
+    statement -- a connection lost at checkout -- is the storage's only if it does not)."""
+    from sqlalchemy import text
+    from sqlalchemy.exc import InterfaceError, OperationalError
+    from verify_tuner.store.session import make_engine
+
+    engine = getattr(storage, "engine", None)
+    if engine is None:
+        return True
+    # a connection of its own, as a restarted process would make (a pooled one may outlive the server)
+    probe = make_engine(engine.url.render_as_string(hide_password=False), pooled=False, immediate=False, create=False)
+    try:
+        with probe.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except (OperationalError, InterfaceError):
+        return False
+    finally:
+        probe.dispose()
+    return True
+
+
 @contextlib.contextmanager
-def _study_storage_errors(url: str, *, opening: bool = False) -> Iterator[None]:
+def _study_storage_errors(
+    url: str, *, opening: bool = False, storage: optuna.storages.BaseStorage | None = None
+) -> Iterator[None]:
     """A study storage that is down or refuses, as a StudyStorageError naming it: the CLI reported
     such a database error as the config database's, which the operator had just migrated. Opening
-    the storage, every such error is its; later, those of statements on Optuna's tables."""
+    the storage, every such error is its; later, those of statements on Optuna's tables, and those
+    naming no statement when the storage itself no longer answers."""
     from sqlalchemy.exc import InterfaceError, OperationalError
     from verify_tuner.store.session import error_line, safe_url
 
     try:
         yield
     except (OperationalError, InterfaceError) as exc:
-        if not opening and not (exc.statement and _OPTUNA_TABLES.search(exc.statement)):
-            raise
+        if not opening:
+            on_optuna = bool(exc.statement) and _OPTUNA_TABLES.search(exc.statement) is not None
+            if not on_optuna and (exc.statement or _answers(storage)):
+                raise
         raise StudyStorageError(
             f"study storage unavailable: {error_line(exc)} ({safe_url(url)}; --storage or TUNER_STUDY_STORAGE sets it)"
         ) from exc
@@ -211,7 +238,7 @@ def run_study(
     )
     search = _key_search(key, workload, study_id, backend.limits, restrict, n_trials, options, warm[0])
     study, storage = _open_study(key, options, workload.neighbour_mb)
-    with _study_storage_errors(options.storage_url):
+    with _study_storage_errors(options.storage_url, storage=storage):
         _search(
             study, storage, search, backend, sessions, options, warm if pick and options.warm_start else [], on_progress
         )
