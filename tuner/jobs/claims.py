@@ -36,7 +36,7 @@ from verify_tuner.keys import ConfigKey
 from verify_tuner.measure.backend import Backend, Workload
 from verify_tuner.search.key_search import Progress
 from verify_tuner.search.outcome import Outcome
-from verify_tuner.search.study import StudyOptions, run_study, workload_key
+from verify_tuner.search.study import StudyOptions, key_study, run_study, workload_key
 from verify_tuner.store import devices, models, studies
 from verify_tuner.store.session import session_scope
 
@@ -100,16 +100,7 @@ def _claim(
     check before the claim could read a study that its owner finishes and releases before the
     claim's UPDATE, and the key would be tuned twice."""
     with session_scope(sessions) as s:
-        row = studies.get_or_create_study(
-            session=s,
-            key=key,
-            prefix=wl.prefix,
-            sampler=options.sampler,
-            seed=options.seed,
-            reopen=False,
-            neighbour_mb=wl.neighbour_mb,
-        )
-        study_id = row.id
+        study_id = key_study(s, key, wl, options, reopen=False).id
     stale = models.utcnow() - timedelta(seconds=CLAIM_STALE_S)
     with session_scope(sessions) as s:  # one transaction: the claim's UPDATE holds the row for the check
         if not studies.claim_study(session=s, study_id=study_id, owner=owner, stale_before=stale):

@@ -105,6 +105,20 @@ def workload_key(limits, workload: Workload) -> ConfigKey:  # type: ignore[no-un
     )
 
 
+def key_study(s: Session, key: ConfigKey, workload: Workload, options: StudyOptions, *, reopen: bool) -> models.Study:
+    """The config database's row of the key's study under the workload's timing (created on first
+    use; a finished one reopened when `reopen`)."""
+    return studies.get_or_create_study(
+        session=s,
+        key=key,
+        prefix=workload.prefix,
+        sampler=options.sampler,
+        seed=options.seed,
+        reopen=reopen,
+        neighbour_mb=workload.neighbour_mb,
+    )
+
+
 #: Optuna's RDB tables (the config database's are tuning_trials, tuning_studies, ...): a failed
 #: statement on one of them is the study storage's failure.
 _OPTUNA_TABLES = re.compile(
@@ -202,15 +216,7 @@ def _prepare(
         devices.upsert_device(session=s, limits=limits)
     with session_scope(sessions) as s:
         # a helper must not reopen a study its owner just finished: the key would look unclaimed
-        study_row = studies.get_or_create_study(
-            session=s,
-            key=key,
-            prefix=workload.prefix,
-            sampler=options.sampler,
-            seed=options.seed,
-            reopen=pick,
-            neighbour_mb=workload.neighbour_mb,
-        )
+        study_row = key_study(s, key, workload, options, reopen=pick)
         warm = warm_start_configs(session=s, key=key, limits=limits, workload=workload)
     return key, study_row.id, warm
 
