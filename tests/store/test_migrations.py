@@ -187,6 +187,75 @@ def test_0002_database_with_rows_gains_batch_buckets_and_loses_nothing(db_url):
     engine.dispose()
 
 
+def test_0004_database_with_rows_gains_neighbour_mb_and_a_downgrade_drops_only_cold_rows(db_url):
+    """Migration 0005: a database tuned back to back keeps every row as neighbour_mb 0 and its study
+    resumes; a cold study is a study of its own; a downgrade drops the cold rows and their trials
+    (none left pointing at a study that is gone) and keeps the back-to-back ones."""
+    from sqlalchemy import text
+    from verify_tuner.kernels.config import KernelConfig
+    from verify_tuner.keys import ConfigKey
+    from verify_tuner.store import best_configs, studies
+    from verify_tuner.store.session import session_factory, session_scope
+
+    migrate.upgrade(db_url, "0004")
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        _old_device_and_kernel(conn, version="6")
+        conn.execute(
+            text(
+                'INSERT INTO best_configs (device_id, kernel_id, dtype, "H", q_len, bucket, batch_bucket, nsplit, '
+                "ht, tk, block, extra, median_us, tuned_at) SELECT d.id, k.id, 'bf16', 8, 9, 16, 0, 132, 8, 32, 256, "
+                "'{}', 42.0, '2026-12-01' FROM devices d, kernels k"
+            )
+        )
+        conn.execute(
+            text(
+                'INSERT INTO tuning_studies (workload_key, device_id, kernel_id, dtype, "H", q_len, bucket, '
+                "batch_bucket, prefix, status, sampler, started_at, n_trials, n_ok, n_invalid, n_failed) SELECT "
+                "'NVIDIA H200|abc|bf16|H8|Q9|b16', d.id, k.id, 'bf16', 8, 9, 16, 0, 46000, 'finished', 'tpe', "
+                "'2026-12-01', 20, 20, 0, 0 FROM devices d, kernels k"
+            )
+        )
+        conn.execute(
+            text(
+                "INSERT INTO tuning_trials (study_id, params, state, created_at) SELECT id, "
+                "'{\"NSPLIT\": 132}', 'ok', '2026-12-01' FROM tuning_studies"
+            )
+        )
+    migrate.upgrade(db_url)
+    sessions = session_factory(engine)
+    key = ConfigKey("NVIDIA H200", "abc", "bf16", 8, 9, 16)
+    with session_scope(sessions) as s:
+        (row,) = best_configs.list_best(session=s)
+        assert (row.neighbour_mb, row.median_us) == (0, 42.0)
+        warm = studies.get_or_create_study(session=s, key=key, prefix=46000, sampler="tpe", seed=None)
+        assert (warm.n_trials, warm.neighbour_mb) == (20, 0)  # the old study resumes
+        cold = studies.get_or_create_study(session=s, key=key, prefix=46000, sampler="tpe", seed=None, neighbour_mb=128)
+        assert cold.id != warm.id and cold.workload_key.endswith("|N128")
+        s.flush()
+        s.execute(
+            text(
+                "INSERT INTO tuning_trials (study_id, params, state, created_at) VALUES (:i, '{}', 'ok', '2026-12-03')"
+            ),
+            {"i": cold.id},
+        )
+        best_configs.upsert_best(
+            session=s,
+            key=ConfigKey(**{**key.__dict__, "bucket": 15}),
+            config=KernelConfig(nsplit=128, ht=8, tk=32, block=256),
+            median_us=40.0,
+            neighbour_mb=128,
+        )
+    migrate.downgrade(db_url, "0004")
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT bucket FROM best_configs")).scalars().all() == [16]
+        assert conn.execute(text("SELECT workload_key FROM tuning_studies")).scalars().all() == [str(key)]
+        orphans = "SELECT count(*) FROM tuning_trials WHERE study_id NOT IN (SELECT id FROM tuning_studies)"
+        assert conn.execute(text(orphans)).scalar_one() == 0
+        assert conn.execute(text("SELECT count(*) FROM tuning_trials")).scalar_one() == 1
+    engine.dispose()
+
+
 def test_sixteen_concurrent_db_upgrades_on_a_fresh_database_all_succeed(db_url, tmp_path):
     """Operators start tuners and sidecars together: each runs `tuner db upgrade` first (it also
     creates Optuna's tables). Before the lock 2 of 16 failed on PostgreSQL, 1 of 16 on SQLite."""
