@@ -25,6 +25,7 @@ from verify_tuner.kernels.build import SOURCE
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.errors import InvalidConfig
 from verify_tuner.kernels.shapes import D_V
+from verify_tuner.kernels.timing import check_neighbour_mb
 
 SHAPES = [(8, 9, 46000), (8, 1, 131072), (64, 9, 46000), (16, 9, 16384), (128, 1, 46000), (8, 9, 4096)]
 ROUNDS, REPS = 5, 10
@@ -64,8 +65,10 @@ def main() -> None:
         "an H200) for a GEMM whose time does not depend on what ran before it (default 0: back-to-back replays)",
     )
     args = ap.parse_args()
-    if not 0 <= args.neighbour_mb <= 4096:
-        ap.error(f"--neighbour-mb {args.neighbour_mb}: give 0..4096")
+    try:
+        check_neighbour_mb(args.neighbour_mb)
+    except ValueError as exc:
+        ap.error(str(exc))
 
     import pycuda.autoprimaryctx  # noqa: F401
     import pycuda.driver as cuda

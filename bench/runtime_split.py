@@ -28,6 +28,7 @@ from pathlib import Path
 
 from verify_tuner.heuristic import heuristic_config
 from verify_tuner.kernels.shapes import floor_bytes, flops
+from verify_tuner.kernels.timing import check_neighbour_mb
 
 H, Q = 8, 9
 MMA_TFLOPS = 645.0  # mma.sync ceiling on the H200 (../shared/anchors/h200.md)
@@ -199,8 +200,10 @@ def main() -> None:
     ap.add_argument("--cache", default=os.environ.get("TUNER_CACHE_DIR", "/tmp/va-cache"))
     ap.add_argument("--neighbour-mb", type=int, default=128, help="the GEMM of cold_us (0: no cold_us)")
     args = ap.parse_args()
-    if not 0 <= args.neighbour_mb <= 4096:
-        ap.error(f"--neighbour-mb {args.neighbour_mb}: give 0..4096")
+    try:
+        check_neighbour_mb(args.neighbour_mb)
+    except ValueError as exc:
+        ap.error(str(exc))
     b = Bench(args.cache, args.neighbour_mb)
     rows: list[dict] = []
 

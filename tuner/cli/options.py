@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 from verify_tuner.batches import SPREADS
+from verify_tuner.kernels.timing import MAX_NEIGHBOUR_MB
 from verify_tuner.kernels.validate import MAX_Q_LEN
 from verify_tuner.keys import MAX_H
 
@@ -20,7 +21,7 @@ ORDINAL_OPT = click.option(
 )
 NEIGHBOUR_OPT = click.option(
     "--neighbour-mb",
-    type=click.IntRange(0, 4096),
+    type=click.IntRange(0, MAX_NEIGHBOUR_MB),
     default=0,
     show_default=True,
     help="Time each launch followed by a bf16 GEMM over this many MB of weights, its own time subtracted: "

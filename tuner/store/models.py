@@ -43,6 +43,12 @@ class UTCDateTime(TypeDecorator[dt.datetime]):
         return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
 
 
+def timing_column() -> Any:
+    """How a row's times were measured: 0 back-to-back replays, N each launch followed by a GEMM over
+    N MB of weights, its own time subtracted (verify_tuner.measure.backend.Workload; migration 0005)."""
+    return mapped_column(default=0, server_default="0")
+
+
 class Base(DeclarativeBase):
     type_annotation_map: ClassVar = {dict[str, Any]: JSON, list[float]: JSON}
 
@@ -99,9 +105,7 @@ class Study(Base):
     #: (verify_tuner.jobs.claims; migration 0003): other processes only help with its trials
     owner: Mapped[str | None] = mapped_column(String(200))
     heartbeat_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
-    #: how the times were measured: 0 back-to-back replays, N each launch followed by a GEMM over N MB
-    #: of weights, its own time subtracted (verify_tuner.measure.backend.Workload; migration 0005)
-    neighbour_mb: Mapped[int] = mapped_column(default=0, server_default="0")
+    neighbour_mb: Mapped[int] = timing_column()
 
 
 class Trial(Base):
@@ -152,9 +156,7 @@ class BestConfig(Base):
     #: stale row is not served; storing the row again (a re-tune, an import) clears both (0004)
     verdict: Mapped[str | None] = mapped_column(String(16))
     verified_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime)
-    #: how the times were measured: 0 back-to-back replays, N each launch followed by a GEMM over N MB
-    #: of weights, its own time subtracted (verify_tuner.measure.backend.Workload; migration 0005)
-    neighbour_mb: Mapped[int] = mapped_column(default=0, server_default="0")
+    neighbour_mb: Mapped[int] = timing_column()
 
 
 class GraphPlan(Base):
@@ -201,9 +203,7 @@ class GraphPlan(Base):
     rounds: Mapped[int]
     measured_by: Mapped[str] = mapped_column(Text)  # device, driver, CUDA
     measured_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
-    #: how the times were measured: 0 back-to-back replays, N each launch followed by a GEMM over N MB
-    #: of weights, its own time subtracted (verify_tuner.measure.backend.Workload; migration 0005)
-    neighbour_mb: Mapped[int] = mapped_column(default=0, server_default="0")
+    neighbour_mb: Mapped[int] = timing_column()
 
 
 class Verification(Base):
@@ -235,9 +235,7 @@ class Verification(Base):
     reason: Mapped[str] = mapped_column(Text)
     measured_by: Mapped[str] = mapped_column(Text)
     verified_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
-    #: how the times were measured: 0 back-to-back replays, N each launch followed by a GEMM over N MB
-    #: of weights, its own time subtracted (verify_tuner.measure.backend.Workload; migration 0005)
-    neighbour_mb: Mapped[int] = mapped_column(default=0, server_default="0")
+    neighbour_mb: Mapped[int] = timing_column()
 
 
 class DataVersion(Base):
