@@ -584,3 +584,37 @@ def test_a_failure_naming_no_statement_is_the_study_storages_only_if_it_no_longe
     if storage_down:
         assert str(info.value).startswith("study storage unavailable: server closed the connection unexpectedly")
         assert f"127.0.0.1:{proxy.port}" in str(info.value)
+
+
+def test_a_stopping_process_withdraws_only_the_trials_it_queued_and_nobody_took(tmp_path):
+    """Processes sharing a study can take each other's queued trial (an ask takes the oldest it
+    sees); the one queued last was then left waiting after every process stopped."""
+    from verify_tuner.keys import ConfigKey
+    from verify_tuner.search.key_search import REASON_ATTR, KeySearch
+    from verify_tuner.search.ledger import Ledger
+    from verify_tuner.search.proposer import Proposer
+    from verify_tuner.search.study_storage import open_storage
+
+    storage = open_storage(f"sqlite:///{tmp_path / 'studies.db'}")
+    st = optuna.create_study(study_name="shared", storage=storage)
+    valid = space.valid_configs(H200, H=8, q_len=9, restrict=FIXED)
+    key = ConfigKey(H200.name, "k", "bf16", 8, 9, 46000)
+    search = KeySearch(key, WL, 0, space.choices(8, FIXED, H200, q_len=9), valid, budget=5, parallel=1)
+
+    def process(i: int) -> Proposer:
+        kw = {"log": None, "reject": lambda p: None, "n_startup": 0, "grid": False, "seed": i}
+        return Proposer(study=st, storage=storage, search=search, ledger=Ledger(st), warm=[valid[i].as_params()], **kw)
+
+    a, b = process(0), process(1)  # both read the study before either queued: both queue
+    a._feed()
+    b._feed()
+    taken = st.ask(search.space)  # b's ask takes the oldest queued trial, a's
+    assert taken.params == valid[0].as_params()
+    st.tell(taken, 1.0)
+    st.enqueue_trial(valid[2].as_params())  # queued by no proposer (as Optuna's retry of a stale trial)
+    assert a.withdraw() == 0  # a's ask saw nothing left (b's was not yet committed) and stopped
+    assert b.withdraw() == 1
+    left = {t.number: t for t in st.get_trials()}
+    assert left[1].state == optuna.trial.TrialState.FAIL
+    assert left[1].user_attrs[REASON_ATTR] == "not measured: queued when its process stopped"
+    assert left[2].state == optuna.trial.TrialState.WAITING  # another's queue entry stays for a resume

@@ -99,6 +99,7 @@ class Loop:
                 self.ledger.read()
                 self._fill()
                 if not self.in_flight:
+                    self.proposer.withdraw()
                     return
                 done, _ = wait(self.in_flight, return_when=FIRST_COMPLETED)
                 for f in done:

@@ -6,8 +6,11 @@ nearest a refused one: Neighbours)."""
 from __future__ import annotations
 
 import functools
+import os
 import random
+import socket
 import time
+import uuid
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -28,6 +31,9 @@ from verify_tuner.search.key_search import (
     signature,
 )
 from verify_tuner.search.ledger import ASKING_S, Ledger, TrialLog
+
+#: The user attribute naming the process that queued a trial, so that it withdraws only its own.
+QUEUED_BY_ATTR = "queued_by"
 
 
 @functools.lru_cache(maxsize=8)
@@ -87,6 +93,7 @@ class Proposer:
         self,
         *,
         study: optuna.Study,
+        storage: optuna.storages.BaseStorage,
         search: KeySearch,
         ledger: Ledger,
         log: TrialLog,
@@ -97,6 +104,8 @@ class Proposer:
         seed: int | None,
     ) -> None:
         self.study, self.search, self.ledger, self.log, self.reject = study, search, ledger, log, reject
+        self.storage = storage
+        self.token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.warm, self.n_startup, self.rng = list(warm), n_startup, random.Random(seed)
         self.grid: Iterator[KernelConfig] | None = self._grid_order() if grid else None
         self.exhausted = False  # a grid with nothing left to propose
@@ -124,21 +133,46 @@ class Proposer:
         if self.ledger.waiting:
             return
         if self.repaired is not None:
-            self.study.enqueue_trial(self.repaired.as_params())
+            self._queue(self.repaired.as_params())
             self.repaired = None
         elif self.warm:
-            self.study.enqueue_trial(self.warm.pop(0))
+            self._queue(self.warm.pop(0))
         elif self.grid is not None:
             cfg = next((c for c in self.grid if config_signature(c) not in self.ledger.known), None)
             if cfg is None:
                 self.exhausted = True
                 return
-            self.study.enqueue_trial(cfg.as_params())
+            self._queue(cfg.as_params())
         elif self.ledger.modelled < self.n_startup and self.search.valid:
-            self.study.enqueue_trial(self.rng.choice(self.search.valid).as_params())
+            self._queue(self.rng.choice(self.search.valid).as_params())
         else:
             return
         self.ledger.waiting += 1
+
+    def _queue(self, params: dict[str, int]) -> None:
+        self.study.enqueue_trial(params, user_attrs={QUEUED_BY_ATTR: self.token})
+
+    def withdraw(self) -> int:
+        """Fail this process's queued trials that no ask took, when it stops: processes asking at
+        once can each take another's queued trial (an ask takes the oldest it sees), and the last
+        one queued is then left waiting after every process stopped. Returns how many."""
+        mine = [
+            t
+            for t in self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+            if t.user_attrs.get(QUEUED_BY_ATTR) == self.token
+        ]
+        if not mine:
+            return 0
+        study_id = self.storage.get_study_id_from_name(self.study.study_name)
+        n = 0
+        for t in mine:
+            trial_id = self.storage.get_trial_id_from_study_id_trial_number(study_id, t.number)
+            if not self.storage.set_trial_state_values(trial_id, state=TrialState.RUNNING):
+                continue  # another process's ask took it just now: it is theirs to measure
+            self.storage.set_trial_user_attr(trial_id, REASON_ATTR, "not measured: queued when its process stopped")
+            self.study.tell(t.number, state=TrialState.FAIL)
+            n += 1
+        return n
 
     def _grid_order(self) -> Iterator[KernelConfig]:
         order = list(self.search.valid)

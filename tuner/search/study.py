@@ -317,6 +317,7 @@ def _search(
         _precompile(backend, [c for c in search.valid if config_signature(c) not in ledger.known], search.key.q_len)
     proposer = Proposer(
         study=study,
+        storage=storage,
         search=search,
         ledger=ledger,
         log=TrialLog(sessions, search.study_id),
