@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import operator
 from dataclasses import asdict, dataclass, fields
 
 from verify_tuner.kernels.errors import InvalidConfig
@@ -85,10 +86,20 @@ class KernelConfig:
         if extra:
             raise InvalidConfig(f"unknown constants: {', '.join(sorted(e.upper() for e in extra))}")
         try:
-            values = {k: int(v) for k, v in norm.items()}  # type: ignore[call-overload]
+            values = {k: _integer(v) for k, v in norm.items()}
         except (TypeError, ValueError) as exc:
             raise InvalidConfig(f"constants must be integers: {exc}") from exc
         return cls(**values)
 
     def __str__(self) -> str:
         return " ".join(f"{k}={v}" for k, v in self.as_params().items())
+
+
+def _integer(v: object) -> int:
+    """An integer constant, from an int-like value or its decimal text: true or 132.9 from a
+    malformed table must not become NSPLIT=1 or 132."""
+    if isinstance(v, bool):
+        raise TypeError(f"{v!r} is not an integer")
+    if isinstance(v, str):
+        return int(v)
+    return operator.index(v)  # type: ignore[arg-type]

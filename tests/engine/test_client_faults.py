@@ -112,7 +112,8 @@ def raw_sidecar(send: Callable[[socket.socket], None]) -> Iterator[str]:
 
 
 def client(url: str | None, tmp_path, **kw) -> ConfigClient:  # type: ignore[no-untyped-def]
-    return ConfigClient(url, H=8, q_len=9, device="NVIDIA H200", snapshot_dir=tmp_path / "snap", timeout_s=1.0, **kw)
+    kw = {"snapshot_dir": tmp_path / "snap", "timeout_s": 1.0} | kw
+    return ConfigClient(url, H=8, q_len=9, device="NVIDIA H200", **kw)
 
 
 @pytest.mark.parametrize(
@@ -136,6 +137,8 @@ def test_an_answer_that_is_not_whole_http_is_passed_over(tmp_path, raw, why):
 BAD_ENTRIES = [
     pytest.param({"NSPLIT": 0}, "NSPLIT must be a positive integer, got 0", id="nsplit-0"),
     pytest.param({"NSPLIT": None}, "constants must be integers", id="nsplit-null"),
+    pytest.param({"NSPLIT": True}, "constants must be integers: True is not an integer", id="nsplit-true"),
+    pytest.param({"NSPLIT": 132.9}, "constants must be integers: 'float' object", id="nsplit-float"),
     pytest.param(
         {"source": ["tuned"]},
         "prefix bounds must be integers and source a name, got 512..724 ['tuned']",
@@ -235,3 +238,119 @@ def test_a_table_that_stops_short_of_the_longest_prefix_is_refused_at_fetch(tmp_
     assert f"config dir {tmp_path / 'cfg'}: ValueError: {why}" in c.reason
     assert f"no usable snapshot (ValueError: {why})" in c.reason
     assert c.lookup(buckets.MAX_PREFIX, 8) == c.graph_plan(8, max_prefix=buckets.MAX_PREFIX).config
+
+
+def plan() -> dict:
+    """A valid graph plan as the sidecar serves it, for batch bucket 0."""
+    cfg = heuristic_table(H200, H=8, q_len=9)[0][0].config
+    return {
+        **cfg.as_params(),
+        "batch_bucket": {"index": 0},
+        "prefix_lo": 1024,
+        "prefix_hi": 131072,
+        "expected_us": 40.0,
+        "buckets": [{"prefix_lo": 1024, "prefix_hi": 2048, "regret": 1.2}],
+        "measured_at": "2026-12-03",
+        "measured_by": "a test",
+    }
+
+
+@pytest.mark.parametrize(
+    ("edit", "why"),
+    [
+        (
+            {"prefix_lo": 131072, "prefix_hi": 1024},
+            "graph plan prefixes must be integers 0 <= lo < hi, got 131072..1024",
+        ),
+        ({"expected_us": "fast"}, "expected_us must be a positive finite number, got 'fast'"),
+        ({"buckets": [{"prefix_lo": 1024, "prefix_hi": 2048, "regret": "NaN"}]}, "regret must be a positive finite"),
+        (
+            {"buckets": [{"prefix_lo": 1024, "prefix_hi": 2048, "regret": float("inf")}]},
+            "regret must be a positive finite number, got inf",
+        ),
+    ],
+    ids=["range-upside-down", "time-a-string", "regret-a-string", "regret-infinite"],
+)
+def test_a_graph_plan_with_values_an_engine_cannot_use_is_passed_over(tmp_path, edit, why):
+    """graph_plan() hands these to the engine at capture time: a string time or an upside-down
+    range reached it as such."""
+    table = sidecar_table()
+    table["graph_plans"] = [plan()]
+    good = json.dumps(table).encode()
+    with raw_sidecar(lambda conn: conn.sendall(http_answer(good))) as url:
+        c = client(url, tmp_path)
+        assert c.fetch() == "sidecar", c.reason
+        choice = c.graph_plan(1, max_prefix=100_000)
+        assert choice.source == "graph_plan" and choice.expected_us == 40.0 and choice.regrets == ((1024, 2048, 1.2),)
+    table["graph_plans"] = [plan() | edit]
+    bad = json.dumps(table).encode()  # json writes inf as Infinity, which Python's json reads back
+    with raw_sidecar(lambda conn: conn.sendall(http_answer(bad))) as url:
+        c = client(url, tmp_path, snapshot_dir=tmp_path / "other")
+        assert c.fetch() == "heuristic"
+    assert f"served a table this worker cannot use (ValueError: malformed table: {why}" in c.reason
+
+
+def test_json_nested_too_deep_is_passed_over_from_every_source(tmp_path):
+    deep = b"[" * 100_000 + b"]" * 100_000
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / engine_files.file_name(H=8, q_len=9, device=H200.name, dtype="bf16")).write_bytes(deep)
+    with raw_sidecar(lambda conn: conn.sendall(http_answer(deep))) as url:
+        c = client(url, tmp_path, config_dir=tmp_path / "cfg")
+        c.snapshot.parent.mkdir(parents=True)
+        c.snapshot.write_bytes(deep)
+        assert c.fetch() == "heuristic"
+    assert c.reason.count("RecursionError") == 3, c.reason
+
+
+def test_refresh_from_several_threads_at_once_never_raises_nor_says_a_healthy_sidecar_failed(tmp_path):
+    body = json.dumps(sidecar_table()).encode()
+    with raw_sidecar(lambda conn: conn.sendall(http_answer(body))) as url:
+        c = client(url, tmp_path, timeout_s=5.0)
+        assert c.fetch() == "sidecar"
+        results: list[str] = []
+        errors: list[BaseException] = []
+
+        def refresh_often() -> None:
+            try:
+                results.extend(c.refresh() for _ in range(40))
+            except BaseException as exc:  # noqa: BLE001 -- what the test is about
+                errors.append(exc)
+
+        threads = [threading.Thread(target=refresh_often) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    assert not errors, errors
+    assert set(results) == {"updated"} and len(results) == 160, (set(results), c.refresh_error)
+
+
+def test_numpy_integers_index_the_client_as_ints(tmp_path):
+    np = pytest.importorskip("numpy")
+    c = ConfigClient(None, H=np.int64(8), q_len=np.int32(9), device="NVIDIA H200", snapshot_dir=tmp_path)
+    assert c.fetch() == "heuristic" and type(c.H) is int
+    assert c.lookup(np.int64(46000), batch=np.int64(8)) == c.lookup(46000, 8)
+    assert c.graph_plan(np.int64(8), max_prefix=np.int64(131071)).config == c.lookup(131071, 8)
+    with pytest.raises(TypeError):
+        c.lookup(46000, batch=8.0)  # a float batch is the caller's bug, said at once
+    with pytest.raises(ValueError, match="H must be an integer, got 8.0"):
+        ConfigClient(None, H=8.0, q_len=9, device="NVIDIA H200")
+
+
+def test_a_user_with_no_home_gets_a_table_and_no_snapshot(tmp_path, monkeypatch):
+    """A container run as an arbitrary uid has no passwd entry and no HOME: the snapshot is
+    optional, so the client goes on without it and says so."""
+    import verify_tuner.engine.client as client_module
+
+    def no_home(*_a, **_k):  # what platformdirs raises there
+        raise RuntimeError("could not determine the home directory")
+
+    monkeypatch.setattr(client_module, "user_cache_dir", no_home)
+    body = json.dumps(sidecar_table()).encode()
+    with raw_sidecar(lambda conn: conn.sendall(http_answer(body))) as url:
+        c = ConfigClient(url, H=8, q_len=9, device="NVIDIA H200", timeout_s=1.0)
+        assert c.snapshot is None
+        assert c.fetch() == "sidecar"
+    assert "snapshot not saved (OSError: no snapshot folder (RuntimeError: could not determine" in c.reason
+    c2 = ConfigClient(None, H=8, q_len=9, device="NVIDIA H200")
+    assert c2.fetch() == "heuristic" and "no snapshot folder (RuntimeError" in c2.reason

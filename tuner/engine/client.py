@@ -28,6 +28,7 @@ from __future__ import annotations
 import bisect
 import http.client
 import json
+import operator
 import os
 from pathlib import Path
 
@@ -69,9 +70,10 @@ class ConfigClient:
         kernel_hash: str | None = None,
     ) -> None:
         # a shape no table can hold is the caller's mistake, said here: fetch() promises never to raise
-        if not (hasattr(H, "__index__") and H >= 1):  # numpy and torch integers index too
+        H, q_len = _integer(H, "H"), _integer(q_len, "q_len")  # numpy and torch integers: as ints from here
+        if H < 1:
             raise ValueError(f"H must be a positive number of heads, got {H!r}")
-        if not (hasattr(q_len, "__index__") and 1 <= q_len <= MAX_Q_LEN):
+        if not 1 <= q_len <= MAX_Q_LEN:
             raise ValueError(f"q_len must be in 1..{MAX_Q_LEN}, got {q_len!r}")
         url = base_url if base_url is not None else os.environ.get(URL_ENV)
         self.base_url = url.rstrip("/") if url else None
@@ -83,8 +85,15 @@ class ConfigClient:
         self.limits = limits or known_device(device)
         #: the kernel this worker launches: tables made for another are refused
         self.kernel_hash = kernel_hash or current_kernel_hash()
-        name = f"configs-{engine_files.slug(device)}-H{H}-q{q_len}-{dtype}.json"
-        self.snapshot = Path(snapshot_dir or Path(user_cache_dir("verify-tuner")) / "snapshots") / name
+        # the device's own name, however the worker spelt it ("h200"), so every spelling finds one snapshot
+        name = f"configs-{engine_files.slug(self.limits.name if self.limits else device)}-H{H}-q{q_len}-{dtype}.json"
+        #: the snapshot file, or None where no folder for it is known: it is optional, so the worker goes on
+        self.snapshot: Path | None = None
+        self.snapshot_error: str | None = None
+        try:
+            self.snapshot = Path(snapshot_dir or Path(user_cache_dir("verify-tuner")) / "snapshots") / name
+        except (RuntimeError, KeyError, OSError) as exc:  # a user with no home (a container's arbitrary uid)
+            self.snapshot_error = f"no snapshot folder ({type(exc).__name__}: {exc}; snapshot_dir sets one)"
         #: per batch bucket index: bucket starts and entries, sorted by prefix (replaced whole, see _set)
         self._table: dict[int, tuple[list[int], list[Entry]]] = {}
         #: per batch bucket index: the tuner's graph plan, where one was chosen
@@ -111,17 +120,20 @@ class ConfigClient:
             try:
                 path = self._config_file()
                 self._load_engine(engine_files.read(path))
-            except (OSError, ValueError, KeyError, TypeError) as exc:
+            except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
                 passed.append(f"config dir {self.config_dir}: {type(exc).__name__}: {exc}")
             else:
                 self.source, self.reason = "config_dir", f"{path}: {self._count()}"
                 return self._done(passed)
-        try:
-            self._load(json.loads(self.snapshot.read_text()))
-            self.source, self.reason = "snapshot", f"snapshot {self.snapshot}: {self._count()}"
-            return self._done(passed)
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            passed.append(f"no usable snapshot ({type(exc).__name__}: {exc})"[:300])
+        if self.snapshot is None:
+            passed.append(self.snapshot_error or "no snapshot folder")
+        else:
+            try:
+                self._load(json.loads(self.snapshot.read_text()))
+                self.source, self.reason = "snapshot", f"snapshot {self.snapshot}: {self._count()}"
+                return self._done(passed)
+            except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:  # deep JSON: RecursionError
+                passed.append(f"no usable snapshot ({type(exc).__name__}: {exc})"[:300])
         if self.limits is None:
             self._set({})
             self.source, self.reason = "none", f"device {self.device!r} is unknown, so no heuristic either"
@@ -159,7 +171,7 @@ class ConfigClient:
             raise sidecar.PassedOver(f"sidecar unavailable at {self.base_url} ({type(exc).__name__}: {exc})") from None
         except http.client.HTTPException as exc:  # a cut-off answer, or something else listening on the port
             raise sidecar.PassedOver(sidecar.broken(self.base_url, exc)) from None
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:  # RecursionError: JSON nested too deep
             raise sidecar.PassedOver(
                 f"sidecar at {self.base_url} served a table this worker cannot use ({type(exc).__name__}: {exc})"
             ) from None
@@ -260,6 +272,8 @@ class ConfigClient:
         self._set(by_batch)
 
     def _save(self, table: dict) -> None:
+        if self.snapshot is None:
+            raise OSError(self.snapshot_error)
         engine_files.write_atomic(self.snapshot, table)
 
     # --- every decode step -----------------------------------------------------------------
@@ -269,6 +283,7 @@ class ConfigClient:
         table = self._table  # read once: refresh() may replace it meanwhile
         if not table:
             raise RuntimeError(f"no config table ({self.reason})")
+        prefix, batch = operator.index(prefix), operator.index(batch)  # numpy / torch integers too
         if not 1 <= batch <= batches.MAX_BATCH:
             raise ValueError(f"batch {batch} outside 1..{batches.MAX_BATCH}")
         bb = (batch - 1).bit_length()  # verify_tuner.batches.bucket_of without its checks: the hot path
@@ -287,6 +302,7 @@ class ConfigClient:
         table = self._table
         if not table:
             raise RuntimeError(f"no config table ({self.reason})")
+        batch, max_prefix = operator.index(batch), operator.index(max_prefix)
         if not 1 <= batch <= batches.MAX_BATCH:
             raise ValueError(f"batch {batch} outside 1..{batches.MAX_BATCH}")
         plan = self._plans.get((batch - 1).bit_length())
@@ -304,3 +320,10 @@ class ConfigClient:
         """Every config the table or a graph plan can answer: what a worker pre-compiles / graph-captures."""
         plans = {p.config for p in self._plans.values()}
         return sorted({e.config for _, es in self._table.values() for e in es} | plans)
+
+
+def _integer(v: object, name: str) -> int:
+    try:
+        return operator.index(v)  # type: ignore[arg-type]
+    except TypeError:
+        raise ValueError(f"{name} must be an integer, got {v!r}") from None

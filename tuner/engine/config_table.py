@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -145,14 +146,32 @@ def _check_device(by_batch: dict[int, list[Entry]], limits: DeviceLimits | None,
 
 
 def _plan_choice(p: dict) -> GraphPlanChoice:
-    regrets = tuple((int(b["prefix_lo"]), int(b["prefix_hi"]), float(b["regret"])) for b in p["buckets"])
+    # what graph_plan() hands the engine: a string time or a range upside down would reach it as such
+    regrets = tuple(
+        (*_bounds(b["prefix_lo"], b["prefix_hi"], "graph plan bucket"), _positive(b["regret"], "regret"))
+        for b in p["buckets"]
+    )
+    lo, hi = _bounds(p["prefix_lo"], p["prefix_hi"], "graph plan")
+    expected = p.get("expected_us")
     worst = max((r for _, _, r in regrets), default=1.0)
     return GraphPlanChoice(
         KernelConfig.from_params({k: p[k] for k in PARAM_NAMES if k in p}),
         "graph_plan",
         regrets,
-        p.get("expected_us"),
-        (int(p["prefix_lo"]), int(p["prefix_hi"])),
-        f"graph plan for prefixes {p['prefix_lo']}..{p['prefix_hi']}, worst regret {worst:.3f}x "
+        None if expected is None else _positive(expected, "expected_us"),
+        (lo, hi),
+        f"graph plan for prefixes {lo}..{hi}, worst regret {worst:.3f}x "
         f"(measured {p.get('measured_at')} on {p.get('measured_by')})",
     )
+
+
+def _bounds(lo: object, hi: object, what: str) -> tuple[int, int]:
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (lo, hi)) or not 0 <= lo < hi:  # type: ignore[operator]
+        raise ValueError(f"malformed table: {what} prefixes must be integers 0 <= lo < hi, got {lo!r}..{hi!r}")
+    return lo, hi  # type: ignore[return-value]
+
+
+def _positive(v: object, what: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
+        raise ValueError(f"malformed table: {what} must be a positive finite number, got {v!r}")
+    return float(v)

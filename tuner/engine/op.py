@@ -67,8 +67,21 @@ def _cubin(cfg: KernelConfig, q_len: int, arch: str) -> bytes:
             f"no cubin bundle (set VERIFY_TUNER_CUBINS to a `tuner configs dump --cubins` folder) and {exc}"
         ) from None
 
-    cache = Path(os.environ.get("TUNER_CACHE_DIR", Path.home() / ".cache" / "verify-tuner" / "cubins"))
-    return compile_cubin(cfg, q_len, arch, cache).cubin
+    folder = os.environ.get("TUNER_CACHE_DIR")
+    if not folder:
+        try:
+            folder = str(Path.home() / ".cache" / "verify-tuner" / "cubins")
+        except (RuntimeError, KeyError) as exc:  # a user with no home: the default is unknown, not a bug
+            raise BundleError(
+                f"no cubin bundle (set VERIFY_TUNER_CUBINS) and no TUNER_CACHE_DIR to compile into: {exc}"
+            ) from None
+    try:
+        return compile_cubin(cfg, q_len, arch, Path(folder)).cubin
+    except PermissionError as exc:  # a cache another user filled: it may hold other configs, not this one
+        raise BundleError(
+            f"cannot compile {cfg} into {folder} ({exc.strerror}: {exc.filename}): set TUNER_CACHE_DIR to a folder "
+            "this user can write, or VERIFY_TUNER_CUBINS to a bundle holding the config"
+        ) from None
 
 
 def _kernels_for(device: int, cfg: KernelConfig, q_len: int, H: int) -> Any:

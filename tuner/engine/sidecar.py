@@ -30,12 +30,20 @@ class Requests:
 
     def __init__(self) -> None:
         self._last: threading.Thread | None = None
+        # refresh() may be called from several threads: one checks and starts the request thread at a time
+        self._lock = threading.Lock()
 
     def get_table(
         self, base_url: str, query: dict[str, object], etag: str | None, timeout_s: float
     ) -> tuple[dict, str | None]:
         """The sidecar's /configs answer for `query` and its ETag; ErrorStatus for an error status or
         a 304 for `etag`; TimeoutError when no whole answer came within `timeout_s`."""
+        with self._lock:
+            return self._get_table(base_url, query, etag, timeout_s)
+
+    def _get_table(
+        self, base_url: str, query: dict[str, object], etag: str | None, timeout_s: float
+    ) -> tuple[dict, str | None]:
         if self._last is not None and self._last.is_alive():  # one thread a client however slow its sidecar
             raise TimeoutError(f"the answer to an earlier request is still coming, past timeout_s={timeout_s:g} s")
         out: list[tuple[dict, str | None] | Exception] = []
