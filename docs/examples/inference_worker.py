@@ -1,15 +1,18 @@
-"""How an inference worker uses the sidecar: fetch the table once, look the config up every
-decode step, and keep one CUDA graph per distinct config (the prefix grows each step, so the
-config changes only when the prefix crosses a bucket edge).
+"""How an inference worker uses the config table: fetch it once at startup, capture one CUDA graph
+per batch size with that batch size's graph plan (the kernel follows every prefix inside the graph),
+and, where a step runs without a graph, look its config up by the batch's longest request.
 
-    python docs/examples/inference_worker.py --url http://127.0.0.1:8177 --device h200 --steps 2000
+    python docs/examples/inference_worker.py --url http://127.0.0.1:8177 --device h200 --batch-sizes 1,8,32
 
-Without a GPU it runs the lookup loop and prints which graph each step would replay.
+Without a GPU it prints what each graph would capture and runs the lookup loop of graph-less steps.
+On a GPU the graphs are verify_tuner.engine.adapter.VerifyBackend's (docs/integration.md), which
+launches through the torch op from a cubin bundle: no nvcc on the inference host.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 from verify_tuner.engine.client import ConfigClient
@@ -20,40 +23,42 @@ def main() -> None:
     ap.add_argument(
         "--url",
         default=None,
-        help="sidecar (default: VERIFY_TUNER_URL; VERIFY_TUNER_CONFIG_DIR "
-        "names a folder of `tuner configs dump` files)",
+        help="sidecar (default: VERIFY_TUNER_URL; VERIFY_TUNER_CONFIG_DIR names a folder of `tuner configs dump` files)",
     )
     ap.add_argument("--device", default="h200")
     ap.add_argument("--H", type=int, default=8)
     ap.add_argument("--q-len", type=int, default=9)
-    ap.add_argument("--prefix", type=int, default=40_000, help="prefix length at the first step")
-    ap.add_argument("--steps", type=int, default=2000)
-    ap.add_argument("--batch", type=int, default=1, help="requests verified per step")
+    ap.add_argument("--batch-sizes", default="1,8,32", help="the batch sizes the engine captures graphs for")
+    ap.add_argument("--max-prefix", type=int, default=131_071, help="the longest prefix a request may reach")
+    ap.add_argument("--prefix", type=int, default=40_000, help="prefix length at the first graph-less step")
+    ap.add_argument("--steps", type=int, default=2000, help="graph-less steps to look up")
     args = ap.parse_args()
+    try:
+        sizes = [int(s) for s in args.batch_sizes.split(",")]
+    except ValueError:
+        ap.error(f"--batch-sizes must be integers separated by commas, got {args.batch_sizes!r}")
 
     client = ConfigClient(args.url, H=args.H, q_len=args.q_len, device=args.device)
     print(f"config table from {client.fetch()}: {client.reason}")
+    if client.source == "none":  # an unknown device and no table: the engine keeps its own attention
+        sys.exit(f"no verify-attention config for {args.device!r}: use the engine's own attention")
 
-    graphs: dict[object, str] = {}  # config -> captured graph (here: a label)
+    # at capture time, once per batch size (VerifyBackend's pick_config does this)
+    for bs in sizes:
+        choice = client.graph_plan(bs, max_prefix=args.max_prefix)
+        worst = max((r for _, _, r in choice.regrets), default=None)
+        regret = f", worst regret {worst:.3f}x" if worst else ""
+        print(f"graph for batch {bs}: {choice.config} ({choice.source}{regret})")
 
-    def graph_for(cfg):  # type: ignore[no-untyped-def]
-        if cfg not in graphs:
-            # On a GPU: build verify_tuner.kernels.launch.VerifyAttention(cfg, ...) once, capture its launch on
-            # a side stream with torch.cuda.graph (see tests/kernels/test_kernel_gpu.py), keep it.
-            graphs[cfg] = f"graph#{len(graphs)} {cfg}"
-            print(f"captured {graphs[cfg]}")
-        return graphs[cfg]
-
+    # a step without a graph: looked up by its longest request and its size (docs/batching.md)
+    prefixes = [args.prefix] * sizes[-1]
+    seen = set()
     t0 = time.perf_counter()
-    prefixes = [args.prefix] * args.batch  # one prefix length per request of the step
     for step in range(args.steps):
-        # a batch is looked up by its longest request and its size (docs/batching.md)
-        cfg = client.lookup(max(prefixes), batch=len(prefixes))  # no I/O: safe on the decode hot path
-        graph_for(cfg)  # .replay() on a GPU
-        i = step % len(prefixes)
-        prefixes[i] += args.q_len  # accepted tokens grow a prefix; a constant stands in here
-    dt = (time.perf_counter() - t0) / args.steps * 1e6
-    print(f"{args.steps} steps, {len(graphs)} graph(s), {dt:.2f} us per lookup+select")
+        seen.add(client.lookup(max(prefixes), batch=len(prefixes)))  # no I/O: safe on the hot path
+        prefixes[step % len(prefixes)] += args.q_len  # accepted tokens grow a prefix; a constant stands in
+    dt = (time.perf_counter() - t0) / max(args.steps, 1) * 1e6
+    print(f"{args.steps} graph-less steps at batch {len(prefixes)}: {len(seen)} config(s), {dt:.2f} us per lookup")
 
 
 if __name__ == "__main__":
