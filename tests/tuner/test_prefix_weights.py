@@ -4,6 +4,7 @@ line for every bad file."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from verify_tuner import buckets
@@ -69,6 +70,14 @@ def test_prefixes_in_one_bucket_add_up_and_outside_the_range_count_at_its_ends(t
         ("prefix,count\n1,2\n", "header `prefix,weight`"),
         ("prefix,weight\n1,2,3\n", "line 2: expected prefix,weight"),
         ("prefix,weight\n1.5,2\n", "line 2: prefix must be an integer"),
+        ('{"\u00b2": 5}', "prefix must be an integer"),  # isdigit(), not a number
+        ('{"\u0661\u0660\u0660\u0660": 5}', "prefix must be an integer"),  # Arabic-Indic 1000: not ours
+        ("prefix,weight\n\u00b2,5\n", "line 2: prefix must be an integer"),
+        ("prefix,weight\n46000,\u0665\n", "line 2: weight must be a finite number"),
+        ('{"46000": ' + "9" * 5000 + "}", "not a histogram"),  # more digits than int() converts
+        ("prefix,weight\n" + "9" * 5000 + ",1\n", r"prefix must be an integer in 0\.\.\d+, got '9{30}"),
+        ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+        ("prefix,weight\n46000," + "1" * 200_000 + "\n", "line 2: not CSV the reader takes"),
     ],
 )
 def test_a_bad_file_is_one_line_naming_it(tmp_path, text, match):
@@ -85,3 +94,9 @@ def test_unreadable_and_binary_files(tmp_path):
     (tmp_path / "b").write_bytes(b"\xff\xfe\x00garbage")
     with pytest.raises(BadPrefixWeights, match="not UTF-8"):
         prefix_weights.load(tmp_path / "b", RANGE)
+
+
+def test_an_endless_file_is_refused_after_the_bound_not_read_whole(tmp_path, monkeypatch):
+    monkeypatch.setattr(prefix_weights, "MAX_FILE_BYTES", 1024)
+    with pytest.raises(BadPrefixWeights, match="more than 1024 bytes"):
+        prefix_weights.load(Path("/dev/zero"), RANGE)

@@ -24,6 +24,7 @@ import hashlib
 import io
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,11 +82,12 @@ def from_histogram(
 def load(path: Path, range_buckets: list[buckets.Bucket]) -> PrefixWeights:
     """The weights file `path` (JSON or CSV, by its content) mapped onto the range's buckets."""
     try:
-        data = path.read_bytes()
+        with path.open("rb") as f:  # no more than the bound: /dev/zero or a log file must not fill memory
+            data = f.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise BadPrefixWeights(f"{path}: cannot read it ({exc.strerror or exc})") from None
     if len(data) > MAX_FILE_BYTES:
-        raise BadPrefixWeights(f"{path}: {len(data)} bytes, more than a histogram needs (at most {MAX_FILE_BYTES})")
+        raise BadPrefixWeights(f"{path}: more than {MAX_FILE_BYTES} bytes, more than a histogram needs")
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError:
@@ -114,6 +116,10 @@ def _json_pairs(path: Path, text: str) -> list[tuple[int, float]]:
         doc = json.loads(text, object_pairs_hook=no_duplicates)
     except json.JSONDecodeError as exc:
         raise BadPrefixWeights(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    except ValueError as exc:  # an integer of more digits than Python converts
+        raise BadPrefixWeights(f"{path}: not a histogram ({exc})") from None
+    except RecursionError:
+        raise BadPrefixWeights(f"{path}: arrays or objects nested too deeply for a histogram") from None
     if isinstance(doc, dict):
         items = list(doc.items())
     elif isinstance(doc, list) and all(isinstance(p, list) and len(p) == 2 for p in doc):
@@ -125,26 +131,33 @@ def _json_pairs(path: Path, text: str) -> list[tuple[int, float]]:
 
 def _csv_pairs(path: Path, text: str) -> list[tuple[int, float]]:
     reader = csv.reader(io.StringIO(text))
-    header = next(reader, None)
-    if header is None or [h.strip().lower() for h in header] != ["prefix", "weight"]:
-        raise BadPrefixWeights(f"{path}: a CSV weights file starts with the header `prefix,weight`, got {header!r}")
     out = []
-    for n, row in enumerate(reader, start=2):
-        if not row or all(not c.strip() for c in row):
-            continue
-        if len(row) != 2:
-            raise BadPrefixWeights(f"{path}: line {n}: expected prefix,weight, got {len(row)} fields")
-        out.append(_pair(path, f"line {n}", row[0], row[1]))
+    try:
+        header = next(reader, None)
+        if header is None or [h.strip().lower() for h in header] != ["prefix", "weight"]:
+            raise BadPrefixWeights(
+                f"{path}: a CSV weights file starts with the header `prefix,weight`, got {str(header)[:80]}"
+            )
+        for n, row in enumerate(reader, start=2):
+            if not row or all(not c.strip() for c in row):
+                continue
+            if len(row) != 2:
+                raise BadPrefixWeights(f"{path}: line {n}: expected prefix,weight, got {len(row)} fields")
+            out.append(_pair(path, f"line {n}", row[0], row[1]))
+    except csv.Error as exc:  # a field past csv's limit, a NUL: what the reader cannot take
+        raise BadPrefixWeights(f"{path}: line {reader.line_num}: not CSV the reader takes ({exc})") from None
     return out
 
 
 def _pair(path: Path, where: str, prefix: object, weight: object) -> tuple[int, float]:
     p = _int(prefix)
     if p is None or not 0 <= p <= buckets.MAX_PREFIX:
-        raise BadPrefixWeights(f"{path}: {where}: prefix must be an integer in 0..{buckets.MAX_PREFIX}, got {prefix!r}")
+        raise BadPrefixWeights(
+            f"{path}: {where}: prefix must be an integer in 0..{buckets.MAX_PREFIX}, got {_short(prefix)}"
+        )
     w = _float(weight)
     if w is None or not math.isfinite(w) or w < 0:
-        raise BadPrefixWeights(f"{path}: {where}: weight must be a finite number >= 0, got {weight!r}")
+        raise BadPrefixWeights(f"{path}: {where}: weight must be a finite number >= 0, got {_short(weight)}")
     return p, w
 
 
@@ -153,9 +166,15 @@ def _int(v: object) -> int | None:
         return None
     if isinstance(v, int):
         return v
-    if isinstance(v, str) and v.strip().isdigit():
+    # ASCII digits only ("²" and "١٠٠٠" are isdigit()), and no more than a prefix can have
+    if isinstance(v, str) and re.fullmatch(r"[0-9]{1,9}", v.strip()):
         return int(v.strip())
     return None
+
+
+def _short(v: object) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else f"{text[:37]}..."  # a line, however long the entry
 
 
 def _float(v: object) -> float | None:
@@ -164,6 +183,8 @@ def _float(v: object) -> float | None:
     if isinstance(v, int | float):
         return float(v)
     if isinstance(v, str):
+        if not re.fullmatch(r"[0-9eE+\-.]{1,40}", v.strip()):  # float() takes "٥" and "1_0" too
+            return None
         try:
             return float(v.strip())
         except ValueError:
