@@ -227,3 +227,23 @@ def test_configs_list_says_which_rows_were_timed_cold(run, tmp_path):
     lines = run("configs", "list").output.splitlines()
     (cold,) = [line for line in lines if "cold: 128 MB neighbour" in line]
     assert f"prefix[{bucket_of(46000).lo}," in cold and len(lines) == 2
+
+
+def test_a_file_that_is_not_rows_says_so_not_one_bad_row(run, tmp_path):
+    path = tmp_path / "x.json"
+    path.write_text("{")
+    r = run("configs", "import", str(path))
+    assert r.exit_code == 1 and "file rejected, nothing imported" in r.output and "bad row" not in r.output
+
+
+def test_a_csv_field_past_the_readers_limit_is_one_line(run, tmp_path):
+    path = tmp_path / "big.csv"
+    path.write_text("device,H\n" + "x" * 200_000 + ",8\n")
+    r = run("configs", "import", str(path))
+    assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+    assert "file rejected, nothing imported: not CSV the reader takes (field larger than field limit" in r.output
+
+
+def test_a_device_file_is_refused_before_reading(run):
+    r = run("configs", "import", "/dev/zero")
+    assert r.exit_code == 2 and "/dev/zero is not a regular file" in r.output

@@ -226,6 +226,8 @@ def configs_import(settings: Settings, path: Path, fmt: str | None) -> None:
     from verify_tuner.store.session import session_scope
 
     fmt = fmt or ("csv" if path.suffix.lower() == ".csv" else "json")
+    if not path.is_file():  # a device or a pipe (/dev/zero) would be read until memory runs out
+        raise click.BadParameter(f"{path} is not a regular file", param_hint="PATH")
     loaded = configs_io.loads(path.read_bytes(), fmt)
     with session_scope(checked_sessions(settings)) as s:
         result = configs_io.import_rows(session=s, rows=loaded.rows, allow_empty=loaded.dump)

@@ -145,7 +145,7 @@ def _csv_pairs(path: Path, text: str) -> list[tuple[int, float]]:
                 raise BadPrefixWeights(f"{path}: line {n}: expected prefix,weight, got {len(row)} fields")
             out.append(_pair(path, f"line {n}", row[0], row[1]))
     except csv.Error as exc:  # a field past csv's limit, a NUL: what the reader cannot take
-        raise BadPrefixWeights(f"{path}: line {reader.line_num}: not CSV the reader takes ({exc})") from None
+        raise BadPrefixWeights(f"{path}: not CSV the reader takes ({exc})") from None
     return out
 
 

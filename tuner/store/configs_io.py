@@ -54,8 +54,11 @@ JSON_DEFAULTS = {"neighbour_mb": 0}
 class ImportRejected(TunerError):
     """The file was rejected whole; `errors` lists every bad row."""
 
-    def __init__(self, errors: list[str]) -> None:
-        super().__init__(f"{len(errors)} bad row(s), nothing imported:\n" + "\n".join(errors))
+    def __init__(self, errors: list[str], *, whole_file: bool = False) -> None:
+        if whole_file:  # a file that is not rows at all (not JSON, not UTF-8) is not "1 bad row": one line
+            super().__init__("file rejected, nothing imported: " + "; ".join(errors))
+        else:
+            super().__init__(f"{len(errors)} bad row(s), nothing imported:\n" + "\n".join(errors))
         self.errors = errors
 
 
@@ -129,17 +132,20 @@ def loads(data: str | bytes, fmt: str) -> Loaded:
         try:
             doc = strict_json.loads(text)  # a repeated key or a non-finite number is an error, not last-wins
         except ValueError as exc:
-            raise ImportRejected([f"not valid JSON: {exc}"]) from exc
+            raise ImportRejected([f"not valid JSON: {exc}"], whole_file=True) from exc
         if isinstance(doc, dict) and doc.get("format") == engine_files.FORMAT:
             return Loaded(engine_files.tuned_rows(doc), dump=True)
         if not isinstance(doc, list) or not all(isinstance(r, dict) for r in doc):
-            raise ImportRejected(["JSON must be a list of objects (or a `tuner configs dump` file)"])
+            raise ImportRejected(["JSON must be a list of objects (or a `tuner configs dump` file)"], whole_file=True)
         return Loaded(doc, dump=False)
     reader = csv.DictReader(io.StringIO(text))
-    repeated = sorted({c for c in reader.fieldnames or () if (reader.fieldnames or []).count(c) > 1})
-    if repeated:  # DictReader keeps the last of a repeated column's cells
-        raise ImportRejected([f"CSV header repeats column(s) {', '.join(map(repr, repeated))}"])
-    return Loaded([rows_schema.from_csv_cells(r) for r in reader], dump=False)
+    try:
+        repeated = sorted({c for c in reader.fieldnames or () if (reader.fieldnames or []).count(c) > 1})
+        if repeated:  # DictReader keeps the last of a repeated column's cells
+            raise ImportRejected([f"CSV header repeats column(s) {', '.join(map(repr, repeated))}"], whole_file=True)
+        return Loaded([rows_schema.from_csv_cells(r) for r in reader], dump=False)
+    except csv.Error as exc:  # a field past csv's limit, a NUL byte: what the reader cannot take
+        raise ImportRejected([f"not CSV the reader takes ({exc})"], whole_file=True) from None
 
 
 def _utf8(data: bytes) -> str:
@@ -147,7 +153,9 @@ def _utf8(data: bytes) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ImportRejected([f"not UTF-8 text: byte 0x{data[exc.start]:02x} at offset {exc.start}"]) from None
+        raise ImportRejected(
+            [f"not UTF-8 text: byte 0x{data[exc.start]:02x} at offset {exc.start}"], whole_file=True
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -209,7 +217,7 @@ def import_rows(*, session: Session, rows: list[dict[str, Any]], allow_empty: bo
     if not parsed:
         if allow_empty:  # a dump of heuristic tables: nothing tuned to restore
             return ImportResult(0, [])
-        raise ImportRejected(["no rows"])
+        raise ImportRejected(["no rows"], whole_file=True)
     current = current_kernel_hash()
     warnings = [
         f"row {seen[p.key]}: kernel hash {p.key.kernel_hash} is not this kernel's ({current}): stored, "
