@@ -98,6 +98,8 @@ BAD_VALUES = [
     ({"verdict": "failed", "verified_at": "2026-12-01T10:00:00+00:00"}, "verdict"),  # never a row's mark
     ({"verdict": "stale"}, "verified_at"),
     ({"verdict": "stale", "verified_at": 12345}, "verified_at"),
+    ({"tuned_at": "9999-12-31T23:59:59-23:59"}, "tuned_at"),  # no UTC time: was a 'database error'
+    ({"tuned_at": "0001-01-01T00:00:00+01:00"}, "tuned_at"),
 ]
 
 

@@ -106,7 +106,17 @@ class ConfigRow(BaseModel):
     @field_validator("tuned_at", "verified_at")
     @classmethod
     def _aware(cls, v: dt.datetime | None) -> dt.datetime | None:
-        return v.replace(tzinfo=dt.UTC) if v is not None and v.tzinfo is None else v
+        if v is None:
+            return None
+        if v.tzinfo is None:
+            v = v.replace(tzinfo=dt.UTC)
+        try:  # stored in UTC: 9999-12-31T23:59-23:59 has no UTC time, and the database said so as an outage
+            v = v.astimezone(dt.UTC)
+        except OverflowError:
+            raise ValueError("out of range once in UTC") from None
+        if not dt.datetime(1970, 1, 1, tzinfo=dt.UTC) <= v <= dt.datetime(9999, 1, 1, tzinfo=dt.UTC):
+            raise ValueError(f"{v.isoformat()} is not a time a row was tuned or verified (1970..9999)")
+        return v
 
     @model_validator(mode="after")
     def _consistent(self) -> ConfigRow:
