@@ -13,7 +13,7 @@ from verify_tuner.batches import MAX_BATCH
 from verify_tuner.buckets import MAX_PREFIX
 from verify_tuner.cli.database import checked_sessions
 from verify_tuner.cli.exits import clean_exit
-from verify_tuner.cli.options import H_RANGE, JSON_OPT, Q_LEN_RANGE
+from verify_tuner.cli.options import H_RANGE, JSON_OPT, Q_LEN_RANGE, Integer, integer
 from verify_tuner.kernels.validate import MAX_Q_LEN
 from verify_tuner.keys import MAX_H
 from verify_tuner.settings import Settings
@@ -81,12 +81,12 @@ def _us(v: float | None) -> str:
 @click.option("--q-len", type=Q_LEN_RANGE, required=True)
 @click.option(
     "--prefix",
-    type=click.IntRange(0, MAX_PREFIX),
+    type=Integer(0, MAX_PREFIX),
     required=True,
     help="A batch's longest prefix (verify_tuner.batches.prefix_of).",
 )
 @click.option(
-    "--batch", type=click.IntRange(1, MAX_BATCH), default=1, show_default=True, help="Requests verified in one launch."
+    "--batch", type=Integer(1, MAX_BATCH), default=1, show_default=True, help="Requests verified in one launch."
 )
 @click.option("--device", default=None, help="Default: TUNER_DEVICE, else the only recorded device.")
 @JSON_OPT
@@ -136,6 +136,8 @@ def configs_export(settings: Settings, fmt: str, output: Path | None, device: st
     from verify_tuner.store import configs_io
     from verify_tuner.store.session import session_scope
 
+    if output is not None and output.is_dir():  # -o "" is Path("."): the write would replace a folder
+        raise click.BadParameter(f"{str(output)!r} is a folder; give a file name", param_hint="-o/--output")
     with session_scope(checked_sessions(settings)) as s:
         text = configs_io.dumps(configs_io.export_rows(session=s, device=device), fmt)
     if output is None:
@@ -194,7 +196,7 @@ def configs_dump(settings: Settings, out_dir: Path, device: str | None, shapes: 
     parsed = []
     for text in shapes:
         try:
-            H, q = (int(x) for x in text.split(":"))
+            H, q = (integer(x.strip()) for x in text.split(":"))
         except ValueError:
             raise click.BadParameter(f"expected H:Q like 8:9, got {text!r}", param_hint="--shape") from None
         if not (1 <= H <= MAX_H and 1 <= q <= MAX_Q_LEN):

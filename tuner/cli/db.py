@@ -27,6 +27,11 @@ def db_upgrade(settings: Settings, revision: str) -> None:
     from verify_tuner.store import migrate
     from verify_tuner.store.session import safe_url
 
+    known = migrate.revisions()
+    if revision != "head" and revision not in known:  # alembic asserts on "" and "head+1": a traceback
+        raise click.BadParameter(
+            f"{revision!r} is not a revision: head or one of {', '.join(known)}", param_hint="--revision"
+        )
     migrate.upgrade(settings.database_url, revision)
     _prepare_studies(settings)
     now = _revision_now(settings.database_url)

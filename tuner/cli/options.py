@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -11,17 +12,39 @@ from verify_tuner.kernels.timing import MAX_NEIGHBOUR_MB
 from verify_tuner.kernels.validate import MAX_Q_LEN
 from verify_tuner.keys import MAX_H
 
+_INTEGER = re.compile(r"-?[0-9]+")
+
+
+def integer(text: str) -> int:
+    """An integer as an operator types it, ASCII digits with an optional '-': int() also reads
+    '8_0' as 80 and takes ' 8', '+8' and other scripts' digits, which the HTTP API refuses."""
+    if not _INTEGER.fullmatch(text):
+        raise ValueError(f"{text!r} is not an integer (digits 0-9 only)")
+    return int(text)
+
+
+class Integer(click.IntRange):
+    """click.IntRange with integer()'s spelling."""
+
+    name = "integer"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not _INTEGER.fullmatch(value):
+            self.fail(f"{value!r} is not an integer (digits 0-9 only)", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 JSON_OPT = click.option("--json", "as_json", is_flag=True, help="Machine-readable output (JSON).")
-H_RANGE = click.IntRange(1, MAX_H)
-Q_LEN_RANGE = click.IntRange(1, MAX_Q_LEN)
+H_RANGE = Integer(1, MAX_H)
+Q_LEN_RANGE = Integer(1, MAX_Q_LEN)
 H_OPT = click.option("--H", "H", type=H_RANGE, required=True, help="Heads per GPU.")
 Q_LEN_OPT = click.option("--q-len", type=Q_LEN_RANGE, required=True, help="Draft nodes per request.")
 ORDINAL_OPT = click.option(
-    "--device", "ordinal", type=click.IntRange(min=0), default=0, show_default=True, help="CUDA device ordinal."
+    "--device", "ordinal", type=Integer(min=0), default=0, show_default=True, help="CUDA device ordinal."
 )
 NEIGHBOUR_OPT = click.option(
     "--neighbour-mb",
-    type=click.IntRange(0, MAX_NEIGHBOUR_MB),
+    type=Integer(0, MAX_NEIGHBOUR_MB),
     default=0,
     show_default=True,
     help="Time each launch followed by a bf16 GEMM over this many MB of weights, its own time subtracted: "

@@ -23,6 +23,7 @@ from verify_tuner.cli.options import (
     NEIGHBOUR_OPT,
     ORDINAL_OPT,
     Q_LEN_OPT,
+    Integer,
     spread_option,
     with_options,
 )
@@ -65,10 +66,10 @@ def _shown(*decls: str, **kwargs: Any) -> Callable[..., Any]:
 GPU_OPTS = [
     ORDINAL_OPT,
     MEASURE_TIMEOUT_OPT,
-    _shown("--rounds", type=click.IntRange(min=1), default=3, help="Interleaved re-timing rounds per pass."),
+    _shown("--rounds", type=Integer(min=1), default=3, help="Interleaved re-timing rounds per pass."),
     _shown(
         "--passes",
-        type=click.IntRange(min=1),
+        type=Integer(min=1),
         default=2,
         help="Walks over the workloads (forward, then backward, ...), the configs' order rotated each time.",
     ),
@@ -182,7 +183,7 @@ def register_configs(configs: click.Group) -> None:
     @configs.command("verify")
     @click.option(
         "--sample",
-        type=click.IntRange(min=1),
+        type=Integer(min=1),
         default=None,
         metavar="N",
         help="Verify only the N least recently verified rows (default: every row of this GPU's device).",

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 import click
 from verify_tuner.cli.exits import clean_exit
+from verify_tuner.cli.options import Integer
 from verify_tuner.settings import Settings
 
 if TYPE_CHECKING:
@@ -14,7 +15,7 @@ if TYPE_CHECKING:
 
 @click.command()
 @click.option("--host", default=None, help="Bind address (TUNER_HOST, default 127.0.0.1).")
-@click.option("--port", type=int, default=None, help="Port (TUNER_PORT, default 8177).")
+@click.option("--port", type=Integer(), default=None, help="Port (TUNER_PORT, default 8177).")
 @click.option("--device", default=None, help="Device answered for when a request names none (TUNER_DEVICE).")
 @click.option(
     "--read-only-database",

@@ -8,12 +8,21 @@ from typing import Any
 
 import click
 from verify_tuner.buckets import MAX_PREFIX
-from verify_tuner.cli.options import H_OPT, MEASURE_TIMEOUT_OPT, NEIGHBOUR_OPT, ORDINAL_OPT, Q_LEN_OPT, spread_option
+from verify_tuner.cli.options import (
+    H_OPT,
+    MEASURE_TIMEOUT_OPT,
+    NEIGHBOUR_OPT,
+    ORDINAL_OPT,
+    Q_LEN_OPT,
+    Integer,
+    integer,
+    spread_option,
+)
 
 
 def parse_range(text: str) -> tuple[int, int]:
     try:
-        lo, hi = (int(x) for x in text.split(":"))
+        lo, hi = (integer(x.strip()) for x in text.split(":"))
     except ValueError:
         raise click.BadParameter(f"expected LO:HI, got {text!r}", param_hint="--prefix-range") from None
     if not 0 <= lo <= hi <= MAX_PREFIX:
@@ -25,8 +34,10 @@ def parse_only(items: tuple[str, ...]) -> dict[str, list[int]]:
     out: dict[str, list[int]] = {}
     for item in items:
         name, _, values = item.partition("=")
+        if name.strip().upper() in out:  # the second would silently replace the first
+            raise click.BadParameter(f"{name.strip().upper()} is given twice; list its values once, as NAME=V1,V2")
         try:
-            out[name.strip().upper()] = [int(v) for v in values.split(",") if v.strip()]
+            out[name.strip().upper()] = [integer(v.strip()) for v in values.split(",") if v.strip()]
         except ValueError:
             raise click.BadParameter(f"expected NAME=V1,V2 with integers, got {item!r}") from None
         if not out[name.strip().upper()]:
@@ -36,11 +47,13 @@ def parse_only(items: tuple[str, ...]) -> dict[str, list[int]]:
 
 def parse_devices(text: str) -> list[int]:
     try:
-        out = [int(x) for x in text.split(",") if x.strip()]
+        out = [integer(x.strip()) for x in text.split(",") if x.strip()]
     except ValueError:
         raise click.BadParameter(f"--devices takes GPU ordinals like 0,1; got {text!r}") from None
     if not out or any(d < 0 for d in out):
         raise click.BadParameter(f"--devices takes GPU ordinals like 0,1; got {text!r}")
+    if len(set(out)) != len(out):  # two measurers on one GPU would time each other's kernels
+        raise click.BadParameter(f"--devices names a GPU twice ({text!r}): one tuner a GPU")
     return out
 
 
@@ -48,7 +61,7 @@ def parse_batches(text: str) -> list[int]:
     from verify_tuner.batches import MAX_BATCH
 
     try:
-        out = sorted({int(x) for x in text.split(",") if x.strip()})
+        out = sorted({integer(x.strip()) for x in text.split(",") if x.strip()})
     except ValueError:
         raise click.BadParameter(f"--batch takes batch sizes like 1,8,32; got {text!r}") from None
     if not out or not all(1 <= b <= MAX_BATCH for b in out):
@@ -72,9 +85,7 @@ def prefixes_for(prefix: tuple[int, ...], prefix_range: str | None) -> list[int]
 START_OPTS = [
     H_OPT,
     Q_LEN_OPT,
-    click.option(
-        "--prefix", type=click.IntRange(0, MAX_PREFIX), multiple=True, help="Prefix length to tune (repeatable)."
-    ),
+    click.option("--prefix", type=Integer(0, MAX_PREFIX), multiple=True, help="Prefix length to tune (repeatable)."),
     click.option("--prefix-range", default=None, help="LO:HI - tune every prefix bucket in the range."),
     click.option(
         "--batch",
@@ -92,7 +103,7 @@ START_OPTS = [
     NEIGHBOUR_OPT,
     click.option(
         "--trials",
-        type=click.IntRange(min=1),
+        type=Integer(min=1),
         default=60,
         show_default=True,
         help="Measured trials per key (invalid configs are not counted).",
@@ -101,7 +112,7 @@ START_OPTS = [
         "--timeout", type=click.FloatRange(min=0, min_open=True), default=None, help="Seconds per key for the search."
     ),
     click.option("--sampler", type=click.Choice(["tpe", "grid"]), default="tpe", show_default=True),
-    click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=None, help="Sampler seed (NumPy's range)."),
+    click.option("--seed", type=Integer(0, 2**32 - 1), default=None, help="Sampler seed (NumPy's range)."),
     click.option(
         "--storage",
         default=None,
@@ -118,7 +129,7 @@ START_OPTS = [
     MEASURE_TIMEOUT_OPT,
     click.option(
         "--compile-jobs",
-        type=click.IntRange(min=1),
+        type=Integer(min=1),
         default=None,
         metavar="N",
         help="Trials in flight per GPU: each compiles its config in its own thread while one at a time "

@@ -30,6 +30,12 @@ def alembic_config(url: str) -> Config:
 
 
 @functools.cache  # the shipped migrations do not change under a running process; parsing them is slow
+def revisions() -> list[str]:
+    """Every revision of the schema, oldest first (what `tuner db upgrade --revision` takes, or head)."""
+    script = ScriptDirectory.from_config(alembic_config("sqlite://"))
+    return [r.revision for r in reversed(list(script.walk_revisions()))]
+
+
 def head_revision() -> str:
     head = ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
     assert head is not None
