@@ -44,6 +44,12 @@ class _Handler(BaseHTTPRequestHandler):
     timeout = REQUEST_TIMEOUT_S
 
     def do_GET(self) -> None:
+        self._answer(body_too=True)
+
+    def do_HEAD(self) -> None:  # a load balancer's probe: the GET's status and headers
+        self._answer(body_too=False)
+
+    def _answer(self, *, body_too: bool) -> None:
         start, path = time.perf_counter(), self.path.partition("?")[0]
         if path == "/healthz":
             status, body = 200, {"status": "ok"}
@@ -57,7 +63,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("content-length", str(len(data)))
         self.send_header("connection", "close")
         self.end_headers()
-        self.wfile.write(data)
+        if body_too:
+            self.wfile.write(data)
         self.close_connection = True
         self.server.count(path, status, time.perf_counter() - start)
 

@@ -148,3 +148,32 @@ def test_the_health_port_listens_on_an_ipv6_host(tmp_path):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def _raw(port: int, request: str) -> bytes:
+    """Everything the server sends for one request on a new connection that it closes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5.0) as s:
+        s.sendall(request.encode())
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    return out
+
+
+def test_head_is_answered_as_get_without_a_body_on_both_ports(tmp_path):
+    """A load balancer's HEAD probe met a 405 on the main port and a 501 on the health port."""
+    env = _serve_env(tmp_path)
+    port, health_port = free_port(), int(env["TUNER_HEALTH_PORT"])
+    paths = ["/healthz", "/readyz", "/metrics", "/config?H=8&q_len=9&prefix=46000", "/configs?H=8&q_len=9"]
+    with running_server(env, port=port):
+        for path in paths:
+            get, head = httpx.get(f"http://127.0.0.1:{port}{path}"), httpx.head(f"http://127.0.0.1:{port}{path}")
+            assert head.status_code == get.status_code == 200, (path, head.status_code)
+            assert head.content == b"" and head.headers["content-type"] == get.headers["content-type"], path
+            # and on the wire: the status line and headers, then nothing (the connection stays framed)
+            wire = _raw(port, f"HEAD {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert wire.startswith(b"HTTP/1.1 200") and wire.endswith(b"\r\n\r\n"), (path, wire[-80:])
+        wire = _raw(health_port, "HEAD /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert wire.startswith(b"HTTP/1.1 200") and wire.endswith(b"\r\n\r\n"), wire
+        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    assert 'tuner_requests_total{method="HEAD",route="/config",status="200"} 2.0' in metrics  # counted as HEADs
