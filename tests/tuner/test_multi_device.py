@@ -364,9 +364,13 @@ def test_the_cli_says_per_gpu_what_it_owned_helped_and_waited_for(monkeypatch, c
     }
     results = [runner.DeviceResult(0, **payload), runner.DeviceResult(1, error="TunerError: boom")]
     monkeypatch.setattr(runner, "tune_on_devices", lambda *a: results)
-    with pytest.raises(click.ClickException, match="a GPU's tuner failed"):
+    with pytest.raises(click.ClickException, match="1 of 2 GPUs' tuners failed .*the others' results are stored"):
         cli_study._start_on_devices(Settings(database_url="sqlite://", cache_dir=tmp_path), None, [0, 1], False)
     out, err = capsys.readouterr()
+    every = [runner.DeviceResult(0, error="TunerError: boom"), runner.DeviceResult(1, error="TunerError: boom")]
+    monkeypatch.setattr(runner, "tune_on_devices", lambda *a: every)
+    with pytest.raises(click.ClickException, match=r"every GPU's tuner failed \(2, see above\); nothing was tuned"):
+        cli_study._start_on_devices(Settings(database_url="sqlite://", cache_dir=tmp_path), None, [0, 1], False)
     assert (
         "GPU 0: owned 0 key(s), helped with 0, left 5 to the other processes or to an earlier run, waited 7.9 s "
         "for keys other processes owned (not helped: prefix=38968 batch=1 with 12 places left)"

@@ -111,8 +111,12 @@ def _start_on_devices(settings: Settings, job: Any, devices: list[int], as_json:
                 f"left {r.done_before} to the other processes or to an earlier run, "
                 + waited({"waited_s": r.waited_s, "declined": r.declined})
             )
+    if failed and len(failed) == len(results):
+        raise click.ClickException(f"every GPU's tuner failed ({len(failed)}, see above); nothing was tuned")
     if failed:
-        raise click.ClickException("a GPU's tuner failed (see above); the others' results are stored")
+        raise click.ClickException(
+            f"{len(failed)} of {len(results)} GPUs' tuners failed (see above); the others' results are stored"
+        )
 
 
 def _start_on_one(settings: Settings, job: Any, ordinal: int, as_json: bool) -> None:
