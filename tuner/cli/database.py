@@ -28,7 +28,16 @@ def url_problem(url: str) -> str | None:
     from verify_tuner.store.session import url_error
 
     try:
-        make_url(url)
+        parsed = make_url(url)
     except ArgumentError:
         return f"not a database URL: {url!r} (e.g. sqlite:////var/lib/tuner/configs.db or postgresql+psycopg://user@host/db)"
+    if parsed.get_backend_name() == "sqlite":
+        # each command is its own process: an in-memory database is gone when it exits, and a URI
+        # filename (file:...?uri=true) is read as a path relative to the working folder
+        if parsed.database in (None, "", ":memory:") or "mode=memory" in str(parsed.query):
+            return "an in-memory SQLite database ends with each command: give a file, sqlite:////PATH/configs.db"
+        if (parsed.database or "").startswith("file:") or "uri" in parsed.query:
+            return (
+                "SQLite URI filenames (file:...?uri=true) are not supported: give the path, sqlite:////PATH/configs.db"
+            )
     return url_error(url)
