@@ -249,3 +249,11 @@ def test_a_csv_field_past_the_readers_limit_is_one_line(run, tmp_path):
 def test_a_device_file_is_refused_before_reading(run):
     r = run("configs", "import", "/dev/zero")
     assert r.exit_code == 2 and "/dev/zero is not a regular file" in r.output
+
+
+def test_a_csv_record_longer_than_its_header_says_so(run, tmp_path):
+    path = tmp_path / "long.csv"
+    head = ",".join(GOOD)
+    path.write_text(head + "\n" + ",".join(str(v) for v in GOOD.values()) + ",extra,cells\n")
+    r = run("configs", "import", str(path))
+    assert r.exit_code == 1 and "row 1: 2 more cell(s) than the header has columns" in r.output, r.output

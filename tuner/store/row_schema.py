@@ -195,6 +195,8 @@ def from_csv_cells(cells: dict[str, str]) -> dict[str, Any]:
 
 def parse_row(raw: dict[str, Any]) -> ConfigRow:
     """Validate one row; ValueError with one line per problem, each naming its field."""
+    if None in raw:  # csv.DictReader's key for the cells of a record longer than its header
+        raise ValueError(f"{len(raw[None])} more cell(s) than the header has columns")  # type: ignore[index]
     unknown = [k for k in raw if k not in ConfigRow.model_fields]
     if unknown:
         hints = []
