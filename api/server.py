@@ -11,6 +11,7 @@ or body, does not arrive in time.
 from __future__ import annotations
 
 import asyncio
+import socket
 
 import h11
 import uvicorn
@@ -100,6 +101,21 @@ def uvicorn_config(app: FastAPI, settings: Settings) -> uvicorn.Config:
     )
 
 
-def run(app: FastAPI, settings: Settings) -> None:
-    """Serve in the foreground until SIGINT/SIGTERM."""
-    uvicorn.Server(uvicorn_config(app, settings)).run()
+def bind(settings: Settings) -> socket.socket:
+    """The main port's socket, bound before uvicorn starts: a port in use or a host that is no
+    address of this machine is then an OSError for the CLI's one line, not uvicorn's log and exit 3."""
+    from verify_tuner.api.health_server import address_family
+
+    sock = socket.socket(address_family(settings.host, settings.port), socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn's own bind
+        sock.bind((settings.host, settings.port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def run(app: FastAPI, settings: Settings, sock: socket.socket | None = None) -> None:
+    """Serve in the foreground until SIGINT/SIGTERM, on `sock` (bind) if given."""
+    uvicorn.Server(uvicorn_config(app, settings)).run(sockets=[sock] if sock is not None else None)

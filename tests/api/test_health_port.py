@@ -177,3 +177,20 @@ def test_head_is_answered_as_get_without_a_body_on_both_ports(tmp_path):
         assert wire.startswith(b"HTTP/1.1 200") and wire.endswith(b"\r\n\r\n"), wire
         metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
     assert 'tuner_requests_total{method="HEAD",route="/config",status="200"} 2.0' in metrics  # counted as HEADs
+
+
+@pytest.mark.parametrize("which", ["main", "health", "host"])
+def test_a_port_in_use_or_a_bad_host_is_one_line_and_exit_1(tmp_path, which):
+    """uvicorn answered a main port in use with its own log lines and exit 3."""
+    env = _serve_env(tmp_path)
+    taken = socket.create_server(("127.0.0.1", 0))
+    port = taken.getsockname()[1] if which == "main" else free_port()
+    if which == "health":
+        env["TUNER_HEALTH_PORT"] = str(taken.getsockname()[1])
+    host = "999.1.1.1" if which == "host" else "127.0.0.1"
+    full = {**os.environ, **env, "TUNER_HOST": host, "TUNER_PORT": str(port)}
+    with taken:
+        r = subprocess.run(tuner_cmd("serve"), env=full, capture_output=True, text=True, timeout=60, check=False)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 1 and len(lines) == 1 and lines[0].startswith("Error: cannot listen on "), r.stderr
+    assert ("TUNER_HEALTH_PORT" in lines[0]) == (which == "health"), lines[0]

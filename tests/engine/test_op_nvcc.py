@@ -22,12 +22,17 @@ def no_bundle(monkeypatch, tmp_path):
     monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "cache"))
 
 
-def test_nvcc_only_under_cuda_home_compiles(no_bundle, monkeypatch, tmp_path):
+@pytest.fixture
+def fake_nvcc(no_bundle, monkeypatch, tmp_path):
+    """An nvcc only under $CUDA_HOME/bin (PATH holds none)."""
     nvcc = tmp_path / "cuda" / "bin" / "nvcc"
     nvcc.parent.mkdir(parents=True)
     nvcc.write_text("#!/bin/sh\n")
     nvcc.chmod(0o755)
     monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
+
+
+def test_nvcc_only_under_cuda_home_compiles(fake_nvcc, monkeypatch):
     calls = []
     monkeypatch.setattr(build, "compile_cubin", lambda *a: calls.append(a) or SimpleNamespace(cubin=b"\x7fELF"))
     assert op._cubin(CFG, 9, "sm_90") == b"\x7fELF"
@@ -38,15 +43,6 @@ def test_no_bundle_and_no_nvcc_anywhere_says_both(no_bundle, monkeypatch, tmp_pa
     monkeypatch.setenv("CUDA_HOME", str(tmp_path / "no-cuda"))
     with pytest.raises(BundleError, match=r"no cubin bundle .* and nvcc not found on PATH or in \$CUDA_HOME/bin"):
         op._cubin(CFG, 9, "sm_90")
-
-
-@pytest.fixture
-def fake_nvcc(no_bundle, monkeypatch, tmp_path):
-    nvcc = tmp_path / "cuda" / "bin" / "nvcc"
-    nvcc.parent.mkdir(parents=True)
-    nvcc.write_text("#!/bin/sh\n")
-    nvcc.chmod(0o755)
-    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
 
 
 def test_tuner_cache_dir_is_used_by_a_user_with_no_home(fake_nvcc, monkeypatch, tmp_path):

@@ -48,13 +48,20 @@ def serve(
     finally:
         engine.dispose()
     app = create_app(settings)
+    try:
+        sock = server.bind(settings)
+    except OSError as exc:
+        raise click.ClickException(
+            f"cannot listen on TUNER_HOST {settings.host} port {settings.port} (--host/--port): {exc.strerror or exc}"
+        ) from None
     if settings.health_port is not None:
         # bound here, not in the app's startup, so that a port in use is one line rather than uvicorn's traceback
         try:
             app.state.health_server = bind_health_port(settings, app.state.metrics)
         except OSError as exc:
+            sock.close()
             raise click.ClickException(health_port_error(settings, exc)) from None
-    server.run(app, settings)  # uvicorn, with the request limits of api/server.py
+    server.run(app, settings, sock)  # uvicorn, with the request limits of api/server.py
 
 
 def _check_writable(url: str) -> None:
