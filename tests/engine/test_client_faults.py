@@ -354,3 +354,35 @@ def test_a_user_with_no_home_gets_a_table_and_no_snapshot(tmp_path, monkeypatch)
     assert "snapshot not saved (OSError: no snapshot folder (RuntimeError: could not determine" in c.reason
     c2 = ConfigClient(None, H=8, q_len=9, device="NVIDIA H200")
     assert c2.fetch() == "heuristic" and "no snapshot folder (RuntimeError" in c2.reason
+
+
+def fake_bundle(root, configs) -> None:  # type: ignore[no-untyped-def]
+    """A bundle manifest holding `configs` at q_len 9 on the H200 (the client reads only the manifest)."""
+    from verify_tuner.engine.bundle import MANIFEST
+
+    root.mkdir()
+    entries = [
+        {"arch": H200.arch, "q_len": 9, "config": c.as_params(), "file": f"{i}.cubin", "sha256": "0" * 64}
+        for i, c in enumerate(sorted(configs))
+    ]
+    (root / MANIFEST).write_text(json.dumps({"kernel_hash": kernel_hash(), "entries": entries}))
+
+
+def test_a_table_serving_a_config_the_cubin_bundle_lacks_is_passed_over(tmp_path, monkeypatch):
+    """A row tuned after the bundle was built: capturing it on a host without nvcc raised BundleError."""
+    heuristic = {e.config for es in heuristic_table(H200, H=8, q_len=9).values() for e in es}
+    fake_bundle(tmp_path / "cubins", heuristic)
+    monkeypatch.setenv("VERIFY_TUNER_CUBINS", str(tmp_path / "cubins"))
+    table = sidecar_table()
+    table["configs"][3]["NSPLIT"] = 64  # tuned after the bundle
+    body = json.dumps(table).encode()
+    write_engine_file(tmp_path / "cfg", engine_doc())  # the files the bundle was dumped with
+    with raw_sidecar(lambda conn: conn.sendall(http_answer(body))) as url:
+        c = client(url, tmp_path, config_dir=tmp_path / "cfg")
+        assert c.fetch() == "config_dir", c.reason
+    assert "1 of its" in c.reason and f"configs are not in the cubin bundle at {tmp_path / 'cubins'}" in c.reason
+    assert "NSPLIT=64" in c.reason and "tuner configs dump --cubins" in c.reason
+    # the heuristic is what is left, and a bundle without it is said, not hidden
+    fake_bundle(tmp_path / "other", set())
+    c = client(None, tmp_path, cubins=tmp_path / "other")
+    assert c.fetch() == "heuristic" and "warning: the heuristic's" in c.reason and "not in the cubin bundle" in c.reason

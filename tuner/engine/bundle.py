@@ -84,6 +84,9 @@ class Bundle:
             ) from None
         return cls(root, entries)
 
+    def has(self, cfg: KernelConfig, q_len: int, arch: str) -> bool:
+        return _entry_key(arch, q_len, cfg) in self.entries
+
     def cubin(self, cfg: KernelConfig, q_len: int, arch: str) -> bytes:
         e = self.entries.get(_entry_key(arch, q_len, cfg))
         if e is None:

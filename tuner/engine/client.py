@@ -35,6 +35,7 @@ from pathlib import Path
 from platformdirs import user_cache_dir
 from verify_tuner import batches, engine_files
 from verify_tuner.engine import sidecar
+from verify_tuner.engine.bundle import Bundle, BundleError
 from verify_tuner.engine.config_table import (
     Entry,
     GraphPlanChoice,
@@ -51,7 +52,7 @@ from verify_tuner.kernels.validate import MAX_Q_LEN
 # Entry and GraphPlanChoice live in config_table; a worker imports them from here.
 __all__ = ["DIR_ENV", "URL_ENV", "ConfigClient", "Entry", "GraphPlanChoice"]
 
-URL_ENV, DIR_ENV = "VERIFY_TUNER_URL", "VERIFY_TUNER_CONFIG_DIR"
+URL_ENV, DIR_ENV, CUBINS_ENV = "VERIFY_TUNER_URL", "VERIFY_TUNER_CONFIG_DIR", "VERIFY_TUNER_CUBINS"
 
 
 class ConfigClient:
@@ -68,6 +69,7 @@ class ConfigClient:
         timeout_s: float = 2.0,
         limits: DeviceLimits | None = None,
         kernel_hash: str | None = None,
+        cubins: str | os.PathLike[str] | None = None,
     ) -> None:
         # a shape no table can hold is the caller's mistake, said here: fetch() promises never to raise
         H, q_len = _integer(H, "H"), _integer(q_len, "q_len")  # numpy and torch integers: as ints from here
@@ -85,6 +87,10 @@ class ConfigClient:
         self.limits = limits or known_device(device)
         #: the kernel this worker launches: tables made for another are refused
         self.kernel_hash = kernel_hash or current_kernel_hash()
+        #: the cubin bundle the op loads (VERIFY_TUNER_CUBINS, as the op reads it): a table serving a
+        #: config it lacks is refused, since capturing that config on a host without nvcc would fail
+        bundle = cubins if cubins is not None else os.environ.get(CUBINS_ENV)
+        self.cubins = Path(bundle) if bundle else None
         # the device's own name, however the worker spelt it ("h200"), so every spelling finds one snapshot
         name = f"configs-{engine_files.slug(self.limits.name if self.limits else device)}-H{H}-q{q_len}-{dtype}.json"
         #: the snapshot file, or None where no folder for it is known: it is optional, so the worker goes on
@@ -138,8 +144,13 @@ class ConfigClient:
             self._set({})
             self.source, self.reason = "none", f"device {self.device!r} is unknown, so no heuristic either"
             return self._done(passed)
-        self._set(heuristic_table(self.limits, H=self.H, q_len=self.q_len))
+        table = heuristic_table(self.limits, H=self.H, q_len=self.q_len)
+        self._set(table)
         self.source, self.reason = "heuristic", f"the built-in heuristic for {self.limits.name}"
+        try:  # served all the same (no source is left), but a capture from this bundle would fail: say so
+            self._check_bundle({e.config for es in table.values() for e in es})
+        except ValueError as exc:
+            self.reason += f"; warning: the heuristic's {exc}"
         return self._done(passed)
 
     def refresh(self) -> str:
@@ -268,8 +279,26 @@ class ConfigClient:
 
     def _install(self, configs: list[dict], graph_plans: list[dict] | None = None) -> None:
         by_batch, plans = parse_table(configs, graph_plans, self.limits, H=self.H, q_len=self.q_len)
+        self._check_bundle({e.config for es in by_batch.values() for e in es} | {p.config for p in plans.values()})
         self._plans = plans  # before the table: a graph_plan() racing a refresh sees a plan of either
         self._set(by_batch)
+
+    def _check_bundle(self, configs: set[KernelConfig]) -> None:
+        """ValueError (the source is passed over) when the bundle lacks a config the table serves: a
+        row tuned after the bundle was built made the engine's graph capture fail."""
+        if self.cubins is None or self.limits is None:
+            return
+        try:
+            bundle = Bundle.open(self.cubins)
+        except BundleError as exc:
+            raise ValueError(str(exc)) from None
+        missing = sorted(c for c in configs if not bundle.has(c, self.q_len, self.limits.arch))
+        if missing:
+            raise ValueError(
+                f"{len(missing)} of its {len(configs)} configs are not in the cubin bundle at {self.cubins} for "
+                f"q_len={self.q_len} on {self.limits.arch} (e.g. {missing[0]}): rebuild the bundle from this table "
+                "(`tuner configs dump --cubins`)"
+            )
 
     def _save(self, table: dict) -> None:
         if self.snapshot is None:
