@@ -3,16 +3,19 @@ dropped (bench_kernel imported a removed template list) must fail here, not in a
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
 from verify_tuner.heuristic import heuristic_config
 from verify_tuner.kernels.limits import known_device
-from verify_tuner.kernels.validate import check
+from verify_tuner.kernels.validate import check, validate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import bench_kernel
+import graph_switch
+import graph_switch_probe
 
 
 @pytest.mark.parametrize("device", ["h200", "rtx-pro-6000"])
@@ -24,3 +27,27 @@ def test_bench_kernel_sweep_holds_the_default_and_only_valid_configs(device, H, 
     assert base in configs
     assert len(configs) > 3  # neighbours and other templates, not the default alone
     assert all(check(c, limits, H=H, q_len=Q) is None for c in configs)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_120"])
+def test_the_graph_switch_setter_compiles_for_every_arch(arch, tmp_path):
+    cubin = graph_switch.compile_switch_cubin(arch, tmp_path)
+    assert cubin[:4] == b"\x7fELF"
+    assert graph_switch.compile_switch_cubin(arch, tmp_path) == cubin  # the second call reads the cache
+
+
+def test_the_switch_bounds_and_the_branch_rule():
+    assert graph_switch.check_bounds([1448, 4096], 3) == (1448, 4096)
+    for bad, n in (([4096, 1448], 3), ([0], 2), ([1, 2], 2), ([1, 2, 3, 4], 5)):
+        with pytest.raises(ValueError):
+            graph_switch.check_bounds(bad, n)
+    assert [graph_switch.branch_of(t, (1448, 4096)) for t in (0, 1447, 1448, 4095, 4096, 10**6)] == [0, 0, 1, 1, 2, 2]
+
+
+def test_the_probe_configs_fit_the_h200():
+    limits = known_device("h200")
+    for text in graph_switch_probe.SHORT.values():
+        validate(graph_switch_probe.parse_config(text), limits, H=graph_switch_probe.H, q_len=graph_switch_probe.Q)
+    names = {"L", *graph_switch_probe.SHORT}
+    assert all(set(branches) <= names for _, branches, _ in graph_switch_probe.SWITCHED)
