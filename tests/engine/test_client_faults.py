@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 from verify_tuner import batches, buckets, engine_files
+from verify_tuner.engine import sidecar
 from verify_tuner.engine.client import URL_ENV, ConfigClient
 from verify_tuner.engine.config_table import heuristic_table
 from verify_tuner.kernels import KERNEL_NAME, KERNEL_VERSION, kernel_hash
@@ -221,6 +222,34 @@ def test_a_sidecar_trickling_its_answer_does_not_hold_fetch_past_timeout_s(tmp_p
         assert c.refresh() == "failed" and time.monotonic() - started < 0.5
         assert "answer to an earlier request is still coming" in c.refresh_error  # type: ignore[operator]
         assert c.source == "snapshot" and c.lookup(46000, 8) is not None
+
+
+def test_a_sidecar_streaming_an_endless_body_is_passed_over_without_filling_memory(tmp_path):
+    """Another service (or a proxy) on the sidecar's port answering 200 and sending on: the worker
+    reads at most MAX_TABLE_BYTES of it, not the whole stream."""
+
+    def endless(conn: socket.socket) -> None:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n")
+        chunk = b" " * (1 << 20)
+        for _ in range(4 * (sidecar.MAX_TABLE_BYTES >> 20)):  # bounded: the test server stops by itself
+            conn.sendall(chunk)
+
+    with raw_sidecar(endless) as url:
+        c = client(url, tmp_path, timeout_s=10.0)
+        assert c.fetch() == "heuristic"
+        assert f"answer longer than {sidecar.MAX_TABLE_BYTES >> 20} MB: not a config table" in c.reason
+
+
+def test_the_request_thread_ends_soon_after_its_deadline_so_a_later_refresh_asks_again(tmp_path):
+    """A sidecar trickling an answer forever: the thread that waited for it stops reading once its
+    deadline passed, so refresh() asks anew rather than reporting the old answer as still coming."""
+    body = json.dumps(sidecar_table()).encode() * 50
+    with raw_sidecar(trickle(http_answer(body), every_s=0.01)) as url:
+        c = client(url, tmp_path, timeout_s=0.5)
+        assert c.fetch() == "heuristic"
+        time.sleep(0.5)
+        assert c.refresh() == "failed"
+        assert "no whole answer within timeout_s=0.5 s" in c.refresh_error  # type: ignore[operator]
 
 
 def test_a_table_that_stops_short_of_the_longest_prefix_is_refused_at_fetch(tmp_path):

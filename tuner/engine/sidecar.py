@@ -6,9 +6,15 @@ from __future__ import annotations
 import http.client
 import json
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
+
+#: The largest answer a worker reads: a whole /configs table for one (H, q_len) is ~0.1 MB, so a
+#: longer body is another service (or a proxy's error page) streaming at it, not a table.
+MAX_TABLE_BYTES = 16 << 20
+_CHUNK = 1 << 16
 
 
 class PassedOver(Exception):
@@ -67,11 +73,28 @@ class Requests:
 def _get_table(base_url: str, query: dict[str, object], etag: str | None, timeout_s: float) -> tuple[dict, str | None]:
     q = urllib.parse.urlencode(query)
     req = urllib.request.Request(f"{base_url}/configs?{q}", headers={"If-None-Match": etag} if etag else {})
+    deadline = time.monotonic() + timeout_s
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            return json.loads(resp.read()), resp.headers.get("ETag")
+            return json.loads(_read_bounded(resp, deadline, timeout_s)), resp.headers.get("ETag")
     except urllib.error.HTTPError as exc:  # its body read here, within the caller's deadline
         raise ErrorStatus(exc.code, _error_detail(exc)) from None
+
+
+def _read_bounded(resp: http.client.HTTPResponse, deadline: float, timeout_s: float) -> bytes:
+    """The body, read in chunks that stop at MAX_TABLE_BYTES or the deadline: the request thread
+    must end (and free what it read) soon after its caller stopped waiting, whatever the peer sends."""
+    chunks, size = [], 0
+    while chunk := resp.read1(_CHUNK):  # what one socket read brings: the deadline is checked as it comes
+        size += len(chunk)
+        if size > MAX_TABLE_BYTES:
+            raise ValueError(f"answer longer than {MAX_TABLE_BYTES >> 20} MB: not a config table")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no whole answer within timeout_s={timeout_s:g} s")
+        chunks.append(chunk)
+    if resp.length:  # read1 ends at EOF quietly where read() raised: a Content-Length not reached
+        raise http.client.IncompleteRead(b"".join(chunks), resp.length)
+    return b"".join(chunks)
 
 
 def refused(base_url: str | None, exc: ErrorStatus) -> str:
