@@ -70,13 +70,16 @@ def _first_fit(limits: DeviceLimits, *, ht: int, qt: int, H: int, q_len: int) ->
     return None
 
 
-def _row_tiles(H: int, q_len: int) -> list[tuple[int, int]]:
+def _row_tiles(H: int, q_len: int) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """(HT, QT) to try, largest first: head tiles holding all nodes with at most TARGET_ROWS
-    rows (at least one full n8 tile where H allows it), then row tiles of one head."""
+    rows (at least one full n8 tile where H allows it), then row tiles of one head; and, for when
+    none of those fits the device, the smaller head tiles they left out (H=41 q_len=1 on a 99 KB
+    device: its 41-row tile fits no template, one head a block does)."""
     fits = [d for d in _divisors_desc(H) if d * q_len <= TARGET_ROWS]
     full = [d for d in fits if d * q_len >= 8]
-    out = [(d, 0) for d in (full or fits[:1])]
-    return out + [(1, qt) for qt in sorted(qt_choices(q_len)[1:], reverse=True)]  # row tiles of one head
+    first = full or fits[:1]
+    out = [(d, 0) for d in first] + [(1, qt) for qt in sorted(qt_choices(q_len)[1:], reverse=True)]
+    return out, [(d, 0) for d in fits if d not in first]
 
 
 def heuristic_config(limits: DeviceLimits, *, H: int, q_len: int, prefix: int, batch: int = 1) -> KernelConfig:
@@ -89,8 +92,17 @@ def heuristic_config(limits: DeviceLimits, *, H: int, q_len: int, prefix: int, b
     prefixes (bench/results/runtime_sm_90.md)."""
     if H < 1 or not 1 <= q_len <= MAX_Q_LEN or prefix < 0 or batch < 1:
         raise InvalidConfig(f"no config for H={H}, q_len={q_len}, prefix={prefix}, batch={batch}")
+    preferred, smaller = _row_tiles(H, q_len)
+    cfg = _pick(limits, preferred, H=H, q_len=q_len) or _pick(limits, smaller, H=H, q_len=q_len)
+    if cfg is None:
+        raise InvalidConfig(f"no kernel config fits {limits.name} for H={H}, q_len={q_len}")
+    return cfg
+
+
+def _pick(limits: DeviceLimits, tiles: list[tuple[int, int]], *, H: int, q_len: int) -> KernelConfig | None:
+    """The first of `tiles` whose grid fills half a wave, else the fitting one with the most blocks."""
     fallback: tuple[int, KernelConfig] | None = None
-    for ht, qt in _row_tiles(H, q_len):
+    for ht, qt in tiles:
         probe = _first_fit(limits, ht=ht, qt=qt, H=H, q_len=q_len)
         if probe is None:
             continue
@@ -103,6 +115,4 @@ def heuristic_config(limits: DeviceLimits, *, H: int, q_len: int, prefix: int, b
             return cfg
         if fallback is None or blocks > fallback[0]:
             fallback = (blocks, cfg)
-    if fallback is None:
-        raise InvalidConfig(f"no kernel config fits {limits.name} for H={H}, q_len={q_len}")
-    return fallback[1]
+    return fallback[1] if fallback else None

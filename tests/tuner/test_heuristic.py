@@ -123,3 +123,13 @@ def test_batched_defaults_are_valid_and_keep_the_grid(limits, batch):
         assert cfg.nsplit == one.nsplit
         blocks = (H // cfg.ht) * -(-q_len // cfg.row_tile(q_len)) * cfg.nsplit
         assert blocks <= 2 * limits.sm_count  # one wave of (up to) two blocks per SM
+
+
+@pytest.mark.parametrize("limits", KNOWN, ids=[d.name for d in KNOWN])
+def test_every_head_count_has_a_valid_default_not_only_powers_of_two(limits):
+    """H=41 q_len=1 on a 99 KB device: its only full head tile (41 rows) fits no template, and one
+    head a block was never tried, so the sidecar answered 422 and the worker's heuristic raised."""
+    for H in range(1, 129):
+        for q_len in range(1, 65):
+            cfg = heuristic_config(limits, H=H, q_len=q_len, prefix=0)
+            assert check(cfg, limits, H=H, q_len=q_len) is None, (H, q_len, cfg)
