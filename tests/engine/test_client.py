@@ -108,6 +108,25 @@ def test_an_unknown_device_is_a_state_not_an_exception(tmp_path):
         c.lookup(1000)
 
 
+def test_a_shape_no_config_fits_is_a_state_not_an_exception(tmp_path):
+    """A device whose shared memory no template fits: fetch() says so instead of raising from the
+    heuristic (it promises never to raise)."""
+    from dataclasses import replace
+
+    tiny = replace(known_device("h200"), max_smem_optin=8 << 10)
+    c = ConfigClient(None, H=8, q_len=9, device="NVIDIA H200", limits=tiny, snapshot_dir=tmp_path)
+    assert c.fetch() == "none"
+    assert "no heuristic either: no kernel config fits NVIDIA H200 for H=8, q_len=9" in c.reason
+
+
+def test_each_kernel_keeps_its_own_snapshot(tmp_path):
+    """Two package versions on one host (a canary) share the snapshot folder: the newer one's table
+    must not replace the older one's, which it would refuse after a restart without the sidecar."""
+    a = ConfigClient(None, H=8, q_len=9, device="h200", snapshot_dir=tmp_path, kernel_hash="a" * 16)
+    b = ConfigClient(None, H=8, q_len=9, device="h200", snapshot_dir=tmp_path, kernel_hash="b" * 16)
+    assert a.snapshot != b.snapshot and a.snapshot.parent == b.snapshot.parent
+
+
 def test_the_default_snapshot_lives_in_the_per_user_cache_dir(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     c = ConfigClient("http://127.0.0.1:1", H=8, q_len=9, device="h200")

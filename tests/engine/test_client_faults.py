@@ -224,6 +224,27 @@ def test_a_sidecar_trickling_its_answer_does_not_hold_fetch_past_timeout_s(tmp_p
         assert c.source == "snapshot" and c.lookup(46000, 8) is not None
 
 
+@pytest.mark.parametrize("value", [None, {"name": "NVIDIA H200"}, 200])
+@pytest.mark.parametrize("source", ["sidecar", "config_dir", "snapshot"])
+def test_a_table_whose_device_is_not_a_name_is_passed_over(tmp_path, source, value):
+    """fetch() raised AttributeError from same_device() on a null or object device field."""
+    table, doc = sidecar_table(), engine_doc()
+    table["device"], doc["device_name"] = value, value
+    kw = {}
+    if source == "config_dir":
+        write_engine_file(tmp_path / "cfg", doc)
+        kw["config_dir"] = tmp_path / "cfg"
+    with raw_sidecar(lambda conn: conn.sendall(http_answer(json.dumps(table).encode()))) as url:
+        c = client(url if source == "sidecar" else None, tmp_path, **kw)
+        if source == "snapshot":
+            c.snapshot.parent.mkdir(parents=True)
+            c.snapshot.write_text(json.dumps(table))
+        assert c.fetch() == "heuristic"
+        assert "TypeError: table's device and dtype must be names" in c.reason
+        if source == "sidecar":
+            assert c.refresh() == "failed" and "must be names" in c.refresh_error  # type: ignore[operator]
+
+
 def test_a_sidecar_streaming_an_endless_body_is_passed_over_without_filling_memory(tmp_path):
     """Another service (or a proxy) on the sidecar's port answering 200 and sending on: the worker
     reads at most MAX_TABLE_BYTES of it, not the whole stream."""

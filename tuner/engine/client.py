@@ -46,6 +46,7 @@ from verify_tuner.engine.config_table import (
 )
 from verify_tuner.kernels import kernel_hash as current_kernel_hash
 from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.errors import InvalidConfig
 from verify_tuner.kernels.limits import DeviceLimits, known_device, same_device
 from verify_tuner.kernels.validate import MAX_Q_LEN
 
@@ -92,7 +93,11 @@ class ConfigClient:
         bundle = cubins if cubins is not None else os.environ.get(CUBINS_ENV)
         self.cubins = Path(bundle) if bundle else None
         # the device's own name, however the worker spelt it ("h200"), so every spelling finds one snapshot
-        name = f"configs-{engine_files.slug(self.limits.name if self.limits else device)}-H{H}-q{q_len}-{dtype}.json"
+        # and the kernel's hash: two package versions on one host (a canary) keep a snapshot each
+        name = (
+            f"configs-{engine_files.slug(self.limits.name if self.limits else device)}-H{H}-q{q_len}-{dtype}"
+            f"-{self.kernel_hash}.json"
+        )
         #: the snapshot file, or None where no folder for it is known: it is optional, so the worker goes on
         self.snapshot: Path | None = None
         self.snapshot_error: str | None = None
@@ -144,7 +149,12 @@ class ConfigClient:
             self._set({})
             self.source, self.reason = "none", f"device {self.device!r} is unknown, so no heuristic either"
             return self._done(passed)
-        table = heuristic_table(self.limits, H=self.H, q_len=self.q_len)
+        try:
+            table = heuristic_table(self.limits, H=self.H, q_len=self.q_len)
+        except InvalidConfig as exc:  # no config of the kernel fits this shape on this device
+            self._set({})
+            self.source, self.reason = "none", f"no heuristic either: {exc}"
+            return self._done(passed)
         self._set(table)
         self.source, self.reason = "heuristic", f"the built-in heuristic for {self.limits.name}"
         try:  # served all the same (no source is left), but a capture from this bundle would fail: say so
@@ -258,6 +268,8 @@ class ConfigClient:
     def _check_device(self, name: str, dtype: str) -> None:
         """A table tuned on another GPU (a snapshot or file copied between hosts) or for another
         dtype would serve configs measured for something this worker does not run."""
+        if not isinstance(name, str) or not isinstance(dtype, str):  # a hand-edited or foreign file
+            raise TypeError(f"table's device and dtype must be names, got {name!r} and {dtype!r}")
         if not same_device(name, self.device):
             raise ValueError(f"table is for device {name!r}, this worker runs on {self.device!r}")
         if dtype != self.dtype:
