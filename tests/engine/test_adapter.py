@@ -126,3 +126,28 @@ def test_a_q_len_no_tree_mask_row_holds_is_named(q_len):
             softmax_scale=0.04,
             req_to_token=torch.zeros(2, 8, dtype=torch.int32),
         )
+
+
+@pytest.mark.parametrize("q_len", [0, -3, 65])
+def test_the_mask_row_type_of_a_q_len_no_row_holds_is_named(q_len):
+    """integration.md passes mask_dtype_for(num_draft_nodes) before the backend checks q_len: 65 was
+    a bare StopIteration there, 0 and -3 quietly uint8."""
+    with pytest.raises(ValueError, match=f"q_len must be in 1..64 .*got {q_len}"):
+        mask_dtype_for(q_len)
+
+
+@pytest.mark.parametrize("short", ["seq_lens", "req_pool_indices", "block_table"])
+def test_per_request_rows_shorter_than_the_batch_are_named(short):
+    """A batch of 3 padded to the bs=4 graph with seq_lens for the 3 only: torch resized the cumsum's
+    output (kv_indptr[4] kept the last step's value: a negative prefix) and broadcast one pool row."""
+    be = _backend(mode={"max_pages": 4}) if short == "block_table" else _backend()
+    step = _step(4)
+    if short == "block_table":
+        step.pop("req_pool_indices")
+        step["block_table"] = torch.zeros(3, 4, dtype=torch.int32)
+    else:
+        step[short] = step[short][:3] if short == "seq_lens" else step[short][:1]
+    before = be.buf.kv_indptr.clone()
+    with pytest.raises(ValueError, match=f"{short} must hold a row for each of the 4 requests"):
+        be.init_forward_metadata(4, **step)
+    assert torch.equal(be.buf.kv_indptr, before)  # refused before anything was written

@@ -35,6 +35,8 @@ PACKED_MASK = ((8, torch.uint8), (16, torch.uint16), (32, torch.uint32), (64, to
 
 def mask_dtype_for(q_len: int) -> torch.dtype:
     """The row type SGLang packs a q_len-node tree mask into (int64 rows past 32 nodes)."""
+    if not 1 <= q_len <= MAX_Q_LEN:
+        raise ValueError(f"q_len must be in 1..{MAX_Q_LEN} (a uint64 tree-mask row), got {q_len}")
     return next(dtype for bits, dtype in PACKED_MASK if q_len <= bits)
 
 
@@ -122,6 +124,10 @@ class VerifyBackend:
         pool rows (req_to_token mode) or their block table rows (paged mode)."""
         if not 1 <= bs <= self.max_batch:
             raise ValueError(f"batch {bs} outside 1..{self.max_batch} this backend was built for")
+        # shorter than bs, torch would resize the cumsum's output or broadcast one row to every request
+        for name, t in (("seq_lens", seq_lens), ("req_pool_indices", req_pool_indices), ("block_table", block_table)):
+            if t is not None and (t.dim() == 0 or t.shape[0] < bs):
+                raise ValueError(f"{name} must hold a row for each of the {bs} requests, got {list(t.shape)}")
         b = self.buf
         torch.cumsum(seq_lens[:bs], dim=0, dtype=torch.int32, out=b.kv_indptr[1 : bs + 1])
         b.draft[:bs].copy_(out_cache_loc.view(bs, self.q_len))
