@@ -33,8 +33,10 @@ def run_online() -> None:
     # the first-connect hook that initialises the dialect (reflection in batch migrations needs it).
     # SQLite alters a table by copying it: with foreign keys on, dropping the old copy of
     # tuning_studies would cascade-delete every trial. They are off while migrating and checked after.
-    # `tuner db upgrade` makes the file: it starts in WAL, where readers never wait on a writer.
-    engine = make_engine(config.get_main_option("sqlalchemy.url"), pooled=False, foreign_keys=False, wal=True)
+    # A file `tuner db upgrade` makes starts in WAL, where readers never wait on a writer; an existing
+    # one keeps its journal mode (store.migrate.upgrade says which).
+    wal = config.attributes.get("wal", True)
+    engine = make_engine(config.get_main_option("sqlalchemy.url"), pooled=False, foreign_keys=False, wal=wal)
     with engine.connect() as conn:
         _run(conn)
     engine.dispose()

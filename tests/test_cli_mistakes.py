@@ -194,6 +194,45 @@ def test_reading_a_snapshot_leaves_it_in_rollback_journal_mode_for_a_read_only_m
         snap.parent.chmod(0o755)
 
 
+def test_db_upgrade_leaves_a_current_snapshot_in_rollback_journal_mode_and_starts_a_new_file_in_wal(place):
+    # `db upgrade` opened every database in WAL, so a snapshot upgraded by habit (or by compose's
+    # migrate step before every serve) could no longer be served from a read-only mount
+    env, tmp = place
+    snap = tmp / "snap" / "s.db"
+    assert run_tuner(env, "db", "snapshot", str(snap)).returncode == 0
+    r = run_tuner({"TUNER_DATABASE_URL": f"sqlite:///{snap}"}, "db", "upgrade")
+    assert r.returncode == 0 and _journal_mode(snap) == "delete", r.stderr
+    fresh = tmp / "fresh.db"
+    assert run_tuner({"TUNER_DATABASE_URL": f"sqlite:///{fresh}"}, "db", "upgrade").returncode == 0
+    assert _journal_mode(fresh) == "wal"
+
+
+def test_a_wal_file_alone_on_a_read_only_mount_is_named_with_the_snapshot_hint(place):
+    # on a read-only mount SQLite cannot even open a WAL file ("unable to open database file"), which
+    # was reported as an unavailable database with no hint
+    _, tmp = place
+    (tmp / "mnt").mkdir()
+    copy = tmp / "mnt" / "c.db"
+    shutil.copy(tmp / "rodb" / "c.db", copy)
+    con = sqlite3.connect(copy)
+    assert con.execute("PRAGMA journal_mode=WAL").fetchone() == ("wal",)
+    con.close()
+    mount = f"mount --bind {tmp / 'mnt'} {tmp / 'mnt'} && mount -o remount,ro,bind {tmp / 'mnt'}"
+    if subprocess.run(["unshare", "-m", "sh", "-c", mount], capture_output=True, check=False).returncode != 0:
+        pytest.skip("no private read-only bind mount here (unshare -m needs CAP_SYS_ADMIN)")
+    code = "import sys; sys.argv[0] = 'tuner'; from verify_tuner.cli.entry import main; main()"
+    r = subprocess.run(
+        ["unshare", "-m", "sh", "-c", f'{mount} && exec "$0" -c "$1" serve --read-only-database', sys.executable, code],
+        env={**os.environ, "TUNER_DATABASE_URL": f"sqlite:///{copy}"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "unable to open database file" in r.stderr and "in WAL mode" in r.stderr, r.stderr
+
+
 def test_writing_to_a_snapshot_switches_it_to_wal(place):
     # a writer's later transactions must not block readers (or be blocked by them) for the busy timeout
     env, tmp = place

@@ -96,7 +96,7 @@ def database_message(exc: BaseException | None, where: str | None = None) -> str
 
     first = error_line(exc)
     where = where or _current_database()
-    if "readonly database" in first:
+    if "readonly database" in first or ("unable to open database file" in first and _read_only_wal()):
         return f"database {where} is read-only ({first}): {_read_only_hint()}"
     if type(exc) is DatabaseError:
         return f"database {where} cannot be read: {first}"
@@ -117,6 +117,13 @@ def _read_only_hint() -> str:
         "it was opened read-only as asked, yet SQLite needs to write beside it (a journal left by an "
         "interrupted writer?): serve a fresh copy made by `tuner db snapshot`"
     )
+
+
+def _read_only_wal() -> bool:
+    """Whether the command opened its database read-only and the file is in WAL mode (SQLite then
+    cannot even open it where its -wal and -shm cannot be made: a read-only mount)."""
+    settings = _current_settings()
+    return settings is not None and settings.database_read_only and _in_wal(settings.database_url)
 
 
 def _in_wal(url: str) -> bool:

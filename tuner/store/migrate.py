@@ -48,8 +48,22 @@ def current_revision(engine: Engine) -> str | None:
 
 
 def upgrade(url: str, revision: str = "head") -> None:
+    cfg = alembic_config(url)
+    # A new file starts in WAL; an existing one keeps its journal mode: a snapshot upgraded by habit
+    # (or by compose's migrate step) must stay in rollback-journal mode to be served from a read-only mount.
+    cfg.attributes["wal"] = _new_sqlite_file(url)
     with upgrade_lock(url):
-        command.upgrade(alembic_config(url), revision)
+        command.upgrade(cfg, revision)
+
+
+def _new_sqlite_file(url: str) -> bool:
+    from sqlalchemy.engine import make_url
+
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return False
+    path = Path(parsed.database).expanduser()
+    return not path.exists() or path.stat().st_size == 0
 
 
 def include_name(name: str | None, type_: str, parent_names: object) -> bool:
