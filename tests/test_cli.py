@@ -459,3 +459,21 @@ def test_upgrade_prints_the_revision_the_database_is_at(run):
     assert r.exit_code == 0
     assert "database at revision 0005 (already past 0001: `tuner db upgrade` never downgrades)" in r.output
     assert "current: 0005" in run("db", "current").output
+
+
+def test_a_database_a_newer_version_migrated_is_named_as_such_not_as_outdated(sqlite_url, tmp_path):
+    """During a rollout a newer verify-tuner migrates the shared database: this version said it was
+    outdated and to run `tuner db upgrade`, which then failed on alembic's "Can't locate revision"."""
+    import sqlite3
+
+    env = {"TUNER_DATABASE_URL": sqlite_url}
+    assert run_tuner(env, "db", "upgrade").returncode == 0
+    con = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"))
+    con.execute("UPDATE tuner_alembic_version SET version_num = '9999'")
+    con.commit()
+    con.close()
+    for args in (("configs", "list"), ("db", "upgrade"), ("serve", "--device", "h200", "--port", "1")):
+        r = run_tuner(env, *args)
+        assert r.returncode == 1 and "Traceback" not in r.stderr, (args, r.stderr)
+        assert f"database {sqlite_url} is at revision 9999, which this version does not know" in r.stderr, (args, r)
+        assert "a newer verify-tuner migrated it" in r.stderr and "tuner db upgrade" not in r.stderr, r.stderr

@@ -32,6 +32,8 @@ def db_upgrade(settings: Settings, revision: str) -> None:
         raise click.BadParameter(
             f"{revision!r} is not a revision: head or one of {', '.join(known)}", param_hint="--revision"
         )
+    if not migrate.new_sqlite_file(settings.database_url):  # a newer version's schema: alembic would only assert
+        migrate.check_known(_revision_now(settings.database_url), safe_url(settings.database_url))
     migrate.upgrade(settings.database_url, revision)
     _prepare_studies(settings)
     now = _revision_now(settings.database_url)

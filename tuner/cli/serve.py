@@ -32,7 +32,7 @@ def serve(
     from verify_tuner.api import server
     from verify_tuner.api.app import bind_health_port, create_app, health_port_error
     from verify_tuner.store.migrate import ensure_current, require_existing
-    from verify_tuner.store.session import make_engine
+    from verify_tuner.store.session import make_engine, safe_url
 
     settings = settings.with_overrides(host=host, port=port, device=device, database_read_only=read_only_database)
     click.get_current_context().obj = settings  # so that an error's hint knows --read-only-database was given
@@ -40,7 +40,7 @@ def serve(
     require_existing(settings.database_url)
     engine = make_engine(settings.database_url, immediate=False, read_only=settings.database_read_only, create=False)
     try:
-        ensure_current(engine)
+        ensure_current(engine, safe_url(settings.database_url))
         if not settings.database_read_only:
             _check_writable(settings.database_url)
         if settings.device is not None:

@@ -13,7 +13,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 from verify_tuner.errors import StorageError
 from verify_tuner.store.migrate import ensure_current
-from verify_tuner.store.session import make_engine
+from verify_tuner.store.session import make_engine, safe_url
 
 PROBE_BUSY_TIMEOUT_MS = 1000  # a WAL reader never waits on writers; anything longer is a fault
 
@@ -41,7 +41,7 @@ def probe(url: str, *, read_only: bool = False, timeout_s: float | None = None) 
         timeout_s=timeout_s,
     )
     try:
-        ensure_current(engine)  # reads the schema version over a new connection
+        ensure_current(engine, safe_url(url))  # reads the schema version over a new connection
         if sqlite_file is not None:
             # the file, and the directory its -wal/-shm/journal files live in, must be writable
             blocked = [p for p in (sqlite_file, sqlite_file.parent) if not os.access(p, os.W_OK)]

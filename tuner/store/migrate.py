@@ -51,12 +51,13 @@ def upgrade(url: str, revision: str = "head") -> None:
     cfg = alembic_config(url)
     # A new file starts in WAL; an existing one keeps its journal mode: a snapshot upgraded by habit
     # (or by compose's migrate step) must stay in rollback-journal mode to be served from a read-only mount.
-    cfg.attributes["wal"] = _new_sqlite_file(url)
+    cfg.attributes["wal"] = new_sqlite_file(url)
     with upgrade_lock(url):
         command.upgrade(cfg, revision)
 
 
-def _new_sqlite_file(url: str) -> bool:
+def new_sqlite_file(url: str) -> bool:
+    """Whether `url` is an SQLite file that does not exist yet or is empty (one `db upgrade` creates)."""
     from sqlalchemy.engine import make_url
 
     parsed = make_url(url)
@@ -116,18 +117,29 @@ def downgrade(url: str, revision: str) -> None:
     command.downgrade(alembic_config(url), revision)
 
 
-def ensure_current(engine: Engine) -> None:
-    """Raise StorageError naming the fix when the schema is missing or not at head."""
+def ensure_current(engine: Engine, name: str | None = None) -> None:
+    """Raise StorageError naming the fix when the schema is missing or not at head (`name`: the
+    database as the operator gave it, where the engine's URL is an internal form of it)."""
+    where = name or engine.url.render_as_string(hide_password=True)
     try:
         current = current_revision(engine)
     except Exception as exc:
-        raise StorageError(f"cannot read the schema version of {engine.url!r}: {exc}") from exc
+        raise StorageError(f"cannot read the schema version of {where}: {exc}") from exc
     head = head_revision()
     if current != head:
+        check_known(current, where)
         state = "empty (no schema)" if current is None else f"at revision {current}"
+        raise StorageError(f"database {where} is {state}, this version needs {head}: {UPGRADE_HINT}")
+
+
+def check_known(current: str | None, where: str) -> None:
+    """StorageError when a newer verify-tuner migrated the database past every revision this one
+    ships: `tuner db upgrade` cannot help (it would fail on alembic's 'Can't locate revision')."""
+    if current is not None and current not in revisions():
         raise StorageError(
-            f"database {engine.url.render_as_string(hide_password=True)} is {state}, "
-            f"this version needs {head}: {UPGRADE_HINT}"
+            f"database {where} is at revision {current}, which this version does not know (its newest is "
+            f"{head_revision()}): a newer verify-tuner migrated it; run that version, or point this one at a "
+            "database of its own schema"
         )
 
 
