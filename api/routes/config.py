@@ -125,9 +125,18 @@ async def get_configs(
     etag = '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
     # a worker revalidating its copy during an outage is told the table is stale, as a full answer would be
     headers = {"ETag": etag, "Cache-Control": "no-cache"} | _stale_header(table)
-    if request.headers.get("if-none-match") == etag:
+    if _none_match(request.headers.get("if-none-match"), etag):
         return Response(status_code=304, headers=headers)
     return Response(body, media_type="application/json", headers=headers)
+
+
+def _none_match(header: str | None, etag: str) -> bool:
+    """If-None-Match as RFC 9110 compares it for GET: `*`, or any listed tag equal to ours once a weak
+    W/ prefix is dropped (a compressing proxy weakens the tag it passes on)."""
+    if header is None:
+        return False
+    tags = [t.strip() for t in header.split(",")]
+    return "*" in tags or any(t.removeprefix("W/") == etag for t in tags)
 
 
 def _table_body(tables: list[Table], *, dtype: str, H: int, q_len: int) -> bytes:

@@ -124,6 +124,18 @@ def test_table_covers_every_bucket_with_etag(client):
     assert r2.status_code == 200 and r2.headers["etag"] != etag
 
 
+def test_if_none_match_compares_as_rfc_9110_says(client):
+    """A compressing proxy (nginx gzip) passes the tag on weakened: an exact string match made every
+    worker's revalidation download the whole table again; lists and * are If-None-Match too."""
+    q = {"H": 8, "q_len": 9}
+    etag = client.get("/configs", params=q).headers["etag"]
+    for header in (etag, f"W/{etag}", f'"other", {etag}', f'W/"other" , W/{etag}', "*"):
+        r = client.get("/configs", params=q, headers={"If-None-Match": header})
+        assert r.status_code == 304 and r.headers["etag"] == etag, header
+    for header in ('"other"', f'W/{etag[:-2]}"', ""):
+        assert client.get("/configs", params=q, headers={"If-None-Match": header}).status_code == 200, header
+
+
 def test_writes_need_the_token(client):
     assert client.post("/configs/import", json=[ROW]).status_code == 401
     assert client.post("/configs/import", json=[ROW], headers={"Authorization": "Bearer wrong"}).status_code == 401
