@@ -5,8 +5,10 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import subprocess
+import time
 
 import httpx
 import pytest
@@ -76,3 +78,37 @@ def test_serve_with_a_device_recorded_only_in_the_database_as_default(tmp_path):
         devices.upsert_device(session=s, limits=lab_gpu)
     engine.dispose()
     _answers_without_a_device({"TUNER_DATABASE_URL": url, "TUNER_DEVICE": "Lab GPU 7"}, "Lab GPU 7")
+
+
+def test_the_only_recorded_device_stays_the_default_when_a_second_is_imported_while_serving(tmp_path):
+    """With TUNER_DEVICE unset (compose's default), a device-less request was answered for the only
+    recorded device, decided per request: importing a second device's rows while serving turned
+    every such request into a 422, and /readyz stayed ready."""
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    env = {"TUNER_DATABASE_URL": url}
+    row = {"device": "h200", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 66, "HT": 8, "TK": 32, "BLOCK": 256}
+    other = {**row, "device": "a100", "NSPLIT": 54, "TK": 16, "STAGES": 3, "WK": 4}
+    for name, r in (("h200.json", row), ("a100.json", other)):
+        (tmp_path / name).write_text(json.dumps([{**r, "median_us": 40.0, "default_us": 42.0}]))
+    subprocess.run(tuner_cmd("--database-url", url, "db", "upgrade"), check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        tuner_cmd("--database-url", url, "configs", "import", str(tmp_path / "h200.json")),
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    port = free_port()
+    with running_server(env, port=port):
+        params = {"H": 8, "q_len": 9, "prefix": 46000}
+        before = httpx.get(f"http://127.0.0.1:{port}/config", params=params)
+        assert before.status_code == 200 and before.json()["device"] == "NVIDIA H200", before.text
+        subprocess.run(
+            tuner_cmd("--database-url", url, "configs", "import", str(tmp_path / "a100.json")),
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        time.sleep(0.5)  # the sidecar picks up a write within its 100 ms check
+        after = httpx.get(f"http://127.0.0.1:{port}/config", params=params)
+        assert after.status_code == 200 and after.json()["device"] == "NVIDIA H200", after.text
+        assert after.json()["source"] == "tuned"

@@ -45,6 +45,8 @@ def serve(
             _check_writable(settings.database_url)
         if settings.device is not None:
             _check_device(engine, settings.device)
+        else:
+            settings = _pin_only_device(engine, settings)
     finally:
         engine.dispose()
     app = create_app(settings)
@@ -103,3 +105,18 @@ def _check_device(engine: Engine, name: str) -> None:
                 f"TUNER_DEVICE/--device {name!r} is neither a known GPU ({', '.join(ALIASES)}, or its CUDA name) "
                 f"nor a device recorded in the database (recorded: {recorded})"
             ) from None
+
+
+def _pin_only_device(engine: Engine, settings: Settings) -> Settings:
+    """With no TUNER_DEVICE, requests naming no device are answered for the only recorded one; that
+    answer is fixed here, at start: decided per request, a second device imported while serving
+    turned every such request into a 422 (and /readyz stayed ready)."""
+    from verify_tuner.store import devices
+    from verify_tuner.store.session import session_factory, session_scope
+
+    with session_scope(session_factory(engine)) as s:
+        recorded = devices.list_devices(session=s)
+    if len(recorded) != 1:
+        return settings
+    click.echo(f"default device: {recorded[0].name}, the only one recorded (TUNER_DEVICE/--device chooses)", err=True)
+    return settings.with_overrides(device=recorded[0].name)
