@@ -137,3 +137,4 @@ class ImportOut(BaseModel):
 
 class DeleteOut(BaseModel):
     deleted: int
+    plans_deleted: int = Field(0, description="graph plans built from the deleted bests, deleted with them")

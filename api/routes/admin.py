@@ -13,7 +13,7 @@ from verify_tuner.api.deps import DEVICE_PATTERN, Digits, SettingsDep, StrictQue
 from verify_tuner.api.file_watch import FileState
 from verify_tuner.api.schemas import DeleteOut, ImportOut
 from verify_tuner.errors import StorageError
-from verify_tuner.store import best_configs, configs_io, lookup
+from verify_tuner.store import best_configs, configs_io, lookup, plans
 from verify_tuner.store.session import session_scope
 
 router = APIRouter(tags=["admin"], dependencies=[WriteAuth, StrictQuery])
@@ -72,5 +72,6 @@ def _delete(request: Request, sessions: sessionmaker[Session], device: str, **ke
     with session_scope(sessions) as session:
         name = lookup.resolve_device(session=session, name=device, default=None).name  # h200 -> NVIDIA H200
         n = best_configs.delete_best(session=session, device=name, **key)
+        plans_deleted = plans.delete_plans(session=session, device=name, **key)  # built from those bests
     request.app.state.tables.clear()
-    return DeleteOut(deleted=n)
+    return DeleteOut(deleted=n, plans_deleted=plans_deleted)

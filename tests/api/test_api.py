@@ -141,7 +141,10 @@ def test_writes_need_the_token(client):
     assert client.post("/configs/import", json=[ROW], headers={"Authorization": "Bearer wrong"}).status_code == 401
     assert client.delete("/configs", params={"device": "NVIDIA H200"}).status_code == 401
     client.post("/configs/import", json=[ROW], headers=AUTH)
-    assert client.delete("/configs", params={"device": "NVIDIA H200"}, headers=AUTH).json() == {"deleted": 1}
+    assert client.delete("/configs", params={"device": "NVIDIA H200"}, headers=AUTH).json() == {
+        "deleted": 1,
+        "plans_deleted": 0,
+    }
     assert get(client).json()["source"] == "heuristic"
 
 
@@ -274,3 +277,28 @@ def test_metrics_are_prometheus_client_exposition_and_parse(client):
         if s.name.endswith("_count") and s.labels["route"] == "/config"
     ]
     assert done and done[0].value >= 1
+
+
+def test_deleting_the_bests_withdraws_the_graph_plan_built_from_them(client, db_url):
+    """Workers kept capturing their graphs with a plan chosen from bests the operator had deleted."""
+    from verify_tuner.kernels import kernel_hash
+    from verify_tuner.store import plans
+    from verify_tuner.store.session import make_engine, session_factory, session_scope
+
+    client.post("/configs/import", json=[ROW], headers=AUTH)
+    cfg = KernelConfig.from_params({"NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256})
+    per_bucket = [{"bucket": b, "us": 40.0, "best_us": 39.0, "regret": 40 / 39} for b in (13, 14, 15, 16)]
+    plan = plans.PlanRow(
+        device=H200.name, kernel_hash=kernel_hash(), dtype="bf16", H=8, q_len=9, batch_bucket=0, bucket_lo=13,
+        bucket_hi=16, weights_digest="d" * 64, weights={"source": "equal"}, config=cfg, expected_us=40.0,
+        per_bucket=per_bucket, measured_by="a test", rounds=1,
+    )  # fmt: skip
+    engine = make_engine(db_url)
+    with session_scope(session_factory(engine)) as s:
+        plans.upsert_plan(session=s, plan=plan)
+    engine.dispose()
+    assert get(client).json()["graph_plan"]["NSPLIT"] == 64
+    r = client.delete("/configs", params={"device": "h200", "H": 8, "q_len": 9}, headers=AUTH)
+    assert r.json() == {"deleted": 1, "plans_deleted": 1}
+    after = get(client).json()
+    assert after["source"] == "heuristic" and after["graph_plan"] is None

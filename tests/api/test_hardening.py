@@ -110,7 +110,7 @@ def test_control_characters_in_the_device_are_422_not_503(client, device):
 def test_delete_accepts_the_short_names_get_accepts(client):
     assert client.post("/configs/import", json=[ROW], headers=AUTH).json()["imported"] == 1
     r = client.delete("/configs", params={"device": "h200"}, headers=AUTH)
-    assert r.status_code == 200 and r.json() == {"deleted": 1}
+    assert r.status_code == 200 and r.json() == {"deleted": 1, "plans_deleted": 0}
     assert client.get("/config", params=Q).json()["source"] == "heuristic"
 
 

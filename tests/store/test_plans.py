@@ -77,6 +77,23 @@ def test_a_plan_needs_a_recorded_device(sessions):
         plans.upsert_plan(session=s, plan=PLAN)
 
 
+def test_plans_go_with_the_bests_they_were_built_from(sessions):
+    """DELETE /configs removed the bests and kept serving the plan chosen from them."""
+    _record(sessions)
+    with session_scope(sessions) as s:
+        plans.upsert_plan(session=s, plan=PLAN)  # buckets 10..12, batch bucket 3
+        plans.upsert_plan(session=s, plan=replace(PLAN, batch_bucket=0))
+        plans.upsert_plan(session=s, plan=replace(PLAN, H=16, bucket_lo=0, bucket_hi=4))
+    with session_scope(sessions) as s:
+        assert plans.delete_plans(session=s, device=H200.name, bucket=9) == 0  # no range holds it
+        assert plans.delete_plans(session=s, device="nope") == 0
+        assert plans.delete_plans(session=s, device=H200.name, H=8, bucket=11, batch_bucket=3) == 1
+    with session_scope(sessions) as s:
+        assert {(p.H, p.batch_bucket) for p in plans.list_plans(session=s)} == {(8, 0), (16, 3)}
+        assert plans.delete_plans(session=s, device=H200.name, q_len=9) == 2
+        assert plans.list_plans(session=s) == []
+
+
 def _verification(key: ConfigKey, cfg: KernelConfig, verdict: str) -> plans.VerificationRow:
     return plans.VerificationRow(
         key=key,

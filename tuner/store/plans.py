@@ -8,7 +8,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.keys import ConfigKey
@@ -79,6 +79,31 @@ def upsert_plan(*, session: Session, plan: PlanRow) -> None:
         "neighbour_mb": plan.neighbour_mb,
     }
     writes.upsert(session, GraphPlan, key_cols=key, values=values)
+
+
+def delete_plans(
+    *,
+    session: Session,
+    device: str,
+    H: int | None = None,
+    q_len: int | None = None,
+    bucket: int | None = None,
+    batch_bucket: int | None = None,
+) -> int:
+    """Delete the graph plans built from the best configs these filters select (best_configs.
+    delete_best's): a plan is chosen over its range's bests, so it goes with any of them; `bucket`
+    selects the plans whose range holds that prefix bucket."""
+    dev = devices.get_device(session=session, name=device)
+    if dev is None:
+        return 0
+    data_version.bump_version(session)  # first, like every writer (one lock order)
+    stmt = delete(GraphPlan).where(GraphPlan.device_id == dev.id)
+    for col, value in ((GraphPlan.H, H), (GraphPlan.q_len, q_len), (GraphPlan.batch_bucket, batch_bucket)):
+        if value is not None:
+            stmt = stmt.where(col == value)
+    if bucket is not None:
+        stmt = stmt.where(GraphPlan.bucket_lo <= bucket, GraphPlan.bucket_hi >= bucket)
+    return session.execute(stmt).rowcount or 0
 
 
 def list_plans(
