@@ -287,3 +287,14 @@ def test_verify_re_times_each_row_as_it_was_measured(run, db):
 def test_a_neighbour_size_out_of_range_is_one_line(run, value):
     r = run(*PLAN_ARGS, "--neighbour-mb", value)
     assert r.exit_code == 2 and "--neighbour-mb" in r.output and "Traceback" not in r.output
+
+
+def test_export_and_an_imported_dump_say_the_graph_plans_stay_behind(run, db, tmp_path):
+    """Export rows and a dump's tuned entries carry best configs only: an import that looked whole
+    left the target without the plans its workers capture with."""
+    assert run(*PLAN_ARGS, "--batch", "8").exit_code == 0
+    r = run("configs", "export", "--output", str(tmp_path / "rows.json"))
+    assert r.exit_code == 0 and "note: 1 graph plan(s) are not in the export; `tuner db snapshot`" in r.output
+    assert run("configs", "dump", "--out-dir", str(tmp_path / "dump")).exit_code == 0
+    r = run("configs", "import", str(next((tmp_path / "dump").glob("*.json"))))
+    assert r.exit_code == 0 and "warning: the file's 1 graph plan(s) are not imported" in r.output, r.output

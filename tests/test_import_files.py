@@ -212,6 +212,26 @@ def test_how_a_row_was_timed_survives_export_and_import(run, tmp_path, fmt):
     assert back == {cold: 128, warm: 0}
 
 
+def test_how_a_row_was_timed_survives_a_dump_and_its_import(run, tmp_path):
+    """A dump file's tuned entries lacked neighbour_mb: imported, a cold row came back as timed back
+    to back, and `configs verify` would re-time it under the wrong condition."""
+    src = tmp_path / "in.json"
+    src.write_text(json.dumps([{**GOOD, "neighbour_mb": 128}, {**GOOD, "prefix": 4096}]))
+    assert run("configs", "import", str(src)).exit_code == 0
+    assert run("configs", "dump", "--out-dir", str(tmp_path / "dump")).exit_code == 0
+    (dumped,) = (tmp_path / "dump").glob("*.json")
+    swapped = tmp_path / "swapped.json"  # the same keys timed otherwise, then the dump imported over them
+    swapped.write_text(json.dumps([GOOD, {**GOOD, "prefix": 4096, "neighbour_mb": 64}]))
+    assert run("configs", "import", str(swapped)).exit_code == 0
+    assert run("configs", "import", str(dumped)).exit_code == 0
+    again = tmp_path / "again.json"
+    assert run("configs", "export", "--output", str(again)).exit_code == 0
+    from verify_tuner.buckets import bucket_of
+
+    back = {r["bucket"]: r.get("neighbour_mb", 0) for r in json.loads(again.read_text())}
+    assert back == {bucket_of(46000).index: 128, bucket_of(4096).index: 0}
+
+
 @pytest.mark.parametrize("bad", [-1, 4097, "128", 1.5])
 def test_a_neighbour_size_out_of_range_is_a_rejected_row(run, tmp_path, bad):
     src = tmp_path / "in.json"

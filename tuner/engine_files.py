@@ -17,7 +17,7 @@ from typing import Any
 from verify_tuner.files import make_shared_dirs, write_shared
 
 FORMAT = "verify-tuner/engine-config/1"
-ROW_FIELDS = ("median_us", "p10_us", "p90_us", "default_us", "tuned_at")
+ROW_FIELDS = ("median_us", "p10_us", "p90_us", "default_us", "tuned_at", "neighbour_mb")
 
 
 def device_slug(device: str) -> str:

@@ -138,13 +138,18 @@ def configs_export(settings: Settings, fmt: str, output: Path | None, device: st
 
     if output is not None and output.is_dir():  # -o "" is Path("."): the write would replace a folder
         raise click.BadParameter(f"{str(output)!r} is a folder; give a file name", param_hint="-o/--output")
+    from verify_tuner.store import lookup, plans
+
     with session_scope(checked_sessions(settings)) as s:
         text = configs_io.dumps(configs_io.export_rows(session=s, device=device), fmt)
+        n_plans = len(plans.list_plans(session=s, device=lookup.device_name(session=s, name=device)))
     if output is None:
         sys.stdout.write(text)
     else:
         write_shared(output, text)
         click.echo(f"wrote {output}")
+    if n_plans:  # rows of best configs only: say what stays behind rather than let an import look whole
+        click.echo(f"note: {n_plans} graph plan(s) are not in the export; `tuner db snapshot` carries them", err=True)
 
 
 def _write_cubins(settings: Settings, out_dir: Path, paths: list[Path]) -> Path:
@@ -235,4 +240,10 @@ def configs_import(settings: Settings, path: Path, fmt: str | None) -> None:
         result = configs_io.import_rows(session=s, rows=loaded.rows, allow_empty=loaded.dump)
     for w in result.warnings:
         click.echo(f"warning: {w}", err=True)
+    if loaded.plans:  # a served plan's file form lacks what a stored one keeps (its weights, finalists)
+        click.echo(
+            f"warning: the file's {loaded.plans} graph plan(s) are not imported: run `tuner study graph-plan` "
+            "here, or move a whole database with `tuner db snapshot`",
+            err=True,
+        )
     click.echo(f"imported {result.imported} config(s)")

@@ -122,6 +122,7 @@ def dumps(rows: list[dict[str, Any]], fmt: str) -> str:
 class Loaded:
     rows: list[dict[str, Any]]
     dump: bool  # a `tuner configs dump` file: its tuned entries are the rows (there may be none)
+    plans: int = 0  # graph plans the dump file serves, which an import does not restore
 
 
 def loads(data: str | bytes, fmt: str) -> Loaded:
@@ -134,7 +135,8 @@ def loads(data: str | bytes, fmt: str) -> Loaded:
         except ValueError as exc:
             raise ImportRejected([f"not valid JSON: {exc}"], whole_file=True) from exc
         if isinstance(doc, dict) and doc.get("format") == engine_files.FORMAT:
-            return Loaded(engine_files.tuned_rows(doc), dump=True)
+            plans = doc.get("graph_plans")
+            return Loaded(engine_files.tuned_rows(doc), dump=True, plans=len(plans) if isinstance(plans, dict) else 0)
         if not isinstance(doc, list) or not all(isinstance(r, dict) for r in doc):
             raise ImportRejected(["JSON must be a list of objects (or a `tuner configs dump` file)"], whole_file=True)
         return Loaded(doc, dump=False)

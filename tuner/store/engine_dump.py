@@ -101,6 +101,8 @@ def _configs(
                     "p90_us": row.p90_us,
                     "default_us": row.default_us,
                     "tuned_at": row.tuned_at.isoformat() if row.tuned_at else None,
+                    # how the times were measured: an import of the file must not relabel them back to back
+                    "neighbour_mb": row.neighbour_mb,
                 }
             )
         table.setdefault(str(a.batch_bucket.hi), []).append(entry)
