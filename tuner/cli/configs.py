@@ -133,13 +133,11 @@ def configs_show(
 def configs_export(settings: Settings, fmt: str, output: Path | None, device: str | None) -> None:
     """Write every stored best config as JSON or CSV."""
     from verify_tuner.files import write_shared
-    from verify_tuner.store import configs_io
+    from verify_tuner.store import configs_io, lookup, plans
     from verify_tuner.store.session import session_scope
 
     if output is not None and output.is_dir():  # -o "" is Path("."): the write would replace a folder
         raise click.BadParameter(f"{str(output)!r} is a folder; give a file name", param_hint="-o/--output")
-    from verify_tuner.store import lookup, plans
-
     with session_scope(checked_sessions(settings)) as s:
         text = configs_io.dumps(configs_io.export_rows(session=s, device=device), fmt)
         n_plans = len(plans.list_plans(session=s, device=lookup.device_name(session=s, name=device)))
