@@ -87,8 +87,15 @@ class GraphSwitch:
         status = _ok(drv.cuStreamGetCaptureInfo(drv.CUstream(stream)), "cuStreamGetCaptureInfo")[0]
         return status == drv.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE
 
-    def set(self, *, stream: int, indptr: int, batch: int, bounds: Sequence[int], branches: int) -> Any:
-        """Capture the setter on `stream` and return its handle, for one node()."""
+    def enqueue(
+        self, *, stream: int, indptr: int, batch: int, bounds: Sequence[int], branches: Sequence[Callable[[int], None]]
+    ) -> None:
+        """The setter and one SWITCH node after what `stream` captured so far (one per layer); branch
+        i's kernels are what `branches[i](side_stream)` enqueues."""
+        handle = self._set(stream=stream, indptr=indptr, batch=batch, bounds=bounds, branches=len(branches))
+        self._node(stream=stream, handle=handle, branches=branches)
+
+    def _set(self, *, stream: int, indptr: int, batch: int, bounds: Sequence[int], branches: int) -> Any:
         drv = _driver()
         b = check_bounds(bounds, branches)
         graph = self._capture(stream)[1]
@@ -102,9 +109,7 @@ class GraphSwitch:
         _ok(drv.cuLaunchKernelEx(cfg, self.setter, (args, _SETTER_TYPES), 0), "cuLaunchKernelEx(graph switch)")
         return handle
 
-    def node(self, *, stream: int, handle: Any, branches: Sequence[Callable[[int], None]]) -> None:
-        """Add a SWITCH node on `handle` after what `stream` captured so far; branch i's kernels
-        are what `branches[i](side_stream)` enqueues."""
+    def _node(self, *, stream: int, handle: Any, branches: Sequence[Callable[[int], None]]) -> None:
         drv = _driver()
         _, graph, deps, edges, n = self._capture(stream)
         params = drv.CUgraphNodeParams()
@@ -124,13 +129,6 @@ class GraphSwitch:
                 enqueue(int(self.side))
             finally:
                 _ok(drv.cuStreamEndCapture(self.side), "cuStreamEndCapture(switch body)")
-
-    def enqueue(
-        self, *, stream: int, indptr: int, batch: int, bounds: Sequence[int], branches: Sequence[Callable[[int], None]]
-    ) -> None:
-        """The setter and one SWITCH node: the usual call, one per layer."""
-        handle = self.set(stream=stream, indptr=indptr, batch=batch, bounds=bounds, branches=len(branches))
-        self.node(stream=stream, handle=handle, branches=branches)
 
     def _capture(self, stream: int) -> tuple[Any, Any, list[Any], Any, int]:
         drv = _driver()

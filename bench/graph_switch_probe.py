@@ -2,8 +2,7 @@
 correct, and what does the switch cost where it runs the long-prefix config?
 
 At B=1 H=8 q=9, for every prefix in --prefixes: each config alone (the heuristic L and the short-prefix
-candidates), then L behind a switch (setter + SWITCH node per layer, and two layers sharing one
-setter), then the switched pairs. Every variant is gated against the fp32 reference inside a
+candidates), then L behind a switch (a setter + SWITCH node per layer), then the switched pairs. Every variant is gated against the fp32 reference inside a
 captured graph before it is timed; CUDA-graph replays, inputs rotated past the L2, and with
 --neighbour-mb a cold column (a GEMM after every launch, its own time subtracted).
 
@@ -102,21 +101,18 @@ def probe_prefix(P, vas, sw, stream, neighbour, limits) -> list[dict]:
     def pair(name, k, s):
         vas[name].run(sets[k], out, stream=Stream(s))
 
-    def switch_launch(names, bounds, layers=1):
+    def switch_launch(names, bounds):
         def launch(k):
             if not sw.capturing(stream.handle):  # warm-up outside the capture: the branch the setter picks
-                for _ in range(layers):
-                    pair(names[branch_of(P, bounds)], k, stream.handle)
+                pair(names[branch_of(P, bounds)], k, stream.handle)
                 return
-            h = sw.set(
+            sw.enqueue(
                 stream=stream.handle,
                 indptr=sets[k].prefix_indptr.data_ptr(),
                 batch=1,
                 bounds=bounds,
-                branches=len(names),
+                branches=[lambda s, n=n: pair(n, k, s) for n in names],
             )
-            for _ in range(layers):
-                sw.node(stream=stream.handle, handle=h, branches=[lambda s, n=n: pair(n, k, s) for n in names])
 
         return launch
 
@@ -137,16 +133,7 @@ def probe_prefix(P, vas, sw, stream, neighbour, limits) -> list[dict]:
     variants += [(lab, switch_launch(n, b), 1) for lab, n, b in SWITCHED]
     alone = time_graph(lambda k: None, len(sets), stream=stream, between=neighbour) if neighbour else None
     for label, launch, layers in variants:
-        try:
-            err = gated(launch)
-        except Exception as exc:  # record why a switch cannot be captured, then try it without PDL
-            print(f"P={P} {label}: {type(exc).__name__}: {exc}", flush=True)
-            if not label.startswith("sw") or not any(v.kernels.uses_pdl for v in vas.values()):
-                raise
-            for v in vas.values():
-                v.kernels.uses_pdl = False
-            label += " (no PDL)"
-            err = gated(launch)
+        err = gated(launch)
         if not err <= 1e-2:
             raise SystemExit(f"WRONG {label} at P={P}: rel err {err:.3g}")
         t = time_graph(launch, len(sets), stream=stream)
