@@ -64,9 +64,11 @@ def test_probes_on_the_health_port_are_answered_while_the_main_port_is_saturated
             time.sleep(0.05)
         res = json.loads(load.communicate(timeout=60)[0])
     # The main port's own answers are test_load's subject; here the load only has to saturate it.
-    # 200 flat-out clients on CI's shared 2-core VM lost 4 of 28 965 requests once (their kinds were
-    # cut from that report; this message carries them), which a busy VM explains: the bound is 0.1 %.
-    assert res["sent"] > 1000 and res["errors"] <= res["sent"] // 1000, (
+    # A client stops at its first error, so `errors` counts clients lost. CI's shared 2-core VM has
+    # lost up to 22 of the 200 at the opening burst (each a first request unanswered in 5 s, never
+    # reproduced on a 2-core VM with a 64-deep accept queue or with the server stopped during the burst):
+    # the load still saturates the port if nine in ten clients stay.
+    assert res["sent"] > 1000 and res["errors"] <= 200 // 10, (
         res["errors"],
         res["error_kinds"],
         res["first_errors"],
