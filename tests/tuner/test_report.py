@@ -57,3 +57,29 @@ def test_report_writes_table_and_plot(sqlite_url, tmp_path):
     assert "## Graph plan H=8 q_len=9 batch 17-32" in md and "| 1.083x |" in md and "worst 1.083x" in md
     png = (tmp_path / "rep" / "tuned_nvidia-h200.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+def test_report_keeps_each_kernel_builds_rows_apart_and_names_the_served_one(sqlite_url, tmp_path):
+    """A database that outlived a kernel upgrade holds bests of both builds for the same keys: the
+    report listed them in one table and joined them in one curve, the old build's beside the new."""
+    migrate.upgrade(sqlite_url)
+    sessions = session_factory(make_engine(sqlite_url))
+    h200, old = known_device("h200"), "0" * 16
+    with session_scope(sessions) as s:
+        devices.upsert_device(session=s, limits=h200)
+        for kernel, nsplit, us in ((old, 64, 55.0), (kernel_hash(), 128, 42.0)):
+            best_configs.upsert_best(
+                session=s,
+                key=ConfigKey(h200.name, kernel, "bf16", 8, 9, 15),
+                config=KernelConfig(nsplit, 8, 32, 256),
+                median_us=us,
+                default_us=60.0,
+            )
+    r = CliRunner().invoke(cli, ["--database-url", sqlite_url, "study", "report", "--out", str(tmp_path / "rep")])
+    assert r.exit_code == 0, r.output
+    md = (tmp_path / "rep" / "tuned_nvidia-h200.md").read_text()
+    ours = md.index(f"## Kernel {kernel_hash()} (this build: its sidecar serves these)")
+    theirs = md.index(f"## Kernel {old} (another build: served only to workers that ask for this kernel_hash)")
+    assert ours < md.index("NSPLIT=128") < theirs < md.index("NSPLIT=64"), md
+    assert md.count("| H | q_len | batch |") == 2  # a table per build
+    assert (tmp_path / "rep" / "tuned_nvidia-h200.png").read_bytes()[:4] == b"\x89PNG"

@@ -9,6 +9,7 @@ from pathlib import Path
 from sqlalchemy.orm import Session, sessionmaker
 from verify_tuner import batches, buckets, engine_files
 from verify_tuner.files import write_shared
+from verify_tuner.kernels import kernel_hash as current_kernel_hash
 from verify_tuner.kernels.shapes import floor_bytes
 from verify_tuner.store import best_configs, devices, lookup, models, plans
 from verify_tuner.store.session import session_scope
@@ -31,8 +32,11 @@ def write_report(*, sessions: sessionmaker[Session], out_dir: Path, device: str 
     if rows:  # nothing to write: no folder either
         out_dir.mkdir(parents=True, exist_ok=True)
     written = []
+    own = current_kernel_hash()
     for dev_name in sorted({r.key.device for r in rows}):
         dev_rows = [r for r in rows if r.key.device == dev_name]
+        # this build's kernel first: its rows are the ones this build's sidecar serves by default
+        kernels = sorted({r.key.kernel_hash for r in dev_rows}, key=lambda k: (k != own, k))
         bw = recorded[dev_name].copy_bw_gbps if dev_name in recorded else None
         stem = out_dir / f"tuned_{engine_files.slug(dev_name.lower())}"
         lines = [
@@ -42,26 +46,41 @@ def write_report(*, sessions: sessionmaker[Session], out_dir: Path, device: str 
             f"floor = bytes moved once / measured copy bandwidth ({bw:.0f} GB/s)."
             if bw
             else "",
-            "",
-            "| H | q_len | batch | bucket | prefix | config | tuned µs | default µs | speedup | floor µs |",
-            "|---|---|---|---|---|---|---|---|---|---|",
         ]
-        for r in dev_rows:
-            b, bb = buckets.by_index(r.key.bucket), batches.by_index(r.key.batch_bucket)
-            p = prefixes.get(r.key) or b.mid
-            floor = _floor_us(r.key.H, r.key.q_len, p, bw, bb.hi)
-            stale = " (stale: not served)" if r.stale else ""
-            cold = f" (timed cold: {r.neighbour_mb} MB neighbour)" if r.neighbour_mb else ""
-            lines.append(
-                f"| {r.key.H} | {r.key.q_len} | {bb} | [{b.lo}, {b.hi}) | {p} | {r.config}{stale}{cold} | {_f(r.median_us)} | "
-                f"{_f(r.default_us)} | {_f(r.speedup, 'x')} | {_f(floor)} |"
-            )
-        dev_plans = [g for g in graph_plans if g.device == dev_name]
-        lines += _plan_lines(dev_plans)
+        for kernel in kernels:
+            lines += ["", _kernel_heading(kernel, own), ""]
+            lines += _row_lines([r for r in dev_rows if r.key.kernel_hash == kernel], prefixes, bw)
+            lines += _plan_lines([g for g in graph_plans if g.device == dev_name and g.kernel_hash == kernel])
         write_shared(stem.with_suffix(".md"), "\n".join(lines) + "\n")
         written.append(stem.with_suffix(".md"))
-        written.append(_plot(stem.with_suffix(".png"), dev_name, dev_rows, prefixes, bw, dev_plans))
+        dev_plans = [g for g in graph_plans if g.device == dev_name]
+        written.append(_plot(stem.with_suffix(".png"), dev_name, dev_rows, prefixes, bw, dev_plans, own))
     return written
+
+
+def _kernel_heading(kernel: str, own: str) -> str:
+    """A kernel build's section: stored bests of two builds are different measurements of different code."""
+    if kernel == own:
+        return f"## Kernel {kernel} (this build: its sidecar serves these)"
+    return f"## Kernel {kernel} (another build: served only to workers that ask for this kernel_hash)"
+
+
+def _row_lines(rows: list[best_configs.BestRow], prefixes: dict, bw: float | None) -> list[str]:  # type: ignore[type-arg]
+    lines = [
+        "| H | q_len | batch | bucket | prefix | config | tuned µs | default µs | speedup | floor µs |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        b, bb = buckets.by_index(r.key.bucket), batches.by_index(r.key.batch_bucket)
+        p = prefixes.get(r.key) or b.mid
+        floor = _floor_us(r.key.H, r.key.q_len, p, bw, bb.hi)
+        stale = " (stale: not served)" if r.stale else ""
+        cold = f" (timed cold: {r.neighbour_mb} MB neighbour)" if r.neighbour_mb else ""
+        lines.append(
+            f"| {r.key.H} | {r.key.q_len} | {bb} | [{b.lo}, {b.hi}) | {p} | {r.config}{stale}{cold} | {_f(r.median_us)} | "
+            f"{_f(r.default_us)} | {_f(r.speedup, 'x')} | {_f(floor)} |"
+        )
+    return lines
 
 
 def _plan_lines(dev_plans: list[plans.PlanRow]) -> list[str]:
@@ -102,25 +121,42 @@ def _floor_us(H: int, q_len: int, prefix: int, bw_gbps: float | None, batch: int
     return floor_bytes(lens, q_len=q_len, H=H) / (bw_gbps * 1e9) * 1e6
 
 
-def _plot(path: Path, dev_name: str, rows, prefixes, bw, dev_plans) -> Path:  # type: ignore[no-untyped-def]
+def _plot(path: Path, dev_name: str, rows, prefixes, bw, dev_plans, own: str) -> Path:  # type: ignore[no-untyped-def]
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     keys = sorted({(r.key.H, r.key.q_len) for r in rows})
+    kernels = sorted({r.key.kernel_hash for r in rows}, key=lambda k: (k != own, k))
     fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.6), squeeze=False)
     for ax, (H, q) in zip(axes[0], keys):
         shape = [r for r in rows if (r.key.H, r.key.q_len) == (H, q)]
-        for n, bi in enumerate(sorted({r.key.batch_bucket for r in shape})):  # one curve per batch bucket
-            rs = sorted((r for r in shape if r.key.batch_bucket == bi), key=lambda r: r.key.bucket)
+        # one curve per (kernel build, batch bucket): neither two builds nor two batch sizes are joined
+        for n, bi in enumerate(sorted({r.key.batch_bucket for r in shape})):
             bb, color = batches.by_index(bi), f"C{n % 10}"
-            x = [prefixes.get(r.key) or buckets.by_index(r.key.bucket).mid for r in rs]
-            ax.plot(x, [r.default_us or float("nan") for r in rs], "s:", color=color, ms=3, label=f"default B={bb}")
-            ax.plot(x, [r.median_us or float("nan") for r in rs], "^-", color=color, ms=4, label=f"tuned B={bb}")
-            for g in (g for g in dev_plans if (g.H, g.q_len, g.batch_bucket) == (H, q, bi)):
-                px = [b["prefix"] for b in g.per_bucket]
-                ax.plot(px, [b["us"] for b in g.per_bucket], "--", color=color, lw=1, label=f"graph plan B={bb}")
+            for kernel in kernels:
+                rs = sorted(
+                    (r for r in shape if r.key.batch_bucket == bi and r.key.kernel_hash == kernel),
+                    key=lambda r: r.key.bucket,
+                )
+                if not rs:
+                    continue
+                tag, alpha = ("", 1.0) if len(kernels) == 1 else (f" {kernel[:8]}", 1.0 if kernel == own else 0.45)
+                x = [prefixes.get(r.key) or buckets.by_index(r.key.bucket).mid for r in rs]
+                style = {"color": color, "alpha": alpha}
+                ax.plot(
+                    x, [r.default_us or float("nan") for r in rs], "s:", ms=3, label=f"default B={bb}{tag}", **style
+                )
+                ax.plot(x, [r.median_us or float("nan") for r in rs], "^-", ms=4, label=f"tuned B={bb}{tag}", **style)
+                for g in dev_plans:
+                    if (g.H, g.q_len, g.batch_bucket, g.kernel_hash) == (H, q, bi, kernel):
+                        px = [b["prefix"] for b in g.per_bucket]
+                        ax.plot(
+                            px, [b["us"] for b in g.per_bucket], "--", lw=1, label=f"graph plan B={bb}{tag}", **style
+                        )
+            batch_rows = [r for r in shape if r.key.batch_bucket == bi]
+            x = sorted({prefixes.get(r.key) or buckets.by_index(r.key.bucket).mid for r in batch_rows})
             if bw:
                 ax.plot(x, [_floor_us(H, q, p, bw, bb.hi) for p in x], "k:", lw=0.8)
         ax.set_xscale("log")
