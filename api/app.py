@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import Engine
 from verify_tuner.api.deadline import NoAnswer, within
 from verify_tuner.api.file_watch import FileState, FileWatch
-from verify_tuner.api.head import HeadAsGet
+from verify_tuner.api.head import AllowedMethods, HeadAsGet
 from verify_tuner.api.health_server import HealthServer
 from verify_tuner.api.metrics import Metrics, MetricsMiddleware
 from verify_tuner.api.readiness import Readiness
@@ -150,6 +150,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(admin.router)
 
     app.add_middleware(HeadAsGet)  # inside the metrics: a HEAD is counted as a HEAD
+    app.add_middleware(AllowedMethods, routes=app.routes)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
 
     @app.exception_handler(BadParameter)

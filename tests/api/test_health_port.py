@@ -196,3 +196,36 @@ def test_a_port_in_use_or_a_bad_host_is_one_line_and_exit_1(tmp_path, which):
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert r.returncode == 1 and len(lines) == 1 and lines[0].startswith("Error: cannot listen on "), r.stderr
     assert ("TUNER_HEALTH_PORT" in lines[0]) == (which == "health"), lines[0]
+
+
+def test_405_and_options_name_every_method_a_path_answers(tmp_path):
+    """`DELETE /healthz` said `allow: GET` (HEAD is answered too) and `POST /configs` said GET though
+    DELETE works; OPTIONS was a 405. An operator's `curl -X OPTIONS` or a proxy's check reads Allow."""
+    env = _serve_env(tmp_path)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    with running_server(env, port=port):
+        cases = {
+            ("DELETE", "/healthz"): "GET, HEAD, OPTIONS",
+            ("POST", "/configs"): "GET, HEAD, DELETE, OPTIONS",
+            ("GET", "/configs/import"): "POST, OPTIONS",
+        }
+        for (method, path), allow in cases.items():
+            r = httpx.request(method, base + path)
+            assert r.status_code == 405 and r.headers["allow"] == allow, (method, path, r.headers)
+            assert r.json() == {"detail": "Method Not Allowed"}
+            o = httpx.request("OPTIONS", base + path)
+            assert o.status_code == 204 and o.headers["allow"] == allow and o.content == b"", (path, o.headers)
+            assert "content-length" not in o.headers  # RFC 9110 8.6: none on a 204
+        assert httpx.request("OPTIONS", base + "/nope").status_code == 404
+        # a 204 is framed without a body: the next request on the same connection is answered
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(
+                b"OPTIONS /config HTTP/1.1\r\nHost: x\r\n\r\nGET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            )
+            wire = b""
+            while chunk := s.recv(65536):
+                wire += chunk
+        assert wire.startswith(b"HTTP/1.1 204") and wire.count(b"HTTP/1.1 ") == 2 and wire.endswith(b'{"status":"ok"}')
+        metrics = httpx.get(f"{base}/metrics").text
+    assert 'tuner_requests_total{method="OPTIONS",route="/config",status="204"} 1.0' in metrics, metrics
