@@ -133,6 +133,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         "q_len and prefix bucket.",
     )
     app.state.settings = settings
+    app.state.pinned_device = None  # set by the first device-less lookup when no default is configured
     app.state.health_server = None
     from importlib.metadata import PackageNotFoundError, version
 

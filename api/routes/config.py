@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request, Response
@@ -20,6 +21,7 @@ from verify_tuner.buckets import MAX_PREFIX
 from verify_tuner.errors import BadParameter
 
 router = APIRouter(tags=["configs"], dependencies=[StrictQuery])
+log = logging.getLogger(__name__)
 
 HParam = Annotated[int, Digits, Query(gt=0, le=1024, description="attention heads on this GPU (TP8 on 64 heads: 8)")]
 QParam = Annotated[int, Digits, Query(ge=1, le=64, description="draft tree nodes verified per request")]
@@ -76,7 +78,8 @@ async def _table(
     event loop never blocks on it, and within the database deadline) only when the cached table
     is due for a re-check."""
     cache = request.app.state.tables
-    key = {"device": device, "default_device": settings.device, "H": H, "q_len": q_len, "dtype": dtype}
+    default = settings.device or request.app.state.pinned_device
+    key = {"device": device, "default_device": default, "H": H, "q_len": q_len, "dtype": dtype}
     key["batch_bucket"], key["kernel_hash"] = batch_bucket, kernel_hash
     table = cache.fresh(**key)
     if table is None:
@@ -91,7 +94,19 @@ async def _table(
         request.app.state.metrics.db_error()
     if table.missing:  # a worker of another kernel must not launch this kernel's configs
         raise HTTPException(404, table.missing)
+    if device is None and default is None:
+        _pin(request, table.limits.name)
     return table
+
+
+def _pin(request: Request, name: str) -> None:
+    """The only recorded device answered a request naming none: it stays the default for this
+    process, as `tuner serve` pins it when one is recorded at start. A sidecar started on an empty
+    database otherwise answered such requests until a second device was recorded, then 422s."""
+    state = request.app.state
+    if state.pinned_device is None:
+        state.pinned_device = name
+        log.warning("default device: %s, the only one recorded when first asked (TUNER_DEVICE/--device chooses)", name)
 
 
 def _stale_header(table: Table) -> dict[str, str]:

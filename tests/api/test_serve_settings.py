@@ -112,3 +112,44 @@ def test_the_only_recorded_device_stays_the_default_when_a_second_is_imported_wh
         after = httpx.get(f"http://127.0.0.1:{port}/config", params=params)
         assert after.status_code == 200 and after.json()["device"] == "NVIDIA H200", after.text
         assert after.json()["source"] == "tuned"
+
+
+def test_a_sidecar_started_on_an_empty_database_keeps_the_first_device_it_answered_for(tmp_path):
+    """Started before any tuning (compose brings the sidecar up first), with TUNER_DEVICE unset:
+    device-less requests were 422s until a device was recorded, then answered for it, then 422s
+    again once a second device was imported."""
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    row = {"device": "h200", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 66, "HT": 8, "TK": 32, "BLOCK": 256}
+    other = {**row, "device": "a100", "NSPLIT": 54, "TK": 16, "STAGES": 3, "WK": 4}
+    for name, r in (("h200.json", row), ("a100.json", other)):
+        (tmp_path / name).write_text(json.dumps([{**r, "median_us": 40.0, "default_us": 42.0}]))
+    subprocess.run(tuner_cmd("--database-url", url, "db", "upgrade"), check=True, capture_output=True, timeout=60)
+
+    def imported(name: str) -> None:
+        subprocess.run(
+            tuner_cmd("--database-url", url, "configs", "import", str(tmp_path / name)),
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        time.sleep(0.5)  # the sidecar picks up a write within its 100 ms check
+
+    port = free_port()
+    with running_server({"TUNER_DATABASE_URL": url}, port=port) as server:
+        params = {"H": 8, "q_len": 9, "prefix": 46000}
+        empty = httpx.get(f"http://127.0.0.1:{port}/config", params=params)
+        assert empty.status_code == 422 and "none recorded" in empty.text, empty.text
+        imported("h200.json")
+        first = httpx.get(f"http://127.0.0.1:{port}/configs", params={"H": 8, "q_len": 9})
+        assert first.status_code == 200 and first.json()["device"] == "NVIDIA H200", first.text
+        imported("a100.json")
+        for route in ("/config", "/configs"):
+            after = httpx.get(
+                f"http://127.0.0.1:{port}{route}", params=params if route == "/config" else {"H": 8, "q_len": 9}
+            )
+            assert after.status_code == 200 and after.json()["device"] == "NVIDIA H200", (route, after.text)
+        named = httpx.get(f"http://127.0.0.1:{port}/config", params={**params, "device": "a100"})
+        assert named.status_code == 200 and named.json()["device"] == "NVIDIA A100-SXM4-80GB", named.text
+        server.terminate()
+        out = server.communicate(timeout=10)[0]
+    assert out.count("default device: NVIDIA H200, the only one recorded when first asked") == 1, out
