@@ -124,32 +124,34 @@ def test_a_sidecar_started_on_an_empty_database_keeps_the_first_device_it_answer
     for name, r in (("h200.json", row), ("a100.json", other)):
         (tmp_path / name).write_text(json.dumps([{**r, "median_us": 40.0, "default_us": 42.0}]))
     subprocess.run(tuner_cmd("--database-url", url, "db", "upgrade"), check=True, capture_output=True, timeout=60)
+    port = free_port()
+    base, params = f"http://127.0.0.1:{port}", {"H": 8, "q_len": 9, "prefix": 46000}
 
-    def imported(name: str) -> None:
+    def imported(name: str, seen: dict[str, object]) -> httpx.Response:
+        """Import a file, then wait (a busy VM: up to 20 s) until the sidecar answers `seen` tuned."""
         subprocess.run(
             tuner_cmd("--database-url", url, "configs", "import", str(tmp_path / name)),
             check=True,
             capture_output=True,
             timeout=60,
         )
-        time.sleep(0.5)  # the sidecar picks up a write within its 100 ms check
+        deadline = time.monotonic() + 20
+        while True:
+            r = httpx.get(f"{base}/config", params={**params, **seen})
+            if (r.status_code == 200 and r.json()["source"] == "tuned") or time.monotonic() > deadline:
+                return r
+            time.sleep(0.1)
 
-    port = free_port()
     with running_server({"TUNER_DATABASE_URL": url}, port=port) as server:
-        params = {"H": 8, "q_len": 9, "prefix": 46000}
-        empty = httpx.get(f"http://127.0.0.1:{port}/config", params=params)
+        empty = httpx.get(f"{base}/config", params=params)
         assert empty.status_code == 422 and "none recorded" in empty.text, empty.text
-        imported("h200.json")
-        first = httpx.get(f"http://127.0.0.1:{port}/configs", params={"H": 8, "q_len": 9})
+        first = imported("h200.json", {})  # device-less: answered for the only device, which pins it
         assert first.status_code == 200 and first.json()["device"] == "NVIDIA H200", first.text
-        imported("a100.json")
-        for route in ("/config", "/configs"):
-            after = httpx.get(
-                f"http://127.0.0.1:{port}{route}", params=params if route == "/config" else {"H": 8, "q_len": 9}
-            )
+        seen = imported("a100.json", {"device": "a100"})
+        assert seen.json()["device"] == "NVIDIA A100-SXM4-80GB" and seen.json()["source"] == "tuned", seen.text
+        for route, query in (("/config", params), ("/configs", {"H": 8, "q_len": 9})):
+            after = httpx.get(f"{base}{route}", params=query)
             assert after.status_code == 200 and after.json()["device"] == "NVIDIA H200", (route, after.text)
-        named = httpx.get(f"http://127.0.0.1:{port}/config", params={**params, "device": "a100"})
-        assert named.status_code == 200 and named.json()["device"] == "NVIDIA A100-SXM4-80GB", named.text
         server.terminate()
         out = server.communicate(timeout=10)[0]
     assert out.count("default device: NVIDIA H200, the only one recorded when first asked") == 1, out
