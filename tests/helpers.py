@@ -21,6 +21,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def eventually(fn, what: str, within_s: float = 5.0, every_s: float = 0.05):  # type: ignore[no-untyped-def]
+    """fn()'s first truthy answer, polled until `within_s`: a busy CI VM runs background checks late,
+    so a test waits for the state it needs rather than sleeping a guess."""
+    deadline = time.monotonic() + within_s
+    while not (out := fn()):
+        assert time.monotonic() < deadline, what
+        time.sleep(every_s)
+    return out
+
+
 def tuner_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "tuner", *args]
 

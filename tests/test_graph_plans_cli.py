@@ -24,6 +24,7 @@ from verify_tuner.store import best_configs, devices, migrate, plans
 from verify_tuner.store.session import make_engine, session_factory, session_scope
 
 from tests.fakes import H200, FakeBackend
+from tests.helpers import eventually
 
 DEFAULT = heuristic_config(H200, H=8, q_len=9, prefix=46000)
 SHORT = replace(DEFAULT, nsplit=64)  # the fake's landscape below: best at short prefixes
@@ -215,16 +216,13 @@ def test_verify_marks_a_row_that_stopped_winning_and_the_sidecar_stops_serving_i
         b8 = c.get("/config", params={"H": 8, "q_len": 9, "prefix": 46000, "batch": 8}).json()
         assert b8["source"] == "tuned" and b8["stale_verified_at"] is None  # moved rows stay served
         c.get("/healthz")
-        import time
-
-        time.sleep(0.3)  # the background check reads the stamp
-        metrics = c.get("/metrics").text
         n_stale = sum(v["verdict"] == "stale" for v in verdicts.values())
-        assert f"tuner_stale_rows {float(n_stale)}" in metrics
+        # the background check reads the stamp
+        eventually(lambda: f"tuner_stale_rows {float(n_stale)}" in c.get("/metrics").text, "stale rows not counted")
         with session_scope(sessions) as s:  # a re-tune stores the key again
             best_configs.upsert_best(session=s, key=slow_key, config=LONG, median_us=30.0)
-        time.sleep(0.3)
-        assert c.get("/config", params={"H": 8, "q_len": 9, "prefix": 46000}).json()["source"] == "tuned"
+        retuned = {"H": 8, "q_len": 9, "prefix": 46000}
+        eventually(lambda: c.get("/config", params=retuned).json()["source"] == "tuned", "the re-tune not served")
     with session_scope(sessions) as s:
         history = plans.list_verifications(session=s)
     assert len(history) == 3 * len(RANGE) and math.isfinite(history[0].noise)

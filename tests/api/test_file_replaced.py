@@ -12,20 +12,12 @@ import time
 
 import httpx
 
-from tests.helpers import free_port, running_server, tuner_cmd
+from tests.helpers import eventually, free_port, running_server, tuner_cmd
 
 TOKEN = "file-replaced-token-0123"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 ROW = {"device": "NVIDIA H200", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256}
 Q = {"H": 8, "q_len": 9, "prefix": 46000}
-
-
-def _eventually(fn, what: str, within_s: float = 5.0):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + within_s
-    while not (out := fn()):
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
-    return out
 
 
 def test_a_deleted_then_recreated_file_is_followed(tmp_path):
@@ -55,8 +47,8 @@ def test_a_deleted_then_recreated_file_is_followed(tmp_path):
         subprocess.run(
             tuner_cmd("configs", "import", str(tmp_path / "new.json")), env=full, check=True, capture_output=True
         )
-        _eventually(lambda: httpx.get(f"{base}/readyz").status_code == 200, "not ready on the new file")
-        r = _eventually(
+        eventually(lambda: httpx.get(f"{base}/readyz").status_code == 200, "not ready on the new file")
+        r = eventually(
             lambda: (x := httpx.get(f"{base}/config", params=Q)).json()["NSPLIT"] == 32 and x,
             "still serving the deleted file's rows",
         )

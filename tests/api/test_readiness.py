@@ -16,6 +16,8 @@ from verify_tuner.settings import Settings
 from verify_tuner.store import migrate
 from verify_tuner.store.health import DatabaseHealth
 
+from tests.helpers import eventually
+
 READY = DatabaseHealth(True, True)
 
 
@@ -44,14 +46,6 @@ class Probe:
             self.entered.set()
             self.release.wait(10)
         return READY
-
-
-def _eventually(fn, what: str, within_s: float = 5.0):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + within_s
-    while not (out := fn()):
-        assert time.monotonic() < deadline, what
-        time.sleep(0.01)
-    return out
 
 
 @pytest.fixture
@@ -90,7 +84,7 @@ def test_a_probe_past_the_deadline_is_not_ready_at_once(sqlite_db):
         assert status == 503 and "did not answer within 2 s" in body["reason"], body
         probe.hold.clear()
         probe.release.set()
-        _eventually(lambda: r.answer()[0] == 200, "ready again once a probe answers in time")
+        eventually(lambda: r.answer()[0] == 200, "ready again once a probe answers in time")
     finally:
         probe.release.set()
         r.stop()
@@ -136,7 +130,7 @@ def test_file_facts_are_checked_on_each_answer(sqlite_db, tmp_path):
         migrate.upgrade(sqlite_db)  # a new file at the path: the record is about the old one
         status, body = r.answer()
         assert status == 503 and "replaced" in body["reason"], body
-        _eventually(lambda: r.answer()[0] == 200, "the new file is probed at once, not a minute later")
+        eventually(lambda: r.answer()[0] == 200, "the new file is probed at once, not a minute later")
     finally:
         r.stop()
 
@@ -149,7 +143,7 @@ def test_readyz_turns_503_when_the_probe_hangs(sqlite_db, monkeypatch):
         assert c.get("/readyz").status_code == 200
         probe.hold.set()
         t0 = time.monotonic()
-        ready = _eventually(lambda: (x := c.get("/readyz")).status_code == 503 and x, "never 503")
+        ready = eventually(lambda: (x := c.get("/readyz")).status_code == 503 and x, "never 503")
         took = time.monotonic() - t0  # the next probe starts within EVERY_S, and is late 0.3 s later
         assert took < readiness_module.EVERY_S + 0.3 + 0.5, took
         # a thread starved past EVERY_S + 0.3 s (a loaded machine) is the stale record's 503 instead

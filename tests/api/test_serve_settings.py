@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from tests.helpers import free_port, running_server, tuner_cmd
+from tests.helpers import eventually, free_port, running_server, tuner_cmd
 
 
 def _serve(tmp_path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:  # type: ignore[no-untyped-def]
@@ -108,7 +108,12 @@ def test_the_only_recorded_device_stays_the_default_when_a_second_is_imported_wh
             capture_output=True,
             timeout=60,
         )
-        time.sleep(0.5)  # the sidecar picks up a write within its 100 ms check
+        a100 = {**params, "device": "a100"}  # seen once its row is served: then the default is tested
+        eventually(
+            lambda: httpx.get(f"http://127.0.0.1:{port}/config", params=a100).json()["source"] == "tuned",
+            "the second device's import never seen",
+            within_s=20,
+        )
         after = httpx.get(f"http://127.0.0.1:{port}/config", params=params)
         assert after.status_code == 200 and after.json()["device"] == "NVIDIA H200", after.text
         assert after.json()["source"] == "tuned"
