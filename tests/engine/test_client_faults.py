@@ -436,3 +436,27 @@ def test_a_table_serving_a_config_the_cubin_bundle_lacks_is_passed_over(tmp_path
     fake_bundle(tmp_path / "other", set())
     c = client(None, tmp_path, cubins=tmp_path / "other")
     assert c.fetch() == "heuristic" and "warning: the heuristic's" in c.reason and "not in the cubin bundle" in c.reason
+
+
+def _error_answer(status: str, body: bytes) -> bytes:
+    head = f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    return head.encode() + body
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "says"),
+    [
+        ("422 Unprocessable Entity", b'{"detail": ["bad"]}', "HTTP 422: bad)"),  # a gateway's own list
+        ("422 Unprocessable Entity", b'{"detail": [{"msg": "no loc"}, 7]}', "HTTP 422: {'msg': 'no loc'}; 7)"),
+        ("422 Unprocessable Entity", b'{"detail": [{"loc": ["query", "H"], "msg": "bad H"}]}', "query.H: bad H"),
+        ("502 Bad Gateway", b'{"detail": {"upstream": "down"}}', "HTTP 502: {'upstream': 'down'})"),
+        ("502 Bad Gateway", b"[" * 2000 + b"]" * 2000, "HTTP 502: [[[["),  # nested past the parser's depth
+    ],
+    ids=["list-of-strings", "list-of-odd-items", "fastapi-422", "dict-detail", "too-deep"],
+)
+def test_an_error_answer_of_any_shape_is_passed_over_with_its_status(tmp_path, status, body, says):
+    """A proxy's 422 with `{"detail": ["bad"]}` raised AttributeError out of fetch() and refresh()."""
+    with raw_sidecar(lambda conn: conn.sendall(_error_answer(status, body))) as url:
+        c = client(url, tmp_path)
+        assert c.fetch() == "heuristic" and says in c.reason, c.reason
+        assert c.refresh() == "failed" and says in c.refresh_error, c.refresh_error  # type: ignore[operator]

@@ -118,8 +118,15 @@ def _error_detail(exc: urllib.error.HTTPError) -> str:
         return exc.reason or "no body"
     try:
         detail = json.loads(raw)["detail"]
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         return (raw.splitlines() or [str(exc.reason)])[0][:300]
-    if isinstance(detail, list):  # a 422: each item names its parameter
-        detail = "; ".join(f"{'.'.join(map(str, d.get('loc', [])))}: {d.get('msg')}" for d in detail)
+    if isinstance(detail, list):  # a 422: each item names its parameter (a proxy's list may hold anything)
+        detail = "; ".join(_item(d) for d in detail)
     return str(detail)[:300]
+
+
+def _item(d: object) -> str:
+    """One item of a `detail` list: FastAPI's {loc, msg}, else the item as it came."""
+    if isinstance(d, dict) and isinstance(d.get("loc"), list):
+        return f"{'.'.join(map(str, d['loc']))}: {d.get('msg')}"
+    return str(d)[:100]
