@@ -106,3 +106,10 @@ def test_an_entry_without_its_file_is_refused_when_the_bundle_opens(tmp_path, mo
     (tmp_path / MANIFEST).write_text(json.dumps({"kernel_hash": "K", "entries": [entry]}))
     with pytest.raises(BundleError, match="malformed .*no file name"):
         Bundle.open(tmp_path)
+
+
+def test_a_manifest_nested_past_the_parsers_depth_is_a_bundle_error(tmp_path):
+    """It raised RecursionError out of Bundle.open, and so out of the worker client's fetch()."""
+    (tmp_path / MANIFEST).write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(BundleError, match="unreadable cubin bundle manifest .*RecursionError"):
+        Bundle.open(tmp_path)

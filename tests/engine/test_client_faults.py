@@ -460,3 +460,11 @@ def test_an_error_answer_of_any_shape_is_passed_over_with_its_status(tmp_path, s
         c = client(url, tmp_path)
         assert c.fetch() == "heuristic" and says in c.reason, c.reason
         assert c.refresh() == "failed" and says in c.refresh_error, c.refresh_error  # type: ignore[operator]
+
+
+def test_a_cubin_manifest_nested_past_the_parsers_depth_is_a_warning_not_a_raise(tmp_path):
+    (tmp_path / "cubins").mkdir()
+    (tmp_path / "cubins" / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
+    c = client(None, tmp_path, cubins=tmp_path / "cubins")
+    assert c.fetch() == "heuristic"
+    assert "unreadable cubin bundle manifest" in c.reason and "RecursionError" in c.reason, c.reason

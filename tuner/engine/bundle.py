@@ -62,8 +62,10 @@ class Bundle:
             manifest = json.loads((root / MANIFEST).read_text())
         except FileNotFoundError:
             raise BundleError(f"no cubin bundle at {root} ({MANIFEST} missing)") from None
-        except (OSError, ValueError) as exc:
-            raise BundleError(f"unreadable cubin bundle manifest {root / MANIFEST}: {exc}") from None
+        except (OSError, ValueError, RecursionError) as exc:  # RecursionError: JSON nested past the parser's depth
+            raise BundleError(
+                f"unreadable cubin bundle manifest {root / MANIFEST}: {type(exc).__name__}: {exc}"
+            ) from None
         if not isinstance(manifest, dict):
             raise BundleError(f"cubin bundle manifest {root / MANIFEST} is not a JSON object")
         if manifest.get("kernel_hash") != kernel_hash():
