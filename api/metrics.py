@@ -102,6 +102,11 @@ class Metrics:
         return generate_latest(self.registry)
 
 
+#: Methods counted by name; any other token a client sends is counted as "other", so a client
+#: inventing methods cannot add a label series per request.
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "CONNECT", "TRACE"})
+
+
 class MetricsMiddleware:
     """Plain ASGI middleware (no per-request task or body buffering) timing every request."""
 
@@ -125,4 +130,5 @@ class MetricsMiddleware:
             await self.app(scope, receive, send_status)
         finally:
             path = getattr(scope.get("route"), "path", "unmatched")
-            self.metrics.request(path, scope["method"], status, time.perf_counter() - start)
+            method = scope["method"] if scope["method"] in HTTP_METHODS else "other"
+            self.metrics.request(path, method, status, time.perf_counter() - start)

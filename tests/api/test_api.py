@@ -178,6 +178,17 @@ def test_health_ready_metrics_docs(client):
     assert "/config" in client.get("/openapi.json").json()["paths"]
 
 
+def test_invented_methods_share_one_metrics_series(client):
+    """Each made-up method (`X123456 /config`) added its own label series to /metrics: 2 000 of them
+    grew the scrape from 10 kB to 339 kB, without bound."""
+    for i in range(200):
+        assert client.request(f"X{i:06d}", "/config").status_code == 405
+    text = client.get("/metrics").text
+    assert 'tuner_requests_total{method="other",route="/config",status="405"} 200.0' in text, text
+    series = [ln for ln in text.splitlines() if ln.startswith("tuner_requests_total{")]
+    assert len(series) == 1 and "X000001" not in text, series  # (this scrape is counted after it)
+
+
 def test_refuses_to_start_on_outdated_schema(sqlite_url, tmp_path):
     app = create_app(Settings(database_url=sqlite_url, cache_dir=tmp_path))
     with pytest.raises(RuntimeError, match="tuner db upgrade"), TestClient(app):
