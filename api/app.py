@@ -47,7 +47,7 @@ async def _check_once(app: FastAPI) -> None:
     if state is FileState.MISSING:
         cache.fail(watch.missing_reason())
         return
-    if state is FileState.REPLACED:  # the new file's stamp may equal the old one's by chance
+    if state in (FileState.REPLACED, FileState.WRITTEN):  # the new data's stamp may equal the old one's
         cache.clear()
     if await within(app.state.settings.db_timeout_s, cache.revalidate, app.state.read_sessions):
         app.state.metrics.tables_checked()

@@ -58,3 +58,45 @@ def test_a_deleted_then_recreated_file_is_followed(tmp_path):
         assert imp.status_code == 200 and imp.json()["imported"] == 1
         got = httpx.get(f"{base}/config", params={**Q, "H": 16}).json()
         assert (got["source"], got["NSPLIT"]) == ("tuned", 16), "the API import went somewhere /config does not read"
+
+
+def _snapshot(tmp_path, name: str, nsplit: int):  # type: ignore[no-untyped-def]
+    """A `tuner db snapshot` of a database holding ROW with `nsplit`."""
+    env = {**os.environ, "TUNER_DATABASE_URL": f"sqlite:///{tmp_path / (name + '.src.db')}", "TUNER_DEVICE": "h200"}
+    (tmp_path / f"{name}.json").write_text(json.dumps([{**ROW, "NSPLIT": nsplit}]))
+    for args in (("db", "upgrade"), ("configs", "import", str(tmp_path / f"{name}.json"))):
+        subprocess.run(tuner_cmd(*args), env=env, check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        tuner_cmd("db", "snapshot", str(tmp_path / f"{name}.db")), env=env, check=True, capture_output=True, timeout=60
+    )
+    return tmp_path / f"{name}.db"
+
+
+def test_a_file_rewritten_in_place_is_served_anew(tmp_path):
+    """`cp new-snapshot.db live.db` keeps the inode, and two snapshots of the same shape carry the
+    same data stamp: the sidecar served the old configs for ever, ready and without a stale header."""
+    from verify_tuner.store import data_version
+    from verify_tuner.store.session import make_engine, session_factory, session_scope
+
+    old, new = _snapshot(tmp_path, "old", 64), _snapshot(tmp_path, "new", 32)
+    stamps = []
+    for path in (old, new):
+        engine = make_engine(f"sqlite:///{path}", create=False)
+        with session_scope(session_factory(engine)) as s:
+            stamps.append(data_version.data_stamp(session=s))
+        engine.dispose()
+    assert stamps[0] == stamps[1]  # what makes this case: the data stamp alone cannot tell them apart
+    live = tmp_path / "live.db"
+    live.write_bytes(old.read_bytes())
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    with running_server({"TUNER_DATABASE_URL": f"sqlite:///{live}", "TUNER_DEVICE": "h200"}, port=port):
+        assert httpx.get(f"{base}/config", params=Q).json()["NSPLIT"] == 64
+        inode = live.stat().st_ino
+        with open(live, "r+b") as f:  # as cp does: the same file, truncated and written
+            f.truncate(0)
+            f.write(new.read_bytes())
+        assert live.stat().st_ino == inode
+        r = eventually(lambda: (x := httpx.get(f"{base}/config", params=Q)).json()["NSPLIT"] == 32 and x, "old config")
+        assert r.json()["source"] == "tuned" and "X-Config-Stale" not in r.headers
+        assert httpx.get(f"{base}/readyz").status_code == 200
