@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 #: Connections answered at once; more are closed unanswered (a probe sends one at a time).
 MAX_CONNECTIONS = 8
-#: Seconds a connection may take to send its request: a kubelet sends it at once.
+#: Seconds a connection may take to send its whole request: a kubelet sends it at once.
 REQUEST_TIMEOUT_S = 2.0
 
 
@@ -43,6 +43,25 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     timeout = REQUEST_TIMEOUT_S
 
+    def setup(self) -> None:
+        super().setup()
+        # The socket timeout bounds each read, not the request: a client sending a header line
+        # every 1.5 s held its slot for ever, and 8 such held the port. At the deadline the
+        # connection is shut, which ends the blocked read and frees the slot.
+        self._deadline = threading.Timer(REQUEST_TIMEOUT_S, self._expire)
+        self._deadline.daemon = True
+        self._deadline.start()
+
+    def _expire(self) -> None:
+        try:
+            self.connection.shutdown(socket.SHUT_RDWR)
+        except OSError:  # already closed
+            pass
+
+    def finish(self) -> None:
+        self._deadline.cancel()
+        super().finish()
+
     def do_GET(self) -> None:
         self._answer(body_too=True)
 
@@ -50,6 +69,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._answer(body_too=False)
 
     def _answer(self, *, body_too: bool) -> None:
+        self._deadline.cancel()  # the request is in: the answer is written however slowly it is read
         start, path = time.perf_counter(), self.path.partition("?")[0]
         if path == "/healthz":
             status, body = 200, {"status": "ok"}

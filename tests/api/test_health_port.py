@@ -229,3 +229,31 @@ def test_405_and_options_name_every_method_a_path_answers(tmp_path):
         assert wire.startswith(b"HTTP/1.1 204") and wire.count(b"HTTP/1.1 ") == 2 and wire.endswith(b'{"status":"ok"}')
         metrics = httpx.get(f"{base}/metrics").text
     assert 'tuner_requests_total{method="OPTIONS",route="/config",status="204"} 1.0' in metrics, metrics
+
+
+def test_clients_trickling_their_headers_do_not_hold_the_health_port(tmp_path):
+    """2 s was each read's timeout, not the request's: eight connections sending a header line every
+    0.5 s held every slot, and the kubelet's probes were closed unanswered until they stopped."""
+    env = _serve_env(tmp_path)
+    port, health_port = free_port(), int(env["TUNER_HEALTH_PORT"])
+    with running_server(env, port=port):
+        slow = [socket.create_connection(("127.0.0.1", health_port), timeout=5) for _ in range(8)]
+        try:
+            for s in slow:
+                s.sendall(b"GET /healthz HTTP/1.1\r\n")
+            cut, t0, answered = set(), time.monotonic(), []
+            while time.monotonic() - t0 < 6.0:
+                for i, s in enumerate(slow):
+                    if i not in cut:
+                        try:
+                            s.sendall(b"X-Slow: 1\r\n")
+                        except OSError:
+                            cut.add(i)
+                if time.monotonic() - t0 > 3.0:  # past the 2 s deadline: the slots are free again
+                    answered.append(_probe(health_port, "/healthz")[1])
+                time.sleep(0.5)
+        finally:
+            for s in slow:
+                s.close()
+    assert answered and all(a.startswith(b"HTTP/1.1 200") for a in answered), answered
+    assert len(cut) == 8  # each trickler was cut at its deadline
