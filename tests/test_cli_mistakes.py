@@ -11,6 +11,7 @@ import sqlite3
 import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import httpx
@@ -446,3 +447,24 @@ def test_a_build_lock_this_user_creates_is_0644_under_a_private_umask(tmp_path):
     finally:
         os.umask(old)
     assert _mode(tmp_path / "k.lock") == 0o644
+
+
+def test_export_follows_a_symlink_writes_a_pipe_and_takes_dash_for_stdout(place):
+    """`-o link.json` replaced the link with a file and left its target old; `-o fifo` replaced the
+    pipe (its reader waited for ever); as root `-o /dev/null` replaced the device with a file."""
+    env, tmp = place
+    target, link, fifo = tmp / "target.json", tmp / "link.json", tmp / "fifo"
+    target.write_text("old")
+    link.symlink_to(target)
+    r = run_tuner(env, "configs", "export", "-o", str(link))
+    assert r.returncode == 0 and link.is_symlink() and json.loads(target.read_text())[0]["NSPLIT"] == ROW["NSPLIT"]
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    r = run_tuner(env, "configs", "export", "-o", str(fifo))
+    reader.join(10)
+    assert r.returncode == 0 and stat.S_ISFIFO(os.lstat(fifo).st_mode), r.stderr
+    assert got and json.loads(got[0])[0]["NSPLIT"] == ROW["NSPLIT"]
+    dash = run_tuner(env, "configs", "export", "-o", "-")
+    assert dash.returncode == 0 and json.loads(dash.stdout)[0]["NSPLIT"] == ROW["NSPLIT"] and not (tmp / "-").exists()

@@ -6,6 +6,7 @@ Standard library only: the worker client and the kernel cache use it without the
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -35,6 +36,18 @@ def write_shared(path: Path, data: bytes | str, *, mode: int = SHARED_MODE) -> N
     the old file or the new one, never a part, and the new one survives a power cut once this returns.
     The directory must exist (make_shared_dirs); OSError (with the path) when it cannot be written."""
     raw = data.encode() if isinstance(data, str) else data
+    # A symlink is followed (the rename would replace the link with a file), and a device, pipe or
+    # socket is written as it is: renaming over it replaced /dev/null with a file, as root.
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
+    try:
+        kind = os.stat(path).st_mode
+    except FileNotFoundError:
+        kind = stat.S_IFREG
+    if not (stat.S_ISREG(kind) or stat.S_ISDIR(kind)):
+        with open(path, "wb") as f:
+            f.write(raw)
+        return
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as exc:  # name the file asked for, not the temporary one

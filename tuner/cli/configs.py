@@ -141,7 +141,7 @@ def configs_export(settings: Settings, fmt: str, output: Path | None, device: st
     with session_scope(checked_sessions(settings)) as s:
         text = configs_io.dumps(configs_io.export_rows(session=s, device=device), fmt)
         n_plans = len(plans.list_plans(session=s, device=lookup.device_name(session=s, name=device)))
-    if output is None:
+    if output is None or str(output) == "-":  # `-o -`: stdout, as other tools spell it
         sys.stdout.write(text)
     else:
         write_shared(output, text)
