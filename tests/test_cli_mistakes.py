@@ -460,7 +460,7 @@ def test_export_follows_a_symlink_writes_a_pipe_and_takes_dash_for_stdout(place)
     assert r.returncode == 0 and link.is_symlink() and json.loads(target.read_text())[0]["NSPLIT"] == ROW["NSPLIT"]
     os.mkfifo(fifo)
     got: list[bytes] = []
-    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)  # never holds pytest
     reader.start()
     r = run_tuner(env, "configs", "export", "-o", str(fifo))
     reader.join(10)
