@@ -105,6 +105,14 @@ CASES = [
     ("read-only-db-serve", RODB, ["serve"], None, "tuner serve --read-only-database"),
     ("read-only-db-import", RODB, ["configs", "import", "{tmp}/row.json"], None, "--read-only-database"),
     ("start-negative-timeout", None, ["study", "start", "--H", "8", "--q-len", "9", "--prefix", "5", "--timeout", "-5"], None, "'--timeout'"),
+    # each of these was a traceback
+    ("pg-port-not-a-number", "postgresql+psycopg://postgres@127.0.0.1:543a/db", ["configs", "list"], None, "is not a database URL: 'postgresql+psycopg://postgres@127.0.0.1:543a/db' (invalid literal"),
+    ("pg-unclosed-ipv6", "postgresql+psycopg://postgres@[::1/x", ["configs", "list"], None, "is not a database URL"),
+    ("sqlite-timeout-abc", "sqlite:///{tmp}/c.db?timeout=abc", ["configs", "list"], None, "a parameter of the URL is not valid: could not convert string to float: 'abc'"),
+    ("sqlite-same-thread-maybe", "sqlite:///{tmp}/c.db?check_same_thread=maybe", ["configs", "list"], None, "a parameter of the URL is not valid"),
+    ("storage-port-not-a-number", None, ["study", "start", "--H", "8", "--q-len", "9", "--prefix", "5", "--storage", "postgresql+psycopg://x@h:5x/db"], None, "not a database URL"),
+    ("start-measure-timeout-inf", None, ["study", "start", "--H", "8", "--q-len", "9", "--prefix", "5", "--measure-timeout", "inf"], None, "'inf' is not a finite number of seconds"),
+    ("start-timeout-nan", None, ["study", "start", "--H", "8", "--q-len", "9", "--prefix", "5", "--timeout", "nan"], None, "'nan' is not a finite number of seconds"),
 ]  # fmt: skip
 
 

@@ -55,9 +55,10 @@ class Settings:
                 continue
             try:
                 make_url(url)
-            except ArgumentError:
+            except (ArgumentError, ValueError) as exc:  # ValueError: a port that is not a number
+                why = f" ({exc})" if isinstance(exc, ValueError) else ""
                 raise BadSetting(
-                    f"{name} is not a database URL: {url!r} (e.g. sqlite:////var/lib/tuner/configs.db "
+                    f"{name} is not a database URL: {url!r}{why} (e.g. sqlite:////var/lib/tuner/configs.db "
                     "or postgresql+psycopg://user@host/db)"
                 ) from None
         if self.study_storage is not None and (why := study_storage_error(self.study_storage)):

@@ -35,7 +35,7 @@ def study_storage_error(url: str) -> str | None:
     """Why `url` cannot be a study storage (None if it can): STUDY belongs in an SQLite file name."""
     try:
         parsed = make_url(url)
-    except ArgumentError:
+    except (ArgumentError, ValueError):  # ValueError: a port that is not a number
         return f"not a database URL: {url!r} (e.g. sqlite:////var/lib/tuner/studies/{STUDY}.db)"
     if STUDY not in url:
         return None

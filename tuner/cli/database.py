@@ -29,6 +29,8 @@ def url_problem(url: str) -> str | None:
 
     try:
         parsed = make_url(url)
+    except ValueError as exc:  # a port that is not a number, an unclosed [IPv6 bracket
+        return f"not a database URL: {url!r} ({exc})"
     except ArgumentError:
         return f"not a database URL: {url!r} (e.g. sqlite:////var/lib/tuner/configs.db or postgresql+psycopg://user@host/db)"
     if parsed.get_backend_name() == "sqlite":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from typing import Any
@@ -34,6 +35,19 @@ class Integer(click.IntRange):
         return super().convert(value, param, ctx)
 
 
+class Seconds(click.FloatRange):
+    """A number of seconds, finite: click's FloatRange lets `inf` and `nan` through, which failed
+    only once the GPU worker was up (OverflowError in a selector, or a study of 0 trials)."""
+
+    name = "seconds"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        out = super().convert(value, param, ctx)
+        if not math.isfinite(out):
+            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
+        return out
+
+
 JSON_OPT = click.option("--json", "as_json", is_flag=True, help="Machine-readable output (JSON).")
 H_RANGE = Integer(1, MAX_H)
 Q_LEN_RANGE = Integer(1, MAX_Q_LEN)
@@ -55,7 +69,7 @@ NEIGHBOUR_OPT = click.option(
 
 MEASURE_TIMEOUT_OPT = click.option(
     "--measure-timeout",
-    type=click.FloatRange(min=1),
+    type=Seconds(min=1),
     default=120.0,
     show_default=True,
     help="Seconds before a hanging measurement is killed.",

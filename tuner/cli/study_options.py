@@ -15,6 +15,7 @@ from verify_tuner.cli.options import (
     ORDINAL_OPT,
     Q_LEN_OPT,
     Integer,
+    Seconds,
     integer,
     spread_option,
 )
@@ -108,9 +109,7 @@ START_OPTS = [
         show_default=True,
         help="Measured trials per key (invalid configs are not counted).",
     ),
-    click.option(
-        "--timeout", type=click.FloatRange(min=0, min_open=True), default=None, help="Seconds per key for the search."
-    ),
+    click.option("--timeout", type=Seconds(min=0, min_open=True), default=None, help="Seconds per key for the search."),
     click.option("--sampler", type=click.Choice(["tpe", "grid"]), default="tpe", show_default=True),
     click.option("--seed", type=Integer(0, 2**32 - 1), default=None, help="Sampler seed (NumPy's range)."),
     click.option(

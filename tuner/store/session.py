@@ -165,6 +165,10 @@ def url_error(url: str) -> str | None:
             "pip install 'verify-tuner[postgres]' (for a postgresql+psycopg:// URL)" if backend == "postgresql" else ""
         )
         return f"{parsed.drivername} needs the {exc.name} package, which is not installed" + (f": {fix}" if fix else "")
+    try:  # the URL's query parameters as the driver will take them (sqlite's timeout=abc raised at connect)
+        parsed.get_dialect()().create_connect_args(parsed)
+    except (ValueError, TypeError) as exc:
+        return f"a parameter of the URL is not valid: {exc}"
     return None
 
 
