@@ -476,3 +476,41 @@ def test_export_follows_a_symlink_writes_a_pipe_and_takes_dash_for_stdout(place)
     assert got and json.loads(got[0])[0]["NSPLIT"] == ROW["NSPLIT"]
     dash = run_tuner(env, "configs", "export", "-o", "-")
     assert dash.returncode == 0 and json.loads(dash.stdout)[0]["NSPLIT"] == ROW["NSPLIT"] and not (tmp / "-").exists()
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full here")
+@pytest.mark.parametrize("args", [("configs", "list"), ("configs", "export")])
+def test_output_that_cannot_be_written_is_one_line_and_exit_1(place, args):
+    """`tuner configs list > /dev/full` printed OSError's traceback: it named no file, so it read as a bug."""
+    env, _ = place
+    code = "import sys; sys.argv[0] = 'tuner'; from verify_tuner.cli.entry import main; main()"
+    with open("/dev/full", "w") as full:
+        r = subprocess.run(
+            [sys.executable, "-c", code, *args],
+            env={**os.environ, **env},
+            check=False,
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    assert r.returncode == 1 and r.stderr == "Error: cannot write the output: No space left on device\n", r.stderr
+
+
+def test_a_reader_that_left_early_ends_the_command_quietly(place):
+    """`tuner configs export | head -c 10`: the reader has what it wanted; no BrokenPipeError traceback."""
+    env, _ = place
+    code = "import sys; sys.argv[0] = 'tuner'; from verify_tuner.cli.entry import main; main()"
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first write
+    try:
+        r = subprocess.run(
+            [sys.executable, "-c", code, "configs", "export"],
+            env={**os.environ, **env},
+            check=False,
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    finally:
+        os.close(write)
+    assert r.returncode == 141 and r.stderr == "", r.stderr

@@ -4,7 +4,10 @@ device, configs, study, plans)."""
 
 from __future__ import annotations
 
+import errno
 import os
+import sys
+from typing import Any
 
 import click
 from verify_tuner.cli import configs as cli_configs
@@ -46,5 +49,68 @@ cli_plans.register_study(cli_study.study)  # `study graph-plan`
 cli_plans.register_configs(cli_configs.configs)  # `configs verify`
 
 
+class _Output:
+    """sys.stdout, whose write errors say they are the output's: `tuner configs list > /dev/full`
+    raised a bare OSError (no file name), which read as a bug of ours and printed a traceback."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError as exc:
+            raise OutputError(exc) from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as exc:
+            raise OutputError(exc) from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+class OutputError(Exception):
+    def __init__(self, exc: OSError) -> None:
+        super().__init__(exc.strerror or str(exc))
+        self.errno = exc.errno
+
+
 def main() -> None:
-    cli(prog_name="tuner")
+    real = sys.stdout
+    sys.stdout = _Output(real)  # type: ignore[assignment]
+    code = 0
+    try:
+        cli(prog_name="tuner")
+    except SystemExit as done:
+        code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+        if done.code is not None and not isinstance(done.code, int):
+            print(done.code, file=sys.stderr)
+    except OutputError as exc:
+        code = _output_failed(exc)
+    try:
+        sys.stdout.flush()
+    except OutputError as exc:
+        code = code or _output_failed(exc)
+    finally:
+        sys.stdout = real
+    if code:
+        _quiet_exit(real)
+    sys.exit(code)
+
+
+def _output_failed(exc: OutputError) -> int:
+    if exc.errno == errno.EPIPE:  # `tuner configs list | head`: the reader has what it wanted
+        return 141  # as a shell reports SIGPIPE
+    print(f"Error: cannot write the output: {exc}", file=sys.stderr)
+    return 1
+
+
+def _quiet_exit(stream: Any) -> None:
+    """Whatever output is still buffered is dropped: flushing it at exit would fail again, loudly."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+    except (OSError, ValueError):
+        pass
