@@ -277,3 +277,43 @@ def test_a_csv_record_longer_than_its_header_says_so(run, tmp_path):
     path.write_text(head + "\n" + ",".join(str(v) for v in GOOD.values()) + ",extra,cells\n")
     r = run("configs", "import", str(path))
     assert r.exit_code == 1 and "row 1: 2 more cell(s) than the header has columns" in r.output, r.output
+
+
+def _damaged(doc: dict, how: str) -> dict:
+    doc = json.loads(json.dumps(doc))
+    batch = next(iter(doc["configs"]))
+    if how == "no-device":
+        del doc["device_name"]
+    elif how == "configs-a-list":
+        doc["configs"] = []
+    elif how == "entry-a-string":
+        doc["configs"][batch] = ["tuned"]
+    elif how == "batch-not-a-number":
+        doc["configs"]["eight"] = doc["configs"].pop(batch)
+    elif how == "prefix-lo-text":
+        (tuned,) = (e for es in doc["configs"].values() for e in es if e["source"] == "tuned")
+        tuned["prefix_lo"] = str(tuned["prefix_lo"])
+    return doc
+
+
+@pytest.mark.parametrize(
+    ("how", "says"),
+    [
+        ("no-device", "missing device_name"),
+        ("configs-a-list", "configs must be an object"),
+        ("entry-a-string", "must be a list of objects"),
+        ("batch-not-a-number", "configs key 'eight' is not a batch size"),
+        ("prefix-lo-text", "prefix_lo '32768' is not a prefix"),
+    ],
+)
+def test_a_damaged_dump_file_is_refused_whole_with_what_is_wrong(run, tmp_path, how, says):
+    """A dump file without device_name was KeyError's traceback; `"configs": []` AttributeError's."""
+    src = tmp_path / "in.json"
+    src.write_text(json.dumps([GOOD]))
+    assert run("configs", "import", str(src)).exit_code == 0
+    assert run("configs", "dump", "--out-dir", str(tmp_path / "dump")).exit_code == 0
+    (dumped,) = (tmp_path / "dump").glob("*.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(_damaged(json.loads(dumped.read_text()), how)))
+    r = run("configs", "import", str(bad))
+    assert r.exit_code == 1 and "not a whole `tuner configs dump` file" in r.output and says in r.output, r.output

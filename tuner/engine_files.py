@@ -57,25 +57,42 @@ def distinct_configs(doc: dict[str, Any]) -> list[Any]:
     return sorted({KernelConfig.from_params({k: e[k] for k in PARAM_NAMES if k in e}) for e in entries})
 
 
+class DamagedDump(ValueError):
+    """A dump file whose shape is not the one `tuner configs dump` writes (hand-edited or cut)."""
+
+
 def tuned_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     """The tuned entries of a file as import rows (verify_tuner.store.row_schema.ConfigRow): what `configs import`
     restores from a dump. Heuristic and nearest entries are derived, not stored."""
     from verify_tuner import batches, buckets
     from verify_tuner.kernels.config import PARAM_NAMES
 
+    # a hand-edited or damaged file is refused with what is wrong (ValueError), not a KeyError
+    missing = [k for k in ("device_name", "kernel_hash", "dtype", "H", "q_len", "configs") if k not in doc]
+    if missing:
+        raise DamagedDump(f"missing {', '.join(missing)}")
+    if not isinstance(doc["configs"], dict):
+        raise DamagedDump("configs must be an object of batch size -> entries")
     out = []
     for hi, entries in doc["configs"].items():
+        if not (isinstance(hi, str) and hi.isascii() and hi.isdigit() and 1 <= int(hi) <= batches.MAX_BATCH):
+            raise DamagedDump(f"configs key {hi!r} is not a batch size 1..{batches.MAX_BATCH}")
+        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+            raise DamagedDump(f"configs[{hi!r}] must be a list of objects")
         bb = batches.bucket_of(int(hi))
         for e in entries:
             if e.get("source") != "tuned":
                 continue
+            lo = e.get("prefix_lo")
+            if not (type(lo) is int and 0 <= lo <= buckets.MAX_PREFIX):
+                raise DamagedDump(f"configs[{hi!r}]: prefix_lo {lo!r} is not a prefix 0..{buckets.MAX_PREFIX}")
             row = {
                 "device": doc["device_name"],
                 "kernel_hash": doc["kernel_hash"],
                 "dtype": doc["dtype"],
                 "H": doc["H"],
                 "q_len": doc["q_len"],
-                "bucket": buckets.bucket_of(e["prefix_lo"]).index,
+                "bucket": buckets.bucket_of(lo).index,
                 "batch_bucket": bb.index,
             }
             row.update({k: e[k] for k in PARAM_NAMES if k in e})

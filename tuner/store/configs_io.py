@@ -136,7 +136,11 @@ def loads(data: str | bytes, fmt: str) -> Loaded:
             raise ImportRejected([f"not valid JSON: {exc}"], whole_file=True) from exc
         if isinstance(doc, dict) and doc.get("format") == engine_files.FORMAT:
             plans = doc.get("graph_plans")
-            return Loaded(engine_files.tuned_rows(doc), dump=True, plans=len(plans) if isinstance(plans, dict) else 0)
+            try:
+                rows = engine_files.tuned_rows(doc)
+            except ValueError as exc:
+                raise ImportRejected([f"not a whole `tuner configs dump` file: {exc}"], whole_file=True) from None
+            return Loaded(rows, dump=True, plans=len(plans) if isinstance(plans, dict) else 0)
         if not isinstance(doc, list) or not all(isinstance(r, dict) for r in doc):
             raise ImportRejected(["JSON must be a list of objects (or a `tuner configs dump` file)"], whole_file=True)
         return Loaded(doc, dump=False)
