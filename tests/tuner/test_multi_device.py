@@ -398,3 +398,39 @@ def test_one_gpu_of_a_job_other_hosts_share_says_what_it_waited_for(monkeypatch,
         "waited 2.0 s for keys other processes owned (not helped: prefix=4096 batch=1 with 3 places left)"
         in capsys.readouterr().out
     )
+
+
+@pytest.mark.parametrize("failure", [KeyboardInterrupt, RuntimeError])
+def test_a_search_that_fails_or_is_interrupted_lets_its_key_go(sqlite_url, monkeypatch, failure):
+    """Ctrl-C (or a failed search) kept the claim: the re-run waited out its 30 s expiry for a
+    process that no longer existed."""
+    from verify_tuner.jobs import claims
+    from verify_tuner.kernels.limits import known_device
+    from verify_tuner.search.study import workload_key
+
+    from tests.fakes import FakeBackend
+
+    migrate.upgrade(sqlite_url)
+    sessions = session_factory(make_engine(sqlite_url))
+    wl, limits = Workload(8, 9, 4096), known_device("h200")
+    with session_scope(sessions) as s:
+        devices.upsert_device(session=s, limits=limits)
+    seen = []
+
+    def interrupted(**kw):  # type: ignore[no-untyped-def]
+        with session_scope(sessions) as s:  # it holds the key while it searches
+            seen.append(studies.find_study(session=s, key=workload_key(limits, wl)).owner)
+        raise failure("stopped")
+
+    monkeypatch.setattr(claims, "run_study", interrupted)
+    with pytest.raises(failure):
+        claims.run_job(
+            backend=FakeBackend(),
+            sessions=sessions,
+            workloads=[wl],
+            n_trials=8,
+            owner="me",
+            options=StudyOptions(storage_url=sqlite_url, seed=0),
+        )
+    with session_scope(sessions) as s:
+        assert seen == ["me"] and studies.find_study(session=s, key=workload_key(limits, wl)).owner is None

@@ -200,14 +200,26 @@ def _own_one(job: _Job, pending: list[Workload], result: JobResult) -> bool:
             continue
         if study_id is None:
             continue
-        with _beating(job.sessions, study_id, job.owner) as lost:
-            out = job.search(wl, pick=True, options=job.options, owns=lambda lost=lost: not lost.is_set())
-        with session_scope(job.sessions) as s:
-            studies.release_study(session=s, study_id=study_id, owner=job.owner)
+        try:
+            with _beating(job.sessions, study_id, job.owner) as lost:
+                out = job.search(wl, pick=True, options=job.options, owns=lambda lost=lost: not lost.is_set())
+        except BaseException:
+            # Ctrl-C or a failed search: let the key go now, so a re-run claims it at once instead of
+            # waiting out the claim's expiry (which is for a process killed outright); the error in
+            # flight is the one to report, so a release that fails too is left to that expiry.
+            with contextlib.suppress(Exception):
+                _release(job, study_id)
+            raise
+        _release(job, study_id)
         result.outcomes.append(out)
         pending.remove(wl)
         return True
     return False
+
+
+def _release(job: _Job, study_id: int) -> None:
+    with session_scope(job.sessions) as s:
+        studies.release_study(session=s, study_id=study_id, owner=job.owner)
 
 
 def _help_one(job: _Job, pending: list[Workload], result: JobResult) -> bool:
