@@ -149,3 +149,15 @@ class SlowStartMeasurer(MisbehavingMeasurer):
     @staticmethod
     def probe_limits():  # type: ignore[no-untyped-def]
         return H200
+
+
+class MarkedMeasurer(MisbehavingMeasurer):
+    """Each measurement takes half a second and first writes the file named by
+    $TEST_MEASURE_MARKER, so a test can signal a real `tuner study start` mid-measurement."""
+
+    def measure(self, cfg: KernelConfig, wl: Workload) -> Measurement:
+        from pathlib import Path
+
+        Path(os.environ["TEST_MEASURE_MARKER"]).write_text(str(cfg))
+        time.sleep(0.5)
+        return self.inner.measure(cfg, wl)  # none of MisbehavingMeasurer's faults: only its start

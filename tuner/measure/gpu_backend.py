@@ -49,6 +49,16 @@ def _load(target: str) -> Any:
 
 
 def _child_main(conn: Any, target: str, kwargs: dict[str, Any], device_ordinal: int | None) -> None:
+    # Ctrl-C reaches the whole process group: the parent handles it and closes the pipe, which ends
+    # this loop; a KeyboardInterrupt here only printed a second traceback under the parent's line.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        _serve(conn, target, kwargs, device_ordinal)
+    except (BrokenPipeError, ConnectionResetError):  # the parent is gone (killed): nobody to answer
+        os._exit(0)
+
+
+def _serve(conn: Any, target: str, kwargs: dict[str, Any], device_ordinal: int | None) -> None:
     if device_ordinal is not None:  # before anything touches CUDA: the child sees one GPU
         os.environ["CUDA_VISIBLE_DEVICES"] = str(device_ordinal)
     try:

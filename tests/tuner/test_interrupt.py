@@ -1,0 +1,73 @@
+"""`tuner study start` stopped by Ctrl-C (SIGINT to the process group, as a terminal sends it) or
+by SIGTERM (a scheduler, `kill`) mid-measurement: one line, no traceback from the measuring child,
+and the key's claim released so a re-run takes it at once. The GPU measurer is the tests' fake
+(tests.fakes.MarkedMeasurer), run in the real child process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from verify_tuner.kernels.limits import known_device
+from verify_tuner.measure.backend import Workload
+from verify_tuner.search.study import workload_key
+from verify_tuner.store import studies
+from verify_tuner.store.session import make_engine, session_factory, session_scope
+
+from tests.helpers import run_tuner
+
+ROOT = Path(__file__).resolve().parents[2]
+# the CLI as installed, with the tests' fake measurer standing in for the GPU one
+HARNESS = """
+import dataclasses, sys
+from verify_tuner.jobs import runner
+real = runner.tune_on_device
+runner.tune_on_device = lambda settings, job, ordinal, **kw: real(
+    settings, dataclasses.replace(job, measurer="tests.fakes:MarkedMeasurer"), ordinal, **kw
+)
+sys.argv[0] = "tuner"
+from verify_tuner.cli.entry import main
+main()
+"""
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_a_study_stopped_mid_measurement_says_one_line_and_lets_its_key_go(sqlite_url, tmp_path, how):
+    env = {
+        **os.environ,
+        "TUNER_DATABASE_URL": sqlite_url,
+        "TUNER_STUDY_STORAGE": f"sqlite:///{tmp_path}/{{study}}.db",
+        "TUNER_CACHE_DIR": str(tmp_path / "cache"),
+        "TEST_MEASURE_MARKER": str(tmp_path / "measuring"),
+        "PYTHONPATH": str(ROOT),
+    }
+    assert run_tuner(env, "db", "upgrade").returncode == 0
+    args = ["study", "start", "--H", "8", "--q-len", "9", "--prefix", "4096", "--trials", "40", "--compile-jobs", "1"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HARNESS, *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+    )
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "measuring").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.1)
+    if how == "ctrl-c":
+        os.killpg(proc.pid, signal.SIGINT)  # the parent and its measuring child alike
+    else:
+        proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1 and "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert "Aborted!" in err, err
+    sessions = session_factory(make_engine(sqlite_url))
+    with session_scope(sessions) as s:
+        row = studies.find_study(session=s, key=workload_key(known_device("h200"), Workload(8, 9, 4096)))
+    assert row is not None and row.owner is None  # released: a re-run claims it at once
