@@ -317,3 +317,30 @@ def test_a_damaged_dump_file_is_refused_whole_with_what_is_wrong(run, tmp_path, 
     bad.write_text(json.dumps(_damaged(json.loads(dumped.read_text()), how)))
     r = run("configs", "import", str(bad))
     assert r.exit_code == 1 and "not a whole `tuner configs dump` file" in r.output and says in r.output, r.output
+
+
+@pytest.mark.parametrize(
+    ("cell", "says"),
+    [
+        ("\u0664\u0662", "median_us: must be a number, got '\u0664\u0662'"),  # Arabic-Indic digits
+        ("4_1", "median_us: must be a number, got '4_1'"),
+        (" 43", "median_us: must be a number, got ' 43'"),
+        ("1e308", "median_us: must be at most 1e+09"),
+    ],
+)
+def test_csv_timing_cells_are_as_strict_as_integer_cells(run, tmp_path, cell, says):
+    """float() took '٤٢', '4_1' and ' 43' as 42, 41 and 43 where an integer cell refuses '8_0'."""
+    path = tmp_path / "t.csv"
+    row = {**GOOD, "median_us": "CELL"}
+    path.write_text(",".join(row) + "\n" + ",".join(str(v) for v in row.values()).replace("CELL", cell) + "\n")
+    r = run("configs", "import", str(path))
+    assert r.exit_code == 1 and says in r.output, r.output
+
+
+def test_csv_timing_cells_in_plain_notation_import(run, tmp_path):
+    path = tmp_path / "t.csv"
+    row = {**GOOD, "median_us": "41.5", "p10_us": "4.1e1", "p90_us": "42."}
+    path.write_text(",".join(row) + "\n" + ",".join(str(v) for v in row.values()) + "\n")
+    assert run("configs", "import", str(path)).exit_code == 0
+    (back,) = json.loads(run("configs", "export").output)
+    assert (back["p10_us"], back["median_us"], back["p90_us"]) == (41.0, 41.5, 42.0)

@@ -30,6 +30,8 @@ from verify_tuner.kernels.timing import MAX_NEIGHBOUR_MB
 from verify_tuner.keys import MAX_H
 
 TIMING_FIELDS = ("median_us", "p10_us", "p90_us", "default_us")
+#: The largest time (µs) or speedup a row may carry: a launch of 1000 s is a unit mistake.
+MAX_TIMING = 1e9
 #: Written by export and accepted back, but derived: import ignores them after checking the type.
 DERIVED_FIELDS = ("bucket_lo", "bucket_hi", "batch_lo", "batch_hi", "speedup")
 
@@ -94,6 +96,8 @@ class ConfigRow(BaseModel):
             raise ValueError(f"must be a number, got {v!r}")  # noqa: TRY004
         if not math.isfinite(v) or v <= 0:
             raise ValueError(f"must be a finite number > 0, got {v!r}")
+        if v > MAX_TIMING:  # 1e308 µs was stored, and `configs list` printed 309 digits
+            raise ValueError(f"must be at most {MAX_TIMING:g}, got {v!r}")
         return float(v)
 
     @field_validator("tuned_at", "verified_at", mode="before")
@@ -173,6 +177,7 @@ _FLOAT_FIELDS = {*TIMING_FIELDS, "speedup"}
 #: An integer cell: ASCII digits only (int() also takes "+8", "8_0", " 8" and other scripts' digits),
 #: and few enough of them to be some field's value (int() refuses over 4300 with a traceback).
 _INT_TEXT = re.compile(r"-?[0-9]{1,18}")
+_FLOAT_TEXT = re.compile(r"-?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]{1,3})?")
 
 
 def from_csv_cells(cells: dict[str, str]) -> dict[str, Any]:
@@ -184,10 +189,8 @@ def from_csv_cells(cells: dict[str, str]) -> dict[str, Any]:
         if k in _INT_FIELDS:
             out[k] = int(v) if _INT_TEXT.fullmatch(v) else v  # anything else fails as "not an integer"
         elif k in _FLOAT_FIELDS:
-            try:
-                out[k] = float(v)
-            except ValueError:
-                out[k] = v
+            # float() also takes '٤٢', '4_1' and ' 43': as strict as the integer cells
+            out[k] = float(v) if _FLOAT_TEXT.fullmatch(v) else v  # anything else fails as "must be a number"
         else:
             out[k] = v
     return out
