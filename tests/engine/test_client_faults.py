@@ -468,3 +468,34 @@ def test_a_cubin_manifest_nested_past_the_parsers_depth_is_a_warning_not_a_raise
     c = client(None, tmp_path, cubins=tmp_path / "cubins")
     assert c.fetch() == "heuristic"
     assert "unreadable cubin bundle manifest" in c.reason and "RecursionError" in c.reason, c.reason
+
+
+def test_a_sidecar_on_this_host_is_asked_directly_whatever_the_proxy_environment(tmp_path, monkeypatch):
+    """A GPU node's HTTP_PROXY sent the loopback request to the proxy: the worker fell back to the
+    heuristic, blaming a sidecar that was up."""
+    for name in ("http_proxy", "HTTP_PROXY"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    body = json.dumps(sidecar_table()).encode()
+    with raw_sidecar(lambda conn: conn.sendall(http_answer(body))) as url:
+        for base in (url, url.replace("127.0.0.1", "localhost")):
+            c = client(base, tmp_path)
+            assert c.fetch() == "sidecar", c.reason
+
+
+def test_a_remote_sidecar_goes_through_the_proxy_and_the_reason_names_it(tmp_path, monkeypatch):
+    for name in ("no_proxy", "NO_PROXY", "HTTP_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    def proxy_answers_502(conn: socket.socket) -> None:
+        conn.sendall(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 11\r\n\r\nbad gateway")
+
+    with raw_sidecar(proxy_answers_502) as proxy:
+        monkeypatch.setenv("http_proxy", proxy.replace("http://", "http://user:secret@"))
+        remote = "http://10.255.255.1:8177"  # never reached: the proxy answers for it
+        c = client(remote, tmp_path)
+        assert c.fetch() == "heuristic"
+        assert f"sidecar unavailable at {remote} (through the proxy {proxy}) (HTTP 502" in c.reason, c.reason
+        assert "secret" not in c.reason
+        monkeypatch.setenv("no_proxy", "10.255.255.1")  # the operator's bypass is honoured
+        assert sidecar.proxy_for(remote) is None

@@ -187,11 +187,12 @@ class ConfigClient:
         except sidecar.ErrorStatus as exc:
             if exc.code == 304 and etag:
                 return False
-            raise sidecar.PassedOver(sidecar.refused(self.base_url, exc)) from None
+            raise sidecar.PassedOver(sidecar.refused(sidecar.where(self.base_url), exc)) from None
         except OSError as exc:
-            raise sidecar.PassedOver(f"sidecar unavailable at {self.base_url} ({type(exc).__name__}: {exc})") from None
+            at = sidecar.where(self.base_url)
+            raise sidecar.PassedOver(f"sidecar unavailable at {at} ({type(exc).__name__}: {exc})") from None
         except http.client.HTTPException as exc:  # a cut-off answer, or something else listening on the port
-            raise sidecar.PassedOver(sidecar.broken(self.base_url, exc)) from None
+            raise sidecar.PassedOver(sidecar.broken(sidecar.where(self.base_url), exc)) from None
         except (ValueError, KeyError, TypeError, RecursionError) as exc:  # RecursionError: JSON nested too deep
             raise sidecar.PassedOver(
                 f"sidecar at {self.base_url} served a table this worker cannot use ({type(exc).__name__}: {exc})"

@@ -4,6 +4,7 @@ package installs no HTTP client), and the words for a sidecar that refused or fa
 from __future__ import annotations
 
 import http.client
+import ipaddress
 import json
 import threading
 import time
@@ -70,12 +71,43 @@ class Requests:
         return out[0]
 
 
+def proxy_for(base_url: str) -> str | None:
+    """The proxy a request to `base_url` goes through: the *_proxy environment's (no_proxy honoured),
+    but never for a sidecar on this host -- a GPU node's HTTP_PROXY sent loopback requests to the
+    proxy, and workers fell back to the heuristic blaming a sidecar that was up."""
+    parts = urllib.parse.urlsplit(base_url)
+    host = parts.hostname or ""
+    if host == "localhost" or host.endswith(".localhost"):
+        return None
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return None
+    except ValueError:  # a name, not an address
+        pass
+    proxy = urllib.request.getproxies().get(parts.scheme)
+    return None if proxy is None or urllib.request.proxy_bypass(host) else proxy
+
+
+def where(base_url: str | None) -> str:
+    """The sidecar as the client's reasons name it, with the proxy between (its credentials left out)."""
+    proxy = proxy_for(base_url) if base_url else None
+    if proxy is None:
+        return str(base_url)
+    p = urllib.parse.urlsplit(proxy)
+    shown = p._replace(netloc=p.netloc.rpartition("@")[2]).geturl()
+    return f"{base_url} (through the proxy {shown})"
+
+
 def _get_table(base_url: str, query: dict[str, object], etag: str | None, timeout_s: float) -> tuple[dict, str | None]:
     q = urllib.parse.urlencode(query)
     req = urllib.request.Request(f"{base_url}/configs?{q}", headers={"If-None-Match": etag} if etag else {})
     deadline = time.monotonic() + timeout_s
+    proxy = proxy_for(base_url)
+    opener = urllib.request.build_opener(
+        urllib.request.ProxyHandler({} if proxy is None else {urllib.parse.urlsplit(base_url).scheme: proxy})
+    )
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+        with opener.open(req, timeout=timeout_s) as resp:
             return json.loads(_read_bounded(resp, deadline, timeout_s)), resp.headers.get("ETag")
     except urllib.error.HTTPError as exc:  # its body read here, within the caller's deadline
         raise ErrorStatus(exc.code, _error_detail(exc)) from None
