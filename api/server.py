@@ -29,6 +29,11 @@ BODY_TIMEOUT_S = 60.0
 KEEP_ALIVE_S = 75
 
 _TIMEOUT_RESPONSE = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+_HEAD_TOO_LARGE_BODY = f"request head over {MAX_HEAD_BYTES} bytes".encode()
+_HEAD_TOO_LARGE = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain; charset=utf-8\r\n"
+    b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(_HEAD_TOO_LARGE_BODY), _HEAD_TOO_LARGE_BODY)
+)
 
 
 class GuardedH11Protocol(H11Protocol):
@@ -41,6 +46,9 @@ class GuardedH11Protocol(H11Protocol):
         self._arm(h11.IDLE, HEAD_TIMEOUT_S)  # a connection that never sends a request is closed too
 
     def data_received(self, data: bytes) -> None:
+        if self.conn.their_state is h11.IDLE and self._head_too_large(data):
+            self._refuse_head()
+            return
         super().data_received(data)
         state = self.conn.their_state
         if state is h11.IDLE:  # a head has begun, on a kept-alive connection
@@ -49,6 +57,20 @@ class GuardedH11Protocol(H11Protocol):
             self._arm(h11.SEND_BODY, BODY_TIMEOUT_S)
         else:  # the request is in (or the connection failed): uvicorn's keep-alive timer takes over
             self._disarm()
+
+    def _head_too_large(self, data: bytes) -> bool:
+        """Whether the head this read continues passes MAX_HEAD_BYTES. h11's cap holds only while the
+        head is incomplete, so a whole head of 100 KB arriving in one read was taken."""
+        buf = self.conn.trailing_data[0] + data
+        ends = [i for i in (buf.find(b"\r\n\r\n"), buf.find(b"\n\n")) if i >= 0]
+        return (min(ends) if ends else len(buf)) > MAX_HEAD_BYTES
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        # a pipelined head that began in the same read as the request just answered gets the
+        # deadline a head gets; it was held until the 75 s keep-alive instead
+        if not self.transport.is_closing() and self.conn.their_state is h11.IDLE and self.conn.trailing_data[0]:
+            self._arm(h11.IDLE, HEAD_TIMEOUT_S)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -77,12 +99,13 @@ class GuardedH11Protocol(H11Protocol):
         if len(self.conn.trailing_data[0]) <= MAX_HEAD_BYTES:
             super().send_400_response(msg)
             return
-        # h11 refused the head for its size (it raises once its buffer passes the cap): RFC 6585's 431
-        body = f"request head over {MAX_HEAD_BYTES} bytes".encode()
-        headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", b"%d" % len(body))]
-        event = h11.Response(status_code=431, headers=[*headers, (b"connection", b"close")])
-        for ev in (event, h11.Data(data=body), h11.EndOfMessage()):
-            self.transport.write(self.conn.send(ev))
+        # h11 refused the head for its size (it raises once its buffer passes the cap)
+        self._refuse_head()
+
+    def _refuse_head(self) -> None:
+        """RFC 6585's 431 for a head over the cap, and the connection closed."""
+        self._disarm()
+        self.transport.write(_HEAD_TOO_LARGE)  # written as bytes: h11 has no request to answer when it is whole
         self.transport.close()
 
 

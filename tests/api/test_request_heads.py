@@ -65,6 +65,10 @@ def test_slow_and_half_open_heads_are_closed_and_idle_keep_alive_is_not(addr):
     kept = socket.create_connection(addr, timeout=5)
     kept.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
     assert _status(kept) == "HTTP/1.1 200 OK"
+    # a complete request and the start of a pipelined one in one read: the second head was held 75 s
+    piped = socket.create_connection(addr, timeout=30)
+    piped.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\nGET /hea")
+    assert _status(piped) == "HTTP/1.1 200 OK"
     half = [socket.create_connection(addr, timeout=30) for _ in range(220)]
     for s in half[:200]:
         s.sendall(b"GET /config?H=8&q_len=9&prefix=1 HTTP/1.1\r\nHost: x\r\n")
@@ -85,10 +89,19 @@ def test_slow_and_half_open_heads_are_closed_and_idle_keep_alive_is_not(addr):
     assert _status(slow).startswith("HTTP/1.1 408")
     replies = [_status(s) for s in half]  # each returns at once: an answer, or b"" for a closed connection
     assert all(r.startswith("HTTP/1.1 408") for r in replies), {r for r in replies}
+    assert _status(piped).startswith("HTTP/1.1 408")
     kept.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
     assert _status(kept) == "HTTP/1.1 200 OK"
-    for s in [kept, slow, *half]:
+    for s in [kept, slow, piped, *half]:
         s.close()
+
+
+@pytest.mark.parametrize(("size", "status"), [(100_000, "HTTP/1.1 431"), (60_000, "HTTP/1.1 200")])
+def test_a_whole_head_in_one_write_is_held_to_the_cap(addr, size, status):
+    """h11's cap holds only while a head is incomplete: 100 KB of header sent at once was a 200."""
+    with socket.create_connection(addr, timeout=5) as s:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * size + b"\r\n\r\n")
+        assert _status(s).startswith(status)
 
 
 def test_a_body_that_stops_coming_is_closed_after_the_body_deadline(monkeypatch):

@@ -487,6 +487,7 @@ def test_a_sidecar_on_this_host_is_asked_directly_whatever_the_proxy_environment
 def test_a_remote_sidecar_goes_through_the_proxy_and_the_reason_names_it(tmp_path, monkeypatch):
     for name in ("no_proxy", "NO_PROXY", "HTTP_PROXY"):
         monkeypatch.delenv(name, raising=False)
+
     def proxy_answers_502(conn: socket.socket) -> None:
         conn.sendall(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 11\r\n\r\nbad gateway")
 
