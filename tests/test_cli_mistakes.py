@@ -514,3 +514,34 @@ def test_a_reader_that_left_early_ends_the_command_quietly(place):
     finally:
         os.close(write)
     assert r.returncode == 141 and r.stderr == "", r.stderr
+
+
+def test_another_users_wal_and_shm_are_named_as_the_reason_a_write_fails(tmp_path, monkeypatch):
+    """A second user who read the database (the folder writable to it) left -wal/-shm only it can
+    write: every write of the owner then failed as "read-only", pointing at --read-only-database.
+    (The files' modes are simulated: this test may run as root, for whom every file is writable.)"""
+    import sqlite3
+
+    import click
+    from sqlalchemy.exc import OperationalError
+    from verify_tuner.cli.exits import database_message
+    from verify_tuner.settings import Settings
+    from verify_tuner.store import health, migrate
+
+    db = tmp_path / "c.db"
+    migrate.upgrade(f"sqlite:///{db}")
+    for suffix in ("-wal", "-shm"):
+        (tmp_path / f"c.db{suffix}").write_bytes(b"")
+    foreign = (str(tmp_path / "c.db-wal"), str(tmp_path / "c.db-shm"))
+    real_access = os.access
+    monkeypatch.setattr(health.os, "access", lambda p, mode: str(p) not in foreign and real_access(p, mode))
+    exc = OperationalError("INSERT ...", {}, sqlite3.OperationalError("attempt to write a readonly database"))
+    with click.Context(click.Command("x"), obj=Settings(database_url=f"sqlite:///{db}")):
+        line = database_message(exc)
+    assert line is not None and "this user cannot write c.db-wal (uid " in line and "c.db-shm (uid " in line, line
+    assert "--read-only-database" not in line
+    # the sidecar's /readyz names them too (its schema read is skipped: as root here, SQLite would
+    # take the files over and remove them, which it cannot do to another user's in a sticky folder)
+    monkeypatch.setattr(health, "ensure_current", lambda engine, name: None)
+    probed = health.probe(f"sqlite:///{db}")
+    assert not probed.writable and "c.db-wal" in probed.reason and "c.db-shm" in probed.reason, probed

@@ -104,8 +104,16 @@ def database_message(exc: BaseException | None, where: str | None = None) -> str
 
 
 def _read_only_hint() -> str:
-    """What to do about a read-only database: the flag, unless the command already opened it read-only."""
+    """What to do about a read-only database: the flag, unless the command already opened it read-only
+    or another user's -wal/-shm beside it are what cannot be written."""
     settings = _current_settings()
+    if settings is not None and (foreign := _foreign_companions(settings.database_url)):
+        owners = ", ".join(f"{p.name} (uid {p.stat().st_uid})" for p in foreign)
+        return (
+            f"this user cannot write {owners}: SQLite made them for another user who opened the database; "
+            "remove them while no process has it open, or run every user of it in one group with "
+            "group-writable files"
+        )
     if settings is None or not settings.database_read_only:
         return READ_ONLY_HINT
     if _in_wal(settings.database_url):
@@ -117,6 +125,21 @@ def _read_only_hint() -> str:
         "it was opened read-only as asked, yet SQLite needs to write beside it (a journal left by an "
         "interrupted writer?): serve a fresh copy made by `tuner db snapshot`"
     )
+
+
+def _foreign_companions(url: str) -> list[Any]:
+    from pathlib import Path
+
+    from sqlalchemy.engine import make_url
+    from verify_tuner.store.health import unwritable_companions
+
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return []
+    try:
+        return unwritable_companions(Path(parsed.database).expanduser())
+    except OSError:
+        return []
 
 
 def _read_only_wal() -> bool:

@@ -45,6 +45,7 @@ def probe(url: str, *, read_only: bool = False, timeout_s: float | None = None) 
         if sqlite_file is not None:
             # the file, and the directory its -wal/-shm/journal files live in, must be writable
             blocked = [p for p in (sqlite_file, sqlite_file.parent) if not os.access(p, os.W_OK)]
+            blocked += unwritable_companions(sqlite_file)
             if blocked:
                 return DatabaseHealth(
                     True, False, "database is read-only: cannot write " + ", ".join(str(p) for p in blocked)
@@ -60,3 +61,15 @@ def probe(url: str, *, read_only: bool = False, timeout_s: float | None = None) 
         return DatabaseHealth(False, False, f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
     finally:
         engine.dispose()
+
+
+def unwritable_companions(sqlite_file: Path) -> list[Path]:
+    """The file's -wal, -shm or -journal that exist but that this user cannot write: SQLite made them
+    for another user who opened the database (with the folder writable to it), and until they are
+    gone every write here fails as "attempt to write a readonly database"."""
+    out = []
+    for suffix in ("-wal", "-shm", "-journal"):
+        p = sqlite_file.with_name(sqlite_file.name + suffix)
+        if p.exists() and not os.access(p, os.W_OK):
+            out.append(p)
+    return out
