@@ -545,3 +545,34 @@ def test_another_users_wal_and_shm_are_named_as_the_reason_a_write_fails(tmp_pat
     monkeypatch.setattr(health, "ensure_current", lambda engine, name: None)
     probed = health.probe(f"sqlite:///{db}")
     assert not probed.writable and "c.db-wal" in probed.reason and "c.db-shm" in probed.reason, probed
+
+
+def test_db_upgrade_leaves_another_applications_database_as_it_was(tmp_path):
+    """Pointed at another application's SQLite file by mistake, `db upgrade` wrote the config tables
+    into it, and `configs list` had called it empty."""
+    app = tmp_path / "app.db"
+    con = sqlite3.connect(app)
+    con.execute("CREATE TABLE notes (x)")
+    con.commit()
+    con.close()
+    env = {"TUNER_DATABASE_URL": f"sqlite:///{app}"}
+    for args in (("db", "upgrade"), ("configs", "list")):
+        r = run_tuner(env, *args)
+        assert r.returncode == 1 and "holds another application's tables (notes): not a config database" in r.stderr
+    assert [n for (n,) in sqlite3.connect(app).execute("SELECT name FROM sqlite_master")] == ["notes"]
+
+
+def test_a_config_database_without_its_version_table_is_named_so(tmp_path):
+    """Its version table dropped, `configs list` called it empty and `db upgrade` then failed with
+    "table devices already exists"."""
+    db = tmp_path / "c.db"
+    env = {"TUNER_DATABASE_URL": f"sqlite:///{db}"}
+    assert run_tuner(env, "db", "upgrade").returncode == 0
+    con = sqlite3.connect(db)
+    con.execute("DROP TABLE tuner_alembic_version")
+    con.commit()
+    con.close()
+    for args in (("db", "upgrade"), ("configs", "list")):
+        r = run_tuner(env, *args)
+        assert r.returncode == 1 and "holds the config tables" in r.stderr and "no schema version" in r.stderr, r.stderr
+        assert "already exists" not in r.stderr

@@ -53,7 +53,56 @@ def upgrade(url: str, revision: str = "head") -> None:
     # (or by compose's migrate step) must stay in rollback-journal mode to be served from a read-only mount.
     cfg.attributes["wal"] = new_sqlite_file(url)
     with upgrade_lock(url):
+        if not cfg.attributes["wal"]:  # an existing database: only ever one of ours, or empty
+            from verify_tuner.store.session import make_engine
+
+            engine = make_engine(url)
+            try:
+                if current_revision(engine) is None and (why := unversioned(engine, safe(url))):
+                    raise StorageError(why)
+            finally:
+                engine.dispose()
         command.upgrade(cfg, revision)
+
+
+#: Optuna's own tables: a PostgreSQL config database is also the studies' storage by default.
+OPTUNA_TABLES = frozenset(
+    {
+        "studies", "study_directions", "study_user_attributes", "study_system_attributes", "trials",
+        "trial_user_attributes", "trial_system_attributes", "trial_params", "trial_values",
+        "trial_intermediate_values", "trial_heartbeats", "version_info", "alembic_version",
+    }
+)  # fmt: skip
+
+
+def unversioned(engine: Engine, where: str) -> str | None:
+    """Why a database with no schema version is not an empty one `db upgrade` may create the schema
+    in (None: it is empty, or holds only Optuna's tables): another application's file, given by
+    mistake, or a config database whose version table was dropped. `db upgrade` wrote the tables
+    into the first and failed on the second."""
+    from sqlalchemy import inspect
+    from verify_tuner.store.models import Base
+
+    names = set(inspect(engine).get_table_names()) - OPTUNA_TABLES - {VERSION_TABLE}  # empty after a downgrade to base
+    ours = sorted(names & set(Base.metadata.tables))
+    if ours:
+        return (
+            f"database {where} holds the config tables ({', '.join(ours[:4])}, ...) but no schema version "
+            f"({VERSION_TABLE} is missing): `db upgrade` cannot tell their revision; restore that table from "
+            "a backup, or start a new database"
+        )
+    if names:
+        return (
+            f"database {where} holds another application's tables ({', '.join(sorted(names)[:5])}): not a "
+            "config database; point TUNER_DATABASE_URL at a file of its own"
+        )
+    return None
+
+
+def safe(url: str) -> str:
+    from verify_tuner.store.session import safe_url
+
+    return safe_url(url)
 
 
 def new_sqlite_file(url: str) -> bool:
@@ -128,6 +177,8 @@ def ensure_current(engine: Engine, name: str | None = None) -> None:
     head = head_revision()
     if current != head:
         check_known(current, where)
+        if current is None and (why := unversioned(engine, where)):
+            raise StorageError(why)
         state = "empty (no schema)" if current is None else f"at revision {current}"
         raise StorageError(f"database {where} is {state}, this version needs {head}: {UPGRADE_HINT}")
 
