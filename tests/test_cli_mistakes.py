@@ -576,3 +576,20 @@ def test_a_config_database_without_its_version_table_is_named_so(tmp_path):
         r = run_tuner(env, *args)
         assert r.returncode == 1 and "holds the config tables" in r.stderr and "no schema version" in r.stderr, r.stderr
         assert "already exists" not in r.stderr
+
+
+def test_a_folder_of_ones_own_without_write_permission_is_told_to_chmod_not_chown(tmp_path, monkeypatch):
+    """`db snapshot` into one's own folder of mode 0500 said `chown <my uid> <folder>`, which changes
+    nothing, and blamed TUNER_DATABASE_URL for the snapshot's DEST."""
+    from verify_tuner.errors import StorageError
+    from verify_tuner.store import session
+
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: str(p) != str(folder) and real(p, mode))
+    monkeypatch.setattr(os, "getuid", lambda: folder.stat().st_uid)  # this user owns it
+    with pytest.raises(StorageError) as info:
+        session.check_writable(folder / "s.db", "the snapshot's DEST")
+    assert f"`chmod u+wx {folder}`" in str(info.value) and "chown" not in str(info.value)
+    assert "set the snapshot's DEST to a writable path" in str(info.value)

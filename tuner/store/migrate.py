@@ -47,12 +47,13 @@ def current_revision(engine: Engine) -> str | None:
         return MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE}).get_current_revision()
 
 
-def upgrade(url: str, revision: str = "head") -> None:
+def upgrade(url: str, revision: str = "head", setting: str = "TUNER_DATABASE_URL") -> None:
+    """Migrate `url` to `revision`; `setting`: what named the file, for the message when it cannot be made."""
     cfg = alembic_config(url)
     # A new file starts in WAL; an existing one keeps its journal mode: a snapshot upgraded by habit
     # (or by compose's migrate step) must stay in rollback-journal mode to be served from a read-only mount.
     cfg.attributes["wal"] = new_sqlite_file(url)
-    with upgrade_lock(url):
+    with upgrade_lock(url, setting):
         if not cfg.attributes["wal"]:  # an existing database: only ever one of ours, or empty
             from verify_tuner.store.session import make_engine
 

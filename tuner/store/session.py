@@ -189,11 +189,16 @@ def check_writable(path: Path, setting: str = "TUNER_DATABASE_URL") -> None:
             "to a writable path, or create that directory for this user"
         ) from None
     if not path.exists() and not os.access(directory, os.W_OK | os.X_OK):
-        owner = directory.stat().st_uid
+        st = directory.stat()
+        # the owner's own folder without write permission needs chmod, not the chown that fixes a volume
+        fix = (
+            f"`chmod u+wx {directory}`"
+            if st.st_uid == os.getuid()
+            else f"mount a volume this user can write (e.g. `chown {os.getuid()} {directory}`)"
+        )
         raise StorageError(
             f"cannot create {path}: {directory} is not writable by uid {os.getuid()} (owned by uid "
-            f"{owner}); mount a volume this user can write (e.g. `chown {os.getuid()} {directory}`) "
-            f"or set {setting} to a writable path"
+            f"{st.st_uid}, mode {st.st_mode & 0o7777:04o}); {fix} or set {setting} to a writable path"
         )
 
 

@@ -42,7 +42,7 @@ def _build(
     path: Path, recorded: list[DeviceLimits], rows: list[dict[str, Any]], graph_plans: list[plans.PlanRow]
 ) -> int:
     url = f"sqlite:///{path}"
-    migrate.upgrade(url)
+    migrate.upgrade(url, setting="the snapshot's DEST")
     engine = make_engine(url)
     try:
         with session_scope(session_factory(engine)) as d:
