@@ -44,7 +44,7 @@ def test_a_study_stopped_mid_measurement_says_one_line_and_lets_its_key_go(sqlit
         "TUNER_STUDY_STORAGE": f"sqlite:///{tmp_path}/{{study}}.db",
         "TUNER_CACHE_DIR": str(tmp_path / "cache"),
         "TEST_MEASURE_MARKER": str(tmp_path / "measuring"),
-        "PYTHONPATH": str(ROOT),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),  # tests.fakes
     }
     assert run_tuner(env, "db", "upgrade").returncode == 0
     args = ["study", "start", "--H", "8", "--q-len", "9", "--prefix", "4096", "--trials", "40", "--compile-jobs", "1"]
