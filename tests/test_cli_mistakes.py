@@ -556,7 +556,7 @@ def test_db_upgrade_leaves_another_applications_database_as_it_was(tmp_path):
     con.commit()
     con.close()
     env = {"TUNER_DATABASE_URL": f"sqlite:///{app}"}
-    for args in (("db", "upgrade"), ("configs", "list")):
+    for args in (("db", "upgrade"), ("configs", "list"), ("db", "current")):
         r = run_tuner(env, *args)
         assert r.returncode == 1 and "holds another application's tables (notes): not a config database" in r.stderr
     assert [n for (n,) in sqlite3.connect(app).execute("SELECT name FROM sqlite_master")] == ["notes"]

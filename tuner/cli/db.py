@@ -100,11 +100,18 @@ def db_snapshot(settings: Settings, dest: Path) -> None:
 def db_current(settings: Settings) -> None:
     """Print the schema revision of the database and the one this version needs."""
     from verify_tuner.store import migrate
-    from verify_tuner.store.session import make_engine
+    from verify_tuner.store.session import make_engine, safe_url
 
     migrate.require_existing(settings.database_url)
     engine = make_engine(settings.database_url, immediate=False, read_only=True)  # a look, never a write
-    click.echo(f"current: {migrate.current_revision(engine) or 'none'}; head: {migrate.head_revision()}")
+    try:
+        current = migrate.current_revision(engine)
+        click.echo(f"current: {current or 'none'}; head: {migrate.head_revision()}")
+        # "none" reads as a database `db upgrade` will create the schema in: say when it is not one
+        if current is None and (why := migrate.unversioned(engine, safe_url(settings.database_url))):
+            raise click.ClickException(why)
+    finally:
+        engine.dispose()
 
 
 def _prepare_studies(settings: Settings) -> None:
