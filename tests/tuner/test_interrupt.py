@@ -36,8 +36,11 @@ main()
 """
 
 
+@pytest.mark.parametrize("devices", [None, "0,1"], ids=["one-gpu", "two-gpu-processes"])
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
-def test_a_study_stopped_mid_measurement_says_one_line_and_lets_its_key_go(sqlite_url, tmp_path, how):
+def test_a_study_stopped_mid_measurement_says_one_line_and_lets_its_key_go(sqlite_url, tmp_path, how, devices):
+    """With --devices, SIGTERM stopped only the parent, which then waited for its GPU processes to
+    tune the whole job; Ctrl-C printed each GPU process's KeyboardInterrupt traceback."""
     env = {
         **os.environ,
         "TUNER_DATABASE_URL": sqlite_url,
@@ -47,7 +50,9 @@ def test_a_study_stopped_mid_measurement_says_one_line_and_lets_its_key_go(sqlit
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),  # tests.fakes
     }
     assert run_tuner(env, "db", "upgrade").returncode == 0
-    args = ["study", "start", "--H", "8", "--q-len", "9", "--prefix", "4096", "--trials", "40", "--compile-jobs", "1"]
+    args = ["study", "start", "--H", "8", "--q-len", "9", "--prefix", "4096", "--trials", "200", "--compile-jobs", "1"]
+    if devices:
+        args += ["--prefix", "46000", "--devices", devices]  # a key a process
     proc = subprocess.Popen(
         [sys.executable, "-c", HARNESS, *args],
         env=env,
@@ -64,10 +69,15 @@ def test_a_study_stopped_mid_measurement_says_one_line_and_lets_its_key_go(sqlit
         os.killpg(proc.pid, signal.SIGINT)  # the parent and its measuring child alike
     else:
         proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
+    stopped = time.monotonic()
+    _, err = proc.communicate(timeout=90)
+    # 200 trials of 0.5 s would take minutes: it stopped, not finished
+    assert time.monotonic() - stopped < 45, "it went on tuning after the signal"
     assert proc.returncode == 1 and "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert "Aborted!" in err, err
     sessions = session_factory(make_engine(sqlite_url))
     with session_scope(sessions) as s:
-        row = studies.find_study(session=s, key=workload_key(known_device("h200"), Workload(8, 9, 4096)))
-    assert row is not None and row.owner is None  # released: a re-run claims it at once
+        for prefix in (4096, 46000) if devices else (4096,):
+            row = studies.find_study(session=s, key=workload_key(known_device("h200"), Workload(8, 9, prefix)))
+            assert row is None or row.owner is None, prefix  # released: a re-run claims it at once
+        assert studies.find_study(session=s, key=workload_key(known_device("h200"), Workload(8, 9, 4096)))

@@ -38,13 +38,9 @@ def _start(
 ) -> None:
     """Tune the kernel on the local GPU(s) for each (H, q_len, prefix bucket, batch bucket);
     resumable, and shared with other processes running the same job (docs/operations.md)."""
-    import signal
+    from verify_tuner.jobs.runner import default_compile_jobs, stop_on_signals
 
-    from verify_tuner.jobs.runner import default_compile_jobs
-
-    # SIGTERM (a scheduler's stop, `kill`) ends the run as Ctrl-C does: trials failed, claims
-    # released, children closed, one line; by default it killed the process mid-write.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    stop_on_signals()  # SIGTERM as Ctrl-C: by default it killed the run mid-write, claims held
     ordinals = parse_devices(devices) if devices else [ordinal]
     job = tune_job(
         H,

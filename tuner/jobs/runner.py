@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -129,10 +130,28 @@ class DeviceResult:
         return {"gpu": self.device, "status": "ok", "result": result}
 
 
+def stop_on_signals() -> None:
+    """SIGTERM (a scheduler's stop, `kill`) ends the run as Ctrl-C does, with a KeyboardInterrupt
+    whose unwinding fails the trials in flight, releases the claims and closes the measuring child.
+    Only the first signal interrupts: a second one (Ctrl-C reaches every process of the group, and
+    the parent then stops its GPU processes too) would cut that unwinding short."""
+
+    def interrupt(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def _device_main(settings: Settings, job: TuneJob, index: int, count: int, device_ordinal: int, queue: Any) -> None:
+    stop_on_signals()
     try:
         res = tune_on_device(settings, job, device_ordinal, place=(index, count))
         queue.put((index, DeviceResult.of(device_ordinal, res)))
+    except KeyboardInterrupt:  # stopped: its claims are released; the parent says so, in one line
+        sys.exit(130)
     except Exception as exc:  # noqa: BLE001 -- the parent reports it and exits non-zero; a bug keeps its traceback
         import traceback
 
@@ -183,6 +202,11 @@ def _start_method() -> str:
     return "fork"
 
 
+#: Seconds a stopped GPU process gets to release its claims and close its measuring child
+#: (which itself gets 10 s to answer before it is killed).
+STOP_GRACE_S = 30.0
+
+
 def tune_on_devices(settings: Settings, job: TuneJob, devices: list[int]) -> list[DeviceResult]:
     """One process per GPU, sharing the job's keys (verify_tuner.jobs.claims: each key's winner is picked and
     stored once) and, at the end, the trials of the keys still running. An owner samples with the
@@ -198,9 +222,22 @@ def tune_on_devices(settings: Settings, job: TuneJob, devices: list[int]) -> lis
         p.start()
         procs.append(p)
     results: dict[int, DeviceResult] = {}
-    for _ in procs:  # one report per process, also when two processes share a GPU ("0,0")
-        index, result = queue.get()
-        results[index] = result
-    for p in procs:
-        p.join()
+    try:
+        for _ in procs:  # one report per process, also when two processes share a GPU ("0,0")
+            index, result = queue.get()
+            results[index] = result
+        for p in procs:
+            p.join()
+    except BaseException:
+        # Ctrl-C or SIGTERM here: the GPUs' processes stop the same way (they would otherwise tune on,
+        # and this process would wait for them at exit); one that does not end in time is killed
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            p.join(STOP_GRACE_S)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        raise
     return [results[i] for i in sorted(results)]
