@@ -66,6 +66,11 @@ class GuardedH11Protocol(H11Protocol):
         return (min(ends) if ends else len(buf)) > MAX_HEAD_BYTES
 
     def on_response_complete(self) -> None:
+        if not self.transport.is_closing() and self.conn.trailing_data[0] and self._head_too_large(b""):
+            # a pipelined head that came in the same read as the request just answered: uvicorn
+            # parses it from the buffer below, past data_received's check
+            self._refuse_head()
+            return
         super().on_response_complete()
         # a pipelined head that began in the same read as the request just answered gets the
         # deadline a head gets; it was held until the 75 s keep-alive instead
