@@ -479,10 +479,12 @@ def test_export_follows_a_symlink_writes_a_pipe_and_takes_dash_for_stdout(place)
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full here")
-@pytest.mark.parametrize("args", [("configs", "list"), ("configs", "export")])
-def test_output_that_cannot_be_written_is_one_line_and_exit_1(place, args):
+@pytest.mark.parametrize("encoding", ["utf-8", "ascii"])  # ascii (LC_ALL=C): click wraps stdout's buffer itself
+@pytest.mark.parametrize("args", [("configs", "list"), ("configs", "export"), ("--help",)])
+def test_output_that_cannot_be_written_is_one_line_and_exit_1(place, args, encoding):
     """`tuner configs list > /dev/full` printed OSError's traceback: it named no file, so it read as a bug."""
     env, _ = place
+    env = {**env, "PYTHONIOENCODING": encoding}
     code = "import sys; sys.argv[0] = 'tuner'; from verify_tuner.cli.entry import main; main()"
     with open("/dev/full", "w") as full:
         r = subprocess.run(

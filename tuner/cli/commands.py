@@ -56,7 +56,7 @@ class _Output:
     def __init__(self, stream: Any) -> None:
         self._stream = stream
 
-    def write(self, text: str) -> int:
+    def write(self, text: Any) -> int:
         try:
             return self._stream.write(text)
         except OSError as exc:
@@ -67,6 +67,11 @@ class _Output:
             self._stream.flush()
         except OSError as exc:
             raise OutputError(exc) from None
+
+    @property
+    def buffer(self) -> _Output:
+        # click writes through its own text stream on this when the encoding is ASCII (LC_ALL=C)
+        return _Output(self._stream.buffer)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)

@@ -108,7 +108,7 @@ def _read_only_hint() -> str:
     or another user's -wal/-shm beside it are what cannot be written."""
     settings = _current_settings()
     if settings is not None and (foreign := _foreign_companions(settings.database_url)):
-        owners = ", ".join(f"{p.name} (uid {p.stat().st_uid})" for p in foreign)
+        owners = ", ".join(f"{p.name} (uid {_owner(p)})" for p in foreign)
         return (
             f"this user cannot write {owners}: SQLite made them for another user who opened the database; "
             "remove them while no process has it open, or run every user of it in one group with "
@@ -125,6 +125,13 @@ def _read_only_hint() -> str:
         "it was opened read-only as asked, yet SQLite needs to write beside it (a journal left by an "
         "interrupted writer?): serve a fresh copy made by `tuner db snapshot`"
     )
+
+
+def _owner(path: Any) -> str:
+    try:
+        return str(path.stat().st_uid)
+    except OSError:  # SQLite removed it meanwhile
+        return "?"
 
 
 def _foreign_companions(url: str) -> list[Any]:
