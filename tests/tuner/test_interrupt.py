@@ -77,7 +77,10 @@ def test_a_study_stopped_mid_measurement_says_one_line_and_lets_its_key_go(sqlit
     assert "Aborted!" in err, err
     sessions = session_factory(make_engine(sqlite_url))
     with session_scope(sessions) as s:
-        for prefix in (4096, 46000) if devices else (4096,):
-            row = studies.find_study(session=s, key=workload_key(known_device("h200"), Workload(8, 9, prefix)))
-            assert row is None or row.owner is None, prefix  # released: a re-run claims it at once
-        assert studies.find_study(session=s, key=workload_key(known_device("h200"), Workload(8, 9, 4096)))
+        rows = [
+            studies.find_study(session=s, key=workload_key(known_device("h200"), Workload(8, 9, prefix)))
+            for prefix in ((4096, 46000) if devices else (4096,))
+        ]
+    # the key measured when the signal came was claimed, and every claim is released: a re-run takes
+    # them at once (with two processes the other key may not have been reached yet)
+    assert any(rows) and all(r is None or r.owner is None for r in rows), rows

@@ -145,6 +145,16 @@ def stop_on_signals() -> None:
     signal.signal(signal.SIGTERM, interrupt)
 
 
+def _hold_signals() -> dict[int, Any]:
+    """SIGINT and SIGTERM ignored, with the handlers to put back (none off the main thread, where
+    signals cannot be set)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+
 def _device_main(settings: Settings, job: TuneJob, index: int, count: int, device_ordinal: int, queue: Any) -> None:
     stop_on_signals()
     try:
@@ -215,12 +225,20 @@ def tune_on_devices(settings: Settings, job: TuneJob, devices: list[int]) -> lis
     ctx = mp.get_context(_start_method())
     queue = ctx.Queue()
     procs = []
-    for i, dev in enumerate(devices):
-        p = ctx.Process(
-            target=_device_main, args=(settings, job, i, len(devices), dev, queue), name=f"tuner-gpu{dev}"
-        )  # not daemonic: it starts its own measuring child
-        p.start()
-        procs.append(p)
+    # The processes start with Ctrl-C and SIGTERM held off until _device_main takes them (a signal
+    # in between interrupted the start itself, and multiprocessing printed its traceback); this one
+    # takes them again once all are started.
+    held = _hold_signals()
+    try:
+        for i, dev in enumerate(devices):
+            p = ctx.Process(
+                target=_device_main, args=(settings, job, i, len(devices), dev, queue), name=f"tuner-gpu{dev}"
+            )  # not daemonic: it starts its own measuring child
+            p.start()
+            procs.append(p)
+    finally:
+        for sig, handler in held.items():
+            signal.signal(sig, handler)
     results: dict[int, DeviceResult] = {}
     try:
         for _ in procs:  # one report per process, also when two processes share a GPU ("0,0")
