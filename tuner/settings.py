@@ -67,7 +67,7 @@ class Settings:
             raise BadSetting(f"TUNER_DB_TIMEOUT_S must be a number of seconds in (0, 600], got {self.db_timeout_s}")
         if not 1 <= self.port <= 65535:  # uvicorn would bind a random port for 0 and fail obscurely outside
             raise BadSetting(f"the port (TUNER_PORT or --port) must be 1..65535, got {self.port}")
-        if self.health_port is not None and not (1 <= self.health_port <= 65535 and self.health_port != self.port):
+        if self.health_port is not None and not 1 <= self.health_port <= 65535:
             raise BadSetting(f"TUNER_HEALTH_PORT must be 1..65535 and not the main port, got {self.health_port}")
         self._check_token()
 
@@ -134,3 +134,9 @@ class Settings:
         from dataclasses import replace
 
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+    def check_ports(self) -> None:
+        """The health port is not the main port: checked once `serve --port` has been applied (the
+        environment alone was checked before, refusing TUNER_HEALTH_PORT=8177 with --port 8190)."""
+        if self.health_port is not None and self.health_port == self.port:
+            raise BadSetting(f"TUNER_HEALTH_PORT must be 1..65535 and not the main port, got {self.health_port}")

@@ -160,3 +160,30 @@ def test_a_sidecar_started_on_an_empty_database_keeps_the_first_device_it_answer
         server.terminate()
         out = server.communicate(timeout=10)[0]
     assert out.count("default device: NVIDIA H200, the only one recorded when first asked") == 1, out
+
+
+def test_the_health_port_may_be_the_default_main_port_once_serve_port_moves_it(tmp_path):
+    """TUNER_HEALTH_PORT=8177 with `serve --port 8190` was refused as "not the main port": the
+    environment was checked before --port applied."""
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    subprocess.run(tuner_cmd("--database-url", url, "db", "upgrade"), check=True, capture_output=True, timeout=60)
+    health, port = free_port(), free_port()
+    env = {**os.environ, "TUNER_DATABASE_URL": url, "TUNER_HOST": "127.0.0.1", "TUNER_PORT": str(health)}
+    env["TUNER_HEALTH_PORT"] = str(health)  # equal to TUNER_PORT, which --port then replaces
+    proc = subprocess.Popen(tuner_cmd("serve", "--port", str(port)), env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        ok = eventually(
+            lambda: proc.poll() is not None or _get(f"http://127.0.0.1:{health}/healthz") == 200, "no health port", 30
+        )
+        assert ok and proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        assert _get(f"http://127.0.0.1:{port}/healthz") == 200
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def _get(url: str) -> int | None:
+    try:
+        return httpx.get(url, timeout=1).status_code
+    except httpx.HTTPError:
+        return None

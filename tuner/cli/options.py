@@ -34,6 +34,10 @@ class Integer(click.IntRange):
             self.fail(f"{value!r} is not an integer (digits 0-9 only)", param, ctx)
         return super().convert(value, param, ctx)
 
+    def _describe_range(self) -> str:
+        # unbounded: no range in --help (click wrote "[x<=None]"); the command checks the value itself
+        return "" if self.min is None and self.max is None else super()._describe_range()
+
 
 class Seconds(click.FloatRange):
     """A number of seconds, finite: click's FloatRange lets `inf` and `nan` through, which failed

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import click
 from verify_tuner.cli.exits import clean_exit
 from verify_tuner.cli.options import Integer
+from verify_tuner.errors import BadSetting
 from verify_tuner.settings import Settings
 
 if TYPE_CHECKING:
@@ -35,6 +36,10 @@ def serve(
     from verify_tuner.store.session import make_engine, safe_url
 
     settings = settings.with_overrides(host=host, port=port, device=device, database_read_only=read_only_database)
+    try:
+        settings.check_ports()
+    except BadSetting as exc:
+        raise click.ClickException(str(exc)) from None
     click.get_current_context().obj = settings  # so that an error's hint knows --read-only-database was given
     # fail fast, before binding; serving never creates a database (a mistyped path would leave an empty file)
     require_existing(settings.database_url)
