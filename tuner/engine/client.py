@@ -160,7 +160,7 @@ class ConfigClient:
         try:  # served all the same (no source is left), but a capture from this bundle would fail: say so
             self._check_bundle({e.config for es in table.values() for e in es})
         except ValueError as exc:
-            self.reason += f"; warning: the heuristic's {exc}"
+            self.reason += f"; warning: the heuristic's configs cannot be launched from the cubin bundle: {exc}"
         return self._done(passed)
 
     def refresh(self) -> str:
