@@ -61,19 +61,24 @@ class GuardedH11Protocol(H11Protocol):
     def _head_too_large(self, data: bytes) -> bool:
         """Whether the head this read continues passes MAX_HEAD_BYTES. h11's cap holds only while the
         head is incomplete, so a whole head of 100 KB arriving in one read was taken."""
-        buf = self.conn.trailing_data[0] + data
+        pending = self.conn.trailing_data[0]
+        if len(pending) + len(data) <= MAX_HEAD_BYTES:  # every read of a normal request: nothing to search
+            return False
+        buf = pending + data
         ends = [i for i in (buf.find(b"\r\n\r\n"), buf.find(b"\n\n")) if i >= 0]
         return (min(ends) if ends else len(buf)) > MAX_HEAD_BYTES
 
     def on_response_complete(self) -> None:
-        if not self.transport.is_closing() and self.conn.trailing_data[0] and self._head_too_large(b""):
-            # a pipelined head that came in the same read as the request just answered: uvicorn
-            # parses it from the buffer below, past data_received's check
+        if self.transport.is_closing() or not self.conn.trailing_data[0]:  # nothing pipelined: uvicorn's way
+            super().on_response_complete()
+            return
+        # a pipelined head that came in the same read as the request just answered: uvicorn parses it
+        # from the buffer below, past data_received's check, and without the head's deadline (it was
+        # held until the 75 s keep-alive)
+        if self._head_too_large(b""):
             self._refuse_head()
             return
         super().on_response_complete()
-        # a pipelined head that began in the same read as the request just answered gets the
-        # deadline a head gets; it was held until the 75 s keep-alive instead
         if not self.transport.is_closing() and self.conn.their_state is h11.IDLE and self.conn.trailing_data[0]:
             self._arm(h11.IDLE, HEAD_TIMEOUT_S)
 

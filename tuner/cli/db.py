@@ -32,28 +32,12 @@ def db_upgrade(settings: Settings, revision: str) -> None:
         raise click.BadParameter(
             f"{revision!r} is not a revision: head or one of {', '.join(known)}", param_hint="--revision"
         )
-    if not migrate.new_sqlite_file(settings.database_url):  # a newer version's schema: alembic would only assert
-        _check_known(settings.database_url)
     migrate.upgrade(settings.database_url, revision)
     _prepare_studies(settings)
     now = _revision_now(settings.database_url)
     # alembic's upgrade to a revision the database is already past changes nothing: say so, not the target
     past = f" (already past {revision}: `tuner db upgrade` never downgrades)" if _names_other(revision, now) else ""
     click.echo(f"database at revision {now or 'none'}{past}: {safe_url(settings.database_url)}")
-
-
-def _check_known(url: str) -> None:
-    """StorageError for a schema a newer version wrote; a database this user cannot read now is left
-    to the upgrade, whose error names the fix (a file another user owns: chown)."""
-    from sqlalchemy.exc import SQLAlchemyError
-    from verify_tuner.store import migrate
-    from verify_tuner.store.session import safe_url
-
-    try:
-        now = _revision_now(url)
-    except SQLAlchemyError:
-        return
-    migrate.check_known(now, safe_url(url))
 
 
 def _revision_now(url: str) -> str | None:

@@ -54,12 +54,14 @@ def upgrade(url: str, revision: str = "head", setting: str = "TUNER_DATABASE_URL
     # (or by compose's migrate step) must stay in rollback-journal mode to be served from a read-only mount.
     cfg.attributes["wal"] = new_sqlite_file(url)
     with upgrade_lock(url, setting):
-        if not cfg.attributes["wal"]:  # an existing database: only ever one of ours, or empty
-            from verify_tuner.store.session import make_engine
+        if not cfg.attributes["wal"]:  # an existing database: one of ours alembic can move, or empty
+            from verify_tuner.store.session import make_engine, safe_url
 
             engine = make_engine(url)
             try:
-                if current_revision(engine) is None and (why := unversioned(engine, safe(url))):
+                current = current_revision(engine)
+                check_known(current, safe_url(url))  # a newer version's schema: alembic would only assert
+                if current is None and (why := unversioned(engine, safe_url(url))):
                     raise StorageError(why)
             finally:
                 engine.dispose()
@@ -98,12 +100,6 @@ def unversioned(engine: Engine, where: str) -> str | None:
             "config database; point TUNER_DATABASE_URL at a file of its own"
         )
     return None
-
-
-def safe(url: str) -> str:
-    from verify_tuner.store.session import safe_url
-
-    return safe_url(url)
 
 
 def new_sqlite_file(url: str) -> bool:
