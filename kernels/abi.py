@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.formats import KVFormat, kv_format
 from verify_tuner.kernels.plan import workspace_slots
-from verify_tuner.kernels.shapes import D_QK, D_V
+from verify_tuner.kernels.shapes import D_QK, D_V, Q_BYTES
 
 LOG2E = 1.4426950408889634
 #: The kernels' arguments in PyCUDA's prepare() letters (csrc/verify_attention.cu's signatures).
@@ -63,6 +64,7 @@ class LaunchSpec:
     cfg: KernelConfig
     H: int
     q_len: int
+    kv_dtype: str = "bf16"
 
     def partial_grid(self) -> tuple[int, int, int]:
         """The same for every batch: the kernel plans each batch's share of its parts."""
@@ -71,7 +73,7 @@ class LaunchSpec:
 
     def workspace_bytes(self, batch: int) -> int:
         """Bytes of a caller's workspace for a batch: the partials (bf16 rows of 512), then their lse."""
-        return self.workspace_rows(batch) * (D_V * 2 + 4)
+        return self.workspace_rows(batch) * (D_V * Q_BYTES + 4)
 
     def workspace_rows(self, batch: int) -> int:
         """Rows of 512 bf16 (plus one fp32 lse each) the partials of a batch can need."""
@@ -101,7 +103,7 @@ class LaunchSpec:
         lay = layout if layout is not None else Layout.dense(self.H)
         return (
             q,
-            q_pe if q_pe is not None else q + D_V * 2,
+            q_pe if q_pe is not None else q + D_V * Q_BYTES,
             kv,
             prefix_indices,
             prefix_rows or 0,
@@ -214,16 +216,20 @@ def _q_layout(t: Mapping[str, TensorMeta | None], q_len: int, H: int) -> tuple[i
     return (*a, *b)  # type: ignore[misc]
 
 
-def _kv_layout(kv: TensorMeta, idx: TensorMeta, rows: TensorMeta | None, B: int) -> tuple[int, int] | str:
-    """(page_shift, page_stride) from the pool's and the indices' shapes. kv is [S, 576] or
-    [pages, page_size, 576]; kv_indices is flat (the prefixes' slots at kv_indptr, page size 1) or
-    a table: a row per request of slots (page size 1: SGLang's req_to_token, whose rows kv_rows
-    picks) or of page ids (a block table)."""
+def _kv_layout(
+    kv: TensorMeta, idx: TensorMeta, rows: TensorMeta | None, B: int, fmt: KVFormat
+) -> tuple[int, int] | str:
+    """(page_shift, page_stride) from the pool's and the indices' shapes. kv is [S, W] or
+    [pages, page_size, W], W the format's row in the pool's elements (576 for bf16 and e4m3);
+    kv_indices is flat (the prefixes' slots at kv_indptr, page size 1) or a table: a row per request
+    of slots (page size 1: SGLang's req_to_token, whose rows kv_rows picks) or of page ids (a block
+    table)."""
+    w = fmt.pool_row_elems(kv.dtype)
     if len(kv.shape) == 2:
-        err = _shape_error("kv", kv, (None, D_QK), "(or [pages, page_size, 576])")
+        err = _shape_error("kv", kv, (None, w), f"(or [pages, page_size, {w}]) for {fmt.name}")
         ps = 1
     else:
-        err = _shape_error("kv", kv, (None, None, D_QK), "(pages, page_size, 576)")
+        err = _shape_error("kv", kv, (None, None, w), f"(pages, page_size, {w}) for {fmt.name}")
         ps = kv.shape[1] if len(kv.shape) == 3 else 0
     if err:
         return err
@@ -248,23 +254,27 @@ def _kv_layout(kv: TensorMeta, idx: TensorMeta, rows: TensorMeta | None, B: int)
     return ps.bit_length() - 1, idx.stride(0)
 
 
-def check_call(t: Mapping[str, TensorMeta | None], *, q_len: int, H: int) -> str | None:
+def check_call(t: Mapping[str, TensorMeta | None], *, q_len: int, H: int, kv_dtype: str = "bf16") -> str | None:
     """The first reason the op's tensors cannot be launched, naming the tensor, or None."""
-    got = _layout(t, q_len=q_len, H=H)
+    got = _layout(t, q_len=q_len, H=H, fmt=kv_format(kv_dtype))
     return got if isinstance(got, str) else None
 
 
-def call_layout(t: Mapping[str, TensorMeta | None], *, q_len: int, H: int, on_cuda: bool = True) -> Layout:
+def call_layout(
+    t: Mapping[str, TensorMeta | None], *, q_len: int, H: int, on_cuda: bool = True, kv_dtype: str = "bf16"
+) -> Layout:
     """The call's Layout; a ValueError names the first tensor that cannot be launched and why.
     on_cuda=False lays out tensors held elsewhere (the reference's inputs on the CPU)."""
-    got = _layout(t, q_len=q_len, H=H, on_cuda=on_cuda)
+    got = _layout(t, q_len=q_len, H=H, fmt=kv_format(kv_dtype), on_cuda=on_cuda)
     if isinstance(got, Layout):
         return got
     raise ValueError(got)
 
 
-def _layout(t: Mapping[str, TensorMeta | None], *, q_len: int, H: int, on_cuda: bool = True) -> Layout | str:
-    err = _dtype_error(t, q_len)
+def _layout(
+    t: Mapping[str, TensorMeta | None], *, q_len: int, H: int, fmt: KVFormat, on_cuda: bool = True
+) -> Layout | str:
+    err = _dtype_error(t, q_len, fmt)
     if err:
         return err
     mask = t["tree_mask"]
@@ -277,7 +287,7 @@ def _layout(t: Mapping[str, TensorMeta | None], *, q_len: int, H: int, on_cuda: 
     if isinstance(strides, str):
         return strides
     B = q.shape[0]
-    pages = _kv_layout(t["kv"], t["kv_indices"], t.get("kv_rows"), B)  # type: ignore[arg-type]
+    pages = _kv_layout(t["kv"], t["kv_indices"], t.get("kv_rows"), B, fmt)  # type: ignore[arg-type]
     if isinstance(pages, str):
         return pages
     want: dict[str, tuple[int | None, ...]] = {
@@ -302,22 +312,23 @@ def _layout(t: Mapping[str, TensorMeta | None], *, q_len: int, H: int, on_cuda: 
     return Layout(q_st, q_sh, pe_st, pe_sh, pages[0], pages[1], MASK_BYTES[mask.dtype])
 
 
-def _dtype_error(t: Mapping[str, TensorMeta | None], q_len: int) -> str | None:
+def _dtype_error(t: Mapping[str, TensorMeta | None], q_len: int, fmt: KVFormat) -> str | None:
     """Why a required tensor is missing or of the wrong dtype (the tree mask's: too few bits), or None."""
     need = {
-        "q": "bfloat16",
-        "kv": "bfloat16",
-        "kv_indptr": "int32",
-        "kv_indices": "int32",
-        "draft_slots": "int32",
-        "out": "bfloat16",
+        "q": ("bfloat16",),
+        "kv": fmt.pool_dtypes,
+        "kv_indptr": ("int32",),
+        "kv_indices": ("int32",),
+        "draft_slots": ("int32",),
+        "out": ("bfloat16",),
     }
-    for name, dtype in need.items():
+    for name, dtypes in need.items():
         m = t.get(name)
         if m is None:
             return f"{name} is required"
-        if m.dtype != dtype:
-            return f"{name} must be {dtype}, got {m.dtype}"
+        if m.dtype not in dtypes:
+            what = f" for kv_dtype {fmt.name}" if name == "kv" else ""
+            return f"{name} must be {' or '.join(dtypes)}{what}, got {m.dtype}"
     mask = t.get("tree_mask")
     if mask is None:
         return "tree_mask is required"

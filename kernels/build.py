@@ -21,6 +21,7 @@ from pathlib import Path
 
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.errors import CompileError
+from verify_tuner.kernels.formats import kv_format
 
 SOURCE = Path(__file__).parent / "csrc" / "verify_attention.cu"
 KERNEL_NAME = "verify_attention"
@@ -29,9 +30,9 @@ KERNEL_VERSION = "6"
 NVCC_FLAGS = ("-O3", "-std=c++17", "--use_fast_math", "-lineinfo")
 
 
-def render(cfg: KernelConfig, q_len: int) -> str:
+def render(cfg: KernelConfig, q_len: int, kv_dtype: str = "bf16") -> str:
     """The full source with sorted, validated #defines and a #line so errors point at the .cu."""
-    consts = {**cfg.as_params(), "QN": q_len, "QT": cfg.row_tile(q_len)}
+    consts = {**cfg.as_params(), "QN": q_len, "QT": cfg.row_tile(q_len), "KV_FMT": kv_format(kv_dtype).code}
     lines = []
     for name in sorted(consts):
         if not name.isidentifier():
@@ -83,14 +84,20 @@ def cache_key(source: str, arch: str, extra_flags: tuple[str, ...] = ()) -> str:
 
 
 def compile_cubin(
-    cfg: KernelConfig, q_len: int, arch: str, cache_dir: Path, extra_flags: tuple[str, ...] = ()
+    cfg: KernelConfig,
+    q_len: int,
+    arch: str,
+    cache_dir: Path,
+    extra_flags: tuple[str, ...] = (),
+    kv_dtype: str = "bf16",
 ) -> Built:
-    """Compile (or fetch from the cache) the cubin for `cfg` at `q_len` on `arch` (e.g. sm_90)."""
-    source = render(cfg, q_len)
+    """Compile (or fetch from the cache) the cubin for `cfg` at `q_len` on `arch` (e.g. sm_90)
+    reading a `kv_dtype` cache."""
+    source = render(cfg, q_len, kv_dtype)
     key = cache_key(source, arch, extra_flags)
     c = cfg
     stem = (
-        f"{KERNEL_NAME}_{arch}_q{q_len}_ns{c.nsplit}_ht{c.ht}_tk{c.tk}_b{c.block}_st{c.stages}"
+        f"{KERNEL_NAME}_{arch}_{kv_dtype}_q{q_len}_ns{c.nsplit}_ht{c.ht}_tk{c.tk}_b{c.block}_st{c.stages}"
         f"_qt{c.row_tile(q_len)}_wr{c.wr}_wk{c.wk}_sf{c.sf}_p{c.pipe}_{key}"
     )
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -175,10 +182,10 @@ def ptxas_report(log: str, function: str = "verify_attn_partial") -> dict[str, i
     }
 
 
-def _compile_one(args: tuple[KernelConfig, int, str, str, tuple[str, ...]]) -> str | None:
-    cfg, q_len, arch, cache_dir, extra_flags = args
+def _compile_one(args: tuple[KernelConfig, int, str, str, tuple[str, ...], str]) -> str | None:
+    cfg, q_len, arch, cache_dir, extra_flags, kv_dtype = args
     try:
-        compile_cubin(cfg, q_len, arch, Path(cache_dir), extra_flags)
+        compile_cubin(cfg, q_len, arch, Path(cache_dir), extra_flags, kv_dtype)
     except CompileError as exc:
         return f"{cfg}: {exc}"
     return None
@@ -191,11 +198,12 @@ def precompile(
     cache_dir: Path,
     workers: int | None = None,
     extra_flags: tuple[str, ...] = (),
+    kv_dtype: str = "bf16",
 ) -> list[str]:
     """Fill the cache for many configs in parallel (nvcc is single-threaded); returns failures,
     which the measurement then reports per config."""
     from concurrent.futures import ProcessPoolExecutor
 
-    jobs = [(c, q_len, arch, str(cache_dir), extra_flags) for c in configs]
+    jobs = [(c, q_len, arch, str(cache_dir), extra_flags, kv_dtype) for c in configs]
     with ProcessPoolExecutor(max_workers=workers or os.cpu_count()) as pool:
         return [r for r in pool.map(_compile_one, jobs) if r]

@@ -24,6 +24,7 @@ from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.errors import LaunchError
 from verify_tuner.kernels.limits import DeviceLimits
 from verify_tuner.kernels.runtime import CubinKernels
+from verify_tuner.kernels.shapes import Q_BYTES
 from verify_tuner.kernels.validate import D_QK, D_V, validate
 
 
@@ -48,19 +49,20 @@ class VerifyAttention:
         max_batch: int,
         cache_dir: Path,
         extra_flags: tuple[str, ...] = (),
+        kv_dtype: str = "bf16",
     ) -> None:
         import pycuda.driver as cuda
 
-        validate(cfg, limits, H=H, q_len=q_len)
+        validate(cfg, limits, H=H, q_len=q_len, kv_dtype=kv_dtype)
         self.cfg, self.H, self.q_len, self.max_batch = cfg, H, q_len, max_batch
-        built = compile_cubin(cfg, q_len, limits.arch, cache_dir, extra_flags)
+        built = compile_cubin(cfg, q_len, limits.arch, cache_dir, extra_flags, kv_dtype)
         self.report = ptxas_report(built.ptxas_log) if built.ptxas_log else {}
-        self.spec = LaunchSpec(cfg, H, q_len)
+        self.spec = LaunchSpec(cfg, H, q_len, kv_dtype)
         self.kernels = CubinKernels(built.cubin, self.spec, sm_count=limits.sm_count)
         self.smem = self.kernels.smem
         # partials only for requests several parts share: part p's of request b in slot p + b
         rows = self.spec.workspace_rows(max_batch)
-        self._part_o = cuda.mem_alloc(rows * D_V * 2)  # bf16 o / l per slot
+        self._part_o = cuda.mem_alloc(rows * D_V * Q_BYTES)  # bf16 o / l per slot
         self._part_lse = cuda.mem_alloc(rows * 4)  # fp32 log2-domain lse per slot
 
     def __call__(

@@ -9,13 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from verify_tuner.kernels.formats import kv_format
 from verify_tuner.kernels.shapes import D_QK, D_V
 
 
 @dataclass
 class Inputs:
     q: Any  # [B, Q, H, 576] bf16, or q_nope [B, Q, H, 512] (any strides the op takes) with q_pe
-    kv: Any  # [S, 576] bf16, or [pages, page_size, 576]
+    kv: Any  # [S, 576] in the pool's storage dtype (bf16; e4m3 as uint8 or float8), or [pages, page_size, 576]
     prefix_indices: Any  # int32 [sum P] slots, or a table: a row per request of slots or of page ids
     prefix_indptr: Any  # int32 [B+1]
     draft_indices: Any  # int32 [B, Q]
@@ -23,6 +24,9 @@ class Inputs:
     scale: float
     q_pe: Any = None  # [B, Q, H, 64] bf16 when q holds only the 512 latent dims
     prefix_rows: Any = None  # int32 [B]: each request's row of the table (SGLang's req_pool_indices)
+    kv_dtype: str = "bf16"  # the cache's format (kernels/formats.py)
+    kv_scale: float = 1.0  # a per-layer format's scale: the cache holds values / kv_scale
+    kv_unquantized: Any = None  # a quantized pool's bf16 source, for the error against it (information only)
 
     @property
     def batch(self) -> int:
@@ -41,7 +45,11 @@ class Inputs:
         t = {op_name: TensorMeta.of(getattr(self, name)) for op_name, name in names.items()}
         B, Q, H, _ = self.q.shape
         t["out"] = TensorMeta("bfloat16", (B, Q, H, D_V), t["q"].device, True)
-        return call_layout(t, q_len=Q, H=H, on_cuda=False)
+        return call_layout(t, q_len=Q, H=H, on_cuda=False, kv_dtype=self.kv_dtype)
+
+    def dequantized_kv(self) -> Any:
+        """The pool as fp32 values, [S, 576]: what the kernel is asked to compute on."""
+        return dequantize(self.kv, self.kv_dtype, self.kv_scale)
 
     def full_q(self) -> Any:
         """q as [B, Q, H, 576]."""
@@ -81,6 +89,8 @@ def make_inputs(
     split_q: bool = False,
     mask_dtype: str = "int64",
     req_to_token: bool = False,
+    kv_dtype: str = "bf16",
+    pool_dtype: str | None = None,
 ) -> Inputs:
     """Random inputs. Slots are a random permutation of the pool ("scattered", a fragmented
     page-size-1 cache: the worst case for the memory system) or consecutive ("contiguous": each
@@ -89,7 +99,9 @@ def make_inputs(
     engine appends them); split_q gives q as q_nope, a strided view of a wider buffer, plus a
     separate q_pe; mask_dtype the tree mask's row type (uint8/16/32 as SGLang packs them);
     req_to_token the prefix slots as rows of a wider table at scattered rows (SGLang's pool of
-    requests, read in place through prefix_rows)."""
+    requests, read in place through prefix_rows); kv_dtype the cache's format (an e4m3 one
+    quantizes the bf16 values with a per-layer scale, stored as `pool_dtype`: uint8, as SGLang's
+    pool holds it, by default, or float8_e4m3fn)."""
     import torch
 
     if layout not in SLOT_LAYOUTS:
@@ -104,9 +116,10 @@ def make_inputs(
     )
     q, q_pe = _split_q(q, device) if split_q else (q, None)
     mask = _tree_masks(B, q_len, mask_dtype, gen)
+    pool, kv_scale = quantize(kv, kv_dtype, pool_dtype)
     return Inputs(
         q=q.to(device),
-        kv=kv.to(device),
+        kv=pool.to(device),
         prefix_indices=prefix_indices.to(device),
         prefix_indptr=indptr.to(device),
         draft_indices=draft.to(device),
@@ -114,7 +127,46 @@ def make_inputs(
         scale=scale if scale is not None else D_QK**-0.5,
         q_pe=q_pe,
         prefix_rows=rows.to(device) if rows is not None else None,
+        kv_dtype=kv_dtype,
+        kv_scale=kv_scale,
+        kv_unquantized=kv if pool is not kv else None,
     )
+
+
+#: The largest finite e4m3 value (S.1111.110): a per-layer scale maps the cache's amax onto it.
+E4M3_MAX = 448.0
+
+
+def quantize(kv: Any, kv_dtype: str, pool_dtype: str | None = None) -> tuple[Any, float]:
+    """(pool, scale): bf16 values as a `kv_dtype` pool, as an engine writes one (SGLang and vLLM
+    store round(x / k_scale) as e4m3 with k_scale = amax / 448); bf16 is returned as it is."""
+    import torch
+
+    fmt = kv_format(kv_dtype)
+    if fmt.element == "bf16":
+        return kv, 1.0
+    if fmt.scale != "per_layer":
+        raise ValueError(f"make_inputs does not build {kv_dtype} pools ({fmt.about})")
+    scale = max(float(kv.float().abs().max()), 1e-12) / E4M3_MAX
+    q8 = (kv.float() / scale).to(torch.float8_e4m3fn)
+    want = pool_dtype or "uint8"
+    if want not in fmt.pool_dtypes:
+        raise ValueError(f"pool_dtype must be one of {fmt.pool_dtypes} for {kv_dtype}, got {want!r}")
+    return (q8.view(torch.uint8) if want == "uint8" else q8), scale
+
+
+def dequantize(pool: Any, kv_dtype: str, kv_scale: float) -> Any:
+    """A `kv_dtype` pool's values in fp32, [S, 576]."""
+    import torch
+
+    fmt = kv_format(kv_dtype)
+    flat = pool.reshape(-1, pool.shape[-1])
+    if fmt.element == "bf16":
+        return flat.float()
+    if fmt.scale != "per_layer":
+        raise ValueError(f"the reference does not read {kv_dtype} pools ({fmt.about})")
+    e4m3 = flat.view(torch.float8_e4m3fn) if flat.dtype == torch.uint8 else flat
+    return e4m3.float() * kv_scale
 
 
 def _slots(
@@ -272,10 +324,10 @@ def reference(inp: Inputs) -> tuple[Any, Any]:
     B, Q, H, _ = inp.q.shape
     o = torch.empty(B, Q, H, D_V, dtype=torch.float32, device=inp.q.device)
     lse = torch.empty(B, Q, H, dtype=torch.float32, device=inp.q.device)
-    q, kv = inp.full_q(), inp.kv.reshape(-1, D_QK)
+    q, kv = inp.full_q(), inp.dequantized_kv()
     for b in range(B):
         slots, visible = _visible(inp, b)
-        k = kv[slots].float()  # [T, 576]
+        k = kv[slots]  # [T, 576] fp32
         s = torch.einsum("qhd,td->qht", q[b].float(), k) * inp.scale
         s = s.masked_fill(~visible.view(Q, 1, -1), float("-inf"))
         lse[b] = torch.logsumexp(s, dim=-1)

@@ -56,7 +56,7 @@ class CubinKernels:
         self.module = _ok(drv.cuModuleLoadData(cubin), "cuModuleLoadData")
         self.partial = _ok(drv.cuModuleGetFunction(self.module, b"verify_attn_partial"), "cuModuleGetFunction")
         self.reduce = _ok(drv.cuModuleGetFunction(self.module, b"verify_attn_reduce"), "cuModuleGetFunction")
-        self.smem = smem_bytes(spec.cfg, spec.q_len)
+        self.smem = smem_bytes(spec.cfg, spec.q_len, spec.kv_dtype)
         if self._read_int(b"kSmemBytes") != self.smem:  # a bug, not a bad config: the formulas drifted apart
             raise RuntimeError(f"smem formula {self.smem} B != the cubin's layout")
         attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES

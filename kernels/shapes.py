@@ -3,15 +3,19 @@ move once and the FLOPs, which the tuner's report, the benchmarks and the docs' 
 
 from __future__ import annotations
 
+from verify_tuner.kernels.formats import ITEMSIZE, kv_format
+
 #: Latent dims of q/k (576 = 512 + 64 rope) and of v / o.
 D_QK, D_V = 576, 512
-BYTES = 2  # bf16
+#: q and o are bf16 whatever the cache holds (the engine's activations).
+Q_BYTES = ITEMSIZE["bfloat16"]
 
 
-def floor_bytes(prefix_lens: list[int], *, q_len: int, H: int) -> int:
-    """Bytes that must move once: the KV rows of every prefix and draft token, q in, o out."""
+def floor_bytes(prefix_lens: list[int], *, q_len: int, H: int, kv_dtype: str = "bf16") -> int:
+    """Bytes that must move once: the KV rows of every prefix and draft token (in the cache's
+    format), q in, o out."""
     tokens = sum(prefix_lens) + len(prefix_lens) * q_len
-    return (tokens * D_QK + len(prefix_lens) * q_len * H * (D_QK + D_V)) * BYTES
+    return tokens * kv_format(kv_dtype).row_bytes + len(prefix_lens) * q_len * H * (D_QK + D_V) * Q_BYTES
 
 
 def flops(prefix_lens: list[int], *, q_len: int, H: int) -> int:

@@ -11,7 +11,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from verify_tuner.kernels.reference import D_QK, Inputs, make_inputs
+from verify_tuner.kernels.formats import ITEMSIZE, kv_format
+from verify_tuner.kernels.reference import Inputs, make_inputs
 
 
 @dataclass(frozen=True)
@@ -37,11 +38,15 @@ def rotating_inputs(
     seed: int = 0,
     max_sets: int = 64,
     layout: str = "scattered",
+    kv_dtype: str = "bf16",
 ) -> list[Inputs]:
     """Input sets whose KV together exceed 3x the L2 (at least 2 sets)."""
-    per_set = (sum(prefix_lens) + len(prefix_lens) * q_len) * D_QK * 2
+    per_set = (sum(prefix_lens) + len(prefix_lens) * q_len) * kv_format(kv_dtype).row_bytes
     n = max(2, min(max_sets, -(-3 * max(l2_bytes, 1) // max(per_set, 1))))
-    return [make_inputs(prefix_lens=prefix_lens, q_len=q_len, H=H, seed=seed + k, layout=layout) for k in range(n)]
+    return [
+        make_inputs(prefix_lens=prefix_lens, q_len=q_len, H=H, seed=seed + k, layout=layout, kv_dtype=kv_dtype)
+        for k in range(n)
+    ]
 
 
 def time_launches(
@@ -158,7 +163,7 @@ def neighbour_gemm(mb: int) -> Callable[[], Any]:
     attention sees. More than the L2 makes its own time independent of what ran before it."""
     import torch
 
-    n = max(1, check_neighbour_mb(mb) * 2**20 // (2 * 7168))
+    n = max(1, check_neighbour_mb(mb) * 2**20 // (ITEMSIZE["bfloat16"] * 7168))
     x = torch.randn(16, 7168, dtype=torch.bfloat16, device="cuda")
     w = torch.randn(7168, n, dtype=torch.bfloat16, device="cuda")
     y = torch.empty(16, n, dtype=torch.bfloat16, device="cuda")

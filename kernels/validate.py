@@ -18,6 +18,7 @@ from verify_tuner.kernels.config import (
     KernelConfig,
 )
 from verify_tuner.kernels.errors import InvalidConfig
+from verify_tuner.kernels.formats import kv_format
 from verify_tuner.kernels.limits import DeviceLimits
 from verify_tuner.kernels.shapes import D_QK, D_V  # noqa: F401  (re-exported: the .cu mirrors)
 
@@ -64,14 +65,15 @@ def groups(cfg: KernelConfig) -> int:
     return 2 if cfg.pipe == 3 else 1
 
 
-def smem_bytes(cfg: KernelConfig, q_len: int) -> int:
+def smem_bytes(cfg: KernelConfig, q_len: int, kv_dtype: str = "bf16") -> int:
     """Dynamic shared memory of the partial kernel, in bytes (SMEM_* in the .cu)."""
     rp = shape(cfg, q_len).rows_padded
-    q = rp * KSTRIDE * 2
-    kv = cfg.stages * cfg.tk * KSTRIDE * 2
+    elem = kv_format(kv_dtype).staged_bytes
+    q = rp * KSTRIDE * elem
+    kv = cfg.stages * cfg.tk * KSTRIDE * elem
     g = groups(cfg)  # the seesaw: score buffers per group, P and alpha for two tiles
     scores = g * (cfg.wk // 2 if cfg.sf else cfg.wk) * rp * (cfg.tk + 4) * 4
-    p = g * rp * (cfg.tk + 8) * 2
+    p = g * rp * (cfg.tk + 8) * elem
     stats = (2 + g) * rp * 4 + 48  # m, l, alpha per row; two rescale flags, padding, the segment at hand and the next
     mask = cfg.row_tile(q_len) * 8
     slots = cfg.stages * cfg.tk * 4  # slot-index ring
@@ -93,8 +95,15 @@ def max_registers_per_thread(cfg: KernelConfig, limits: DeviceLimits) -> int:
     return min(255, per_thread // 8 * 8)
 
 
-def check(cfg: KernelConfig, limits: DeviceLimits, *, H: int, q_len: int) -> str | None:
-    """The reason `cfg` cannot run, or None when it can."""
+def check(cfg: KernelConfig, limits: DeviceLimits, *, H: int, q_len: int, kv_dtype: str = "bf16") -> str | None:
+    """The reason `cfg` cannot run on a `kv_dtype` cache, or None when it can."""
+    try:
+        fmt = kv_format(kv_dtype)
+    except InvalidConfig as exc:
+        return str(exc)
+    reason = fmt.unsupported_reason(limits.cc_major * 10 + limits.cc_minor)
+    if reason:
+        return reason
     if H < 1:
         return f"H must be >= 1, got {H}"
     if not 1 <= q_len <= MAX_Q_LEN:
@@ -122,11 +131,11 @@ def check(cfg: KernelConfig, limits: DeviceLimits, *, H: int, q_len: int) -> str
     reason = _warp_grid_reason(cfg, q_len)
     if reason:
         return reason
-    smem = smem_bytes(cfg, q_len)
+    smem = smem_bytes(cfg, q_len, kv_dtype)
     if smem > limits.max_smem_optin:
         return (
             f"needs {smem} B shared memory per block, device allows {limits.max_smem_optin} B "
-            f"(HT*QT={shape(cfg, q_len).rows} rows, TK={cfg.tk}, STAGES={cfg.stages}, WK={cfg.wk})"
+            f"(HT*QT={shape(cfg, q_len).rows} rows, TK={cfg.tk}, STAGES={cfg.stages}, WK={cfg.wk}, {kv_dtype})"
         )
     need = registers_needed(cfg, q_len)
     cap = max_registers_per_thread(cfg, limits)
@@ -156,8 +165,8 @@ def _warp_grid_reason(cfg: KernelConfig, q_len: int) -> str | None:
     return None
 
 
-def validate(cfg: KernelConfig, limits: DeviceLimits, *, H: int, q_len: int) -> None:
-    """Raise InvalidConfig with the reason when `cfg` cannot run."""
-    reason = check(cfg, limits, H=H, q_len=q_len)
+def validate(cfg: KernelConfig, limits: DeviceLimits, *, H: int, q_len: int, kv_dtype: str = "bf16") -> None:
+    """Raise InvalidConfig with the reason when `cfg` cannot run on a `kv_dtype` cache."""
+    reason = check(cfg, limits, H=H, q_len=q_len, kv_dtype=kv_dtype)
     if reason is not None:
         raise InvalidConfig(reason)

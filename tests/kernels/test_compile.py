@@ -17,10 +17,11 @@ needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not o
 
 def test_render_defines_sorted_constants_and_points_errors_at_the_cu():
     src = render(KernelConfig(nsplit=8, ht=2, tk=32, block=256, stages=3), q_len=9)
-    head = src.splitlines()[:12]
-    assert head[:11] == [
+    head = src.splitlines()[:13]
+    assert head[:12] == [
         "#define BLOCK 256",
         "#define HT 2",
+        "#define KV_FMT 0",  # the cache's format (kernels/formats.py): bf16
         "#define NSPLIT 8",
         "#define PIPE 1",
         "#define QN 9",
@@ -31,7 +32,7 @@ def test_render_defines_sorted_constants_and_points_errors_at_the_cu():
         "#define WK 4",
         "#define WR 2",
     ]  # QT=0 (all nodes) renders as q_len
-    assert head[11] == '#line 1 "verify_attention.cu"'
+    assert head[12] == '#line 1 "verify_attention.cu"'
 
 
 @needs_nvcc

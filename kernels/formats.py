@@ -1,0 +1,117 @@
+"""The KV-cache formats the kernel knows: one row each, the one place element types and sizes live.
+
+A format is what an engine's pool holds (element type, bytes a token's row, how it is scaled)
+together with how the kernel computes on it (the type its MMAs read). Rendering (the .cu's KV_FMT),
+validation (shared-memory sizes), the ABI checks (the pool's accepted dtypes and row width), the
+cost model (bytes a token), the build cache's and the cubin bundle's keys read this table, and the
+tuning key's `kv_dtype` takes its values from it (verify_tuner.keys). A format the current kernel
+does not read yet is listed, so that a request for it is refused by name rather than as unknown.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from verify_tuner.kernels.errors import InvalidConfig
+
+#: Bytes of one element of each torch dtype a pool or q may be stored as.
+ITEMSIZE = {"bfloat16": 2, "float16": 2, "uint8": 1, "float8_e4m3fn": 1}
+
+
+@dataclass(frozen=True)
+class KVFormat:
+    name: str  # the key's kv_dtype value
+    code: int  # KV_FMT in csrc/verify_attention.cu
+    element: str  # the latent's stored element type
+    row_bytes: int  # bytes of one token's row in the pool (576 latent + rope dims, plus any scales)
+    scale: str  # "none"; "per_layer": one fp32 scale for the layer's cache (the op's kv_scale)
+    mma: str  # the element type the QK MMAs read ("bf16", "f16" after dequantizing, "e4m3")
+    pool_dtypes: tuple[str, ...]  # torch dtypes the op accepts for the pool
+    staged_bytes: int  # bytes of one element of Q, a KV ring slot and P in shared memory
+    min_cc: int  # lowest compute capability (10 * major + minor) with the instructions it needs
+    kernel_reads: bool  # the current kernel reads it; otherwise it is refused by name
+    about: str
+
+    def pool_row_elems(self, pool_dtype: str) -> int:
+        """Elements of a token's row in a pool stored as `pool_dtype` (576 bf16, 576 uint8, ...)."""
+        return self.row_bytes // ITEMSIZE[pool_dtype]
+
+    def unsupported_reason(self, cc: int | None = None) -> str | None:
+        """Why this format cannot be computed (by this kernel, or on compute capability `cc`), or None."""
+        if not self.kernel_reads:
+            return f"kv_dtype {self.name} ({self.about}) is not read by this kernel version yet"
+        if cc is not None and cc < self.min_cc:
+            return (
+                f"kv_dtype {self.name} needs compute capability {self.min_cc / 10:.1f}+, the device has {cc / 10:.1f}"
+            )
+        return None
+
+
+FORMATS: dict[str, KVFormat] = {
+    f.name: f
+    for f in (
+        KVFormat(
+            "bf16", 0, "bf16", 1152, "none", "bf16", ("bfloat16",), 2, 80, True, "bf16 latent rows, read as stored"
+        ),
+        KVFormat(
+            "fp8_e4m3",
+            1,
+            "e4m3",
+            576,
+            "per_layer",
+            "f16",
+            ("uint8", "float8_e4m3fn"),
+            2,
+            80,
+            False,
+            "e4m3 latent rows with one fp32 scale a layer (SGLang --kv-cache-dtype fp8_e4m3, vLLM fp8), "
+            "dequantized to f16 in the kernel",
+        ),
+        KVFormat(
+            "fp8_e4m3_qk",
+            2,
+            "e4m3",
+            576,
+            "per_layer",
+            "e4m3",
+            ("uint8", "float8_e4m3fn"),
+            1,
+            89,
+            False,
+            "the fp8_e4m3 cache with QK on e4m3 MMAs, q quantized to e4m3 per row",
+        ),
+        KVFormat(
+            "fp8_ds_mla",
+            3,
+            "e4m3",
+            656,
+            "per_128",
+            "bf16",
+            ("uint8",),
+            2,
+            80,
+            False,
+            "FlashMLA's fp8 with scale: 512 e4m3, 4 fp32 scales (one per 128 dims), 64 bf16 rope dims",
+        ),
+    )
+}
+DEFAULT = "bf16"
+#: Every name the key accepts: the formats the kernel reads (the rest are refused by name).
+KV_DTYPES = tuple(name for name, f in FORMATS.items() if f.kernel_reads)
+
+
+def kv_format(name: str) -> KVFormat:
+    """The format named `name`; InvalidConfig naming the accepted ones otherwise."""
+    f = FORMATS.get(name)
+    if f is None:
+        raise InvalidConfig(f"unknown kv_dtype {name!r}: one of {', '.join(FORMATS)}")
+    return f
+
+
+def readable(name: str, cc: int | None = None) -> KVFormat:
+    """The format named `name` if this kernel computes on it (on compute capability `cc`); InvalidConfig otherwise."""
+    f = kv_format(name)
+    reason = f.unsupported_reason(cc)
+    if reason:
+        raise InvalidConfig(reason)
+    return f

@@ -1,0 +1,111 @@
+"""The KV formats table and what reads it: validation, the ABI's pool checks, the cost model and
+the reference's quantized pools (CPU only)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from verify_tuner.kernels import formats
+from verify_tuner.kernels.abi import TensorMeta, check_call
+from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.errors import InvalidConfig
+from verify_tuner.kernels.limits import KNOWN_DEVICES
+from verify_tuner.kernels.shapes import floor_bytes
+from verify_tuner.kernels.validate import check, smem_bytes
+
+H200 = KNOWN_DEVICES["NVIDIA H200"]
+CFG = KernelConfig(nsplit=132, ht=8, tk=32, block=256, stages=3, wr=2, wk=2, sf=1, pipe=3)
+
+
+def test_every_format_is_one_consistent_row():
+    codes = [f.code for f in formats.FORMATS.values()]
+    assert len(set(codes)) == len(codes)  # KV_FMT values are unique
+    for name, f in formats.FORMATS.items():
+        assert f.name == name and f.about
+        for dtype in f.pool_dtypes:
+            assert f.pool_row_elems(dtype) * formats.ITEMSIZE[dtype] == f.row_bytes
+    assert formats.FORMATS["bf16"].row_bytes == 576 * 2 and formats.FORMATS["fp8_e4m3"].row_bytes == 576
+    assert formats.FORMATS["fp8_ds_mla"].row_bytes == 512 + 4 * 4 + 64 * 2  # FlashMLA's 656-byte rows
+    assert formats.DEFAULT in formats.KV_DTYPES
+
+
+def test_an_unknown_format_is_refused_naming_the_known_ones():
+    with pytest.raises(InvalidConfig, match=r"unknown kv_dtype 'fp4'.*bf16, fp8_e4m3"):
+        formats.kv_format("fp4")
+    assert "unknown kv_dtype 'fp4'" in check(CFG, H200, H=8, q_len=9, kv_dtype="fp4")
+
+
+@pytest.mark.parametrize("name", [n for n, f in formats.FORMATS.items() if not f.kernel_reads])
+def test_a_format_the_kernel_does_not_read_is_refused_by_name(name):
+    reason = check(CFG, H200, H=8, q_len=9, kv_dtype=name)
+    assert reason is not None and f"kv_dtype {name}" in reason and "not read by this kernel" in reason
+    with pytest.raises(InvalidConfig, match=name):
+        formats.readable(name)
+
+
+def test_a_mode_needs_the_instructions_of_its_arch():
+    qk = formats.FORMATS["fp8_e4m3_qk"]
+    assert qk.min_cc == 89  # mma.sync .e4m3 exists from sm_89 (emulated on sm_90, native on sm_120)
+    reason = formats.KVFormat(**{**qk.__dict__, "kernel_reads": True}).unsupported_reason(80)
+    assert reason == "kv_dtype fp8_e4m3_qk needs compute capability 8.9+, the device has 8.0"
+
+
+def test_the_cost_model_counts_the_cache_in_its_format():
+    bf16 = floor_bytes([46000], q_len=9, H=8)
+    fp8 = floor_bytes([46000], q_len=9, H=8, kv_dtype="fp8_e4m3")
+    qo = 9 * 8 * (576 + 512) * 2  # q in and o out stay bf16
+    assert bf16 == 46009 * 1152 + qo and fp8 == 46009 * 576 + qo
+
+
+def test_shared_memory_follows_the_staged_element_size():
+    assert smem_bytes(CFG, 9) == smem_bytes(CFG, 9, "bf16") == 227448  # the seesaw default at 72 rows
+
+
+def _call(kv_dtype_storage: str, width: int = 576) -> dict[str, TensorMeta]:
+    B, Q, H = 2, 9, 8
+    dev = "cuda:0"
+    return {
+        "q": TensorMeta("bfloat16", (B, Q, H, 576), dev, True, address=0),
+        "kv": TensorMeta(kv_dtype_storage, (100, width), dev, True),
+        "kv_indptr": TensorMeta("int32", (B + 1,), dev, True),
+        "kv_indices": TensorMeta("int32", (50,), dev, True),
+        "draft_slots": TensorMeta("int32", (B, Q), dev, True),
+        "tree_mask": TensorMeta("int64", (B, Q), dev, True),
+        "out": TensorMeta("bfloat16", (B, Q, H, 512), dev, True),
+    }
+
+
+def test_the_abi_checks_the_pool_against_its_format():
+    assert check_call(_call("bfloat16"), q_len=9, H=8) is None
+    assert check_call(_call("uint8"), q_len=9, H=8) == "kv must be bfloat16 for kv_dtype bf16, got uint8"
+    for storage in ("uint8", "float8_e4m3fn"):
+        assert check_call(_call(storage), q_len=9, H=8, kv_dtype="fp8_e4m3") is None
+    assert check_call(_call("bfloat16"), q_len=9, H=8, kv_dtype="fp8_e4m3") == (
+        "kv must be uint8 or float8_e4m3fn for kv_dtype fp8_e4m3, got bfloat16"
+    )
+    assert "kv must be [*, 576]" in check_call(_call("uint8", 656), q_len=9, H=8, kv_dtype="fp8_e4m3")
+
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.mark.parametrize("pool_dtype", ["uint8", "float8_e4m3fn"])
+def test_the_reference_computes_on_the_dequantized_cache(pool_dtype):
+    from verify_tuner.kernels.reference import make_inputs, reference
+
+    inp = make_inputs(prefix_lens=[40, 7], q_len=3, H=2, device="cpu", kv_dtype="fp8_e4m3", pool_dtype=pool_dtype)
+    assert str(inp.kv.dtype) == f"torch.{pool_dtype}" and inp.kv.shape == (47 + 6, 576)
+    assert inp.kv_scale == pytest.approx(float(inp.kv_unquantized.float().abs().max()) / 448)
+    deq = inp.dequantized_kv()
+    # e4m3 keeps 3 mantissa bits: every value within half an ulp (2^-4 relative) of its source
+    src = inp.kv_unquantized.float()
+    assert ((deq - src).abs() <= src.abs() * 2**-4 + inp.kv_scale * 2**-9).all()
+    o, lse = reference(inp)
+    # the reference reads exactly those values: the same inputs with the fp32 values as the pool agree
+    plain = dataclasses.replace(inp, kv=deq, kv_dtype="bf16", kv_scale=1.0)
+    o2, lse2 = reference(plain)
+    assert torch.equal(o, o2) and torch.equal(lse, lse2)
+    # and not the unquantized ones (the error against those is information for users, not the gate)
+    o3, _ = reference(dataclasses.replace(inp, kv=inp.kv_unquantized, kv_dtype="bf16", kv_scale=1.0))
+    assert 1e-3 < float((o - o3).norm() / o3.norm()) < 0.1
