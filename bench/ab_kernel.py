@@ -48,7 +48,7 @@ def main() -> None:
         help="variant B's config as 'NSPLIT=66 HT=4 ...' (default: the heuristic default, as A)",
     )
     ap.add_argument("--label", default="A vs B")
-    ap.add_argument("--out", type=Path, default=Path("bench/results"))
+    ap.add_argument("--out", type=Path, required=True, help="folder the results are written to")
     ap.add_argument("--cache", default=os.environ.get("TUNER_CACHE_DIR", "/tmp/va-cache"))
     ap.add_argument(
         "--shapes",

@@ -5,7 +5,7 @@ the fp32 reference before it is timed.
 
     git worktree add /tmp/base dcd2450 && pip wheel --no-deps -w .basewhl /tmp/base   # here
     pip install --no-deps --target /tmp/base-site .basewhl/*.whl                       # there
-    python3 bench/ab_versions.py --base-tree /tmp/base-site --base-label v2-dcd2450 --out bench/results
+    python3 bench/ab_versions.py --base-tree /tmp/base-site --base-label v2-dcd2450 --out OUT
 
 The base must be importable as `verify_tuner` from --base-tree: since the namespace move that is
 an installed copy (a wheel unpacked with --target), not a checkout; a checkout from before the move
@@ -91,7 +91,7 @@ def main() -> None:
     ap.add_argument(
         "--base-tree", type=Path, help="folder where the base's verify_tuner is importable (pip install --target)"
     )
-    ap.add_argument("--out", type=Path, default=Path("bench/results"))
+    ap.add_argument("--out", type=Path, required=True, help="folder the results are written to")
     ap.add_argument("--cache", default=os.environ.get("TUNER_CACHE_DIR", "/tmp/va-cache"))
     ap.add_argument("--base-label", help="name of the base in the report (default: its git revision)")
     ap.add_argument(

@@ -16,7 +16,7 @@ max(memory floor, FLOP / 645 TFLOP/s). Plus the issue-10 target shape: B=32, pre
 Every config is gated against the fp32 reference on its batch before it is timed; timings are
 CUDA-graph replays with inputs past the L2 (verify_tuner.kernels.timing).
 
-    python3 bench/batch_bench.py --out bench/results [--variant ilp=-DVA_SOFTMAX_ILP]
+    python3 bench/batch_bench.py --out OUT [--variant ilp=-DVA_SOFTMAX_ILP]
 """
 
 from __future__ import annotations
@@ -220,7 +220,7 @@ def write(out: Path, b: Bench, stat_rows: list[dict], bench_rows: list[dict]) ->
         f"# Batched verify, H={H} q_len={Q} — {b.limits.name} ({arch}), {meta['date']}",
         "",
         (
-            "`python3 bench/batch_bench.py --out bench/results`; CUDA-graph replays, inputs past the L2, every "
+            "`python3 bench/batch_bench.py --out OUT`; CUDA-graph replays, inputs past the L2, every "
             f"config gated against the fp32 reference on its batch; copy bandwidth {b.bw / 1e9:.0f} GB/s."
         ),
         "",
@@ -273,7 +273,7 @@ def write_target(out: Path, b: Bench, r: dict) -> None:
         f"# Issue 10's ragged batch target, H={H} q_len={Q} — {b.limits.name} ({arch}), {meta['date']}",
         "",
         (
-            "`python3 bench/batch_bench.py --target-only --out bench/results`; CUDA-graph replays, inputs past the "
+            "`python3 bench/batch_bench.py --target-only --out OUT`; CUDA-graph replays, inputs past the "
             "L2, every config gated against the fp32 reference on the batch; limit = max(memory floor at "
             f"{b.bw / 1e9:.0f} GB/s, FLOP / {MMA_TFLOPS:.0f} TFLOP/s); target <= 1.5x the limit."
         ),
@@ -299,7 +299,7 @@ def _us(v: float | None, floor: float) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=Path("bench/results"))
+    ap.add_argument("--out", type=Path, required=True, help="folder the results are written to")
     ap.add_argument("--cache", default=os.environ.get("TUNER_CACHE_DIR", "/tmp/va-cache"))
     ap.add_argument("--flags", default="", help="nvcc flags for every config (e.g. -DVA_SOFTMAX_ILP)")
     ap.add_argument("--mean-centre", type=int, default=16384)

@@ -1,7 +1,7 @@
 """Kernel benchmark on the local GPU: memory floor, naive torch, heuristic default, best of a
 small sweep, per (H, Q, prefix). Writes JSON, a markdown table and a PNG under --out.
 
-    python3 bench/bench_kernel.py --out bench/results [--quick]
+    python3 bench/bench_kernel.py --out OUT [--quick]
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def sweep(limits, H, Q, P, base: KernelConfig) -> list[KernelConfig]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=Path("bench/results"))
+    ap.add_argument("--out", type=Path, required=True, help="folder the results are written to")
     ap.add_argument("--quick", action="store_true", help="H=8/64, Q=9, P=46000 only")
     ap.add_argument("--cache", default=os.environ.get("TUNER_CACHE_DIR", "/tmp/va-cache"))
     args = ap.parse_args()

@@ -8,7 +8,7 @@ body size as a tuned table):
 - the body built the way the route did before, per request: a ConfigTableOut of every answer,
   serialised, hashed (timed directly on the same cached tables), against the splice and hash.
 
-    python3 bench/configs_body_cost.py --out bench/results
+    python3 bench/configs_body_cost.py --out OUT
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def _ms(fn, n: int) -> float:  # type: ignore[no-untyped-def]
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=Path("bench/results"))
+    ap.add_argument("--out", type=Path, required=True, help="folder the results are written to")
     ap.add_argument("--requests", type=int, default=300)
     args = ap.parse_args()
 

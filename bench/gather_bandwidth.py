@@ -2,7 +2,7 @@
 by slot index, scattered (a random permutation of the pool) or contiguous, against a plain
 device-to-device copy. Bytes counted read + written, like the copy bandwidth the floors use.
 
-    python3 bench/gather_bandwidth.py --out bench/results
+    python3 bench/gather_bandwidth.py --out OUT
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from verify_tuner.kernels.shapes import D_QK
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=Path("bench/results"))
+    ap.add_argument("--out", type=Path, required=True, help="folder the results are written to")
     args = ap.parse_args()
     import torch
     from verify_tuner.kernels.timing import copy_bandwidth

@@ -3,7 +3,7 @@
 each batch size's plan against every prefix bucket's own best.
 
     python bench/graph_plans_report.py OUT/graph_plans.json STATE/walltimes.txt \
-        --device "NVIDIA H200" --date 2026-12-02 --out bench/results
+        --device "NVIDIA H200" --date 2026-12-02 --out OUT
 
 Writes graph_plans_<arch>.{json,md,png}.
 """
@@ -72,7 +72,7 @@ def main() -> None:
     ap.add_argument("--device", required=True)
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--date", required=True)
-    ap.add_argument("--out", type=Path, default=Path("bench/results"))
+    ap.add_argument("--out", type=Path, required=True, help="folder the results are written to")
     ap.add_argument("--database-url", default=None, help="The table's database: its `configs verify` verdicts.")
     ap.add_argument(
         "--studies", type=Path, default=None, help="The table's Optuna study files: configs measured at every bucket."

@@ -3,7 +3,7 @@ local GPU, for every shape of a kernel benchmark JSON, time side by side: the de
 benchmark measured (an earlier heuristic), the current heuristic's default and that benchmark's
 best-of-sweep config. Rounds interleave the configs so drift hits all alike.
 
-    python3 bench/heuristic_check.py bench/results/kernel_sm_90.json --out bench/results
+    python3 bench/heuristic_check.py bench/results/kernel_sm_90.json --out OUT
 
 Writes heuristic_<arch>.{json,md,png}.
 """
@@ -31,7 +31,7 @@ ROUNDS, REPS = 3, 10
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("bench_json", type=Path)
-    ap.add_argument("--out", type=Path, default=Path("bench/results"))
+    ap.add_argument("--out", type=Path, required=True, help="folder the results are written to")
     ap.add_argument("--cache", default=os.environ.get("TUNER_CACHE_DIR", "/tmp/va-cache"))
     args = ap.parse_args()
 

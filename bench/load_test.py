@@ -1,5 +1,5 @@
 """Load test of a real `tuner serve` over loopback: N concurrent clients, bounded in count and
-time. Writes bench/results/load_test.{md,json}.
+time. Writes load_test.{md,json} into --out.
 
     python bench/load_test.py --clients 200 --requests 100000 --max-seconds 10 --rate 0 2 --repeat 2
 Each client keeps one connection and sends --requests lookups (or until --max-seconds), paced at
@@ -276,7 +276,7 @@ def main() -> None:
     )
     ap.add_argument("--tag", help="results go to load_test_<tag>.* instead")
     ap.add_argument("--probe", metavar="URL", nargs="+", help=argparse.SUPPRESS)  # the probe process's entry point
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    ap.add_argument("--out", type=Path, required=True, help="folder the results are written to")
     args = ap.parse_args()
     if args.probe:
         print(json.dumps(probe(args.probe, args.max_seconds)))

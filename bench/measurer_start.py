@@ -5,7 +5,7 @@ A fresh interpreter per GPU, started the way verify_tuner.measure.gpu_backend st
 GPU visible), times each step the real start takes, in order, then a first and a second
 measurement of the heuristic config (its cubin compiled beforehand: nvcc is not counted):
 
-    python bench/measurer_start.py --out bench/results/measurer_start.json [--devices 0,1]
+    python bench/measurer_start.py --out FILE [--devices 0,1]
 
 With several devices the interpreters start at once, as `tuner study start --devices` does.
 Seconds are from the moment the bench launched the interpreter.

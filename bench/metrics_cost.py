@@ -1,6 +1,6 @@
 """What the /metrics bookkeeping costs a request: the middleware's `request` plus the route's
 `lookup` call, timed in a loop, for prometheus_client (api/metrics.py) and, given a commit, for the
-hand-written exposition it replaced. Writes bench/results/metrics_cost.json.
+hand-written exposition it replaced. Writes metrics_cost.json into --out.
 
     python bench/metrics_cost.py [--old-commit 97e9d8b]
 """
@@ -33,7 +33,7 @@ def per_request_us(metrics, n: int = 200_000) -> float:  # type: ignore[no-untyp
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--old-commit", default=None, help="also time api/metrics.py of this commit")
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    ap.add_argument("--out", type=Path, required=True, help="folder the results are written to")
     args = ap.parse_args()
     from verify_tuner.api.metrics import Metrics
 

@@ -4,7 +4,7 @@ ended (it waits for the measuring child's start, bench/measurer_start.py), each 
 (first trial start to last trial end, from the study's timestamps), the wait of the process that
 finished first for the last key, and the end (the last winner's re-timing, exit).
 
-    python bench/multi_table_breakdown.py bench/results/multi_table/run26_60 [more run prefixes]
+    python bench/multi_table_breakdown.py bench/results/multi_table/trials60_1 [more prefixes]
 
 A prefix names `<prefix>_table_single.json` and `<prefix>_table_multi.json`; the multi run's
 `<prefix>_table_multi.log` says which GPU owned each key, and without it (bench/results keeps no

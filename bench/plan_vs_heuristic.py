@@ -5,7 +5,7 @@ the plan's range (not the buckets' representative prefixes) and ragged draws of 
 Both are one config per batch size whatever the prefix, as a captured graph holds one.
 
     python3 bench/plan_vs_heuristic.py --H 8 --q-len 9 --prefix-range 1024:131072 --batch 1,8,32 \
-        --draws 4 --out bench/results
+        --draws 4 --out OUT
 
 Reads the plans from TUNER_DATABASE_URL; writes plan_vs_heuristic_<arch>.{json,md}.
 """
@@ -50,7 +50,7 @@ def main() -> None:
     ap.add_argument("--batch", required=True)
     ap.add_argument("--draws", type=int, default=4)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--out", type=Path, default=Path("bench/results"))
+    ap.add_argument("--out", type=Path, required=True, help="folder the results are written to")
     ap.add_argument("--cache", default=os.environ.get("TUNER_CACHE_DIR", "/tmp/va-cache"))
     ap.add_argument(
         "--neighbour-mb",

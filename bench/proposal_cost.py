@@ -6,7 +6,7 @@ The backend answers every config at once from a fixed analytic landscape (it exi
 the search, not to model a kernel), so the wall time is the tuner's own: proposing, checking,
 storing, picking the winner.
 
-    python bench/proposal_cost.py --out bench/results [--keys 8 --trials 8,20 --seed 0]
+    python bench/proposal_cost.py --out OUT [--keys 8 --trials 8,20 --seed 0]
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class Instant:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=Path("bench/results"))
+    ap.add_argument("--out", type=Path, required=True, help="folder the results are written to")
     ap.add_argument("--keys", type=int, default=8, help="prefix buckets of H=8 q=9, from 1024 up")
     ap.add_argument("--trials", default="8,20")
     ap.add_argument("--seed", type=int, default=0)

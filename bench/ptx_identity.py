@@ -3,7 +3,7 @@ configs and arches (line info and comments stripped): a source change that is me
 comments or flag-only paths is checked here, without a GPU, against the revision the gpu tests
 and benchmarks measured.
 
-    python bench/ptx_identity.py --base 5dfc59b --out bench/results
+    python bench/ptx_identity.py --base 5dfc59b --out OUT
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def _ptx(source: str, cfg: KernelConfig, q_len: int, arch: str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--base", required=True, help="git revision to compare with")
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    ap.add_argument("--out", type=Path, required=True, help="folder the results are written to")
     args = ap.parse_args()
     rel = SOURCE.relative_to(ROOT)
     base = subprocess.run(

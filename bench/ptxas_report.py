@@ -1,7 +1,7 @@
 """Registers, spills and shared memory of the heuristic defaults per mode, for sm_90 and sm_120,
 from nvcc's ptxas report (no GPU needed). Writes a markdown table.
 
-    python3 bench/ptxas_report.py --out bench/results
+    python3 bench/ptxas_report.py --out OUT
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def mode(cfg, q_len: int) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=Path("bench/results"))
+    ap.add_argument("--out", type=Path, required=True, help="folder the results are written to")
     args = ap.parse_args()
     lines = [
         f"# ptxas report of the heuristic defaults — {dt.date.today().isoformat()}, {nvcc_version()}",

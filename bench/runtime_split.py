@@ -14,7 +14,7 @@ Each row: us, limit_us, achieved TB/s and TFLOP/s, and the partial kernel's own 
 that many MB (the rest of an engine's layer: cold instruction and data caches), the GEMM's own
 time subtracted.
 
-    python3 bench/runtime_split.py --out bench/results
+    python3 bench/runtime_split.py --out OUT
 """
 
 from __future__ import annotations
@@ -196,7 +196,7 @@ def _launch(va, buf: dict, stream) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=Path("bench/results"))
+    ap.add_argument("--out", type=Path, required=True, help="folder the results are written to")
     ap.add_argument("--cache", default=os.environ.get("TUNER_CACHE_DIR", "/tmp/va-cache"))
     ap.add_argument("--neighbour-mb", type=int, default=128, help="the GEMM of cold_us (0: no cold_us)")
     args = ap.parse_args()

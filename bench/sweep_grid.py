@@ -60,7 +60,7 @@ def main() -> None:
     ap.add_argument("--configs", type=Path, default=None, help="measure the configs of this earlier sweep JSON")
     ap.add_argument("--resume", type=Path, default=None, help="keep this sweep JSON's rows, measure the rest")
     ap.add_argument("--checkpoint", type=int, default=100)
-    ap.add_argument("--out", type=Path, default=Path("bench/results"))
+    ap.add_argument("--out", type=Path, required=True, help="folder the results are written to")
     ap.add_argument("--cache", type=Path, default=Path("/tmp/va-cache"))
     ap.add_argument("--only", action="append", default=[], metavar="NAME=V1,V2", help="(repeatable)")
     ap.add_argument(

@@ -3,7 +3,7 @@ structures (ring depth, QK warp grid, prefetch distance, row tile, head tile, NS
 replays with inputs rotated past the L2, each gated against the fp32 reference first. Writes
 JSON and a markdown table; optionally a phase split of the fastest config at one shape.
 
-    python3 bench/sweep_structures.py --out bench/results [--shapes 8:9:46000,8:1:131072] \
+    python3 bench/sweep_structures.py --out OUT [--shapes 8:9:46000,8:1:131072] \
         [--configs plan.json] [--variant l2hint=-DVA_CP_L2_256B] [--layouts scattered,contiguous] \
         [--phases 8:9:46000,64:9:46000]
 """
@@ -92,7 +92,7 @@ def parse_cfg(text: str) -> KernelConfig:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=Path("bench/results"))
+    ap.add_argument("--out", type=Path, required=True, help="folder the results are written to")
     ap.add_argument("--shapes", default=",".join(f"{h}:{q}:{p}" for h, q, p in TARGETS))
     ap.add_argument("--configs", type=Path, help='JSON {"H:Q:P": ["NSPLIT=.. HT=.. ...", ...]} instead of the plan')
     ap.add_argument(

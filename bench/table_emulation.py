@@ -5,7 +5,7 @@ compile cache's file lock, as verify_tuner.kernels.build does) and measures in M
 tuner itself costs when several processes share one job -- proposing, storage, claims -- on any
 machine, where the GPU run (run_multi_table.sh) shows the total on the real one.
 
-    python bench/table_emulation.py --out bench/results/multi_table --trials 20 --procs 2
+    python bench/table_emulation.py --out OUT --trials 20 --procs 2
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@ dropped (bench_kernel imported a removed template list) must fail here, not in a
 
 from __future__ import annotations
 
+import ast
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -12,7 +14,8 @@ from verify_tuner.heuristic import heuristic_config
 from verify_tuner.kernels.limits import known_device
 from verify_tuner.kernels.validate import check, validate
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+sys.path.insert(0, str(BENCH))
 import bench_kernel
 import graph_switch
 import graph_switch_probe
@@ -51,3 +54,42 @@ def test_the_probe_configs_fit_the_h200():
         validate(graph_switch_probe.parse_config(text), limits, H=graph_switch_probe.H, q_len=graph_switch_probe.Q)
     names = {"L", *graph_switch_probe.SHORT}
     assert all(set(branches) <= names for _, branches, _ in graph_switch_probe.SWITCHED)
+
+
+def _out_options(path: Path) -> list[ast.Call]:
+    calls = [n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Call)]
+    return [
+        c
+        for c in calls
+        if isinstance(c.func, ast.Attribute)
+        and c.func.attr == "add_argument"
+        and c.args
+        and isinstance(c.args[0], ast.Constant)
+        and c.args[0].value == "--out"
+    ]
+
+
+def _writes_only_where_told(call: ast.Call) -> bool:
+    kw = {k.arg: k.value for k in call.keywords}
+    required, default = kw.get("required"), kw.get("default")
+    if isinstance(required, ast.Constant) and required.value is True:
+        return True
+    return default is None or (isinstance(default, ast.Constant) and default.value is None)
+
+
+def test_no_benchmark_writes_into_the_checkout_by_default():
+    """bench/results holds the committed results: a benchmark run in a checkout without --out
+    wrote over them. Every --out is required, or absent means "print, write nothing"."""
+    found = {p.name: _out_options(p) for p in sorted(BENCH.glob("*.py"))}
+    assert sum(len(calls) for calls in found.values()) >= 20  # the scan sees the scripts' options
+    defaulted = [name for name, calls in found.items() for c in calls if not _writes_only_where_told(c)]
+    assert defaulted == []
+
+
+@pytest.mark.parametrize("script", ["load_test.py", "ptxas_report.py"])
+def test_a_benchmark_without_out_is_refused_and_writes_nothing(script, tmp_path):
+    r = subprocess.run(
+        [sys.executable, str(BENCH / script)], cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert r.returncode == 2 and "--out" in r.stderr.splitlines()[-1], r.stderr
+    assert list(tmp_path.iterdir()) == []

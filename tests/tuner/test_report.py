@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import subprocess
+import sys
 from dataclasses import replace
 
 from click.testing import CliRunner
@@ -83,3 +85,41 @@ def test_report_keeps_each_kernel_builds_rows_apart_and_names_the_served_one(sql
     assert ours < md.index("NSPLIT=128") < theirs < md.index("NSPLIT=64"), md
     assert md.count("| H | q_len | batch |") == 2  # a table per build
     assert (tmp_path / "rep" / "tuned_nvidia-h200.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_report_in_a_checkout_writes_to_the_working_directory_not_bench_results(sqlite_url, tmp_path):
+    """`tuner study report` as the README showed it, run in a checkout: its default folder was
+    bench/results, so it overwrote the committed tuned_nvidia-h200.md there."""
+    migrate.upgrade(sqlite_url)
+    sessions = session_factory(make_engine(sqlite_url))
+    h200 = known_device("h200")
+    with session_scope(sessions) as s:
+        devices.upsert_device(session=s, limits=h200)
+        best_configs.upsert_best(
+            session=s,
+            key=ConfigKey(h200.name, kernel_hash(), "bf16", 8, 9, 15),
+            config=KernelConfig(128, 8, 32, 256),
+            median_us=42.0,
+            default_us=60.0,
+        )
+    checkout = tmp_path / "checkout"
+    committed = checkout / "bench" / "results" / "tuned_nvidia-h200.md"
+    committed.parent.mkdir(parents=True)
+    committed.write_text("the committed result\n")
+    (checkout / "pyproject.toml").write_text("[project]\nname = 'verify-tuner'\n")
+    before = sorted(p.name for p in committed.parent.iterdir())
+
+    r = subprocess.run(
+        [sys.executable, "-m", "verify_tuner", "--database-url", sqlite_url, "study", "report"],
+        cwd=checkout,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,  # the assert shows the output
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert committed.read_text() == "the committed result\n"
+    assert sorted(p.name for p in committed.parent.iterdir()) == before
+    assert "NSPLIT=128" in (checkout / "tuned_nvidia-h200.md").read_text()
+    assert (checkout / "tuned_nvidia-h200.png").read_bytes()[:4] == b"\x89PNG"
+    assert "wrote tuned_nvidia-h200.md" in r.stdout

@@ -150,8 +150,9 @@ REPORT_OPTS = [
         "--out",
         "out_dir",
         type=click.Path(file_okay=False, path_type=Path),
-        default=Path("bench/results"),
-        show_default=True,
+        # the working directory, never a folder of a checkout: run there, this overwrote committed results
+        default=Path("."),
+        help="Folder for tuned_<device>.md and .png (default: the current directory).",
     ),
     click.option("--device", default=None, help="Default: every recorded device."),
 ]
