@@ -17,7 +17,7 @@ from verify_tuner.kernels.shapes import D_QK, D_V, Q_BYTES
 
 LOG2E = 1.4426950408889634
 #: The kernels' arguments in PyCUDA's prepare() letters (csrc/verify_attention.cu's signatures).
-PARTIAL_ARGS = "PPPPPPPPPPPPiiiiiiiiif"
+PARTIAL_ARGS = "PPPPPPPPPPPPiiiiiiiiifPf"
 REDUCE_ARGS = "PPPPPiii"
 #: Tree-mask row widths the kernel reads, by dtype (SGLang packs q_len <= 8/16/32 into uint8/16/32).
 MASK_BYTES = {"uint8": 1, "int8": 1, "int16": 2, "uint16": 2, "int32": 4, "uint32": 4, "int64": 8, "uint64": 8}
@@ -97,9 +97,13 @@ class LaunchSpec:
         batch: int,
         softmax_scale: float,
         layout: Layout | None = None,
+        kv_scale: float = 1.0,
+        kv_scale_ptr: int = 0,
     ) -> tuple[float, ...]:
         """The partial's arguments; q_pe None means q holds 576-wide rows (its dims 512.. are the rope
-        part), layout None the dense layout (Layout.dense)."""
+        part), layout None the dense layout (Layout.dense). A scaled format's kernel reads the layer's
+        scale at kv_scale_ptr (a device float, so a captured graph follows a recalibrated scale) or,
+        with 0 there, takes kv_scale; a bf16 kernel ignores both."""
         lay = layout if layout is not None else Layout.dense(self.H)
         return (
             q,
@@ -124,6 +128,8 @@ class LaunchSpec:
             lay.page_stride,
             lay.mask_bytes,
             softmax_scale * LOG2E,
+            kv_scale_ptr,
+            kv_scale,
         )
 
     def reduce_args(

@@ -26,7 +26,7 @@ from verify_tuner.kernels.formats import kv_format
 SOURCE = Path(__file__).parent / "csrc" / "verify_attention.cu"
 KERNEL_NAME = "verify_attention"
 #: Bump when the kernel's semantics or interface change; part of every cache key and DB key.
-KERNEL_VERSION = "6"
+KERNEL_VERSION = "7"
 NVCC_FLAGS = ("-O3", "-std=c++17", "--use_fast_math", "-lineinfo")
 
 

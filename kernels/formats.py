@@ -28,6 +28,7 @@ class KVFormat:
     mma: str  # the element type the QK MMAs read ("bf16", "f16" after dequantizing, "e4m3")
     pool_dtypes: tuple[str, ...]  # torch dtypes the op accepts for the pool
     staged_bytes: int  # bytes of one element of Q, a KV ring slot and P in shared memory
+    q_row_scale: bool  # q is rescaled per row in shared memory (a float a row of the block)
     min_cc: int  # lowest compute capability (10 * major + minor) with the instructions it needs
     kernel_reads: bool  # the current kernel reads it; otherwise it is refused by name
     about: str
@@ -47,54 +48,33 @@ class KVFormat:
         return None
 
 
+_E4M3_POOL = ("uint8", "float8_e4m3fn")  # SGLang stores e4m3 as uint8; torch's own fp8 dtype is taken too
 FORMATS: dict[str, KVFormat] = {
     f.name: f
     for f in (
         KVFormat(
-            "bf16", 0, "bf16", 1152, "none", "bf16", ("bfloat16",), 2, 80, True, "bf16 latent rows, read as stored"
+            name="bf16", code=0, element="bf16", row_bytes=1152, scale="none", mma="bf16",
+            pool_dtypes=("bfloat16",), staged_bytes=2, q_row_scale=False, min_cc=80, kernel_reads=True,
+            about="bf16 latent rows, read as stored",
         ),
         KVFormat(
-            "fp8_e4m3",
-            1,
-            "e4m3",
-            576,
-            "per_layer",
-            "f16",
-            ("uint8", "float8_e4m3fn"),
-            2,
-            80,
-            False,
-            "e4m3 latent rows with one fp32 scale a layer (SGLang --kv-cache-dtype fp8_e4m3, vLLM fp8), "
+            name="fp8_e4m3", code=1, element="e4m3", row_bytes=576, scale="per_layer", mma="f16",
+            pool_dtypes=_E4M3_POOL, staged_bytes=2, q_row_scale=True, min_cc=80, kernel_reads=False,
+            about="e4m3 latent rows with one fp32 scale a layer (SGLang --kv-cache-dtype fp8_e4m3, vLLM fp8), "
             "dequantized to f16 in the kernel",
         ),
         KVFormat(
-            "fp8_e4m3_qk",
-            2,
-            "e4m3",
-            576,
-            "per_layer",
-            "e4m3",
-            ("uint8", "float8_e4m3fn"),
-            1,
-            89,
-            False,
-            "the fp8_e4m3 cache with QK on e4m3 MMAs, q quantized to e4m3 per row",
+            name="fp8_e4m3_qk", code=2, element="e4m3", row_bytes=576, scale="per_layer", mma="e4m3",
+            pool_dtypes=_E4M3_POOL, staged_bytes=1, q_row_scale=True, min_cc=89, kernel_reads=False,
+            about="the fp8_e4m3 cache with QK on e4m3 MMAs, q quantized to e4m3 per row",
         ),
         KVFormat(
-            "fp8_ds_mla",
-            3,
-            "e4m3",
-            656,
-            "per_128",
-            "bf16",
-            ("uint8",),
-            2,
-            80,
-            False,
-            "FlashMLA's fp8 with scale: 512 e4m3, 4 fp32 scales (one per 128 dims), 64 bf16 rope dims",
+            name="fp8_ds_mla", code=3, element="e4m3", row_bytes=656, scale="per_128", mma="bf16",
+            pool_dtypes=("uint8",), staged_bytes=2, q_row_scale=False, min_cc=80, kernel_reads=False,
+            about="FlashMLA's fp8 with scale: 512 e4m3, 4 fp32 scales (one per 128 dims), 64 bf16 rope dims",
         ),
     )
-}
+}  # fmt: skip
 DEFAULT = "bf16"
 #: Every name the key accepts: the formats the kernel reads (the rest are refused by name).
 KV_DTYPES = tuple(name for name, f in FORMATS.items() if f.kernel_reads)

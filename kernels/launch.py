@@ -84,12 +84,15 @@ class VerifyAttention:
         reduce: bool = True,
         partial: bool = True,
         layout: Layout | None = None,
+        kv_scale: float = 1.0,
+        kv_scale_ptr: Any = None,
     ) -> None:
         """Enqueue partial + reduce on `stream` (a pycuda Stream or None for the default); q_pe and
         layout as in LaunchSpec.partial_args (None: one 576-wide q, page-size-1 slots, uint64 mask).
         reduce=False enqueues the partial kernel alone (benchmarks use it to split the time: a
         request that one part holds whole is complete after it, the others need the reduce);
-        partial=False the reduce alone, over the partials the last full launch left."""
+        partial=False the reduce alone, over the partials the last full launch left. A scaled
+        cache format takes its layer scale as kv_scale, or as a device float at kv_scale_ptr."""
         if not 1 <= batch <= self.max_batch:
             raise LaunchError(f"batch {batch} outside 1..{self.max_batch} this launcher was built for")
         pointers = {
@@ -103,6 +106,7 @@ class VerifyAttention:
             "tree_mask": _ptr(tree_mask),
             "out": _ptr(out),
             "lse": _ptr(lse),
+            "kv_scale_ptr": _ptr(kv_scale_ptr),
         }
         self.kernels.launch(
             stream=stream.handle if stream is not None else 0,
@@ -114,6 +118,7 @@ class VerifyAttention:
             layout=layout,
             reduce=reduce,
             partial=partial,
+            kv_scale=kv_scale,
         )
 
     def run(
@@ -138,4 +143,5 @@ class VerifyAttention:
             stream=stream,
             reduce=reduce,
             partial=partial,
+            kv_scale=s.kv_scale,
         )

@@ -110,17 +110,25 @@ class CubinKernels:
         layout: Layout | None = None,
         reduce: bool = True,
         partial: bool = True,
+        kv_scale: float = 1.0,
     ) -> None:
         """Enqueue partial + reduce on `stream` (a CUstream handle as an int; 0 the legacy default
         stream). reduce=False enqueues the partial alone, partial=False the reduce alone, over the
-        partials a previous launch left in the workspace (benchmarks split the time with them)."""
+        partials a previous launch left in the workspace (benchmarks split the time with them).
+        `pointers` may hold kv_scale_ptr, a scaled format's device scale (LaunchSpec.partial_args)."""
         if not (reduce or partial):
             raise ValueError("launch with neither kernel")
         drv = _driver()
         spec = self.spec
         if partial:
             args = spec.partial_args(
-                part_o=part_o, part_lse=part_lse, batch=batch, softmax_scale=softmax_scale, layout=layout, **pointers
+                part_o=part_o,
+                part_lse=part_lse,
+                batch=batch,
+                softmax_scale=softmax_scale,
+                layout=layout,
+                kv_scale=kv_scale,
+                **pointers,
             )
             cfg = self._config(spec.partial_grid(), spec.cfg.block, self.smem, stream, pdl=False)
             _ok(drv.cuLaunchKernelEx(cfg, self.partial, (args, _PARTIAL_TYPES), 0), "cuLaunchKernelEx(partial)")

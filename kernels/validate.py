@@ -68,13 +68,15 @@ def groups(cfg: KernelConfig) -> int:
 def smem_bytes(cfg: KernelConfig, q_len: int, kv_dtype: str = "bf16") -> int:
     """Dynamic shared memory of the partial kernel, in bytes (SMEM_* in the .cu)."""
     rp = shape(cfg, q_len).rows_padded
-    elem = kv_format(kv_dtype).staged_bytes
+    fmt = kv_format(kv_dtype)
+    elem = fmt.staged_bytes
     q = rp * KSTRIDE * elem
     kv = cfg.stages * cfg.tk * KSTRIDE * elem
     g = groups(cfg)  # the seesaw: score buffers per group, P and alpha for two tiles
     scores = g * (cfg.wk // 2 if cfg.sf else cfg.wk) * rp * (cfg.tk + 4) * 4
     p = g * rp * (cfg.tk + 8) * elem
-    stats = (2 + g) * rp * 4 + 48  # m, l, alpha per row; two rescale flags, padding, the segment at hand and the next
+    # m, l, alpha per row (and q's row scale); two rescale flags, padding, the segment at hand and the next
+    stats = (2 + g + fmt.q_row_scale) * rp * 4 + 48
     mask = cfg.row_tile(q_len) * 8
     slots = cfg.stages * cfg.tk * 4  # slot-index ring
     return q + kv + scores + p + stats + mask + slots

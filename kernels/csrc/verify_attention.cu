@@ -7,7 +7,9 @@
 // in place: q as one 576-wide row or as q_nope (512) + q_pe (64) at any row strides, the prefix as
 // slots at prefix_indptr or as a row of a table per request (SGLang's req_to_token at the
 // requests' pool rows, or a block table of pages of 2^page_shift slots), the tree mask as rows of
-// 1, 2, 4 or 8 bytes.
+// 1, 2, 4 or 8 bytes, the KV pool in the format KV_FMT names (kernels/formats.py): 0 bf16 rows;
+// 1 e4m3 rows with one fp32 scale for the layer (kv = stored * kv_scale), dequantized to f16 in
+// shared memory, q taken to f16 with a power-of-two scale per row, both MMAs on f16.
 //
 // Compile-time constants, rendered by kernels/build.py as #defines (kernels/config.py says
 // which values are valid and kernels/validate.py checks them before anything is compiled):
@@ -28,10 +30,10 @@
 // sequences, each the prefix followed by the QN draft slots ("virtual tokens"). The grid is
 // (NSPLIT, head groups x row tiles) whatever the batch; Plan (below) shares the batch's tiles
 // out evenly at run time from prefix_indptr, so the grid and the arguments stay fixed while a
-// captured graph is replayed over growing prefixes and changing batches; a batch too short to give
-// every part a tile runs its parts as row splits instead (v5: RSPLIT blocks a part, each a share of
-// the rows, so the idle parts shorten the short prefix's chain). Everything runs on mma.sync
-// m16n8k16 (bf16 in, fp32 acc), which sm_80, sm_90 and sm_120 share. Products are transposed
+// captured graph is replayed over growing prefixes and changing batches (row splits, which ran a
+// short batch's parts as blocks of a share of the rows, are compiled out: VA_ROWSPLIT below).
+// Everything runs on mma.sync m16n8k16 (bf16 or f16 in, fp32 acc), which sm_80, sm_90 and sm_120
+// share. Products are transposed
 // -- tokens and latent dims on the M side, query rows on the N side -- because ROWS is small:
 //   QK:  S^T[TK, ROWS]  = K[TK, 576]  . Q^T[576, ROWS]
 //   PV:  O^T[512, ROWS] += V^T[512, TK] . P^T[TK, ROWS]
@@ -54,6 +56,7 @@
 // that several parts share; the reduce merges them with the log-sum-exp rule. A request one part
 // holds whole is written to the output directly.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <stdint.h>
 
 #if !defined(NSPLIT) || !defined(HT) || !defined(TK) || !defined(BLOCK) || !defined(STAGES) || \
@@ -62,6 +65,15 @@
 #endif
 
 typedef __nv_bfloat16 bf16;
+
+#ifndef KV_FMT
+#define KV_FMT 0
+#endif
+static_assert(KV_FMT == 0 || KV_FMT == 1, "KV_FMT: 0 bf16, 1 e4m3 with a per-layer scale (kernels/formats.py)");
+// Shared memory holds 2-byte elements either way: Q, the staged KV tile and P are bf16 for a bf16
+// cache and f16 for an e4m3 one (an e4m3 value and a power-of-two-scaled q row are exact in f16,
+// which also keeps P in [0, 2^8] three more bits than bf16). The buffers stay typed bf16 below.
+constexpr bool FP8 = KV_FMT == 1;
 
 // Programmatic dependent launch (sm_90+): the partial lets the reduce grid be scheduled early
 // and the reduce waits for the partial's results in griddepcontrol.wait. kernels/launch.py reads
@@ -76,7 +88,10 @@ namespace {
 constexpr int D_QK = 576;
 constexpr int D_V = 512;
 constexpr int KSTRIDE = D_QK;  // bf16 per smem row (1152 B = 9 x 128 B); sw() swizzles 16-byte chunks
-constexpr int CHUNKS = D_QK * 2 / 16;  // 16-byte cp.async chunks per KV row
+constexpr int CHUNKS = D_QK * 2 / 16;  // 16-byte chunks of a staged (2-byte) row
+constexpr int KV_ROW_BYTES = FP8 ? D_QK : D_QK * 2;  // a token's row in the pool
+constexpr int F8_CHUNKS = D_QK / 16;                  // 16-byte cp.async chunks of an e4m3 row
+constexpr int F8_OFF = D_QK;  // where an e4m3 row lands in its token's staged row (bytes: the upper half)
 constexpr int KSTEPS = D_QK / 16;      // k16 steps of the QK product
 constexpr int NQT = (QN + QT - 1) / QT;  // row tiles per head group
 constexpr int ROWS = HT * QT;
@@ -154,7 +169,8 @@ constexpr int SMEM_K = STAGES * TK * KSTRIDE * 2;
 constexpr int NPB = PIPE == 3 ? 2 : 1;  // P and alpha buffers: PIPE 3 keeps tiles t and t+1 apart
 constexpr int SMEM_S = NGROUPS * NSB * ROWS_PAD * SSTRIDE * 4;
 constexpr int SMEM_P = NPB * ROWS_PAD * PSTRIDE * 2;
-constexpr int SMEM_STATS = (2 + NPB) * ROWS_PAD * 4 + 48;  // m, l, alpha per row; two rescale flags (+pad); two segments
+// m, l, alpha per row (and, for e4m3, q's row scale); two rescale flags (+pad); two segments
+constexpr int SMEM_STATS = (2 + NPB + (FP8 ? 1 : 0)) * ROWS_PAD * 4 + 48;
 constexpr int SMEM_MASK = QT * 8;
 constexpr int SMEM_SLOTS = STAGES * TK * 4;
 // softmax: LPR lanes share a row, each holding SPL consecutive scores; RPP rows per warp pass.
@@ -266,9 +282,14 @@ __device__ __forceinline__ void ldsm_x2(uint32_t (&r)[2], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
                : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
 }
+#if KV_FMT == 1
+#define VA_MMA "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
+#else
+#define VA_MMA "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
+#endif
 __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
   asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      VA_MMA " {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
@@ -280,6 +301,27 @@ __device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync
 __device__ __forceinline__ void bar_arrive(int id, int n) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
+// Four e4m3 values (one 32-bit word, lowest byte first) as two f16x2 words. sm_89+ converts
+// exactly (cvt); sm_80 has no fp8 conversion, so the bits are placed into f16's fields, which
+// gives each value times 2^-8 exactly (subnormals included: e4m3's exponent bias is 7, f16's 15),
+// and F8_UNIT undoes that factor where the scales are applied. VA_F8_BITS builds sm_80's way on
+// any arch, so a newer GPU can check it.
+#if (defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890) || defined(VA_F8_BITS)
+#define F8_UNIT 256.f
+#else
+#define F8_UNIT 1.f
+#endif
+__device__ __forceinline__ void e4m3x4_to_f16x4(uint32_t w, uint32_t& lo, uint32_t& hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890 && !defined(VA_F8_BITS)
+  asm("{\n .reg .b16 a, b;\n mov.b32 {a, b}, %2;\n cvt.rn.f16x2.e4m3x2 %0, a;\n cvt.rn.f16x2.e4m3x2 %1, b;\n}\n"
+      : "=r"(lo), "=r"(hi) : "r"(w));
+#else
+  const uint32_t t0 = __byte_perm(w, 0u, 0x1404), t1 = __byte_perm(w, 0u, 0x3424);  // bytes 0,1 / 2,3 to bits 8, 24
+  lo = (t0 & 0x80008000u) | ((t0 >> 1) & 0x3F803F80u);  // sign stays; exponent and mantissa to f16's top bits
+  hi = (t1 & 0x80008000u) | ((t1 >> 1) & 0x3F803F80u);
+#endif
+}
+
 template <bool V>
 struct Flag {  // a compile-time choice passed to a generic lambda
   static constexpr bool value = V;
@@ -420,8 +462,8 @@ __device__ __forceinline__ void fetch_indices(int* idx_s, const Span& sp, int X,
 // read and one swizzle XOR per token (chunk l+32i lands at (l ^ (t&7)) + 32i), not a division
 // and an index read per chunk.
 template <int NW>
-__device__ __forceinline__ void load_kv_tile(bf16* Kt, const bf16* __restrict__ kv, const int* idx_s, const Span& sp,
-                                             int X, int warp) {
+__device__ __forceinline__ void load_kv_tile(bf16* Kt, const unsigned char* __restrict__ kv, const int* idx_s,
+                                             const Span& sp, int X, int warp) {
 #ifdef VA_PROFILE_SKIP_LOADS  // profiling: the tiles keep whatever shared memory holds
   return;
 #endif
@@ -447,11 +489,98 @@ __device__ __forceinline__ void load_kv_tile(bf16* Kt, const bf16* __restrict__ 
   for (int k = 0; k < PER; ++k) {
     const int t = warp + k * NW;
     if (!EVEN && t >= TK) break;
-    const char* src = reinterpret_cast<const char*>(kv + (size_t)slot[k] * D_QK) + lane * 16;
-    const uint32_t dst = base + t * (KSTRIDE * 2) + ((lane ^ (t & 7)) << 4);
-    cp_async16(dst, src, valid[k]);
-    cp_async16(dst + 512, src + 512, valid[k]);
-    cp_async16_if(lane < CHUNKS - 64, dst + 1024, src + 1024, valid[k]);
+    const unsigned char* src = kv + (size_t)slot[k] * KV_ROW_BYTES + lane * 16;
+    if constexpr (FP8) {  // 36 chunks, unswizzled in the upper half of the staged row (convert_kv_tile)
+      const uint32_t dst = base + t * (KSTRIDE * 2) + F8_OFF + lane * 16;
+      cp_async16(dst, src, valid[k]);
+      cp_async16_if(lane < F8_CHUNKS - 32, dst + 512, src + 512, valid[k]);
+    } else {
+      const uint32_t dst = base + t * (KSTRIDE * 2) + ((lane ^ (t & 7)) << 4);
+      cp_async16(dst, src, valid[k]);
+      cp_async16(dst + 512, src + 512, valid[k]);
+      cp_async16_if(lane < CHUNKS - 64, dst + 1024, src + 1024, valid[k]);
+    }
+  }
+}
+
+// e4m3 cache: the rows of tile Kt that warp `warp` of NW copied (tokens warp, warp+NW, ...) from
+// their e4m3 upper halves into f16 staged rows, in place, by the copying warp once its copies have
+// landed, so no block barrier is added. A token at a time, read whole before any write (a row's
+// f16 chunks overwrite its own e4m3 ones, which other lanes read), and rolled: unrolling two
+// tokens at a time cost 10-30 registers a thread (a block per SM at q_len 1 on sm_90).
+template <int NW>
+__device__ __forceinline__ void convert_kv_tile(bf16* Kt, int warp, int lane) {
+  constexpr int IT = (F8_CHUNKS + 31) / 32;
+  const unsigned char* rows = reinterpret_cast<const unsigned char*>(Kt);
+#pragma unroll 1
+  for (int t = warp; t < TK; t += NW) {
+    __syncwarp();  // every lane's copies (each waited for its own) visible; the last token's writes done
+    uint4 v[IT];
+#pragma unroll
+    for (int j = 0; j < IT; ++j) {
+      const int c = lane + 32 * j;
+      if (c < F8_CHUNKS) v[j] = *reinterpret_cast<const uint4*>(rows + t * (KSTRIDE * 2) + F8_OFF + c * 16);
+    }
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < IT; ++j) {
+      const int c = lane + 32 * j;
+      if (c >= F8_CHUNKS) continue;
+      uint4 a, b;  // dims 16c..16c+7 and 16c+8..16c+15
+      e4m3x4_to_f16x4(v[j].x, a.x, a.y);
+      e4m3x4_to_f16x4(v[j].y, a.z, a.w);
+      e4m3x4_to_f16x4(v[j].z, b.x, b.y);
+      e4m3x4_to_f16x4(v[j].w, b.z, b.w);
+      // lanes 4..7 of each eight store their odd chunk first: eight lanes' first stores then fill
+      // eight different 16-byte bank quads
+      const bool odd_first = (c >> 2) & 1;
+      *reinterpret_cast<uint4*>(Kt + sw(t, 16 * c + (odd_first ? 8 : 0))) = odd_first ? b : a;
+      *reinterpret_cast<uint4*>(Kt + sw(t, 16 * c + (odd_first ? 0 : 8))) = odd_first ? a : b;
+    }
+  }
+}
+
+// e4m3 cache: q rows [rlo, rhi) of the Q region, bf16 as loaded, into f16 scaled by a power of two
+// per row that puts the row's largest |q| in [2^14, 2^15) (f16's range, whatever q's magnitude;
+// exact, as a bf16 value has 8 significant bits to f16's 11); qsc_s[r] gets the inverse, which the
+// softmax applies to the row's scores. One warp a row.
+__device__ __forceinline__ void convert_q(bf16* Qs, float* qsc_s, int rlo, int rhi, int warp, int lane) {
+  constexpr int QCH = (CHUNKS + 31) / 32;
+  for (int r = rlo + warp; r < rhi; r += NWARPS) {
+    uint4 v[QCH];
+    float amax = 0.f;
+#pragma unroll
+    for (int j = 0; j < QCH; ++j) {
+      const int c = lane + 32 * j;
+      v[j] = c < CHUNKS ? *reinterpret_cast<const uint4*>(Qs + sw(r, 8 * c)) : make_uint4(0, 0, 0, 0);
+      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v[j]);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 f = __bfloat1622float2(h[e]);
+        amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    // 2^e with e = 14 - floor(log2 amax), within fp32's normal exponents (a zero row keeps e = 0)
+    const int e = amax > 0.f ? max(-126, min(126, 14 - (((__float_as_int(amax) >> 23) & 0xFF) - 127))) : 0;
+    const float mul = __int_as_float((127 + e) << 23);
+#pragma unroll
+    for (int j = 0; j < QCH; ++j) {
+      const int c = lane + 32 * j;
+      if (c >= CHUNKS) continue;
+      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v[j]);
+      uint4 out;
+      uint32_t* o32 = reinterpret_cast<uint32_t*>(&out);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float2 f = __bfloat1622float2(h[k]);
+        const __half2 x = __floats2half2_rn(f.x * mul, f.y * mul);
+        o32[k] = *reinterpret_cast<const uint32_t*>(&x);
+      }
+      *reinterpret_cast<uint4*>(Qs + sw(r, 8 * c)) = out;
+    }
+    if (lane == 0) qsc_s[r] = __int_as_float((127 - e) << 23);
   }
 }
 
@@ -549,13 +678,14 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
 // QNSB score buffers of BROWS rows each, row r at r - rbase (as qk_tile wrote them).
 template <int QNSB, int BROWS>
 __device__ __forceinline__ void softmax_row(const float* Ss, bf16* Ps, float* m_s, float* l_s, float* a_s,
-                                            int* resc, const unsigned long long* mask_s, const Span& sp,
-                                            int rows_here, int vbase, float scale_log2, int r, int sl, int rhi,
-                                            int rbase) {
+                                            int* resc, const float* qsc_s, const unsigned long long* mask_s,
+                                            const Span& sp, int rows_here, int vbase, float scale_log2, int r, int sl,
+                                            int rhi, int rbase) {
   // RPP need not divide the rows: lanes past the block's last (rhi - 1) compute on it (their
   // shuffles stay converged) and store nothing
   const bool real = r < rhi;
   r = real ? r : rhi - 1;
+  if constexpr (FP8) scale_log2 *= qsc_s[r];  // undo the row's power-of-two q scale
   float s[SPL];
 #pragma unroll
   for (int j = 0; j < SPL; ++j) s[j] = 0.f;
@@ -601,10 +731,17 @@ __device__ __forceinline__ void softmax_row(const float* Ss, bf16* Ps, float* m_
   for (int o = LPR / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
   if (!real) return;
 #pragma unroll
-  for (int q8 = 0; q8 < SPL / 4; ++q8) {  // 8-byte stores of 4 bf16
-    __nv_bfloat162 pk[2] = {__floats2bfloat162_rn(s[4 * q8], s[4 * q8 + 1]),
-                            __floats2bfloat162_rn(s[4 * q8 + 2], s[4 * q8 + 3])};
-    *reinterpret_cast<uint2*>(Ps + r * PSTRIDE + sl * SPL + q8 * 4) = *reinterpret_cast<const uint2*>(pk);
+  for (int q8 = 0; q8 < SPL / 4; ++q8) {  // 8-byte stores of 4 values, in the MMAs' element type
+    uint2 pk;
+    if constexpr (FP8) {
+      __half2 h[2] = {__floats2half2_rn(s[4 * q8], s[4 * q8 + 1]), __floats2half2_rn(s[4 * q8 + 2], s[4 * q8 + 3])};
+      pk = *reinterpret_cast<const uint2*>(h);
+    } else {
+      __nv_bfloat162 h[2] = {__floats2bfloat162_rn(s[4 * q8], s[4 * q8 + 1]),
+                             __floats2bfloat162_rn(s[4 * q8 + 2], s[4 * q8 + 3])};
+      pk = *reinterpret_cast<const uint2*>(h);
+    }
+    *reinterpret_cast<uint2*>(Ps + r * PSTRIDE + sl * SPL + q8 * 4) = pk;
   }
   if (sl == 0) {
     const float alpha = exp2f(m_old - base);
@@ -619,8 +756,9 @@ __device__ __forceinline__ void softmax_row(const float* Ss, bf16* Ps, float* m_
 // warp pass; writes P (bf16) and the row's rescale factor for PV.
 template <int QNSB, int BROWS>
 __device__ __forceinline__ void softmax_tile(const float* Ss, bf16* Ps, float* m_s, float* l_s, float* a_s,
-                                             int* resc_s, const unsigned long long* mask_s, const Span& sp, int rows_here,
-                                             int it, float scale_log2, int warp, int lane, int rlo, int rhi) {
+                                             int* resc_s, const float* qsc_s, const unsigned long long* mask_s,
+                                             const Span& sp, int rows_here, int it, float scale_log2, int warp, int lane,
+                                             int rlo, int rhi) {
   const int vbase = sp.v0 + it * TK;
   const int sub = lane / LPR, sl = lane % LPR;
   constexpr int PASSES = (ROWS_PAD + GWARPS * RPP - 1) / (GWARPS * RPP);
@@ -629,8 +767,8 @@ __device__ __forceinline__ void softmax_tile(const float* Ss, bf16* Ps, float* m
   for (int pass = 0; pass < PASSES; ++pass) {
     const int r0 = rlo + (pass * GWARPS + warp) * RPP;
     if (r0 >= rhi) break;  // uniform across the warp: the shuffles below stay converged
-    softmax_row<QNSB, BROWS>(Ss, Ps, m_s, l_s, a_s, resc_s + (it & 1), mask_s, sp, rows_here, vbase, scale_log2,
-                             r0 + sub, sl, rhi, BROWS == ROWS_PAD ? 0 : rlo);
+    softmax_row<QNSB, BROWS>(Ss, Ps, m_s, l_s, a_s, resc_s + (it & 1), qsc_s, mask_s, sp, rows_here, vbase,
+                             scale_log2, r0 + sub, sl, rhi, BROWS == ROWS_PAD ? 0 : rlo);
   }
   // the next tile's flag: last read by PV(it-1), which every thread finished before this tile's
   // scores were complete (a barrier lies between them in PIPE 0 and 1; in PIPE 3 this group's
@@ -723,7 +861,7 @@ __device__ __forceinline__ void trace_stamp(int kernel, int slot) {
 extern "C" __global__ void __launch_bounds__(BLOCK, VA_MINB)
 verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h) at (b*QN + i)*q_st + h*q_sh: dims 0..511
                     const bf16* __restrict__ q_pe,           // the same rows' dims 512..575 (rope), at pe_st, pe_sh
-                    const bf16* __restrict__ kv,             // [S, 576] (pages of 2^page_shift slots)
+                    const void* __restrict__ kv,             // [S, 576] in KV_FMT (pages of 2^page_shift slots)
                     const int* __restrict__ prefix_indices,  // [sum P_b] slots, or a table: a row of page_stride per request
                     const int* __restrict__ prefix_rows,     // [B] request b's row of the table, or null: row b
                     const int* __restrict__ prefix_indptr,   // [B + 1] prefix tokens
@@ -734,7 +872,9 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
                     bf16* __restrict__ out,        // [B, QN, H, 512]: requests one part covers
                     float* __restrict__ lse,       // [B, QN, H] natural log, or null
                     int B, int H, int q_st, int q_sh, int pe_st, int pe_sh, int page_shift, int page_stride,
-                    int mask_bytes, float scale_log2) {
+                    int mask_bytes, float scale_log2,
+                    const float* __restrict__ kv_scale_ptr,  // e4m3: the layer's scale on the device, or null:
+                    float kv_scale) {                        // ... the value (a captured graph reads the pointer)
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* Qs = reinterpret_cast<bf16*>(smem);
   bf16* Ks = Qs + ROWS_PAD * KSTRIDE;
@@ -747,6 +887,14 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
   int* seg_s = resc_s + 4;  // [8] the segment at hand (Seg, request) and the next: in shared memory, not registers
   unsigned long long* mask_s = reinterpret_cast<unsigned long long*>(seg_s + 8);
   int* idx_s = reinterpret_cast<int*>(mask_s + QT);  // [STAGES][TK] slot indices, fetched ahead by cp.async
+  float* qsc_s = reinterpret_cast<float*>(idx_s + STAGES * TK);  // [ROWS_PAD] e4m3: q's row scales (inverse)
+  const unsigned char* kvb = static_cast<const unsigned char*>(kv);
+  // e4m3: scores and outputs carry the layer's scale (and sm_80's 2^-8, F8_UNIT); bf16: 1
+  float vscale = 1.f;
+  if constexpr (FP8) {
+    vscale = (kv_scale_ptr != nullptr ? __ldg(kv_scale_ptr) : kv_scale) * F8_UNIT;
+    scale_log2 *= vscale;
+  }
 
   const int part_id = blockIdx.x, hg = blockIdx.y / NQT, qt = blockIdx.y % NQT;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -856,7 +1004,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
     __syncthreads();
 #pragma unroll 1
     for (int s = PIPE == 3 ? grp : 0; s < PRE; s += NGROUPS) {  // PIPE 3: a tile's owner loads it
-      if (s < ntiles) load_kv_tile<GWARPS>(Ks + s * TK * KSTRIDE, kv, idx_s, sp, s, gw);
+      if (s < ntiles) load_kv_tile<GWARPS>(Ks + s * TK * KSTRIDE, kvb, idx_s, sp, s, gw);
       cp_async_commit();
     }
     __syncthreads();  // every prologue copy has read its index
@@ -878,7 +1026,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
     // Refill: KV tile X into its slot, and the indices of tile X+STAGES-1, as one cp.async group.
     // (PIPE 3: by the owner group of X, which also owns X+STAGES-1.)
     auto refill = [&](int X) {
-      if (X < ntiles) load_kv_tile<GWARPS>(Ks + (X % STAGES) * TK * KSTRIDE, kv, idx_s, sp, X, gw);
+      if (X < ntiles) load_kv_tile<GWARPS>(Ks + (X % STAGES) * TK * KSTRIDE, kvb, idx_s, sp, X, gw);
       fetch_indices(idx_s, sp, X + STAGES - 1, NGROUPS == 1 ? tid : tid % (GWARPS * 32));
       cp_async_commit();  // possibly empty: keeps the group count uniform for the waits
     };
@@ -893,6 +1041,11 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
     cp_async_wait<PRE - 1>();  // Q and tile 0 have landed
 #endif
     __syncthreads();
+    if constexpr (FP8) {  // q to f16 by rows; PIPE 0 and 1: this warp's rows of tile 0 (PIPE 3: its owner's turn)
+      convert_q(Qs, qsc_s, rlo, rhi, warp, lane);
+      if constexpr (PIPE != 3) convert_kv_tile<GWARPS>(Ks, warp, lane);
+      __syncthreads();
+    }
     TRACE(0, 3);
 #if PIPE == 0
     // Two barriers a tile; PV(t) and QK(t+1) back to back. The slot of tile t-1 is refilled with
@@ -903,8 +1056,10 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
     for (int it = 0; it < ntiles; ++it) {
       __syncthreads();  // S(it) complete; PV(it-1) done, so the slot of tile it-1 is free
       refill(it + STAGES - 1);
-      SOFTMAX_TILE(Ss, Ps, m_s, l_s, a_s, resc_s, mask_s, sp, rows_here, it, scale_log2, warp, lane, rlo, rhi);
+      SOFTMAX_TILE(Ss, Ps, m_s, l_s, a_s, resc_s, qsc_s, mask_s, sp, rows_here, it, scale_log2, warp, lane, rlo, rhi);
       cp_async_wait<STAGES - 2>();  // tile it+1 has landed (this thread's copies)
+      if constexpr (FP8)
+        if (it + 1 < ntiles) convert_kv_tile<GWARPS>(Ks + ((it + 1) % STAGES) * TK * KSTRIDE, warp, lane);
       __syncthreads();              // P(it) ready; everyone's copies of tile it+1 visible
       PV_TILE(acc, Ks + (it % STAGES) * TK * KSTRIDE, Ps, a_s, resc_s[it & 1] != 0, warp, lane, nlo);
       if (it + 1 < ntiles) QK_TILE(Qs, Ks + ((it + 1) % STAGES) * TK * KSTRIDE, Ss, warp, lane, 0, nlo);
@@ -917,10 +1072,12 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
       const bf16* Kt = Ks + (it % STAGES) * TK * KSTRIDE;
       QK_TILE(Qs, Kt, Ss, warp, lane, 0, nlo);
       __syncthreads();  // S(it) complete
-      SOFTMAX_TILE(Ss, Ps, m_s, l_s, a_s, resc_s, mask_s, sp, rows_here, it, scale_log2, warp, lane, rlo, rhi);
+      SOFTMAX_TILE(Ss, Ps, m_s, l_s, a_s, resc_s, qsc_s, mask_s, sp, rows_here, it, scale_log2, warp, lane, rlo, rhi);
       __syncthreads();  // P(it) ready
       PV_TILE(acc, Kt, Ps, a_s, resc_s[it & 1] != 0, warp, lane, nlo);
       cp_async_wait<STAGES - 2>();  // tile it+1 has landed (this thread's copies)
+      if constexpr (FP8)
+        if (it + 1 < ntiles) convert_kv_tile<GWARPS>(Ks + ((it + 1) % STAGES) * TK * KSTRIDE, warp, lane);
       __syncthreads();              // PV(it) done everywhere: the slot is free; tile it+1 visible
       refill(it + STAGES);
     }
@@ -938,9 +1095,10 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
 #pragma unroll 1
     for (int t = grp; t <= ntiles; t += 2) {
       const bool own = t < ntiles;
-      const bf16* Kt = Ks + (t % STAGES) * TK * KSTRIDE;
+      bf16* const Kt = Ks + (t % STAGES) * TK * KSTRIDE;
       if (own) {
         if (t == 0) cp_async_wait<1>(); else cp_async_wait<0>();  // tile t (group 0 has tile 2 pending at t=0)
+        if constexpr (FP8) convert_kv_tile<GWARPS>(Kt, gw, lane);  // the rows this warp copied
         bar_sync(BAR_GROUP + grp, GWARPS * 32);                     // ... landed for the whole group
         QK_TILE(Qs, Kt, Sg, gw, lane, grp, nlo);
       }
@@ -954,8 +1112,8 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
       }
       if (own) {
         bar_sync(BAR_GROUP + grp, GWARPS * 32);  // S(t) complete
-        SOFTMAX_TILE(Sg, Ps + (t & 1) * PBUF, m_s, l_s, a_s + (t & 1) * ROWS_PAD, resc_s, mask_s, sp, rows_here, t,
-                     scale_log2, gw, lane, rlo, rhi);
+        SOFTMAX_TILE(Sg, Ps + (t & 1) * PBUF, m_s, l_s, a_s + (t & 1) * ROWS_PAD, resc_s, qsc_s, mask_s, sp, rows_here,
+                     t, scale_log2, gw, lane, rlo, rhi);
         bar_sync(BAR_GROUP + grp, GWARPS * 32);  // P(t) ready for this group
         const bool rescale = resc_s[t & 1] != 0;  // read before the arrive lets the other group's softmax reset it
         bar_arrive(BAR_P + (t & 1), BLOCK);      // ... and for the other
@@ -976,7 +1134,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
       if (nlo + nr >= NR) continue;  // a last row split's missing tiles
       const int r = (nlo + nr) * 8 + 2 * tq;
       const float l0 = l_s[r], l1 = l_s[r + 1];
-      const float i0 = l0 > 0.f ? 1.f / l0 : 0.f, i1 = l1 > 0.f ? 1.f / l1 : 0.f;
+      const float i0 = l0 > 0.f ? vscale / l0 : 0.f, i1 = l1 > 0.f ? vscale / l1 : 0.f;  // V's scale with 1 / l
 #pragma unroll
       for (int mw = 0; mw < MW; ++mw) {
         const int d = (warp * MW + mw) * 16 + g;

@@ -4,7 +4,17 @@ arithmetic both loaders share."""
 from __future__ import annotations
 
 import pytest
-from verify_tuner.kernels.abi import PARTIAL_ARGS, LaunchSpec, Layout, TensorMeta, call_layout, check_call, reduce_grid
+from verify_tuner.kernels.abi import (
+    PARTIAL_ARGS,
+    REDUCE_ARGS,
+    LaunchSpec,
+    Layout,
+    TensorMeta,
+    call_layout,
+    check_call,
+    reduce_grid,
+)
+from verify_tuner.kernels.build import SOURCE
 from verify_tuner.kernels.config import KernelConfig
 
 B, Q, H = 4, 9, 8
@@ -167,11 +177,25 @@ def test_the_kernel_arguments_carry_the_layout():
     }
     args = spec.partial_args(q=1 << 20, q_pe=1 << 21, lse=0, batch=3, softmax_scale=1.0, layout=lay, **ptrs)
     assert len(args) == len(PARTIAL_ARGS)
-    assert args[:2] == (1 << 20, 1 << 21) and args[12:-1] == (3, H, 5120, 640, 512, 64, 6, 48, 2)
+    assert args[:2] == (1 << 20, 1 << 21) and args[12:-3] == (3, H, 5120, 640, 512, 64, 6, 48, 2)
     assert args[4] == 0  # no kv_rows: request b reads row b
+    assert args[-2:] == (0, 1.0)  # no device scale, a scale of 1 (a bf16 kernel reads neither)
     dense = spec.partial_args(q=1 << 20, lse=0, batch=3, softmax_scale=1.0, prefix_rows=11, **ptrs)
     assert dense[1] == (1 << 20) + 1024 and dense[4] == 11
-    assert dense[14:-1] == (H * 576, 576, H * 576, 576, 0, 0, 8)
+    assert dense[14:-3] == (H * 576, 576, H * 576, 576, 0, 0, 8)
+    scaled = spec.partial_args(q=1, lse=0, batch=3, softmax_scale=1.0, kv_scale=0.25, kv_scale_ptr=77, **ptrs)
+    assert scaled[-2:] == (77, 0.25)
+
+
+def test_the_argument_letters_follow_the_kernels_signatures():
+    """PARTIAL_ARGS / REDUCE_ARGS spell the .cu's parameters in order (pointer P, int i, float f):
+    a parameter added to the kernel but not here would shift every argument after it."""
+    src = SOURCE.read_text()
+    for name, letters in (("verify_attn_partial", PARTIAL_ARGS), ("verify_attn_reduce", REDUCE_ARGS)):
+        head = src.split(f"\n{name}(", 1)[1].split("{", 1)[0]  # the parameter list, comments and all
+        params = "".join(line.split("//")[0] for line in head.splitlines()).rsplit(")", 1)[0]
+        kinds = ["P" if "*" in p else "f" if p.split()[0] == "float" else "i" for p in params.split(",")]
+        assert "".join(kinds) == letters, name
 
 
 def test_cpu_tensors_are_refused():

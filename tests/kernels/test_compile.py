@@ -55,18 +55,49 @@ def test_compiles_for_every_target(tmp_path, arch, cfg, q_len):
 SAMPLE = [(8, 9, 46000), (8, 1, 131072), (64, 9, 46000), (8, 9, 4096), (8, 64, 46000), (1, 33, 5000), (128, 16, 4096)]
 
 
+#: The formats the .cu implements (its KV_FMT static_assert), whether or not the package serves them yet.
+KERNEL_FORMATS = ("bf16", "fp8_e4m3")
+
+
 @needs_nvcc
-@pytest.mark.parametrize("device", ["h200", "rtx-pro-6000"])
+@pytest.mark.parametrize("kv_dtype", KERNEL_FORMATS)
+@pytest.mark.parametrize("device", ["a100", "h200", "rtx-pro-6000"])
 @pytest.mark.parametrize("H, q_len, prefix", SAMPLE)
-def test_default_configs_compile_without_spills_within_the_devices_smem(tmp_path, device, H, q_len, prefix):
-    """The heuristic defaults of a representative sample, built for the device's own arch: no
-    spills, and the kernel's own layout (kSmemBytes, via validate's formula) within its limit."""
+def test_default_configs_compile_without_spills_within_the_devices_smem(tmp_path, device, H, q_len, prefix, kv_dtype):
+    """The heuristic defaults of a representative sample, built for the device's own arch (sm_80,
+    sm_90, sm_120) and each cache format: no spills, and the kernel's own layout (kSmemBytes, via
+    validate's formula) within its limit."""
     limits = known_device(device)
     cfg = heuristic_config(limits, H=H, q_len=q_len, prefix=prefix)
-    report = ptxas_report(compile_cubin(cfg, q_len, limits.arch, tmp_path).ptxas_log)
+    report = ptxas_report(compile_cubin(cfg, q_len, limits.arch, tmp_path, kv_dtype=kv_dtype).ptxas_log)
     assert report["spill_stores"] == 0 and report["spill_loads"] == 0, (cfg, report)
     assert 0 < report["registers"] <= 255
-    assert smem_bytes(cfg, q_len) <= limits.max_smem_optin
+    assert smem_bytes(cfg, q_len, kv_dtype) <= limits.max_smem_optin
+
+
+@needs_nvcc
+@pytest.mark.parametrize("kv_dtype", KERNEL_FORMATS)
+@pytest.mark.parametrize(
+    "cfg, q_len",
+    [
+        (KernelConfig(nsplit=132, ht=8, tk=32, block=256, stages=3, wr=2, wk=2, sf=1, pipe=3), 9),  # the seesaw
+        (KernelConfig(nsplit=94, ht=4, tk=16, block=256, stages=2, wr=4, wk=2), 9),  # sm_120's H=8 q=9
+        (KernelConfig(nsplit=16, ht=1, tk=16, block=128, stages=3, wr=1, wk=4, sf=1, pipe=0), 1),
+        (KernelConfig(nsplit=8, ht=2, tk=64, block=512, stages=2, wr=2, wk=2, qt=5), 33),
+    ],
+)
+def test_validates_shared_memory_formula_is_the_kernels_layout(tmp_path, cfg, q_len, kv_dtype):
+    """validate.smem_bytes is what the .cu lays out (kSmemBytes), checked by the compiler's front end
+    with a static_assert appended to the rendered source (no GPU: the launcher checks the same at load)."""
+    import subprocess
+
+    src = tmp_path / "k.cu"
+    total = "SMEM_Q + SMEM_K + SMEM_S + SMEM_P + SMEM_STATS + SMEM_MASK + SMEM_SLOTS"
+    want = smem_bytes(cfg, q_len, kv_dtype)
+    src.write_text(render(cfg, q_len, kv_dtype) + f'\nstatic_assert({total} == {want}, "smem formula");\n')
+    r = subprocess.run(["nvcc", "-cuda", "-arch=sm_90", "-std=c++17", "-o", str(tmp_path / "k.ii"), str(src)],
+                       capture_output=True, text=True, check=False)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-1500:]
 
 
 @needs_nvcc

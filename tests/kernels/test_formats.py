@@ -109,3 +109,19 @@ def test_the_reference_computes_on_the_dequantized_cache(pool_dtype):
     # and not the unquantized ones (the error against those is information for users, not the gate)
     o3, _ = reference(dataclasses.replace(inp, kv=inp.kv_unquantized, kv_dtype="bf16", kv_scale=1.0))
     assert 1e-3 < float((o - o3).norm() / o3.norm()) < 0.1
+
+
+def test_sm80s_bit_placement_is_e4m3_times_2_to_the_minus_8():
+    """The .cu's e4m3x4_to_f16x4 on sm_80 (no fp8 conversion there) places each byte's sign and
+    magnitude bits into an f16: every finite e4m3 value, subnormals included, comes out times 2^-8
+    exactly, which F8_UNIT (256) undoes. This is that formula, over all 256 bytes."""
+    import numpy as np
+
+    b = torch.arange(256, dtype=torch.int32)
+    t = b << 8  # the byte at bits 8..15, as __byte_perm places it
+    f16_bits = (t & 0x8000) | ((t >> 1) & 0x3F80)
+    placed = torch.from_numpy(f16_bits.numpy().astype(np.uint16).view(np.float16).astype(np.float32))
+    truth = b.to(torch.uint8).view(torch.float8_e4m3fn).float()
+    finite = torch.isfinite(truth)
+    assert int(finite.sum()) == 254  # 0x7F and 0xFF are e4m3's NaNs; an engine never stores them
+    assert torch.equal(placed[finite] * 256, truth[finite])

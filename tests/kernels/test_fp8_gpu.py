@@ -1,0 +1,171 @@
+"""The e4m3 cache with a per-layer scale (kv_dtype fp8_e4m3) on the GPU, against the fp32 reference
+computed on the dequantized cache (what the kernel is asked to compute), with poisoned outputs: the
+structures of the bf16 pool, every layout the op takes, a graph replayed over growing prefixes with
+the layer's scale recalibrated between replays, ragged extremes, and sm_80's bit-placement
+conversion built on this GPU. The package refuses the format until these have passed on a GPU
+(kernels/formats.py, `kernel_reads`): the fixture marks it readable for this module alone."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from verify_tuner.kernels import formats
+from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.validate import check
+
+pytestmark = pytest.mark.gpu
+
+FMT = "fp8_e4m3"
+#: The gate of the bf16 kernel, on the dequantized cache: dequantizing is exact (e4m3 in f16), so
+#: the kernel's own rounding (P and q in f16, fp32 sums) is all that separates the two.
+GATE, LSE_GATE = 1e-2, 1e-3
+CONFIGS = [
+    KernelConfig(nsplit=132, ht=8, tk=32, block=256, stages=3, wr=2, wk=2, sf=1, pipe=3),  # the sm_90 default
+    KernelConfig(nsplit=94, ht=4, tk=16, block=256, stages=2, wr=4, wk=2),  # the sm_120 default at H=8 q=9
+    KernelConfig(nsplit=7, ht=4, tk=32, block=256, stages=3, wr=2, wk=2, pipe=0),  # fused pipeline, few parts
+    KernelConfig(nsplit=48, ht=2, tk=16, block=128, stages=3, wr=1, wk=4, sf=1, pipe=0, qt=3),  # row tiles
+    KernelConfig(nsplit=264, ht=8, tk=32, block=256, stages=2, wr=1, wk=4),  # the q_len 1 default
+    KernelConfig(nsplit=64, ht=8, tk=64, block=512, stages=2, wr=2, wk=2),  # 16 warps, one token each
+]
+SHAPES = [(8, 9, [46000]), (8, 1, [131072]), (16, 9, [0, 1000, 37]), (64, 2, [777]), (8, 16, [5000, 3])]
+
+
+@pytest.fixture(scope="module")
+def gpu(tmp_path_factory):
+    import pycuda.autoprimaryctx  # noqa: F401  (torch's primary context)
+    import torch
+    from verify_tuner.kernels.build import precompile
+    from verify_tuner.kernels.limits import read_device_limits
+
+    mp = pytest.MonkeyPatch()
+    mp.setitem(formats.FORMATS, FMT, dataclasses.replace(formats.FORMATS[FMT], kernel_reads=True))
+    torch.cuda.init()
+    limits, cache = read_device_limits(0), tmp_path_factory.mktemp("cubins")
+    for q_len in sorted({q for _, q, _ in SHAPES}):
+        pool = [
+            c for c in CONFIGS if any(check(c, limits, H=H, q_len=q_len, kv_dtype=FMT) is None for H, _, _ in SHAPES)
+        ]
+        assert not precompile(pool, q_len, limits.arch, cache, kv_dtype=FMT)
+    yield limits, cache
+    mp.undo()
+
+
+def _run(cfg, inp, limits, cache, *, flags=(), kv_scale_ptr=None):
+    import torch
+    from verify_tuner.kernels.launch import VerifyAttention
+
+    B, Q, H, _ = inp.q.shape
+    va = VerifyAttention(
+        cfg, H=H, q_len=Q, limits=limits, max_batch=B, cache_dir=cache, extra_flags=flags, kv_dtype=FMT
+    )
+    out = torch.full((B, Q, H, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    lse = torch.full((B, Q, H), float("nan"), dtype=torch.float32, device="cuda")
+    torch.cuda.synchronize()
+    va.run(inp, out, lse=lse)
+    torch.cuda.synchronize()
+    return out, lse
+
+
+@pytest.mark.parametrize("pool_dtype", ["uint8", "float8_e4m3fn"])
+@pytest.mark.parametrize(("H", "Q", "lens"), SHAPES, ids=str)
+def test_matches_the_reference_on_the_dequantized_cache(gpu, H, Q, lens, pool_dtype):
+    from verify_tuner.kernels.reference import make_inputs, reference, rel_error
+
+    limits, cache = gpu
+    inp = make_inputs(prefix_lens=lens, q_len=Q, H=H, seed=H + Q, spare_slots=91, kv_dtype=FMT, pool_dtype=pool_dtype)
+    ref_o, ref_lse = reference(inp)
+    unq_o, _ = reference(dataclasses.replace(inp, kv=inp.kv_unquantized, kv_dtype="bf16", kv_scale=1.0))
+    configs = [c for c in CONFIGS if check(c, limits, H=H, q_len=Q, kv_dtype=FMT) is None]
+    assert configs
+    for cfg in configs:
+        out, lse = _run(cfg, inp, limits, cache)
+        assert rel_error(out, ref_o) <= GATE, f"{cfg}: out"
+        assert rel_error(lse, ref_lse) <= LSE_GATE, f"{cfg}: lse"
+        # information for users, not the gate: the error the cache's quantization itself adds
+        print(f"{cfg} H={H} q={Q} {lens}: vs dequantized {rel_error(out, ref_o):.2e}, "
+              f"vs the unquantized cache {rel_error(out, unq_o):.2e}")  # fmt: skip
+
+
+def test_sm80s_bit_placement_built_here(gpu):
+    """sm_80 has no fp8 conversion: the kernel places the bits (times 2^-8, undone with the scale);
+    VA_F8_BITS builds that path for this GPU."""
+    from verify_tuner.kernels.reference import make_inputs, reference, rel_error
+
+    limits, cache = gpu
+    inp = make_inputs(prefix_lens=[4000, 0, 77], q_len=9, H=8, seed=80, kv_dtype=FMT)
+    ref_o, ref_lse = reference(inp)
+    for cfg in CONFIGS[:2]:
+        out, lse = _run(cfg, inp, limits, cache, flags=("-DVA_F8_BITS",))
+        assert rel_error(out, ref_o) <= GATE and rel_error(lse, ref_lse) <= LSE_GATE, cfg
+
+
+@pytest.mark.parametrize("layout", ["flat", "req_to_token", "page64"])
+def test_every_layout_the_op_takes(gpu, layout):
+    from verify_tuner.kernels.reference import make_inputs, reference, rel_error
+
+    limits, cache = gpu
+    kw = {"flat": {}, "req_to_token": {"req_to_token": True}, "page64": {"page_size": 64}}[layout]
+    inp = make_inputs(prefix_lens=[3000, 0, 129], q_len=9, H=8, seed=64, split_q=True, kv_dtype=FMT, **kw)
+    ref_o, ref_lse = reference(inp)
+    out, lse = _run(CONFIGS[0], inp, limits, cache)
+    assert rel_error(out, ref_o) <= GATE and rel_error(lse, ref_lse) <= LSE_GATE
+
+
+#: A batch of 3 over a decode loop: prefixes grow across buckets, request 0 finishes and a new one
+#: joins at P=0, request 2 passes 100k.
+STEPS = [[1000, 0, 4096], [1009, 9, 8000], [0, 30, 46009], [9, 2000, 131072]]
+
+
+def test_a_graph_follows_growing_prefixes_and_a_recalibrated_scale(gpu):
+    """One graph captured with the layer's scale in a device tensor: each step refills the buffers
+    and rewrites the scale (an engine recalibrating k_scale), and the replay follows both."""
+    import pycuda.driver as cuda
+    import torch
+    from verify_tuner.kernels.launch import VerifyAttention
+    from verify_tuner.kernels.reference import make_inputs, reference, rel_error
+
+    limits, cache = gpu
+    H, Q, B = 8, 9, len(STEPS[0])
+    steps = [make_inputs(prefix_lens=lens, q_len=Q, H=H, seed=90 + i, kv_dtype=FMT) for i, lens in enumerate(STEPS)]
+    rows = max(s.kv.shape[0] for s in steps)
+    kv = torch.zeros(rows, 576, dtype=torch.uint8, device="cuda")
+    idx = torch.zeros(max(s.prefix_indices.numel() for s in steps), dtype=torch.int32, device="cuda")
+    first = steps[0]
+    q, indptr = first.q.clone(), first.prefix_indptr.clone()
+    draft, mask = first.draft_indices.clone(), first.tree_mask.clone()
+    scale = torch.tensor(1.0, dtype=torch.float32, device="cuda")  # 0-d: the engine's layer.k_scale
+    out = torch.empty(B, Q, H, 512, dtype=torch.bfloat16, device="cuda")
+    lse = torch.empty(B, Q, H, dtype=torch.float32, device="cuda")
+    va = VerifyAttention(CONFIGS[0], H=H, q_len=Q, limits=limits, max_batch=B, cache_dir=cache, kv_dtype=FMT)
+    stream = cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph, stream=torch.cuda.ExternalStream(stream.handle)):
+        va(q=q, kv=kv, prefix_indices=idx, prefix_indptr=indptr, draft_indices=draft, tree_mask=mask, out=out,
+           lse=lse, batch=B, softmax_scale=first.scale, stream=stream, kv_scale=123.0, kv_scale_ptr=scale)  # fmt: skip
+    for i, inp in enumerate(steps):
+        for recalibrated in (1.0, 0.5):  # the same bytes under a scale the engine halved
+            kv[: inp.kv.shape[0]].copy_(inp.kv)
+            idx[: inp.prefix_indices.numel()].copy_(inp.prefix_indices)
+            q.copy_(inp.q), indptr.copy_(inp.prefix_indptr), draft.copy_(inp.draft_indices), mask.copy_(inp.tree_mask)
+            scale.fill_(inp.kv_scale * recalibrated)
+            out.fill_(float("nan")), lse.fill_(float("nan"))
+            torch.cuda.synchronize()
+            graph.replay()
+            torch.cuda.synchronize()
+            ref_o, ref_lse = reference(dataclasses.replace(inp, kv_scale=inp.kv_scale * recalibrated))
+            assert rel_error(out, ref_o) <= GATE, f"step {i} {STEPS[i]} x{recalibrated}: out"
+            assert rel_error(lse, ref_lse) <= LSE_GATE, f"step {i} {STEPS[i]} x{recalibrated}: lse"
+
+
+@pytest.mark.parametrize("lens", [[200_000] + [0] * 31, [0] * 8, [1000] * 256, [100_000] + [2000] * 7], ids=len)
+def test_ragged_extremes(gpu, lens):
+    from verify_tuner.kernels.reference import make_inputs, reference, rel_error
+
+    limits, cache = gpu
+    inp = make_inputs(prefix_lens=lens, q_len=9, H=8, seed=len(lens), spare_slots=77, kv_dtype=FMT)
+    ref_o, ref_lse = reference(inp)
+    for cfg in CONFIGS[:3]:
+        out, lse = _run(cfg, inp, limits, cache)
+        assert rel_error(out, ref_o) <= GATE and rel_error(lse, ref_lse) <= LSE_GATE, cfg
