@@ -93,3 +93,32 @@ def test_a_benchmark_without_out_is_refused_and_writes_nothing(script, tmp_path)
     )
     assert r.returncode == 2 and "--out" in r.stderr.splitlines()[-1], r.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_kernel_v7s_cases_are_the_issues_and_fit_their_devices():
+    import kernel_v7
+
+    for name, H, q, lens, kv, device in kernel_v7.CASES:
+        limits = known_device(device)
+        cfg = heuristic_config(limits, H=H, q_len=q, prefix=max(lens), batch=len(lens))
+        assert check(cfg, limits, H=H, q_len=q) is None, name
+    assert len(kernel_v7.REGRESSION) == 40 and len(kernel_v7.B32) == 32
+    assert (kernel_v7.B32[0], kernel_v7.B32[-1]) == (20000, 70000)
+    row = kernel_v7.row_of(kernel_v7.CASES[0], {"v7": 42.0, "v6": 42.0}, "cfg", 4.0e12)
+    # H=8 q=9 P=46000: 53.0 MB once (bf16) at the anchor's 4.19 TB/s = 12.7 us, the issue's limit
+    assert row["limit_us"] == pytest.approx(12.65, abs=0.05) and row["x_limit"] == pytest.approx(3.32, abs=0.01)
+    # e4m3 halves the bytes: at q=9 the mma.sync ceiling (7.2 GFLOP / 645 TFLOP/s) binds instead
+    fp8 = kernel_v7.row_of(kernel_v7.CASES[9], {"v7": 42.0}, "cfg", 4.0e12)
+    assert fp8["mode"] == "dequant" and fp8["limit_us"] == pytest.approx(11.18, abs=0.01) and fp8["v6_us"] is None
+    q1 = [kernel_v7.row_of(kernel_v7.CASES[i], {"v7": 50.0}, "cfg", 4.0e12)["limit_us"] for i in (6, 7)]
+    assert q1[1] == pytest.approx(q1[0] / 2, rel=0.01)  # q_len 1 stays memory-bound: half the limit
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_kernel_v7_compiles_another_source_with_this_trees_constants(tmp_path):
+    import kernel_v7
+    from verify_tuner.kernels.build import SOURCE
+
+    cfg = heuristic_config(known_device("h200"), H=8, q_len=9, prefix=46000)
+    cubin = kernel_v7.compile_v6(SOURCE, cfg, 9, "sm_90", tmp_path)  # any source with the kernels' names
+    assert cubin[:4] == b"\x7fELF" and b"verify_attn_partial" in cubin

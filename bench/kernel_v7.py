@@ -1,0 +1,180 @@
+"""Kernel v7's targets on the local GPU in one call: every case of the kernel-v7 issue's table,
+each config gated against the fp32 reference (on the dequantized cache for e4m3) before it is
+timed, v7 and v6 A/B'd in the same call and the same process, CUDA-graph replays with inputs
+rotated past the L2. v6 is compiled from its own source and launched through this tree's runtime:
+its signature is v7's without the two trailing scale arguments, which the driver does not read.
+Writes kernel_v7_<arch>.json (one row per case: case, kv format, mode, us, limit_us for that
+format, v6_us, TB/s, TFLOP/s, config) and a markdown table under --out.
+
+    git show e88ba0d:kernels/csrc/verify_attention.cu > .v6/verify_attention.cu   # here; carry .v6
+    python3 bench/kernel_v7.py --v6-source .v6/verify_attention.cu --out OUT [--quick]
+
+--unverified-formats lets e4m3 run while the package still refuses it (kernels/formats.py
+`kernel_reads`, until tests/kernels/test_fp8_gpu.py has passed on a GPU); the JSON says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from verify_tuner.heuristic import heuristic_config
+from verify_tuner.kernels import formats
+from verify_tuner.kernels.build import NVCC_FLAGS, nvcc_path, render
+from verify_tuner.kernels.limits import known_device
+from verify_tuner.kernels.shapes import floor_bytes, flops
+
+ANCHOR_BW = 4191e9  # the H200's measured copy bandwidth (../shared/anchors/h200.md): one figure everywhere
+MMA_CEILING = 645e12  # mma.sync bf16 -> fp32 on the H200, same anchors
+B32 = [20000 + round(50000 * i / 31) for i in range(32)]  # 20k..70k
+#: (case, H, q_len, prefix lens, kv_dtype, device whose default config is timed)
+CASES = [
+    ("H=8 q=9 P=46000", 8, 9, [46000], "bf16", "h200"),
+    ("B=32 20k..70k", 8, 9, B32, "bf16", "h200"),
+    ("H=64 q=9 P=46000", 64, 9, [46000], "bf16", "h200"),
+    ("H=128 q=9 P=46000", 128, 9, [46000], "bf16", "h200"),
+    ("H=8 q=9 P=0", 8, 9, [0], "bf16", "h200"),
+    ("H=8 q=9 P=4096", 8, 9, [4096], "bf16", "h200"),
+    ("H=8 q=1 P=131072", 8, 1, [131072], "bf16", "h200"),
+    ("H=8 q=1 P=131072", 8, 1, [131072], "fp8_e4m3", "h200"),
+    ("B=32 20k..70k", 8, 9, B32, "fp8_e4m3", "h200"),
+    ("H=8 q=9 P=46000", 8, 9, [46000], "fp8_e4m3", "h200"),
+    ("sm_120 template H=8 q=9 P=46000", 8, 9, [46000], "bf16", "rtx-pro-6000"),
+    ("sm_120 template H=64 q=9 P=46000", 64, 9, [46000], "bf16", "rtx-pro-6000"),
+    ("sm_120 template H=8 q=64 P=46000", 8, 64, [46000], "bf16", "rtx-pro-6000"),
+]
+#: bench/bench_kernel.py's 40 shapes: no bf16 shape slower than v6 by more than 3 %
+REGRESSION = [(H, Q, P) for H in (8, 16, 64, 128) for Q in (1, 9) for P in (1024, 4096, 16384, 46000, 131072)]
+
+
+def compile_v6(source: Path, cfg, q_len: int, arch: str, folder: Path) -> bytes:
+    """The v6 kernel at `cfg`: this tree's #defines (v6 ignores KV_FMT) over v6's source."""
+    ours = render(cfg, q_len)
+    defines = ours.split('#line 1 "verify_attention.cu"', 1)[0]
+    src = folder / f"v6_{arch}_q{q_len}_{abs(hash(str(cfg)))}.cu"
+    src.write_text(defines + '#line 1 "verify_attention.cu"\n' + source.read_text())
+    out = src.with_suffix(".cubin")
+    cmd = [nvcc_path(), "-cubin", f"-arch={arch}", *NVCC_FLAGS, "-o", str(out), str(src)]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    return out.read_bytes()
+
+
+def launchers(case, *, limits, cache: Path, v6_source: Path | None, tmp: Path, stream):
+    """{label: (launch(k), config)} of the case's v7 config and, for bf16, v6's, each gated first."""
+    import torch
+    from benchlib import checked_launcher
+    from verify_tuner.kernels.launch import VerifyAttention
+    from verify_tuner.kernels.reference import reference
+    from verify_tuner.kernels.runtime import CubinKernels
+    from verify_tuner.kernels.timing import rotating_inputs
+
+    name, H, q, lens, kv, device = case
+    cfg = heuristic_config(known_device(device), H=H, q_len=q, prefix=max(lens), batch=len(lens))
+    sets = rotating_inputs(
+        prefix_lens=lens, q_len=q, H=H, l2_bytes=limits.l2_bytes, seed=H + q + len(lens), kv_dtype=kv
+    )
+    ref = reference(sets[0])[0]
+    out = torch.empty(len(lens), q, H, 512, dtype=torch.bfloat16, device="cuda")
+    B = len(lens)
+    va = VerifyAttention(cfg, H=H, q_len=q, limits=limits, max_batch=B, cache_dir=cache, kv_dtype=kv)
+    got = {"v7": (checked_launcher(va, sets, out, ref, f"v7 {name} {kv}", stream=stream), cfg)}
+    if kv == "bf16" and v6_source is not None:
+        v6 = VerifyAttention(cfg, H=H, q_len=q, limits=limits, max_batch=B, cache_dir=cache)
+        v6.kernels = CubinKernels(compile_v6(v6_source, cfg, q, limits.arch, tmp), v6.spec, sm_count=limits.sm_count)
+        got["v6"] = (checked_launcher(v6, sets, out, ref, f"v6 {name}", stream=stream), cfg)
+    return got, sets
+
+
+def row_of(case, us: dict, cfg, bw: float) -> dict:
+    name, H, q, lens, kv, device = case
+    nbytes, nflop = floor_bytes(lens, q_len=q, H=H, kv_dtype=kv), flops(lens, q_len=q, H=H)
+    limit = max(nbytes / ANCHOR_BW, nflop / MMA_CEILING) * 1e6
+    fmt = formats.FORMATS[kv]
+    return {
+        "case": name,
+        "kv_format": kv,
+        "mode": {"bf16": "bf16", "f16": "dequant", "e4m3": "fp8_qk"}[fmt.mma],
+        "config_for": device,
+        "us": round(us["v7"], 2),
+        "limit_us": round(limit, 2),
+        "x_limit": round(us["v7"] / limit, 3),
+        "v6_us": round(us["v6"], 2) if "v6" in us else None,
+        "TBps": round(nbytes / us["v7"] / 1e6, 3),
+        "TFLOPs": round(nflop / us["v7"] / 1e6, 1),
+        "config": str(cfg),
+        "measured_copy_bw_GBps": round(bw / 1e9),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True, help="folder the results are written to")
+    ap.add_argument("--v6-source", type=Path, help="v6's verify_attention.cu, for the same-call A/B (omit: v7 alone)")
+    ap.add_argument("--unverified-formats", action="store_true", help="time e4m3 before the package serves it")
+    ap.add_argument("--quick", action="store_true", help="the cases alone, not the 40-shape regression sweep")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--cache", type=Path, default=Path(os.environ.get("TUNER_CACHE_DIR", "/tmp/va-cache")))
+    args = ap.parse_args()
+    if args.unverified_formats:
+        name = "fp8_e4m3"
+        formats.FORMATS[name] = dataclasses.replace(formats.FORMATS[name], kernel_reads=True)
+
+    import pycuda.autoprimaryctx  # noqa: F401
+    import pycuda.driver as cuda
+    import torch
+    from benchlib import interleaved_medians
+    from verify_tuner.kernels.limits import read_device_limits
+    from verify_tuner.kernels.timing import copy_bandwidth
+
+    limits, stream, bw = read_device_limits(0), cuda.Stream(), copy_bandwidth()
+    cases = CASES + (
+        [] if args.quick else [(f"H={h} q={q} P={p}", h, q, [p], "bf16", "h200") for h, q, p in REGRESSION]
+    )
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="v6-") as tmp:
+        for case in cases:
+            if not formats.FORMATS[case[4]].kernel_reads:
+                rows.append({"case": case[0], "kv_format": case[4], "skipped": "not served yet: --unverified-formats"})
+                continue
+            got, sets = launchers(
+                case, limits=limits, cache=args.cache, v6_source=args.v6_source, tmp=Path(tmp), stream=stream
+            )
+            us = interleaved_medians(
+                {k: f for k, (f, _) in got.items()}, len(sets), rounds=args.rounds, reps=20, stream=stream
+            )
+            rows.append(row_of(case, us, got["v7"][1], bw))
+            r = rows[-1]
+            print(f"{r['case']:36s} {r['kv_format']:9s} v7 {r['us']:8.1f} us  v6 {r['v6_us'] or float('nan'):8.1f}  "
+                  f"limit {r['limit_us']:7.1f} ({r['x_limit']:.2f}x)  {r['config']}", flush=True)  # fmt: skip
+            del sets
+            torch.cuda.empty_cache()
+    write(args.out, limits, rows, unverified=args.unverified_formats)
+
+
+def write(out: Path, limits, rows: list[dict], *, unverified: bool) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"device": limits.name, "arch": limits.arch, "date": dt.date.today().isoformat(),
+            "e4m3_unverified": unverified, "bandwidth_for_limits_GBps": ANCHOR_BW / 1e9, "rows": rows}  # fmt: skip
+    (out / f"kernel_v7_{limits.arch}.json").write_text(json.dumps(meta, indent=1) + "\n")
+    lines = [f"# Kernel v7 on {limits.name} ({meta['date']})", "",
+             "| case | kv | v7 µs | v6 µs | limit µs | × limit | TB/s | TFLOP/s | config |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        if "skipped" in r:
+            lines.append(f"| {r['case']} | {r['kv_format']} | {r['skipped']} | | | | | | |")
+            continue
+        lines.append(f"| {r['case']} | {r['kv_format']} | {r['us']} | {r['v6_us'] or '—'} | {r['limit_us']} | "
+                     f"{r['x_limit']} | {r['TBps']} | {r['TFLOPs']} | `{r['config']}` |")  # fmt: skip
+    (out / f"kernel_v7_{limits.arch}.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
