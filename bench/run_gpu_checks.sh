@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# What the kernel issue reports, in one call on the GPU machine (after `source .wheelhouse/gpu-env.sh`):
-# every `gpu` test, the A/B against the previous kernel (when a checkout of it is given) and the
-# 40-shape benchmark. Usage: bench/run_gpu_checks.sh OUTDIR [BASE_TREE BASE_LABEL]
+# What the kernel issue reports, in two calls on the GPU machine (after `source .wheelhouse/gpu-env.sh`;
+# each fits one 10-minute call): `tests` runs every `gpu` test (the e4m3 ones included), `bench`
+# the kernel-v7 table against v6 in the same process (bench/kernel_v7.py; V6_SOURCE is v6's .cu,
+# e.g. `git show e88ba0d:kernels/csrc/verify_attention.cu > .v6/verify_attention.cu` here, carried).
+# Usage: bench/run_gpu_checks.sh tests OUTDIR | bench/run_gpu_checks.sh bench OUTDIR V6_SOURCE [--quick]
 set -uo pipefail
-out=${1:?outdir}
+mode=${1:?tests or bench}
+out=${2:?outdir}
 mkdir -p "$out"
 export TUNER_CACHE_DIR=${TUNER_CACHE_DIR:-/tmp/va-cache}
-timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider 2>&1 | tee "$out/gpu-tests-sm_90.log" | tail -3
-if [ -n "${2:-}" ]; then
-  timeout 100 python3 bench/ab_versions.py --base-tree "$2" --base-label "${3:-base}" --out "$out" | tail -9
-fi
-timeout 280 python3 bench/bench_kernel.py --out "$out" 2>&1 | tee "$out/bench_kernel.log" | tail -3
+case "$mode" in
+  tests)
+    timeout 540 python3 -m pytest -m gpu -q -p no:cacheprovider -rs 2>&1 | tee "$out/gpu-tests.log" | tail -5 ;;
+  bench)
+    timeout 560 python3 bench/kernel_v7.py --v6-source "${3:?v6 source}" --unverified-formats --out "$out" ${4:-} \
+      2>&1 | tee "$out/kernel_v7.log" | tail -20 ;;
+  *) echo "usage: $0 tests OUTDIR | $0 bench OUTDIR V6_SOURCE [--quick]" >&2; exit 2 ;;
+esac
