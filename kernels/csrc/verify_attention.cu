@@ -74,6 +74,9 @@ static_assert(KV_FMT == 0 || KV_FMT == 1, "KV_FMT: 0 bf16, 1 e4m3 with a per-lay
 // cache and f16 for an e4m3 one (an e4m3 value and a power-of-two-scaled q row are exact in f16,
 // which also keeps P in [0, 2^8] three more bits than bf16). The buffers stay typed bf16 below.
 constexpr bool FP8 = KV_FMT == 1;
+// e4m3: P is stored in f16 times 2^7 (P <= 2^8 with the lazy max, f16's max is 65504), so weights
+// far below the row's max stay normal numbers rather than flush to zero while l counts them.
+constexpr float P_UNIT = 128.f;
 
 // Programmatic dependent launch (sm_90+): the partial lets the reduce grid be scheduled early
 // and the reduce waits for the partial's results in griddepcontrol.wait. kernels/launch.py reads
@@ -460,7 +463,8 @@ __device__ __forceinline__ void fetch_indices(int* idx_s, const Span& sp, int X,
 // Warp w of the NW copying warps (the block, or one PIPE 3 group) copies tokens w, w+NW, ...;
 // lane l the 16-byte chunks l, l+32 and l+64 (< 72) of the token's 1152-byte row: one index
 // read and one swizzle XOR per token (chunk l+32i lands at (l ^ (t&7)) + 32i), not a division
-// and an index read per chunk.
+// and an index read per chunk. An e4m3 row's 36 chunks land unswizzled in the upper half of the
+// token's staged row, for convert_kv_tile.
 template <int NW>
 __device__ __forceinline__ void load_kv_tile(bf16* Kt, const unsigned char* __restrict__ kv, const int* idx_s,
                                              const Span& sp, int X, int warp) {
@@ -505,37 +509,41 @@ __device__ __forceinline__ void load_kv_tile(bf16* Kt, const unsigned char* __re
 
 // e4m3 cache: the rows of tile Kt that warp `warp` of NW copied (tokens warp, warp+NW, ...) from
 // their e4m3 upper halves into f16 staged rows, in place, by the copying warp once its copies have
-// landed, so no block barrier is added. A token at a time, read whole before any write (a row's
-// f16 chunks overwrite its own e4m3 ones, which other lanes read), and rolled: unrolling two
-// tokens at a time cost 10-30 registers a thread (a block per SM at q_len 1 on sm_90).
+// landed, so no block barrier is added. A row's f16 chunks overwrite its own e4m3 ones, which other
+// lanes read: each row is read whole before the __syncwarp that precedes its writes, and the next
+// row's reads are issued before this row's conversion, so their latency overlaps it (a token a
+// pass: two a pass cost 10-30 registers a thread, a block per SM at q_len 1 on sm_90).
+__device__ __forceinline__ void load_f8_row(uint4 (&v)[2], const unsigned char* rows, int t, int lane) {
+  const unsigned char* row = rows + t * (KSTRIDE * 2) + F8_OFF;
+  v[0] = *reinterpret_cast<const uint4*>(row + lane * 16);
+  if (lane < F8_CHUNKS - 32) v[1] = *reinterpret_cast<const uint4*>(row + 512 + lane * 16);
+}
 template <int NW>
 __device__ __forceinline__ void convert_kv_tile(bf16* Kt, int warp, int lane) {
-  constexpr int IT = (F8_CHUNKS + 31) / 32;
+  static_assert(F8_CHUNKS > 32 && F8_CHUNKS <= 64, "two 16-byte chunks a lane at most");
   const unsigned char* rows = reinterpret_cast<const unsigned char*>(Kt);
+  __syncwarp();  // the warp's copies (each lane waited for its own) are visible to every lane
+  uint4 v[2];
+  if (warp < TK) load_f8_row(v, rows, warp, lane);
 #pragma unroll 1
   for (int t = warp; t < TK; t += NW) {
-    __syncwarp();  // every lane's copies (each waited for its own) visible; the last token's writes done
-    uint4 v[IT];
+    __syncwarp();  // row t read whole by every lane: its writes may begin
+    uint4 cur[2] = {v[0], v[1]};
+    if (t + NW < TK) load_f8_row(v, rows, t + NW, lane);
 #pragma unroll
-    for (int j = 0; j < IT; ++j) {
-      const int c = lane + 32 * j;
-      if (c < F8_CHUNKS) v[j] = *reinterpret_cast<const uint4*>(rows + t * (KSTRIDE * 2) + F8_OFF + c * 16);
-    }
-    __syncwarp();
-#pragma unroll
-    for (int j = 0; j < IT; ++j) {
-      const int c = lane + 32 * j;
+    for (int j = 0; j < 2; ++j) {
+      const int c = lane + 32 * j;  // dims 16c..16c+15: f16 chunks 2c and 2c+1
       if (c >= F8_CHUNKS) continue;
-      uint4 a, b;  // dims 16c..16c+7 and 16c+8..16c+15
-      e4m3x4_to_f16x4(v[j].x, a.x, a.y);
-      e4m3x4_to_f16x4(v[j].y, a.z, a.w);
-      e4m3x4_to_f16x4(v[j].z, b.x, b.y);
-      e4m3x4_to_f16x4(v[j].w, b.z, b.w);
-      // lanes 4..7 of each eight store their odd chunk first: eight lanes' first stores then fill
-      // eight different 16-byte bank quads
-      const bool odd_first = (c >> 2) & 1;
-      *reinterpret_cast<uint4*>(Kt + sw(t, 16 * c + (odd_first ? 8 : 0))) = odd_first ? b : a;
-      *reinterpret_cast<uint4*>(Kt + sw(t, 16 * c + (odd_first ? 0 : 8))) = odd_first ? a : b;
+      // lanes 4..7 of each eight convert and store their odd chunk first: eight lanes' first
+      // stores then fill eight different 16-byte bank quads
+      const bool odd = (c >> 2) & 1;
+      uint4 a, b;
+      e4m3x4_to_f16x4(odd ? cur[j].z : cur[j].x, a.x, a.y);
+      e4m3x4_to_f16x4(odd ? cur[j].w : cur[j].y, a.z, a.w);
+      e4m3x4_to_f16x4(odd ? cur[j].x : cur[j].z, b.x, b.y);
+      e4m3x4_to_f16x4(odd ? cur[j].y : cur[j].w, b.z, b.w);
+      *reinterpret_cast<uint4*>(Kt + sw(t, 16 * c + (odd ? 8 : 0))) = a;
+      *reinterpret_cast<uint4*>(Kt + sw(t, 16 * c + (odd ? 0 : 8))) = b;
     }
   }
 }
@@ -562,8 +570,8 @@ __device__ __forceinline__ void convert_q(bf16* Qs, float* qsc_s, int rlo, int r
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    // 2^e with e = 14 - floor(log2 amax), within fp32's normal exponents (a zero row keeps e = 0)
-    const int e = amax > 0.f ? max(-126, min(126, 14 - (((__float_as_int(amax) >> 23) & 0xFF) - 127))) : 0;
+    // 2^e with e = 14 - floor(log2 amax), at most 2^64 (scores of a row that small are 0 anyway), a zero row 1
+    const int e = amax > 0.f ? max(-126, min(64, 14 - (((__float_as_int(amax) >> 23) & 0xFF) - 127))) : 0;
     const float mul = __int_as_float((127 + e) << 23);
 #pragma unroll
     for (int j = 0; j < QCH; ++j) {
@@ -671,7 +679,7 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
 }
 
 // Online softmax of one query row r of tile `it` (LPR lanes, SPL scores each): sums the NSB
-// partial-score buffers, masks, updates the row's running max and sum, writes P (bf16) and the
+// partial-score buffers, masks, updates the row's running max and sum, writes P (the MMAs' type) and the
 // rescale factor PV applies to the row's accumulator; raises the tile's rescale flag when a row
 // that already holds weight moves its reference max (PV skips the rescale otherwise: alpha is
 // 1, or the row's accumulator is still 0).
@@ -733,8 +741,9 @@ __device__ __forceinline__ void softmax_row(const float* Ss, bf16* Ps, float* m_
 #pragma unroll
   for (int q8 = 0; q8 < SPL / 4; ++q8) {  // 8-byte stores of 4 values, in the MMAs' element type
     uint2 pk;
-    if constexpr (FP8) {
-      __half2 h[2] = {__floats2half2_rn(s[4 * q8], s[4 * q8 + 1]), __floats2half2_rn(s[4 * q8 + 2], s[4 * q8 + 3])};
+    if constexpr (FP8) {  // times P_UNIT: f16's headroom above 2^8, so small weights keep their bits
+      __half2 h[2] = {__floats2half2_rn(s[4 * q8] * P_UNIT, s[4 * q8 + 1] * P_UNIT),
+                      __floats2half2_rn(s[4 * q8 + 2] * P_UNIT, s[4 * q8 + 3] * P_UNIT)};
       pk = *reinterpret_cast<const uint2*>(h);
     } else {
       __nv_bfloat162 h[2] = {__floats2bfloat162_rn(s[4 * q8], s[4 * q8 + 1]),
@@ -753,7 +762,7 @@ __device__ __forceinline__ void softmax_row(const float* Ss, bf16* Ps, float* m_
 }
 
 // Online softmax of tile `it` over the summed partial scores: LPR lanes per row, RPP rows per
-// warp pass; writes P (bf16) and the row's rescale factor for PV.
+// warp pass; writes P (the MMAs' type) and the row's rescale factor for PV.
 template <int QNSB, int BROWS>
 __device__ __forceinline__ void softmax_tile(const float* Ss, bf16* Ps, float* m_s, float* l_s, float* a_s,
                                              int* resc_s, const float* qsc_s, const unsigned long long* mask_s,
@@ -1134,7 +1143,9 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
       if (nlo + nr >= NR) continue;  // a last row split's missing tiles
       const int r = (nlo + nr) * 8 + 2 * tq;
       const float l0 = l_s[r], l1 = l_s[r + 1];
-      const float i0 = l0 > 0.f ? vscale / l0 : 0.f, i1 = l1 > 0.f ? vscale / l1 : 0.f;  // V's scale with 1 / l
+      // V's scale (and, for e4m3, P's 2^7) with 1 / l
+      const float inv = FP8 ? vscale / P_UNIT : 1.f;
+      const float i0 = l0 > 0.f ? inv / l0 : 0.f, i1 = l1 > 0.f ? inv / l1 : 0.f;
 #pragma unroll
       for (int mw = 0; mw < MW; ++mw) {
         const int d = (warp * MW + mw) * 16 + g;
