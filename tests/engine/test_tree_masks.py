@@ -10,8 +10,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tests.engine.sglang_trees import FULL_MASK, QLEN_ONLY, QLEN_ONLY_BITPACKING, chain, eagle_tree, sglang_mask
 from verify_tuner.engine.tree_masks import MaskPacker, TreeMaskMode, mask_numel, packed_dtype
+
+from tests.engine.sglang_trees import FULL_MASK, QLEN_ONLY, QLEN_ONLY_BITPACKING, chain, eagle_tree, sglang_mask
 
 
 def _as_int64(rows: list[int]) -> list[int]:
