@@ -81,11 +81,15 @@ class MLAPool:
     size: int
     layers: int
     dtype: torch.dtype = torch.bfloat16
+    device: str = "cpu"
     kv_buffer: list[torch.Tensor] = field(init=False)
 
     def __post_init__(self) -> None:
-        gen = torch.Generator().manual_seed(self.size)
-        self.kv_buffer = [torch.randn(self.size + 1, 1, 576, generator=gen).to(self.dtype) for _ in range(self.layers)]
+        gen = torch.Generator(device=self.device).manual_seed(self.size)
+        self.kv_buffer = [
+            torch.randn(self.size + 1, 1, 576, generator=gen, device=self.device).to(self.dtype)
+            for _ in range(self.layers)
+        ]
 
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:
         return self.kv_buffer[layer_id]

@@ -83,3 +83,19 @@ def test_the_op_keeps_one_workspace_per_batch_size_when_given_none(host):
 def test_one_shared_workspace_is_sized_for_the_largest_batch():
     cfgs = {bs: op.config_list(CFG) for bs in (1, 2, 4, 8, 16, 32, 64)}
     assert op.shared_workspace_bytes(cfgs, H=H, q_len=Q) == op.workspace_bytes(cfgs[64], H=H, q_len=Q, batch=64)
+
+
+def test_the_host_cost_bench_times_every_kind_against_the_empty_op(monkeypatch):
+    """bench/host_cost.py --stub's measurement, tiny: every kind runs and is reported."""
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "bench"))
+    fake_driver.host_only(monkeypatch.setattr, monkeypatch.setitem)
+    import host_cost
+
+    got = host_cost.measure(host_cost.calls("cpu", CFG), rounds=2, per_round=3, sync=lambda: None)
+    kinds = ["empty op", "op", "backend forward_extend", "adapter forward"]
+    assert (
+        list(got["us per call (median)"]) == kinds and got["ratio to the empty op (median of rounds)"]["empty op"] == 1
+    )
+    assert all(v > 0 for v in got["us per call (median)"].values())
