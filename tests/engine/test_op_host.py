@@ -99,3 +99,15 @@ def test_the_host_cost_bench_times_every_kind_against_the_empty_op(monkeypatch):
         list(got["us per call (median)"]) == kinds and got["ratio to the empty op (median of rounds)"]["empty op"] == 1
     )
     assert all(v > 0 for v in got["us per call (median)"].values())
+
+
+def test_the_workspace_report_shares_one_buffer_sized_for_the_largest_batch(monkeypatch):
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "bench"))
+    import workspace_mb
+
+    table = workspace_mb.rows([1, 2, 4, 8, 16, 32, 64], 9)
+    assert len(table) == len(workspace_mb.DEVICES) * len(workspace_mb.HEADS)
+    for r in table:
+        assert 0 < r["one shared MB"] < r["one per batch size MB"]
