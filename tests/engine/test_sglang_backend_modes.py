@@ -115,6 +115,16 @@ def test_a_step_it_cannot_run_is_named(change, error, needle):
         eng.backend.init_forward_metadata(fb)
 
 
+def test_an_idle_rank_s_step_has_no_metadata_to_fill():
+    """Data-parallel attention: a rank without requests this step runs an IDLE batch."""
+    eng = Engine(QLEN_ONLY)
+    eng.backend.init_cuda_graph_state(4, 4 * Q)
+    idle = ForwardBatch(ForwardMode.IDLE, 0, torch.zeros(0), torch.zeros(0), torch.zeros(0))
+    for hook in (eng.backend.init_forward_metadata, eng.backend.init_forward_metadata_in_graph):
+        assert hook(idle) is None
+    assert eng.backend.init_forward_metadata_out_graph(idle) is None and eng.backend.op.calls == []
+
+
 def test_a_graph_batch_past_the_captured_ones_and_a_forward_without_metadata_are_named():
     eng = Engine(QLEN_ONLY)
     fb = eng.step([4, 4], rows=[0, 1])

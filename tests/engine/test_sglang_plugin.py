@@ -30,6 +30,8 @@ class AttentionBackend:
 
 
 class TritonAttnBackend:
+    extend_attention_block_m = 32  # the scheduler sizes prefill chunks by it
+
     def __init__(self, model_runner) -> None:
         self.runner = model_runner
 
@@ -95,9 +97,10 @@ def test_the_factory_builds_the_backend_over_the_runner_s_pool(sglang):
     be = sglang.registry["verify_tuner"](runner)
     assert isinstance(be, VerifyMLABackend) and isinstance(be, AttentionBackend)
     assert isinstance(be.delegate, TritonAttnBackend) and be.delegate.runner is runner
-    assert be.pool is runner.token_to_kv_pool and be.req_to_token is runner.req_to_token_pool.req_to_token
+    assert be.token_to_kv_pool is runner.token_to_kv_pool and be.req_to_token is runner.req_to_token_pool.req_to_token
     assert be.heads == 8 and sorted(be.steps) == [9] and be.max_bs == 16  # the pool's 13, graph-aligned
     assert be.kv_index_translator is runner.kv_index_translator and be.tree_mask_mode == TreeMaskMode.QLEN_ONLY
+    assert be.extend_attention_block_m == 32  # prefill runs on the Triton backend: its tile
     want = heuristic_config(known_device("h200"), H=8, q_len=9, prefix=8192, batch=4)
     assert be.pick_config(9, 4) == want  # no sidecar, folder or snapshot: the client's heuristic
     be.init_cuda_graph_state(4, 36)

@@ -61,7 +61,7 @@ class VerifyMLABackend:
             raise NotImplementedError(
                 f"KV pool of {pool.dtype}: the verify kernel reads {', '.join(map(str, kv_dtypes))} pools"
             )
-        self.pool, self.req_to_token, self.delegate, self.heads = pool, req_to_token, delegate, heads
+        self.token_to_kv_pool, self.req_to_token, self.delegate, self.heads = pool, req_to_token, delegate, heads
         self.max_bs, self.max_context_len, self.pick_config = max_bs, max_context_len, pick_config
         self.tree_mask_mode, self.device = tree_mask_mode, req_to_token.device
         self.steps = {q: StepBuffers(q, max_bs, self.device) for q in q_lens}
@@ -108,9 +108,9 @@ class VerifyMLABackend:
         """Eager: refill the step's buffers and pack its mask now."""
         if not self._ours(forward_batch):
             return self._delegated("init_forward_metadata", forward_batch)
-        bs, step = self._batch(forward_batch)
-        if bs == 0:
+        if forward_batch.forward_mode.is_idle():  # a data-parallel rank with no requests this step
             return None
+        bs, step = self._batch(forward_batch)
         self._current = (bs, step, self._config(step.q_len, bs), self._workspace(step.q_len, bs))
         step.refill(bs, **self._tensors(forward_batch))
         mask = self._mask(forward_batch)
@@ -126,6 +126,8 @@ class VerifyMLABackend:
                 self.delegate.init_cuda_graph_state(*self._delegate_graph)  # its buffers only when it is captured
                 self._delegate_graph = None
             return self._delegated("init_forward_metadata_out_graph", forward_batch, in_capture)
+        if forward_batch.forward_mode.is_idle():
+            return None
         bs, step = self._batch(forward_batch)
         if bs > self._graph_bs:
             raise ValueError(f"batch {bs} past the captured {self._graph_bs} (init_cuda_graph_state)")
@@ -141,6 +143,8 @@ class VerifyMLABackend:
         """Recorded into the graph: the refill and the mask's conversion, static shapes only."""
         if not self._ours(forward_batch):
             return self._delegated("init_forward_metadata_in_graph", forward_batch)
+        if forward_batch.forward_mode.is_idle():
+            return None
         bs, step = self._batch(forward_batch)
         step.refill(bs, **self._tensors(forward_batch))
         if step.q_len > 1:
@@ -214,10 +218,10 @@ class VerifyMLABackend:
             raise ValueError(f"q holds {q.shape[0]} tokens, the step's metadata {bs} requests x {Q}")
         if save_kv_cache and k is not None:
             if k_rope is not None:
-                self.pool.set_mla_kv_buffer(layer, forward_batch.out_cache_loc, k, k_rope)
+                self.token_to_kv_pool.set_mla_kv_buffer(layer, forward_batch.out_cache_loc, k, k_rope)
             else:
-                self.pool.set_kv_buffer(layer, forward_batch.out_cache_loc, k, v)
-        kv = self.pool.get_key_buffer(layer.layer_id)
+                self.token_to_kv_pool.set_kv_buffer(layer, forward_batch.out_cache_loc, k, v)
+        kv = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
         out = q.new_empty((bs, Q, heads, D_V))
         kv_indptr, rows, draft, mask = step.views(bs)
         self.op(

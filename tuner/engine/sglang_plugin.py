@@ -93,6 +93,8 @@ def build(runner: Any, *, delegate: Any) -> Any:
         tree_mask_mode=TreeMaskMode.QLEN_ONLY,  # bs x q_len^2 cells, where FULL_MASK spans the context
     )
     backend.kv_index_translator = runner.kv_index_translator
+    if hasattr(delegate, "extend_attention_block_m"):  # the scheduler sizes prefill chunks by the prefill kernel's tile
+        backend.extend_attention_block_m = delegate.extend_attention_block_m
     return backend
 
 
