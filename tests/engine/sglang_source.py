@@ -1,5 +1,5 @@
 """SGLang's released source, read without importing it: the 0.5.23 wheel from PyPI (pinned by its
-sha256, fetched once into pytest's cache, or named by TUNER_SGLANG_WHEEL for an offline machine),
+sha256, fetched once into the user's cache, or named by TUNER_SGLANG_WHEEL for an offline machine),
 parsed with `ast`; and the check that a method of ours can stand in for one of SGLang's.
 
 A method of ours is compatible with SGLang's when every call SGLang's signature allows binds to
@@ -17,19 +17,24 @@ import sys
 import zipfile
 from pathlib import Path
 
+import platformdirs
+
 VERSION = "0.5.23"
 #: The cp311 manylinux wheel's sha256 (PyPI): its Python sources are what the contract reads.
 SHA256 = "00b3cd5b265ac76c64185fbb6b95424f324ddd9f428d0306b77bc9db9d859937"
 WHEEL = f"sglang-{VERSION}-cp311-cp311-manylinux_2_34_x86_64.whl"
 
 
-def fetch_wheel(cache: Path) -> Path:
+def fetch_wheel() -> Path:
     """The wheel, downloaded with pip (no dependencies, this platform tag whatever runs the test,
-    its hash required) unless the cache or TUNER_SGLANG_WHEEL already has it. A failed download
-    raises with pip's own words: the contract is never skipped."""
+    its hash required) into the user's cache (CI runs pytest without its cache plugin) unless it
+    is there or TUNER_SGLANG_WHEEL names it. A failed download raises with pip's own words: the
+    contract is never skipped."""
     given = os.environ.get("TUNER_SGLANG_WHEEL")
     if given:
         return Path(given)
+    cache = Path(platformdirs.user_cache_dir("verify-tuner-tests")) / f"sglang-{VERSION}"
+    cache.mkdir(parents=True, exist_ok=True)
     path = cache / WHEEL
     if path.is_file():
         return path

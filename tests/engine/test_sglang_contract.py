@@ -37,8 +37,8 @@ OURS = [
 
 
 @pytest.fixture(scope="module")
-def sglang(request) -> Source:
-    return Source(fetch_wheel(request.config.cache.mkdir("sglang-wheel")))
+def sglang() -> Source:
+    return Source(fetch_wheel())
 
 
 def test_our_backend_has_sglang_s_methods_and_signatures(sglang):

@@ -43,8 +43,8 @@ def test_the_python_runs_as_written(monkeypatch, tmp_path):
     assert float(lines[-1].split(": ")[1].removesuffix(" MB")) > 0
 
 
-def test_the_launch_command_s_flags_are_sglang_s(request):
-    sglang = Source(fetch_wheel(request.config.cache.mkdir("sglang-wheel")))
+def test_the_launch_command_s_flags_are_sglang_s():
+    sglang = Source(fetch_wheel())
     (script,) = _blocks("bash")
     command = script[script.index("python -m sglang.launch_server") :].replace("\\\n", " ")
     argv = shlex.split(command)[3:]
