@@ -110,7 +110,8 @@ class LoopEngine:
         fb.out_cache_loc.copy_(self.req_to_token[rows.view(-1, 1), pos].reshape(-1))
         trees = [eagle_tree(topk=TOPK, depth=4, q_len=Q, rng=self.tree_rng) for _ in s.lens]
         mask = sglang_mask(trees, s.lens, topk=TOPK, q_len=Q, mode=int(self.mode)).to(self.device)
-        self.backend.verify_mask.buffer[: mask.numel()].copy_(mask)
+        raw = mask.view(torch.uint8)  # byte views: packed uint16/32 rows copy on every device
+        self.backend.verify_mask.buffer.view(torch.uint8)[: raw.numel()].copy_(raw)
         self.masks = mask
         for t in (self.q_nope, self.q_rope, self.k_nope, self.k_rope):
             t.copy_(torch.randn(t.shape, generator=self.gen, device=self.device))

@@ -141,7 +141,7 @@ def _replay(eng: Engine, captured: ForwardBatch, step: ForwardBatch, mask_into_s
     captured.out_cache_loc.copy_(step.out_cache_loc)
     mask = step.spec_info.custom_mask
     if mask is not None and mask_into_source:
-        be.verify_mask.buffer[: mask.numel()].copy_(mask.view(be.verify_mask.buffer.dtype))
+        be.verify_mask.buffer.view(torch.uint8)[: mask.numel() * mask.element_size()].copy_(mask.view(torch.uint8))
         mask = be.verify_mask.buffer
     live = ForwardBatch(step.forward_mode, bs, captured.seq_lens, captured.req_pool_indices, captured.out_cache_loc,
                         SpecInfo(mask, Q, 4))  # fmt: skip

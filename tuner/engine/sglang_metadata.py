@@ -33,18 +33,22 @@ class MaskSource:
     def make(
         cls, mode: TreeMaskMode, *, q_len: int, max_bs: int, max_context_len: int, device: torch.device
     ) -> MaskSource:
-        bits = TreeMaskMode(mode) == TreeMaskMode.QLEN_ONLY_BITPACKING
         n = mask_numel(TreeMaskMode(mode), bs=max_bs, q_len=q_len, max_context_len=max_context_len)
-        return cls(torch.zeros(n, dtype=packed_dtype(q_len) if bits else torch.bool, device=device), mode, max_bs)
+        if TreeMaskMode(mode) != TreeMaskMode.QLEN_ONLY_BITPACKING:
+            return cls(torch.zeros(n, dtype=torch.bool, device=device), mode, max_bs)
+        packed = packed_dtype(q_len)  # torch fills unsigned 16/32-bit types on few devices: zero bytes instead
+        raw = torch.zeros(n * torch.empty(0, dtype=packed).element_size(), dtype=torch.uint8, device=device)
+        return cls(raw.view(packed), mode, max_bs)
 
     def fits(self, bs: int) -> bool:
         return bs <= self.max_bs
 
     def stage(self, mask: torch.Tensor) -> None:
         """Copy a mask written elsewhere (in this layout) into the buffer the graph reads."""
-        if mask.data_ptr() != self.buffer.data_ptr():
-            n = min(mask.numel(), self.buffer.numel())
-            self.buffer[:n].copy_(mask.reshape(-1)[:n].view(self.buffer.dtype))
+        if mask.data_ptr() != self.buffer.data_ptr():  # byte views: uint16/32 rows copy on every device
+            raw, dst = mask.reshape(-1).view(torch.uint8), self.buffer.view(torch.uint8)
+            n = min(raw.numel(), dst.numel())
+            dst[:n].copy_(raw[:n])
 
 
 @dataclass
