@@ -138,6 +138,19 @@ def test_a_graph_batch_past_the_captured_ones_and_a_forward_without_metadata_are
         eng.backend.forward_extend(q, None, None, Layer(0, H, SCALE), fb)
 
 
+def test_what_the_kernel_cannot_apply_is_refused_not_dropped():
+    """SGLang passes a model's attention sinks or a sparse model's top-k indices as keywords."""
+    eng = Engine(QLEN_ONLY)
+    fb = eng.step([4, 4], rows=[0, 1])
+    eng.backend.init_forward_metadata(fb)
+    q_nope, q_rope, k_nope, k_rope = eng.qkv(2 * Q)
+    layer = Layer(0, H, SCALE)
+    with pytest.raises(NotImplementedError, match=r"cannot apply \['attn_sink', 'topk_indices'\]"):
+        eng.backend.forward_extend(q_nope, k_nope, k_nope, layer, fb, q_rope=q_rope, k_rope=k_rope,
+                                   topk_indices=torch.zeros(1), attn_sink=torch.zeros(1))  # fmt: skip
+    eng.backend.forward_extend(q_nope, k_nope, k_nope, layer, fb, q_rope=q_rope, k_rope=k_rope, topk_indices=None)
+
+
 def test_an_fp8_pool_is_refused_until_the_kernel_reads_one():
     pool = MLAPool(size=10, layers=1, dtype=torch.float8_e4m3fn)
     with pytest.raises(NotImplementedError, match=r"KV pool of torch.float8_e4m3fn: the verify kernel reads"):

@@ -1,23 +1,18 @@
-"""An attention backend on SGLang's own interface (its `AttentionBackend`, as released in 0.5.23)
-that runs an MLA model's target verify (and decode, q_len 1) on this package's kernel, and hands
-every other mode (prefill, mixed batches) to SGLang's Triton backend over the same KV pool.
-
-SGLang drives it as it drives its own backends; the method names and signatures are SGLang's
-(tests/engine/test_sglang_contract.py checks them against the released source):
-- `init_cuda_graph_state(max_bs, ...)`: the mask source the draft stage writes into (`verify_mask`)
-  and one workspace shared by every batch size and layer, sized for the largest captured batch
-  with the config each batch size captures (`pick_config(q_len, bs)`, fixed from then on);
-- `init_forward_metadata(fb)` (eager) refills the step's buffers from the ForwardBatch;
-  `init_forward_metadata_out_graph(fb, in_capture)` runs on the host before a capture or replay
-  (it only stages a mask written elsewhere and flags a chain) and
-  `init_forward_metadata_in_graph(fb)` records the refill itself into the graph
-  (tuner/engine/sglang_metadata.py);
-- `forward_extend` (target verify) / `forward_decode` write the layer's draft KV into the pool,
-  then call the op on the engine's tensors in place: q as one 576-wide tensor or q_nope (SGLang's
-  head-major absorbed q, at any token count) + q_rope, req_to_token at the requests' rows,
-  `layer.scaling` as the softmax scale.
-The pool must be SGLang's plain page-size-1 MLA pool (no unified / translated ids, no decode
-context parallelism); until the kernel reads fp8, bf16 only (`kv_dtypes`).
+"""An attention backend on SGLang's own interface (its `AttentionBackend` as released in 0.5.23;
+tests/engine/test_sglang_contract.py checks the names and signatures against that source) that
+runs an MLA model's target verify and decode (q_len 1) on this package's kernel, and hands every
+other mode (prefill, mixed batches) to SGLang's Triton backend over the same KV pool.
+- `init_cuda_graph_state`: the mask source SGLang's draft stage writes into (`verify_mask`) and
+  one workspace for every batch size and layer, sized for the largest captured batch with the
+  config each batch size captures (`pick_config(q_len, bs)`, fixed from then on);
+- `init_forward_metadata` (eager) refills the step's buffers (sglang_metadata.StepBuffers);
+  `init_forward_metadata_out_graph` runs on the host before a capture or replay (it only stages a
+  mask written elsewhere and flags a chain); `init_forward_metadata_in_graph` is the refill the
+  graph records;
+- `forward_extend` (target verify) / `forward_decode` write the layer's draft KV through the
+  pool, then call the op on the engine's tensors in place: one 576-wide q, or SGLang's head-major
+  absorbed q_nope (any token count) + q_rope; req_to_token at the requests' rows; `layer.scaling`.
+The pool must be SGLang's plain page-size-1 MLA pool of a dtype the kernel reads (`kv_dtypes`).
 """
 
 from __future__ import annotations
@@ -176,7 +171,7 @@ class VerifyMLABackend:
     ) -> torch.Tensor:
         """Target verify on the kernel; any other extend (prefill, mixed) on the delegate."""
         if forward_batch.forward_mode.is_target_verify():
-            return self._attend(q, k, v, layer, forward_batch, save_kv_cache, q_rope, k_rope)
+            return self._attend(q, k, v, layer, forward_batch, save_kv_cache, q_rope, k_rope, kwargs)
         if q_rope is not None:  # the absorbed form, which the Triton backend takes as one 576-wide q and k
             heads = layer.tp_q_head_num
             q = torch.cat([q.view(-1, heads, D_V), q_rope.view(-1, heads, D_QK - D_V)], dim=-1)
@@ -197,7 +192,7 @@ class VerifyMLABackend:
         **kwargs: Any,
     ) -> torch.Tensor:
         """Decode (q_len 1) on the kernel."""
-        return self._attend(q, k, v, layer, forward_batch, save_kv_cache, q_rope, k_rope)
+        return self._attend(q, k, v, layer, forward_batch, save_kv_cache, q_rope, k_rope, kwargs)
 
     def _attend(
         self,
@@ -209,7 +204,11 @@ class VerifyMLABackend:
         save_kv_cache: bool,
         q_rope: torch.Tensor | None,
         k_rope: torch.Tensor | None,
+        extra: dict[str, Any],
     ) -> torch.Tensor:
+        if any(v is not None for v in extra.values()):  # attention sinks, sparse (DSA) indices, fused rope...
+            named = sorted(k for k, v in extra.items() if v is not None)
+            raise NotImplementedError(f"the verify kernel computes plain MLA attention: it cannot apply {named}")
         if self._current is None:
             raise RuntimeError("forward before init_forward_metadata")
         bs, step, config, workspace = self._current
