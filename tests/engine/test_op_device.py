@@ -5,10 +5,6 @@ primary context, read that device's limits and load the cubin built for its arch
 
 from __future__ import annotations
 
-import ctypes
-import sys
-import types
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -17,91 +13,15 @@ from verify_tuner.engine import op
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.validate import smem_bytes
 
-CFG = KernelConfig(nsplit=94, ht=4, tk=16, block=256, stages=2, wr=4, wk=2, pipe=1)  # fits both devices
+from tests.engine import fake_driver
+from tests.engine.fake_driver import CFG  # fits both devices
+
 BIG = KernelConfig(nsplit=132, ht=8, tk=32, block=256, stages=3, wr=2, wk=2, sf=1, pipe=3)  # 227 KB: the H200 only
-#: Two kinds of device: index 0 an H200, index 3 an RTX PRO 6000 Blackwell (what differs: arch, SMs, smem).
-DEVICES = {0: ("NVIDIA H200", 9, 0, 132, 232448), 3: ("NVIDIA RTX PRO 6000 Blackwell", 12, 0, 188, 101376)}
-
-
-class FakeDriver(types.ModuleType):
-    """The subset of cuda.bindings.driver that kernels/runtime.py calls, answering as a driver would."""
-
-    class CUresult:
-        CUDA_SUCCESS = 0
-
-    def __init__(self) -> None:
-        super().__init__("cuda.bindings.driver")
-        self.calls: list[tuple] = []
-        self.current = None
-        attrs = ("COMPUTE_CAPABILITY_MAJOR", "COMPUTE_CAPABILITY_MINOR", "MULTIPROCESSOR_COUNT",
-                 "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN", "MAX_SHARED_MEMORY_PER_MULTIPROCESSOR",
-                 "MAX_REGISTERS_PER_MULTIPROCESSOR", "MAX_REGISTERS_PER_BLOCK", "MAX_THREADS_PER_BLOCK",
-                 "L2_CACHE_SIZE")  # fmt: skip
-        self.CUdevice_attribute = types.SimpleNamespace(**{f"CU_DEVICE_ATTRIBUTE_{a}": a for a in attrs})
-        self.CUfunction_attribute = types.SimpleNamespace(
-            CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES="dyn",
-            CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK="threads",
-            CU_FUNC_ATTRIBUTE_NUM_REGS="regs",
-        )
-        self.globals = {b"kSmemBytes": smem_bytes(CFG, 9), b"kReduceThreads": 256, b"kUsesPdl": 1}  # CFG's layout
-        self.addresses = {name: 0x1000 + 16 * i for i, name in enumerate(self.globals)}
-
-    def cuInit(self, flags):
-        return (0,)
-
-    def cuDeviceGet(self, index):
-        self.calls.append(("cuDeviceGet", index))
-        return 0, index
-
-    def cuDevicePrimaryCtxRetain(self, dev):
-        return 0, f"ctx{dev}"
-
-    def cuCtxSetCurrent(self, ctx):
-        self.current = ctx
-        return (0,)
-
-    def cuDeviceGetAttribute(self, attr, dev):
-        _, major, minor, sms, optin = DEVICES[dev]
-        values = {"COMPUTE_CAPABILITY_MAJOR": major, "COMPUTE_CAPABILITY_MINOR": minor, "MULTIPROCESSOR_COUNT": sms,
-                  "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN": optin, "MAX_SHARED_MEMORY_PER_MULTIPROCESSOR": optin + 1024,
-                  "MAX_REGISTERS_PER_MULTIPROCESSOR": 65536, "MAX_REGISTERS_PER_BLOCK": 65536,
-                  "MAX_THREADS_PER_BLOCK": 1024, "L2_CACHE_SIZE": 50 << 20}  # fmt: skip
-        return 0, values[attr]
-
-    def cuDeviceGetName(self, n, dev):
-        return 0, DEVICES[dev][0].encode() + b"\0" * 8
-
-    def cuModuleLoadData(self, cubin):
-        self.calls.append(("cuModuleLoadData", self.current, cubin))
-        return 0, f"module@{self.current}"
-
-    def cuModuleGetFunction(self, module, name):
-        return 0, (module, name)
-
-    def cuModuleGetGlobal(self, module, name):
-        return 0, self.addresses[name], 4
-
-    def cuMemcpyDtoH(self, dst, src, size):
-        name = next(n for n, a in self.addresses.items() if a == src)
-        ctypes.c_int32.from_address(dst).value = self.globals[name]
-        return (0,)
-
-    def cuFuncSetAttribute(self, fn, attr, value):
-        return (0,)
-
-    def cuFuncGetAttribute(self, attr, fn):
-        return 0, {"threads": 1024, "regs": 128}[attr]
 
 
 @pytest.fixture
 def driver(monkeypatch):
-    fake = FakeDriver()
-    cuda = types.ModuleType("cuda")
-    bindings = types.ModuleType("cuda.bindings")
-    bindings.driver = fake
-    cuda.bindings = bindings
-    for name, mod in (("cuda", cuda), ("cuda.bindings", bindings), ("cuda.bindings.driver", fake)):
-        monkeypatch.setitem(sys.modules, name, mod)
+    fake = fake_driver.install(monkeypatch.setitem)
     built: list[tuple] = []
     monkeypatch.setattr(op, "_cubin", lambda cfg, q_len, arch: built.append((cfg, q_len, arch)) or arch.encode())
     monkeypatch.setattr(op, "_kernels", {})

@@ -115,6 +115,31 @@ def test_q_that_cannot_be_read_in_place_is_named(q, pe, needle):
     assert reason is not None and needle in reason, reason
 
 
+@pytest.mark.parametrize("bs", [1, 228, 229, 4096])
+def test_sglang_s_head_major_q_is_read_in_place_at_any_token_count(bs):
+    """SGLang's absorbed q_nope is bmm(q.transpose(0, 1), w_kc).transpose(0, 1): [T, H, 512] with
+    strides (512, T * 512, 1). The kernel offsets rows in 64 bits, so past 2048 tokens (bs 228 at
+    q_len 9, refused before) it is still read in place."""
+    T, heads = bs * Q, 128
+    nope = TensorMeta("bfloat16", (bs, Q, heads, 512), "cuda:1", False, (Q * 512, 512, T * 512, 1), 1 << 20)
+    pe = TensorMeta("bfloat16", (bs, Q, heads, 64), "cuda:1", False, (Q * heads * 192, heads * 192, 192, 1), 1 << 24)
+    t = _good(q=nope, q_pe=pe, kv_indptr=TensorMeta("int32", (bs + 1,), "cuda:1", True))
+    t.update({n: TensorMeta(t[n].dtype, (bs, Q), "cuda:1", True) for n in ("draft_slots", "tree_mask")})
+    t["out"] = TensorMeta("bfloat16", (bs, Q, heads, 512), "cuda:1", True)
+    t["lse"] = TensorMeta("float32", (bs, Q, heads), "cuda:1", True)
+    lay = call_layout(t, q_len=Q, H=heads)
+    assert (lay.q_st, lay.q_sh, lay.pe_st, lay.pe_sh) == (512, T * 512, heads * 192, 192)
+
+
+def test_a_stride_past_the_kernel_s_int_argument_is_named():
+    big = 2**31  # one element past what an int stride argument holds
+    nope = TensorMeta("bfloat16", (B, Q, H, 512), "cuda:1", False, (Q * 512, 512, big, 1))
+    reason = check_call(_good(q=nope, q_pe=TensorMeta("bfloat16", (B, Q, H, 64), "cuda:1", True)), q_len=Q, H=H)
+    assert reason is not None and "do not fit the kernel's 32-bit stride arguments" in reason, reason
+    ok = TensorMeta("bfloat16", (B, Q, H, 512), "cuda:1", False, (Q * 512, 512, big - 8, 1))
+    assert check_call(_good(q=ok, q_pe=TensorMeta("bfloat16", (B, Q, H, 64), "cuda:1", True)), q_len=Q, H=H) is None
+
+
 def test_a_paged_pool_takes_a_page_table_row_per_request():
     kv = TensorMeta("bfloat16", (100, 64, 576), "cuda:1", True)
     table = TensorMeta("int32", (B, 40), "cuda:1", False, (48, 1))  # rows padded to 48 entries

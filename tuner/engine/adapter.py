@@ -88,6 +88,7 @@ class VerifyBackend:
             mask=torch.zeros(max_batch, q_len, dtype=mask_dtype or mask_dtype_for(q_len), device=dev),
         )
         self.configs: dict[int, KernelConfig] = {}
+        self._lists: dict[int, list[int]] = {}
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, dict[str, torch.Tensor]]] = {}
 
     def for_layer(self, kv_pool: torch.Tensor) -> VerifyBackend:
@@ -107,6 +108,13 @@ class VerifyBackend:
         if bs not in self.configs:
             self.configs[bs] = self.pick_config(bs)
         return self.configs[bs]
+
+    def _config_list(self, bs: int) -> list[int]:
+        """config_for(bs) as the op's list, made once (every layer's call passes it)."""
+        got = self._lists.get(bs)
+        if got is None:
+            got = self._lists[bs] = _op.config_list(self.config_for(bs))
+        return got
 
     def init_forward_metadata(
         self,
@@ -175,7 +183,7 @@ class VerifyBackend:
             b.mask[:bs],
             out.view(*as4, D_V),
             lse.view(*as4) if lse is not None else None,
-            _op.config_list(self.config_for(bs)),
+            self._config_list(bs),
             self.scale,
             None,  # the op's own workspace for this batch size
         )

@@ -19,6 +19,7 @@ nvcc is needed on an inference host that has a bundle.
 # No `from __future__ import annotations`: torch.library reads the op's schema from live annotations.
 import os
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -34,6 +35,7 @@ _lock = threading.Lock()
 _bundle: Optional[Bundle] = None  # noqa: UP045
 _kernels: dict[tuple[int, KernelConfig, int, int], Any] = {}
 _workspace: dict[tuple[int, KernelConfig, int, int, int], torch.Tensor] = {}
+_plans: dict[tuple, "_Plan"] = {}  # by _signature
 _limits: dict[int, Any] = {}
 
 
@@ -43,6 +45,7 @@ def use_bundle(path: Optional[str]) -> None:  # noqa: UP045
     with _lock:
         _bundle = Bundle.open(Path(path)) if path is not None else None
         _kernels.clear()
+        _plans.clear()
 
 
 def config_list(cfg: KernelConfig) -> list[int]:
@@ -122,29 +125,63 @@ def workspace_bytes(config: list[int], *, H: int, q_len: int, batch: int) -> int
     return LaunchSpec(cfg, H, q_len).workspace_bytes(batch)
 
 
-def _work(
-    spec: LaunchSpec,
-    dev: torch.device,
-    key: tuple,
-    batch: int,
-    given: Optional[torch.Tensor],  # noqa: UP045
-) -> tuple[int, int]:
-    """(partials, lse) addresses: in the caller's buffer, or in one the op keeps per (device,
-    config, batch size), made on the first call (before the engine captures its graph); launches
-    sharing it must be ordered, as one engine's verify steps are."""
-    need, rows = spec.workspace_bytes(batch), spec.workspace_rows(batch)
-    if given is not None:
-        if given.dtype != torch.uint8 or given.device != dev or not given.is_contiguous() or given.numel() < need:
-            raise ValueError(
-                f"verify_attention: workspace must be a contiguous uint8 tensor of at least {need} bytes on {dev}, "
-                f"got {given.dtype} [{given.numel()}] on {given.device}"
-            )
-        return given.data_ptr(), given.data_ptr() + rows * D_V * 2
-    with _lock:
-        if key not in _workspace:
-            _workspace[key] = torch.empty(need, dtype=torch.uint8, device=dev)
-        buf = _workspace[key]
-    return buf.data_ptr(), buf.data_ptr() + rows * D_V * 2
+def shared_workspace_bytes(configs: dict[int, list[int]], *, H: int, q_len: int) -> int:
+    """Bytes of one workspace that serves every batch size of `configs` (batch -> config list):
+    an engine's steps and layers run one after another, so one buffer sized for the largest
+    serves them all."""
+    return max(workspace_bytes(cfg, H=H, q_len=q_len, batch=bs) for bs, cfg in configs.items())
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What the calls of one signature launch (see _signature): checked and found at the first
+    such call, then reused, so a call pays only for its addresses and the launch."""
+
+    kernels: Any
+    layout: Layout
+    batch: int
+    lse_offset: int  # bytes from the workspace's start to the partials' lse
+    kept: Optional[torch.Tensor]  # noqa: UP045  # the op's own workspace when the caller passes None
+
+
+def _signature(tensors: dict[str, Optional[torch.Tensor]], config: list[int], workspace: Any) -> tuple:  # noqa: UP045
+    """Everything the call's checks read: the config, and each tensor's dtype, shape, strides,
+    device and 16-byte alignment (not its address)."""
+    key: list[Any] = [tuple(config)]
+    for t in (*tensors.values(), workspace):
+        key.append(None if t is None else (t.dtype, t.shape, t.stride(), t.device, t.data_ptr() & 15))
+    return tuple(key)
+
+
+def _plan(
+    tensors: dict[str, Optional[torch.Tensor]],  # noqa: UP045
+    config: list[int],
+    workspace: Optional[torch.Tensor],  # noqa: UP045
+) -> _Plan:
+    """Check a call of a new signature; load its kernels and find its workspace: a caller's, or one
+    the op keeps per (device, config, batch size), made here (before the engine captures its
+    graph); launches sharing a workspace must be ordered, as one engine's verify steps are."""
+    cfg, q_len, H, layout = _check(tensors, config)
+    q = tensors["q"]
+    assert q is not None
+    device, batch = q.device.index, q.shape[0]
+    kernels = _kernels_for(device, cfg, q_len, H)
+    need, rows = kernels.spec.workspace_bytes(batch), kernels.spec.workspace_rows(batch)
+    if workspace is None:
+        with _lock:
+            kept = _workspace.get((device, cfg, q_len, H, batch))
+            if kept is None:
+                kept = _workspace[(device, cfg, q_len, H, batch)] = torch.empty(
+                    need, dtype=torch.uint8, device=q.device
+                )
+        return _Plan(kernels, layout, batch, rows * D_V * 2, kept)
+    ws = workspace
+    if ws.dtype != torch.uint8 or ws.device != q.device or not ws.is_contiguous() or ws.numel() < need:
+        raise ValueError(
+            f"verify_attention: workspace must be a contiguous uint8 tensor of at least {need} bytes on "
+            f"{q.device}, got {ws.dtype} [{ws.numel()}] on {ws.device}"
+        )
+    return _Plan(kernels, layout, batch, rows * D_V * 2, None)
 
 
 @torch.library.custom_op("verify_tuner::verify_attention", mutates_args=("out", "lse", "workspace"))
@@ -214,21 +251,22 @@ def _launch(
     softmax_scale: float,
     workspace: Optional[torch.Tensor],  # noqa: UP045
 ) -> None:
-    """The op's work: check its arguments, find its kernels and workspace, launch on the current stream."""
-    cfg, q_len, H, layout = _check(tensors, config)
+    """The op's work: the signature's plan, the call's addresses, a launch on the current stream."""
+    key = _signature(tensors, config, workspace)
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _plans.setdefault(key, _plan(tensors, config, workspace))
+    base = (workspace if workspace is not None else plan.kept).data_ptr()  # type: ignore[union-attr]
     q = tensors["q"]
-    device, batch = q.device.index, q.shape[0]
-    kernels = _kernels_for(device, cfg, q_len, H)
-    part_o, part_lse = _work(kernels.spec, q.device, (device, cfg, q_len, H, batch), batch, workspace)
-    stream = torch.cuda.current_stream(q.device).cuda_stream
-    kernels.launch(
-        stream=stream,
-        batch=batch,
+    assert q is not None
+    plan.kernels.launch(
+        stream=torch.cuda.current_stream(q.device).cuda_stream,
+        batch=plan.batch,
         pointers=_pointers(tensors),
-        part_o=part_o,
-        part_lse=part_lse,
+        part_o=base,
+        part_lse=base + plan.lse_offset,
         softmax_scale=softmax_scale,
-        layout=layout,
+        layout=plan.layout,
     )
 
 

@@ -1,0 +1,113 @@
+"""The op's host path on the CPU (cuda-python's driver stood in, launches accepted but not run):
+a call checks its tensors once per signature and then pays only for its addresses and the launch;
+a call of any other signature -- another shape, dtype, alignment or workspace -- is checked again,
+so a cached plan never lets a bad call through."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from verify_tuner.engine import op
+from verify_tuner.kernels import abi
+
+from tests.engine import fake_driver
+from tests.engine.fake_driver import CFG
+
+H, Q = 8, 9
+
+
+@pytest.fixture
+def host(monkeypatch):
+    fake = fake_driver.host_only(monkeypatch.setattr, monkeypatch.setitem)
+    checks = []
+    layout = op.call_layout
+    monkeypatch.setattr(op, "call_layout", lambda *a, **k: checks.append(a[0]["q"].shape) or layout(*a, **k))
+    fake.checks = checks
+    return fake
+
+
+def _args(B: int, *, q_dtype=torch.bfloat16, workspace=None, offset: int = 0):
+    bf, i32 = {"dtype": torch.bfloat16}, {"dtype": torch.int32}
+    q = torch.zeros(B * Q * H * 576 + 8, dtype=q_dtype)[offset : offset + B * Q * H * 576].view(B, Q, H, 576)
+    return (
+        q, None, torch.zeros(100, 576, **bf), torch.zeros(B + 1, **i32), torch.zeros(50, **i32), None,
+        torch.zeros(B, Q, **i32), torch.zeros(B, Q, dtype=torch.int64), torch.zeros(B, Q, H, 512, **bf), None,
+        op.config_list(CFG), 0.1447, workspace,
+    )  # fmt: skip
+
+
+def test_a_signature_is_checked_once_and_each_call_launches_at_its_own_addresses(host):
+    for _ in range(3):
+        args = _args(4)  # new tensors, the same signature
+        torch.ops.verify_tuner.verify_attention(*args)
+    assert host.checks == [(4, Q, H, 576)] and host.launches == 6
+    name, values = host.last_args
+    assert name == b"verify_attn_reduce" and values[3] == args[8].data_ptr()  # the last call's out
+    torch.ops.verify_tuner.verify_attention(*_args(2))
+    assert host.checks == [(4, Q, H, 576), (2, Q, H, 576)]
+
+
+def test_a_bad_call_after_good_ones_is_still_refused(host):
+    torch.ops.verify_tuner.verify_attention(*_args(4))
+    with pytest.raises(ValueError, match="q must be bfloat16"):
+        torch.ops.verify_tuner.verify_attention(*_args(4, q_dtype=torch.float16))
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        torch.ops.verify_tuner.verify_attention(*_args(4, offset=4))  # 8 bytes off
+    bad = list(_args(4))
+    bad[3] = torch.zeros(4, dtype=torch.int32)  # kv_indptr one short
+    with pytest.raises(ValueError, match=r"kv_indptr must be \[5\]"):
+        torch.ops.verify_tuner.verify_attention(*bad)
+
+
+def test_a_caller_s_workspace_is_checked_per_shape_and_used_at_its_address(host):
+    need = op.workspace_bytes(op.config_list(CFG), H=H, q_len=Q, batch=4)
+    ws = torch.zeros(need, dtype=torch.uint8)
+    torch.ops.verify_tuner.verify_attention(*_args(4, workspace=ws))
+    name, values = host.last_args
+    assert name == b"verify_attn_reduce" and values[0] == ws.data_ptr()  # the partials in the caller's buffer
+    with pytest.raises(ValueError, match=f"at least {need} bytes"):
+        torch.ops.verify_tuner.verify_attention(*_args(4, workspace=ws[: need - 1]))
+    assert op._workspace == {}  # the op kept none of its own
+
+
+def test_the_op_keeps_one_workspace_per_batch_size_when_given_none(host):
+    for B in (1, 4, 4, 1):
+        torch.ops.verify_tuner.verify_attention(*_args(B))
+    assert sorted(k[-1] for k in op._workspace) == [1, 4]
+    (kept,) = [buf for key, buf in op._workspace.items() if key[-1] == 4]
+    assert kept.numel() == abi.LaunchSpec(CFG, H, Q).workspace_bytes(4)
+
+
+def test_one_shared_workspace_is_sized_for_the_largest_batch():
+    cfgs = {bs: op.config_list(CFG) for bs in (1, 2, 4, 8, 16, 32, 64)}
+    assert op.shared_workspace_bytes(cfgs, H=H, q_len=Q) == op.workspace_bytes(cfgs[64], H=H, q_len=Q, batch=64)
+
+
+def test_the_host_cost_bench_times_every_kind_against_the_empty_op(monkeypatch):
+    """bench/host_cost.py --stub's measurement, tiny: every kind runs and is reported."""
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "bench"))
+    fake_driver.host_only(monkeypatch.setattr, monkeypatch.setitem)
+    import host_cost
+
+    got = host_cost.measure(host_cost.calls("cpu", CFG), rounds=2, per_round=3, sync=lambda: None)
+    kinds = ["empty op", "op", "backend forward_extend", "adapter forward"]
+    assert (
+        list(got["us per call (median)"]) == kinds and got["ratio to the empty op (median of rounds)"]["empty op"] == 1
+    )
+    assert all(v > 0 for v in got["us per call (median)"].values())
+
+
+def test_the_workspace_report_shares_one_buffer_sized_for_the_largest_batch(monkeypatch):
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "bench"))
+    import workspace_mb
+
+    table = workspace_mb.rows([1, 2, 4, 8, 16, 32, 64], 9)
+    assert len(table) == len(workspace_mb.DEVICES) * len(workspace_mb.HEADS)
+    for r in table:
+        assert 0 < r["one shared MB"] < r["one per batch size MB"]

@@ -1,0 +1,118 @@
+"""The SGLang-interface backend with the real kernel: eager steps and a CUDA graph captured through
+the backend's hooks (bench/engine_steps.py's engine: SGLang's order, its tensors, EAGLE trees in
+each mask layout written where the draft stage writes them), SGLang's head-major q past 2048
+tokens read in place, a DFlash chain replayed in a graph captured with a mask, and decode at
+q_len 1 -- each checked against fp32 attention computed from SGLang's tensors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture
+def loop(monkeypatch, tmp_path):
+    import torch
+    from verify_tuner.heuristic import heuristic_config
+    from verify_tuner.kernels import runtime
+
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path))  # the op compiles its cubins here (nvcc)
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "bench"))
+    import engine_loop
+    import engine_steps
+
+    limits = runtime.read_limits(0)
+    pick = lambda q, bs: heuristic_config(limits, H=engine_steps.H, q_len=q, prefix=4096, batch=bs)
+    return torch, engine_loop, engine_steps, pick
+
+
+@pytest.mark.parametrize("mode", ["FULL_MASK", "QLEN_ONLY", "QLEN_ONLY_BITPACKING"])
+def test_eager_steps_and_graph_replays_match_attention_on_sglang_s_tensors(loop, mode):
+    torch, engine_loop, steps, pick = loop
+    from verify_tuner.engine.tree_masks import TreeMaskMode
+
+    sched = steps.Schedule([700, 0, 1440, 3000], [900, 80, 2100, 3200], seed=5)
+    eng = steps.LoopEngine(sched, layers=3, device="cuda", pick_config=pick, mode=TreeMaskMode[mode])
+    eng.prepare()
+    eng.backend.init_forward_metadata(eng.fb)  # eager
+    outs = [eng.backend.forward_extend(eng.q_nope, eng.k_nope, eng.k_nope, layer, eng.fb, q_rope=eng.q_rope,
+                                       k_rope=eng.k_rope) for layer in eng.layers]  # fmt: skip
+    assert all(eng.error(outs, i)[0] < 1e-2 for i in range(3))
+    graph, outs = engine_loop.capture(eng)
+    for step in range(30):  # requests finish and join at P=0 along the way
+        eng.prepare()
+        eng.out_graph()
+        for o in outs:
+            o.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        rel, worst = eng.error(outs, step % 3)
+        assert rel < 1e-2, (step, rel, worst)
+        sched.advance()
+    assert sched.joined >= 1
+
+
+def test_sglang_s_head_major_q_past_2048_tokens_is_read_in_place(loop):
+    _, _, steps, pick = loop
+    from verify_tuner.engine.tree_masks import TreeMaskMode
+
+    bs = 300  # 2700 tokens: the old 32-bit bound refused this q
+    sched = steps.Schedule([64 + i for i in range(bs)], [400] * bs, seed=7)
+    eng = steps.LoopEngine(sched, layers=1, device="cuda", pick_config=pick, mode=TreeMaskMode.QLEN_ONLY)
+    eng.prepare()
+    eng.backend.init_forward_metadata(eng.fb)
+    assert eng.q_nope.stride() == (512, bs * steps.Q * 512, 1)
+    outs = [eng.backend.forward_extend(eng.q_nope, eng.k_nope, eng.k_nope, eng.layers[0], eng.fb,
+                                       q_rope=eng.q_rope, k_rope=eng.k_rope)]  # fmt: skip
+    assert eng.error(outs, 0)[0] < 1e-2
+
+
+def test_a_dflash_chain_replays_in_a_graph_captured_with_a_mask(loop):
+    torch, engine_loop, steps, pick = loop
+    from verify_tuner.engine.tree_masks import TreeMaskMode
+
+    sched = steps.Schedule([100, 2000], [300, 2200], seed=9)
+    eng = steps.LoopEngine(sched, layers=2, device="cuda", pick_config=pick, mode=TreeMaskMode.QLEN_ONLY)
+    eng.prepare()
+    graph, outs = engine_loop.capture(eng)
+    for step in range(6):
+        eng.prepare()
+        chain = step % 2 == 0
+        if chain:  # DFlash verifies a linear block: custom_mask None
+            eng.fb.spec_info.custom_mask, eng.masks = None, None
+        eng.out_graph()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert eng.error(outs, step % 2)[0] < 1e-2, (step, chain)
+        eng.fb.spec_info.custom_mask = eng.backend.verify_mask.buffer
+        sched.advance()
+
+
+def test_decode_runs_at_q_len_1(loop):
+    torch, _, _, pick = loop
+    from verify_tuner.engine.sglang_backend import VerifyMLABackend
+    from verify_tuner.kernels.reference import rel_error
+
+    from tests.engine.sglang_doubles import ForwardBatch, ForwardMode, Layer, MLAPool, sglang_attention
+
+    lens, rows, H = [4000, 0, 77], [2, 0, 1], 8
+    pool = MLAPool(size=20_000, layers=1, device="cuda")
+    req_to_token = torch.randperm(20_000, device="cuda").to(torch.int32).view(4, 5000)
+    be = VerifyMLABackend(pool=pool, req_to_token=req_to_token, heads=H, q_lens=(1,), max_bs=4, max_context_len=5000,
+                          pick_config=pick)  # fmt: skip
+    loc = torch.stack([req_to_token[r, n] for r, n in zip(rows, lens)]).long()
+    fb = ForwardBatch(ForwardMode.DECODE, 3, torch.tensor(lens, device="cuda"), torch.tensor(rows, device="cuda"), loc)
+    be.init_forward_metadata(fb)
+    q = torch.randn(H, 3, 512, device="cuda").to(torch.bfloat16).transpose(0, 1)
+    q_rope = torch.randn(3, H, 64, device="cuda").to(torch.bfloat16)
+    k, k_rope = (
+        torch.randn(3, 1, 512, device="cuda").to(torch.bfloat16),
+        torch.randn(3, 1, 64, device="cuda").to(torch.bfloat16),
+    )
+    out = be.forward_decode(q, k, k, Layer(0, H, 0.1447), fb, q_rope=q_rope, k_rope=k_rope)
+    want = sglang_attention(kv=pool.get_key_buffer(0), req_to_token=req_to_token, fb=fb, q=torch.cat([q, q_rope], -1),
+                            mode=0, q_len=1, scale=0.1447)  # fmt: skip
+    assert rel_error(out.view(3, H, 512).float(), want) < 1e-2

@@ -1,0 +1,160 @@
+"""The SGLang-interface backend's other duties on the CPU: decode at q_len 1, the modes it hands to
+SGLang's Triton backend, one workspace for every captured batch size and layer, configs fixed at
+capture, a mask the draft stage writes after the metadata was planned, and the mistakes it names."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from verify_tuner.engine import op
+from verify_tuner.engine.sglang_backend import VerifyMLABackend
+from verify_tuner.engine.tree_masks import TreeMaskMode
+from verify_tuner.kernels.reference import rel_error
+
+from tests.engine.fake_driver import CFG
+from tests.engine.sglang_doubles import Delegate, ForwardBatch, ForwardMode, Layer, MLAPool
+from tests.engine.sglang_trees import QLEN_ONLY
+from tests.engine.test_sglang_backend import SCALE, Engine, H, Q, _verify
+
+
+def _decode_batch(eng: Engine, lens: list[int], rows: list[int]) -> ForwardBatch:
+    fb = eng.step(lens, rows, q_len=1, chain=True)
+    return ForwardBatch(ForwardMode.DECODE, len(lens), fb.seq_lens, fb.req_pool_indices, fb.out_cache_loc, None)
+
+
+def test_decode_runs_at_q_len_1():
+    eng = Engine(QLEN_ONLY, q_lens=(1,))
+    fb = _decode_batch(eng, [50, 0, 9], [2, 0, 1])
+    eng.backend.init_forward_metadata(fb)
+    T = 3
+    q_nope, q_rope, k_nope, k_rope = eng.qkv(T)
+    out = eng.backend.forward_decode(q_nope, k_nope, k_nope, Layer(1, H, SCALE), fb, q_rope=q_rope, k_rope=k_rope)
+    want = eng.expected(fb, torch.cat([q_nope, q_rope], -1), Layer(1, H, SCALE))
+    assert rel_error(out.view(T, H, 512), want) < 1e-2
+
+
+def test_prefill_goes_to_the_triton_backend_as_it_takes_it():
+    """Prefill and mixed batches: metadata and forward to the delegate; an absorbed q (the backend is
+    registered as taking q_rope) is joined into the 576-wide q and k the Triton backend reads."""
+    tri = Delegate()
+    eng = Engine(QLEN_ONLY, delegate=tri)
+    fb = ForwardBatch(ForwardMode.EXTEND, 2, torch.tensor([5, 7]), torch.tensor([0, 1]), torch.arange(12))
+    eng.backend.init_forward_metadata(fb)
+    q_nope, q_rope, k_nope, k_rope = eng.qkv(12)
+    layer = Layer(0, H, SCALE)
+    assert eng.backend.forward_extend(q_nope, k_nope, k_nope, layer, fb, q_rope=q_rope, k_rope=k_rope) == (
+        "delegated forward_extend"
+    )
+    (name0, (fb0,)), (name1, args) = tri.calls
+    assert (name0, fb0, name1) == ("init_forward_metadata", fb, "forward_extend")
+    q, k, v, got_layer, got_fb, save = args
+    assert got_layer is layer and got_fb is fb
+    assert q.shape == (12, H, 576) and torch.equal(q[..., :512], q_nope) and torch.equal(q[..., 512:], q_rope)
+    assert k.shape == (12, 1, 576) and torch.equal(k[..., 512:], k_rope) and v is k_nope and save is True
+    assert eng.backend.op.calls == []
+
+
+def test_without_the_triton_backend_prefill_is_named():
+    eng = Engine(QLEN_ONLY)
+    fb = ForwardBatch(ForwardMode.MIXED, 1, torch.tensor([5]), torch.tensor([0]), torch.arange(5))
+    with pytest.raises(NotImplementedError, match="MIXED.*runs on SGLang's Triton backend"):
+        eng.backend.init_forward_metadata(fb)
+
+
+def test_one_workspace_serves_every_captured_batch_size_and_layer():
+    eng = Engine(QLEN_ONLY, max_bs=64)
+    be = eng.backend
+    be.init_cuda_graph_state(32, 32 * Q)
+    need = {bs: op.workspace_bytes(op.config_list(CFG), H=H, q_len=Q, batch=bs) for bs in range(1, 33)}
+    assert be.workspace_bytes() == max(need.values()) == need[32]
+    assert sorted(eng.picks) == [(Q, bs) for bs in range(1, 33)]  # each batch size's config, fixed here
+    for bs in (1, 8, 32):
+        fb = eng.step([20 + bs] * bs, rows=list(range(bs)))
+        be.init_forward_metadata_out_graph(fb, in_capture=True)  # the capture fixes the config
+        be.init_forward_metadata_out_graph(fb)  # a replay stages the step's mask
+        be.init_forward_metadata_in_graph(fb)
+        for layer_id in (0, 1):
+            assert _verify(eng, fb, Layer(layer_id, H, SCALE)) < 1e-2
+    seen = {c["workspace"].data_ptr() for c in be.op.calls}
+    assert len(be.op.calls) == 6 and seen == {be._graph_ws.data_ptr()}
+    assert len(eng.picks) == 32  # no config was picked again at capture
+    big = eng.step([3] * 40, rows=list(range(40)))  # eager, past the captured batches
+    be.init_forward_metadata(big)
+    assert _verify(eng, big, Layer(0, H, SCALE)) < 1e-2
+    assert be.op.calls[-1]["workspace"].numel() >= op.workspace_bytes(op.config_list(CFG), H=H, q_len=Q, batch=40)
+
+
+def test_a_mask_written_after_planning_is_read_again():
+    """With a plan stream SGLang plans the step's metadata before the draft stage writes the mask,
+    then calls update_verify_buffers_to_fill_after_draft."""
+    eng = Engine(QLEN_ONLY)
+    fb = eng.step([12, 30], rows=[0, 1])
+    real = fb.spec_info.custom_mask.clone()
+    fb.spec_info.custom_mask.zero_()  # not written yet when the metadata is planned
+    eng.backend.init_forward_metadata(fb)
+    fb.spec_info.custom_mask.copy_(real)
+    eng.backend.update_verify_buffers_to_fill_after_draft(fb.spec_info, None)
+    assert _verify(eng, fb, Layer(0, H, SCALE)) < 1e-2
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "needle"),
+    [
+        (lambda fb: setattr(fb.spec_info, "ragged_verify_layout", object()), NotImplementedError, "ragged verify"),
+        (lambda fb: setattr(fb.spec_info, "draft_token_num", 5), ValueError, "q_len 5: this backend was built for"),
+        (lambda fb: setattr(fb, "batch_size", 11), ValueError, "batch 11 outside 1..10"),
+    ],
+)
+def test_a_step_it_cannot_run_is_named(change, error, needle):
+    eng = Engine(QLEN_ONLY)
+    fb = eng.step([4, 4], rows=[0, 1])
+    change(fb)
+    with pytest.raises(error, match=needle):
+        eng.backend.init_forward_metadata(fb)
+
+
+def test_an_idle_rank_s_step_has_no_metadata_to_fill():
+    """Data-parallel attention: a rank without requests this step runs an IDLE batch."""
+    eng = Engine(QLEN_ONLY)
+    eng.backend.init_cuda_graph_state(4, 4 * Q)
+    idle = ForwardBatch(ForwardMode.IDLE, 0, torch.zeros(0), torch.zeros(0), torch.zeros(0))
+    for hook in (eng.backend.init_forward_metadata, eng.backend.init_forward_metadata_in_graph):
+        assert hook(idle) is None
+    assert eng.backend.init_forward_metadata_out_graph(idle) is None and eng.backend.op.calls == []
+
+
+def test_a_graph_batch_past_the_captured_ones_and_a_forward_without_metadata_are_named():
+    eng = Engine(QLEN_ONLY)
+    fb = eng.step([4, 4], rows=[0, 1])
+    with pytest.raises(RuntimeError, match="forward before init_forward_metadata"):
+        _verify(eng, fb, Layer(0, H, SCALE))
+    with pytest.raises(ValueError, match="past the captured 0"):
+        eng.backend.init_forward_metadata_out_graph(fb, in_capture=True)
+    eng.backend.init_forward_metadata(fb)
+    q = torch.zeros(3 * Q, H, 576, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="q holds 27 tokens, the step's metadata 2 requests x 9"):
+        eng.backend.forward_extend(q, None, None, Layer(0, H, SCALE), fb)
+
+
+def test_what_the_kernel_cannot_apply_is_refused_not_dropped():
+    """SGLang passes a model's attention sinks or a sparse model's top-k indices as keywords."""
+    eng = Engine(QLEN_ONLY)
+    fb = eng.step([4, 4], rows=[0, 1])
+    eng.backend.init_forward_metadata(fb)
+    q_nope, q_rope, k_nope, k_rope = eng.qkv(2 * Q)
+    layer = Layer(0, H, SCALE)
+    with pytest.raises(NotImplementedError, match=r"cannot apply \['attn_sink', 'topk_indices'\]"):
+        eng.backend.forward_extend(q_nope, k_nope, k_nope, layer, fb, q_rope=q_rope, k_rope=k_rope,
+                                   topk_indices=torch.zeros(1), attn_sink=torch.zeros(1))  # fmt: skip
+    eng.backend.forward_extend(q_nope, k_nope, k_nope, layer, fb, q_rope=q_rope, k_rope=k_rope, topk_indices=None)
+
+
+def test_an_fp8_pool_is_refused_until_the_kernel_reads_one():
+    pool = MLAPool(size=10, layers=1, dtype=torch.float8_e4m3fn)
+    with pytest.raises(NotImplementedError, match=r"KV pool of torch.float8_e4m3fn: the verify kernel reads"):
+        VerifyMLABackend(
+            pool=pool, req_to_token=torch.zeros(2, 8, dtype=torch.int32), heads=H, q_lens=(Q,), max_bs=2,
+            max_context_len=8, pick_config=lambda q, bs: CFG, tree_mask_mode=TreeMaskMode.QLEN_ONLY,
+        )  # fmt: skip

@@ -1,0 +1,167 @@
+"""The contract with SGLang 0.5.23, read from its released wheel (AST, no import): our backend's
+methods against its `AttentionBackend`, and every name of SGLang the backend and its plugin use.
+A release that renames or reshapes any of them fails here, loudly, naming what moved."""
+
+from __future__ import annotations
+
+import ast
+import copy
+import tomllib
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from verify_tuner.engine import sglang_plugin
+from verify_tuner.engine.sglang_backend import VerifyMLABackend
+from verify_tuner.engine.sglang_metadata import MaskSource
+from verify_tuner.engine.tree_masks import TreeMaskMode
+
+from tests.engine.sglang_source import Source, decorators, fetch_wheel, methods, mismatches
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE = "sglang.srt.layers.attention.base_attn_backend"
+#: What SGLang calls on a backend that ours implements itself (the rest: the base class's defaults).
+OURS = [
+    "init_forward_metadata",
+    "init_forward_metadata_out_graph",
+    "init_forward_metadata_in_graph",
+    "init_cuda_graph_state",
+    "get_cuda_graph_seq_len_fill_value",
+    "verify_mask",
+    "update_verify_buffers_to_fill_after_draft",
+    "forward_extend",
+    "forward_decode",
+]
+
+
+@pytest.fixture(scope="module")
+def sglang() -> Source:
+    return Source(fetch_wheel())
+
+
+def test_our_backend_has_sglang_s_methods_and_signatures(sglang):
+    assert mismatches(VerifyMLABackend, sglang.cls(BASE, "AttentionBackend"), OURS) == []
+
+
+def test_we_implement_every_abstract_method_and_set_only_declared_attributes(sglang):
+    base = sglang.cls(BASE, "AttentionBackend")
+    abstract = [n for n, fn in methods(base).items() if decorators(fn) & {"abstractmethod", "abc.abstractmethod"}]
+    assert [n for n in abstract if n not in vars(VerifyMLABackend)] == []
+    declared = {t.id for n in base.body if isinstance(n, ast.AnnAssign | ast.Assign) for t in _targets(n)}
+    assert {"needs_cpu_seq_lens", "supports_ragged_verify_graph", "kv_index_translator"} <= declared
+
+
+def _targets(node: ast.AST) -> list[ast.Name]:
+    got = [node.target] if isinstance(node, ast.AnnAssign) else node.targets  # type: ignore[attr-defined]
+    return [t for t in got if isinstance(t, ast.Name)]
+
+
+def test_a_changed_signature_fails_the_contract(sglang):
+    """Mutate SGLang's parsed base class as a release might: each change is named."""
+    base = copy.deepcopy(sglang.cls(BASE, "AttentionBackend"))
+    fns = methods(base)
+    fns["init_forward_metadata_in_graph"].args.args[1].arg = "batch"  # a renamed parameter
+    fns["init_forward_metadata_out_graph"].args.args.insert(2, ast.arg("plan"))  # a new required one
+    fns["init_forward_metadata_out_graph"].args.defaults = []
+    fns["forward_decode"].args.kwarg = None
+    fns["forward_decode"].args.kwonlyargs.append(ast.arg("sinks"))  # a new keyword-only one
+    fns["forward_decode"].args.kw_defaults.append(None)
+    base.body.remove(fns["get_cuda_graph_seq_len_fill_value"])  # a method gone
+    got = mismatches(VerifyMLABackend, base, OURS)
+    print("\n".join(got))  # the messages a changed release gives (pytest -s shows them)
+    assert got == [
+        "AttentionBackend.init_forward_metadata_out_graph: SGLang passes 'plan', ours has no such parameter",
+        "AttentionBackend.init_forward_metadata_out_graph: 'in_capture' is parameter 3 in SGLang, 2 in ours",
+        "AttentionBackend.init_forward_metadata_in_graph: SGLang passes 'batch', ours has no such parameter",
+        "AttentionBackend.init_forward_metadata_in_graph: ours requires ['forward_batch'], which SGLang does not pass",
+        (
+            "AttentionBackend.get_cuda_graph_seq_len_fill_value: SGLang 0.5.23 has no such method "
+            "(ours: VerifyMLABackend.get_cuda_graph_seq_len_fill_value)"
+        ),
+        "AttentionBackend.forward_decode: SGLang passes 'sinks', ours has no such parameter",
+    ]
+
+
+def test_the_plugin_hooks_exist_as_the_plugin_uses_them(sglang):
+    plugins = sglang.text("sglang.srt.plugins.__init__")
+    assert 'GENERAL_PLUGINS_GROUP = "sglang.srt.plugins"' in plugins
+    ours = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["sglang.srt.plugins"]
+    assert ours == {"verify_tuner": "verify_tuner.engine.sglang_plugin:register"}
+    assert "add_attention_backend_choices = ATTENTION_BACKEND_CHOICES.extend" in sglang.text(
+        "sglang.srt.arg_groups.choices"
+    )
+    registry = {fn.name: fn for fn in sglang.module("sglang.srt.layers.attention.attention_registry").body
+                if isinstance(fn, ast.FunctionDef)}  # fmt: skip
+    assert [a.arg for a in registry["register_attention_backend"].args.args] == ["name"]
+    assert "FORWARD_ABSORB_CORE_ATTENTION_BACKENDS = [" in sglang.text("sglang.srt.models.deepseek_common.utils")
+    assert sglang_plugin.NAME == "verify_tuner"
+
+
+def test_absorbed_mla_layers_pass_q_rope_and_k_rope(sglang):
+    """What registering the name among FORWARD_ABSORB_CORE_ATTENTION_BACKENDS buys: attn_mqa is
+    called with the head-major q_nope and q_rope=, k_rope= keywords, which forward_extend takes."""
+    mla = sglang.module("sglang.srt.models.deepseek_common.attention_forward_methods.forward_mla")
+    calls = [c for c in ast.walk(mla) if isinstance(c, ast.Call) and ast.unparse(c.func) == "self.attn_mqa"]
+    kwargs = [{k.arg: ast.unparse(k.value) for k in c.keywords if k.arg} for c in calls]
+    assert {"q_rope": "q_pe", "k_rope": "k_pe"} in [
+        {k: v for k, v in kw.items() if k.endswith("rope")} for kw in kwargs
+    ]
+    text = sglang.text("sglang.srt.models.deepseek_common.attention_forward_methods.forward_mla")
+    assert "q_nope_out = q_nope_out.transpose(0, 1)" in text  # head-major: strides (512, T * 512, 1)
+
+
+def test_the_tree_masks_and_the_verify_mask_are_as_we_read_them(sglang):
+    modes = sglang.cls("sglang.kernels.ops.speculative.spec_tree", "TreeMaskMode")
+    values = {t.id: ast.literal_eval(n.value) for n in modes.body if isinstance(n, ast.Assign) for t in _targets(n)}
+    assert values == {m.name: int(m) for m in TreeMaskMode}
+    verify = sglang.cls("sglang.srt.layers.attention.verify_mask", "VerifyMask")
+    fields = [n.target.id for n in verify.body if isinstance(n, ast.AnnAssign)]
+    assert fields == list(MaskSource.__dataclass_fields__) and "fits" in methods(verify)
+    eagle = sglang.text("sglang.srt.speculative.eagle_worker_common")
+    assert "mask_mode, fill_mask = verify_mask.mode, verify_mask.is_read" in eagle  # the draft writes in our mode
+    assert "tree_mask_buf = verify_mask.buffer if verify_mask.fits(bs) else None" in eagle
+
+
+def test_the_pool_the_runner_and_the_batch_have_what_we_read(sglang):
+    pool = methods(sglang.cls("sglang.srt.mem_cache.memory_pool", "MLATokenToKVPool"))
+    assert [a.arg for a in pool["get_key_buffer"].args.args] == ["self", "layer_id"]
+    assert [a.arg for a in pool["set_mla_kv_buffer"].args.args][:5] == [
+        "self",
+        "layer",
+        "loc_info",
+        "cache_k_nope",
+        "cache_k_rope",
+    ]
+    assert [a.arg for a in pool["set_kv_buffer"].args.args][:5] == ["self", "layer", "loc_info", "cache_k", "cache_v"]
+    runner = sglang.text("sglang.srt.model_executor.model_runner")
+    for attr in ("gpu_id", "model_config", "is_draft_worker", "page_size", "req_to_token_pool", "token_to_kv_pool",
+                 "use_mla_backend", "kv_index_translator"):  # fmt: skip
+        assert f"self.{attr} = " in runner, attr
+    assert "def decode_num_tokens_per_req(" in runner
+    assert "self.is_translating = " in sglang.text("sglang.srt.mem_cache.kv_index_translator")
+    batch = sglang.cls("sglang.srt.model_executor.forward_batch_info", "ForwardBatch")
+    fields = {n.target.id for n in batch.body if isinstance(n, ast.AnnAssign)}
+    assert {"forward_mode", "batch_size", "seq_lens", "req_pool_indices", "out_cache_loc", "spec_info"} <= fields
+    mode = methods(sglang.cls("sglang.srt.model_executor.forward_batch_info", "ForwardMode"))
+    assert {"is_target_verify", "is_decode_or_idle", "is_decode", "is_idle"} <= set(mode)
+    spec = sglang.text("sglang.srt.speculative.spec_info")
+    assert "custom_mask: Optional[torch.Tensor] = None" in spec and "ragged_verify_layout: Optional" in spec
+    for module in ("sglang.srt.speculative.eagle_info", "sglang.srt.speculative.dflash_info"):
+        assert "draft_token_num: int" in sglang.text(module), module
+    radix = sglang.text("sglang.srt.layers.radix_attention")
+    assert all(f"self.{a} = " in radix for a in ("tp_q_head_num", "scaling", "layer_id"))
+
+
+def test_the_triton_backend_and_the_helpers_the_plugin_builds_with(sglang):
+    triton = methods(sglang.cls("sglang.srt.layers.attention.triton_backend", "TritonAttnBackend"))
+    assert [a.arg for a in triton["__init__"].args.args][:2] == ["self", "model_runner"]
+    assert [a.arg for a in triton["init_cuda_graph_state"].args.args][:3] == ["self", "max_bs", "max_num_tokens"]
+    assert [a.arg for a in triton["forward_extend"].args.args][:7] == [
+        "self", "q", "k", "v", "layer", "forward_batch", "save_kv_cache",
+    ]  # fmt: skip
+    assert "def get_cuda_graph_max_batch_size(max_batch_size: int) -> int:" in sglang.text("sglang.srt.utils.common")
+    assert "from sglang.srt.utils.common import *" in sglang.text("sglang.srt.utils.__init__")
+    context = sglang.text("sglang.srt.runtime_context")
+    assert "def get_parallel()" in context and '"attn_dcp_size"' in context and '"attn_tp_size"' in context

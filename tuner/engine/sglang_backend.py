@@ -1,0 +1,301 @@
+"""An attention backend on SGLang's own interface (its `AttentionBackend` as released in 0.5.23;
+tests/engine/test_sglang_contract.py checks the names and signatures against that source) that
+runs an MLA model's target verify and decode (q_len 1) on this package's kernel, and hands every
+other mode (prefill, mixed batches) to SGLang's Triton backend over the same KV pool.
+- `init_cuda_graph_state`: the mask source SGLang's draft stage writes into (`verify_mask`) and
+  one workspace for every batch size and layer, sized for the largest captured batch with the
+  config each batch size captures (`pick_config(q_len, bs)`, fixed from then on);
+- `init_forward_metadata` (eager) refills the step's buffers (sglang_metadata.StepBuffers);
+  `init_forward_metadata_out_graph` runs on the host before a capture or replay (it only stages a
+  mask written elsewhere and flags a chain); `init_forward_metadata_in_graph` is the refill the
+  graph records;
+- `forward_extend` (target verify) / `forward_decode` write the layer's draft KV through the
+  pool, then call the op on the engine's tensors in place: one 576-wide q, or SGLang's head-major
+  absorbed q_nope (any token count) + q_rope; req_to_token at the requests' rows; `layer.scaling`.
+The pool must be SGLang's plain page-size-1 MLA pool of a dtype the kernel reads (`kv_dtypes`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from verify_tuner.engine import op as _op  # registers torch.ops.verify_tuner.verify_attention
+from verify_tuner.engine.sglang_metadata import MaskSource, StepBuffers
+from verify_tuner.engine.tree_masks import TreeMaskMode
+from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.shapes import D_QK, D_V
+
+#: The KV pool dtypes the kernel reads: the seam for an fp8 pool once the kernel reads one.
+KV_DTYPES = (torch.bfloat16,)
+
+
+class VerifyMLABackend:
+    """MLA target verify and decode on the kernel; other modes on `delegate` (SGLang's Triton
+    backend on the same model runner), or a NotImplementedError naming the mode without one."""
+
+    needs_cpu_seq_lens = False  # nothing here reads seq_lens_cpu: SGLang skips that device-to-host copy
+    supports_ragged_verify_graph = False
+
+    def __init__(
+        self,
+        *,
+        pool: Any,
+        req_to_token: torch.Tensor,
+        heads: int,
+        q_lens: tuple[int, ...],
+        max_bs: int,
+        max_context_len: int,
+        pick_config: Callable[[int, int], KernelConfig],
+        delegate: Any = None,
+        tree_mask_mode: TreeMaskMode = TreeMaskMode.QLEN_ONLY,
+        kv_dtypes: tuple[torch.dtype, ...] = KV_DTYPES,
+    ) -> None:
+        if pool.dtype not in kv_dtypes:
+            raise NotImplementedError(
+                f"KV pool of {pool.dtype}: the verify kernel reads {', '.join(map(str, kv_dtypes))} pools"
+            )
+        self.token_to_kv_pool, self.req_to_token, self.delegate, self.heads = pool, req_to_token, delegate, heads
+        self.max_bs, self.max_context_len, self.pick_config = max_bs, max_context_len, pick_config
+        self.tree_mask_mode, self.device = tree_mask_mode, req_to_token.device
+        self.steps = {q: StepBuffers(q, max_bs, self.device) for q in q_lens}
+        self._source: MaskSource | None = None
+        self._configs: dict[tuple[int, int], list[int]] = {}
+        self._needs: dict[tuple[int, int], int] = {}
+        self._graph_bs, self._graph_ws = 0, None
+        self._eager_ws: torch.Tensor | None = None
+        self._delegate_graph: tuple[int, int] | None = None
+        self._current: tuple[int, StepBuffers, list[int], torch.Tensor] | None = None
+        self._eager_mask: tuple[Any, ...] | None = None
+        self.op = torch.ops.verify_tuner.verify_attention
+
+    # -- graph state --------------------------------------------------------------------------
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        """The verify mask source and the workspace every captured batch size and layer shares."""
+        self._graph_bs, self._delegate_graph = max_bs, (max_bs, max_num_tokens)
+        verify = max(self.steps)
+        if verify > 1:
+            self._source = MaskSource.make(
+                self.tree_mask_mode,
+                q_len=verify,
+                max_bs=max_bs,
+                max_context_len=self.max_context_len,
+                device=self.device,
+            )
+        need = max(self._need(q, bs) for q in self.steps for bs in range(1, max_bs + 1))
+        self._graph_ws = torch.empty(need, dtype=torch.uint8, device=self.device)
+
+    def get_cuda_graph_seq_len_fill_value(self) -> int:
+        return 1
+
+    @property
+    def verify_mask(self) -> MaskSource | None:
+        """Where SGLang's draft stage writes the verify tree mask (in `tree_mask_mode`)."""
+        return self._source
+
+    def workspace_bytes(self) -> int:
+        """Bytes of the workspace the captured batch sizes share (0 before init_cuda_graph_state)."""
+        return 0 if self._graph_ws is None else self._graph_ws.numel()
+
+    # -- per-step metadata --------------------------------------------------------------------
+    def init_forward_metadata(self, forward_batch: Any) -> None:
+        """Eager: refill the step's buffers and pack its mask now."""
+        if not self._ours(forward_batch):
+            return self._delegated("init_forward_metadata", forward_batch)
+        if forward_batch.forward_mode.is_idle():  # a data-parallel rank with no requests this step
+            return None
+        bs, step = self._batch(forward_batch)
+        self._current = (bs, step, self._config(step.q_len, bs), self._workspace(step.q_len, bs))
+        step.refill(bs, **self._tensors(forward_batch))
+        mask = self._mask(forward_batch)
+        step.pack(bs, mask, self.tree_mask_mode, forward_batch.seq_lens)
+        self._eager_mask = (bs, step, forward_batch.seq_lens)
+        return None
+
+    def init_forward_metadata_out_graph(self, forward_batch: Any, in_capture: bool = False) -> None:
+        """Before a capture or a replay, on the host: fix the batch size's config (at capture),
+        stage a mask written outside the source buffer, flag a chain."""
+        if not self._ours(forward_batch):
+            if in_capture and self._delegate_graph is not None and self.delegate is not None:
+                self.delegate.init_cuda_graph_state(*self._delegate_graph)  # its buffers only when it is captured
+                self._delegate_graph = None
+            return self._delegated("init_forward_metadata_out_graph", forward_batch, in_capture)
+        if forward_batch.forward_mode.is_idle():
+            return None
+        bs, step = self._batch(forward_batch)
+        if bs > self._graph_bs:
+            raise ValueError(f"batch {bs} past the captured {self._graph_bs} (init_cuda_graph_state)")
+        self._current = (bs, step, self._config(step.q_len, bs), self._graph_ws)  # type: ignore[assignment]
+        if step.q_len > 1:
+            mask = self._mask(forward_batch)
+            step.set_chain(mask is None)
+            if mask is not None and not in_capture:  # at capture: the runner's placeholder
+                self._source.stage(mask)  # type: ignore[union-attr]
+        return None
+
+    def init_forward_metadata_in_graph(self, forward_batch: Any) -> None:
+        """Recorded into the graph: the refill and the mask's conversion, static shapes only."""
+        if not self._ours(forward_batch):
+            return self._delegated("init_forward_metadata_in_graph", forward_batch)
+        if forward_batch.forward_mode.is_idle():
+            return None
+        bs, step = self._batch(forward_batch)
+        step.refill(bs, **self._tensors(forward_batch))
+        if step.q_len > 1:
+            step.pack_from(bs, self._source, forward_batch.seq_lens)  # type: ignore[arg-type]
+        return None
+
+    def update_verify_buffers_to_fill_after_draft(self, spec_info: Any, cuda_graph_bs: int | None) -> None:
+        """The draft stage wrote the mask after the metadata was planned (on a plan stream): read it again."""
+        mask = spec_info.custom_mask
+        if cuda_graph_bs is not None:
+            if mask is not None and self._source is not None:
+                self._source.stage(mask)
+        elif self._eager_mask is not None:
+            bs, step, seq_lens = self._eager_mask
+            step.pack(bs, mask, self.tree_mask_mode, seq_lens)
+
+    # -- attention ----------------------------------------------------------------------------
+    def forward_extend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: Any,
+        forward_batch: Any,
+        save_kv_cache: bool = True,
+        q_rope: torch.Tensor | None = None,
+        k_rope: torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        """Target verify on the kernel; any other extend (prefill, mixed) on the delegate."""
+        if forward_batch.forward_mode.is_target_verify():
+            return self._attend(q, k, v, layer, forward_batch, save_kv_cache, q_rope, k_rope, kwargs)
+        if q_rope is not None:  # the absorbed form, which the Triton backend takes as one 576-wide q and k
+            heads = layer.tp_q_head_num
+            q = torch.cat([q.view(-1, heads, D_V), q_rope.view(-1, heads, D_QK - D_V)], dim=-1)
+            if k is not None:
+                k = torch.cat([k.view(-1, 1, D_V), k_rope.view(-1, 1, D_QK - D_V)], dim=-1)  # type: ignore[union-attr]
+        return self._delegated("forward_extend", q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
+
+    def forward_decode(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: Any,
+        forward_batch: Any,
+        save_kv_cache: bool = True,
+        q_rope: torch.Tensor | None = None,
+        k_rope: torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        """Decode (q_len 1) on the kernel."""
+        return self._attend(q, k, v, layer, forward_batch, save_kv_cache, q_rope, k_rope, kwargs)
+
+    def _attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor | None,
+        v: torch.Tensor | None,
+        layer: Any,
+        forward_batch: Any,
+        save_kv_cache: bool,
+        q_rope: torch.Tensor | None,
+        k_rope: torch.Tensor | None,
+        extra: dict[str, Any],
+    ) -> torch.Tensor:
+        if any(v is not None for v in extra.values()):  # attention sinks, sparse (DSA) indices, fused rope...
+            named = sorted(k for k, v in extra.items() if v is not None)
+            raise NotImplementedError(f"the verify kernel computes plain MLA attention: it cannot apply {named}")
+        if self._current is None:
+            raise RuntimeError("forward before init_forward_metadata")
+        bs, step, config, workspace = self._current
+        heads, Q = layer.tp_q_head_num, step.q_len
+        if q.shape[0] != bs * Q:
+            raise ValueError(f"q holds {q.shape[0]} tokens, the step's metadata {bs} requests x {Q}")
+        if save_kv_cache and k is not None:
+            if k_rope is not None:
+                self.token_to_kv_pool.set_mla_kv_buffer(layer, forward_batch.out_cache_loc, k, k_rope)
+            else:
+                self.token_to_kv_pool.set_kv_buffer(layer, forward_batch.out_cache_loc, k, v)
+        kv = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
+        out = q.new_empty((bs, Q, heads, D_V))
+        kv_indptr, rows, draft, mask = step.views(bs)
+        self.op(
+            q.view(bs, Q, heads, -1),
+            q_rope.view(bs, Q, heads, -1) if q_rope is not None else None,
+            kv.view(-1, kv.shape[-1]),
+            kv_indptr,
+            self.req_to_token,
+            rows,
+            draft,
+            mask,
+            out,
+            None,
+            config,
+            layer.scaling,
+            workspace,
+        )
+        return out.view(-1, heads * D_V)
+
+    # -- helpers ------------------------------------------------------------------------------
+    @staticmethod
+    def _ours(forward_batch: Any) -> bool:
+        mode = forward_batch.forward_mode
+        return mode.is_target_verify() or mode.is_decode_or_idle()
+
+    def _batch(self, forward_batch: Any) -> tuple[int, StepBuffers]:
+        bs = forward_batch.batch_size
+        if not forward_batch.forward_mode.is_target_verify():
+            return bs, self._step(1)
+        info = forward_batch.spec_info
+        if getattr(info, "ragged_verify_layout", None) is not None:
+            raise NotImplementedError("ragged verify (per-request draft lengths) is not supported by this backend")
+        return bs, self._step(int(info.draft_token_num))
+
+    def _step(self, q_len: int) -> StepBuffers:
+        step = self.steps.get(q_len)
+        if step is None:
+            raise ValueError(f"a step of q_len {q_len}: this backend was built for q_len {sorted(self.steps)}")
+        return step
+
+    @staticmethod
+    def _tensors(forward_batch: Any) -> dict[str, torch.Tensor]:
+        fb = forward_batch
+        return {"seq_lens": fb.seq_lens, "req_pool_indices": fb.req_pool_indices, "out_cache_loc": fb.out_cache_loc}
+
+    @staticmethod
+    def _mask(forward_batch: Any) -> torch.Tensor | None:
+        info = forward_batch.spec_info
+        return None if info is None else info.custom_mask
+
+    def _config(self, q_len: int, bs: int) -> list[int]:
+        """The batch size's config as the op's list, fixed at its first use."""
+        got = self._configs.get((q_len, bs))
+        if got is None:
+            got = self._configs[(q_len, bs)] = _op.config_list(self.pick_config(q_len, bs))
+        return got
+
+    def _need(self, q_len: int, bs: int) -> int:
+        got = self._needs.get((q_len, bs))
+        if got is None:
+            cfg = self._config(q_len, bs)
+            got = self._needs[(q_len, bs)] = _op.workspace_bytes(cfg, H=self.heads, q_len=q_len, batch=bs)
+        return got
+
+    def _workspace(self, q_len: int, bs: int) -> torch.Tensor:
+        """The shared graph workspace when it is large enough, else the eager one, grown as needed."""
+        need = self._need(q_len, bs)
+        if self._graph_ws is not None and self._graph_ws.numel() >= need:
+            return self._graph_ws
+        if self._eager_ws is None or self._eager_ws.numel() < need:
+            self._eager_ws = torch.empty(need, dtype=torch.uint8, device=self.device)
+        return self._eager_ws
+
+    def _delegated(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        if self.delegate is None:
+            mode = args[0].forward_mode if name.startswith("init") else args[4].forward_mode
+            raise NotImplementedError(f"{mode!r} runs on SGLang's Triton backend, which this backend was built without")
+        return getattr(self.delegate, name)(*args, **kwargs)

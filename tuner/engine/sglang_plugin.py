@@ -1,0 +1,117 @@
+"""The verify backend as an SGLang plugin: `--attention-backend verify_tuner`.
+
+SGLang (0.5.23) loads the `sglang.srt.plugins` entry points of installed packages in every
+process it starts (server, scheduler, workers), before it parses its arguments; this package
+declares `register` there (pyproject.toml). `register` adds the name to the --attention-backend
+choices, registers the factory with `register_attention_backend`, and lists the name among the
+backends DeepSeek-style MLA layers hand the absorbed q to (q_nope head-major + q_rope, no copy).
+Nothing changes for a server that picks another backend. Only this module imports SGLang, and
+only when SGLang calls it.
+
+The factory builds `VerifyMLABackend` over the runner's own pool, with SGLang's Triton backend on
+the same runner for the modes it hands over (prefill, mixed batches), and a config client per
+q_len: each captured batch size's config is the client's graph plan (sidecar, config folder,
+snapshot or the heuristic, as `verify_tuner.engine.client` says), fixed when the graphs are set
+up. A draft model's runner gets SGLang's Triton backend (drafts run there; pass
+`--speculative-draft-attention-backend triton`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+NAME = "verify_tuner"
+log = logging.getLogger(__name__)
+
+
+def register() -> None:
+    """SGLang's general-plugin hook: make `--attention-backend verify_tuner` a choice that builds
+    this backend."""
+    from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES, add_attention_backend_choices
+    from sglang.srt.layers.attention.attention_registry import register_attention_backend
+    from sglang.srt.models.deepseek_common.utils import FORWARD_ABSORB_CORE_ATTENTION_BACKENDS
+
+    if NAME not in ATTENTION_BACKEND_CHOICES:
+        add_attention_backend_choices([NAME])
+    register_attention_backend(NAME)(create)
+    if NAME not in FORWARD_ABSORB_CORE_ATTENTION_BACKENDS:  # the absorbed q_nope + q_rope, read in place
+        FORWARD_ABSORB_CORE_ATTENTION_BACKENDS.append(NAME)
+
+
+def create(runner: Any) -> Any:
+    """The backend for a model runner (SGLang's factory signature)."""
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    if runner.is_draft_worker:
+        log.info("%s: the draft model's runner gets SGLang's Triton backend", NAME)
+        return TritonAttnBackend(runner)
+    _check_runner(runner)
+    return build(runner, delegate=TritonAttnBackend(runner))
+
+
+def _check_runner(runner: Any) -> None:
+    """What the kernel cannot serve, said before a graph is captured."""
+    from sglang.srt.runtime_context import get_parallel
+
+    if not runner.use_mla_backend:
+        raise ValueError(f"--attention-backend {NAME} runs MLA models (DeepSeek-V3, Kimi K2, GLM-4.5 style)")
+    if (runner.page_size or 1) != 1:
+        raise ValueError(f"--attention-backend {NAME} reads a page-size-1 KV pool: pass --page-size 1")
+    if get_parallel().attn_dcp_size > 1:
+        raise ValueError(f"--attention-backend {NAME} does not run decode context parallelism (--dcp-size 1)")
+    if runner.kv_index_translator.is_translating:
+        raise ValueError(
+            f"--attention-backend {NAME} reads req_to_token's ids as slots: a unified KV pool translates them"
+        )
+
+
+def build(runner: Any, *, delegate: Any) -> Any:
+    """VerifyMLABackend on SGLang's AttentionBackend (its defaults for what this backend leaves alone)."""
+    import torch
+    from sglang.kernels.ops.speculative.spec_tree import TreeMaskMode
+    from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+    from sglang.srt.runtime_context import get_parallel
+    from sglang.srt.utils import get_cuda_graph_max_batch_size
+    from verify_tuner.engine.sglang_backend import VerifyMLABackend
+
+    cls = type("VerifyTunerAttnBackend", (VerifyMLABackend, AttentionBackend), {})
+    heads = runner.model_config.get_max_num_attention_heads() // get_parallel().attn_tp_size
+    q_len = runner.decode_num_tokens_per_req()
+    context = runner.model_config.context_len
+    pick = _config_picker(heads, q_len, device=torch.cuda.get_device_name(runner.gpu_id), max_prefix=context)
+    pool_size = runner.req_to_token_pool.size
+    backend = cls(
+        pool=runner.token_to_kv_pool,
+        req_to_token=runner.req_to_token_pool.req_to_token,
+        heads=heads,
+        q_lens=(q_len,),
+        max_bs=max(pool_size, get_cuda_graph_max_batch_size(pool_size)),
+        max_context_len=context,
+        pick_config=pick,
+        delegate=delegate,
+        tree_mask_mode=TreeMaskMode.QLEN_ONLY,  # bs x q_len^2 cells, where FULL_MASK spans the context
+    )
+    backend.kv_index_translator = runner.kv_index_translator
+    if hasattr(delegate, "extend_attention_block_m"):  # the scheduler sizes prefill chunks by the prefill kernel's tile
+        backend.extend_attention_block_m = delegate.extend_attention_block_m
+    return backend
+
+
+def _config_picker(heads: int, q_len: int, *, device: str, max_prefix: int) -> Any:
+    """pick_config(q_len, bs): the config client's graph plan for the batch size."""
+    from verify_tuner.batches import MAX_BATCH
+    from verify_tuner.engine.client import ConfigClient
+
+    client = ConfigClient(H=heads, q_len=q_len, device=device)
+    source = client.fetch()
+    log.info("%s: configs for H=%d q_len=%d from %s: %s", NAME, heads, q_len, source, client.reason)
+    if source == "none":
+        raise RuntimeError(f"--attention-backend {NAME}: no kernel config for {device} ({client.reason})")
+
+    def pick(q: int, bs: int) -> Any:
+        if q != q_len:
+            raise ValueError(f"configs were fetched for q_len {q_len}, asked for {q}")
+        return client.graph_plan(min(bs, MAX_BATCH), max_prefix=max_prefix).config
+
+    return pick
