@@ -27,9 +27,10 @@ def _driver() -> Any:
     return driver
 
 
-def _ok(result: Any, what: str) -> Any:
-    """cuda.bindings returns (CUresult, values...): the values, or a LaunchError naming the call."""
-    drv = _driver()
+def _ok(result: Any, what: str, drv: Any = None) -> Any:
+    """cuda.bindings returns (CUresult, values...): the values, or a LaunchError naming the call.
+    `drv`: the driver module when the caller holds it (the launch path: no import a call)."""
+    drv = drv or _driver()
     err, *values = result if isinstance(result, tuple) else (result,)
     if err != drv.CUresult.CUDA_SUCCESS:
         name = drv.cuGetErrorName(err)[1]
@@ -70,6 +71,10 @@ class CubinKernels:
             )
         self.reduce_threads = self._read_int(b"kReduceThreads")
         self.uses_pdl = self._read_int(b"kUsesPdl") == 1
+        # An engine launches the same few (stream, batch) shapes every step: build each launch's
+        # config once (cuda-python objects cost more host time than the launch call itself).
+        self._drv = drv
+        self._configs: dict[tuple[int, int, int, int, int, int, bool], Any] = {}
 
     def global_ptr(self, name: bytes) -> tuple[int, int]:
         """(device address, bytes) of a __device__ variable of the module."""
@@ -84,7 +89,14 @@ class CubinKernels:
         return int(got.value)
 
     def _config(self, grid: tuple[int, int, int], block: int, smem: int, stream: int, pdl: bool) -> Any:
-        drv = _driver()
+        key = (*grid, block, smem, stream, pdl)
+        cfg = self._configs.get(key)
+        if cfg is None:
+            cfg = self._configs[key] = self._new_config(grid, block, smem, stream, pdl)
+        return cfg
+
+    def _new_config(self, grid: tuple[int, int, int], block: int, smem: int, stream: int, pdl: bool) -> Any:
+        drv = self._drv
         cfg = drv.CUlaunchConfig()
         cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
         cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block, 1, 1
@@ -118,7 +130,7 @@ class CubinKernels:
         `pointers` may hold kv_scale_ptr, a scaled format's device scale (LaunchSpec.partial_args)."""
         if not (reduce or partial):
             raise ValueError("launch with neither kernel")
-        drv = _driver()
+        drv = self._drv
         spec = self.spec
         if partial:
             args = spec.partial_args(
@@ -131,7 +143,7 @@ class CubinKernels:
                 **pointers,
             )
             cfg = self._config(spec.partial_grid(), spec.cfg.block, self.smem, stream, pdl=False)
-            _ok(drv.cuLaunchKernelEx(cfg, self.partial, (args, _PARTIAL_TYPES), 0), "cuLaunchKernelEx(partial)")
+            _ok(drv.cuLaunchKernelEx(cfg, self.partial, (args, _PARTIAL_TYPES), 0), "cuLaunchKernelEx(partial)", drv)
         if not reduce:
             return
         blocks, per_block = reduce_grid(
@@ -147,7 +159,7 @@ class CubinKernels:
             per_block=per_block,
         )
         cfg = self._config((blocks, 1, 1), self.reduce_threads, 0, stream, pdl=self.uses_pdl)
-        _ok(drv.cuLaunchKernelEx(cfg, self.reduce, (args, _REDUCE_TYPES), 0), "cuLaunchKernelEx(reduce)")
+        _ok(drv.cuLaunchKernelEx(cfg, self.reduce, (args, _REDUCE_TYPES), 0), "cuLaunchKernelEx(reduce)", drv)
 
 
 def read_limits(device_index: int) -> Any:

@@ -70,3 +70,26 @@ def test_the_registered_op_reaches_its_own_checks_through_torch_s_dispatch():
         torch.ops.verify_tuner.verify_attention(*args)
     with pytest.raises(ValueError, match="runs on a CUDA device"):
         torch.ops.verify_tuner.verify_attention(*args[:-1], torch.zeros(16, dtype=torch.uint8))
+
+
+def test_a_launch_config_is_built_once_per_stream_and_batch_and_each_kernel_keeps_its_own(driver, monkeypatch):
+    """runtime.CubinKernels keeps the cuda-python launch configs an engine's steps reuse (they cost
+    more host time than the launch call): the same object for the same (stream, batch), another
+    for another stream, and the partial's never the reduce's (its shared memory differs)."""
+    from verify_tuner.kernels import runtime
+    from verify_tuner.kernels.abi import LaunchSpec
+
+    kernels = runtime.CubinKernels(b"cubin", LaunchSpec(CFG, 8, 9), sm_count=132)
+    seen: list[tuple[bytes, object]] = []
+    monkeypatch.setattr(
+        driver, "cuLaunchKernelEx", lambda config, fn, args, extra: seen.append((fn[1], config)) or (0,)
+    )
+    ptrs = {"q": 1, "q_pe": None, "kv": 2, "prefix_indices": 3, "prefix_rows": 0, "prefix_indptr": 4,
+            "draft_indices": 5, "tree_mask": 6, "out": 7, "lse": 0}  # fmt: skip
+    for stream in (5, 5, 5, 6):
+        kernels.launch(stream=stream, batch=2, pointers=ptrs, part_o=8, part_lse=9, softmax_scale=0.1)
+    partial = [c for name, c in seen if name == b"verify_attn_partial"]
+    reduce = [c for name, c in seen if name == b"verify_attn_reduce"]
+    assert partial[0] is partial[1] is partial[2] and reduce[0] is reduce[1] is reduce[2]
+    assert partial[3] is not partial[0] and (partial[3].hStream, partial[0].hStream) == (6, 5)
+    assert partial[0].sharedMemBytes == kernels.smem and reduce[0].sharedMemBytes == 0
