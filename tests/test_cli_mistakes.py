@@ -19,7 +19,22 @@ import pytest
 
 from tests.helpers import file_modes_bind, free_port, run_tuner, running_server, tuner_cmd
 
-ROW = {"device": "h200", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256}
+ROW = {
+    "device": "h200",
+    "H": 8,
+    "q_len": 9,
+    "prefix": 46000,
+    "NSPLIT": 64,
+    "HT": 8,
+    "TK": 32,
+    "BLOCK": 256,
+    "STAGES": 2,
+    "QT": 0,
+    "WR": 2,
+    "WK": 4,
+    "SF": 0,
+    "PIPE": 1,
+}
 CSV_HEAD = "device,H,q_len,prefix,NSPLIT,HT,TK,BLOCK\n"
 DOWN = "postgresql+psycopg://nobody@127.0.0.1:1/x"  # nothing listens on port 1
 

@@ -22,7 +22,22 @@ from tests.helpers import free_port, running_server, tuner_cmd
 
 Q = {"H": 8, "q_len": 9, "prefix": 46000}
 TOKEN = "fault-test-token-0123"
-ROW = {"device": "NVIDIA H200", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256}
+ROW = {
+    "device": "NVIDIA H200",
+    "H": 8,
+    "q_len": 9,
+    "prefix": 46000,
+    "NSPLIT": 64,
+    "HT": 8,
+    "TK": 32,
+    "BLOCK": 256,
+    "STAGES": 2,
+    "QT": 0,
+    "WR": 2,
+    "WK": 4,
+    "SF": 0,
+    "PIPE": 1,
+}
 
 
 def _client(path):

@@ -86,7 +86,22 @@ def test_the_only_recorded_device_stays_the_default_when_a_second_is_imported_wh
     every such request into a 422, and /readyz stayed ready."""
     url = f"sqlite:///{tmp_path / 'c.db'}"
     env = {"TUNER_DATABASE_URL": url}
-    row = {"device": "h200", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 66, "HT": 8, "TK": 32, "BLOCK": 256}
+    row = {
+        "device": "h200",
+        "H": 8,
+        "q_len": 9,
+        "prefix": 46000,
+        "NSPLIT": 66,
+        "HT": 8,
+        "TK": 32,
+        "BLOCK": 256,
+        "STAGES": 2,
+        "QT": 0,
+        "WR": 2,
+        "WK": 4,
+        "SF": 0,
+        "PIPE": 1,
+    }
     other = {**row, "device": "a100", "NSPLIT": 54, "TK": 16, "STAGES": 3, "WK": 4}
     for name, r in (("h200.json", row), ("a100.json", other)):
         (tmp_path / name).write_text(json.dumps([{**r, "median_us": 40.0, "default_us": 42.0}]))
@@ -124,7 +139,22 @@ def test_a_sidecar_started_on_an_empty_database_keeps_the_first_device_it_answer
     device-less requests were 422s until a device was recorded, then answered for it, then 422s
     again once a second device was imported."""
     url = f"sqlite:///{tmp_path / 'c.db'}"
-    row = {"device": "h200", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 66, "HT": 8, "TK": 32, "BLOCK": 256}
+    row = {
+        "device": "h200",
+        "H": 8,
+        "q_len": 9,
+        "prefix": 46000,
+        "NSPLIT": 66,
+        "HT": 8,
+        "TK": 32,
+        "BLOCK": 256,
+        "STAGES": 2,
+        "QT": 0,
+        "WR": 2,
+        "WK": 4,
+        "SF": 0,
+        "PIPE": 1,
+    }
     other = {**row, "device": "a100", "NSPLIT": 54, "TK": 16, "STAGES": 3, "WK": 4}
     for name, r in (("h200.json", row), ("a100.json", other)):
         (tmp_path / name).write_text(json.dumps([{**r, "median_us": 40.0, "default_us": 42.0}]))

@@ -144,14 +144,35 @@ def loads(data: str | bytes, fmt: str) -> Loaded:
         if not isinstance(doc, list) or not all(isinstance(r, dict) for r in doc):
             raise ImportRejected(["JSON must be a list of objects (or a `tuner configs dump` file)"], whole_file=True)
         return Loaded(doc, dump=False)
+    return Loaded(_csv_rows(text), dump=False)
+
+
+def _csv_rows(text: str) -> list[dict[str, Any]]:
+    """A CSV file's typed rows. A file cut short is refused, not imported as what is left: a record
+    with fewer cells than the header (DictReader fills the rest with None, read as absent: PIPE=1 was
+    stored for a tuned 3), or a last record without its line break (cut inside its last cell)."""
     reader = csv.DictReader(io.StringIO(text))
     try:
         repeated = sorted({c for c in reader.fieldnames or () if (reader.fieldnames or []).count(c) > 1})
         if repeated:  # DictReader keeps the last of a repeated column's cells
             raise ImportRejected([f"CSV header repeats column(s) {', '.join(map(repr, repeated))}"], whole_file=True)
-        return Loaded([rows_schema.from_csv_cells(r) for r in reader], dump=False)
+        records = list(reader)
     except csv.Error as exc:  # a field past csv's limit, a NUL byte: what the reader cannot take
         raise ImportRejected([f"not CSV the reader takes ({exc})"], whole_file=True) from None
+    width = len(reader.fieldnames or ())
+    short = [
+        f"row {i}: {sum(v is None for v in r.values())} cell(s) fewer than the header's {width} columns "
+        "(a file cut short?)"
+        for i, r in enumerate(records, start=1)
+        if any(v is None for v in r.values())
+    ]
+    if short:
+        raise ImportRejected(short)
+    if records and not text.endswith(("\n", "\r")):
+        why = "the last line has no line break, as a file cut short ends (CSV writers end every line): "
+        why += "add it if the file is whole"
+        raise ImportRejected([why], whole_file=True)
+    return [rows_schema.from_csv_cells(r) for r in records]
 
 
 def _utf8(data: bytes) -> str:
