@@ -204,9 +204,11 @@ class ImportResult:
     warnings: list[str]
 
 
-def _parse(session: Session, raw: dict[str, Any]) -> _Parsed:
+def _parse(session: Session, raw: dict[str, Any], devices_seen: dict[str, Any]) -> _Parsed:
     row = rows_schema.parse_row(raw)
-    limits = resolve_device(session=session, name=row.device, default=None)  # never "the only recorded one"
+    if row.device not in devices_seen:  # one lookup a device, not a row: imports run thousands of rows
+        devices_seen[row.device] = resolve_device(session=session, name=row.device, default=None)
+    limits = devices_seen[row.device]  # never "the only recorded one"
     cfg = KernelConfig.from_params(row.constants())
     reason = check(cfg, limits, H=row.H, q_len=row.q_len)
     if reason:
@@ -227,10 +229,10 @@ def _parse(session: Session, raw: dict[str, Any]) -> _Parsed:
 def import_rows(*, session: Session, rows: list[dict[str, Any]], allow_empty: bool = False) -> ImportResult:
     """Validate all rows, then upsert them in the caller's transaction. Raises ImportRejected with
     one line per bad row (row number and field); the same key twice in one file is rejected."""
-    parsed, errors, seen = [], [], {}
+    parsed, errors, seen, devices_seen = [], [], {}, {}
     for i, row in enumerate(rows, start=1):
         try:
-            p = _parse(session, row)
+            p = _parse(session, row, devices_seen)
         except (ValueError, TunerError, BadParameter) as exc:
             errors.append(f"row {i}: {exc}")
             continue
@@ -252,17 +254,27 @@ def import_rows(*, session: Session, rows: list[dict[str, Any]], allow_empty: bo
         for p in parsed
         if p.key.kernel_hash != current
     ]
-    for p in parsed:
-        if devices.get_device(session=session, name=p.limits.name) is None:
-            devices.upsert_device(session=session, limits=p.limits)
-        best_configs.upsert_best(
-            session=session,
-            key=p.key,
-            config=p.config,
-            tuned_at=p.tuned_at,
-            verdict=p.verdict,
-            verified_at=p.verified_at,
-            neighbour_mb=p.neighbour_mb,
-            **p.timing,
-        )
+    for limits in {p.limits.name: p.limits for p in parsed}.values():
+        if devices.get_device(session=session, name=limits.name) is None:
+            devices.upsert_device(session=session, limits=limits)
+    best_configs.upsert_bests(
+        session=session,
+        rows=[
+            best_configs.BestRow(
+                p.key,
+                p.config,
+                p.timing["median_us"],
+                p.timing["p10_us"],
+                p.timing["p90_us"],
+                p.timing["default_us"],
+                None,
+                None,
+                p.tuned_at,
+                p.verdict,
+                p.verified_at,
+                p.neighbour_mb,
+            )
+            for p in parsed
+        ],
+    )
     return ImportResult(len(parsed), warnings)
