@@ -43,12 +43,11 @@ async def _revalidate_forever(app: FastAPI) -> None:
 
 async def _check_once(app: FastAPI) -> None:
     cache, watch = app.state.tables, app.state.file_watch
-    state = watch.check()  # one stat(): cheap enough for the event loop
-    if state is FileState.MISSING:
+    # one stat(): cheap enough for the event loop; new data clears the tables (on_new_data), as the new
+    # data's stamp may equal the old one's
+    if watch.check() is FileState.MISSING:
         cache.fail(watch.missing_reason())
         return
-    if state in (FileState.REPLACED, FileState.WRITTEN):  # the new data's stamp may equal the old one's
-        cache.clear()
     if await within(app.state.settings.db_timeout_s, cache.revalidate, app.state.read_sessions):
         app.state.metrics.tables_checked()
 
@@ -71,7 +70,7 @@ def _engines(settings: Settings) -> tuple[Engine, Engine]:
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings = app.state.settings
     read_engine, write_engine = _engines(settings)
-    watch = FileWatch(settings.database_url, [read_engine, write_engine])
+    watch = FileWatch(settings.database_url, [read_engine, write_engine], on_new_data=app.state.tables.clear)
     try:
         if watch.check() is FileState.MISSING:
             raise StorageError(f"{watch.missing_reason()}: run `tuner db upgrade` to create it")
