@@ -16,6 +16,7 @@ from verify_tuner.api.file_watch import FileState, FileWatch
 from verify_tuner.api.head import AllowedMethods, HeadAsGet
 from verify_tuner.api.health_server import HealthServer
 from verify_tuner.api.metrics import Metrics, MetricsMiddleware
+from verify_tuner.api.public import tell
 from verify_tuner.api.readiness import Readiness
 from verify_tuner.api.routes import admin, config, health
 from verify_tuner.api.table_cache import TableCache
@@ -30,7 +31,7 @@ log = logging.getLogger(__name__)
 
 
 async def _revalidate_forever(app: FastAPI) -> None:
-    cache = app.state.tables
+    cache, failing = app.state.tables, None
     while True:
         try:
             await _check_once(app)
@@ -38,7 +39,18 @@ async def _revalidate_forever(app: FastAPI) -> None:
             cache.fail(str(exc))
         except Exception:  # a bug here must not stop the checks: the request path would go to the DB
             log.exception("config cache re-check failed")
+        failing = _log_outage(failing, cache.failure)
         await asyncio.sleep(cache.recheck_s)
+
+
+def _log_outage(was: str | None, now: str | None) -> str | None:
+    """One line when the database stops answering the background check (missing, hung, failing) and
+    one when it answers again: the operator's record of an outage /readyz shows only while it lasts."""
+    if now is not None and was is None:
+        log.warning("database unavailable: %s; cached tables are served marked stale, others are 503s", now)
+    elif now is None and was is not None:
+        log.info("database answers again")
+    return now
 
 
 async def _check_once(app: FastAPI) -> None:
@@ -128,6 +140,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         title="verify-attention config service",
         version="0.1.0",
         lifespan=_lifespan,
+        # /config/ is a 404, not a 307 to an absolute URL built from the request's Host header
+        redirect_slashes=False,
+        # Swagger and ReDoc load from a CDN (a blank page air-gapped): /openapi.json is the API's description
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,  # served below, as a route of its own: FastAPI's was counted as "unmatched"
         description="Tuned NSPLIT/HT/TK/BLOCK for the MLA verify-attention kernel, per device, H, "
         "q_len and prefix bucket.",
     )
@@ -160,9 +178,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
 
     @app.exception_handler(StorageError)
-    async def _storage(_: Request, exc: StorageError) -> JSONResponse:
+    async def _storage(request: Request, exc: StorageError) -> JSONResponse:
         app.state.metrics.db_error()
-        return JSONResponse({"detail": f"config database unavailable: {exc}"}, status_code=503)
+        # the write token's holder reads the detail; anyone else a phrase, the detail going to the log
+        detail = str(exc) if getattr(request.state, "token_holder", False) else tell(str(exc))
+        return JSONResponse({"detail": f"config database unavailable: {detail}"}, status_code=503)
+
+    @app.get("/openapi.json", include_in_schema=False)
+    def openapi() -> JSONResponse:
+        return JSONResponse(app.openapi())
 
     @app.get("/metrics", tags=["health"], response_class=Response)
     def metrics() -> Response:

@@ -41,6 +41,8 @@ def _serve(tmp_path, env: dict[str, str], *args: str) -> subprocess.CompletedPro
         ({"TUNER_HEALTH_PORT": "81x"}, (), "TUNER_HEALTH_PORT must be an integer port number"),
         ({"TUNER_PORT": "8177", "TUNER_WRITE_TOKEN": "a-long-enough-token-01\n"}, (), "trailing newline"),
         ({"TUNER_PORT": "8177", "TUNER_WRITE_TOKEN": "a-long-enough-tökén-01"}, (), "printable ASCII"),
+        ({"TUNER_PORT": "8177", "TUNER_WRITE_TOKEN": "password12345678"}, (), "guessable"),  # it started
+        ({"TUNER_PORT": "8177", "TUNER_WRITE_TOKEN": "aaaaaaaaaaaa1234abcd"}, (), "guessable"),
         ({"TUNER_DEVICE": "h2OO"}, (), "TUNER_DEVICE/--device 'h2OO' is neither a known GPU"),
         ({"TUNER_DEVICE": "h200"}, ("--device", "h2OO"), "TUNER_DEVICE/--device 'h2OO' is neither a known GPU"),
     ],
@@ -49,6 +51,17 @@ def test_serve_refuses_a_bad_port_token_or_device_in_one_line(tmp_path, env, arg
     out = _serve(tmp_path, env, *args)
     assert out.returncode != 0 and says in out.stderr, out.stderr
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_a_malformed_url_never_shows_its_password(tmp_path):
+    """A port that is not a number printed the whole URL, password included (others were masked)."""
+    url = "postgresql+psycopg://tuner:hunter2-secret@db.internal:54x32/configs"
+    for how in ({"TUNER_DATABASE_URL": url}, None):
+        env = {**os.environ, **(how or {})}
+        args = ("serve",) if how else ("--database-url", url, "serve")
+        out = subprocess.run(tuner_cmd(*args), env=env, capture_output=True, text=True, timeout=20, check=False)
+        assert out.returncode != 0 and "not a database URL" in out.stderr, out.stderr
+        assert "hunter2" not in out.stderr and "tuner:***@db.internal" in out.stderr, out.stderr
 
 
 def _answers_without_a_device(env: dict[str, str], device: str) -> None:
