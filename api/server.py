@@ -31,6 +31,12 @@ HEAD_TIMEOUT_S = 10.0
 BODY_TIMEOUT_S = 60.0
 #: Workers poll rarely: keep their idle connection open as long as proxies do.
 KEEP_ALIVE_S = 75
+#: asyncio's own loop, not uvloop: libuv accepts one connection per loop iteration (libuv #3696), and
+#: a saturated iteration serves hundreds of ready connections, so new ones were taken ~14 a second:
+#: 100 opened during flat-out load waited up to 6.8 s for a first byte (a worker fleet starting, a
+#: probe on the main port). asyncio accepts up to the backlog per wakeup (bpo-27906): the same burst
+#: was answered within 0.6 s, at the same throughput within this VM's noise (bench/load_test.py --loop).
+EVENT_LOOP = "asyncio"
 #: Header fields a request head may carry (Apache's LimitRequestFields, Tomcat's maxHeaderCount): h11
 #: parses each in Python, and 13 000 empty ones cost 40x a lookup's CPU, under the size cap.
 MAX_HEADER_FIELDS = 100
@@ -184,6 +190,7 @@ def uvicorn_config(app: FastAPI, settings: Settings) -> uvicorn.Config:
         log_level="info",
         access_log=False,
         timeout_keep_alive=KEEP_ALIVE_S,
+        loop=EVENT_LOOP,
         http=GuardedH11Protocol,
         h11_max_incomplete_event_size=MAX_HEAD_BYTES,
     )
