@@ -385,7 +385,7 @@ def test_json_flags_print_valid_json(run):
     (dev,) = json.loads(run("device", "list", "--json").output)
     assert dev["name"] == "NVIDIA H200" and dev["sm_count"] == 132
     show = json.loads(run("configs", "show", "--H", "8", "--q-len", "9", "--prefix", "46000", "--json").output)
-    assert show["source"] == "tuned" and show["batch_bucket"] == [1, 1]
+    assert show["source"] == "tuned" and show["batch_bucket"] == {"index": 0, "lo": 1, "hi": 1}  # as GET /config
 
 
 def test_device_filters_take_the_alias_and_refuse_an_unknown_device(run, tmp_path):
@@ -526,8 +526,8 @@ def test_a_stale_verdict_survives_list_snapshot_and_export_import(run, sqlite_ur
             "postgresql+psycopg://nobody@127.0.0.1:1/studies",  # nothing listens: no server needed
             "(study storage postgresql+psycopg://nobody@127.0.0.1:1/studies, TUNER_STUDY_STORAGE)",
         ),
-        ("sqlite:///FILE/x.db", "for the study storage (File exists): set TUNER_STUDY_STORAGE"),
-        ("sqlite:///FILE/{study}.db", "for the study storage (File exists): set TUNER_STUDY_STORAGE"),
+        ("sqlite:///FILE/x.db", "file is a file, not a folder: set TUNER_STUDY_STORAGE"),
+        ("sqlite:///FILE/{study}.db", "file is a file, not a folder: set TUNER_STUDY_STORAGE"),
     ],
     ids=["backend", "driver", "unreachable", "file", "file-per-key"],
 )

@@ -49,9 +49,14 @@ def is_file_name(name: str) -> bool:
 
 def read(path: Path) -> dict[str, Any]:
     """A file's document, checked for the format; ValueError says what is wrong."""
-    doc = json.loads(path.read_text())
+    return loads(path.read_bytes(), path.name)
+
+
+def loads(raw: bytes, name: str) -> dict[str, Any]:
+    """A file's document from its bytes (`name` for the error), checked for the format."""
+    doc = json.loads(raw)
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise ValueError(f"{path.name}: not a {FORMAT} file")
+        raise ValueError(f"{name}: not a {FORMAT} file")
     return doc
 
 
