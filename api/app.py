@@ -170,6 +170,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(HeadAsGet)  # inside the metrics: a HEAD is counted as a HEAD
     app.add_middleware(AllowedMethods, routes=app.routes)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
+    _handle_errors(app)
+
+    @app.get("/openapi.json", include_in_schema=False)
+    def openapi() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    @app.get("/metrics", tags=["health"], response_class=Response)
+    def metrics() -> Response:
+        return Response(app.state.metrics.render(), media_type=app.state.metrics.content_type)
+
+    return app
+
+
+def _handle_errors(app: FastAPI) -> None:
+    """A bad parameter is a 422 naming it; a database failure a 503 saying its kind (api/public.py)."""
 
     @app.exception_handler(BadParameter)
     async def _bad_parameter(_: Request, exc: BadParameter) -> JSONResponse:
@@ -183,13 +198,3 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # the write token's holder reads the detail; anyone else a phrase, the detail going to the log
         detail = str(exc) if getattr(request.state, "token_holder", False) else tell(str(exc))
         return JSONResponse({"detail": f"config database unavailable: {detail}"}, status_code=503)
-
-    @app.get("/openapi.json", include_in_schema=False)
-    def openapi() -> JSONResponse:
-        return JSONResponse(app.openapi())
-
-    @app.get("/metrics", tags=["health"], response_class=Response)
-    def metrics() -> Response:
-        return Response(app.state.metrics.render(), media_type=app.state.metrics.content_type)
-
-    return app

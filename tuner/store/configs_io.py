@@ -254,6 +254,12 @@ def import_rows(*, session: Session, rows: list[dict[str, Any]], allow_empty: bo
         for p in parsed
         if p.key.kernel_hash != current
     ]
+    _store(session, parsed)
+    return ImportResult(len(parsed), warnings)
+
+
+def _store(session: Session, parsed: list[_Parsed]) -> None:
+    """The checked rows, their devices recorded first, in one statement (best_configs.upsert_bests)."""
     for limits in {p.limits.name: p.limits for p in parsed}.values():
         if devices.get_device(session=session, name=limits.name) is None:
             devices.upsert_device(session=session, limits=limits)
@@ -277,4 +283,3 @@ def import_rows(*, session: Session, rows: list[dict[str, Any]], allow_empty: bo
             for p in parsed
         ],
     )
-    return ImportResult(len(parsed), warnings)

@@ -42,13 +42,15 @@ def probe(url: str, *, read_only: bool = False, timeout_s: float | None = None) 
         read_only=read_only,
         timeout_s=timeout_s,
     )
+    blocked: list[Path] = []
+    if sqlite_file is not None:  # looked at before any read: SQLite may take over companions it can write
+        # the file, and the directory its -wal/-shm/journal files live in, must be writable
+        blocked = [p for p in (sqlite_file, sqlite_file.parent) if not os.access(p, os.W_OK)]
+        blocked += unwritable_companions(sqlite_file)
     try:
         ensure_current(engine, safe_url(url))  # reads the schema version over a new connection
         read_only_server = _tables_usable(engine)
         if sqlite_file is not None:
-            # the file, and the directory its -wal/-shm/journal files live in, must be writable
-            blocked = [p for p in (sqlite_file, sqlite_file.parent) if not os.access(p, os.W_OK)]
-            blocked += unwritable_companions(sqlite_file)
             if blocked:
                 return DatabaseHealth(
                     True, False, "database is read-only: cannot write " + ", ".join(str(p) for p in blocked)
