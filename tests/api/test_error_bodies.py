@@ -53,6 +53,8 @@ def test_a_missing_sqlite_file_is_named_only_in_the_log(tmp_path):
         assert httpx.get(f"http://127.0.0.1:{port}/config", params=Q).status_code == 200
         os.rename(db, db.with_suffix(".away"))
         eventually(lambda: httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 503, "ready")
+        cached = f"http://127.0.0.1:{port}/config"  # the background check has seen it (/readyz sees it at once)
+        eventually(lambda: "X-Config-Stale" in httpx.get(cached, params=Q).headers, "no stale header")
         answers = _answers(port, health)
         assert [r.status_code for r in answers] == [503, 503, 503, 200]
         for r in answers:
