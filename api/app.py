@@ -16,6 +16,7 @@ from verify_tuner.api.file_watch import FileState, FileWatch
 from verify_tuner.api.head import AllowedMethods, HeadAsGet
 from verify_tuner.api.health_server import HealthServer
 from verify_tuner.api.metrics import Metrics, MetricsMiddleware
+from verify_tuner.api.public import tell
 from verify_tuner.api.readiness import Readiness
 from verify_tuner.api.routes import admin, config, health
 from verify_tuner.api.table_cache import TableCache
@@ -30,7 +31,7 @@ log = logging.getLogger(__name__)
 
 
 async def _revalidate_forever(app: FastAPI) -> None:
-    cache = app.state.tables
+    cache, failing = app.state.tables, None
     while True:
         try:
             await _check_once(app)
@@ -38,17 +39,27 @@ async def _revalidate_forever(app: FastAPI) -> None:
             cache.fail(str(exc))
         except Exception:  # a bug here must not stop the checks: the request path would go to the DB
             log.exception("config cache re-check failed")
+        failing = _log_outage(failing, cache.failure)
         await asyncio.sleep(cache.recheck_s)
+
+
+def _log_outage(was: str | None, now: str | None) -> str | None:
+    """One line when the database stops answering the background check (missing, hung, failing) and
+    one when it answers again: the operator's record of an outage /readyz shows only while it lasts."""
+    if now is not None and was is None:
+        log.warning("database unavailable: %s; cached tables are served marked stale, others are 503s", now)
+    elif now is None and was is not None:
+        log.info("database answers again")
+    return now
 
 
 async def _check_once(app: FastAPI) -> None:
     cache, watch = app.state.tables, app.state.file_watch
-    state = watch.check()  # one stat(): cheap enough for the event loop
-    if state is FileState.MISSING:
+    # one stat(): cheap enough for the event loop; new data clears the tables (on_new_data), as the new
+    # data's stamp may equal the old one's
+    if watch.check() is FileState.MISSING:
         cache.fail(watch.missing_reason())
         return
-    if state in (FileState.REPLACED, FileState.WRITTEN):  # the new data's stamp may equal the old one's
-        cache.clear()
     if await within(app.state.settings.db_timeout_s, cache.revalidate, app.state.read_sessions):
         app.state.metrics.tables_checked()
 
@@ -71,7 +82,7 @@ def _engines(settings: Settings) -> tuple[Engine, Engine]:
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings = app.state.settings
     read_engine, write_engine = _engines(settings)
-    watch = FileWatch(settings.database_url, [read_engine, write_engine])
+    watch = FileWatch(settings.database_url, [read_engine, write_engine], on_new_data=app.state.tables.clear)
     try:
         if watch.check() is FileState.MISSING:
             raise StorageError(f"{watch.missing_reason()}: run `tuner db upgrade` to create it")
@@ -129,6 +140,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         title="verify-attention config service",
         version="0.1.0",
         lifespan=_lifespan,
+        # /config/ is a 404, not a 307 to an absolute URL built from the request's Host header
+        redirect_slashes=False,
+        # Swagger and ReDoc load from a CDN (a blank page air-gapped): /openapi.json is the API's description
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,  # served below, as a route of its own: FastAPI's was counted as "unmatched"
         description="Tuned NSPLIT/HT/TK/BLOCK for the MLA verify-attention kernel, per device, H, "
         "q_len and prefix bucket.",
     )
@@ -153,6 +170,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(HeadAsGet)  # inside the metrics: a HEAD is counted as a HEAD
     app.add_middleware(AllowedMethods, routes=app.routes)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
+    _handle_errors(app)
+
+    @app.get("/openapi.json", include_in_schema=False)
+    def openapi() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    @app.get("/metrics", tags=["health"], response_class=Response)
+    def metrics() -> Response:
+        return Response(app.state.metrics.render(), media_type=app.state.metrics.content_type)
+
+    return app
+
+
+def _handle_errors(app: FastAPI) -> None:
+    """A bad parameter is a 422 naming it; a database failure a 503 saying its kind (api/public.py)."""
 
     @app.exception_handler(BadParameter)
     async def _bad_parameter(_: Request, exc: BadParameter) -> JSONResponse:
@@ -161,12 +193,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
 
     @app.exception_handler(StorageError)
-    async def _storage(_: Request, exc: StorageError) -> JSONResponse:
+    async def _storage(request: Request, exc: StorageError) -> JSONResponse:
         app.state.metrics.db_error()
-        return JSONResponse({"detail": f"config database unavailable: {exc}"}, status_code=503)
-
-    @app.get("/metrics", tags=["health"], response_class=Response)
-    def metrics() -> Response:
-        return Response(app.state.metrics.render(), media_type=app.state.metrics.content_type)
-
-    return app
+        # the write token's holder reads the detail; anyone else a phrase, the detail going to the log
+        detail = str(exc) if getattr(request.state, "token_holder", False) else tell(str(exc))
+        return JSONResponse({"detail": f"config database unavailable: {detail}"}, status_code=503)

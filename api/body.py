@@ -5,10 +5,8 @@ costs the server neither memory nor a waiting worker."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from fastapi import HTTPException, Request
-from verify_tuner import strict_json
 
 
 async def read_capped(request: Request, *, limit: int, timeout_s: float) -> bytes:
@@ -30,12 +28,3 @@ async def read_capped(request: Request, *, limit: int, timeout_s: float) -> byte
 
 def _too_large(got: str, limit: int) -> str:
     return f"request body too large ({got}; the limit is {limit} bytes, TUNER_MAX_BODY_BYTES)"
-
-
-async def read_json(request: Request, *, limit: int, timeout_s: float) -> Any:
-    """The body as strict JSON (verify_tuner.strict_json); a 422 naming what is wrong, nothing stored."""
-    body = await read_capped(request, limit=limit, timeout_s=timeout_s)
-    try:
-        return strict_json.loads(body)
-    except ValueError as exc:  # JSONDecodeError included
-        raise HTTPException(422, {"msg": "not valid JSON, nothing stored", "errors": [str(exc)]}) from None

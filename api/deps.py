@@ -37,6 +37,7 @@ def require_token(request: Request, authorization: Annotated[str | None, Header(
     # the scheme is case-insensitive (RFC 9110); the token is compared in constant time
     if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), token.encode()):
         raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+    request.state.token_holder = True  # its errors may say what failed (api/public.py)
 
 
 async def strict_query(request: Request) -> None:

@@ -6,6 +6,7 @@ see any more, while /readyz (a new connection) reported the new one ready."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from enum import Enum
 from pathlib import Path
 
@@ -24,11 +25,14 @@ class FileState(Enum):
 
 
 class FileWatch:
-    def __init__(self, url: str, engines: list[Engine]) -> None:
+    def __init__(self, url: str, engines: list[Engine], on_new_data: Callable[[], None] = lambda: None) -> None:
+        """`on_new_data` runs when a check, whoever makes it, finds the file replaced or written: the
+        sidecar's cached tables go with the pooled connections (a check by a rejected import once
+        reset only the pools, and the old file's tables were served on under the same data stamp)."""
         parsed = make_url(url)
         is_file = parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:")
         self.path = Path(parsed.database).expanduser().resolve() if is_file else None  # type: ignore[arg-type]
-        self.engines = engines
+        self.engines, self.on_new_data = engines, on_new_data
         self._identity, self._content = self._stat() if self.path is not None else (None, None)
 
     def _stat(self) -> tuple[tuple[int, int] | None, tuple[int, int, int] | None]:
@@ -60,6 +64,8 @@ class FileWatch:
             else FileState.WRITTEN
         )
         self._identity, self._content = identity, content
+        if state is not FileState.MISSING:  # a missing file keeps the last good tables, served stale
+            self.on_new_data()
         return state
 
     def missing_reason(self) -> str:

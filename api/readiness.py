@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy.engine import make_url
+from verify_tuner.api.public import client_reason
 from verify_tuner.settings import Settings
-from verify_tuner.store.health import DatabaseHealth, probe
+from verify_tuner.store.health import DatabaseHealth, probe, unwritable_companions
 
 #: Seconds between the ends of two probes: a database that fails is seen within this (plus a probe).
 EVERY_S = 0.5
@@ -57,6 +58,7 @@ class Readiness:
         self.path = Path(url.database).expanduser() if is_file else None  # type: ignore[arg-type]
         self._lock = threading.Lock()
         self._reading: Reading | None = None
+        self._was_ready: bool | None = None  # as last logged
         self._probing_since: float | None = None
         self._wake, self._stop, self._first = threading.Event(), threading.Event(), threading.Event()
         self._thread = threading.Thread(target=self._run, name="tuner-readiness", daemon=True)
@@ -94,6 +96,7 @@ class Readiness:
                 health = DatabaseHealth(False, False, self._late(health.reason))
             with self._lock:
                 self._reading, self._probing_since = Reading(health, finished, identity), None
+            self._log_change(health)
             self._first.set()
             self._wake.wait(self.every_s)
             self._wake.clear()
@@ -129,8 +132,10 @@ class Readiness:
             return DatabaseHealth(False, False, f"database file {self.path} was replaced: re-checking it")
         if self.path is None or not reading.health.readable:
             return reading.health
-        # on SQLite, writable is a property of the file and its directory: checked now, not 0.5 s ago
+        # on SQLite, writable is a property of the file, its directory and its -wal/-shm/-journal:
+        # checked now, not 0.5 s ago (the probe checks the same; an immutable -wal was once missed here)
         blocked = [p for p in (self.path, self.path.parent) if not os.access(p, os.W_OK)]
+        blocked += unwritable_companions(self.path)
         if blocked:
             return DatabaseHealth(True, False, "database is read-only: cannot write " + ", ".join(map(str, blocked)))
         return DatabaseHealth(True, True)
@@ -140,6 +145,19 @@ class Readiness:
         read-only (TUNER_DATABASE_READ_ONLY), written."""
         health, read_only = self.health(), self.settings.database_read_only
         db = {"readable": health.readable, "writable": health.writable, "read_only_expected": read_only}
+        # unauthenticated on both ports: a phrase, not the path or URL (the log has the detail)
+        reason = client_reason(health.reason) if health.reason else None
         if health.readable and (health.writable or read_only):
-            return 200, {"status": "ready", "database": db} | ({"note": health.reason} if health.reason else {})
-        return 503, {"status": "unavailable", "reason": health.reason, "database": db}
+            return 200, {"status": "ready", "database": db} | ({"note": reason} if reason else {})
+        return 503, {"status": "unavailable", "reason": reason, "database": db}
+
+    def _log_change(self, health: DatabaseHealth) -> None:
+        """One log line when readiness turns, with the detail /readyz does not show."""
+        ready = health.readable and (health.writable or self.settings.database_read_only)
+        if ready == self._was_ready:
+            return
+        self._was_ready = ready
+        if ready:
+            log.info("ready: the database can be read%s", "" if self.settings.database_read_only else " and written")
+        else:
+            log.warning("not ready: %s", health.reason)

@@ -95,6 +95,12 @@ class TableCache:
                 return hit
         return None
 
+    @property
+    def failure(self) -> str | None:
+        """Why the last background check failed (None: it read the stamp)."""
+        with self._lock:
+            return self._failure
+
     def revalidate(self, sessions: sessionmaker[Session]) -> bool:
         """The background check: read the stamp (True), or record why it could not be read."""
         try:

@@ -13,6 +13,12 @@ on the health port (TUNER_HEALTH_PORT), as a kubelet does.
         --listen-backlog 8 --tag stall
 caps the server's listen queue, as a kernel with a tiny net.core.somaxconn would: what a
 listen-queue overflow looks like to the load (load_test_stall.md).
+
+During each flat-out run, another process opens --burst new connections at once (default 100), a
+third of the way in, and times each one's first byte of a GET /config: what a worker fleet
+starting, or reconnecting, meets while the sidecar is saturated. --loop picks the main port's
+event loop (default: the one `tuner serve` uses) to compare uvloop and asyncio's own. Give --out
+a folder outside the repository unless the run is meant to be committed.
 """
 
 from __future__ import annotations
@@ -136,6 +142,53 @@ def probe(bases: list[str], seconds: float, every_s: float = 0.25) -> list[dict]
     return out
 
 
+async def _burst(base: str, n: int, timeout_s: float = 10.0) -> list[float | None]:
+    """Seconds to the first byte of a GET /config on each of `n` new connections opened at once
+    (None: refused, reset or over `timeout_s`)."""
+    host, port = base.removeprefix("http://").split(":")
+
+    async def one(i: int) -> float | None:
+        t0, writer = time.perf_counter(), None
+        try:
+            async with asyncio.timeout(timeout_s):
+                reader, writer = await asyncio.open_connection(host, int(port))
+                writer.write(f"GET /config?H=8&q_len=9&prefix={i * 997} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+                await writer.drain()
+                if not await reader.read(1):
+                    return None
+            return time.perf_counter() - t0
+        except (OSError, TimeoutError):
+            return None
+        finally:
+            if writer is not None:
+                writer.close()
+
+    return list(await asyncio.gather(*(one(i) for i in range(n))))
+
+
+def burst(base: str, n: int, after_s: float) -> list[float | None]:
+    """The burst process's work: wait `after_s` (the load saturating the server), then `_burst`."""
+    time.sleep(after_s)
+    return asyncio.run(_burst(base, n))
+
+
+def _burst_during(base: str, n: int, after_s: float) -> subprocess.Popen:
+    cmd = [sys.executable, __file__, "--burst-of", str(n), base, "--max-seconds", str(after_s)]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+
+
+def burst_summary(firsts: list[float | None]) -> dict:
+    """The burst's first-byte times: how many, how many never answered, p50, max, and over 1 s."""
+    ms = sorted(x * 1e3 for x in firsts if x is not None)
+    return {
+        "burst": len(firsts),
+        "burst_failed": len(firsts) - len(ms),
+        "burst_p50_ms": statistics.median(ms) if ms else None,
+        "burst_max_ms": ms[-1] if ms else None,
+        "burst_over_1s": sum(m > 1000 for m in ms) + len(firsts) - len(ms),
+    }
+
+
 def _probe_during(bases: list[str], seconds: float) -> subprocess.Popen:
     cmd = [sys.executable, __file__, "--probe", *bases, "--max-seconds", str(seconds)]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
@@ -179,15 +232,19 @@ async def app(scope, receive, send):
 """
 
 
-#: `tuner serve` with uvicorn's listen backlog capped (argv[1]); the wrapped command's own argv follows, unused.
-CAPPED_BACKLOG = """
+#: `tuner serve`'s app and uvicorn config with the listen backlog (argv[1], 0: as is) and the event loop
+#: (argv[2], "default": as is) changed; the wrapped command's own argv follows, unused.
+SERVE_CHANGED = """
 import sys, uvicorn
 from verify_tuner.api import server
 from verify_tuner.api.app import create_app
 from verify_tuner.settings import Settings
 settings = Settings.from_env()
 config = server.uvicorn_config(create_app(settings), settings)
-config.backlog = int(sys.argv[1])
+if int(sys.argv[1]):
+    config.backlog = int(sys.argv[1])
+if sys.argv[2] != "default":
+    config.loop = sys.argv[2]
 uvicorn.Server(config).run()
 """
 
@@ -275,11 +332,17 @@ def main() -> None:
         help="cap tuner serve's listen queue (as a kernel whose net.core.somaxconn is this small)",
     )
     ap.add_argument("--tag", help="results go to load_test_<tag>.* instead")
+    ap.add_argument("--burst", type=int, default=100, help="new connections opened at once during each flat-out run")
+    ap.add_argument("--loop", choices=["uvloop", "asyncio"], help="the main port's event loop (default: tuner serve's)")
     ap.add_argument("--probe", metavar="URL", nargs="+", help=argparse.SUPPRESS)  # the probe process's entry point
+    ap.add_argument("--burst-of", nargs=2, metavar=("N", "URL"), help=argparse.SUPPRESS)  # the burst process's
     ap.add_argument("--out", type=Path, required=True, help="folder the results are written to")
     args = ap.parse_args()
     if args.probe:
         print(json.dumps(probe(args.probe, args.max_seconds)))
+        return
+    if args.burst_of:
+        print(json.dumps(burst(args.burst_of[1], int(args.burst_of[0]), args.max_seconds)))
         return
     tmp = Path(tempfile.mkdtemp())
     env = _database(tmp)
@@ -289,7 +352,9 @@ def main() -> None:
     minimal = None if args.no_baseline else _minimal_uvicorn(tmp, minimal_port)
     results = []
     try:
-        wrap = () if args.listen_backlog is None else (sys.executable, "-c", CAPPED_BACKLOG, str(args.listen_backlog))
+        changed = args.listen_backlog is not None or args.loop is not None
+        wrap = (sys.executable, "-c", SERVE_CHANGED, str(args.listen_backlog or 0), args.loop or "default")
+        wrap = wrap if changed else ()
         with running_server(env, port=port, wrap=wrap) as server:
             import urllib.request
 
@@ -308,7 +373,7 @@ def main() -> None:
             minimal.terminate()
             minimal.wait(10)
     log = _unusual(server.stdout.read())
-    notes = {"load_at_start": load_at_start, "server_log": log, "backlog": args.listen_backlog}
+    notes = {"load_at_start": load_at_start, "server_log": log, "backlog": args.listen_backlog, "loop": args.loop}
     write(args.out, results, args.target, tag=args.tag, **notes)
 
 
@@ -316,7 +381,8 @@ def _unusual(log: str) -> list[str]:
     """The server's log lines other than uvicorn's start and stop (a pause in accepting
     connections, an exception, a warning), kept with the results: nothing reads them meanwhile."""
     usual = ("Started server", "Waiting for application", "Application startup", "Uvicorn running", "Shutting down")
-    usual += ("Application shutdown", "Finished server", "health probes on")
+    usual += ("Application shutdown", "Finished server", "health probes on", "listening on", "ready: the database")
+    usual += ("stopped",)
     return [ln for ln in log.splitlines() if ln.strip() and not any(u in ln for u in usual)][:50]
 
 
@@ -336,10 +402,15 @@ def _one(
     load_1m = os.getloadavg()[0]
     before, tcp_before = _cpu_seconds(pid), _tcp_counters()
     prober = None if minimal else _probe_during([base, health] if health else [base], args.max_seconds)
+    burster = (
+        _burst_during(base, args.burst, args.max_seconds / 3) if rate == 0 and args.burst and not minimal else None
+    )
     res = asyncio.run(run(base, args.clients, args.requests, rate, args.max_seconds, args.target, minimal))
     res = {"server": "minimal uvicorn" if minimal else "tuner serve", "load_1m_before": load_1m} | res
     if prober is not None:
         res |= _probe_summary(prober)
+    if burster is not None:
+        res |= burst_summary(json.loads(burster.communicate(timeout=120)[0]))
     res |= _others(before, _cpu_seconds(pid), res["wall_s"])
     res |= {k: v - tcp_before[k] for k, v in _tcp_counters().items()}
     print(json.dumps(res))
@@ -392,8 +463,9 @@ def _database(tmp: Path) -> dict[str, str]:
     env = {"TUNER_DATABASE_URL": f"sqlite:///{tmp / 'c.db'}", "TUNER_DEVICE": "h200"}
     full = {**os.environ, **env}
     subprocess.run([sys.executable, "-m", "tuner", "db", "upgrade"], env=full, check=True, capture_output=True)
+    structure = {"STAGES": 2, "QT": 0, "WR": 2, "WK": 4, "SF": 0, "PIPE": 1}
     rows = [
-        {"device": "h200", "H": 8, "q_len": 9, "prefix": p, "NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256}
+        {"device": "h200", "H": 8, "q_len": 9, "prefix": p, "NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256, **structure}
         for p in (1024, 4096, 16384, 46000, 131072)
     ]
     (tmp / "rows.json").write_text(json.dumps(rows))
@@ -414,6 +486,7 @@ def write(
     server_log: list[str] | None = None,
     backlog: int | None = None,
     tag: str | None = None,
+    loop: str | None = None,
 ) -> None:
     out.mkdir(parents=True, exist_ok=True)
     meta = {
@@ -425,6 +498,7 @@ def write(
         "somaxconn": _somaxconn(),
         "server_log": server_log,
         "listen_backlog": backlog,
+        "loop": loop or "tuner serve's",
         "python": platform.python_version(),
         "results": results,
     }
@@ -437,7 +511,7 @@ def write(
         "",
         (
             f"{TARGETS[target]} over loopback to one `tuner serve` "
-            "process (uvicorn, SQLite). Each "
+            f"process (uvicorn, event loop: {meta['loop']}; SQLite). Each "
             "client holds one keep-alive connection and sends Poisson-spaced requests at the given rate; "
             "latency is measured at the client (a minimal asyncio HTTP/1.1 client, sharing the 2 cores). "
             "Rate 'max' = back to back: that row measures capacity, its latency is queueing."
@@ -447,9 +521,10 @@ def write(
             "| server | clients | rate/client (req/s) | requests | errors | req/s | p50 ms | p90 ms | p99 ms | max ms | "
             "DB-path lookups | main port: probes (failed, > 250 ms) | /healthz p50 / max | /readyz p50 / max | "
             "health port: probes (failed, > 250 ms) | /healthz p50 / max | /readyz p50 / max | "
-            "other CPU, steal (cores) | listen overflows, SYN retransmits |"
+            "other CPU, steal (cores) | listen overflows, SYN retransmits | "
+            "new-connection burst: n (failed, > 1 s) | burst first byte p50 / max ms |"
         ),
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         lines.append(
@@ -458,7 +533,7 @@ def write(
             f"{r['max_ms']:.1f} | {'' if r.get('db_path_lookups') is None else r['db_path_lookups']} | "
             f"{_probe_cells(r, 'probe')} | {_probe_cells(r, 'health_port_probe')} | "
             f"{r.get('other_cpu_cores', '')}, {r.get('steal_cores', '')} | "
-            f"{r.get('listen_overflows', '')}, {r.get('syn_retransmits', '')} |"
+            f"{r.get('listen_overflows', '')}, {r.get('syn_retransmits', '')} | {_burst_cells(r)} |"
         )
     lines += _ratio_lines(results)
     lines += _error_lines(results)
@@ -481,6 +556,13 @@ def _error_lines(results: list[dict]) -> list[str]:
             )
             out += ["", f"Row {n}'s first errors (of {r['errors']}): {first}."]
     return out
+
+
+def _burst_cells(r: dict) -> str:
+    if "burst" not in r:
+        return " | "
+    p50, top = (f"{r[k]:.0f}" if r[k] is not None else "-" for k in ("burst_p50_ms", "burst_max_ms"))
+    return f"{r['burst']} ({r['burst_failed']}, {r['burst_over_1s']}) | {p50} / {top}"
 
 
 def _probe_cells(r: dict, prefix: str) -> str:

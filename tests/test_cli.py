@@ -48,6 +48,12 @@ def test_upgrade_import_show_list_export(run, tmp_path):
             "HT": 8,
             "TK": 32,
             "BLOCK": 256,
+            "STAGES": 2,
+            "QT": 0,
+            "WR": 2,
+            "WK": 4,
+            "SF": 0,
+            "PIPE": 1,
             "median_us": 40.0,
             "default_us": 80.0,
         }
@@ -73,9 +79,54 @@ def test_upgrade_import_show_list_export(run, tmp_path):
 def test_import_rejects_file_whole_with_one_line_errors(run, tmp_path):
     run("db", "upgrade")
     rows = [
-        {"device": "h200", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256},
-        {"device": "h200", "H": 8, "q_len": 9, "prefix": 5000, "NSPLIT": 64, "HT": 3, "TK": 32, "BLOCK": 256},
-        {"device": "rtx-pro-6000", "H": 8, "q_len": 9, "prefix": 5000, "NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256},
+        {
+            "device": "h200",
+            "H": 8,
+            "q_len": 9,
+            "prefix": 46000,
+            "NSPLIT": 64,
+            "HT": 8,
+            "TK": 32,
+            "BLOCK": 256,
+            "STAGES": 2,
+            "QT": 0,
+            "WR": 2,
+            "WK": 4,
+            "SF": 0,
+            "PIPE": 1,
+        },
+        {
+            "device": "h200",
+            "H": 8,
+            "q_len": 9,
+            "prefix": 5000,
+            "NSPLIT": 64,
+            "HT": 3,
+            "TK": 32,
+            "BLOCK": 256,
+            "STAGES": 2,
+            "QT": 0,
+            "WR": 2,
+            "WK": 4,
+            "SF": 0,
+            "PIPE": 1,
+        },
+        {
+            "device": "rtx-pro-6000",
+            "H": 8,
+            "q_len": 9,
+            "prefix": 5000,
+            "NSPLIT": 64,
+            "HT": 8,
+            "TK": 32,
+            "BLOCK": 256,
+            "STAGES": 2,
+            "QT": 0,
+            "WR": 2,
+            "WK": 4,
+            "SF": 0,
+            "PIPE": 1,
+        },
     ]
     path = tmp_path / "rows.json"
     path.write_text(json.dumps(rows))
@@ -117,6 +168,12 @@ def test_snapshot_is_a_self_contained_read_only_copy_the_sidecar_serves(run, tmp
             "HT": 8,
             "TK": 32,
             "BLOCK": 256,
+            "STAGES": 2,
+            "QT": 0,
+            "WR": 2,
+            "WK": 4,
+            "SF": 0,
+            "PIPE": 1,
             "median_us": 70.0,
         }
     ]
@@ -222,6 +279,12 @@ def test_study_report_without_matplotlib_is_one_line(sqlite_url, tmp_path):
             "HT": 8,
             "TK": 32,
             "BLOCK": 256,
+            "STAGES": 2,
+            "QT": 0,
+            "WR": 2,
+            "WK": 4,
+            "SF": 0,
+            "PIPE": 1,
             "median_us": 40.0,
             "default_us": 80.0,
         }
@@ -288,7 +351,24 @@ def test_json_flags_print_valid_json(run):
     empty = run("configs", "list", "--json")
     assert empty.exit_code == 0 and json.loads(empty.output) == []
     assert run("device", "list", "--json").exit_code == 0
-    rows = [{"device": "h200", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256}]
+    rows = [
+        {
+            "device": "h200",
+            "H": 8,
+            "q_len": 9,
+            "prefix": 46000,
+            "NSPLIT": 64,
+            "HT": 8,
+            "TK": 32,
+            "BLOCK": 256,
+            "STAGES": 2,
+            "QT": 0,
+            "WR": 2,
+            "WK": 4,
+            "SF": 0,
+            "PIPE": 1,
+        }
+    ]
     import tempfile
     from pathlib import Path
 
@@ -305,13 +385,30 @@ def test_json_flags_print_valid_json(run):
     (dev,) = json.loads(run("device", "list", "--json").output)
     assert dev["name"] == "NVIDIA H200" and dev["sm_count"] == 132
     show = json.loads(run("configs", "show", "--H", "8", "--q-len", "9", "--prefix", "46000", "--json").output)
-    assert show["source"] == "tuned" and show["batch_bucket"] == [1, 1]
+    assert show["source"] == "tuned" and show["batch_bucket"] == {"index": 0, "lo": 1, "hi": 1}  # as GET /config
 
 
 def test_device_filters_take_the_alias_and_refuse_an_unknown_device(run, tmp_path):
     """`--device h200` (README's spelling) matched nothing: the rows are recorded as NVIDIA H200."""
     assert run("db", "upgrade").exit_code == 0
-    rows = [{"device": "h200", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256}]
+    rows = [
+        {
+            "device": "h200",
+            "H": 8,
+            "q_len": 9,
+            "prefix": 46000,
+            "NSPLIT": 64,
+            "HT": 8,
+            "TK": 32,
+            "BLOCK": 256,
+            "STAGES": 2,
+            "QT": 0,
+            "WR": 2,
+            "WK": 4,
+            "SF": 0,
+            "PIPE": 1,
+        }
+    ]
     (tmp_path / "r.json").write_text(json.dumps(rows))
     assert run("configs", "import", str(tmp_path / "r.json")).exit_code == 0
 
@@ -355,6 +452,7 @@ def test_a_stale_verdict_survives_list_snapshot_and_export_import(run, sqlite_ur
 
     assert run("db", "upgrade").exit_code == 0
     base = {"device": "h200", "H": 8, "q_len": 9, "HT": 8, "TK": 32, "BLOCK": 256, "median_us": 40.0}
+    base |= {"STAGES": 2, "QT": 0, "WR": 2, "WK": 4, "SF": 0, "PIPE": 1}
     rows = [{**base, "prefix": 46000, "NSPLIT": 64}, {**base, "prefix": 30000, "NSPLIT": 96}]  # buckets 15, 14
     (tmp_path / "r.json").write_text(json.dumps(rows))
     assert run("configs", "import", str(tmp_path / "r.json")).exit_code == 0
@@ -428,8 +526,8 @@ def test_a_stale_verdict_survives_list_snapshot_and_export_import(run, sqlite_ur
             "postgresql+psycopg://nobody@127.0.0.1:1/studies",  # nothing listens: no server needed
             "(study storage postgresql+psycopg://nobody@127.0.0.1:1/studies, TUNER_STUDY_STORAGE)",
         ),
-        ("sqlite:///FILE/x.db", "for the study storage (File exists): set TUNER_STUDY_STORAGE"),
-        ("sqlite:///FILE/{study}.db", "for the study storage (File exists): set TUNER_STUDY_STORAGE"),
+        ("sqlite:///FILE/x.db", "file is a file, not a folder: set TUNER_STUDY_STORAGE"),
+        ("sqlite:///FILE/{study}.db", "file is a file, not a folder: set TUNER_STUDY_STORAGE"),
     ],
     ids=["backend", "driver", "unreachable", "file", "file-per-key"],
 )

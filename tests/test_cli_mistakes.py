@@ -19,7 +19,22 @@ import pytest
 
 from tests.helpers import file_modes_bind, free_port, run_tuner, running_server, tuner_cmd
 
-ROW = {"device": "h200", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256}
+ROW = {
+    "device": "h200",
+    "H": 8,
+    "q_len": 9,
+    "prefix": 46000,
+    "NSPLIT": 64,
+    "HT": 8,
+    "TK": 32,
+    "BLOCK": 256,
+    "STAGES": 2,
+    "QT": 0,
+    "WR": 2,
+    "WK": 4,
+    "SF": 0,
+    "PIPE": 1,
+}
 CSV_HEAD = "device,H,q_len,prefix,NSPLIT,HT,TK,BLOCK\n"
 DOWN = "postgresql+psycopg://nobody@127.0.0.1:1/x"  # nothing listens on port 1
 
@@ -340,41 +355,30 @@ def test_study_report_on_rows_imported_without_times(place):
     assert sorted(p.suffix for p in (tmp / "rep").iterdir()) == [".md", ".png"]
 
 
-def test_dumped_exported_and_reported_files_are_0644_under_a_private_umask(place):
+@pytest.mark.parametrize(("umask", "dirs", "files"), [(0o077, 0o700, 0o600), (0o022, 0o755, 0o644)])
+def test_dumped_exported_and_reported_files_follow_the_umask(place, umask, dirs, files):
+    """They were 0644 in 0755 folders even under umask 077: the operator's umask is what they asked for
+    (cp, tar and every other command follow it); a dump under a private one says so."""
     env, tmp = place
-    out = tmp / "out"
+    mine = tmp / "mine"
+    mine.mkdir(mode=0o700)  # an existing folder is left as it is
+    out = mine / "out"
     for args in (
         ("configs", "dump", "--out-dir", str(out / "dump")),
         ("configs", "export", "-o", str(out / "rows.json")),
         ("study", "report", "--out", str(out / "report")),
     ):
         r = subprocess.run(
-            tuner_cmd(*args), env={**os.environ, **env}, capture_output=True, text=True, umask=0o077, check=False
+            tuner_cmd(*args), env={**os.environ, **env}, capture_output=True, text=True, umask=umask, check=False
         )
         assert r.returncode == 0, r.stderr
-    files = sorted(p for p in out.rglob("*") if p.is_file())
-    assert {p.suffix for p in files} == {".json", ".md", ".png"}
-    assert {p.name: _mode(p) for p in files} == {p.name: 0o644 for p in files}
+        if args[1] == "dump":
+            assert ("umask keeps other users from reading" in r.stderr) == (umask == 0o077), r.stderr
+    files_ = sorted(p for p in out.rglob("*") if p.is_file())
+    assert {p.suffix for p in files_} == {".json", ".md", ".png"}
+    assert {p.name: _mode(p) for p in files_} == {p.name: files for p in files_}
+    assert [_mode(p) for p in (mine, out, out / "dump")] == [0o700, dirs, dirs]
     assert not [p for p in out.rglob(".*")]  # no temporary file left behind
-
-
-def test_dump_folders_are_0755_under_a_private_umask_and_existing_ones_are_left_alone(place):
-    """A worker running as another user must be able to enter the folders to read the files."""
-    env, tmp = place
-    mine = tmp / "mine"
-    mine.mkdir(mode=0o700)
-    out = mine / "engine" / "h200"
-    r = subprocess.run(
-        tuner_cmd("configs", "dump", "--out-dir", str(out)),
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        umask=0o077,
-        check=False,
-    )
-    assert r.returncode == 0, r.stderr
-    assert [_mode(p) for p in (mine, mine / "engine", out)] == [0o700, 0o755, 0o755]
-    assert {_mode(p) for p in out.iterdir()} == {0o644}
 
 
 def test_write_shared_replaces_whole_and_syncs_file_and_folder(tmp_path, monkeypatch):

@@ -34,6 +34,13 @@ def test_structure():
     assert "profiles" not in s["configs"]  # the sidecar runs by default, the tuner only on request
 
 
+def test_the_device_is_required_not_empty():
+    """An empty default started a sidecar that answered every device-less request (the README's curl)
+    with a 422: compose now refuses to start without it, saying what to set."""
+    value = COMPOSE["x-env"]["TUNER_DEVICE"]
+    assert value.startswith("${TUNER_DEVICE:?") and "TUNER_DEVICE=h200" in value, value
+
+
 def test_dockerfile_runs_as_non_root_without_cuda():
     text = (ROOT / "Dockerfile").read_text()
     assert "USER 10001" in text and "cuda" not in text.split("pip install", 1)[1].split("\n", 1)[0]

@@ -118,7 +118,7 @@ def test_prefix_weights_move_the_plan(run, db, tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("--batch", "2"), "no tuned configs on NVIDIA H200 for H=8 q_len=9 batch 2"),
+        (("--batch", "2"), "no tuned configs for H=8 q_len=9 batch 2 in prefixes 1024:131072 on any device"),
         (("--prefix-weights", "{tmp}/missing.json"), "cannot read it"),
         (("--prefix-weights", "{tmp}/bad.json"), "weight must be a finite number"),
         (("--prefix-range", "9:1"), "--prefix-range"),

@@ -22,8 +22,11 @@ GOOD = {
     "TK": 16,
     "BLOCK": 256,
     "STAGES": 2,
+    "QT": 0,
     "WR": 4,
     "WK": 2,
+    "SF": 0,
+    "PIPE": 1,
     "median_us": 40.0,
 }
 

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from verify_tuner.files import make_shared_dirs, write_shared
+from verify_tuner.files import SHARED_DIR_MODE, SHARED_MODE, make_shared_dirs, write_shared
 
 FORMAT = "verify-tuner/engine-config/1"
 ROW_FIELDS = ("median_us", "p10_us", "p90_us", "default_us", "tuned_at", "neighbour_mb")
@@ -33,17 +33,30 @@ def file_name(*, H: int, q_len: int, device: str, dtype: str) -> str:
     return f"H={H},q_len={q_len},device_name={device_slug(device)},dtype={dtype}.json"
 
 
-def write_atomic(path: Path, doc: dict[str, Any]) -> None:
-    """`doc` as the JSON file `path` (its folders created), readable by every user (verify_tuner.files)."""
-    make_shared_dirs(path.parent)
-    write_shared(path, json.dumps(doc, indent=1, allow_nan=False))  # valid JSON only: no Infinity / NaN
+def write_atomic(
+    path: Path, doc: dict[str, Any], *, mode: int | None = SHARED_MODE, dir_mode: int | None = SHARED_DIR_MODE
+) -> None:
+    """`doc` as the JSON file `path` (its folders created), readable by every user unless the modes
+    say otherwise (verify_tuner.files; UMASK: as the umask allows)."""
+    make_shared_dirs(path.parent, mode=dir_mode)
+    write_shared(path, json.dumps(doc, indent=1, allow_nan=False), mode=mode)  # valid JSON only: no Infinity / NaN
+
+
+def is_file_name(name: str) -> bool:
+    """Whether `name` is an engine config file's name (file_name's pattern)."""
+    return re.fullmatch(r"H=\d+,q_len=\d+,device_name=[^,/]+,dtype=[^,/]+\.json", name) is not None
 
 
 def read(path: Path) -> dict[str, Any]:
     """A file's document, checked for the format; ValueError says what is wrong."""
-    doc = json.loads(path.read_text())
+    return loads(path.read_bytes(), path.name)
+
+
+def loads(raw: bytes, name: str) -> dict[str, Any]:
+    """A file's document from its bytes (`name` for the error), checked for the format."""
+    doc = json.loads(raw)
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise ValueError(f"{path.name}: not a {FORMAT} file")
+        raise ValueError(f"{name}: not a {FORMAT} file")
     return doc
 
 

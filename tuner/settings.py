@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +14,24 @@ from verify_tuner.study_files import default_study_storage, study_storage_error
 
 APP = "verify-tuner"
 MIN_TOKEN_LEN = 16
+#: Characters a token must keep once common passwords and runs (1234, aaaa, abcd) are taken out.
+MIN_TOKEN_RANDOM = 12
+#: Words that make a token guessable whatever surrounds them (the top of every leaked-password list).
+COMMON_WORDS = (
+    "password",
+    "passwd",
+    "passw0rd",
+    "secret",
+    "changeme",
+    "letmein",
+    "qwerty",
+    "asdf",
+    "admin",
+    "welcome",
+    "default",
+    "iloveyou",
+)
+TOKEN_HOWTO = "python3 -c 'import secrets; print(secrets.token_urlsafe(32))'"
 
 
 def default_database_url() -> str:
@@ -58,8 +77,8 @@ class Settings:
             except (ArgumentError, ValueError) as exc:  # ValueError: a port that is not a number
                 why = f" ({exc})" if isinstance(exc, ValueError) else ""
                 raise BadSetting(
-                    f"{name} is not a database URL: {url!r}{why} (e.g. sqlite:////var/lib/tuner/configs.db "
-                    "or postgresql+psycopg://user@host/db)"
+                    f"{name} is not a database URL: {masked_url(url)!r}{why} (e.g. "
+                    "sqlite:////var/lib/tuner/configs.db or postgresql+psycopg://user@host/db)"
                 ) from None
         if self.study_storage is not None and (why := study_storage_error(self.study_storage)):
             raise BadSetting(f"TUNER_STUDY_STORAGE: {why}")
@@ -83,7 +102,12 @@ class Settings:
         if len(self.write_token) < MIN_TOKEN_LEN:
             raise BadSetting(
                 f"TUNER_WRITE_TOKEN must be at least {MIN_TOKEN_LEN} characters (got "
-                f"{len(self.write_token)}): a short token is guessable"
+                f"{len(self.write_token)}): a short token is guessable; make one with {TOKEN_HOWTO}"
+            )
+        if len(_unguessable_part(self.write_token)) < MIN_TOKEN_RANDOM:
+            raise BadSetting(
+                "TUNER_WRITE_TOKEN is guessable (a common password, or runs such as 1234 or aaaa, make up most "
+                f"of it): make a random one with {TOKEN_HOWTO}"
             )
 
     @property
@@ -140,3 +164,30 @@ class Settings:
         environment alone was checked before, refusing TUNER_HEALTH_PORT=8177 with --port 8190)."""
         if self.health_port is not None and self.health_port == self.port:
             raise BadSetting(f"TUNER_HEALTH_PORT must be 1..65535 and not the main port, got {self.health_port}")
+
+
+def masked_url(url: str) -> str:
+    """A database URL as text an operator may see, its password (between `user:` and the last `@`)
+    starred: for a URL that SQLAlchemy cannot parse, so cannot mask itself (a port that is not a number)."""
+    return re.sub(r"^([^:/]*://[^:/@]*:).*@", r"\1***@", url)  # to the last @: over-masking is safe
+
+
+def _unguessable_part(token: str) -> str:
+    """`token` without common passwords and without runs of 4+ characters that repeat or count up or
+    down (1234, aaaa, dcba): what a guesser's dictionary and rules do not give away."""
+    text = token.lower()
+    for word in COMMON_WORDS:
+        text = text.replace(word, "\0")
+    out, i = [], 0
+    while i < len(text):
+        j = i + 1
+        step = ord(text[j]) - ord(text[i]) if j < len(text) else None
+        while step in (-1, 0, 1) and j < len(text) and ord(text[j]) - ord(text[j - 1]) == step:
+            j += 1
+        run = text[i:j]
+        if len(run) < 4:
+            out.append(text[i])
+            i += 1
+        else:
+            i = j
+    return "".join(out).replace("\0", "")

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from sqlalchemy.orm import Session, sessionmaker
 from verify_tuner import buckets
-from verify_tuner.api.body import read_json
-from verify_tuner.api.deadline import within
+from verify_tuner.api.body import read_capped
+from verify_tuner.api.deadline import CommitGate, write_within
 from verify_tuner.api.deps import DEVICE_PATTERN, Digits, SettingsDep, StrictQuery, WriteAuth, WriteSessions
 from verify_tuner.api.file_watch import FileState
 from verify_tuner.api.schemas import DeleteOut, ImportOut
@@ -26,26 +26,38 @@ IMPORT_DEADLINES = 12
 
 @router.post("/configs/import", response_model=ImportOut)
 async def import_configs(request: Request, sessions: WriteSessions, settings: SettingsDep) -> ImportOut:
-    """Rows as a JSON list of objects. The body is read here, after the token check (a router
-    dependency): FastAPI reads a declared body parameter before any dependency runs."""
-    rows = await read_json(request, limit=settings.max_body_bytes, timeout_s=BODY_TIMEOUT_S)
-    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
-        raise HTTPException(
-            422, {"msg": "import rejected, nothing stored", "errors": ["body must be a JSON list of objects"]}
-        )
+    """Rows as the CLI's import takes them: a JSON list of objects or a `tuner configs dump` file,
+    or CSV with `Content-Type: text/csv` (docs/operations.md). The body is read here, after the
+    token check (a router dependency): FastAPI reads a declared body parameter before any
+    dependency runs. Stored whole within the deadline, or not at all (api/deadline.py)."""
+    body = await read_capped(request, limit=settings.max_body_bytes, timeout_s=BODY_TIMEOUT_S)
+    fmt = "csv" if request.headers.get("content-type", "").partition(";")[0].strip().lower() == "text/csv" else "json"
+    try:
+        loaded = configs_io.loads(body, fmt)
+    except configs_io.ImportRejected as exc:
+        raise HTTPException(422, {"msg": "import rejected, nothing stored", "errors": exc.errors}) from exc
     # an import runs a few statements a row: it gets more than one lookup's deadline
-    return await within(settings.db_timeout_s * IMPORT_DEADLINES, _import, request, sessions, rows)
+    seconds = settings.db_timeout_s * IMPORT_DEADLINES
+    return await write_within(
+        seconds, settings.db_timeout_s, lambda gate: _import(request, sessions, loaded, gate), "the import"
+    )
 
 
-def _import(request: Request, sessions: sessionmaker[Session], rows: list[dict[str, Any]]) -> ImportOut:
+def _import(
+    request: Request, sessions: sessionmaker[Session], loaded: configs_io.Loaded, gate: CommitGate
+) -> ImportOut:
     _check_file(request)
     try:
         with session_scope(sessions) as session:
-            result = configs_io.import_rows(session=session, rows=rows)
+            result = configs_io.import_rows(session=session, rows=loaded.rows, allow_empty=loaded.dump)
+            gate.enter_commit()  # past the request's deadline this raises, and the scope rolls back
         request.app.state.tables.clear()
     except configs_io.ImportRejected as exc:
         raise HTTPException(422, {"msg": "import rejected, nothing stored", "errors": exc.errors}) from exc
-    return ImportOut(imported=result.imported, warnings=result.warnings)
+    warnings = list(result.warnings)
+    if loaded.plans:
+        warnings.append(f"the file's {loaded.plans} graph plan(s) are not imported (`tuner db snapshot` moves them)")
+    return ImportOut(imported=result.imported, warnings=warnings)
 
 
 def _check_file(request: Request) -> None:
@@ -64,14 +76,22 @@ async def delete_configs(
     q_len: Annotated[int | None, Digits, Query(ge=1, le=64)] = None,
     bucket: Annotated[int | None, Digits, Query(ge=0, le=len(buckets.ALL) - 1)] = None,
 ) -> DeleteOut:
-    return await within(settings.db_timeout_s, _delete, request, sessions, device, H=H, q_len=q_len, bucket=bucket)
+    return await write_within(
+        settings.db_timeout_s,
+        settings.db_timeout_s,
+        lambda gate: _delete(request, sessions, gate, device, H=H, q_len=q_len, bucket=bucket),
+        "the delete",
+    )
 
 
-def _delete(request: Request, sessions: sessionmaker[Session], device: str, **key: int | None) -> DeleteOut:
+def _delete(
+    request: Request, sessions: sessionmaker[Session], gate: CommitGate, device: str, **key: int | None
+) -> DeleteOut:
     _check_file(request)
     with session_scope(sessions) as session:
         name = lookup.resolve_device(session=session, name=device, default=None).name  # h200 -> NVIDIA H200
         n = best_configs.delete_best(session=session, device=name, **key)
         plans_deleted = plans.delete_plans(session=session, device=name, **key)  # built from those bests
+        gate.enter_commit()
     request.app.state.tables.clear()
     return DeleteOut(deleted=n, plans_deleted=plans_deleted)

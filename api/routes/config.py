@@ -15,6 +15,7 @@ from fastapi import APIRouter, HTTPException, Query, Request, Response
 from verify_tuner import batches
 from verify_tuner.api.deadline import NoAnswer, within
 from verify_tuner.api.deps import DEVICE_PATTERN, Digits, ReadSessions, SettingsDep, StrictQuery
+from verify_tuner.api.public import tell
 from verify_tuner.api.schemas import ConfigOut, ConfigTableOut
 from verify_tuner.api.table_cache import Table
 from verify_tuner.buckets import MAX_PREFIX
@@ -112,7 +113,7 @@ def _pin(request: Request, name: str) -> None:
 def _stale_header(table: Table) -> dict[str, str]:
     if not table.stale:
         return {}
-    return {"X-Config-Stale": f"database unavailable, serving the last good table: {table.stale}"}
+    return {"X-Config-Stale": f"database unavailable, serving the last good table: {tell(table.stale)}"}
 
 
 @router.get("/configs", response_model=ConfigTableOut)

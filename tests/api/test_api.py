@@ -19,6 +19,12 @@ ROW = {
     "HT": 8,
     "TK": 32,
     "BLOCK": 256,
+    "STAGES": 2,
+    "QT": 0,
+    "WR": 2,
+    "WK": 4,
+    "SF": 0,
+    "PIPE": 1,
     "median_us": 50.0,
     "default_us": 90.0,
 }
@@ -297,7 +303,9 @@ def test_deleting_the_bests_withdraws_the_graph_plan_built_from_them(client, db_
     from verify_tuner.store.session import make_engine, session_factory, session_scope
 
     client.post("/configs/import", json=[ROW], headers=AUTH)
-    cfg = KernelConfig.from_params({"NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256})
+    cfg = KernelConfig.from_params(
+        {"NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256, "STAGES": 2, "QT": 0, "WR": 2, "WK": 4, "SF": 0, "PIPE": 1}
+    )
     per_bucket = [{"bucket": b, "us": 40.0, "best_us": 39.0, "regret": 40 / 39} for b in (13, 14, 15, 16)]
     plan = plans.PlanRow(
         device=H200.name, kernel_hash=kernel_hash(), dtype="bf16", H=8, q_len=9, batch_bucket=0, bucket_lo=13,

@@ -19,7 +19,22 @@ from tests.stall_proxy import stalling_proxy
 
 TOKEN = "database-hang-token-0123"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-ROW = {"device": "NVIDIA H200", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256}
+ROW = {
+    "device": "NVIDIA H200",
+    "H": 8,
+    "q_len": 9,
+    "prefix": 46000,
+    "NSPLIT": 64,
+    "HT": 8,
+    "TK": 32,
+    "BLOCK": 256,
+    "STAGES": 2,
+    "QT": 0,
+    "WR": 2,
+    "WK": 4,
+    "SF": 0,
+    "PIPE": 1,
+}
 Q = {"H": 8, "q_len": 9, "prefix": 46000}
 DEADLINE_S = 0.5
 

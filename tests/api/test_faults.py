@@ -22,7 +22,22 @@ from tests.helpers import free_port, running_server, tuner_cmd
 
 Q = {"H": 8, "q_len": 9, "prefix": 46000}
 TOKEN = "fault-test-token-0123"
-ROW = {"device": "NVIDIA H200", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256}
+ROW = {
+    "device": "NVIDIA H200",
+    "H": 8,
+    "q_len": 9,
+    "prefix": 46000,
+    "NSPLIT": 64,
+    "HT": 8,
+    "TK": 32,
+    "BLOCK": 256,
+    "STAGES": 2,
+    "QT": 0,
+    "WR": 2,
+    "WK": 4,
+    "SF": 0,
+    "PIPE": 1,
+}
 
 
 def _client(path):
@@ -206,7 +221,7 @@ def test_read_only_database_fails_readiness_keeps_serving_and_refuses_writes(tmp
             w = httpx.post(
                 f"{base}/configs/import", json=[{**ROW, "NSPLIT": 16}], headers={"Authorization": f"Bearer {TOKEN}"}
             )
-            assert w.status_code == 503 and "readonly" in w.json()["detail"]
+            assert w.status_code == 503 and "readonly" in w.json()["detail"]  # the token's holder reads the detail
             assert httpx.get(f"{base}/config", params=Q).json()["NSPLIT"] == 64  # nothing half-written
         finally:
             _set_modes(db_dir, 0o644, 0o755)

@@ -16,7 +16,22 @@ from tests.helpers import eventually, free_port, running_server, tuner_cmd
 
 TOKEN = "file-replaced-token-0123"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-ROW = {"device": "NVIDIA H200", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256}
+ROW = {
+    "device": "NVIDIA H200",
+    "H": 8,
+    "q_len": 9,
+    "prefix": 46000,
+    "NSPLIT": 64,
+    "HT": 8,
+    "TK": 32,
+    "BLOCK": 256,
+    "STAGES": 2,
+    "QT": 0,
+    "WR": 2,
+    "WK": 4,
+    "SF": 0,
+    "PIPE": 1,
+}
 Q = {"H": 8, "q_len": 9, "prefix": 46000}
 
 
@@ -100,3 +115,29 @@ def test_a_file_rewritten_in_place_is_served_anew(tmp_path):
         r = eventually(lambda: (x := httpx.get(f"{base}/config", params=Q)).json()["NSPLIT"] == 32 and x, "old config")
         assert r.json()["source"] == "tuned" and "X-Config-Stale" not in r.headers
         assert httpx.get(f"{base}/readyz").status_code == 200
+
+
+def test_a_swapped_file_is_served_anew_after_a_rejected_import(tmp_path):
+    """`cp new.db tmp && mv tmp live.db`, then an authorized import rejected within ~100 ms: the
+    import's own file check reset the pools but not the cached tables, and the background check,
+    seeing no change left and the same data stamp, served the old configs for ever (8 of 10 runs)."""
+    snaps = {64: _snapshot(tmp_path, "a", 64), 32: _snapshot(tmp_path, "b", 32)}
+    live = tmp_path / "live.db"
+    live.write_bytes(snaps[64].read_bytes())
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = {"TUNER_DATABASE_URL": f"sqlite:///{live}", "TUNER_DEVICE": "h200", "TUNER_WRITE_TOKEN": TOKEN}
+    with running_server(env, port=port):
+        served = httpx.get(f"{base}/config", params=Q).json()["NSPLIT"]
+        assert served == 64
+        for nsplit in (32, 64, 32, 64, 32):  # each swap races the background check; one lost race is the bug
+            tmp = tmp_path / "swap.tmp"
+            tmp.write_bytes(snaps[nsplit].read_bytes())
+            os.replace(tmp, live)
+            bad = httpx.post(f"{base}/configs/import", json=[{**ROW, "device": "no-such-gpu"}], headers=AUTH)
+            assert bad.status_code == 422, bad.text
+            eventually(
+                lambda n=nsplit: httpx.get(f"{base}/config", params=Q).json()["NSPLIT"] == n,
+                f"still serving the replaced file's NSPLIT after swapping in {nsplit}",
+                within_s=3.0,
+            )

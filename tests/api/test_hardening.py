@@ -30,6 +30,12 @@ ROW = {
     "HT": 8,
     "TK": 32,
     "BLOCK": 256,
+    "STAGES": 2,
+    "QT": 0,
+    "WR": 2,
+    "WK": 4,
+    "SF": 0,
+    "PIPE": 1,
     "median_us": 50.0,
 }
 Q = {"H": 8, "q_len": 9, "prefix": 46000}

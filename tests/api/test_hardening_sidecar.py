@@ -19,7 +19,22 @@ from tests.helpers import free_port, running_server, tuner_cmd
 TOKEN = "hardening-two-token-0123"
 AUTH = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
 Q_TUNED = {"q_len": 9, "prefix": 46000}
-ROW = {"device": "NVIDIA H200", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256}
+ROW = {
+    "device": "NVIDIA H200",
+    "H": 8,
+    "q_len": 9,
+    "prefix": 46000,
+    "NSPLIT": 64,
+    "HT": 8,
+    "TK": 32,
+    "BLOCK": 256,
+    "STAGES": 2,
+    "QT": 0,
+    "WR": 2,
+    "WK": 4,
+    "SF": 0,
+    "PIPE": 1,
+}
 
 
 def _database(kind: str, tmp_path) -> str:  # type: ignore[no-untyped-def]

@@ -31,7 +31,22 @@ def _import(env: dict[str, str], path, rows: list[dict]) -> None:  # type: ignor
 
 
 def _row(nsplit: int, prefix: int = 46000) -> dict:
-    return {"device": "h200", "H": 8, "q_len": 9, "prefix": prefix, "NSPLIT": nsplit, "HT": 8, "TK": 32, "BLOCK": 256}
+    return {
+        "device": "h200",
+        "H": 8,
+        "q_len": 9,
+        "prefix": prefix,
+        "NSPLIT": nsplit,
+        "HT": 8,
+        "TK": 32,
+        "BLOCK": 256,
+        "STAGES": 2,
+        "QT": 0,
+        "WR": 2,
+        "WK": 4,
+        "SF": 0,
+        "PIPE": 1,
+    }
 
 
 @pytest.fixture(scope="module")

@@ -41,6 +41,8 @@ def _serve(tmp_path, env: dict[str, str], *args: str) -> subprocess.CompletedPro
         ({"TUNER_HEALTH_PORT": "81x"}, (), "TUNER_HEALTH_PORT must be an integer port number"),
         ({"TUNER_PORT": "8177", "TUNER_WRITE_TOKEN": "a-long-enough-token-01\n"}, (), "trailing newline"),
         ({"TUNER_PORT": "8177", "TUNER_WRITE_TOKEN": "a-long-enough-tökén-01"}, (), "printable ASCII"),
+        ({"TUNER_PORT": "8177", "TUNER_WRITE_TOKEN": "password12345678"}, (), "guessable"),  # it started
+        ({"TUNER_PORT": "8177", "TUNER_WRITE_TOKEN": "aaaaaaaaaaaa1234abcd"}, (), "guessable"),
         ({"TUNER_DEVICE": "h2OO"}, (), "TUNER_DEVICE/--device 'h2OO' is neither a known GPU"),
         ({"TUNER_DEVICE": "h200"}, ("--device", "h2OO"), "TUNER_DEVICE/--device 'h2OO' is neither a known GPU"),
     ],
@@ -49,6 +51,17 @@ def test_serve_refuses_a_bad_port_token_or_device_in_one_line(tmp_path, env, arg
     out = _serve(tmp_path, env, *args)
     assert out.returncode != 0 and says in out.stderr, out.stderr
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_a_malformed_url_never_shows_its_password(tmp_path):
+    """A port that is not a number printed the whole URL, password included (others were masked)."""
+    url = "postgresql+psycopg://tuner:hunter2-secret@db.internal:54x32/configs"
+    for how in ({"TUNER_DATABASE_URL": url}, None):
+        env = {**os.environ, **(how or {})}
+        args = ("serve",) if how else ("--database-url", url, "serve")
+        out = subprocess.run(tuner_cmd(*args), env=env, capture_output=True, text=True, timeout=20, check=False)
+        assert out.returncode != 0 and "not a database URL" in out.stderr, out.stderr
+        assert "hunter2" not in out.stderr and "tuner:***@db.internal" in out.stderr, out.stderr
 
 
 def _answers_without_a_device(env: dict[str, str], device: str) -> None:
@@ -86,7 +99,22 @@ def test_the_only_recorded_device_stays_the_default_when_a_second_is_imported_wh
     every such request into a 422, and /readyz stayed ready."""
     url = f"sqlite:///{tmp_path / 'c.db'}"
     env = {"TUNER_DATABASE_URL": url}
-    row = {"device": "h200", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 66, "HT": 8, "TK": 32, "BLOCK": 256}
+    row = {
+        "device": "h200",
+        "H": 8,
+        "q_len": 9,
+        "prefix": 46000,
+        "NSPLIT": 66,
+        "HT": 8,
+        "TK": 32,
+        "BLOCK": 256,
+        "STAGES": 2,
+        "QT": 0,
+        "WR": 2,
+        "WK": 4,
+        "SF": 0,
+        "PIPE": 1,
+    }
     other = {**row, "device": "a100", "NSPLIT": 54, "TK": 16, "STAGES": 3, "WK": 4}
     for name, r in (("h200.json", row), ("a100.json", other)):
         (tmp_path / name).write_text(json.dumps([{**r, "median_us": 40.0, "default_us": 42.0}]))
@@ -124,7 +152,22 @@ def test_a_sidecar_started_on_an_empty_database_keeps_the_first_device_it_answer
     device-less requests were 422s until a device was recorded, then answered for it, then 422s
     again once a second device was imported."""
     url = f"sqlite:///{tmp_path / 'c.db'}"
-    row = {"device": "h200", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 66, "HT": 8, "TK": 32, "BLOCK": 256}
+    row = {
+        "device": "h200",
+        "H": 8,
+        "q_len": 9,
+        "prefix": 46000,
+        "NSPLIT": 66,
+        "HT": 8,
+        "TK": 32,
+        "BLOCK": 256,
+        "STAGES": 2,
+        "QT": 0,
+        "WR": 2,
+        "WK": 4,
+        "SF": 0,
+        "PIPE": 1,
+    }
     other = {**row, "device": "a100", "NSPLIT": 54, "TK": 16, "STAGES": 3, "WK": 4}
     for name, r in (("h200.json", row), ("a100.json", other)):
         (tmp_path / name).write_text(json.dumps([{**r, "median_us": 40.0, "default_us": 42.0}]))

@@ -44,6 +44,12 @@ def test_upgrade_serve_import_and_lookup(tmp_path):
                 "HT": 8,
                 "TK": 32,
                 "BLOCK": 256,
+                "STAGES": 2,
+                "QT": 0,
+                "WR": 2,
+                "WK": 4,
+                "SF": 0,
+                "PIPE": 1,
                 "median_us": 40.0,
             }
         ]

@@ -60,17 +60,19 @@ def test_a_missing_bundle_says_so(tmp_path):
         Bundle.open(tmp_path / "nowhere")
 
 
-def test_the_bundle_folders_are_0755_under_a_private_umask(tmp_path, monkeypatch):
-    """`configs dump --cubins` run under umask 077: an engine running as another user still reads it."""
+@pytest.mark.parametrize(("umask", "dirs", "files"), [(0o077, 0o700, 0o600), (0o022, 0o755, 0o644)])
+def test_the_bundle_follows_the_umask(tmp_path, monkeypatch, umask, dirs, files):
+    """`configs dump --cubins` writes what the operator's umask allows, as any command they run does:
+    under 077 it was 0644 all the same."""
     monkeypatch.setattr(bundle_mod, "compile_cubin", lambda cfg, q_len, arch, cache: SimpleNamespace(cubin=b"\x7fELF"))
     root = tmp_path / "engine" / "cubins"
-    old = os.umask(0o077)
+    old = os.umask(umask)
     try:
         write_bundle(root, [(CFG, 9, "sm_90")], cache_dir=tmp_path / "cache")
     finally:
         os.umask(old)
-    assert [stat.S_IMODE(p.stat().st_mode) for p in (root.parent, root)] == [0o755, 0o755]
-    assert {stat.S_IMODE(p.stat().st_mode) for p in root.iterdir()} == {0o644}
+    assert [stat.S_IMODE(p.stat().st_mode) for p in (root.parent, root)] == [dirs, dirs]
+    assert {stat.S_IMODE(p.stat().st_mode) for p in root.iterdir()} == {files}
     assert Bundle.open(root).cubin(CFG, 9, "sm_90") == b"\x7fELF"
 
 

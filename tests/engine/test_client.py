@@ -22,7 +22,24 @@ def _sidecar_env_with_one_tuned_row(tmp_path, url: str) -> dict[str, str]:  # ty
     env = {"TUNER_DATABASE_URL": url, "TUNER_DEVICE": "h200"}
     full = {**os.environ, **env}
     subprocess.run([sys.executable, "-m", "tuner", "db", "upgrade"], env=full, check=True, capture_output=True)
-    rows = [{"device": "h200", "H": 8, "q_len": 9, "prefix": 46000, "NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256}]
+    rows = [
+        {
+            "device": "h200",
+            "H": 8,
+            "q_len": 9,
+            "prefix": 46000,
+            "NSPLIT": 64,
+            "HT": 8,
+            "TK": 32,
+            "BLOCK": 256,
+            "STAGES": 2,
+            "QT": 0,
+            "WR": 2,
+            "WK": 4,
+            "SF": 0,
+            "PIPE": 1,
+        }
+    ]
     (tmp_path / "r.json").write_text(json.dumps(rows))
     subprocess.run(
         [sys.executable, "-m", "tuner", "configs", "import", str(tmp_path / "r.json")],

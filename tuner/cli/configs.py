@@ -95,27 +95,21 @@ def _us(v: float | None) -> str:
 def configs_show(
     settings: Settings, H: int, q_len: int, prefix: int, batch: int, device: str | None, as_json: bool
 ) -> None:
-    """The config the service would answer for this key (tuned, nearest or heuristic); JSON
-    either way (--json is accepted for symmetry with the other commands)."""
-    from verify_tuner.store import lookup
+    """The config the service would answer for this key (tuned, nearest or heuristic), as the JSON
+    GET /config answers (--json is accepted for symmetry with the other commands)."""
+    from verify_tuner.api.schemas import ConfigEntryOut, ConfigOut, GraphPlanOut
+    from verify_tuner.store import lookup, plans
     from verify_tuner.store.session import session_scope
 
     with session_scope(checked_sessions(settings)) as s:
         limits = lookup.resolve_device(session=s, name=device, default=settings.device)
         a = lookup.answer(session=s, limits=limits, H=H, q_len=q_len, prefix=prefix, batch=batch)
-    click.echo(
-        json.dumps(
-            {
-                **a.config.as_params(),
-                "source": a.source,
-                "bucket": [a.bucket.lo, a.bucket.hi],
-                "batch_bucket": [a.batch_bucket.lo, a.batch_bucket.hi],
-                "device": a.device,
-                "expected_us": a.expected_us,
-            },
-            indent=2,
-        )
-    )
+        plan = lookup.graph_plans(
+            session=s, limits=limits, H=H, q_len=q_len, dtype="bf16", kernel_hash=a.kernel_hash
+        ).get(a.batch_bucket.index)
+    graph_plan = None if plan is None else GraphPlanOut.model_validate(plans.plan_doc(plan))
+    out = ConfigOut(**dict(ConfigEntryOut.of(a)), graph_plan=graph_plan)
+    click.echo(json.dumps(out.model_dump(mode="json"), indent=2))
 
 
 @configs.command("export")
@@ -132,7 +126,7 @@ def configs_show(
 @clean_exit
 def configs_export(settings: Settings, fmt: str, output: Path | None, device: str | None) -> None:
     """Write every stored best config as JSON or CSV."""
-    from verify_tuner.files import write_shared
+    from verify_tuner.files import UMASK, write_shared
     from verify_tuner.store import configs_io, lookup, plans
     from verify_tuner.store.session import session_scope
 
@@ -144,7 +138,7 @@ def configs_export(settings: Settings, fmt: str, output: Path | None, device: st
     if output is None or str(output) == "-":  # `-o -`: stdout, as other tools spell it
         sys.stdout.write(text)
     else:
-        write_shared(output, text)
+        write_shared(output, text, mode=UMASK)  # the operator's umask, as for any file they make
         click.echo(f"wrote {output}")
     if n_plans:  # rows of best configs only: say what stays behind rather than let an import look whole
         click.echo(f"note: {n_plans} graph plan(s) are not in the export; `tuner db snapshot` carries them", err=True)
@@ -163,6 +157,9 @@ def _write_cubins(settings: Settings, out_dir: Path, paths: list[Path]) -> Path:
         if limits is None:
             raise click.ClickException(f"{doc['device_name']}: no known arch to compile its cubins for")
         items += [(cfg, doc["q_len"], limits.arch) for cfg in engine_files.distinct_configs(doc)]
+    n, arches = len(set(items)), ", ".join(sorted({arch for _, _, arch in items}))
+    # nvcc takes seconds a config, cached ones none: say what the silence is
+    click.echo(f"compiling {n} cubin(s) for {arches} with nvcc (cached ones are reused) ...", err=True)
     return write_bundle(out_dir / "cubins", items, cache_dir=settings.cache_dir)
 
 
@@ -193,7 +190,8 @@ def configs_dump(settings: Settings, out_dir: Path, device: str | None, shapes: 
     """Write engine-style files, one per (H, q_len, device, dtype), named like vLLM's tuned
     configs (H=8,q_len=9,device_name=NVIDIA_H200,dtype=bf16.json): the whole answer table for
     the kernel this version launches, for workers that read configs from a folder."""
-    from verify_tuner.store import engine_dump
+    from verify_tuner.files import private_umask
+    from verify_tuner.store import engine_dump, lookup
     from verify_tuner.store.session import session_scope
 
     parsed = []
@@ -209,10 +207,21 @@ def configs_dump(settings: Settings, out_dir: Path, device: str | None, shapes: 
         parsed.append((H, q))
     with session_scope(checked_sessions(settings)) as s:
         paths = engine_dump.dump(session=s, out_dir=out_dir, device=device, shapes=parsed)
+        name = lookup.device_name(session=s, name=device)
     if not paths:
         click.echo("nothing tuned for this kernel: no files written (give --shape H:Q for heuristic tables)")
     for p in paths:
         click.echo(f"wrote {p}")
+    old = engine_dump.left_over(out_dir=out_dir, written=paths, device=name)
+    if old:  # removing an operator's files is theirs to decide; a worker would load them all the same
+        click.echo(
+            f"warning: {len(old)} config file(s) in {out_dir} are not from this dump, and workers reading the "
+            "folder still load them (remove them if their shapes are no longer wanted): "
+            + ", ".join(p.name for p in old),
+            err=True,
+        )
+    if paths and private_umask():
+        click.echo("note: the umask keeps other users from reading these files (umask 022 shares them)", err=True)
     if cubins and paths:
         manifest = _write_cubins(settings, out_dir, paths)
         click.echo(f"wrote {manifest}")
@@ -230,10 +239,16 @@ def configs_import(settings: Settings, path: Path, fmt: str | None) -> None:
     from verify_tuner.store import configs_io
     from verify_tuner.store.session import session_scope
 
-    fmt = fmt or ("csv" if path.suffix.lower() == ".csv" else "json")
+    guessed, fmt = fmt is None, fmt or ("csv" if path.suffix.lower() == ".csv" else "json")
     if not path.is_file():  # a device or a pipe (/dev/zero) would be read until memory runs out
         raise click.BadParameter(f"{path} is not a regular file", param_hint="PATH")
-    loaded = configs_io.loads(path.read_bytes(), fmt)
+    try:
+        loaded = configs_io.loads(path.read_bytes(), fmt)
+    except configs_io.ImportRejected as exc:
+        if guessed and fmt == "json" and path.suffix.lower() != ".json" and exc.errors[0].startswith("not valid JSON"):
+            why = f"{exc.errors[0]} (read as JSON, as {path.name} does not end in .csv: give --format csv for CSV)"
+            raise configs_io.ImportRejected([why], whole_file=True) from None
+        raise
     with session_scope(checked_sessions(settings)) as s:
         result = configs_io.import_rows(session=s, rows=loaded.rows, allow_empty=loaded.dump)
     for w in result.warnings:

@@ -25,14 +25,15 @@ def database_url_option(_ctx: click.Context, _param: click.Parameter, value: str
 def url_problem(url: str) -> str | None:
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
+    from verify_tuner.settings import masked_url
     from verify_tuner.store.session import url_error
 
     try:
         parsed = make_url(url)
     except ValueError as exc:  # a port that is not a number, an unclosed [IPv6 bracket
-        return f"not a database URL: {url!r} ({exc})"
+        return f"not a database URL: {masked_url(url)!r} ({exc})"
     except ArgumentError:
-        return f"not a database URL: {url!r} (e.g. sqlite:////var/lib/tuner/configs.db or postgresql+psycopg://user@host/db)"
+        return f"not a database URL: {masked_url(url)!r} (e.g. sqlite:////var/lib/tuner/configs.db or postgresql+psycopg://user@host/db)"
     if parsed.get_backend_name() == "sqlite":
         # each command is its own process: an in-memory database is gone when it exits, and a URI
         # filename (file:...?uri=true) is read as a path relative to the working folder

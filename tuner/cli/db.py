@@ -82,7 +82,8 @@ def db_snapshot(settings: Settings, dest: Path) -> None:
 @click.pass_obj
 @clean_exit
 def db_current(settings: Settings) -> None:
-    """Print the schema revision of the database and the one this version needs."""
+    """Print the schema revision of the database and the one this version needs; exit 1 unless they
+    are the same (a script's check that the database is ready for this version)."""
     from verify_tuner.store import migrate
     from verify_tuner.store.session import make_engine, safe_url
 
@@ -94,6 +95,9 @@ def db_current(settings: Settings) -> None:
         # "none" reads as a database `db upgrade` will create the schema in: say when it is not one
         if current is None and (why := migrate.unversioned(engine, safe_url(settings.database_url))):
             raise click.ClickException(why)
+        if current != migrate.head_revision():
+            migrate.check_known(current, safe_url(settings.database_url))  # newer than this version: says so
+            raise click.ClickException(f"the database is not at this version's schema: {migrate.UPGRADE_HINT}")
     finally:
         engine.dispose()
 

@@ -130,6 +130,7 @@ def _graph_plan(
     path = kw["prefix_weights"]
     weights = prefix_weights.load(path, in_range) if path else prefix_weights.equal(in_range)
     sessions = checked_sessions(settings)
+    _require_winners(sessions, H, q_len, prefix_range, {b.index for b in in_range}, batch_sizes)
     _log_to_stderr()
     backend = open_backend(settings, kw["ordinal"], kw["measure_timeout"])
     try:
@@ -153,6 +154,30 @@ def _graph_plan(
     finally:
         backend.close()
     _print_plans(results, weights, kw["as_json"])
+
+
+def _require_winners(
+    sessions: Any, H: int, q_len: int, prefix_range: str, in_range: set[int], batch_sizes: list[int]
+) -> None:
+    """Say that nothing is tuned to plan from before opening the GPU: a machine without PyCUDA was told
+    to install it first, to learn then that there was nothing to measure. Any device's winners count
+    here (the GPU names the device); plan_job checks this GPU's per batch size."""
+    from verify_tuner import batches
+    from verify_tuner.kernels import kernel_hash
+    from verify_tuner.store import best_configs
+    from verify_tuner.store.session import session_scope
+
+    wanted = {batches.bucket_of(b).index for b in batch_sizes}
+    with session_scope(sessions) as s:
+        rows = best_configs.list_best(session=s, H=H, q_len=q_len)
+    if not any(
+        r.key.kernel_hash == kernel_hash() and r.key.bucket in in_range and r.key.batch_bucket in wanted for r in rows
+    ):
+        sizes = ", ".join(map(str, batch_sizes))
+        raise click.ClickException(
+            f"no tuned configs for H={H} q_len={q_len} batch {sizes} in prefixes {prefix_range} on any device: "
+            f"tune them first (tuner study start --H {H} --q-len {q_len} --prefix-range {prefix_range} --batch ...)"
+        )
 
 
 def _print_plans(results: list[Any], weights: Any, as_json: bool) -> None:

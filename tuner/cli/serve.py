@@ -68,7 +68,24 @@ def serve(
         except OSError as exc:
             sock.close()
             raise click.ClickException(health_port_error(settings, exc)) from None
+    _log_to_stderr()
     server.run(app, settings, sock)  # uvicorn, with the request limits of api/server.py
+
+
+def _log_to_stderr() -> None:
+    """The sidecar's own lines (where it listens, readiness turning, the database going and coming
+    back) on stderr in uvicorn's format: uvicorn configures its own loggers only, and without a
+    handler Python dropped every INFO line of ours."""
+    import logging
+
+    from uvicorn.logging import DefaultFormatter
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(DefaultFormatter("%(levelprefix)s %(message)s", use_colors=None))
+    logger = logging.getLogger("verify_tuner")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
 
 
 def _check_writable(url: str) -> None:
@@ -122,6 +139,18 @@ def _pin_only_device(engine: Engine, settings: Settings) -> Settings:
     with session_scope(session_factory(engine)) as s:
         recorded = devices.list_devices(session=s)
     if len(recorded) != 1:
+        # the README's curl names no device: without this line a fresh sidecar reported ready and
+        # answered every such request 422, unexplained
+        later = (
+            "until the first device is recorded (a tuner's or an import's), which then stays the default"
+            if not recorded
+            else f"({len(recorded)} are recorded: {', '.join(d.name for d in recorded)})"
+        )
+        click.echo(
+            f"warning: no default device: requests that name none get a 422 {later}; start with --device "
+            "(TUNER_DEVICE) naming the workers' GPU, e.g. `tuner serve --device h200`",
+            err=True,
+        )
         return settings
     click.echo(f"default device: {recorded[0].name}, the only one recorded (TUNER_DEVICE/--device chooses)", err=True)
     return settings.with_overrides(device=recorded[0].name)

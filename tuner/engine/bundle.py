@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from verify_tuner.files import make_shared_dirs, write_shared
+from verify_tuner.files import UMASK, make_shared_dirs, write_shared
 from verify_tuner.kernels.build import KERNEL_NAME, KERNEL_VERSION, compile_cubin, kernel_hash
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.errors import InvalidConfig, TunerError
@@ -31,13 +31,13 @@ def _entry_key(arch: str, q_len: int, cfg: KernelConfig) -> str:
 
 def write_bundle(out_dir: Path, items: list[tuple[KernelConfig, int, str]], *, cache_dir: Path) -> Path:
     """Compile (or take from the cache) each (config, q_len, arch) and write the bundle."""
-    make_shared_dirs(out_dir)  # an engine running as another user reads the bundle
+    make_shared_dirs(out_dir, mode=UMASK)  # part of `configs dump`: the operator's umask, as for any file they make
     entries = []
     for cfg, q_len, arch in sorted(set(items), key=lambda x: _entry_key(x[2], x[1], x[0])):
         cubin = compile_cubin(cfg, q_len, arch, cache_dir).cubin
         digest = hashlib.sha256(cubin).hexdigest()
         name = f"{KERNEL_NAME}_{arch}_q{q_len}_{digest[:16]}.cubin"
-        write_shared(out_dir / name, cubin)
+        write_shared(out_dir / name, cubin, mode=UMASK)
         entries.append({"arch": arch, "q_len": q_len, "config": cfg.as_params(), "file": name, "sha256": digest})
     manifest = {
         "kernel": KERNEL_NAME,
@@ -45,7 +45,7 @@ def write_bundle(out_dir: Path, items: list[tuple[KernelConfig, int, str]], *, c
         "kernel_hash": kernel_hash(),
         "entries": entries,
     }
-    write_shared(out_dir / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+    write_shared(out_dir / MANIFEST, json.dumps(manifest, indent=1) + "\n", mode=UMASK)
     return out_dir / MANIFEST
 
 

@@ -30,6 +30,7 @@ import http.client
 import json
 import operator
 import os
+import urllib.parse
 from pathlib import Path
 
 from platformdirs import user_cache_dir
@@ -78,8 +79,7 @@ class ConfigClient:
             raise ValueError(f"H must be a positive number of heads, got {H!r}")
         if not 1 <= q_len <= MAX_Q_LEN:
             raise ValueError(f"q_len must be in 1..{MAX_Q_LEN}, got {q_len!r}")
-        url = base_url if base_url is not None else os.environ.get(URL_ENV)
-        self.base_url = url.rstrip("/") if url else None
+        self.base_url = _sidecar_url(base_url)
         folder = config_dir if config_dir is not None else os.environ.get(DIR_ENV)
         self.config_dir = Path(folder) if folder else None
         self.H, self.q_len, self.device, self.dtype = H, q_len, device, dtype
@@ -110,6 +110,7 @@ class ConfigClient:
         #: per batch bucket index: the tuner's graph plan, where one was chosen
         self._plans: dict[int, GraphPlanChoice] = {}
         self.etag: str | None = None  # of the sidecar's table held, for refresh()
+        self._file_read: bytes | None = None  # the config dir's file as last loaded, for refresh()
         self.refresh_error: str | None = None
         self.source = "none"  # sidecar | config_dir | snapshot | heuristic | none (nothing usable: see reason)
         self.reason = "fetch() not called yet"
@@ -129,8 +130,7 @@ class ConfigClient:
             passed.append(f"no sidecar ({URL_ENV} not set)")
         if self.config_dir:
             try:
-                path = self._config_file()
-                self._load_engine(engine_files.read(path))
+                path = self._load_dir()
             except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
                 passed.append(f"config dir {self.config_dir}: {type(exc).__name__}: {exc}")
             else:
@@ -168,8 +168,7 @@ class ConfigClient:
         ETag): "updated", "unchanged", or "failed" with `refresh_error` saying why; the table held is
         kept unless a usable new one came. Never raises; safe while other threads call lookup()."""
         if not self.base_url:
-            self.refresh_error = f"no sidecar ({URL_ENV} not set)"
-            return "failed"
+            return self._refresh_dir()
         try:
             changed = self._ask_sidecar(etag=self.etag if self.source == "sidecar" else None)
         except sidecar.PassedOver as exc:
@@ -177,6 +176,32 @@ class ConfigClient:
             return "failed"
         self.refresh_error = None
         return "updated" if changed else "unchanged"
+
+    def _load_dir(self) -> Path:
+        """Load this device's file from the config dir (exceptions as engine_files.read raises them)."""
+        path = self._config_file()
+        raw = path.read_bytes()
+        self._load_engine(engine_files.loads(raw, path.name))
+        self._file_read = raw
+        return path
+
+    def _refresh_dir(self) -> str:
+        """refresh() without a sidecar: the config dir's file read again, "updated" when it changed (a
+        re-dump) and loads; it was "failed" whatever the folder held."""
+        if self.config_dir is None:
+            self.refresh_error = f"nothing to refresh from: no sidecar ({URL_ENV}) and no config dir ({DIR_ENV})"
+            return "failed"
+        before = self._file_read
+        try:
+            path = self._load_dir() if self._config_file().read_bytes() != before else None
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
+            self.refresh_error = f"config dir {self.config_dir}: {type(exc).__name__}: {exc}"
+            return "failed"
+        self.refresh_error = None
+        if path is None:
+            return "unchanged"
+        self.source, self.reason = "config_dir", f"{path}: {self._count()}"
+        return "updated"
 
     def _ask_sidecar(self, *, etag: str | None) -> bool:
         """Load the sidecar's table (False: unchanged since `etag`, a 304); sidecar.PassedOver says
@@ -362,6 +387,16 @@ class ConfigClient:
         """Every config the table or a graph plan can answer: what a worker pre-compiles / graph-captures."""
         plans = {p.config for p in self._plans.values()}
         return sorted({e.config for _, es in self._table.values() for e in es} | plans)
+
+
+def _sidecar_url(base_url: str | None) -> str | None:
+    """The sidecar's URL (`base_url`, else VERIFY_TUNER_URL); ValueError for one without http(s)://,
+    which urllib refused and the client passed over for a snapshot, unsaid."""
+    url = base_url if base_url is not None else os.environ.get(URL_ENV)
+    if url and urllib.parse.urlsplit(url).scheme not in ("http", "https"):
+        named = "base_url" if base_url is not None else URL_ENV
+        raise ValueError(f"{named} {url!r} is not an http:// or https:// URL (e.g. http://127.0.0.1:8177)")
+    return url.rstrip("/") if url else None
 
 
 def _integer(v: object, name: str) -> int:

@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 from verify_tuner import buckets
 from verify_tuner.kernels.build import KERNEL_NAME, KERNEL_VERSION
-from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.config import CORE_PARAMS, KernelConfig
 from verify_tuner.keys import ConfigKey
 from verify_tuner.store.data_version import bump_version
 from verify_tuner.store.devices import get_device, key_ids
 from verify_tuner.store.models import BestConfig, Device, Kernel, utcnow
-from verify_tuner.store.writes import key_columns, upsert
+from verify_tuner.store.writes import key_columns, upsert, upsert_many
 
 
 @dataclass(frozen=True)
@@ -148,34 +149,51 @@ def upsert_best(
         kernel_name=kernel_name,
         kernel_version=kernel_version,
     )
-    p = config.as_params()
-    extra = config.extra_params()
-    speedup = default_us / median_us if default_us and median_us else None
-    values = {
+    row = BestRow(
+        key, config, median_us, p10_us, p90_us, default_us, None, study_id, tuned_at, verdict, verified_at, neighbour_mb
+    )
+    bump_version(session)
+    upsert(session, BestConfig, key_cols=key_columns(device_id, kernel_id, key), values=_values(row))
+
+
+def upsert_bests(*, session: Session, rows: list[BestRow]) -> None:
+    """`upsert_best` of many rows (an import) in one statement, with one data_version bump and one
+    lookup of each (device, kernel); each row's speedup is derived from its times, as there. The
+    caller gives distinct keys, of recorded devices."""
+    if not rows:
+        return
+    bump_version(session)
+    ids: dict[tuple[str, str], tuple[int, int]] = {}
+    params = []
+    for r in rows:
+        where = (r.key.device, r.key.kernel_hash)
+        if where not in ids:
+            ids[where] = key_ids(session=session, device=where[0], kernel_hash=where[1])
+        params.append({**key_columns(*ids[where], r.key), **_values(r)})
+    upsert_many(session, BestConfig, key_names=list(key_columns(0, 0, rows[0].key)), rows=params)
+
+
+def _values(row: BestRow) -> dict[str, Any]:
+    """A best config's stored columns but its key's; `row.speedup` is ignored (derived here)."""
+    p = row.config.as_params()
+    return {
         "nsplit": p["NSPLIT"],
         "ht": p["HT"],
         "tk": p["TK"],
         "block": p["BLOCK"],
-        "extra": extra,
-        "median_us": median_us,
-        "p10_us": p10_us,
-        "p90_us": p90_us,
-        "default_us": default_us,
-        "speedup": speedup,
-        "study_id": study_id,
-        "tuned_at": tuned_at or utcnow(),
+        "extra": {k: v for k, v in p.items() if k not in CORE_PARAMS},  # config.extra_params(), without a 2nd asdict
+        "median_us": row.median_us,
+        "p10_us": row.p10_us,
+        "p90_us": row.p90_us,
+        "default_us": row.default_us,
+        "speedup": row.default_us / row.median_us if row.default_us and row.median_us else None,
+        "study_id": row.study_id,
+        "tuned_at": row.tuned_at or utcnow(),
         # storing the row again (a re-tune, an import) replaces what a verification said of the old one
-        "verdict": verdict,
-        "verified_at": verified_at,
-        "neighbour_mb": neighbour_mb,
+        "verdict": row.verdict,
+        "verified_at": row.verified_at,
+        "neighbour_mb": row.neighbour_mb,
     }
-    bump_version(session)
-    upsert(
-        session,
-        BestConfig,
-        key_cols=key_columns(device_id, kernel_id, key),
-        values=values,
-    )
 
 
 def delete_best(

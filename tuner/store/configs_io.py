@@ -144,14 +144,35 @@ def loads(data: str | bytes, fmt: str) -> Loaded:
         if not isinstance(doc, list) or not all(isinstance(r, dict) for r in doc):
             raise ImportRejected(["JSON must be a list of objects (or a `tuner configs dump` file)"], whole_file=True)
         return Loaded(doc, dump=False)
+    return Loaded(_csv_rows(text), dump=False)
+
+
+def _csv_rows(text: str) -> list[dict[str, Any]]:
+    """A CSV file's typed rows. A file cut short is refused, not imported as what is left: a record
+    with fewer cells than the header (DictReader fills the rest with None, read as absent: PIPE=1 was
+    stored for a tuned 3), or a last record without its line break (cut inside its last cell)."""
     reader = csv.DictReader(io.StringIO(text))
     try:
         repeated = sorted({c for c in reader.fieldnames or () if (reader.fieldnames or []).count(c) > 1})
         if repeated:  # DictReader keeps the last of a repeated column's cells
             raise ImportRejected([f"CSV header repeats column(s) {', '.join(map(repr, repeated))}"], whole_file=True)
-        return Loaded([rows_schema.from_csv_cells(r) for r in reader], dump=False)
+        records = list(reader)
     except csv.Error as exc:  # a field past csv's limit, a NUL byte: what the reader cannot take
         raise ImportRejected([f"not CSV the reader takes ({exc})"], whole_file=True) from None
+    width = len(reader.fieldnames or ())
+    short = [
+        f"row {i}: {sum(v is None for v in r.values())} cell(s) fewer than the header's {width} columns "
+        "(a file cut short?)"
+        for i, r in enumerate(records, start=1)
+        if any(v is None for v in r.values())
+    ]
+    if short:
+        raise ImportRejected(short)
+    if records and not text.endswith(("\n", "\r")):
+        why = "the last line has no line break, as a file cut short ends (CSV writers end every line): "
+        why += "add it if the file is whole"
+        raise ImportRejected([why], whole_file=True)
+    return [rows_schema.from_csv_cells(r) for r in records]
 
 
 def _utf8(data: bytes) -> str:
@@ -183,9 +204,11 @@ class ImportResult:
     warnings: list[str]
 
 
-def _parse(session: Session, raw: dict[str, Any]) -> _Parsed:
+def _parse(session: Session, raw: dict[str, Any], devices_seen: dict[str, Any]) -> _Parsed:
     row = rows_schema.parse_row(raw)
-    limits = resolve_device(session=session, name=row.device, default=None)  # never "the only recorded one"
+    if row.device not in devices_seen:  # one lookup a device, not a row: imports run thousands of rows
+        devices_seen[row.device] = resolve_device(session=session, name=row.device, default=None)
+    limits = devices_seen[row.device]  # never "the only recorded one"
     cfg = KernelConfig.from_params(row.constants())
     reason = check(cfg, limits, H=row.H, q_len=row.q_len)
     if reason:
@@ -206,10 +229,10 @@ def _parse(session: Session, raw: dict[str, Any]) -> _Parsed:
 def import_rows(*, session: Session, rows: list[dict[str, Any]], allow_empty: bool = False) -> ImportResult:
     """Validate all rows, then upsert them in the caller's transaction. Raises ImportRejected with
     one line per bad row (row number and field); the same key twice in one file is rejected."""
-    parsed, errors, seen = [], [], {}
+    parsed, errors, seen, devices_seen = [], [], {}, {}
     for i, row in enumerate(rows, start=1):
         try:
-            p = _parse(session, row)
+            p = _parse(session, row, devices_seen)
         except (ValueError, TunerError, BadParameter) as exc:
             errors.append(f"row {i}: {exc}")
             continue
@@ -231,17 +254,32 @@ def import_rows(*, session: Session, rows: list[dict[str, Any]], allow_empty: bo
         for p in parsed
         if p.key.kernel_hash != current
     ]
-    for p in parsed:
-        if devices.get_device(session=session, name=p.limits.name) is None:
-            devices.upsert_device(session=session, limits=p.limits)
-        best_configs.upsert_best(
-            session=session,
-            key=p.key,
-            config=p.config,
-            tuned_at=p.tuned_at,
-            verdict=p.verdict,
-            verified_at=p.verified_at,
-            neighbour_mb=p.neighbour_mb,
-            **p.timing,
-        )
+    _store(session, parsed)
     return ImportResult(len(parsed), warnings)
+
+
+def _store(session: Session, parsed: list[_Parsed]) -> None:
+    """The checked rows, their devices recorded first, in one statement (best_configs.upsert_bests)."""
+    for limits in {p.limits.name: p.limits for p in parsed}.values():
+        if devices.get_device(session=session, name=limits.name) is None:
+            devices.upsert_device(session=session, limits=limits)
+    best_configs.upsert_bests(
+        session=session,
+        rows=[
+            best_configs.BestRow(
+                p.key,
+                p.config,
+                p.timing["median_us"],
+                p.timing["p10_us"],
+                p.timing["p90_us"],
+                p.timing["default_us"],
+                None,
+                None,
+                p.tuned_at,
+                p.verdict,
+                p.verified_at,
+                p.neighbour_mb,
+            )
+            for p in parsed
+        ],
+    )

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from verify_tuner import batches
-from verify_tuner.engine_files import FORMAT, file_name, write_atomic
+from verify_tuner.engine_files import FORMAT, device_slug, file_name, is_file_name, write_atomic
+from verify_tuner.files import UMASK
 from verify_tuner.kernels import KERNEL_NAME, KERNEL_VERSION
 from verify_tuner.kernels import kernel_hash as current_kernel_hash
 from verify_tuner.kernels.limits import DeviceLimits
@@ -34,9 +35,21 @@ def dump(
         limits = lookup.resolve_device(session=session, name=name, default=None)
         doc = _file_doc(session=session, limits=limits, rows=rows, H=H, q_len=q_len, dtype=dtype, khash=khash)
         path = out_dir / file_name(H=H, q_len=q_len, device=limits.name, dtype=dtype)
-        write_atomic(path, doc)
+        write_atomic(path, doc, mode=UMASK, dir_mode=UMASK)  # the operator's umask, as for any file they make
         written.append(path)
     return written
+
+
+def left_over(*, out_dir: Path, written: list[Path], device: str | None = None) -> list[Path]:
+    """Engine config files in `out_dir` this dump did not write (of `device`, when one was dumped):
+    shapes no longer tuned, a kernel since replaced. A worker reading the folder still loads them."""
+    if not out_dir.is_dir():
+        return []
+    mine = {p.name for p in written}
+    tag = f",device_name={device_slug(device)}," if device else ","
+    return sorted(
+        p for p in out_dir.iterdir() if is_file_name(p.name) and p.name not in mine and tag in p.name and p.is_file()
+    )
 
 
 def _file_doc(

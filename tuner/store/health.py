@@ -8,10 +8,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import text
+from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session
 from verify_tuner.errors import StorageError
+from verify_tuner.store import data_version
 from verify_tuner.store.migrate import ensure_current
 from verify_tuner.store.session import make_engine, safe_url
 
@@ -40,20 +42,21 @@ def probe(url: str, *, read_only: bool = False, timeout_s: float | None = None) 
         read_only=read_only,
         timeout_s=timeout_s,
     )
+    blocked: list[Path] = []
+    if sqlite_file is not None:  # looked at before any read: SQLite may take over companions it can write
+        # the file, and the directory its -wal/-shm/journal files live in, must be writable
+        blocked = [p for p in (sqlite_file, sqlite_file.parent) if not os.access(p, os.W_OK)]
+        blocked += unwritable_companions(sqlite_file)
     try:
         ensure_current(engine, safe_url(url))  # reads the schema version over a new connection
+        read_only_server = _tables_usable(engine)
         if sqlite_file is not None:
-            # the file, and the directory its -wal/-shm/journal files live in, must be writable
-            blocked = [p for p in (sqlite_file, sqlite_file.parent) if not os.access(p, os.W_OK)]
-            blocked += unwritable_companions(sqlite_file)
             if blocked:
                 return DatabaseHealth(
                     True, False, "database is read-only: cannot write " + ", ".join(str(p) for p in blocked)
                 )
-        elif parsed.get_backend_name() == "postgresql":
-            with engine.connect() as conn:
-                if str(conn.execute(text("SHOW transaction_read_only")).scalar()).lower() == "on":
-                    return DatabaseHealth(True, False, "database is read-only (transaction_read_only = on)")
+        elif read_only_server:
+            return DatabaseHealth(True, False, "database is read-only (transaction_read_only = on)")
         return DatabaseHealth(True, True)
     except StorageError as exc:
         return DatabaseHealth(False, False, str(exc))
@@ -61,6 +64,18 @@ def probe(url: str, *, read_only: bool = False, timeout_s: float | None = None) 
         return DatabaseHealth(False, False, f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
     finally:
         engine.dispose()
+
+
+def _tables_usable(engine: Engine) -> bool:
+    """Read every table a lookup reads (data_stamp: one round trip), as the sidecar's requests will:
+    a current schema version says nothing of a table renamed or dropped since (every uncached lookup
+    was a 503 while /readyz said ready). On PostgreSQL, whether the server takes writes (a hot standby,
+    default_transaction_read_only), in the same round trip's session: True when it does not."""
+    with Session(engine) as session:
+        data_version.data_stamp(session=session)
+        if engine.dialect.name != "postgresql":
+            return False
+        return str(session.execute(text("SHOW transaction_read_only")).scalar()).lower() == "on"
 
 
 def unwritable_companions(sqlite_file: Path) -> list[Path]:

@@ -47,8 +47,12 @@ def resolve_device(*, session: Session, name: str | None, default: str | None) -
     if name is None:
         recorded = devices.list_devices(session=session)
         if len(recorded) != 1:
-            known = ", ".join(d.name for d in recorded) or "none recorded"
-            raise BadParameter("device", f"required: this service has no default device (recorded: {known})")
+            known = f"recorded: {', '.join(d.name for d in recorded)}" if recorded else "none recorded"
+            raise BadParameter(
+                "device",
+                f"required: there is no default device ({known}; `tuner serve --device h200` or TUNER_DEVICE "
+                "sets one): name the GPU, e.g. device=h200",
+            )
         return devices.device_limits(recorded[0])
     dev = devices.get_device(session=session, name=name)
     if dev is not None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
 from verify_tuner import batches, buckets, engine_files
-from verify_tuner.files import write_shared
+from verify_tuner.files import UMASK, write_shared
 from verify_tuner.kernels import kernel_hash as current_kernel_hash
 from verify_tuner.kernels.shapes import floor_bytes
 from verify_tuner.store import best_configs, devices, lookup, models, plans
@@ -51,7 +51,7 @@ def write_report(*, sessions: sessionmaker[Session], out_dir: Path, device: str 
             lines += ["", _kernel_heading(kernel, own), ""]
             lines += _row_lines([r for r in dev_rows if r.key.kernel_hash == kernel], prefixes, bw)
             lines += _plan_lines([g for g in graph_plans if g.device == dev_name and g.kernel_hash == kernel])
-        write_shared(stem.with_suffix(".md"), "\n".join(lines) + "\n")
+        write_shared(stem.with_suffix(".md"), "\n".join(lines) + "\n", mode=UMASK)
         written.append(stem.with_suffix(".md"))
         dev_plans = [g for g in graph_plans if g.device == dev_name]
         written.append(_plot(stem.with_suffix(".png"), dev_name, dev_rows, prefixes, bw, dev_plans, own))
@@ -172,5 +172,5 @@ def _plot(path: Path, dev_name: str, rows, prefixes, bw, dev_plans, own: str) ->
     png = io.BytesIO()
     fig.savefig(png, format="png", dpi=110)
     plt.close(fig)
-    write_shared(path, png.getvalue())
+    write_shared(path, png.getvalue(), mode=UMASK)
     return path

@@ -58,12 +58,14 @@ class ConfigRow(BaseModel):
     HT: StrictInt = Field(ge=1)
     TK: StrictInt = Field(ge=1)
     BLOCK: StrictInt = Field(ge=1)
-    STAGES: StrictInt | None = Field(None, ge=1)
-    QT: StrictInt | None = Field(None, ge=0)
-    WR: StrictInt | None = Field(None, ge=1)
-    WK: StrictInt | None = Field(None, ge=1)
-    SF: StrictInt | None = Field(None, ge=0)
-    PIPE: StrictInt | None = Field(None, ge=0)
+    # required like the four above: a row without them took KernelConfig's defaults, which are not the
+    # heuristic's and were never measured, and was served as tuned
+    STAGES: StrictInt = Field(ge=1)
+    QT: StrictInt = Field(ge=0)
+    WR: StrictInt = Field(ge=1)
+    WK: StrictInt = Field(ge=1)
+    SF: StrictInt = Field(ge=0)
+    PIPE: StrictInt = Field(ge=0)
     median_us: float | None = None
     p10_us: float | None = None
     p90_us: float | None = None
@@ -149,8 +151,8 @@ class ConfigRow(BaseModel):
         return self
 
     def constants(self) -> dict[str, int]:
-        """The kernel constants the row gives (missing optional ones take KernelConfig's defaults)."""
-        return {k: getattr(self, k) for k in PARAM_NAMES if getattr(self, k) is not None}
+        """The row's kernel constants, all of them."""
+        return {k: getattr(self, k) for k in PARAM_NAMES}
 
     @property
     def bucket_index(self) -> int:
@@ -216,4 +218,6 @@ def parse_row(raw: dict[str, Any]) -> ConfigRow:
 def _one_line(err: Any) -> str:
     where = ".".join(str(p) for p in err["loc"]) or "row"
     msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "missing" and where in PARAM_NAMES:
+        msg = f"required: a row gives all ten kernel constants ({' '.join(PARAM_NAMES)}), as `tuner configs export` writes them"
     return f"{where}: {msg}"

@@ -181,6 +181,10 @@ def check_writable(path: Path, setting: str = "TUNER_DATABASE_URL") -> None:
 
     what = "the study storage" if setting == "TUNER_STUDY_STORAGE" else "the database"
     directory = path.parent
+    if blocker := _file_in_the_way(directory):  # mkdir said only "(File exists)" or "(Not a directory)"
+        raise StorageError(
+            f"cannot create {path} for {what}: {blocker} is a file, not a folder: set {setting} to a path in a folder"
+        )
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -200,6 +204,25 @@ def check_writable(path: Path, setting: str = "TUNER_DATABASE_URL") -> None:
             f"cannot create {path}: {directory} is not writable by uid {os.getuid()} (owned by uid "
             f"{st.st_uid}, mode {st.st_mode & 0o7777:04o}); {fix} or set {setting} to a writable path"
         )
+    if not path.exists():  # a folder that takes no files whatever its mode (/proc, /sys): SQLite said ENOENT
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        except FileExistsError:
+            return  # made meanwhile: the connect opens it
+        except OSError as exc:
+            raise StorageError(
+                f"cannot create {path} for {what}: {directory} does not take new files ({exc.strerror}); "
+                f"set {setting} to a path on a writable file system"
+            ) from None
+        os.unlink(path)  # SQLite makes its own (an empty file is a database to it all the same)
+
+
+def _file_in_the_way(directory: Path) -> Path | None:
+    """The first of `directory` and its parents that exists and is not a folder, if any."""
+    for p in (directory, *directory.parents):
+        if p.exists() or p.is_symlink():
+            return None if p.is_dir() else p
+    return None
 
 
 def _driver_message(exc: SQLAlchemyError) -> str:
