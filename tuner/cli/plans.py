@@ -19,6 +19,7 @@ from verify_tuner.cli.database import checked_sessions
 from verify_tuner.cli.exits import clean_exit
 from verify_tuner.cli.options import (
     H_OPT,
+    KV_DTYPE_OPT,
     MEASURE_TIMEOUT_OPT,
     NEIGHBOUR_OPT,
     ORDINAL_OPT,
@@ -99,6 +100,7 @@ def register_study(study: click.Group) -> None:
         "default: the range's buckets weighted equally.",
     )
     @spread_option("How each batch's prefixes are drawn (as `study start`).")
+    @KV_DTYPE_OPT
     @NEIGHBOUR_OPT
     @_gpu_opts
     @click.pass_obj
@@ -133,23 +135,19 @@ def _graph_plan(
     _log_to_stderr()
     backend = open_backend(settings, kw["ordinal"], kw["measure_timeout"])
     try:
-        results = [
-            plan_job.plan_batch(
-                backend=backend,
-                sessions=sessions,
-                H=H,
-                q_len=q_len,
-                prefix_lo=lo,
-                prefix_hi=hi,
-                batch=b,
-                weights=weights,
-                spread=kw["spread"],
-                rounds=kw["rounds"],
-                passes=kw["passes"],
-                neighbour_mb=kw["neighbour_mb"],
-            )
-            for b in batch_sizes
-        ]
+        job = plan_job.PlanJob(
+            H,
+            q_len,
+            lo,
+            hi,
+            weights,
+            kv_dtype=kw["kv_dtype"],
+            spread=kw["spread"],
+            rounds=kw["rounds"],
+            passes=kw["passes"],
+            neighbour_mb=kw["neighbour_mb"],
+        )
+        results = [plan_job.plan_batch(backend=backend, sessions=sessions, job=job, batch=b) for b in batch_sizes]
     finally:
         backend.close()
     _print_plans(results, weights, kw["as_json"])
@@ -220,6 +218,7 @@ def register_configs(configs: click.Group) -> None:
 def _verification_doc(v: Any) -> dict[str, Any]:
     return {
         "device": v.key.device,
+        "kv_dtype": v.key.kv_dtype,
         "H": v.key.H,
         "q_len": v.key.q_len,
         "bucket": v.key.bucket,

@@ -128,7 +128,8 @@ class _Job:
         return workload_key(self.backend.limits, wl)
 
     def budget(self, wl: Workload) -> int:  # space.valid_configs is cached per (H, q_len, batch)
-        valid = space.valid_configs(self.backend.limits, H=wl.H, q_len=wl.q_len, restrict=self.restrict)
+        limits = self.backend.limits
+        valid = space.valid_configs(limits, H=wl.H, q_len=wl.q_len, restrict=self.restrict, kv_dtype=wl.kv_dtype)
         return min(self.n_trials, len(valid))
 
     def search(

@@ -10,6 +10,7 @@ from typing import Any
 
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.errors import CompileError, InvalidConfig, LaunchError
+from verify_tuner.kernels.formats import DEFAULT as DEFAULT_KV_DTYPE
 from verify_tuner.kernels.shapes import D_V
 from verify_tuner.measure.backend import COMPILE_ERROR, INVALID, OK, WRONG, Measurement, Workload
 
@@ -40,7 +41,7 @@ class GpuMeasurer:
         self._workloads: dict[Workload, tuple[list[Any], Any, Any]] = {}
         # Loaded modules + workspaces, least recently used evicted: a long study or a sweep of a
         # thousand configs must not keep every module and workspace alive on the GPU.
-        self._launchers: OrderedDict[tuple[KernelConfig, int, int, int], Any] = OrderedDict()
+        self._launchers: OrderedDict[tuple[KernelConfig, int, int, str, int], Any] = OrderedDict()
         self._neighbours: dict[int, Any] = {}  # by size: the GEMM of workloads timed cold
 
     @staticmethod
@@ -53,7 +54,14 @@ class GpuMeasurer:
 
     @staticmethod
     def build(
-        cfg: KernelConfig, q_len: int, arch: str, *, cache_dir: str, extra_flags: tuple[str, ...] = (), **_: Any
+        cfg: KernelConfig,
+        q_len: int,
+        arch: str,
+        *,
+        cache_dir: str,
+        kv_dtype: str = DEFAULT_KV_DTYPE,
+        extra_flags: tuple[str, ...] = (),
+        **_: Any,
     ) -> None:
         """Compile `cfg` into the cache the measurement loads from (no GPU needed: any process,
         any thread). A compile error is the measurement's to report: it compiles again and
@@ -61,7 +69,7 @@ class GpuMeasurer:
         from verify_tuner.kernels.build import compile_cubin
 
         try:
-            compile_cubin(cfg, q_len, arch, Path(cache_dir), tuple(extra_flags))
+            compile_cubin(cfg, q_len, arch, Path(cache_dir), tuple(extra_flags), kv_dtype)
         except CompileError:
             pass
 
@@ -79,6 +87,7 @@ class GpuMeasurer:
                 H=wl.H,
                 l2_bytes=self.limits.l2_bytes,
                 seed=wl.H * 1000 + wl.q_len,
+                kv_dtype=wl.kv_dtype,
             )
             ref = reference(sets[0])[0]  # the gate covers every request of the batch
             out = self.torch.empty(wl.batch, wl.q_len, wl.H, D_V, dtype=self.torch.bfloat16, device="cuda")
@@ -88,7 +97,7 @@ class GpuMeasurer:
     def _launcher(self, cfg: KernelConfig, wl: Workload) -> Any:
         from verify_tuner.kernels.launch import VerifyAttention
 
-        key = (cfg, wl.H, wl.q_len, wl.batch)
+        key = (cfg, wl.H, wl.q_len, wl.kv_dtype, wl.batch)
         if key in self._launchers:
             self._launchers.move_to_end(key)
         else:
@@ -102,6 +111,7 @@ class GpuMeasurer:
                 max_batch=wl.batch,
                 cache_dir=self.cache_dir,
                 extra_flags=self.extra_flags,
+                kv_dtype=wl.kv_dtype,
             )
         return self._launchers[key]
 

@@ -30,7 +30,7 @@ def config_signature(cfg: KernelConfig) -> Signature:
 
 def refusal(params: dict[str, int], limits: DeviceLimits, key: ConfigKey) -> str | None:
     """Why verify_tuner.kernels.validate refuses these params for `key` on this device, or None."""
-    return check(KernelConfig.from_params(params), limits, H=key.H, q_len=key.q_len)
+    return check(KernelConfig.from_params(params), limits, H=key.H, q_len=key.q_len, kv_dtype=key.kv_dtype)
 
 
 @dataclass(frozen=True)

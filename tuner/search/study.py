@@ -25,7 +25,7 @@ from verify_tuner.kernels import kernel_hash
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.errors import InvalidConfig
 from verify_tuner.kernels.limits import DeviceLimits
-from verify_tuner.keys import ConfigKey
+from verify_tuner.keys import ConfigKey, TableKey
 from verify_tuner.measure.backend import OK, Backend, Workload
 from verify_tuner.search.heartbeat import Heartbeat
 from verify_tuner.search.key_search import STATE_ATTR, KeySearch, Progress, config_signature, refusal
@@ -93,16 +93,10 @@ def _sampler(options: StudyOptions) -> optuna.samplers.BaseSampler:
     raise ValueError(f"unknown sampler {options.sampler!r}: use tpe or grid")
 
 
-def workload_key(limits, workload: Workload) -> ConfigKey:  # type: ignore[no-untyped-def]
-    return ConfigKey(
-        limits.name,
-        kernel_hash(),
-        workload.dtype,
-        workload.H,
-        workload.q_len,
-        buckets.bucket_of(workload.prefix).index,
-        batches.bucket_of(workload.batch).index,
-    )
+def workload_key(limits: DeviceLimits, workload: Workload) -> ConfigKey:
+    """The key `workload` is tuned under on `limits`' device, for the kernel of this package's source."""
+    table = TableKey(limits.name, kernel_hash(), workload.kv_dtype, workload.H, workload.q_len)
+    return table.at(buckets.bucket_of(workload.prefix).index, batches.bucket_of(workload.batch).index)
 
 
 def key_study(s: Session, key: ConfigKey, workload: Workload, options: StudyOptions, *, reopen: bool) -> models.Study:
@@ -190,12 +184,12 @@ def _open_study(
     return study, storage
 
 
-def _precompile(backend: Backend, configs: list[KernelConfig], q_len: int) -> None:
+def _precompile(backend: Backend, configs: list[KernelConfig], workload: Workload) -> None:
     """Build every config now, on every core (nvcc is single-threaded): a grid is known up front."""
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        list(pool.map(lambda c: backend.compile_ahead(c, q_len), configs))
+        list(pool.map(lambda c: backend.compile_ahead(c, workload), configs))
 
 
 def _prepare(
@@ -210,7 +204,7 @@ def _prepare(
     """The key, its row in the config database (created or reopened) and its warm-start configs."""
     limits = backend.limits
     key = workload_key(limits, workload)
-    if not space.valid_configs(limits, H=key.H, q_len=key.q_len, restrict=restrict):  # cached: _key_search's
+    if not space.valid_configs(limits, H=key.H, q_len=key.q_len, restrict=restrict, kv_dtype=key.kv_dtype):
         raise InvalidConfig(f"no valid config for H={key.H}, q_len={key.q_len} on {limits.name}")
     with session_scope(sessions) as s:  # its own transaction: it locks data_version (see devices.upsert_kernel)
         devices.upsert_device(session=s, limits=limits)
@@ -279,7 +273,7 @@ def _key_search(
     options: StudyOptions,
     default: KernelConfig,
 ) -> KeySearch:
-    valid = space.valid_configs(limits, H=key.H, q_len=key.q_len, restrict=restrict)
+    valid = space.valid_configs(limits, H=key.H, q_len=key.q_len, restrict=restrict, kv_dtype=key.kv_dtype)
     if options.candidates is not None:
         valid = [c for c in valid if c in options.candidates]
         if not valid:
@@ -314,7 +308,7 @@ def _search(
     ledger = Ledger(study)
     grid = options.sampler == "grid"
     if grid:  # a helper's warm start would repeat its owner's proposals; a grid has none
-        _precompile(backend, [c for c in search.valid if config_signature(c) not in ledger.known], search.key.q_len)
+        _precompile(backend, [c for c in search.valid if config_signature(c) not in ledger.known], search.workload)
     proposer = Proposer(
         study=study,
         storage=storage,

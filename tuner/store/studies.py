@@ -9,8 +9,9 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 from verify_tuner.keys import ConfigKey
 from verify_tuner.store.devices import key_ids
+from verify_tuner.store.keyed import key_columns
 from verify_tuner.store.models import Study, Trial, utcnow
-from verify_tuner.store.writes import insert_ignore, key_columns
+from verify_tuner.store.writes import insert_ignore
 
 
 def get_or_create_study(

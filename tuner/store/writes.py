@@ -1,5 +1,4 @@
-"""What every writer of a keyed table shares: INSERT ... ON CONFLICT portable across SQLite and
-PostgreSQL, and the columns a workload key fills."""
+"""What every writer shares: INSERT ... ON CONFLICT portable across SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -7,7 +6,6 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 from verify_tuner.errors import StorageError
-from verify_tuner.keys import ConfigKey
 
 
 def _insert(session: Session, model: type, row: dict[str, Any]):  # type: ignore[no-untyped-def]
@@ -31,16 +29,3 @@ def upsert(session: Session, model: type, *, key_cols: dict[str, Any], values: d
 def insert_ignore(session: Session, model: type, *, key_cols: dict[str, Any], values: dict[str, Any]) -> None:
     stmt = _insert(session, model, {**key_cols, **values})
     session.execute(stmt.on_conflict_do_nothing(index_elements=list(key_cols)))
-
-
-def key_columns(device_id: int, kernel_id: int, key: ConfigKey) -> dict[str, Any]:
-    """The columns a workload key fills in a table keyed by it (best configs, verifications)."""
-    return {
-        "device_id": device_id,
-        "kernel_id": kernel_id,
-        "dtype": key.dtype,
-        "H": key.H,
-        "q_len": key.q_len,
-        "bucket": key.bucket,
-        "batch_bucket": key.batch_bucket,
-    }
