@@ -12,7 +12,7 @@ from typing import Any
 from urllib.parse import quote
 
 from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
@@ -58,14 +58,7 @@ def make_engine(
     pool: dict[str, Any] = {} if pooled else {"poolclass": NullPool}
     if parsed.get_backend_name() != "sqlite":
         return create_engine(url, pool_pre_ping=True, **pool, **_postgres_timeouts(timeout_s, pooled))
-    file_db = bool(parsed.database) and parsed.database != ":memory:"
-    if file_db and not read_only:
-        check_writable(Path(parsed.database).expanduser(), setting)
-    if file_db and (read_only or not create):
-        path = Path(parsed.database).expanduser().resolve()
-        url = f"sqlite:///file:{quote(str(path))}?mode={'ro' if read_only else 'rw'}&uri=true"
-    elif file_db:  # the file the checks above looked at, not a literal `~` folder under the cwd
-        url = parsed.set(database=str(Path(parsed.database).expanduser())).render_as_string(hide_password=False)
+    url = _sqlite_url(parsed, read_only=read_only, create=create, setting=setting)
     engine = create_engine(url, connect_args={"timeout": busy_timeout_ms / 1000}, **pool)
     _sqlite_listeners(
         engine,
@@ -76,6 +69,19 @@ def make_engine(
         wal=wal,
     )
     return engine
+
+
+def _sqlite_url(parsed: URL, *, read_only: bool, create: bool, setting: str) -> str:
+    """The URL an SQLite engine opens: a file opened read-only, or never created, through a URI that
+    says so; a file's `~` expanded (the file the checks look at, not a `~` folder under the cwd)."""
+    if not parsed.database or parsed.database == ":memory:":
+        return parsed.render_as_string(hide_password=False)
+    if not read_only:
+        check_writable(Path(parsed.database).expanduser(), setting)
+    if read_only or not create:
+        path = Path(parsed.database).expanduser().resolve()
+        return f"sqlite:///file:{quote(str(path))}?mode={'ro' if read_only else 'rw'}&uri=true"
+    return parsed.set(database=str(Path(parsed.database).expanduser())).render_as_string(hide_password=False)
 
 
 def _sqlite_listeners(
