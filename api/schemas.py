@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, Field, create_model
 from verify_tuner.keys import TableKey, field_types, specs
-from verify_tuner.store.lookup import Answer
+from verify_tuner.store.lookup import Answer, Source
 
 
 class BucketOut(BaseModel):
@@ -74,7 +74,7 @@ class GraphPlanOut(KernelParamsOut):
 class ConfigEntryOut(KernelParamsOut):
     """One prefix bucket's answer: an entry of GET /configs (GET /config adds the graph plan)."""
 
-    source: Literal["tuned", "nearest", "heuristic"] = Field(
+    source: Source = Field(
         description="heuristic also where the bucket's tuned row was verified stale (see stale_verified_at)"
     )
     bucket: BucketOut

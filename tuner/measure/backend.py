@@ -67,7 +67,8 @@ class Measurement:
 
 
 class Backend(Protocol):
-    limits: DeviceLimits
+    @property
+    def limits(self) -> DeviceLimits: ...
 
     def measure(self, cfg: KernelConfig, workload: Workload) -> Measurement:
         """Compile (cached), check against the fp32 reference, then time `cfg` on `workload`."""

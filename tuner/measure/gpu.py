@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import contextlib
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -137,11 +138,14 @@ class GpuMeasurer:
         alone = time_graph(lambda k: None, n_sets, stream=self.stream, replays=replays, between=between)
         return less(t, alone.median_us)
 
-    def _launch_fn(self, va: Any, sets: list[Any], out: Any):  # type: ignore[no-untyped-def]
+    def _launch_fn(self, va: Any, sets: list[Any], out: Any) -> Callable[[int], None]:
         def launch(k: int) -> None:
             va.run(sets[k], out, stream=self.stream)
 
         return launch
+
+    def _samples(self, launch: Callable[[int], None], n_sets: int, wl: Workload, replays: int) -> list[float]:
+        return self._time(launch, n_sets, wl, replays).samples
 
     def _sync(self) -> None:
         with self._kernel_failures():
@@ -192,10 +196,7 @@ class GpuMeasurer:
         per_round = max(10, self.reps // 2)
         with self._kernel_failures():
             launches = [self._launch_fn(self._launcher(c, wl), sets, out) for c in cfgs]
-            rounds_ = interleave(
-                [lambda f=f: self._time(f, len(sets), wl, per_round).samples for f in launches],
-                rounds,
-            )
+            rounds_ = interleave([partial(self._samples, f, len(sets), wl, per_round) for f in launches], rounds)
             self._sync()
         result = []
         for per in rounds_:

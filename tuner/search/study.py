@@ -28,7 +28,7 @@ from verify_tuner.kernels.limits import DeviceLimits
 from verify_tuner.keys import ConfigKey, TableKey
 from verify_tuner.measure.backend import OK, Backend, Workload
 from verify_tuner.search.heartbeat import Heartbeat
-from verify_tuner.search.key_search import STATE_ATTR, KeySearch, Progress, config_signature, refusal
+from verify_tuner.search.key_search import STATE_ATTR, KeySearch, Progress, config_of, config_signature, refusal
 from verify_tuner.search.ledger import Ledger, TrialLog
 from verify_tuner.search.loop import Loop, Pipeline
 from verify_tuner.search.outcome import Outcome
@@ -157,7 +157,7 @@ def _study_storage_errors(
         yield
     except (OperationalError, InterfaceError) as exc:
         if not opening:
-            on_optuna = bool(exc.statement) and _OPTUNA_TABLES.search(exc.statement) is not None
+            on_optuna = exc.statement is not None and _OPTUNA_TABLES.search(exc.statement) is not None
             if not on_optuna and (exc.statement or _answers(storage)):
                 raise
         raise StudyStorageError(
@@ -336,7 +336,7 @@ def _refusal(
     params: dict[str, int], limits: DeviceLimits, key: ConfigKey, candidates: frozenset[KernelConfig] | None
 ) -> str | None:
     why = refusal(params, limits, key)
-    if why is None and candidates is not None and KernelConfig.from_params(params) not in candidates:
+    if why is None and candidates is not None and config_of(params) not in candidates:
         return "not among the candidates"
     return why
 
@@ -347,15 +347,15 @@ def _counts(sessions: sessionmaker[Session], study_id: int, pick: bool) -> dict[
         return {}
     with session_scope(sessions) as s:
         studies.finish_study(session=s, study_id=study_id)
-        row = s.get(models.Study, study_id)
+        row = s.get_one(models.Study, study_id)
         return {"trials": row.n_trials, "ok": row.n_ok, "invalid": row.n_invalid, "failed": row.n_failed}
 
 
 def _ranked_configs(study: optuna.Study) -> list[KernelConfig]:
     """Distinct configs of the study's measured trials that passed the gate, fastest first."""
     ok = [
-        t
+        (t.value, t.params)
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
         if t.user_attrs.get(STATE_ATTR) == OK and t.value is not None
     ]
-    return list(dict.fromkeys(KernelConfig.from_params(t.params) for t in sorted(ok, key=lambda t: t.value)))
+    return list(dict.fromkeys(config_of(params) for _, params in sorted(ok, key=lambda vp: vp[0])))

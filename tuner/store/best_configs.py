@@ -113,7 +113,7 @@ def upsert_best(*, session: Session, row: BestRow) -> None:
 
 def delete_best(*, session: Session, device: str, **filters: int | None) -> int:
     """Delete the bests of `device` whose key fields have the values given (H, q_len, bucket, ...; None: any)."""
-    return keyed.delete_keyed(session=session, model=BestConfig, device=device, **filters)
+    return keyed.delete_keyed(session=session, model=BestConfig, device=device, filters=filters)
 
 
 def kernels_with_best(*, session: Session, device: str) -> list[str]:

@@ -12,6 +12,7 @@ from verify_tuner import keys
 from verify_tuner.store.data_version import bump_version
 from verify_tuner.store.devices import get_device
 from verify_tuner.store.models import REFERENCES, Device, Kernel
+from verify_tuner.store.writes import affected
 
 K = TypeVar("K", bound=keys.TableKey)
 
@@ -47,13 +48,13 @@ def select_keyed(model: Any, **filters: Any) -> Select[Any]:
 
 
 def delete_keyed(
-    *, session: Session, model: Any, device: str, also: tuple[ColumnElement[bool], ...] = (), **filters: Any
+    *, session: Session, model: Any, device: str, filters: dict[str, Any], also: tuple[ColumnElement[bool], ...] = ()
 ) -> int:
-    """Delete the rows of `device` whose key fields have the values given (None: any) and that meet
-    `also`; the number deleted. Bumps data_version first, as every writer does (one lock order)."""
+    """Delete the rows of `device` whose key fields have the values in `filters` (None: any) and that
+    meet `also`; the number deleted. Bumps data_version first, as every writer does (one lock order)."""
     dev = get_device(session=session, name=device)
     if dev is None:
         return 0
     bump_version(session)
     stmt = delete(model).where(model.device_id == dev.id, *_where(model, filters), *also)
-    return session.execute(stmt).rowcount or 0
+    return affected(session, stmt)

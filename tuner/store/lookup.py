@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 from functools import partial
+from typing import Literal
 
 from sqlalchemy.orm import Session
 from verify_tuner import batches, buckets
@@ -25,10 +26,14 @@ from verify_tuner.store import best_configs, devices
 NEAREST_MAX_OCTAVES = 1.0
 
 
+#: Where an answer comes from: the bucket's own tuned row, the nearest tuned bucket's, or the heuristic.
+Source = Literal["tuned", "nearest", "heuristic"]
+
+
 @dataclass(frozen=True)
 class Answer:
     config: KernelConfig
-    source: str  # tuned | nearest | heuristic
+    source: Source
     bucket: buckets.Bucket
     device: str
     kernel_hash: str
@@ -98,9 +103,11 @@ def _pick(
             from_bucket=bucket.index,
             neighbour_mb=r.neighbour_mb,
         )
-    r = best_configs.nearest_row(rows, bucket)
-    if r is not None and buckets.log_distance(buckets.by_index(r.key.bucket), bucket) <= NEAREST_MAX_OCTAVES:
-        return answer(r.config, "nearest", speedup_vs_default=r.speedup, tuned_at=r.tuned_at, from_bucket=r.key.bucket)
+    near = best_configs.nearest_row(rows, bucket)
+    if near is not None and buckets.log_distance(buckets.by_index(near.key.bucket), bucket) <= NEAREST_MAX_OCTAVES:
+        return answer(
+            near.config, "nearest", speedup_vs_default=near.speedup, tuned_at=near.tuned_at, from_bucket=near.key.bucket
+        )
     return _heuristic(limits, key, bucket, batch)
 
 

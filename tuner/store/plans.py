@@ -85,7 +85,7 @@ def delete_plans(*, session: Session, device: str, bucket: int | None = None, **
     delete_best's): a plan is chosen over its range's bests, so it goes with any of them; `bucket`
     selects the plans whose range holds that prefix bucket."""
     held = () if bucket is None else (GraphPlan.bucket_lo <= bucket, GraphPlan.bucket_hi >= bucket)
-    return keyed.delete_keyed(session=session, model=GraphPlan, device=device, also=held, **filters)
+    return keyed.delete_keyed(session=session, model=GraphPlan, device=device, filters=filters, also=held)
 
 
 def list_plans(*, session: Session, **filters: object) -> list[PlanRow]:

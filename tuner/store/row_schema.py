@@ -173,7 +173,7 @@ class RowFields(BaseModel):
             raise ValueError(f"median_us {mid} is outside [p10_us, p90_us]")
         return self
 
-    def constants(self) -> dict[str, int]:
+    def constants(self) -> dict[str, object]:
         """The kernel constants the row gives (missing optional ones take KernelConfig's defaults)."""
         return {k: getattr(self, k) for k in PARAM_NAMES if getattr(self, k) is not None}
 

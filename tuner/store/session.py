@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
-from sqlalchemy.pool import NullPool
+from sqlalchemy.pool import ConnectionPoolEntry, NullPool
 from verify_tuner.errors import StorageError
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ def _sqlite_listeners(
     BEGIN (IMMEDIATE for writers), and WAL once it has written (never when read-only)."""
 
     @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn, record) -> None:  # type: ignore[no-untyped-def]
+    def _on_connect(dbapi_conn: sqlite3.Connection, record: ConnectionPoolEntry) -> None:
         dbapi_conn.isolation_level = None  # we issue BEGIN ourselves, below
         cur = dbapi_conn.cursor()
         if wal and not read_only:
@@ -104,7 +104,7 @@ def _sqlite_listeners(
     if not read_only:
 
         @event.listens_for(engine, "checkin")
-        def _wal_once_written(dbapi_conn, record) -> None:  # type: ignore[no-untyped-def]
+        def _wal_once_written(dbapi_conn: sqlite3.Connection, record: ConnectionPoolEntry) -> None:
             # back in the pool no transaction is open (the mode cannot change inside one); the first
             # write ran in the file's old mode, every later one in WAL, where readers never wait on it
             if dbapi_conn is None or record.info.get("wal") or not dbapi_conn.total_changes:
@@ -116,7 +116,7 @@ def _sqlite_listeners(
                 log.warning("could not switch %s to WAL: %s", engine.url, exc)
 
     @event.listens_for(engine, "begin")
-    def _on_begin(conn) -> None:  # type: ignore[no-untyped-def]
+    def _on_begin(conn: Connection) -> None:
         # IMMEDIATE takes the write lock at BEGIN: concurrent writers wait on the busy timeout
         # instead of failing with "database is locked" when a read lock cannot be upgraded.
         conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")

@@ -4,19 +4,26 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy import CursorResult, Executable
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 from verify_tuner.errors import StorageError
 
 
-def _insert(session: Session, model: type, row: dict[str, Any]):  # type: ignore[no-untyped-def]
+def _insert(session: Session, model: type, row: dict[str, Any]) -> sqlite.Insert | postgresql.Insert:
     dialect = session.get_bind().dialect.name
     if dialect == "sqlite":
-        from sqlalchemy.dialects.sqlite import insert
-    elif dialect == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert  # type: ignore[assignment]
-    else:
-        raise StorageError(f"unsupported database dialect {dialect!r}")
-    return insert(model).values(**row)
+        return sqlite.insert(model).values(**row)
+    if dialect == "postgresql":
+        return postgresql.insert(model).values(**row)
+    raise StorageError(f"unsupported database dialect {dialect!r}")
+
+
+def affected(session: Session, stmt: Executable) -> int:
+    """The rows an UPDATE or DELETE changed (its result is the cursor's, which counts them)."""
+    result = session.execute(stmt)
+    assert isinstance(result, CursorResult), type(result)
+    return result.rowcount
 
 
 def upsert(session: Session, model: type, *, key_cols: dict[str, Any], values: dict[str, Any]) -> None:
