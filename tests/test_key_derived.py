@@ -25,13 +25,23 @@ KEY_FIELDS = [f.name for f, _ in specs(ConfigKey)]
 
 @dataclasses.dataclass(frozen=True, order=True)
 class WithPageSize(TableKey):
-    """A table key with a dimension added the way verify_tuner.keys adds one: a default that the
-    rows and names made before it mean, left out of those names at that default."""
+    """A table key with a dimension added the way docs/architecture-key.md says: a default that the
+    rows and names made before it mean, left out of those names at that default, keyword-only (so
+    every positional construction of a key, and ConfigKey's fields after it, stay as they are)."""
 
     page: int = dataclasses.field(
         default=1,
+        kw_only=True,
         metadata={"spec": Spec("KV page size", tag="P", lo=1, hi=256, default=1, added=True, file=(4, "page"))},
     )
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class PagedConfigKey(WithPageSize):
+    """ConfigKey's own fields over WithPageSize, as they would sit over a TableKey that gained `page`."""
+
+    bucket: int = dataclasses.field(metadata=dict(dataclasses.fields(ConfigKey)[-2].metadata))
+    batch_bucket: int = dataclasses.field(default=0, metadata=dict(dataclasses.fields(ConfigKey)[-1].metadata))
 
 
 def test_the_keyed_tables_have_one_column_a_key_field():
@@ -111,6 +121,9 @@ def test_a_new_dimension_reaches_every_derived_place():
     assert file_name(old) == file_name(KEY.table) and str(old) == str(KEY.table)
     assert file_name(paged).endswith(",page=16.json") and str(paged).endswith("|P16")
     assert WithPageSize.parse(str(paged)) == paged and WithPageSize.parse(str(old)) == old
+    # a stored best's key: positional as before, the new field named; its study name as before at the default
+    key = PagedConfigKey(*KEY.values().values())
+    assert str(key) == str(KEY) and str(PagedConfigKey(*KEY.values().values(), page=16)) == f"{KEY.table}|P16|b15|B3"
     # a file written before it existed reads at its default
     assert doc_key_values(key_doc(KEY.table)) | {"page": 1} == old.values()
     # a column, a query parameter and a row column with its bounds and default
