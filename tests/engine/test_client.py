@@ -181,3 +181,20 @@ def test_a_worker_names_its_kv_format_which_is_checked_and_left_out_of_its_reque
     c._requests.get_table = get_table  # type: ignore[method-assign]
     assert c.fetch() == "heuristic" and c.key.kv_dtype == "bf16"
     assert asked == [{"H": 8, "q_len": 9, "device": "h200", "all_batches": "true"} | {"kernel_hash": c.kernel_hash}]
+
+
+def test_a_table_made_before_a_key_field_existed_is_read_at_that_fields_default(tmp_path):
+    """A key dimension added later (docs/architecture-key.md) must not turn every table an older
+    sidecar serves, or an older snapshot holds, into one for another key."""
+    from tests.test_key_derived import WithPageSize
+
+    c = ConfigClient(None, H=8, q_len=9, device="h200", snapshot_dir=tmp_path)
+    older = c.key.values()  # what a sidecar or snapshot from before `page` holds
+    c.key = WithPageSize(**older)  # a worker whose key has `page`, at its default
+    c._check_key(older)
+    c._check_key(older | {"page": 1})
+    with pytest.raises(ValueError, match="table is for page 16, this worker's is 1"):
+        c._check_key(older | {"page": 16})
+    c.key = WithPageSize(**older, page=16)  # a worker on pages of 16: an older table is not its
+    with pytest.raises(ValueError, match="table is for page 1, this worker's is 16"):
+        c._check_key(older)

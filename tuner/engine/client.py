@@ -254,9 +254,12 @@ class ConfigClient:
 
     def _check_key(self, got: dict[str, Any]) -> None:
         """A table made for another kernel, device (a snapshot or file copied between hosts), KV
-        format or shape would serve configs measured for something this worker does not run."""
-        for name, want in self.key.values().items():
-            have = got.get(name)
+        format or shape would serve configs measured for something this worker does not run. A
+        field added to the key after the table was made (an older sidecar or snapshot) is at its
+        default there."""
+        for f, spec in specs(type(self.key)):
+            name, want = f.name, getattr(self.key, f.name)
+            have = got.get(name, spec.default if spec.added else None)
             if name != "device":
                 if have != want:
                     raise ValueError(f"table is for {name} {have!r}, this worker's is {want!r}")
