@@ -109,7 +109,8 @@ class HealthServer(ThreadingHTTPServer):
 
     def server_bind(self) -> None:
         socketserver.TCPServer.server_bind(self)  # HTTPServer's would look the host up in DNS
-        self.server_name, self.server_port = self.server_address[:2]
+        host, self.server_port = self.server_address[:2]
+        self.server_name = host.decode() if isinstance(host, bytes | bytearray) else host
 
     def count(self, path: str, status: int, seconds: float) -> None:
         route = path if path in ("/healthz", "/readyz") else "unmatched"

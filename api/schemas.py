@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Literal
+from typing import Any
 
-from pydantic import BaseModel, Field
-from verify_tuner.store.lookup import Answer
+from pydantic import BaseModel, Field, create_model
+from verify_tuner.keys import TableKey, field_types, specs
+from verify_tuner.store.lookup import Answer, Source
 
 
 class BucketOut(BaseModel):
@@ -73,7 +74,7 @@ class GraphPlanOut(KernelParamsOut):
 class ConfigEntryOut(KernelParamsOut):
     """One prefix bucket's answer: an entry of GET /configs (GET /config adds the graph plan)."""
 
-    source: Literal["tuned", "nearest", "heuristic"] = Field(
+    source: Source = Field(
         description="heuristic also where the bucket's tuned row was verified stale (see stale_verified_at)"
     )
     bucket: BucketOut
@@ -116,16 +117,21 @@ class ConfigOut(ConfigEntryOut):
     )
 
 
-class ConfigTableOut(BaseModel):
-    device: str
-    kernel_hash: str
-    dtype: str
-    H: int
-    q_len: int
-    configs: list[ConfigEntryOut]
-    graph_plans: list[GraphPlanOut] = Field(
-        default_factory=list, description="the graph plan of each batch bucket answered that has one"
-    )
+def _table_fields() -> dict[str, Any]:
+    """GET /configs' fields: the table's key first, from its declaration (verify_tuner.keys.TableKey;
+    the device by its recorded name), then its answers."""
+    types = field_types(TableKey)
+    return {f.name: (types[f.name], Field(description=spec.doc)) for f, spec in specs(TableKey)} | {
+        "dtype": (str, Field(description="deprecated: kv_dtype, under the name workers before kv_dtype read")),
+        "configs": (list[ConfigEntryOut], ...),
+        "graph_plans": (
+            list[GraphPlanOut],
+            Field(default_factory=list, description="the graph plan of each batch bucket answered that has one"),
+        ),
+    }
+
+
+ConfigTableOut = create_model("ConfigTableOut", __doc__="An answer table (GET /configs).", **_table_fields())
 
 
 class ImportOut(BaseModel):

@@ -11,21 +11,25 @@ from dataclasses import dataclass, field, replace
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from verify_tuner import buckets
+from verify_tuner.api.key_query import KeyQuery
 from verify_tuner.api.schemas import ConfigEntryOut, GraphPlanOut
 from verify_tuner.errors import StorageError
 from verify_tuner.kernels import kernel_hash as current_kernel_hash
 from verify_tuner.kernels.limits import DeviceLimits
+from verify_tuner.keys import TableKey
 from verify_tuner.store import best_configs, data_version, lookup, plans
 from verify_tuner.store.session import session_scope
 
 
 @dataclass(frozen=True)
 class Table:
-    """One (device, H, q_len, dtype, batch bucket) bucket table, with each bucket's JSON body rendered once:
-    a lookup is then a bisect and a bytes copy, not a model build and serialisation."""
+    """One batch bucket of an answer table (verify_tuner.keys.TableKey), with each prefix bucket's
+    JSON body rendered once: a lookup is then a bisect and a bytes copy, not a model build and
+    serialisation."""
 
     stamp: tuple[object, ...]
     limits: DeviceLimits
+    key: TableKey  # the device by its recorded name
     answers: list[lookup.Answer]
     bodies: tuple[bytes, ...] = field(default=())
     stale: str | None = None  # why the database could not be read, when serving from cache
@@ -62,31 +66,20 @@ class TableCache:
     def __init__(self, max_entries: int = 4096, recheck_s: float = 0.1) -> None:
         self._lock = threading.Lock()
         self._build_locks = [threading.Lock() for _ in range(self.BUILD_STRIPES)]
-        self._tables: dict[tuple[object, ...], Table] = {}
+        self._tables: dict[tuple[KeyQuery, int], Table] = {}
         self.max_entries, self.recheck_s = max_entries, recheck_s
         self._stamp: tuple[object, ...] | None = None
         self._failure: str | None = None  # why the last background check failed
         #: the kernel this sidecar launches: answered with the heuristic where nothing is tuned
         self.own_kernel = current_kernel_hash()
 
-    def fresh(
-        self,
-        *,
-        device: str | None,
-        default_device: str | None,
-        H: int,
-        q_len: int,
-        dtype: str,
-        batch_bucket: int = 0,
-        kernel_hash: str | None = None,
-    ) -> Table | None:
+    def fresh(self, query: KeyQuery, batch_bucket: int = 0) -> Table | None:
         """The cached table when it was built at the stamp the last background check read, or,
         while the check fails, the last good table marked stale; None (no table yet, or the data
         changed) sends the caller to `table` (threadpool, database). StorageError: the database
         is failing and this key has no good table."""
-        key = (device or default_device, H, q_len, dtype, batch_bucket, kernel_hash or self.own_kernel)
         with self._lock:
-            hit, failure = self._tables.get(key), self._failure
+            hit, failure = self._tables.get((query, batch_bucket)), self._failure
             if failure is not None:
                 if hit is None:
                     raise StorageError(failure)
@@ -126,96 +119,51 @@ class TableCache:
             self._tables.clear()
             self._stamp, self._failure = None, None
 
-    def table(
-        self,
-        *,
-        sessions: sessionmaker[Session],
-        device: str | None,
-        default_device: str | None,
-        H: int,
-        q_len: int,
-        dtype: str,
-        batch_bucket: int = 0,
-        kernel_hash: str | None = None,
-    ) -> tuple[Table, bool]:
-        """The key's table and whether this call read the database: False when another request
-        built it while this one waited for the key's build lock."""
-        kernel_hash = kernel_hash or self.own_kernel
-        key = (device or default_device, H, q_len, dtype, batch_bucket, kernel_hash)
-        with self._build_locks[hash(key) % self.BUILD_STRIPES]:
+    def table(self, sessions: sessionmaker[Session], query: KeyQuery, batch_bucket: int = 0) -> tuple[Table, bool]:
+        """The table of `query` (its local fields filled in: with_local) and whether this call read the
+        database: False when another request built it while this one waited for the key's build lock."""
+        cached = (query, batch_bucket)
+        with self._build_locks[hash(cached) % self.BUILD_STRIPES]:
             with self._lock:
-                hit = self._tables.get(key)
+                hit = self._tables.get(cached)
                 if hit is not None and self._failure is None and hit.stamp == self._stamp:
                     return hit, False  # built meanwhile at the stamp last read
-            return self._build(
-                key,
-                sessions=sessions,
-                device=device,
-                default_device=default_device,
-                H=H,
-                q_len=q_len,
-                dtype=dtype,
-                batch_bucket=batch_bucket,
-                kernel_hash=kernel_hash,
-            ), True
+            return self._build(sessions, query, batch_bucket), True
 
-    def _build(
-        self,
-        key: tuple[object, ...],
-        *,
-        sessions: sessionmaker[Session],
-        device: str | None,
-        default_device: str | None,
-        H: int,
-        q_len: int,
-        dtype: str,
-        batch_bucket: int,
-        kernel_hash: str,
-    ) -> Table:
+    def _build(self, sessions: sessionmaker[Session], query: KeyQuery, batch_bucket: int) -> Table:
+        cached = (query, batch_bucket)
         try:
             with session_scope(sessions) as session:
                 stamp = data_version.data_stamp(session=session)
                 with self._lock:
-                    hit = self._tables.get(key)
+                    hit = self._tables.get(cached)
                 if hit is not None and hit.stamp == stamp:
                     return hit
-                limits = lookup.resolve_device(session=session, name=device, default=default_device)
-                missing = self._missing(session, kernel_hash, limits.name)
-                answers = (
-                    []
-                    if missing
-                    else lookup.table(
-                        session=session,
-                        limits=limits,
-                        H=H,
-                        q_len=q_len,
-                        dtype=dtype,
-                        batch_buckets=[batch_bucket],
-                        kernel_hash=kernel_hash,
-                    )
-                )
-                plan = None if missing else self._plan(session, limits, H, q_len, dtype, batch_bucket, kernel_hash)
+                table = self._read(session, stamp, query, batch_bucket)
         except (SQLAlchemyError, StorageError) as exc:
             with self._lock:
-                hit = self._tables.get(key)
+                hit = self._tables.get(cached)
             if hit is None:
                 raise StorageError(str(exc).splitlines()[0]) from exc
             return replace(hit, stale=str(exc).splitlines()[0][:300])
-        table = Table(stamp, limits, answers, missing=missing, plan=plan)
         with self._lock:
             if len(self._tables) >= self.max_entries:
                 self._tables.clear()
-            self._tables[key] = table
+            self._tables[cached] = table
             self._stamp = stamp
         return table
 
-    @staticmethod
-    def _plan(
-        session: Session, limits: DeviceLimits, H: int, q_len: int, dtype: str, batch_bucket: int, kernel_hash: str
-    ) -> bytes | None:
-        got = lookup.graph_plans(session=session, limits=limits, H=H, q_len=q_len, dtype=dtype, kernel_hash=kernel_hash)
-        p = got.get(batch_bucket)
-        return None if p is None else GraphPlanOut.model_validate(plans.plan_doc(p)).model_dump_json().encode()
+    def _read(self, session: Session, stamp: tuple[object, ...], query: KeyQuery, batch_bucket: int) -> Table:
+        """The table from the database: the device named resolved (an alias, or the only recorded one)."""
+        limits = lookup.resolve_device(session=session, name=query.get("device"), default=None)
+        key = query.key(device=limits.name)
+        missing = self._missing(session, key.kernel_hash, limits.name)
+        if missing:
+            return Table(stamp, limits, key, [], missing=missing)
+        answers = lookup.table(session=session, limits=limits, key=key, batch_buckets=[batch_bucket])
+        plan = plans.served_plans(session=session, table=key).get(batch_bucket)
+        body = None if plan is None else GraphPlanOut.model_validate(plans.plan_doc(plan)).model_dump_json().encode()
+        return Table(stamp, limits, key, answers, plan=body)
 
     @property
     def stale_rows(self) -> int | None:

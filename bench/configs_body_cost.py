@@ -47,8 +47,10 @@ def main() -> None:
     from fastapi.testclient import TestClient
     from verify_tuner import batches
     from verify_tuner.api.app import create_app
+    from verify_tuner.api.key_query import KeyQuery
     from verify_tuner.api.routes.config import _table_body
     from verify_tuner.api.schemas import ConfigOut, ConfigTableOut
+    from verify_tuner.keys import TableKey
     from verify_tuner.settings import Settings
     from verify_tuner.store import migrate
 
@@ -67,21 +69,16 @@ def main() -> None:
             result[name] = {"bytes": size, "ms_per_request_testclient": _ms(lambda p=path: c.get(p), args.requests)}
             print(f"{name:28s} {result[name]['ms_per_request_testclient']:6.2f} ms/request ({size} B)", flush=True)
         cache = app.state.tables
-        tables = [
-            cache.fresh(device="h200", default_device=None, H=8, q_len=9, dtype="bf16", batch_bucket=b.index)
-            for b in batches.ALL
-        ]
+        key = TableKey("h200", cache.own_kernel, "bf16", 8, 9)
+        tables = [cache.fresh(KeyQuery(tuple(key.values().items())), b.index) for b in batches.ALL]
         assert all(t is not None for t in tables)
 
     def rendered() -> bytes:  # the route before: a model of every answer, serialised, hashed
         answers = [a for t in tables for a in t.answers]
         body = (
             ConfigTableOut(
-                device=tables[0].limits.name,
-                kernel_hash=answers[0].kernel_hash,
-                dtype="bf16",
-                H=8,
-                q_len=9,
+                **tables[0].key.values(),
+                dtype=tables[0].key.kv_dtype,
                 configs=[ConfigOut.of(a) for a in answers],
             )
             .model_dump_json()
@@ -91,7 +88,7 @@ def main() -> None:
         return body
 
     def spliced() -> bytes:
-        body = _table_body(tables, dtype="bf16", H=8, q_len=9)
+        body = _table_body(tables)
         hashlib.sha256(body).hexdigest()
         return body
 

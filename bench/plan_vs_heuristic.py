@@ -72,6 +72,7 @@ def main() -> None:
     from verify_tuner.kernels.limits import read_device_limits
     from verify_tuner.kernels.reference import reference
     from verify_tuner.kernels.timing import check_neighbour_mb, neighbour_gemm, rotating_inputs
+    from verify_tuner.keys import TableKey
     from verify_tuner.store.migrate import checked_sessions
     from verify_tuner.store.plans import served_plans
 
@@ -83,7 +84,7 @@ def main() -> None:
     between = neighbour_gemm(args.neighbour_mb) if args.neighbour_mb else None
     sessions = checked_sessions(os.environ["TUNER_DATABASE_URL"])
     with sessions() as s:
-        plans = served_plans(session=s, device=limits.name, kernel_hash=kernel_hash(), dtype="bf16", H=H, q_len=Q)
+        plans = served_plans(session=s, table=TableKey(limits.name, kernel_hash(), "bf16", H, Q))
     rows = []
     for batch in sorted({int(b) for b in args.batch.split(",")}):
         plan = plans.get(batches.bucket_of(batch).index)

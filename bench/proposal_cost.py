@@ -45,7 +45,7 @@ class Instant:
     def remeasure(self, cfgs, wl, rounds):  # type: ignore[no-untyped-def]
         return [self.measure(c, wl) for c in cfgs]
 
-    def compile_ahead(self, cfg, q_len) -> None:  # type: ignore[no-untyped-def]
+    def compile_ahead(self, cfg, workload) -> None:  # type: ignore[no-untyped-def]
         pass
 
     def close(self) -> None:

@@ -53,7 +53,7 @@ class Emulated:
         return known_device("h200")
 
     @staticmethod
-    def build(cfg, q_len, arch) -> None:  # type: ignore[no-untyped-def]
+    def build(cfg, q_len, arch, **_) -> None:  # type: ignore[no-untyped-def]
         cache = Path(os.environ["EMU_CACHE_DIR"])
         stem = "_".join(f"{k}{v}" for k, v in cfg.as_params().items()) + f"_q{q_len}_{arch}"
         target = cache / f"{stem}.cubin"
@@ -92,23 +92,25 @@ def _run(mode: str, procs: int, trials: int, prefix_range: str, root: Path) -> d
     cache.mkdir()
     os.environ["EMU_CACHE_DIR"] = str(cache)
     migrate.upgrade(url)
-    job = tune_job(
-        8,
-        9,
-        (),
-        prefix_range,
-        "1",
-        "uniform",
-        ("STAGES=2,3", "QT=0"),
-        trials=trials,
-        sampler="tpe",
-        seed=0,
-        timeout=None,
-        storage=None,
-        measure_timeout=120.0,
-        compile_jobs=8,
-        neighbour_mb=0,
-    )
+    options = {
+        "H": 8,
+        "q_len": 9,
+        "kv_dtype": "bf16",
+        "prefix": (),
+        "prefix_range": prefix_range,
+        "batch_text": "1",
+        "spread": "uniform",
+        "only": ("STAGES=2,3", "QT=0"),
+        "trials": trials,
+        "sampler": "tpe",
+        "seed": 0,
+        "timeout": None,
+        "storage": None,
+        "measure_timeout": 120.0,
+        "compile_jobs": 8,
+        "neighbour_mb": 0,
+    }
+    job = tune_job(options, n_devices=procs)
     job = type(job)(**{**vars(job), "measurer": "bench.table_emulation:Emulated"})
     settings = Settings(database_url=url, cache_dir=cache)
     prepare_study_storage(settings.studies)  # as `tuner db upgrade`

@@ -46,7 +46,7 @@ class Replay:
     def remeasure(self, cfgs, wl, rounds):  # type: ignore[no-untyped-def]
         return [self.measure(c, wl) for c in cfgs]
 
-    def compile_ahead(self, cfg, q_len) -> None:  # type: ignore[no-untyped-def]
+    def compile_ahead(self, cfg, workload) -> None:  # type: ignore[no-untyped-def]
         pass  # nothing to build: the timings are recorded
 
     def close(self) -> None:

@@ -4,6 +4,7 @@ its own alembic_version, and both may live in one database."""
 from __future__ import annotations
 
 from alembic import context
+from sqlalchemy import Connection
 from verify_tuner.store.migrate import VERSION_TABLE, include_name
 from verify_tuner.store.models import Base
 from verify_tuner.store.session import make_engine
@@ -36,13 +37,15 @@ def run_online() -> None:
     # A file `tuner db upgrade` makes starts in WAL, where readers never wait on a writer; an existing
     # one keeps its journal mode (store.migrate.upgrade says which).
     wal = config.attributes.get("wal", True)
-    engine = make_engine(config.get_main_option("sqlalchemy.url"), pooled=False, foreign_keys=False, wal=wal)
+    url = config.get_main_option("sqlalchemy.url")
+    assert url is not None  # verify_tuner.store.migrate sets it on every config it runs
+    engine = make_engine(url, pooled=False, foreign_keys=False, wal=wal)
     with engine.connect() as conn:
         _run(conn)
     engine.dispose()
 
 
-def _run(connection) -> None:  # type: ignore[no-untyped-def]
+def _run(connection: Connection) -> None:
     context.configure(
         connection=connection,
         target_metadata=target_metadata,

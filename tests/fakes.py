@@ -73,7 +73,7 @@ class FakeBackend:
             out.append(Measurement(OK, s[n // 2], s[n // 10], s[9 * n // 10], s))
         return out
 
-    def compile_ahead(self, cfg: KernelConfig, q_len: int) -> None:
+    def compile_ahead(self, cfg: KernelConfig, workload: Workload) -> None:
         self.compiled.append(cfg)
 
     def close(self) -> None:

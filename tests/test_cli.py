@@ -37,7 +37,7 @@ def run(sqlite_url):
 
 def test_upgrade_import_show_list_export(run, tmp_path):
     assert run("db", "upgrade").exit_code == 0
-    assert "head: 0005" in run("db", "current").output
+    assert "head: 0006" in run("db", "current").output
     rows = [
         {
             "device": "h200",
@@ -63,11 +63,16 @@ def test_upgrade_import_show_list_export(run, tmp_path):
     r = run("configs", "import", str(path))
     assert r.exit_code == 0 and "imported 1" in r.output
     show = json.loads(run("configs", "show", "--H", "8", "--q-len", "9", "--prefix", "46000").output)
-    assert show["source"] == "tuned" and show["NSPLIT"] == 64
-    assert "NSPLIT=64" in run("configs", "list").output
+    assert show["source"] == "tuned" and show["NSPLIT"] == 64 and show["kv_dtype"] == "bf16"
+    assert (
+        "NVIDIA H200  bf16 H=8 q_len=9" in run("configs", "list").output
+        and "NSPLIT=64" in run("configs", "list").output
+    )
+    assert json.loads(run("configs", "list", "--json").output)[0]["kv_dtype"] == "bf16"
     csv_path = tmp_path / "out.csv"
     assert run("configs", "export", "--format", "csv", "-o", str(csv_path)).exit_code == 0
-    assert csv_path.read_text().splitlines()[0].startswith("device,kernel_hash,dtype,H,q_len,bucket")
+    assert csv_path.read_text().splitlines()[0].startswith("device,kernel_hash,kv_dtype,H,q_len,bucket")
+    assert ",bf16,8,9," in csv_path.read_text().splitlines()[1]
     run("configs", "export", "--format", "csv", "-o", str(csv_path))
     # CSV round trip into a fresh database
     fresh = tmp_path / "fresh.db"
@@ -248,6 +253,24 @@ def test_snapshot_is_a_self_contained_read_only_copy_the_sidecar_serves(run, tmp
             ("db", "upgrade"),
             None,
             "TUNER_STUDY_STORAGE: {study} stands for",
+        ),
+        (
+            {},
+            ("study", "start", "--H", "8", "--q-len", "9", "--prefix", "1", "--kv-dtype", "fp8_e4m3"),
+            None,
+            "Invalid value for '--kv-dtype': kv_dtype fp8_e4m3 (e4m3 latent rows",
+        ),
+        (
+            {},
+            ("configs", "show", "--H", "8", "--q-len", "9", "--prefix", "1", "--kv-dtype", "fp16"),
+            None,
+            "Invalid value for '--kv-dtype': unknown kv_dtype 'fp16': accepted: bf16",
+        ),
+        (
+            {},
+            ("study", "graph-plan", "--H", "8", "--q-len", "9", "--prefix-range", "1:2", "--kv-dtype", "fp8_e4m3_qk"),
+            None,
+            "is not read by this kernel version yet (accepted: bf16)",
         ),
     ],
 )
@@ -552,11 +575,11 @@ def test_upgrade_prints_the_revision_the_database_is_at(run):
     """`--revision 0001` on a database at head printed "at revision 0001" while it stayed at head."""
     assert "database at revision 0001:" in run("db", "upgrade", "--revision", "0001").output
     assert "current: 0001" in run("db", "current").output
-    assert "database at revision 0005:" in run("db", "upgrade").output
+    assert "database at revision 0006:" in run("db", "upgrade").output
     r = run("db", "upgrade", "--revision", "0001")
     assert r.exit_code == 0
-    assert "database at revision 0005 (already past 0001: `tuner db upgrade` never downgrades)" in r.output
-    assert "current: 0005" in run("db", "current").output
+    assert "database at revision 0006 (already past 0001: `tuner db upgrade` never downgrades)" in r.output
+    assert "current: 0006" in run("db", "current").output
 
 
 def test_a_database_a_newer_version_migrated_is_named_as_such_not_as_outdated(sqlite_url, tmp_path):

@@ -18,7 +18,7 @@ from verify_tuner.cli.commands import cli
 from verify_tuner.engine.client import ConfigClient
 from verify_tuner.heuristic import heuristic_config
 from verify_tuner.kernels import kernel_hash
-from verify_tuner.keys import ConfigKey
+from verify_tuner.keys import ConfigKey, TableKey
 from verify_tuner.settings import Settings
 from verify_tuner.store import best_configs, devices, migrate, plans
 from verify_tuner.store.session import make_engine, session_factory, session_scope
@@ -55,7 +55,9 @@ def db(tmp_path):  # type: ignore[no-untyped-def]
         for bb in (0, 3, 5):  # B=1, 5-8, 17-32: each prefix bucket's winner as the study stored it
             for b in RANGE:
                 key = ConfigKey(H200.name, kernel_hash(), "bf16", 8, 9, b.index, bb)
-                best_configs.upsert_best(session=s, key=key, config=SHORT if b.mid < 16384 else LONG, median_us=10.0)
+                best_configs.upsert_best(
+                    session=s, row=best_configs.BestRow(key, SHORT if b.mid < 16384 else LONG, median_us=10.0)
+                )
     yield url, sessions
     engine.dispose()
 
@@ -111,14 +113,14 @@ def test_prefix_weights_move_the_plan(run, db, tmp_path):
     assert run(*PLAN_ARGS, "--batch", "8").exit_code == 0
     with session_scope(sessions) as s:  # a plan per weights' digest; the newest is served
         assert len(plans.list_plans(session=s)) == 2
-        served = plans.served_plans(session=s, device=H200.name, kernel_hash=kernel_hash(), dtype="bf16", H=8, q_len=9)
+        served = plans.served_plans(session=s, table=TableKey(H200.name, kernel_hash(), "bf16", 8, 9))
     assert served[3].config == DEFAULT
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (("--batch", "2"), "no tuned configs for H=8 q_len=9 batch 2 in prefixes 1024:131072 on any device"),
+        (("--batch", "2"), "no tuned configs for H=8 q_len=9 bf16 batch 2 in prefixes 1024:131072 on any device"),
         (("--prefix-weights", "{tmp}/missing.json"), "cannot read it"),
         (("--prefix-weights", "{tmp}/bad.json"), "weight must be a finite number"),
         (("--prefix-range", "9:1"), "--prefix-range"),
@@ -176,13 +178,13 @@ def test_the_dumped_bundle_holds_a_plans_config_the_table_no_longer_serves(run, 
             for b in RANGE:
                 if b.mid >= 16384:
                     key = ConfigKey(H200.name, kernel_hash(), "bf16", 8, 9, b.index, bb)
-                    best_configs.upsert_best(session=s, key=key, config=newer, median_us=9.0)
+                    best_configs.upsert_best(session=s, row=best_configs.BestRow(key, newer, median_us=9.0))
 
     class Compiled:
         def __init__(self, cfg):  # type: ignore[no-untyped-def]
             self.cubin = b"\x7fELF" + str(cfg).encode()
 
-    monkeypatch.setattr(bundle_mod, "compile_cubin", lambda cfg, q_len, arch, cache: Compiled(cfg))
+    monkeypatch.setattr(bundle_mod, "compile_cubin", lambda cfg, q_len, arch, cache, kv_dtype: Compiled(cfg))
     out = tmp_path / "dump"
     r = run("configs", "dump", "--out-dir", str(out), "--cubins")
     assert r.exit_code == 0, r.output
@@ -220,7 +222,7 @@ def test_verify_marks_a_row_that_stopped_winning_and_the_sidecar_stops_serving_i
         # the background check reads the stamp
         eventually(lambda: f"tuner_stale_rows {float(n_stale)}" in c.get("/metrics").text, "stale rows not counted")
         with session_scope(sessions) as s:  # a re-tune stores the key again
-            best_configs.upsert_best(session=s, key=slow_key, config=LONG, median_us=30.0)
+            best_configs.upsert_best(session=s, row=best_configs.BestRow(slow_key, LONG, median_us=30.0))
         retuned = {"H": 8, "q_len": 9, "prefix": 46000}
         eventually(lambda: c.get("/config", params=retuned).json()["source"] == "tuned", "the re-tune not served")
     with session_scope(sessions) as s:
@@ -265,7 +267,7 @@ def test_verify_re_times_each_row_as_it_was_measured(run, db):
     _, sessions = db
     key = ConfigKey(H200.name, kernel_hash(), "bf16", 8, 9, buckets.bucket_of(46000).index, 0)
     with session_scope(sessions) as s:  # this key re-tuned cold; every other row stays back to back
-        best_configs.upsert_best(session=s, key=key, config=LONG, median_us=40.0, neighbour_mb=128)
+        best_configs.upsert_best(session=s, row=best_configs.BestRow(key, LONG, median_us=40.0, neighbour_mb=128))
     run.backend.cost = cold(run.backend.cost)
     r = run("configs", "verify", "--sample", "100", "--json")
     assert r.exit_code == 0, r.output

@@ -1,7 +1,9 @@
-"""Engine-style config files: one JSON file per (H, q_len, device, dtype), named the way vLLM
-names its tuned kernel configs (`H=8,q_len=9,device_name=NVIDIA_H200,dtype=bf16.json`), holding
-the kernel it is for and the whole answer table: batch bucket -> prefix buckets -> constants,
-source (tuned / nearest / heuristic) and the measured time of tuned entries.
+"""Engine-style config files: one JSON file per answer table (verify_tuner.keys.TableKey), named
+the way vLLM names its tuned kernel configs (`H=8,q_len=9,device_name=NVIDIA_H200,dtype=bf16.json`),
+holding the kernel it is for and the whole answer table: batch bucket -> prefix buckets ->
+constants, source (tuned / nearest / heuristic) and the measured time of tuned entries. The name
+and the document's key fields come from the key's declaration: `dtype` in both is the KV cache's
+element format, the key's kv_dtype (q and o are bf16 whatever it is).
 
 Reading needs nothing beyond the standard library (verify_tuner.engine.client reads these with no server
 dependencies installed); verify_tuner.store.engine_dump writes them from the config database (tuner configs dump).
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from verify_tuner.files import SHARED_DIR_MODE, SHARED_MODE, make_shared_dirs, write_shared
+from verify_tuner.keys import TableKey, file_parts, specs
 
 FORMAT = "verify-tuner/engine-config/1"
 ROW_FIELDS = ("median_us", "p10_us", "p90_us", "default_us", "tuned_at", "neighbour_mb")
@@ -29,8 +32,36 @@ def slug(name: str) -> str:
     return re.sub(r"[^0-9A-Za-z]+", "-", name).strip("-")
 
 
-def file_name(*, H: int, q_len: int, device: str, dtype: str) -> str:
-    return f"H={H},q_len={q_len},device_name={device_slug(device)},dtype={dtype}.json"
+def file_name(key: TableKey) -> str:
+    """The file of `key`'s table (its kernel hash is inside: one file a table of the kernel dumped)."""
+    return ",".join(f"{label}={device_slug(str(v))}" for label, v in file_parts(key)) + ".json"
+
+
+def _doc_names() -> dict[str, str]:
+    """Key field -> its name in a file's document (the file name's label, where it has one)."""
+    return {f.name: spec.file[1] if spec.file else f.name for f, spec in specs(TableKey)}
+
+
+def key_doc(key: TableKey) -> dict[str, Any]:
+    """The key fields of `key`'s file, under the file's names (device_name, dtype, ...)."""
+    return {_doc_names()[name]: v for name, v in key.values().items()}
+
+
+def doc_key_values(doc: dict[str, Any]) -> dict[str, Any]:
+    """The key fields a file's document holds, by their names in verify_tuner.keys: a field added
+    after the file was written takes its default; one the file must have is a DamagedDump."""
+    out, missing = {}, []
+    for f, spec in specs(TableKey):
+        name = _doc_names()[f.name]
+        if name in doc:
+            out[f.name] = doc[name]
+        elif spec.added:
+            out[f.name] = spec.default
+        else:
+            missing.append(name)
+    if missing:
+        raise DamagedDump(f"missing {', '.join(missing)}")
+    return out
 
 
 def write_atomic(
@@ -43,8 +74,10 @@ def write_atomic(
 
 
 def is_file_name(name: str) -> bool:
-    """Whether `name` is an engine config file's name (file_name's pattern)."""
-    return re.fullmatch(r"H=\d+,q_len=\d+,device_name=[^,/]+,dtype=[^,/]+\.json", name) is not None
+    """Whether `name` is an engine config file's name (file_name's pattern, from the key's file labels)."""
+    labels = [spec.file for _, spec in specs(TableKey) if spec.file]
+    pattern = ",".join(f"{re.escape(label)}=[^,/]+" for _, label in sorted(labels))
+    return re.fullmatch(pattern + r"\.json", name) is not None
 
 
 def read(path: Path) -> dict[str, Any]:
@@ -81,9 +114,9 @@ def tuned_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
     from verify_tuner.kernels.config import PARAM_NAMES
 
     # a hand-edited or damaged file is refused with what is wrong (ValueError), not a KeyError
-    missing = [k for k in ("device_name", "kernel_hash", "dtype", "H", "q_len", "configs") if k not in doc]
-    if missing:
-        raise DamagedDump(f"missing {', '.join(missing)}")
+    key = doc_key_values(doc)
+    if "configs" not in doc:
+        raise DamagedDump("missing configs")
     if not isinstance(doc["configs"], dict):
         raise DamagedDump("configs must be an object of batch size -> entries")
     out = []
@@ -100,11 +133,7 @@ def tuned_rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
             if not (type(lo) is int and 0 <= lo <= buckets.MAX_PREFIX):
                 raise DamagedDump(f"configs[{hi!r}]: prefix_lo {lo!r} is not a prefix 0..{buckets.MAX_PREFIX}")
             row = {
-                "device": doc["device_name"],
-                "kernel_hash": doc["kernel_hash"],
-                "dtype": doc["dtype"],
-                "H": doc["H"],
-                "q_len": doc["q_len"],
+                **key,
                 "bucket": buckets.bucket_of(lo).index,
                 "batch_bucket": bb.index,
             }

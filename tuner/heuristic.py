@@ -1,6 +1,6 @@
 """The heuristic default config: what the service answers before anything is tuned.
 
-A pure function of (device limits, H, q_len, prefix, batch). It always returns a config that
+A pure function of (device limits, H, q_len, prefix, batch, KV format). It always returns a config that
 passes verify_tuner.kernels.validate for that device, or raises InvalidConfig when none can exist. The default
 is the same for every prefix and batch (the kernel shares a batch out over its parts at run time);
 tuned rows may differ per prefix and batch bucket.
@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.errors import InvalidConfig
+from verify_tuner.kernels.formats import DEFAULT as DEFAULT_KV_DTYPE
 from verify_tuner.kernels.limits import DeviceLimits
 from verify_tuner.kernels.validate import MAX_Q_LEN, check, registers_needed, smem_bytes
 from verify_tuner.space import nsplit_choices, qt_choices
@@ -51,8 +52,8 @@ def _divisors_desc(n: int) -> list[int]:
     return [d for d in range(n, 0, -1) if n % d == 0]
 
 
-def _blocks_per_sm(cfg: KernelConfig, q_len: int, limits: DeviceLimits) -> int:
-    by_smem = limits.smem_per_sm // max(1, smem_bytes(cfg, q_len) + 1024)
+def _blocks_per_sm(cfg: KernelConfig, q_len: int, limits: DeviceLimits, kv_dtype: str) -> int:
+    by_smem = limits.smem_per_sm // max(1, smem_bytes(cfg, q_len, kv_dtype) + 1024)
     by_threads = 2048 // cfg.block
     by_regs = limits.regs_per_sm // (cfg.block * min(255, registers_needed(cfg, q_len)))
     return max(1, min(by_smem, by_threads, by_regs))
@@ -62,10 +63,10 @@ def _templates(rows: int) -> tuple[tuple[int, ...], ...]:
     return _BANDWIDTH if rows <= BANDWIDTH_ROWS else _COMPUTE
 
 
-def _first_fit(limits: DeviceLimits, *, ht: int, qt: int, H: int, q_len: int) -> KernelConfig | None:
+def _first_fit(limits: DeviceLimits, *, ht: int, qt: int, H: int, q_len: int, kv_dtype: str) -> KernelConfig | None:
     for tk, block, stages, wr, wk, sf, pipe in _templates(ht * (qt or q_len)):
         probe = KernelConfig(nsplit=1, ht=ht, tk=tk, block=block, stages=stages, qt=qt, wr=wr, wk=wk, sf=sf, pipe=pipe)
-        if check(probe, limits, H=H, q_len=q_len) is None:
+        if check(probe, limits, H=H, q_len=q_len, kv_dtype=kv_dtype) is None:
             return probe
     return None
 
@@ -82,7 +83,9 @@ def _row_tiles(H: int, q_len: int) -> tuple[list[tuple[int, int]], list[tuple[in
     return out, [(d, 0) for d in fits if d not in first]
 
 
-def heuristic_config(limits: DeviceLimits, *, H: int, q_len: int, prefix: int, batch: int = 1) -> KernelConfig:
+def heuristic_config(
+    limits: DeviceLimits, *, H: int, q_len: int, prefix: int, batch: int = 1, kv_dtype: str = DEFAULT_KV_DTYPE
+) -> KernelConfig:
     """The largest row tile whose grid (head groups x row tiles x NSPLIT parts) fills at least half
     a wave, with NSPLIT the largest choice within one wave; when no row tile fills half a wave, the
     one with the most blocks. The default depends on neither the prefix nor the batch (they are
@@ -93,20 +96,24 @@ def heuristic_config(limits: DeviceLimits, *, H: int, q_len: int, prefix: int, b
     if H < 1 or not 1 <= q_len <= MAX_Q_LEN or prefix < 0 or batch < 1:
         raise InvalidConfig(f"no config for H={H}, q_len={q_len}, prefix={prefix}, batch={batch}")
     preferred, smaller = _row_tiles(H, q_len)
-    cfg = _pick(limits, preferred, H=H, q_len=q_len) or _pick(limits, smaller, H=H, q_len=q_len)
+    cfg = _pick(limits, preferred, H=H, q_len=q_len, kv_dtype=kv_dtype) or _pick(
+        limits, smaller, H=H, q_len=q_len, kv_dtype=kv_dtype
+    )
     if cfg is None:
         raise InvalidConfig(f"no kernel config fits {limits.name} for H={H}, q_len={q_len}")
     return cfg
 
 
-def _pick(limits: DeviceLimits, tiles: list[tuple[int, int]], *, H: int, q_len: int) -> KernelConfig | None:
+def _pick(
+    limits: DeviceLimits, tiles: list[tuple[int, int]], *, H: int, q_len: int, kv_dtype: str
+) -> KernelConfig | None:
     """The first of `tiles` whose grid fills half a wave, else the fitting one with the most blocks."""
     fallback: tuple[int, KernelConfig] | None = None
     for ht, qt in tiles:
-        probe = _first_fit(limits, ht=ht, qt=qt, H=H, q_len=q_len)
+        probe = _first_fit(limits, ht=ht, qt=qt, H=H, q_len=q_len, kv_dtype=kv_dtype)
         if probe is None:
             continue
-        slots = limits.sm_count * _blocks_per_sm(probe, q_len, limits)  # blocks in one wave
+        slots = limits.sm_count * _blocks_per_sm(probe, q_len, limits, kv_dtype)  # blocks in one wave
         groups = (H // ht) * -(-q_len // (qt or q_len))
         n = max(1, slots // groups)
         cfg = replace(probe, nsplit=max(c for c in nsplit_choices(H, limits) if c <= n))

@@ -7,6 +7,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from platformdirs import user_cache_dir, user_data_dir
 from verify_tuner.errors import BadSetting
@@ -75,9 +76,9 @@ class Settings:
             try:
                 make_url(url)
             except (ArgumentError, ValueError) as exc:  # ValueError: a port that is not a number
-                why = f" ({exc})" if isinstance(exc, ValueError) else ""
+                detail = f" ({exc})" if isinstance(exc, ValueError) else ""
                 raise BadSetting(
-                    f"{name} is not a database URL: {masked_url(url)!r}{why} (e.g. "
+                    f"{name} is not a database URL: {masked_url(url)!r}{detail} (e.g. "
                     "sqlite:////var/lib/tuner/configs.db or postgresql+psycopg://user@host/db)"
                 ) from None
         if self.study_storage is not None and (why := study_storage_error(self.study_storage)):
@@ -118,7 +119,7 @@ class Settings:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if environ is None else environ
-        kwargs: dict[str, object] = {}
+        kwargs: dict[str, Any] = {}  # each checked as it is read, and all of them by __post_init__
         if v := env.get("TUNER_DATABASE_URL"):
             kwargs["database_url"] = v
         if v := env.get("TUNER_STUDY_STORAGE"):
@@ -152,12 +153,13 @@ class Settings:
             if v.lower() not in ("1", "true", "yes", "0", "false", "no"):
                 raise BadSetting(f"TUNER_DATABASE_READ_ONLY must be 1/true/yes or 0/false/no, got {v!r}")
             kwargs["database_read_only"] = v.lower() in ("1", "true", "yes")
-        return cls(**kwargs)  # type: ignore[arg-type]
+        return cls(**kwargs)
 
     def with_overrides(self, **changes: object) -> Settings:
         from dataclasses import replace
 
-        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+        given: dict[str, Any] = {k: v for k, v in changes.items() if v is not None}
+        return replace(self, **given)
 
     def check_ports(self) -> None:
         """The health port is not the main port: checked once `serve --port` has been applied (the

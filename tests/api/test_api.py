@@ -84,6 +84,8 @@ def test_sm120_device_gets_a_config_that_fits_it(client):
         ({"prefix": 10**12}, "prefix"),
         ({"prefix": 1.5}, "prefix"),
         ({"dtype": "fp8"}, "dtype"),
+        ({"kv_dtype": "fp8"}, "kv_dtype"),
+        ({"kv_dtype": "fp8_e4m3"}, "kv_dtype"),
         ({"device": "no-such-gpu"}, "device"),
     ],
 )
@@ -299,6 +301,7 @@ def test_metrics_are_prometheus_client_exposition_and_parse(client):
 def test_deleting_the_bests_withdraws_the_graph_plan_built_from_them(client, db_url):
     """Workers kept capturing their graphs with a plan chosen from bests the operator had deleted."""
     from verify_tuner.kernels import kernel_hash
+    from verify_tuner.keys import TableKey
     from verify_tuner.store import plans
     from verify_tuner.store.session import make_engine, session_factory, session_scope
 
@@ -308,7 +311,7 @@ def test_deleting_the_bests_withdraws_the_graph_plan_built_from_them(client, db_
     )
     per_bucket = [{"bucket": b, "us": 40.0, "best_us": 39.0, "regret": 40 / 39} for b in (13, 14, 15, 16)]
     plan = plans.PlanRow(
-        device=H200.name, kernel_hash=kernel_hash(), dtype="bf16", H=8, q_len=9, batch_bucket=0, bucket_lo=13,
+        table=TableKey(H200.name, kernel_hash(), "bf16", 8, 9), batch_bucket=0, bucket_lo=13,
         bucket_hi=16, weights_digest="d" * 64, weights={"source": "equal"}, config=cfg, expected_us=40.0,
         per_bucket=per_bucket, measured_by="a test", rounds=1,
     )  # fmt: skip
@@ -321,3 +324,29 @@ def test_deleting_the_bests_withdraws_the_graph_plan_built_from_them(client, db_
     assert r.json() == {"deleted": 1, "plans_deleted": 1}
     after = get(client).json()
     assert after["source"] == "heuristic" and after["graph_plan"] is None
+
+
+def test_kv_dtype_is_a_key_field_of_every_lookup_and_import(client):
+    """kv_dtype (the KV cache's format) keys the rows and the tables: bf16 by default and as named;
+    a format the kernel does not read yet, or an unknown one, is a 422 naming the parameter and
+    the accepted formats; a worker from before the rename (`dtype=`) gets the same answer."""
+    assert client.post("/configs/import", json=[ROW | {"kv_dtype": "bf16"}], headers=AUTH).json()["imported"] == 1
+    tuned = get(client).json()
+    assert tuned["source"] == "tuned" and get(client, kv_dtype="bf16").json() == tuned
+    assert get(client, dtype="bf16").json() == tuned  # an older worker's request
+    table = client.get("/configs", params={"H": 8, "q_len": 9, "kv_dtype": "bf16"}).json()
+    assert (table["kv_dtype"], table["dtype"]) == ("bf16", "bf16")  # `dtype`: what older workers check
+    for params, param, words in (
+        ({"kv_dtype": "fp8_e4m3"}, "kv_dtype", "kv_dtype fp8_e4m3 (e4m3 latent rows"),
+        ({"kv_dtype": "fp8_e4m3_qk"}, "kv_dtype", "is not read by this kernel version yet (accepted: bf16)"),
+        ({"kv_dtype": "fp16"}, "kv_dtype", "unknown kv_dtype 'fp16': accepted: bf16"),
+        ({"dtype": "fp8_e4m3"}, "dtype", "is not read by this kernel version yet (accepted: bf16)"),
+    ):
+        for path, at in (("/config", {"prefix": 46000}), ("/configs", {})):
+            r = client.get(path, params={"H": 8, "q_len": 9, **at, **params})
+            assert r.status_code == 422, r.text
+            (detail,) = r.json()["detail"]
+            assert detail["loc"] == ["query", param] and words in detail["msg"], detail
+    r = client.post("/configs/import", json=[ROW | {"kv_dtype": "fp8_e4m3", "NSPLIT": 32}], headers=AUTH)
+    assert r.status_code == 422 and "kv_dtype: kv_dtype fp8_e4m3" in r.json()["detail"]["errors"][0], r.text
+    assert get(client).json()["NSPLIT"] == 64  # nothing stored

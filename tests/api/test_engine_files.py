@@ -178,7 +178,7 @@ def test_sources_in_order_and_a_table_for_another_kernel_is_refused(tmp_path, mo
         H=8, q_len=9, device="NVIDIA H200", snapshot_dir=tmp_path / "s", timeout_s=0.2, kernel_hash="0" * 16
     )
     assert other.fetch() == "heuristic"
-    assert "this worker launches 0000000000000000" in other.reason
+    assert "table is for kernel_hash '" in other.reason and "this worker's is '0000000000000000'" in other.reason
     lost = ConfigClient(
         H=8, q_len=9, device="NVIDIA H200", config_dir=tmp_path / "missing", snapshot_dir=tmp_path / "s", timeout_s=0.2
     )

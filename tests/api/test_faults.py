@@ -130,8 +130,8 @@ with session_scope(sessions) as s:
     devices.upsert_device(session=s, limits=h)
 for i in range(100000):
     with session_scope(sessions) as s:
-        best_configs.upsert_best(session=s, key=ConfigKey(h.name, "k" * 16, "bf16", 1 + i // 26, 1, i % 26),
-                         config=KernelConfig(8, 1, 32, 256), median_us=float(i + 1))
+        best_configs.upsert_best(session=s, row=best_configs.BestRow(ConfigKey(h.name, "k" * 16, "bf16", 1 + i // 26, 1, i % 26),
+                         KernelConfig(8, 1, 32, 256), median_us=float(i + 1)))
     print(i, flush=True)
 """
 

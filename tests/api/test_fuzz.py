@@ -27,7 +27,7 @@ def client(tmp_path_factory):
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(params=st.dictionaries(st.sampled_from(["H", "q_len", "prefix", "device", "dtype", "junk"]), values))
+@given(params=st.dictionaries(st.sampled_from(["H", "q_len", "prefix", "device", "kv_dtype", "dtype", "junk"]), values))
 def test_config_never_500(client, params):
     for path in ("/config", "/configs"):
         r = client.get(path, params={k: str(v) for k, v in params.items()})
@@ -40,4 +40,4 @@ def test_config_never_500(client, params):
 def test_openapi_documents_the_parameters(client):
     spec = client.get("/openapi.json").json()
     names = {p["name"] for p in spec["paths"]["/config"]["get"]["parameters"]}
-    assert {"H", "q_len", "prefix", "device", "dtype"} <= names
+    assert {"H", "q_len", "prefix", "device", "kv_dtype", "kernel_hash", "dtype"} <= names

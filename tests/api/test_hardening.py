@@ -58,10 +58,9 @@ def _write_elsewhere(db_url: str, *, H: int, prefix: int, nsplit: int, tuned_at:
         key = ConfigKey(H200.name, kernel_hash(), "bf16", H, 9, bucket_of(prefix).index)
         best_configs.upsert_best(
             session=s,
-            key=key,
-            config=KernelConfig(nsplit=nsplit, ht=8, tk=32, block=256),
-            median_us=50.0,
-            tuned_at=tuned_at,
+            row=best_configs.BestRow(
+                key, KernelConfig(nsplit=nsplit, ht=8, tk=32, block=256), median_us=50.0, tuned_at=tuned_at
+            ),
         )
     engine.dispose()
 

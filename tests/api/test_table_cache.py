@@ -7,7 +7,11 @@ import threading
 import time
 
 from verify_tuner.api import table_cache
+from verify_tuner.api.key_query import KeyQuery
 from verify_tuner.api.table_cache import TableCache
+from verify_tuner.kernels import kernel_hash
+
+QUERY = KeyQuery((("device", "h200"), ("kernel_hash", kernel_hash()), ("kv_dtype", "bf16"), ("H", 8), ("q_len", 9)))
 
 
 def test_concurrent_misses_of_one_table_read_the_database_once(sessions, monkeypatch):
@@ -24,11 +28,7 @@ def test_concurrent_misses_of_one_table_read_the_database_once(sessions, monkeyp
     results: list[tuple[object, bool]] = []
 
     def request() -> None:
-        results.append(
-            cache.table(
-                sessions=sessions, device="h200", default_device=None, H=8, q_len=9, dtype="bf16", batch_bucket=3
-            )
-        )
+        results.append(cache.table(sessions, QUERY, 3))
 
     threads = [threading.Thread(target=request) for _ in range(16)]
     for t in threads:
@@ -39,5 +39,5 @@ def test_concurrent_misses_of_one_table_read_the_database_once(sessions, monkeyp
     assert sum(read for _, read in results) == 1  # the metric counts one database read
     assert len({id(t) for t, _ in results}) == 1  # every request got the one table
     # another key builds on its own
-    cache.table(sessions=sessions, device="h200", default_device=None, H=8, q_len=9, dtype="bf16", batch_bucket=4)
+    cache.table(sessions, QUERY, 4)
     assert len(builds) == 2

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 from verify_tuner.engine import bundle as bundle_mod
-from verify_tuner.engine.bundle import MANIFEST, Bundle, BundleError, write_bundle
+from verify_tuner.engine.bundle import MANIFEST, Bundle, BundleError, Item, write_bundle
 from verify_tuner.kernels.config import KernelConfig
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
@@ -22,7 +22,9 @@ CFG = KernelConfig(nsplit=132, ht=8, tk=32, block=256, stages=3, wr=2, wk=2, sf=
 def bundle(tmp_path_factory):
     root = tmp_path_factory.mktemp("bundle")
     write_bundle(
-        root, [(CFG, 9, "sm_90"), (CFG, 9, "sm_120"), (CFG, 9, "sm_90")], cache_dir=tmp_path_factory.mktemp("cache")
+        root,
+        [Item(CFG, 9, "bf16", "sm_90"), Item(CFG, 9, "bf16", "sm_120"), Item(CFG, 9, "bf16", "sm_90")],
+        cache_dir=tmp_path_factory.mktemp("cache"),
     )
     return root
 
@@ -30,13 +32,18 @@ def bundle(tmp_path_factory):
 @needs_nvcc
 def test_written_once_per_entry_readable_by_everyone_and_read_back(bundle):
     manifest = json.loads((bundle / MANIFEST).read_text())
-    assert [(e["arch"], e["q_len"]) for e in manifest["entries"]] == [("sm_120", 9), ("sm_90", 9)]
+    got = [(e["arch"], e["kv_dtype"], e["q_len"]) for e in manifest["entries"]]
+    assert got == [("sm_120", "bf16", 9), ("sm_90", "bf16", 9)]
     for path in bundle.iterdir():
         assert stat.S_IMODE(path.stat().st_mode) == 0o644, path
     b = Bundle.open(bundle)
     assert b.cubin(CFG, 9, "sm_90")[:4] == b"\x7fELF"
-    with pytest.raises(BundleError, match="no cubin for .* q_len=16 on sm_90"):
+    with pytest.raises(BundleError, match="no cubin for .* q_len=16 reading bf16 on sm_90"):
         b.cubin(CFG, 16, "sm_90")
+    # a cubin reads one KV format: a bf16 build is not one for an e4m3 cache
+    assert b.has(CFG, 9, "sm_90", "bf16") and not b.has(CFG, 9, "sm_90", "fp8_e4m3")
+    with pytest.raises(BundleError, match="no cubin for .* q_len=9 reading fp8_e4m3 on sm_90"):
+        b.cubin(CFG, 9, "sm_90", "fp8_e4m3")
 
 
 @needs_nvcc
@@ -64,11 +71,11 @@ def test_a_missing_bundle_says_so(tmp_path):
 def test_the_bundle_follows_the_umask(tmp_path, monkeypatch, umask, dirs, files):
     """`configs dump --cubins` writes what the operator's umask allows, as any command they run does:
     under 077 it was 0644 all the same."""
-    monkeypatch.setattr(bundle_mod, "compile_cubin", lambda cfg, q_len, arch, cache: SimpleNamespace(cubin=b"\x7fELF"))
+    monkeypatch.setattr(bundle_mod, "compile_cubin", lambda cfg, q_len, arch, cache, kv_dtype: SimpleNamespace(cubin=b"\x7fELF"))
     root = tmp_path / "engine" / "cubins"
     old = os.umask(umask)
     try:
-        write_bundle(root, [(CFG, 9, "sm_90")], cache_dir=tmp_path / "cache")
+        write_bundle(root, [Item(CFG, 9, "bf16", "sm_90")], cache_dir=tmp_path / "cache")
     finally:
         os.umask(old)
     assert [stat.S_IMODE(p.stat().st_mode) for p in (root.parent, root)] == [dirs, dirs]
@@ -77,8 +84,10 @@ def test_the_bundle_follows_the_umask(tmp_path, monkeypatch, umask, dirs, files)
 
 
 def test_a_cubin_missing_from_a_partly_copied_bundle_is_a_bundle_error(tmp_path, monkeypatch):
-    monkeypatch.setattr(bundle_mod, "compile_cubin", lambda cfg, q_len, arch, cache: SimpleNamespace(cubin=b"\x7fELF"))
-    write_bundle(tmp_path / "b", [(CFG, 9, "sm_90")], cache_dir=tmp_path / "cache")
+    monkeypatch.setattr(
+        bundle_mod, "compile_cubin", lambda cfg, q_len, arch, cache, kv_dtype: SimpleNamespace(cubin=b"\x7fELF")
+    )
+    write_bundle(tmp_path / "b", [Item(CFG, 9, "bf16", "sm_90")], cache_dir=tmp_path / "cache")
     (cubin,) = (tmp_path / "b").glob("*.cubin")
     cubin.unlink()  # the manifest arrived, the cubin did not
     with pytest.raises(BundleError, match=f"cannot read {cubin} of the bundle \\(FileNotFoundError"):
@@ -104,7 +113,7 @@ def test_a_manifest_of_the_wrong_shape_is_a_bundle_error(tmp_path, monkeypatch, 
 
 def test_an_entry_without_its_file_is_refused_when_the_bundle_opens(tmp_path, monkeypatch):
     monkeypatch.setattr(bundle_mod, "kernel_hash", lambda: "K")
-    entry = {"arch": "sm_90", "q_len": 9, "config": CFG.as_params(), "sha256": "0" * 64}
+    entry = {"arch": "sm_90", "kv_dtype": "bf16", "q_len": 9, "config": CFG.as_params(), "sha256": "0" * 64}
     (tmp_path / MANIFEST).write_text(json.dumps({"kernel_hash": "K", "entries": [entry]}))
     with pytest.raises(BundleError, match="malformed .*no file name"):
         Bundle.open(tmp_path)

@@ -69,7 +69,10 @@ def test_fetch_from_sidecar_then_snapshot_then_heuristic(tmp_path):
     assert alias.fetch() == "snapshot" and alias.lookup(46000) == c.lookup(46000)
     # a snapshot copied from another GPU's host, or made for another dtype, is not trusted
     table = json.loads(c.snapshot.read_text())
-    for changed, why in (({"device": "NVIDIA L40S"}, "is for device 'NVIDIA L40S'"), ({"dtype": "fp8"}, "dtype fp8")):
+    for changed, why in (
+        ({"device": "NVIDIA L40S"}, "is for device 'NVIDIA L40S'"),
+        ({"kv_dtype": "fp8"}, "is for kv_dtype 'fp8'"),
+    ):
         c.snapshot.write_text(json.dumps(table | changed))
         other = ConfigClient(
             f"http://127.0.0.1:{port}", H=8, q_len=9, device="NVIDIA H200", snapshot_dir=snap, timeout_s=0.5
@@ -175,3 +178,40 @@ def test_lookup_by_batch_uses_that_batch_buckets_table(tmp_path):
 def test_a_shape_no_table_can_hold_is_named_when_the_client_is_made(tmp_path, kw, says):
     with pytest.raises(ValueError, match=says):
         ConfigClient(**({"H": 8, "q_len": 9} | kw), device="NVIDIA H200", snapshot_dir=tmp_path)
+
+
+def test_a_worker_names_its_kv_format_which_is_checked_and_left_out_of_its_request_at_bf16(tmp_path):
+    """A format the kernel does not read is the worker's mistake, said at construction; at bf16 the
+    request carries no kv_dtype, so a sidecar older than the parameter (which refuses parameters it
+    does not know) still answers the worker."""
+    with pytest.raises(ValueError, match="kv_dtype fp8_e4m3 .*not read by this kernel version yet"):
+        ConfigClient(None, H=8, q_len=9, device="h200", kv_dtype="fp8_e4m3", snapshot_dir=tmp_path)
+    with pytest.raises(ValueError, match="unknown kv_dtype 'fp16': accepted: bf16"):
+        ConfigClient(None, H=8, q_len=9, device="h200", kv_dtype="fp16", snapshot_dir=tmp_path)
+    c = ConfigClient("http://127.0.0.1:1", H=8, q_len=9, device="h200", snapshot_dir=tmp_path, timeout_s=0.2)
+    asked = []
+
+    def get_table(base_url, query, etag, timeout_s):  # type: ignore[no-untyped-def]
+        asked.append(query)
+        raise OSError("no sidecar here")
+
+    c._requests.get_table = get_table  # type: ignore[method-assign]
+    assert c.fetch() == "heuristic" and c.key.kv_dtype == "bf16"
+    assert asked == [{"H": 8, "q_len": 9, "device": "h200", "all_batches": "true"} | {"kernel_hash": c.kernel_hash}]
+
+
+def test_a_table_made_before_a_key_field_existed_is_read_at_that_fields_default(tmp_path):
+    """A key dimension added later (docs/architecture-key.md) must not turn every table an older
+    sidecar serves, or an older snapshot holds, into one for another key."""
+    from tests.test_key_derived import WithPageSize
+
+    c = ConfigClient(None, H=8, q_len=9, device="h200", snapshot_dir=tmp_path)
+    older = c.key.values()  # what a sidecar or snapshot from before `page` holds
+    c.key = WithPageSize(**older)  # a worker whose key has `page`, at its default
+    c._check_key(older)
+    c._check_key(older | {"page": 1})
+    with pytest.raises(ValueError, match="table is for page 16, this worker's is 1"):
+        c._check_key(older | {"page": 16})
+    c.key = WithPageSize(**older, page=16)  # a worker on pages of 16: an older table is not its
+    with pytest.raises(ValueError, match="table is for page 1, this worker's is 16"):
+        c._check_key(older)

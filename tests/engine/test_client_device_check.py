@@ -12,8 +12,10 @@ def test_another_gpus_table_under_this_gpus_file_name_is_not_served(tmp_path):
     needing more shared memory than an A100 has. The client checks every config against its device."""
     from verify_tuner.engine.client import ConfigClient
     from verify_tuner.engine_files import file_name
+    from verify_tuner.kernels import kernel_hash
     from verify_tuner.kernels.limits import known_device
     from verify_tuner.kernels.validate import check
+    from verify_tuner.keys import TableKey
 
     env = {"TUNER_DATABASE_URL": f"sqlite:///{tmp_path / 'c.db'}"}
     assert _tuner(env, "db", "upgrade").returncode == 0
@@ -22,8 +24,8 @@ def test_another_gpus_table_under_this_gpus_file_name_is_not_served(tmp_path):
     out = tmp_path / "out"
     assert _tuner(env, "configs", "dump", "--out-dir", str(out)).returncode == 0
     a100 = known_device("a100")
-    h200_file = out / file_name(H=8, q_len=9, device="NVIDIA H200", dtype="bf16")
-    a100_file = out / file_name(H=8, q_len=9, device=a100.name, dtype="bf16")
+    h200_file = out / file_name(TableKey("NVIDIA H200", kernel_hash(), "bf16", 8, 9))
+    a100_file = out / file_name(TableKey(a100.name, kernel_hash(), "bf16", 8, 9))
     h200_file.rename(a100_file)
     client = ConfigClient(None, H=8, q_len=9, device=a100.name, config_dir=out, snapshot_dir=tmp_path / "snap")
     assert client.fetch() == "heuristic", client.reason

@@ -18,8 +18,10 @@ from verify_tuner.engine.client import URL_ENV, ConfigClient
 from verify_tuner.engine.config_table import heuristic_table
 from verify_tuner.kernels import KERNEL_NAME, KERNEL_VERSION, kernel_hash
 from verify_tuner.kernels.limits import known_device
+from verify_tuner.keys import TableKey
 
 H200 = known_device("h200")
+TABLE = TableKey(H200.name, kernel_hash(), "bf16", 8, 9)
 
 
 @pytest.fixture(autouse=True)
@@ -31,7 +33,7 @@ def sidecar_table() -> dict:
     """A valid /configs answer (every batch bucket, the heuristic's entries) for H=8 q_len=9."""
     configs = [
         {"bucket": {"lo": e.lo, "hi": e.hi}, "batch_bucket": {"index": i}, **e.config.as_params(), "source": e.source}
-        for i, es in heuristic_table(H200, H=8, q_len=9).items()
+        for i, es in heuristic_table(H200, TABLE).items()
         for e in es
     ]
     return {
@@ -51,7 +53,7 @@ def engine_doc() -> dict:
         str(batches.by_index(i).hi): [
             {"prefix_lo": e.lo, "prefix_hi": e.hi, **e.config.as_params(), "source": e.source} for e in es
         ]
-        for i, es in heuristic_table(H200, H=8, q_len=9).items()
+        for i, es in heuristic_table(H200, TABLE).items()
     }
     return {
         "format": engine_files.FORMAT,
@@ -68,7 +70,7 @@ def engine_doc() -> dict:
 
 
 def write_engine_file(folder, doc: dict):  # type: ignore[no-untyped-def]
-    path = folder / engine_files.file_name(H=8, q_len=9, device=H200.name, dtype="bf16")
+    path = folder / engine_files.file_name(TABLE)
     engine_files.write_atomic(path, doc)
     return path
 
@@ -240,9 +242,9 @@ def test_a_table_whose_device_is_not_a_name_is_passed_over(tmp_path, source, val
             c.snapshot.parent.mkdir(parents=True)
             c.snapshot.write_text(json.dumps(table))
         assert c.fetch() == "heuristic"
-        assert "TypeError: table's device and dtype must be names" in c.reason
+        assert "TypeError: table's device must be a name" in c.reason
         if source == "sidecar":
-            assert c.refresh() == "failed" and "must be names" in c.refresh_error  # type: ignore[operator]
+            assert c.refresh() == "failed" and "must be a name" in c.refresh_error  # type: ignore[operator]
 
 
 def test_a_sidecar_streaming_an_endless_body_is_passed_over_without_filling_memory(tmp_path):
@@ -292,7 +294,7 @@ def test_a_table_that_stops_short_of_the_longest_prefix_is_refused_at_fetch(tmp_
 
 def plan() -> dict:
     """A valid graph plan as the sidecar serves it, for batch bucket 0."""
-    cfg = heuristic_table(H200, H=8, q_len=9)[0][0].config
+    cfg = heuristic_table(H200, TABLE)[0][0].config
     return {
         **cfg.as_params(),
         "batch_bucket": {"index": 0},
@@ -343,7 +345,7 @@ def test_a_graph_plan_with_values_an_engine_cannot_use_is_passed_over(tmp_path, 
 def test_json_nested_too_deep_is_passed_over_from_every_source(tmp_path):
     deep = b"[" * 100_000 + b"]" * 100_000
     (tmp_path / "cfg").mkdir()
-    (tmp_path / "cfg" / engine_files.file_name(H=8, q_len=9, device=H200.name, dtype="bf16")).write_bytes(deep)
+    (tmp_path / "cfg" / engine_files.file_name(TABLE)).write_bytes(deep)
     with raw_sidecar(lambda conn: conn.sendall(http_answer(deep))) as url:
         c = client(url, tmp_path, config_dir=tmp_path / "cfg")
         c.snapshot.parent.mkdir(parents=True)
@@ -412,7 +414,8 @@ def fake_bundle(root, configs) -> None:  # type: ignore[no-untyped-def]
 
     root.mkdir()
     entries = [
-        {"arch": H200.arch, "q_len": 9, "config": c.as_params(), "file": f"{i}.cubin", "sha256": "0" * 64}
+        {"arch": H200.arch, "kv_dtype": "bf16", "q_len": 9, "config": c.as_params()}
+        | {"file": f"{i}.cubin", "sha256": "0" * 64}
         for i, c in enumerate(sorted(configs))
     ]
     (root / MANIFEST).write_text(json.dumps({"kernel_hash": kernel_hash(), "entries": entries}))
@@ -420,7 +423,7 @@ def fake_bundle(root, configs) -> None:  # type: ignore[no-untyped-def]
 
 def test_a_table_serving_a_config_the_cubin_bundle_lacks_is_passed_over(tmp_path, monkeypatch):
     """A row tuned after the bundle was built: capturing it on a host without nvcc raised BundleError."""
-    heuristic = {e.config for es in heuristic_table(H200, H=8, q_len=9).values() for e in es}
+    heuristic = {e.config for es in heuristic_table(H200, TABLE).values() for e in es}
     fake_bundle(tmp_path / "cubins", heuristic)
     monkeypatch.setenv("VERIFY_TUNER_CUBINS", str(tmp_path / "cubins"))
     table = sidecar_table()

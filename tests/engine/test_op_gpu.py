@@ -70,11 +70,11 @@ print(json.dumps({"errs": errs, "pycuda": any(m.startswith("pycuda") for m in sy
 
 
 def test_op_from_a_bundle_without_nvcc_in_a_graph_on_the_current_stream(tmp_path):
-    from verify_tuner.engine.bundle import write_bundle
+    from verify_tuner.engine.bundle import Item, write_bundle
     from verify_tuner.kernels.limits import read_device_limits
 
     arch = read_device_limits(0).arch
-    write_bundle(tmp_path / "cubins", [(CFG, 9, arch)], cache_dir=tmp_path / "cache")
+    write_bundle(tmp_path / "cubins", [Item(CFG, 9, "bf16", arch)], cache_dir=tmp_path / "cache")
     path = os.pathsep.join(
         p for p in os.environ["PATH"].split(os.pathsep) if not os.path.exists(os.path.join(p, "nvcc"))
     )

@@ -16,7 +16,11 @@ def write_many(url: str, worker: int, n: int) -> int:
         with session_scope(sessions) as s:
             devices.upsert_device(session=s, limits=h200)  # every writer touches the same row too
             own = ConfigKey(h200.name, "k" * 16, "bf16", 8, 1 + worker, i % 26)
-            best_configs.upsert_best(session=s, key=own, config=KernelConfig(8 + i, 1, 32, 256), median_us=float(i + 1))
+            best_configs.upsert_best(
+                session=s, row=best_configs.BestRow(own, KernelConfig(8 + i, 1, 32, 256), median_us=float(i + 1))
+            )
             shared = ConfigKey(h200.name, "k" * 16, "bf16", 16, 9, i % 26)
-            best_configs.upsert_best(session=s, key=shared, config=KernelConfig(worker + 1, 1, 32, 256), median_us=1.0)
+            best_configs.upsert_best(
+                session=s, row=best_configs.BestRow(shared, KernelConfig(worker + 1, 1, 32, 256), median_us=1.0)
+            )
     return n

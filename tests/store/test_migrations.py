@@ -104,9 +104,11 @@ def test_0001_database_holding_rows_upgrades_and_back_keeping_them(db_url):
         before = data_version.data_stamp(session=s)
         best_configs.upsert_best(
             session=s,
-            key=ConfigKey("NVIDIA H200", "abc", "bf16", 8, 9, 16),
-            config=KernelConfig(nsplit=32, ht=8, tk=32, block=256),
-            median_us=1.0,
+            row=best_configs.BestRow(
+                ConfigKey("NVIDIA H200", "abc", "bf16", 8, 9, 16),
+                KernelConfig(nsplit=32, ht=8, tk=32, block=256),
+                median_us=1.0,
+            ),
         )
     with session_scope(sessions) as s:
         assert data_version.data_stamp(session=s)[0] == before[0] + 1
@@ -169,9 +171,11 @@ def test_0002_database_with_rows_gains_batch_buckets_and_loses_nothing(db_url):
         assert len(studies.list_trials(session=s, study_id=study.id)) == 1
         best_configs.upsert_best(
             session=s,
-            key=ConfigKey(**{**key1.__dict__, "batch_bucket": 5}),
-            config=KernelConfig(nsplit=4, ht=8, tk=32, block=256),
-            median_us=90.0,
+            row=best_configs.BestRow(
+                ConfigKey(**{**key1.__dict__, "batch_bucket": 5}),
+                KernelConfig(nsplit=4, ht=8, tk=32, block=256),
+                median_us=90.0,
+            ),
         )
     with session_scope(sessions) as s:
         assert best_configs.get_best(session=s, key=key1).config.nsplit == 132
@@ -241,10 +245,12 @@ def test_0004_database_with_rows_gains_neighbour_mb_and_a_downgrade_drops_only_c
         )
         best_configs.upsert_best(
             session=s,
-            key=ConfigKey(**{**key.__dict__, "bucket": 15}),
-            config=KernelConfig(nsplit=128, ht=8, tk=32, block=256),
-            median_us=40.0,
-            neighbour_mb=128,
+            row=best_configs.BestRow(
+                ConfigKey(**{**key.__dict__, "bucket": 15}),
+                KernelConfig(nsplit=128, ht=8, tk=32, block=256),
+                median_us=40.0,
+                neighbour_mb=128,
+            ),
         )
     migrate.downgrade(db_url, "0004")
     with engine.connect() as conn:
@@ -314,3 +320,97 @@ def test_autogenerate_ignores_optunas_tables(db_url):
     engine.dispose()
     assert any(d[0] == "remove_table" for d in unfiltered)  # what autogenerate would have emitted
     assert filtered == [], filtered
+
+
+def _rows_of_0005(conn, kv: str, bucket: int) -> None:  # type: ignore[no-untyped-def]
+    """A study with a trial, its best, a graph plan and a verification, as schema 0005 holds them
+    (the format in `dtype`; from 0006 on, `kv_dtype`), written with plain SQL."""
+    from sqlalchemy import text
+
+    col = "dtype" if kv == "bf16" else "kv_dtype"  # a format other than bf16 exists only from 0006 on
+    params = '{"NSPLIT": 132, "HT": 8, "TK": 32, "BLOCK": 256}'
+    key = f'device_id, kernel_id, {col}, "H", q_len'
+    of = "FROM devices d, kernels k"
+    conn.execute(
+        text(
+            f"INSERT INTO tuning_studies (workload_key, {key}, bucket, batch_bucket, prefix, status, sampler, "
+            f"started_at, n_trials, n_ok, n_invalid, n_failed) SELECT 'NVIDIA H200|abc|{kv}|H8|Q9|b{bucket}', "
+            f"d.id, k.id, '{kv}', 8, 9, {bucket}, 0, 46000, 'finished', 'tpe', '2026-12-01', 20, 20, 0, 0 {of}"
+        )
+    )
+    study = f"(SELECT id FROM tuning_studies WHERE workload_key LIKE '%|{kv}|%')"
+    conn.execute(
+        text(
+            f"INSERT INTO tuning_trials (study_id, params, state, created_at) SELECT {study}, '{{}}', 'ok', '2026-12-01'"
+        )
+    )
+    conn.execute(
+        text(
+            f"INSERT INTO best_configs ({key}, bucket, batch_bucket, nsplit, ht, tk, block, extra, median_us, "
+            f"study_id, tuned_at) SELECT d.id, k.id, '{kv}', 8, 9, {bucket}, 0, 132, 8, 32, 256, '{{}}', 42.0, "
+            f"{study}, '2026-12-01' {of}"
+        )
+    )
+    conn.execute(
+        text(
+            f"INSERT INTO graph_plans ({key}, batch_bucket, bucket_lo, bucket_hi, weights_digest, weights, params, "
+            "expected_us, per_bucket, finalists, batch, spread, rounds, measured_by, measured_at) SELECT d.id, k.id, "
+            f"'{kv}', 8, 9, 0, 15, 16, '{kv}', '{{}}', '{params}', 40.0, '[]', '[]', 1, 'uniform', 3, "
+            f"'a test', '2026-12-01' {of}"
+        )
+    )
+    conn.execute(
+        text(
+            f"INSERT INTO best_verifications ({key}, bucket, batch_bucket, params, heuristic_params, verdict, "
+            f"reason, measured_by, verified_at) SELECT d.id, k.id, '{kv}', 8, 9, {bucket}, 0, "
+            f"'{params}', '{params}', 'ok', 'faster', 'a test', '2026-12-02' {of}"
+        )
+    )
+
+
+def test_0005_database_with_rows_upgrades_to_kv_dtype_bf16_and_back(db_url):
+    """Migration 0006: every keyed table's `dtype` becomes `kv_dtype`. A database tuned before keeps
+    every row as bf16: the same lookups answer, its study resumes (study names carried the value
+    already), its plans and verifications read back; a row stored without the column is bf16. A
+    downgrade keeps those rows and drops the rows of other formats with their studies' trials (the
+    older schema reads every row as bf16)."""
+    from sqlalchemy import text
+    from verify_tuner.keys import ConfigKey
+    from verify_tuner.store import best_configs, plans, studies
+    from verify_tuner.store.session import session_factory, session_scope
+
+    migrate.upgrade(db_url, "0005")
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        _old_device_and_kernel(conn, version="7")
+        _rows_of_0005(conn, "bf16", 16)
+    migrate.upgrade(db_url)
+    key = ConfigKey("NVIDIA H200", "abc", "bf16", 8, 9, 16)
+    sessions = session_factory(engine)
+    with session_scope(sessions) as s:
+        (row,) = best_configs.list_best(session=s)
+        assert (row.key, row.median_us) == (key, 42.0)
+        assert best_configs.get_best(session=s, key=key) == row
+        study = studies.get_or_create_study(session=s, key=key, prefix=46000, sampler="tpe", seed=None)
+        assert (study.n_trials, study.kv_dtype, study.workload_key) == (20, "bf16", str(key))  # it resumes
+        (plan,) = plans.list_plans(session=s)
+        assert plan.table == key.table and plans.served_plans(session=s, table=key.table)[0] == plan
+        assert [v.key for v in plans.list_verifications(session=s)] == [key]
+    with engine.begin() as conn:  # a writer that does not name the column (an older tool's INSERT)
+        conn.execute(
+            text(
+                'INSERT INTO best_configs (device_id, kernel_id, "H", q_len, bucket, batch_bucket, nsplit, ht, tk, '
+                "block, extra, tuned_at) SELECT d.id, k.id, 8, 9, 3, 0, 64, 8, 32, 256, '{}', '2026-12-03' "
+                "FROM devices d, kernels k"
+            )
+        )
+        assert conn.execute(text("SELECT kv_dtype FROM best_configs WHERE bucket = 3")).scalar_one() == "bf16"
+        _rows_of_0005(conn, "fp8_e4m3", 15)  # what a later kernel stores: the downgrade must drop it
+    migrate.downgrade(db_url, "0005")
+    with engine.connect() as conn:
+        for table in ("best_configs", "tuning_studies", "graph_plans", "best_verifications"):
+            assert conn.execute(text(f"SELECT DISTINCT dtype FROM {table}")).scalars().all() == ["bf16"], table
+        assert conn.execute(text("SELECT workload_key FROM tuning_studies")).scalars().all() == [str(key)]
+        assert conn.execute(text("SELECT count(*) FROM tuning_trials")).scalar_one() == 1
+        assert sorted(conn.execute(text("SELECT bucket FROM best_configs")).scalars()) == [3, 16]
+    engine.dispose()

@@ -9,7 +9,7 @@ import pytest
 from verify_tuner.errors import StorageError
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.limits import known_device
-from verify_tuner.keys import ConfigKey
+from verify_tuner.keys import ConfigKey, TableKey
 from verify_tuner.store import best_configs, data_version, devices, plans
 from verify_tuner.store.session import session_scope
 
@@ -17,12 +17,9 @@ H200 = known_device("h200")
 KH = "k" * 16
 CFG = KernelConfig(nsplit=64, ht=8, tk=32, block=256, stages=3)
 OTHER = KernelConfig(nsplit=32, ht=8, tk=32, block=256, stages=3)
+TABLE = TableKey(H200.name, KH, "bf16", 8, 9)
 PLAN = plans.PlanRow(
-    device=H200.name,
-    kernel_hash=KH,
-    dtype="bf16",
-    H=8,
-    q_len=9,
+    table=TABLE,
     batch_bucket=3,
     bucket_lo=10,
     bucket_hi=12,
@@ -67,8 +64,8 @@ def test_the_newest_plan_of_a_batch_bucket_is_served(sessions):
         plans.upsert_plan(session=s, plan=replace(PLAN, weights_digest="e" * 64, config=OTHER))
         plans.upsert_plan(session=s, plan=replace(PLAN, batch_bucket=0, measured_at=old))
     with session_scope(sessions) as s:
-        served = plans.served_plans(session=s, device=H200.name, kernel_hash=KH, dtype="bf16", H=8, q_len=9)
-        assert plans.served_plans(session=s, device=H200.name, kernel_hash="x", dtype="bf16", H=8, q_len=9) == {}
+        served = plans.served_plans(session=s, table=TABLE)
+        assert plans.served_plans(session=s, table=replace(TABLE, kernel_hash="x")) == {}
     assert served[3].config == OTHER and served[0].config == CFG and set(served) == {0, 3}
 
 
@@ -83,13 +80,13 @@ def test_plans_go_with_the_bests_they_were_built_from(sessions):
     with session_scope(sessions) as s:
         plans.upsert_plan(session=s, plan=PLAN)  # buckets 10..12, batch bucket 3
         plans.upsert_plan(session=s, plan=replace(PLAN, batch_bucket=0))
-        plans.upsert_plan(session=s, plan=replace(PLAN, H=16, bucket_lo=0, bucket_hi=4))
+        plans.upsert_plan(session=s, plan=replace(PLAN, table=replace(TABLE, H=16), bucket_lo=0, bucket_hi=4))
     with session_scope(sessions) as s:
         assert plans.delete_plans(session=s, device=H200.name, bucket=9) == 0  # no range holds it
         assert plans.delete_plans(session=s, device="nope") == 0
         assert plans.delete_plans(session=s, device=H200.name, H=8, bucket=11, batch_bucket=3) == 1
     with session_scope(sessions) as s:
-        assert {(p.H, p.batch_bucket) for p in plans.list_plans(session=s)} == {(8, 0), (16, 3)}
+        assert {(p.table.H, p.batch_bucket) for p in plans.list_plans(session=s)} == {(8, 0), (16, 3)}
         assert plans.delete_plans(session=s, device=H200.name, q_len=9) == 2
         assert plans.list_plans(session=s) == []
 
@@ -117,7 +114,7 @@ def test_a_verdict_marks_the_row_keeps_history_and_a_retune_clears_it(sessions):
     _record(sessions)
     key = ConfigKey(H200.name, KH, "bf16", 8, 9, 15, 3)
     with session_scope(sessions) as s:
-        best_configs.upsert_best(session=s, key=key, config=CFG, median_us=20.0)
+        best_configs.upsert_best(session=s, row=best_configs.BestRow(key, CFG, median_us=20.0))
     with session_scope(sessions) as s:
         assert plans.record_verification(session=s, v=_verification(key, CFG, "stale"))
         assert not plans.record_verification(session=s, v=_verification(key, OTHER, "stale"))  # not the row's config
@@ -127,7 +124,7 @@ def test_a_verdict_marks_the_row_keeps_history_and_a_retune_clears_it(sessions):
         assert row.stale and row.verified_at is not None and data_version.data_stamp(session=s).stale == 1
         assert [v.verdict for v in plans.list_verifications(session=s)] == ["stale"] * 3
     with session_scope(sessions) as s:  # a re-tune stores the row again
-        best_configs.upsert_best(session=s, key=key, config=OTHER, median_us=18.0)
+        best_configs.upsert_best(session=s, row=best_configs.BestRow(key, OTHER, median_us=18.0))
     with session_scope(sessions) as s:
         row = best_configs.get_best(session=s, key=key)
         assert row.verdict is None and not row.stale and data_version.data_stamp(session=s).stale == 0

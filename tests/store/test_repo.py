@@ -36,12 +36,12 @@ def test_device_roundtrip_and_update(sessions):
 def test_best_upsert_replaces_and_keeps_extra_constants(sessions):
     _record(sessions)
     with session_scope(sessions) as s:
-        best_configs.upsert_best(session=s, key=KEY, config=CFG, median_us=30.0, default_us=60.0)
+        best_configs.upsert_best(session=s, row=best_configs.BestRow(KEY, CFG, median_us=30.0, default_us=60.0))
     with session_scope(sessions) as s:
         row = best_configs.get_best(session=s, key=KEY)
     assert row.config == CFG and row.speedup == pytest.approx(2.0)
     with session_scope(sessions) as s:
-        best_configs.upsert_best(session=s, key=KEY, config=KernelConfig(32, 4, 64, 512), median_us=25.0)
+        best_configs.upsert_best(session=s, row=best_configs.BestRow(KEY, KernelConfig(32, 4, 64, 512), median_us=25.0))
     with session_scope(sessions) as s:
         rows = best_configs.list_best(session=s)
     assert len(rows) == 1 and rows[0].config == KernelConfig(32, 4, 64, 512) and rows[0].median_us == 25.0
@@ -49,7 +49,7 @@ def test_best_upsert_replaces_and_keeps_extra_constants(sessions):
 
 def test_best_needs_a_recorded_device(sessions):
     with pytest.raises(StorageError, match="not recorded"), session_scope(sessions) as s:
-        best_configs.upsert_best(session=s, key=KEY, config=CFG, median_us=1.0)
+        best_configs.upsert_best(session=s, row=best_configs.BestRow(KEY, CFG, median_us=1.0))
 
 
 def test_nearest_bucket_by_log_distance(sessions):
@@ -57,12 +57,10 @@ def test_nearest_bucket_by_log_distance(sessions):
     with session_scope(sessions) as s:
         for b, us in ((5, 5.0), (20, 50.0)):
             best_configs.upsert_best(
-                session=s, key=ConfigKey(**{**KEY.__dict__, "bucket": b}), config=CFG, median_us=us
+                session=s, row=best_configs.BestRow(ConfigKey(**{**KEY.__dict__, "bucket": b}), CFG, median_us=us)
             )
     with session_scope(sessions) as s:
-        rows = best_configs.list_best_for(
-            session=s, device=KEY.device, kernel_hash=KEY.kernel_hash, dtype=KEY.dtype, H=KEY.H, q_len=KEY.q_len
-        )
+        rows = best_configs.list_best_for(session=s, table=KEY.table)
         assert best_configs.nearest_row(rows, buckets.by_index(KEY.bucket)).key.bucket == 20  # 15: 5 from 20, 10 from 5
         assert best_configs.nearest_row(rows, buckets.by_index(9)).key.bucket == 5
         assert best_configs.nearest_row([], buckets.by_index(9)) is None
@@ -74,20 +72,12 @@ def test_batch_buckets_are_separate_keys(sessions):
     _record(sessions)
     b32 = ConfigKey(**{**KEY.__dict__, "batch_bucket": 5})
     with session_scope(sessions) as s:
-        best_configs.upsert_best(session=s, key=KEY, config=CFG, median_us=10.0)
-        best_configs.upsert_best(session=s, key=b32, config=KernelConfig(4, 8, 32, 256), median_us=90.0)
+        best_configs.upsert_best(session=s, row=best_configs.BestRow(KEY, CFG, median_us=10.0))
+        best_configs.upsert_best(session=s, row=best_configs.BestRow(b32, KernelConfig(4, 8, 32, 256), median_us=90.0))
     with session_scope(sessions) as s:
         assert best_configs.get_best(session=s, key=KEY).config == CFG
         assert best_configs.get_best(session=s, key=b32).config.nsplit == 4
-        only32 = best_configs.list_best_for(
-            session=s,
-            device=KEY.device,
-            kernel_hash=KEY.kernel_hash,
-            dtype=KEY.dtype,
-            H=KEY.H,
-            q_len=KEY.q_len,
-            batch_bucket=5,
-        )
+        only32 = best_configs.list_best_for(session=s, table=KEY.table, batch_bucket=5)
         assert [r.key for r in only32] == [b32]
         assert best_configs.delete_best(session=s, device=H200.name, batch_bucket=5) == 1
         assert [r.key for r in best_configs.list_best(session=s)] == [KEY]
@@ -99,7 +89,7 @@ def test_delete_filters(sessions):
     with session_scope(sessions) as s:
         for b in (1, 2, 3):
             best_configs.upsert_best(
-                session=s, key=ConfigKey(**{**KEY.__dict__, "bucket": b}), config=CFG, median_us=1.0
+                session=s, row=best_configs.BestRow(ConfigKey(**{**KEY.__dict__, "bucket": b}), CFG, median_us=1.0)
             )
     with session_scope(sessions) as s:
         assert best_configs.delete_best(session=s, device=H200.name, bucket=2) == 1

@@ -24,9 +24,11 @@ def test_snapshot_copies_devices_and_best_configs(db_url, tmp_path):
         for bucket in (10, 15):
             best_configs.upsert_best(
                 session=s,
-                key=ConfigKey(H200.name, "k" * 16, "bf16", 8, 9, bucket),
-                config=KernelConfig(132, 8, 32, 256),
-                median_us=70.0 + bucket,
+                row=best_configs.BestRow(
+                    ConfigKey(H200.name, "k" * 16, "bf16", 8, 9, bucket),
+                    KernelConfig(132, 8, 32, 256),
+                    median_us=70.0 + bucket,
+                ),
             )
     dest = tmp_path / "snap.db"
     assert write_snapshot(db_url, dest) == 2
@@ -55,7 +57,7 @@ def test_snapshot_keeps_stale_rows_marked_and_carries_the_graph_plans(sqlite_url
     with session_scope(sessions) as s:
         devices.upsert_device(session=s, limits=H200)
         for key in keys:
-            best_configs.upsert_best(session=s, key=key, config=cfg, median_us=70.0)
+            best_configs.upsert_best(session=s, row=best_configs.BestRow(key, cfg, median_us=70.0))
         plans.upsert_plan(session=s, plan=PLAN)
     with session_scope(sessions) as s:
         assert plans.record_verification(session=s, v=_verification(keys[1], cfg, "stale"))

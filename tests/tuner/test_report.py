@@ -9,7 +9,7 @@ from verify_tuner.cli.commands import cli
 from verify_tuner.kernels import kernel_hash
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.limits import known_device
-from verify_tuner.keys import ConfigKey
+from verify_tuner.keys import ConfigKey, TableKey
 from verify_tuner.store import best_configs, devices, migrate, plans
 from verify_tuner.store.session import make_engine, session_factory, session_scope
 
@@ -24,19 +24,17 @@ def test_report_writes_table_and_plot(sqlite_url, tmp_path):
             for bb in (0, 5):
                 best_configs.upsert_best(
                     session=s,
-                    key=ConfigKey(h200.name, kernel_hash(), "bf16", 8, 9, bucket, bb),
-                    config=KernelConfig(128, 8, 32, 256),
-                    median_us=us * (1 + bb),
-                    default_us=us * 1.2 * (1 + bb),
+                    row=best_configs.BestRow(
+                        ConfigKey(h200.name, kernel_hash(), "bf16", 8, 9, bucket, bb),
+                        KernelConfig(128, 8, 32, 256),
+                        median_us=us * (1 + bb),
+                        default_us=us * 1.2 * (1 + bb),
+                    ),
                 )
         plans.upsert_plan(
             session=s,
             plan=plans.PlanRow(
-                device=h200.name,
-                kernel_hash=kernel_hash(),
-                dtype="bf16",
-                H=8,
-                q_len=9,
+                table=TableKey(h200.name, kernel_hash(), "bf16", 8, 9),
                 batch_bucket=5,
                 bucket_lo=9,
                 bucket_hi=15,
@@ -56,7 +54,7 @@ def test_report_writes_table_and_plot(sqlite_url, tmp_path):
     md = (tmp_path / "rep" / "tuned_nvidia-h200.md").read_text()
     assert "| 8 | 9 | 1 | [32768, 46341) |" in md and "1.20x" in md and "4200 GB/s" in md
     assert "| 8 | 9 | 17-32 | [32768, 46341) |" in md  # batch buckets on their own rows
-    assert "## Graph plan H=8 q_len=9 batch 17-32" in md and "| 1.083x |" in md and "worst 1.083x" in md
+    assert "## Graph plan bf16 H=8 q_len=9 batch 17-32" in md and "| 1.083x |" in md and "worst 1.083x" in md
     png = (tmp_path / "rep" / "tuned_nvidia-h200.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
@@ -72,10 +70,12 @@ def test_report_keeps_each_kernel_builds_rows_apart_and_names_the_served_one(sql
         for kernel, nsplit, us in ((old, 64, 55.0), (kernel_hash(), 128, 42.0)):
             best_configs.upsert_best(
                 session=s,
-                key=ConfigKey(h200.name, kernel, "bf16", 8, 9, 15),
-                config=KernelConfig(nsplit, 8, 32, 256),
-                median_us=us,
-                default_us=60.0,
+                row=best_configs.BestRow(
+                    ConfigKey(h200.name, kernel, "bf16", 8, 9, 15),
+                    KernelConfig(nsplit, 8, 32, 256),
+                    median_us=us,
+                    default_us=60.0,
+                ),
             )
     r = CliRunner().invoke(cli, ["--database-url", sqlite_url, "study", "report", "--out", str(tmp_path / "rep")])
     assert r.exit_code == 0, r.output
@@ -83,7 +83,7 @@ def test_report_keeps_each_kernel_builds_rows_apart_and_names_the_served_one(sql
     ours = md.index(f"## Kernel {kernel_hash()} (this build: its sidecar serves these)")
     theirs = md.index(f"## Kernel {old} (another build: served only to workers that ask for this kernel_hash)")
     assert ours < md.index("NSPLIT=128") < theirs < md.index("NSPLIT=64"), md
-    assert md.count("| H | q_len | batch |") == 2  # a table per build
+    assert md.count("| kv_dtype | H | q_len | batch |") == 2  # a table per build
     assert (tmp_path / "rep" / "tuned_nvidia-h200.png").read_bytes()[:4] == b"\x89PNG"
 
 

@@ -161,7 +161,8 @@ def _store_neighbour(sessions) -> KernelConfig:
         from verify_tuner.keys import ConfigKey
 
         best_configs.upsert_best(
-            session=s, key=ConfigKey(H200.name, kernel_hash(), "bf16", 8, 9, 14), config=neighbour, median_us=30.0
+            session=s,
+            row=best_configs.BestRow(ConfigKey(H200.name, kernel_hash(), "bf16", 8, 9, 14), neighbour, median_us=30.0),
         )
     return neighbour
 
@@ -246,7 +247,7 @@ def test_a_clearly_faster_config_replaces_the_stored_best(sessions, db_url):
     key = ConfigKey(H200.name, kernel_hash(), "bf16", 8, 9, bucket_of(46000).index)
     with session_scope(sessions) as s:
         devices.upsert_device(session=s, limits=H200)
-        best_configs.upsert_best(session=s, key=key, config=slow_best, median_us=1000.0)
+        best_configs.upsert_best(session=s, row=best_configs.BestRow(key, slow_best, median_us=1000.0))
     fb = FakeBackend(noise=0.0)
     out = study(sessions, db_url, fb, n_trials=25)
     assert out.decision == "stored new best" and out.best != slow_best
@@ -312,9 +313,9 @@ class _ThreadedBackend(FakeBackend):
         with self.lock:
             setattr(self, what, getattr(self, what) - 1)
 
-    def compile_ahead(self, cfg, q_len):  # type: ignore[no-untyped-def]
+    def compile_ahead(self, cfg, workload):  # type: ignore[no-untyped-def]
         self._enter("compiling", 0.4)
-        super().compile_ahead(cfg, q_len)
+        super().compile_ahead(cfg, workload)
 
     def measure(self, cfg, wl):  # type: ignore[no-untyped-def]
         self._enter("measuring", 0.03)
@@ -348,10 +349,10 @@ def test_parallel_trials_compile_ahead_measure_one_at_a_time_and_keep_the_budget
 class _SlowDefaultBackend(_ThreadedBackend):
     """The default compiles slowest (a big config's nvcc): the others finish compiling first."""
 
-    def compile_ahead(self, cfg, q_len):  # type: ignore[no-untyped-def]
+    def compile_ahead(self, cfg, workload):  # type: ignore[no-untyped-def]
         slow = cfg == heuristic_config(H200, H=8, q_len=9, prefix=46000)
         self._enter("compiling", 0.6 if slow else 0.02)
-        FakeBackend.compile_ahead(self, cfg, q_len)
+        FakeBackend.compile_ahead(self, cfg, workload)
 
 
 def test_the_default_is_measured_first_even_when_it_compiles_last(sessions, db_url):

@@ -85,7 +85,7 @@ class OutputError(Exception):
 
 def main() -> None:
     real = sys.stdout
-    sys.stdout = _Output(real)  # type: ignore[assignment]
+    sys.stdout = _Output(real)
     code = 0
     try:
         cli(prog_name="tuner")

@@ -13,7 +13,7 @@ from verify_tuner.batches import MAX_BATCH
 from verify_tuner.buckets import MAX_PREFIX
 from verify_tuner.cli.database import checked_sessions
 from verify_tuner.cli.exits import clean_exit
-from verify_tuner.cli.options import H_RANGE, JSON_OPT, Q_LEN_RANGE, Integer, integer
+from verify_tuner.cli.options import H_RANGE, JSON_OPT, KV_DTYPE_OPT, Q_LEN_RANGE, Integer, integer
 from verify_tuner.kernels.validate import MAX_Q_LEN
 from verify_tuner.keys import MAX_H
 from verify_tuner.settings import Settings
@@ -55,7 +55,7 @@ def configs_list(settings: Settings, device: str | None, H: int | None, q_len: i
         else:
             served = ""
         click.echo(
-            f"{r['device']}  H={r['H']} q_len={r['q_len']} prefix[{r['bucket_lo']},{r['bucket_hi']}) "
+            f"{r['device']}  {r['kv_dtype']} H={r['H']} q_len={r['q_len']} prefix[{r['bucket_lo']},{r['bucket_hi']}) "
             f"B[{r['batch_lo']},{r['batch_hi']}]  "
             f"{consts}  {_us(r['median_us'])} (default {_us(r['default_us'])}{_timed(r['neighbour_mb'])})  "
             f"kernel {r['kernel_hash']}{served}"
@@ -89,11 +89,12 @@ def _us(v: float | None) -> str:
     "--batch", type=Integer(1, MAX_BATCH), default=1, show_default=True, help="Requests verified in one launch."
 )
 @click.option("--device", default=None, help="Default: TUNER_DEVICE, else the only recorded device.")
+@KV_DTYPE_OPT
 @JSON_OPT
 @click.pass_obj
 @clean_exit
 def configs_show(
-    settings: Settings, H: int, q_len: int, prefix: int, batch: int, device: str | None, as_json: bool
+    settings: Settings, H: int, q_len: int, prefix: int, batch: int, device: str | None, kv_dtype: str, as_json: bool
 ) -> None:
     """The config the service would answer for this key (tuned, nearest or heuristic), as the JSON
     GET /config answers (--json is accepted for symmetry with the other commands)."""
@@ -103,10 +104,9 @@ def configs_show(
 
     with session_scope(checked_sessions(settings)) as s:
         limits = lookup.resolve_device(session=s, name=device, default=settings.device)
-        a = lookup.answer(session=s, limits=limits, H=H, q_len=q_len, prefix=prefix, batch=batch)
-        plan = lookup.graph_plans(
-            session=s, limits=limits, H=H, q_len=q_len, dtype="bf16", kernel_hash=a.kernel_hash
-        ).get(a.batch_bucket.index)
+        key = lookup.local_key(limits, H=H, q_len=q_len, kv_dtype=kv_dtype)
+        a = lookup.answer(session=s, limits=limits, key=key, prefix=prefix, batch=batch)
+        plan = plans.served_plans(session=s, table=key).get(a.batch_bucket.index)
     graph_plan = None if plan is None else GraphPlanOut.model_validate(plans.plan_doc(plan))
     out = ConfigOut(**dict(ConfigEntryOut.of(a)), graph_plan=graph_plan)
     click.echo(json.dumps(out.model_dump(mode="json"), indent=2))
@@ -147,17 +147,18 @@ def configs_export(settings: Settings, fmt: str, output: Path | None, device: st
 def _write_cubins(settings: Settings, out_dir: Path, paths: list[Path]) -> Path:
     """The cubin bundle for every config the dumped files serve, on each file's device arch."""
     from verify_tuner import engine_files
-    from verify_tuner.engine.bundle import write_bundle
+    from verify_tuner.engine.bundle import Item, write_bundle
     from verify_tuner.kernels.limits import known_device
 
     items = []
     for path in paths:
         doc = json.loads(path.read_text())
-        limits = known_device(doc["device_name"])
+        key = engine_files.doc_key_values(doc)
+        limits = known_device(key["device"])
         if limits is None:
-            raise click.ClickException(f"{doc['device_name']}: no known arch to compile its cubins for")
-        items += [(cfg, doc["q_len"], limits.arch) for cfg in engine_files.distinct_configs(doc)]
-    n, arches = len(set(items)), ", ".join(sorted({arch for _, _, arch in items}))
+            raise click.ClickException(f"{key['device']}: no known arch to compile its cubins for")
+        items += [Item(cfg, key["q_len"], key["kv_dtype"], limits.arch) for cfg in engine_files.distinct_configs(doc)]
+    n, arches = len(set(items)), ", ".join(sorted({it.arch for it in items}))
     # nvcc takes seconds a config, cached ones none: say what the silence is
     click.echo(f"compiling {n} cubin(s) for {arches} with nvcc (cached ones are reused) ...", err=True)
     return write_bundle(out_dir / "cubins", items, cache_dir=settings.cache_dir)
@@ -178,6 +179,7 @@ def _write_cubins(settings: Settings, out_dir: Path, paths: list[Path]) -> Path:
     metavar="H:Q",
     help="Also write this (H, q_len) where nothing is tuned (heuristic table); repeatable.",
 )
+@KV_DTYPE_OPT
 @click.option(
     "--cubins",
     is_flag=True,
@@ -186,10 +188,13 @@ def _write_cubins(settings: Settings, out_dir: Path, paths: list[Path]) -> Path:
 )
 @click.pass_obj
 @clean_exit
-def configs_dump(settings: Settings, out_dir: Path, device: str | None, shapes: tuple[str, ...], cubins: bool) -> None:
-    """Write engine-style files, one per (H, q_len, device, dtype), named like vLLM's tuned
-    configs (H=8,q_len=9,device_name=NVIDIA_H200,dtype=bf16.json): the whole answer table for
-    the kernel this version launches, for workers that read configs from a folder."""
+def configs_dump(
+    settings: Settings, out_dir: Path, device: str | None, shapes: tuple[str, ...], kv_dtype: str, cubins: bool
+) -> None:
+    """Write engine-style files, one per table (device, KV format, H, q_len), named like vLLM's
+    tuned configs (H=8,q_len=9,device_name=NVIDIA_H200,dtype=bf16.json, dtype the KV cache's
+    format): the whole answer table for the kernel this version launches, for workers that read
+    configs from a folder. --kv-dtype is the format of the --shape tables."""
     from verify_tuner.files import private_umask
     from verify_tuner.store import engine_dump, lookup
     from verify_tuner.store.session import session_scope
@@ -206,7 +211,7 @@ def configs_dump(settings: Settings, out_dir: Path, device: str | None, shapes: 
             )
         parsed.append((H, q))
     with session_scope(checked_sessions(settings)) as s:
-        paths = engine_dump.dump(session=s, out_dir=out_dir, device=device, shapes=parsed)
+        paths = engine_dump.dump(session=s, out_dir=out_dir, device=device, shapes=parsed, kv_dtype=kv_dtype)
         name = lookup.device_name(session=s, name=device)
     if not paths:
         click.echo("nothing tuned for this kernel: no files written (give --shape H:Q for heuristic tables)")

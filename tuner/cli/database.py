@@ -4,11 +4,16 @@ and sessions on a database that exists and is at the schema this version needs
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 from verify_tuner.settings import Settings
 
+if TYPE_CHECKING:  # the command's import stays light: SQLAlchemy is imported when a command needs it
+    from sqlalchemy.orm import Session, sessionmaker
 
-def checked_sessions(settings: Settings):  # type: ignore[no-untyped-def]
+
+def checked_sessions(settings: Settings) -> sessionmaker[Session]:
     """Sessions on the settings' database, which must exist and hold the schema this version needs."""
     from verify_tuner.store import migrate
 

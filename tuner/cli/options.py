@@ -9,9 +9,11 @@ from typing import Any
 
 import click
 from verify_tuner.batches import SPREADS
+from verify_tuner.kernels.formats import DEFAULT as DEFAULT_KV_DTYPE
+from verify_tuner.kernels.formats import KV_DTYPES
 from verify_tuner.kernels.timing import MAX_NEIGHBOUR_MB
 from verify_tuner.kernels.validate import MAX_Q_LEN
-from verify_tuner.keys import MAX_H
+from verify_tuner.keys import MAX_H, check_kv_dtype
 
 _INTEGER = re.compile(r"-?[0-9]+")
 
@@ -69,6 +71,22 @@ NEIGHBOUR_OPT = click.option(
     "the rest of an engine's layer, which leaves the kernel's caches cold (more than the L2, e.g. 128 on an "
     "H200). 0: CUDA-graph replays back to back. Stored with every time; a study under one never resumes "
     "one under the other.",
+)
+
+
+def _kv_dtype(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    try:
+        return check_kv_dtype(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+KV_DTYPE_OPT = click.option(
+    "--kv-dtype",
+    default=DEFAULT_KV_DTYPE,
+    show_default=True,
+    callback=_kv_dtype,
+    help="The KV cache's element format (the engine's --kv-cache-dtype): " + ", ".join(KV_DTYPES) + ".",
 )
 
 MEASURE_TIMEOUT_OPT = click.option(

@@ -19,6 +19,7 @@ from verify_tuner.cli.database import checked_sessions
 from verify_tuner.cli.exits import clean_exit
 from verify_tuner.cli.options import (
     H_OPT,
+    KV_DTYPE_OPT,
     MEASURE_TIMEOUT_OPT,
     NEIGHBOUR_OPT,
     ORDINAL_OPT,
@@ -99,6 +100,7 @@ def register_study(study: click.Group) -> None:
         "default: the range's buckets weighted equally.",
     )
     @spread_option("How each batch's prefixes are drawn (as `study start`).")
+    @KV_DTYPE_OPT
     @NEIGHBOUR_OPT
     @_gpu_opts
     @click.pass_obj
@@ -130,34 +132,30 @@ def _graph_plan(
     path = kw["prefix_weights"]
     weights = prefix_weights.load(path, in_range) if path else prefix_weights.equal(in_range)
     sessions = checked_sessions(settings)
-    _require_winners(sessions, H, q_len, prefix_range, {b.index for b in in_range}, batch_sizes)
+    _require_winners(sessions, H, q_len, kw["kv_dtype"], prefix_range, {b.index for b in in_range}, batch_sizes)
     _log_to_stderr()
     backend = open_backend(settings, kw["ordinal"], kw["measure_timeout"])
     try:
-        results = [
-            plan_job.plan_batch(
-                backend=backend,
-                sessions=sessions,
-                H=H,
-                q_len=q_len,
-                prefix_lo=lo,
-                prefix_hi=hi,
-                batch=b,
-                weights=weights,
-                spread=kw["spread"],
-                rounds=kw["rounds"],
-                passes=kw["passes"],
-                neighbour_mb=kw["neighbour_mb"],
-            )
-            for b in batch_sizes
-        ]
+        job = plan_job.PlanJob(
+            H,
+            q_len,
+            lo,
+            hi,
+            weights,
+            kv_dtype=kw["kv_dtype"],
+            spread=kw["spread"],
+            rounds=kw["rounds"],
+            passes=kw["passes"],
+            neighbour_mb=kw["neighbour_mb"],
+        )
+        results = [plan_job.plan_batch(backend=backend, sessions=sessions, job=job, batch=b) for b in batch_sizes]
     finally:
         backend.close()
     _print_plans(results, weights, kw["as_json"])
 
 
 def _require_winners(
-    sessions: Any, H: int, q_len: int, prefix_range: str, in_range: set[int], batch_sizes: list[int]
+    sessions: Any, H: int, q_len: int, kv_dtype: str, prefix_range: str, in_range: set[int], batch_sizes: list[int]
 ) -> None:
     """Say that nothing is tuned to plan from before opening the GPU: a machine without PyCUDA was told
     to install it first, to learn then that there was nothing to measure. Any device's winners count
@@ -169,14 +167,15 @@ def _require_winners(
 
     wanted = {batches.bucket_of(b).index for b in batch_sizes}
     with session_scope(sessions) as s:
-        rows = best_configs.list_best(session=s, H=H, q_len=q_len)
+        rows = best_configs.list_best(session=s, H=H, q_len=q_len, kv_dtype=kv_dtype)
     if not any(
         r.key.kernel_hash == kernel_hash() and r.key.bucket in in_range and r.key.batch_bucket in wanted for r in rows
     ):
         sizes = ", ".join(map(str, batch_sizes))
         raise click.ClickException(
-            f"no tuned configs for H={H} q_len={q_len} batch {sizes} in prefixes {prefix_range} on any device: "
-            f"tune them first (tuner study start --H {H} --q-len {q_len} --prefix-range {prefix_range} --batch ...)"
+            f"no tuned configs for H={H} q_len={q_len} {kv_dtype} batch {sizes} in prefixes {prefix_range} on any "
+            f"device: tune them first (tuner study start --H {H} --q-len {q_len} --kv-dtype {kv_dtype} "
+            f"--prefix-range {prefix_range} --batch ...)"
         )
 
 
@@ -245,6 +244,7 @@ def register_configs(configs: click.Group) -> None:
 def _verification_doc(v: Any) -> dict[str, Any]:
     return {
         "device": v.key.device,
+        "kv_dtype": v.key.kv_dtype,
         "H": v.key.H,
         "q_len": v.key.q_len,
         "bucket": v.key.bucket,

@@ -15,50 +15,14 @@ from verify_tuner.cli.study_output import Bar, summary_table, waited
 from verify_tuner.settings import Settings
 
 
-def _start(
-    settings: Settings,
-    H: int,
-    q_len: int,
-    prefix: tuple[int, ...],
-    prefix_range: str | None,
-    batch_text: str,
-    spread: str,
-    trials: int,
-    timeout: float | None,
-    sampler: str,
-    seed: int | None,
-    storage: str | None,
-    ordinal: int,
-    devices: str | None,
-    compile_jobs: int | None,
-    measure_timeout: float,
-    as_json: bool,
-    only: tuple[str, ...],
-    neighbour_mb: int,
-) -> None:
-    """Tune the kernel on the local GPU(s) for each (H, q_len, prefix bucket, batch bucket);
-    resumable, and shared with other processes running the same job (docs/operations.md)."""
-    from verify_tuner.jobs.runner import default_compile_jobs, stop_on_signals
+def _start(settings: Settings, ordinal: int, devices: str | None, as_json: bool, **options: Any) -> None:
+    """Tune the kernel on the local GPU(s) for each (H, q_len, prefix bucket, batch bucket) of a KV
+    format; resumable, and shared with other processes running the same job (docs/operations.md)."""
+    from verify_tuner.jobs.runner import stop_on_signals
 
     stop_on_signals()  # SIGTERM as Ctrl-C: by default it killed the run mid-write, claims held
     ordinals = parse_devices(devices) if devices else [ordinal]
-    job = tune_job(
-        H,
-        q_len,
-        prefix,
-        prefix_range,
-        batch_text,
-        spread,
-        only,
-        trials=trials,
-        sampler=sampler,
-        seed=seed,
-        timeout=timeout,
-        storage=storage,
-        measure_timeout=measure_timeout,
-        compile_jobs=compile_jobs or default_compile_jobs(len(ordinals)),
-        neighbour_mb=neighbour_mb,
-    )
+    job = tune_job(options, n_devices=len(ordinals))
     if devices:
         _start_on_devices(settings, job, ordinals, as_json)
     else:

@@ -10,6 +10,7 @@ import click
 from verify_tuner.buckets import MAX_PREFIX
 from verify_tuner.cli.options import (
     H_OPT,
+    KV_DTYPE_OPT,
     MEASURE_TIMEOUT_OPT,
     NEIGHBOUR_OPT,
     ORDINAL_OPT,
@@ -86,6 +87,7 @@ def prefixes_for(prefix: tuple[int, ...], prefix_range: str | None) -> list[int]
 START_OPTS = [
     H_OPT,
     Q_LEN_OPT,
+    KV_DTYPE_OPT,
     click.option("--prefix", type=Integer(0, MAX_PREFIX), multiple=True, help="Prefix length to tune (repeatable)."),
     click.option("--prefix-range", default=None, help="LO:HI - tune every prefix bucket in the range."),
     click.option(
@@ -158,44 +160,46 @@ REPORT_OPTS = [
 ]
 
 
-def tune_job(
-    H: int,
-    q_len: int,
-    prefix: tuple[int, ...],
-    prefix_range: str | None,
-    batch_text: str,
-    spread: str,
-    only: tuple[str, ...],
-    **kw: Any,
-) -> Any:
-    """The TuneJob the arguments describe; every argument is checked here, before a worker or a
-    GPU is touched (and before Optuna is imported: the measuring child starts first)."""
+def tune_job(options: dict[str, Any], *, n_devices: int) -> Any:
+    """The TuneJob `study start`'s options (START_OPTS but the GPUs and the output) describe for
+    `n_devices` GPUs; every option is checked here, before a worker or a GPU is touched (and before
+    Optuna is imported: the measuring child starts first)."""
     from verify_tuner import space
     from verify_tuner.cli.database import url_problem
-    from verify_tuner.jobs.runner import TuneJob
+    from verify_tuner.jobs.runner import TuneJob, default_compile_jobs
     from verify_tuner.measure.backend import Workload
     from verify_tuner.study_files import study_storage_error
 
-    if kw["storage"] is not None and (why := study_storage_error(kw["storage"]) or url_problem(kw["storage"])):
+    storage = options["storage"]
+    if storage is not None and (why := study_storage_error(storage) or url_problem(storage)):
         raise click.BadParameter(why, param_hint="--storage")
-    restrict = parse_only(only)
+    restrict = parse_only(options["only"])
+    H, q_len = options["H"], options["q_len"]
     try:
         space.choices(H, restrict, q_len=q_len)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--only") from None
     workloads = [
-        Workload(H, q_len, p, batch=b, spread=spread, neighbour_mb=kw["neighbour_mb"])
-        for b in parse_batches(batch_text)
-        for p in prefixes_for(prefix, prefix_range)
+        Workload(
+            H,
+            q_len,
+            p,
+            kv_dtype=options["kv_dtype"],
+            batch=b,
+            spread=options["spread"],
+            neighbour_mb=options["neighbour_mb"],
+        )
+        for b in parse_batches(options["batch_text"])
+        for p in prefixes_for(options["prefix"], options["prefix_range"])
     ]
     return TuneJob(
         workloads=workloads,
-        n_trials=kw["trials"],
-        sampler=kw["sampler"],
-        seed=kw["seed"],
-        timeout_s=kw["timeout"],
-        storage_url=kw["storage"],
-        measure_timeout_s=kw["measure_timeout"],
+        n_trials=options["trials"],
+        sampler=options["sampler"],
+        seed=options["seed"],
+        timeout_s=options["timeout"],
+        storage_url=storage,
+        measure_timeout_s=options["measure_timeout"],
         restrict=restrict,
-        compile_jobs=kw["compile_jobs"],
+        compile_jobs=options["compile_jobs"] or default_compile_jobs(n_devices),
     )

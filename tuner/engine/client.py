@@ -31,7 +31,9 @@ import json
 import operator
 import os
 import urllib.parse
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from platformdirs import user_cache_dir
 from verify_tuner import batches, engine_files
@@ -48,8 +50,10 @@ from verify_tuner.engine.config_table import (
 from verify_tuner.kernels import kernel_hash as current_kernel_hash
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.errors import InvalidConfig
+from verify_tuner.kernels.formats import DEFAULT as DEFAULT_KV_DTYPE
 from verify_tuner.kernels.limits import DeviceLimits, known_device, same_device
 from verify_tuner.kernels.validate import MAX_Q_LEN
+from verify_tuner.keys import TableKey, specs
 
 # Entry and GraphPlanChoice live in config_table; a worker imports them from here.
 __all__ = ["DIR_ENV", "URL_ENV", "ConfigClient", "Entry", "GraphPlanChoice"]
@@ -65,7 +69,7 @@ class ConfigClient:
         H: int,
         q_len: int,
         device: str,
-        dtype: str = "bf16",
+        kv_dtype: str = DEFAULT_KV_DTYPE,
         config_dir: str | os.PathLike[str] | None = None,
         snapshot_dir: str | os.PathLike[str] | None = None,
         timeout_s: float = 2.0,
@@ -73,38 +77,32 @@ class ConfigClient:
         kernel_hash: str | None = None,
         cubins: str | os.PathLike[str] | None = None,
     ) -> None:
-        # a shape no table can hold is the caller's mistake, said here: fetch() promises never to raise
-        H, q_len = _integer(H, "H"), _integer(q_len, "q_len")  # numpy and torch integers: as ints from here
-        if H < 1:
-            raise ValueError(f"H must be a positive number of heads, got {H!r}")
-        if not 1 <= q_len <= MAX_Q_LEN:
-            raise ValueError(f"q_len must be in 1..{MAX_Q_LEN}, got {q_len!r}")
+        """`kv_dtype` is the format of the engine's KV cache (verify_tuner.kernels.formats): a table
+        tuned for another one is refused."""
+        self.device, self.limits = device, limits or known_device(device)
+        #: the table this worker reads: its device's own name however the worker spelt it ("h200"), and
+        #: the kernel it launches (tables made for another are refused); a shape no table can hold is
+        #: the caller's mistake, said here (fetch() promises never to raise)
+        self.key = TableKey(
+            self.limits.name if self.limits else device,
+            kernel_hash or current_kernel_hash(),
+            kv_dtype,
+            _integer(H, "H"),  # numpy and torch integers: as ints from here
+            _integer(q_len, "q_len"),
+        )
+        _check_shape(self.key)
+        self.H, self.q_len, self.kv_dtype, self.kernel_hash = self.key.H, self.key.q_len, kv_dtype, self.key.kernel_hash
         self.base_url = _sidecar_url(base_url)
         folder = config_dir if config_dir is not None else os.environ.get(DIR_ENV)
         self.config_dir = Path(folder) if folder else None
-        self.H, self.q_len, self.device, self.dtype = H, q_len, device, dtype
         self.timeout_s = timeout_s  # in all, for one request to the sidecar (sidecar.Requests)
         self._requests = sidecar.Requests()
-        self.limits = limits or known_device(device)
-        #: the kernel this worker launches: tables made for another are refused
-        self.kernel_hash = kernel_hash or current_kernel_hash()
         #: the cubin bundle the op loads (VERIFY_TUNER_CUBINS, as the op reads it): a table serving a
         #: config it lacks is refused, since capturing that config on a host without nvcc would fail
         bundle = cubins if cubins is not None else os.environ.get(CUBINS_ENV)
         self.cubins = Path(bundle) if bundle else None
-        # the device's own name, however the worker spelt it ("h200"), so every spelling finds one snapshot
-        # and the kernel's hash: two package versions on one host (a canary) keep a snapshot each
-        name = (
-            f"configs-{engine_files.slug(self.limits.name if self.limits else device)}-H{H}-q{q_len}-{dtype}"
-            f"-{self.kernel_hash}.json"
-        )
         #: the snapshot file, or None where no folder for it is known: it is optional, so the worker goes on
-        self.snapshot: Path | None = None
-        self.snapshot_error: str | None = None
-        try:
-            self.snapshot = Path(snapshot_dir or Path(user_cache_dir("verify-tuner")) / "snapshots") / name
-        except (RuntimeError, KeyError, OSError) as exc:  # a user with no home (a container's arbitrary uid)
-            self.snapshot_error = f"no snapshot folder ({type(exc).__name__}: {exc}; snapshot_dir sets one)"
+        self.snapshot, self.snapshot_error = _snapshot_path(snapshot_dir, self.key)
         #: per batch bucket index: bucket starts and entries, sorted by prefix (replaced whole, see _set)
         self._table: dict[int, tuple[list[int], list[Entry]]] = {}
         #: per batch bucket index: the tuner's graph plan, where one was chosen
@@ -150,7 +148,7 @@ class ConfigClient:
             self.source, self.reason = "none", f"device {self.device!r} is unknown, so no heuristic either"
             return self._done(passed)
         try:
-            table = heuristic_table(self.limits, H=self.H, q_len=self.q_len)
+            table = heuristic_table(self.limits, self.key)
         except InvalidConfig as exc:  # no config of the kernel fits this shape on this device
             self._set({})
             self.source, self.reason = "none", f"no heuristic either: {exc}"
@@ -261,62 +259,51 @@ class ConfigClient:
         self._table = {i: ([e.lo for e in es], es) for i, es in by_batch.items()}
 
     def _get_table(self, etag: str | None) -> tuple[dict, str | None]:
-        query = {
-            "H": self.H,
-            "q_len": self.q_len,
-            "device": self.device,
-            "dtype": self.dtype,
-            "all_batches": "true",
-            "kernel_hash": self.kernel_hash,
-        }
-        return self._requests.get_table(self.base_url, query, etag, self.timeout_s)  # type: ignore[arg-type]
+        # a key field at its default is left out: the sidecar's default is the same, and a sidecar
+        # older than the field (which refuses a parameter it does not know) answers the same table
+        defaults = {f.name: spec.default for f, spec in specs(TableKey)}
+        query: dict[str, object] = {k: v for k, v in self.key.values().items() if v != defaults[k]}
+        query |= {"device": self.device, "all_batches": "true"}
+        assert self.base_url is not None  # fetch() and refresh() ask only when there is one
+        return self._requests.get_table(self.base_url, query, etag, self.timeout_s)
 
     def _config_file(self) -> Path:
         """This device's file, else its family's (a `NVIDIA H200 NVL` reads the H200's)."""
-        names = [self.device] + ([self.limits.name] if self.limits and self.limits.name != self.device else [])
-        for name in names:
-            path = self.config_dir / engine_files.file_name(
-                H=self.H,
-                q_len=self.q_len,
-                device=name,  # type: ignore[operator]
-                dtype=self.dtype,
-            )
+        assert self.config_dir is not None  # fetch() reads files only when there is a folder
+        names = [self.device] + ([self.key.device] if self.key.device != self.device else [])
+        paths = [self.config_dir / engine_files.file_name(replace(self.key, device=name)) for name in names]
+        for path in paths:
             if path.exists():
                 return path
-        raise FileNotFoundError(
-            f"no {engine_files.file_name(H=self.H, q_len=self.q_len, device=names[-1], dtype=self.dtype)}"
-        )
+        raise FileNotFoundError(f"no {paths[-1].name}")
 
-    def _check_kernel(self, khash: str) -> None:
-        if khash != self.kernel_hash:
-            raise ValueError(f"table is for kernel {khash}, this worker launches {self.kernel_hash}")
-
-    def _check_device(self, name: str, dtype: str) -> None:
-        """A table tuned on another GPU (a snapshot or file copied between hosts) or for another
-        dtype would serve configs measured for something this worker does not run."""
-        if not isinstance(name, str) or not isinstance(dtype, str):  # a hand-edited or foreign file
-            raise TypeError(f"table's device and dtype must be names, got {name!r} and {dtype!r}")
-        if not same_device(name, self.device):
-            raise ValueError(f"table is for device {name!r}, this worker runs on {self.device!r}")
-        if dtype != self.dtype:
-            raise ValueError(f"table is for dtype {dtype}, this worker runs {self.dtype}")
+    def _check_key(self, got: dict[str, Any]) -> None:
+        """A table made for another kernel, device (a snapshot or file copied between hosts), KV
+        format or shape would serve configs measured for something this worker does not run. A
+        field added to the key after the table was made (an older sidecar or snapshot) is at its
+        default there."""
+        for f, spec in specs(type(self.key)):
+            name, want = f.name, getattr(self.key, f.name)
+            have = got.get(name, spec.default if spec.added else None)
+            if name != "device":
+                if have != want:
+                    raise ValueError(f"table is for {name} {have!r}, this worker's is {want!r}")
+            elif not isinstance(have, str):  # a hand-edited or foreign file
+                raise TypeError(f"table's device must be a name, got {have!r}")
+            elif not same_device(have, self.device):
+                raise ValueError(f"table is for device {have!r}, this worker runs on {self.device!r}")
 
     def _load_engine(self, doc: dict) -> None:
-        self._check_kernel(doc["kernel_hash"])
-        self._check_device(doc["device_name"], doc["dtype"])
-        if (doc["H"], doc["q_len"]) != (self.H, self.q_len):
-            raise ValueError(f"file is for H={doc['H']} q_len={doc['q_len']}")
+        self._check_key(engine_files.doc_key_values(doc))
         self._install(engine_file_configs(doc), engine_file_plans(doc))
 
     def _load(self, table: dict) -> None:
-        self._check_kernel(table["kernel_hash"])
-        self._check_device(table["device"], table["dtype"])
-        if (table["H"], table["q_len"]) != (self.H, self.q_len):
-            raise ValueError(f"table is for H={table['H']} q_len={table['q_len']}")
+        # a sidecar older than kv_dtype says dtype (verify_tuner.api.schemas.ConfigTableOut)
+        self._check_key({"kv_dtype": table.get("dtype"), **table})
         self._install(table["configs"], table.get("graph_plans", []))
 
     def _install(self, configs: list[dict], graph_plans: list[dict] | None = None) -> None:
-        by_batch, plans = parse_table(configs, graph_plans, self.limits, H=self.H, q_len=self.q_len)
+        by_batch, plans = parse_table(configs, graph_plans, self.limits, self.key)
         self._check_bundle({e.config for es in by_batch.values() for e in es} | {p.config for p in plans.values()})
         self._plans = plans  # before the table: a graph_plan() racing a refresh sees a plan of either
         self._set(by_batch)
@@ -330,11 +317,12 @@ class ConfigClient:
             bundle = Bundle.open(self.cubins)
         except BundleError as exc:
             raise ValueError(str(exc)) from None
-        missing = sorted(c for c in configs if not bundle.has(c, self.q_len, self.limits.arch))
+        missing = sorted(c for c in configs if not bundle.has(c, self.q_len, self.limits.arch, self.kv_dtype))
         if missing:
             raise ValueError(
                 f"{len(missing)} of its {len(configs)} configs are not in the cubin bundle at {self.cubins} for "
-                f"q_len={self.q_len} on {self.limits.arch} (e.g. {missing[0]}): rebuild the bundle from this table "
+                f"q_len={self.q_len} {self.kv_dtype} on {self.limits.arch} (e.g. {missing[0]}): rebuild the bundle "
+                "from this table "
                 "(`tuner configs dump --cubins`)"
             )
 
@@ -404,3 +392,20 @@ def _integer(v: object, name: str) -> int:
         return operator.index(v)  # type: ignore[arg-type]
     except TypeError:
         raise ValueError(f"{name} must be an integer, got {v!r}") from None
+
+
+def _check_shape(key: TableKey) -> None:
+    if key.H < 1:
+        raise ValueError(f"H must be a positive number of heads, got {key.H!r}")
+    if not 1 <= key.q_len <= MAX_Q_LEN:
+        raise ValueError(f"q_len must be in 1..{MAX_Q_LEN}, got {key.q_len!r}")
+
+
+def _snapshot_path(folder: str | os.PathLike[str] | None, key: TableKey) -> tuple[Path | None, str | None]:
+    """Where the snapshot of `key`'s table is kept (named by the whole key: two package versions on one
+    host, a canary, keep one each), or None and why there is no folder for it."""
+    name = f"configs-{engine_files.slug(str(key))}.json"
+    try:
+        return Path(folder or Path(user_cache_dir("verify-tuner")) / "snapshots") / name, None
+    except (RuntimeError, KeyError, OSError) as exc:  # a user with no home (a container's arbitrary uid)
+        return None, f"no snapshot folder ({type(exc).__name__}: {exc}; snapshot_dir sets one)"

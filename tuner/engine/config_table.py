@@ -17,6 +17,7 @@ from verify_tuner.kernels.config import PARAM_NAMES, KernelConfig
 from verify_tuner.kernels.errors import InvalidConfig
 from verify_tuner.kernels.limits import DeviceLimits
 from verify_tuner.kernels.validate import check
+from verify_tuner.keys import TableKey
 
 
 @dataclass(frozen=True)
@@ -42,14 +43,14 @@ class GraphPlanChoice:
     reason: str = ""
 
 
-def heuristic_table(limits: DeviceLimits, *, H: int, q_len: int) -> dict[int, list[Entry]]:
-    """The built-in heuristic's entry for every prefix bucket of every batch bucket."""
+def heuristic_table(limits: DeviceLimits, key: TableKey) -> dict[int, list[Entry]]:
+    """The built-in heuristic's entry for every prefix bucket of every batch bucket of `key`'s table."""
     return {
         bb.index: [
             Entry(
                 b.lo,
                 b.hi,
-                heuristic_config(limits, H=H, q_len=q_len, prefix=b.mid, batch=bb.hi),
+                heuristic_config(limits, H=key.H, q_len=key.q_len, prefix=b.mid, batch=bb.hi, kv_dtype=key.kv_dtype),
                 "heuristic",
             )
             for b in buckets.ALL
@@ -82,7 +83,7 @@ def engine_file_plans(doc: dict) -> list[dict]:
 
 
 def parse_table(
-    configs: list[dict], graph_plans: list[dict] | None, limits: DeviceLimits | None, *, H: int, q_len: int
+    configs: list[dict], graph_plans: list[dict] | None, limits: DeviceLimits | None, key: TableKey
 ) -> tuple[dict[int, list[Entry]], dict[int, GraphPlanChoice]]:
     """The entries (sorted by prefix) and graph plans per batch bucket index. ValueError when the
     table is malformed (a field missing or of the wrong type, a constant out of range), a config or
@@ -93,7 +94,7 @@ def parse_table(
         for c in configs:
             by_batch.setdefault(int(c["batch_bucket"]["index"]), []).append(_entry(c))
         plans = {int(p["batch_bucket"]["index"]): _plan_choice(p) for p in graph_plans or []}
-    _check_device(by_batch, limits, H=H, q_len=q_len)
+    _check_device(by_batch, limits, key)
     if set(by_batch) != {bb.index for bb in batches.ALL}:
         raise ValueError(f"table holds batch buckets {sorted(by_batch)}, not all {len(batches.ALL)}")
     for entries in by_batch.values():
@@ -105,7 +106,7 @@ def parse_table(
     if unknown := set(plans) - {bb.index for bb in batches.ALL}:
         raise ValueError(f"table holds graph plans for batch buckets {sorted(unknown)}, which do not exist")
     for p in plans.values():
-        if limits is not None and (why := check(p.config, limits, H=H, q_len=q_len)):
+        if limits is not None and (why := check(p.config, limits, H=key.H, q_len=key.q_len, kv_dtype=key.kv_dtype)):
             raise ValueError(f"graph plan {p.config} cannot run on {limits.name}: {why}")
     return by_batch, plans
 
@@ -133,13 +134,13 @@ def _entry(c: dict) -> Entry:
     return Entry(lo, hi, KernelConfig.from_params({k: c[k] for k in PARAM_NAMES if k in c}), source)
 
 
-def _check_device(by_batch: dict[int, list[Entry]], limits: DeviceLimits | None, *, H: int, q_len: int) -> None:
+def _check_device(by_batch: dict[int, list[Entry]], limits: DeviceLimits | None, key: TableKey) -> None:
     """Every config must run on this device, whatever the table's file name or source said
     (another GPU's table saved under this one's name would launch configs it cannot run)."""
     if limits is None:  # nothing to check against: the caller sees source and reason
         return
     entries = [e for es in by_batch.values() for e in es]
-    bad = [(e, r) for e in entries if (r := check(e.config, limits, H=H, q_len=q_len))]
+    bad = [(e, r) for e in entries if (r := check(e.config, limits, H=key.H, q_len=key.q_len, kv_dtype=key.kv_dtype))]
     if bad:
         e, why = bad[0]
         raise ValueError(f"{len(bad)} of {len(entries)} configs cannot run on {limits.name} (e.g. {e.config}: {why})")

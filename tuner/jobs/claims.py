@@ -29,6 +29,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
+from functools import partial
 
 from sqlalchemy.orm import Session, sessionmaker
 from verify_tuner import space
@@ -91,6 +92,11 @@ def _beating(sessions: sessionmaker[Session], study_id: int, owner: str) -> Iter
 _DONE = -1
 
 
+def _held(lost: threading.Event) -> bool:
+    """Whether this process still owns the key (its claim's beat has not been lost)."""
+    return not lost.is_set()
+
+
 def _claim(
     sessions: sessionmaker[Session], key: ConfigKey, wl: Workload, owner: str, budget: int, options: StudyOptions
 ) -> int | None:
@@ -105,7 +111,7 @@ def _claim(
     with session_scope(sessions) as s:  # one transaction: the claim's UPDATE holds the row for the check
         if not studies.claim_study(session=s, study_id=study_id, owner=owner, stale_before=stale):
             return None
-        row = s.get(models.Study, study_id, populate_existing=True)
+        row = s.get_one(models.Study, study_id, populate_existing=True)
         if row.status == "finished" and row.n_ok + row.n_failed >= budget:
             studies.release_study(session=s, study_id=study_id, owner=owner)
             return _DONE
@@ -128,7 +134,8 @@ class _Job:
         return workload_key(self.backend.limits, wl)
 
     def budget(self, wl: Workload) -> int:  # space.valid_configs is cached per (H, q_len, batch)
-        valid = space.valid_configs(self.backend.limits, H=wl.H, q_len=wl.q_len, restrict=self.restrict)
+        limits = self.backend.limits
+        valid = space.valid_configs(limits, H=wl.H, q_len=wl.q_len, restrict=self.restrict, kv_dtype=wl.kv_dtype)
         return min(self.n_trials, len(valid))
 
     def search(
@@ -202,7 +209,7 @@ def _own_one(job: _Job, pending: list[Workload], result: JobResult) -> bool:
             continue
         try:
             with _beating(job.sessions, study_id, job.owner) as lost:
-                out = job.search(wl, pick=True, options=job.options, owns=lambda lost=lost: not lost.is_set())
+                out = job.search(wl, pick=True, options=job.options, owns=partial(_held, lost))
         except BaseException:
             # Ctrl-C or a failed search: let the key go now, so a re-run claims it at once instead of
             # waiting out the claim's expiry (which is for a process killed outright); the error in

@@ -10,7 +10,7 @@ import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from verify_tuner.measure.backend import Workload
 from verify_tuner.measure.gpu_backend import DEFAULT_MEASURER, IsolatedBackend
@@ -196,7 +196,7 @@ def idle(res: JobResult) -> dict[str, Any]:
     }
 
 
-def _start_method() -> str:
+def _start_method() -> Literal["spawn", "fork"]:
     """How the per-GPU processes start. A fork runs at once with the modules this process has
     imported (a spawned one imports the CLI's again first), and each process then starts its
     measuring child before it imports Optuna and SQLAlchemy (tune_on_device), as one GPU's job
@@ -222,7 +222,7 @@ def tune_on_devices(settings: Settings, job: TuneJob, devices: list[int]) -> lis
     stored once) and, at the end, the trials of the keys still running. An owner samples with the
     job's seed, as a lone process would (the processes then propose, and compile, the configs a
     single GPU would); a helper samples with its own seed so it does not propose in lockstep."""
-    ctx = mp.get_context(_start_method())
+    ctx = mp.get_context("fork") if _start_method() == "fork" else mp.get_context("spawn")
     queue = ctx.Queue()
     procs = []
     # The processes start with Ctrl-C and SIGTERM held off until _device_main takes them (a signal

@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.formats import DEFAULT as DEFAULT_KV_DTYPE
 from verify_tuner.kernels.limits import DeviceLimits
+from verify_tuner.keys import check_kv_dtype
 
 #: Trial states, as stored in trials.state
 OK, INVALID, COMPILE_ERROR, WRONG, CRASHED, TIMEOUT = "ok", "invalid", "compile_error", "wrong", "crashed", "timeout"
@@ -25,7 +27,7 @@ class Workload:
     H: int
     q_len: int
     prefix: int
-    dtype: str = "bf16"
+    kv_dtype: str = DEFAULT_KV_DTYPE  # the KV cache's format (verify_tuner.keys: the key's kv_dtype)
     batch: int = 1
     spread: str = "uniform"
     #: How the launches are timed: 0 back to back; N > 0 each followed by a bf16 GEMM streaming N MB
@@ -37,6 +39,7 @@ class Workload:
         from verify_tuner import batches
         from verify_tuner.kernels.timing import check_neighbour_mb
 
+        check_kv_dtype(self.kv_dtype)  # ValueError naming the accepted ones
         batches.bucket_of(self.batch)  # ValueError naming the range
         if self.spread not in batches.SPREADS:
             raise ValueError(f"spread must be one of {batches.SPREADS}, got {self.spread!r}")
@@ -64,7 +67,8 @@ class Measurement:
 
 
 class Backend(Protocol):
-    limits: DeviceLimits
+    @property
+    def limits(self) -> DeviceLimits: ...
 
     def measure(self, cfg: KernelConfig, workload: Workload) -> Measurement:
         """Compile (cached), check against the fp32 reference, then time `cfg` on `workload`."""
@@ -74,8 +78,8 @@ class Backend(Protocol):
         """Time already-checked configs interleaved (A/B/A/B...) so drift hits all alike."""
         ...
 
-    def compile_ahead(self, cfg: KernelConfig, q_len: int) -> None:
-        """Build `cfg` now, in the calling thread, so its measurement finds it built (the tuner
+    def compile_ahead(self, cfg: KernelConfig, workload: Workload) -> None:
+        """Build `cfg` for `workload` (its q_len and KV format) now, in the calling thread, so its measurement finds it built (the tuner
         calls this from several threads while another trial measures). A compile error is left
         for the measurement to report; backends that build nothing do nothing."""
         ...

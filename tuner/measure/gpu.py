@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import contextlib
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.errors import CompileError, InvalidConfig, LaunchError
+from verify_tuner.kernels.formats import DEFAULT as DEFAULT_KV_DTYPE
 from verify_tuner.kernels.shapes import D_V
 from verify_tuner.measure.backend import COMPILE_ERROR, INVALID, OK, WRONG, Measurement, Workload
 
@@ -40,7 +42,7 @@ class GpuMeasurer:
         self._workloads: dict[Workload, tuple[list[Any], Any, Any]] = {}
         # Loaded modules + workspaces, least recently used evicted: a long study or a sweep of a
         # thousand configs must not keep every module and workspace alive on the GPU.
-        self._launchers: OrderedDict[tuple[KernelConfig, int, int, int], Any] = OrderedDict()
+        self._launchers: OrderedDict[tuple[KernelConfig, int, int, str, int], Any] = OrderedDict()
         self._neighbours: dict[int, Any] = {}  # by size: the GEMM of workloads timed cold
 
     @staticmethod
@@ -53,7 +55,14 @@ class GpuMeasurer:
 
     @staticmethod
     def build(
-        cfg: KernelConfig, q_len: int, arch: str, *, cache_dir: str, extra_flags: tuple[str, ...] = (), **_: Any
+        cfg: KernelConfig,
+        q_len: int,
+        arch: str,
+        *,
+        cache_dir: str,
+        kv_dtype: str = DEFAULT_KV_DTYPE,
+        extra_flags: tuple[str, ...] = (),
+        **_: Any,
     ) -> None:
         """Compile `cfg` into the cache the measurement loads from (no GPU needed: any process,
         any thread). A compile error is the measurement's to report: it compiles again and
@@ -61,7 +70,7 @@ class GpuMeasurer:
         from verify_tuner.kernels.build import compile_cubin
 
         try:
-            compile_cubin(cfg, q_len, arch, Path(cache_dir), tuple(extra_flags))
+            compile_cubin(cfg, q_len, arch, Path(cache_dir), tuple(extra_flags), kv_dtype)
         except CompileError:
             pass
 
@@ -79,6 +88,7 @@ class GpuMeasurer:
                 H=wl.H,
                 l2_bytes=self.limits.l2_bytes,
                 seed=wl.H * 1000 + wl.q_len,
+                kv_dtype=wl.kv_dtype,
             )
             ref = reference(sets[0])[0]  # the gate covers every request of the batch
             out = self.torch.empty(wl.batch, wl.q_len, wl.H, D_V, dtype=self.torch.bfloat16, device="cuda")
@@ -88,7 +98,7 @@ class GpuMeasurer:
     def _launcher(self, cfg: KernelConfig, wl: Workload) -> Any:
         from verify_tuner.kernels.launch import VerifyAttention
 
-        key = (cfg, wl.H, wl.q_len, wl.batch)
+        key = (cfg, wl.H, wl.q_len, wl.kv_dtype, wl.batch)
         if key in self._launchers:
             self._launchers.move_to_end(key)
         else:
@@ -102,6 +112,7 @@ class GpuMeasurer:
                 max_batch=wl.batch,
                 cache_dir=self.cache_dir,
                 extra_flags=self.extra_flags,
+                kv_dtype=wl.kv_dtype,
             )
         return self._launchers[key]
 
@@ -127,11 +138,14 @@ class GpuMeasurer:
         alone = time_graph(lambda k: None, n_sets, stream=self.stream, replays=replays, between=between)
         return less(t, alone.median_us)
 
-    def _launch_fn(self, va: Any, sets: list[Any], out: Any):  # type: ignore[no-untyped-def]
+    def _launch_fn(self, va: Any, sets: list[Any], out: Any) -> Callable[[int], None]:
         def launch(k: int) -> None:
             va.run(sets[k], out, stream=self.stream)
 
         return launch
+
+    def _samples(self, launch: Callable[[int], None], n_sets: int, wl: Workload, replays: int) -> list[float]:
+        return self._time(launch, n_sets, wl, replays).samples
 
     def _sync(self) -> None:
         with self._kernel_failures():
@@ -182,10 +196,7 @@ class GpuMeasurer:
         per_round = max(10, self.reps // 2)
         with self._kernel_failures():
             launches = [self._launch_fn(self._launcher(c, wl), sets, out) for c in cfgs]
-            rounds_ = interleave(
-                [lambda f=f: self._time(f, len(sets), wl, per_round).samples for f in launches],
-                rounds,
-            )
+            rounds_ = interleave([partial(self._samples, f, len(sets), wl, per_round) for f in launches], rounds)
             self._sync()
         result = []
         for per in rounds_:

@@ -96,7 +96,7 @@ class IsolatedBackend:
     database) overlaps the child's. `limits` waits for the device's limits, and a child that
     cannot start raises there. A measurer class may offer `probe_limits()` (the device's limits,
     read before the slow part of its start: torch, the CUDA context, the bandwidth probe) and
-    `build(cfg, q_len, arch, **measurer_kwargs)` (compile without a GPU). With the first, `limits`
+    `build(cfg, q_len, arch, kv_dtype=..., **measurer_kwargs)` (compile without a GPU). With the first, `limits`
     is known early and the first measurement waits for the rest of the start (most of it importing
     torch), so the caller's setup and first compiles overlap it; `limits` then gains what the
     measurer measured at start (the copy bandwidth). With the second, `compile_ahead` builds in the
@@ -221,9 +221,9 @@ class IsolatedBackend:
         out = self._call("remeasure", (cfgs, workload, rounds), self.timeout_s * max(1, len(cfgs)))
         return out if isinstance(out, list) else [out] * len(cfgs)
 
-    def compile_ahead(self, cfg: KernelConfig, q_len: int) -> None:
+    def compile_ahead(self, cfg: KernelConfig, workload: Workload) -> None:
         if self._build is not None:
-            self._build(cfg, q_len, self.limits.arch, **self._kwargs)
+            self._build(cfg, workload.q_len, self.limits.arch, kv_dtype=workload.kv_dtype, **self._kwargs)
 
     def close(self) -> None:
         """Ask a ready child to exit; one still starting is killed (it reads nothing until it is

@@ -81,7 +81,7 @@ def measure_matrix(
     gate: list[list[Measurement | None]] = [[None] * m for _ in range(n)]
     for j, wl in enumerate(workloads):
         for i in _rotated(range(n), j):
-            why = check(configs[i], backend.limits, H=wl.H, q_len=wl.q_len)
+            why = check(configs[i], backend.limits, H=wl.H, q_len=wl.q_len, kv_dtype=wl.kv_dtype)
             gate[i][j] = Measurement(INVALID, reason=why) if why else backend.measure(configs[i], wl)
     samples: list[list[list[float]]] = [[[] for _ in range(m)] for _ in range(n)]
     failed: dict[tuple[int, int], Measurement] = {}

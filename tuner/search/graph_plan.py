@@ -67,6 +67,12 @@ def _ok(t: float | None) -> bool:
     return t is not None and math.isfinite(t) and t > 0
 
 
+def _ran(t: float | None) -> float:
+    """A time _ok() accepted."""
+    assert t is not None and _ok(t), t
+    return t
+
+
 def choose(
     *,
     configs: Sequence[KernelConfig],
@@ -90,10 +96,10 @@ def choose(
         raise ValueError("every finalist failed at some prefix bucket of the range: no config serves it all")
 
     def expected(i: int) -> float:
-        return sum(weights.weights[bucket_indices[j]] * times[i][j] for j in cols)  # type: ignore[operator]
+        return sum(weights.weights[bucket_indices[j]] * _ran(times[i][j]) for j in cols)
 
     def worst(i: int) -> float:
-        return max(times[i][j] / best[j][0] for j in cols)  # type: ignore[operator]
+        return max(_ran(times[i][j]) / best[j][0] for j in cols)
 
     ranked = sorted(eligible, key=lambda i: (expected(i), worst(i), order_key(configs[i])))
     win = ranked[0]
@@ -101,7 +107,7 @@ def choose(
         BucketCost(
             bucket=bucket_indices[j],
             weight=weights.weights[bucket_indices[j]],
-            us=times[win][j],  # type: ignore[arg-type]
+            us=_ran(times[win][j]),
             best_us=best[j][0],
             best=best[j][1],
         )
@@ -125,10 +131,10 @@ def _fastest_per_bucket(
     """Column j -> (time, config) of the fastest finalist that ran at bucket_indices[j]."""
     best: dict[int, tuple[float, KernelConfig]] = {}
     for j in cols:
-        ran = [(times[i][j], configs[i]) for i in range(len(configs)) if _ok(times[i][j])]
+        ran = [(_ran(times[i][j]), configs[i]) for i in range(len(configs)) if _ok(times[i][j])]
         if not ran:
             raise ValueError(f"no finalist ran at prefix bucket {bucket_indices[j]}")
-        best[j] = min(ran, key=lambda tc: (tc[0], order_key(tc[1])))  # type: ignore[arg-type,return-value]
+        best[j] = min(ran, key=lambda tc: (tc[0], order_key(tc[1])))
     return best
 
 

@@ -4,7 +4,7 @@ user attributes a trial's record carries in the study."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import optuna
@@ -28,9 +28,15 @@ def config_signature(cfg: KernelConfig) -> Signature:
     return tuple(getattr(cfg, p.lower()) for p in PARAMS)
 
 
+def config_of(params: Mapping[str, int]) -> KernelConfig:
+    """The config of a trial's params."""
+    constants: dict[str, object] = dict(params)
+    return KernelConfig.from_params(constants)
+
+
 def refusal(params: dict[str, int], limits: DeviceLimits, key: ConfigKey) -> str | None:
     """Why verify_tuner.kernels.validate refuses these params for `key` on this device, or None."""
-    return check(KernelConfig.from_params(params), limits, H=key.H, q_len=key.q_len)
+    return check(config_of(params), limits, H=key.H, q_len=key.q_len, kv_dtype=key.kv_dtype)
 
 
 @dataclass(frozen=True)
@@ -58,7 +64,7 @@ class KeySearch:
     default: KernelConfig | None = None
 
     @property
-    def space(self) -> dict[str, optuna.distributions.CategoricalDistribution]:
+    def space(self) -> dict[str, optuna.distributions.BaseDistribution]:
         return {k: optuna.distributions.CategoricalDistribution(v) for k, v in self.choices.items()}
 
     @property

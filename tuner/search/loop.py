@@ -59,14 +59,14 @@ class Pipeline:
 
     def _build_then_measure_lead(self, cfg: KernelConfig) -> Measurement:
         try:
-            self.backend.compile_ahead(cfg, self.workload.q_len)
+            self.backend.compile_ahead(cfg, self.workload)
             measured = self.gpu.submit(self.backend.measure, cfg, self.workload)
         finally:
             self._lead_queued.set()
         return measured.result()
 
     def _build_then_measure(self, cfg: KernelConfig) -> Measurement:
-        self.backend.compile_ahead(cfg, self.workload.q_len)
+        self.backend.compile_ahead(cfg, self.workload)
         self._lead_queued.wait()
         return self.gpu.submit(self.backend.measure, cfg, self.workload).result()
 

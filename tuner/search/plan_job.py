@@ -16,7 +16,9 @@ from verify_tuner.errors import TunerError
 from verify_tuner.heuristic import heuristic_config
 from verify_tuner.kernels import kernel_hash as current_kernel_hash
 from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.formats import DEFAULT as DEFAULT_KV_DTYPE
 from verify_tuner.kernels.limits import DeviceLimits
+from verify_tuner.keys import TableKey
 from verify_tuner.measure.backend import Backend, Workload
 from verify_tuner.measure.matrix import Matrix, measure_matrix
 from verify_tuner.search import graph_plan
@@ -53,81 +55,112 @@ def measured_by(limits: DeviceLimits) -> str:
     )
 
 
-def plan_batch(
-    *,
-    backend: Backend,
-    sessions: sessionmaker[Session],
-    H: int,
-    q_len: int,
-    prefix_lo: int,
-    prefix_hi: int,
-    batch: int,
-    weights: PrefixWeights,
-    spread: str = "uniform",
-    rounds: int = 3,
-    passes: int = 2,
-    dtype: str = "bf16",
-    neighbour_mb: int = 0,
-) -> PlanResult:
+@dataclass(frozen=True)
+class PlanJob:
+    """What the plans of one `tuner study graph-plan` share: the table's shape and KV format, the
+    prefix range with its weights, and how each finalist is measured (as `study start` measured
+    the winners: `spread`, `neighbour_mb`)."""
+
+    H: int
+    q_len: int
+    prefix_lo: int
+    prefix_hi: int
+    weights: PrefixWeights
+    kv_dtype: str = DEFAULT_KV_DTYPE
+    spread: str = "uniform"
+    rounds: int = 3
+    passes: int = 2
+    neighbour_mb: int = 0
+
+    def table(self, limits: DeviceLimits) -> TableKey:
+        """The answer table the plans are for: this device's, of the kernel this package launches."""
+        return TableKey(limits.name, current_kernel_hash(), self.kv_dtype, self.H, self.q_len)
+
+    def workload(self, prefix: int, batch: int) -> Workload:
+        return Workload(
+            self.H,
+            self.q_len,
+            prefix,
+            kv_dtype=self.kv_dtype,
+            batch=batch,
+            spread=self.spread,
+            neighbour_mb=self.neighbour_mb,
+        )
+
+
+def plan_batch(*, backend: Backend, sessions: sessionmaker[Session], job: PlanJob, batch: int) -> PlanResult:
     """Measure the finalists of batch size `batch` over the range, choose its plan and store it.
     TunerError when the batch bucket has no stored winner in the range or nothing can be chosen."""
-    limits, khash = backend.limits, current_kernel_hash()
-    bb = batches.bucket_of(batch)
-    points = range_prefixes(prefix_lo, prefix_hi)
-    in_range = {b.index for b, _ in points}
-    with session_scope(sessions) as s:
-        rows = best_configs.list_best_for(
-            session=s, device=limits.name, kernel_hash=khash, dtype=dtype, H=H, q_len=q_len, batch_bucket=bb.index
-        )
-    winners = [r for r in rows if r.key.bucket in in_range]
-    if not winners:
-        raise TunerError(
-            f"no tuned configs on {limits.name} for H={H} q_len={q_len} batch {bb} in prefixes "
-            f"{prefix_lo}:{prefix_hi}: tune them first (tuner study start --H {H} --q-len {q_len} "
-            f"--prefix-range {prefix_lo}:{prefix_hi} --batch {batch})"
-        )
-    default = heuristic_config(limits, H=H, q_len=q_len, prefix=prefix_hi, batch=batch)
+    limits, table, bb = backend.limits, job.table(backend.limits), batches.bucket_of(batch)
+    points = range_prefixes(job.prefix_lo, job.prefix_hi)
+    winners = _winners(sessions, table, batch, points, job)
+    default = heuristic_config(
+        limits, H=job.H, q_len=job.q_len, prefix=job.prefix_hi, batch=batch, kv_dtype=job.kv_dtype
+    )
     finalists = sorted({r.config for r in winners} | {default}, key=graph_plan.order_key)
-    workloads = [
-        Workload(H, q_len, p, dtype=dtype, batch=batch, spread=spread, neighbour_mb=neighbour_mb) for _, p in points
-    ]
-    matrix = measure_matrix(backend, finalists, workloads, rounds=rounds, passes=passes)
-    idx = [b.index for b, _ in points]
+    workloads = [job.workload(p, batch) for _, p in points]
+    matrix = measure_matrix(backend, finalists, workloads, rounds=job.rounds, passes=job.passes)
     try:
-        plan = graph_plan.choose(configs=finalists, bucket_indices=idx, times=matrix.medians(), weights=weights)
+        idx = [b.index for b, _ in points]
+        plan = graph_plan.choose(configs=finalists, bucket_indices=idx, times=matrix.medians(), weights=job.weights)
     except ValueError as exc:
-        raise TunerError(f"H={H} q_len={q_len} batch {bb}: {exc}; " + _failures(matrix)) from None
+        raise TunerError(f"H={job.H} q_len={job.q_len} batch {bb}: {exc}; " + _failures(matrix)) from None
     expected = dict(plan.ranking)
-    row = _row(plan, matrix, points, limits, khash, dtype, H, q_len, bb, batch, spread, rounds, weights, expected)
+    row = _row(plan, matrix, points, limits, batch, job, expected)
     with session_scope(sessions) as s:
         plans.upsert_plan(session=s, plan=row)
-    result = PlanResult(
-        batch, plan, row, matrix, default, expected.get(default), sorted(in_range - {r.key.bucket for r in winners})
-    )
+    untuned = sorted({b.index for b, _ in points} - {r.key.bucket for r in winners})
+    result = PlanResult(batch, plan, row, matrix, default, expected.get(default), untuned)
     _log(result)
     return result
 
 
-def _row(plan, matrix, points, limits, khash, dtype, H, q_len, bb, batch, spread, rounds, weights, expected):  # type: ignore[no-untyped-def]
-    col = plan.config
+def _winners(
+    sessions: sessionmaker[Session],
+    table: TableKey,
+    batch: int,
+    points: list[tuple[buckets.Bucket, int]],
+    job: PlanJob,
+) -> list[best_configs.BestRow]:
+    """The stored winners of the batch bucket in the range; TunerError naming the command that tunes them."""
+    in_range, bb = {b.index for b, _ in points}, batches.bucket_of(batch)
+    with session_scope(sessions) as s:
+        rows = best_configs.list_best_for(session=s, table=table, batch_bucket=bb.index)
+    winners = [r for r in rows if r.key.bucket in in_range]
+    if not winners:
+        lo, hi = job.prefix_lo, job.prefix_hi
+        raise TunerError(
+            f"no tuned configs on {table.device} for H={job.H} q_len={job.q_len} {job.kv_dtype} batch {bb} in "
+            f"prefixes {lo}:{hi}: tune them first (tuner study start --H {job.H} --q-len {job.q_len} "
+            f"--kv-dtype {job.kv_dtype} --prefix-range {lo}:{hi} --batch {batch})"
+        )
+    return winners
+
+
+def _row(
+    plan: graph_plan.Plan,
+    matrix: Matrix,
+    points: list[tuple[buckets.Bucket, int]],
+    limits: DeviceLimits,
+    batch: int,
+    job: PlanJob,
+    expected: dict[KernelConfig, float],
+) -> plans.PlanRow:
+    w = job.weights
     return plans.PlanRow(
-        device=limits.name,
-        kernel_hash=khash,
-        dtype=dtype,
-        H=H,
-        q_len=q_len,
-        batch_bucket=bb.index,
+        table=job.table(limits),
+        batch_bucket=batches.bucket_of(batch).index,
         bucket_lo=points[0][0].index,
         bucket_hi=points[-1][0].index,
-        weights_digest=weights.digest,
-        weights={"source": weights.source, "outside": weights.outside, "buckets": _str_keys(weights.weights)},
-        config=col,
+        weights_digest=w.digest,
+        weights={"source": w.source, "outside": w.outside, "buckets": _str_keys(w.weights)},
+        config=plan.config,
         expected_us=plan.expected_us,
         per_bucket=_per_bucket(plan, matrix, points),
         finalists=_finalists(matrix, points, expected),
         batch=batch,
-        spread=spread,
-        rounds=rounds,
+        spread=job.spread,
+        rounds=job.rounds,
         measured_by=measured_by(limits),
         neighbour_mb=matrix.workloads[0].neighbour_mb,
     )
@@ -194,8 +227,8 @@ def _log(r: PlanResult) -> None:
     log.info(
         "graph plan H=%d q_len=%d batch=%d: %s, expected %.2f us (heuristic %s: %s us), regret geomean %.3f "
         "worst %.3f; finalists %s",
-        r.row.H,
-        r.row.q_len,
+        r.row.table.H,
+        r.row.table.q_len,
         r.batch,
         p.config,
         p.expected_us,

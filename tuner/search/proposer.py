@@ -27,6 +27,7 @@ from verify_tuner.search.key_search import (
     STATE_ATTR,
     KeySearch,
     Signature,
+    config_of,
     config_signature,
     signature,
 )
@@ -76,7 +77,7 @@ class Proposal:
 
     @property
     def cfg(self) -> KernelConfig:
-        return KernelConfig.from_params(self.params)
+        return config_of(self.params)
 
 
 class Proposer:

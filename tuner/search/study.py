@@ -25,10 +25,10 @@ from verify_tuner.kernels import kernel_hash
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.errors import InvalidConfig
 from verify_tuner.kernels.limits import DeviceLimits
-from verify_tuner.keys import ConfigKey
+from verify_tuner.keys import ConfigKey, TableKey
 from verify_tuner.measure.backend import OK, Backend, Workload
 from verify_tuner.search.heartbeat import Heartbeat
-from verify_tuner.search.key_search import STATE_ATTR, KeySearch, Progress, config_signature, refusal
+from verify_tuner.search.key_search import STATE_ATTR, KeySearch, Progress, config_of, config_signature, refusal
 from verify_tuner.search.ledger import Ledger, TrialLog
 from verify_tuner.search.loop import Loop, Pipeline
 from verify_tuner.search.outcome import Outcome
@@ -93,16 +93,10 @@ def _sampler(options: StudyOptions) -> optuna.samplers.BaseSampler:
     raise ValueError(f"unknown sampler {options.sampler!r}: use tpe or grid")
 
 
-def workload_key(limits, workload: Workload) -> ConfigKey:  # type: ignore[no-untyped-def]
-    return ConfigKey(
-        limits.name,
-        kernel_hash(),
-        workload.dtype,
-        workload.H,
-        workload.q_len,
-        buckets.bucket_of(workload.prefix).index,
-        batches.bucket_of(workload.batch).index,
-    )
+def workload_key(limits: DeviceLimits, workload: Workload) -> ConfigKey:
+    """The key `workload` is tuned under on `limits`' device, for the kernel of this package's source."""
+    table = TableKey(limits.name, kernel_hash(), workload.kv_dtype, workload.H, workload.q_len)
+    return table.at(buckets.bucket_of(workload.prefix).index, batches.bucket_of(workload.batch).index)
 
 
 def key_study(s: Session, key: ConfigKey, workload: Workload, options: StudyOptions, *, reopen: bool) -> models.Study:
@@ -163,7 +157,7 @@ def _study_storage_errors(
         yield
     except (OperationalError, InterfaceError) as exc:
         if not opening:
-            on_optuna = bool(exc.statement) and _OPTUNA_TABLES.search(exc.statement) is not None
+            on_optuna = exc.statement is not None and _OPTUNA_TABLES.search(exc.statement) is not None
             if not on_optuna and (exc.statement or _answers(storage)):
                 raise
         raise StudyStorageError(
@@ -190,12 +184,12 @@ def _open_study(
     return study, storage
 
 
-def _precompile(backend: Backend, configs: list[KernelConfig], q_len: int) -> None:
+def _precompile(backend: Backend, configs: list[KernelConfig], workload: Workload) -> None:
     """Build every config now, on every core (nvcc is single-threaded): a grid is known up front."""
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        list(pool.map(lambda c: backend.compile_ahead(c, q_len), configs))
+        list(pool.map(lambda c: backend.compile_ahead(c, workload), configs))
 
 
 def _prepare(
@@ -210,7 +204,7 @@ def _prepare(
     """The key, its row in the config database (created or reopened) and its warm-start configs."""
     limits = backend.limits
     key = workload_key(limits, workload)
-    if not space.valid_configs(limits, H=key.H, q_len=key.q_len, restrict=restrict):  # cached: _key_search's
+    if not space.valid_configs(limits, H=key.H, q_len=key.q_len, restrict=restrict, kv_dtype=key.kv_dtype):
         raise InvalidConfig(f"no valid config for H={key.H}, q_len={key.q_len} on {limits.name}")
     with session_scope(sessions) as s:  # its own transaction: it locks data_version (see devices.upsert_kernel)
         devices.upsert_device(session=s, limits=limits)
@@ -279,7 +273,7 @@ def _key_search(
     options: StudyOptions,
     default: KernelConfig,
 ) -> KeySearch:
-    valid = space.valid_configs(limits, H=key.H, q_len=key.q_len, restrict=restrict)
+    valid = space.valid_configs(limits, H=key.H, q_len=key.q_len, restrict=restrict, kv_dtype=key.kv_dtype)
     if options.candidates is not None:
         valid = [c for c in valid if c in options.candidates]
         if not valid:
@@ -314,7 +308,7 @@ def _search(
     ledger = Ledger(study)
     grid = options.sampler == "grid"
     if grid:  # a helper's warm start would repeat its owner's proposals; a grid has none
-        _precompile(backend, [c for c in search.valid if config_signature(c) not in ledger.known], search.key.q_len)
+        _precompile(backend, [c for c in search.valid if config_signature(c) not in ledger.known], search.workload)
     proposer = Proposer(
         study=study,
         storage=storage,
@@ -342,7 +336,7 @@ def _refusal(
     params: dict[str, int], limits: DeviceLimits, key: ConfigKey, candidates: frozenset[KernelConfig] | None
 ) -> str | None:
     why = refusal(params, limits, key)
-    if why is None and candidates is not None and KernelConfig.from_params(params) not in candidates:
+    if why is None and candidates is not None and config_of(params) not in candidates:
         return "not among the candidates"
     return why
 
@@ -353,15 +347,15 @@ def _counts(sessions: sessionmaker[Session], study_id: int, pick: bool) -> dict[
         return {}
     with session_scope(sessions) as s:
         studies.finish_study(session=s, study_id=study_id)
-        row = s.get(models.Study, study_id)
+        row = s.get_one(models.Study, study_id)
         return {"trials": row.n_trials, "ok": row.n_ok, "invalid": row.n_invalid, "failed": row.n_failed}
 
 
 def _ranked_configs(study: optuna.Study) -> list[KernelConfig]:
     """Distinct configs of the study's measured trials that passed the gate, fastest first."""
     ok = [
-        t
+        (t.value, t.params)
         for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
         if t.user_attrs.get(STATE_ATTR) == OK and t.value is not None
     ]
-    return list(dict.fromkeys(KernelConfig.from_params(t.params) for t in sorted(ok, key=lambda t: t.value)))
+    return list(dict.fromkeys(config_of(params) for _, params in sorted(ok, key=lambda vp: vp[0])))

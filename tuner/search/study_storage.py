@@ -10,6 +10,7 @@ import shutil
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import optuna
 from verify_tuner.store.session import CONNECT_TIMEOUT_S, make_engine
@@ -32,7 +33,7 @@ def _trials_without_fsync(storage: optuna.storages.RDBStorage) -> None:
     from sqlalchemy import event
 
     @event.listens_for(storage.engine, "connect")
-    def _normal(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+    def _normal(dbapi_conn: Any, _record: Any) -> None:
         dbapi_conn.execute("PRAGMA synchronous=NORMAL")
 
     storage.engine.dispose()  # connections made while Optuna created its tables: made again
@@ -93,7 +94,7 @@ def _blank_study_file(directory: Path) -> Path:
     return blank
 
 
-def open_storage(url: str, heartbeat_s: float | None = None) -> optuna.storages.BaseStorage:
+def open_storage(url: str, heartbeat_s: float | None = None) -> optuna.storages.RDBStorage:
     """Optuna's RDB storage at `url`, creating its schema if needed; with `heartbeat_s`, running
     trials beat and stale ones are failed and retried (RetryHeartbeatStaleTrialCallback).
 
@@ -109,7 +110,7 @@ def open_storage(url: str, heartbeat_s: float | None = None) -> optuna.storages.
         kwargs: dict[str, object] = {"connect_args": {"timeout": 60}}
     else:  # bounded like the config database's: a server that accepts and never answers must not hang a study
         kwargs = {"pool_pre_ping": True, "connect_args": {"connect_timeout": CONNECT_TIMEOUT_S}}
-    beat: dict[str, object] = {}
+    beat: dict[str, Any] = {}
     if heartbeat_s is not None:
         beat = {
             "heartbeat_interval": max(1, round(heartbeat_s)),

@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from verify_tuner import batches, buckets
 from verify_tuner.heuristic import heuristic_config
 from verify_tuner.kernels import kernel_hash as current_kernel_hash
+from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.measure.backend import Backend, Workload
 from verify_tuner.measure.matrix import Cell, measure_matrix
 from verify_tuner.search.plan_job import measured_by
@@ -102,40 +103,13 @@ def _verify_row(
     backend: Backend, sessions: sessionmaker[Session], r: best_configs.BestRow, prefix: int, *, rounds: int, passes: int
 ) -> plans.VerificationRow:
     """Re-time one stored best beside the heuristic, judge it, store the verification and log it."""
-    limits = backend.limits
-    # timed as the row was (back to back or cold): its stored time is the reference of "moved"
-    wl = Workload(
-        r.key.H,
-        r.key.q_len,
-        prefix,
-        dtype=r.key.dtype,
-        batch=batches.by_index(r.key.batch_bucket).hi,
-        neighbour_mb=r.neighbour_mb,
+    wl = _as_tuned(r, prefix)
+    default = heuristic_config(
+        backend.limits, H=wl.H, q_len=wl.q_len, prefix=wl.prefix, batch=wl.batch, kv_dtype=wl.kv_dtype
     )
-    default = heuristic_config(limits, H=wl.H, q_len=wl.q_len, prefix=wl.prefix, batch=wl.batch)
-    cfgs = [r.config] if default == r.config else [r.config, default]
-    mx = measure_matrix(backend, cfgs, [wl], rounds=rounds, passes=passes)
-    row_cell = mx.cell(r.config, wl)
-    heur_cell = None if default == r.config else mx.cell(default, wl)
-    v = judge(stored_us=r.median_us, row=row_cell, heuristic=heur_cell)
-    h = heur_cell or row_cell
-    rec = plans.VerificationRow(
-        key=r.key,
-        config=r.config,
-        stored_us=r.median_us,
-        measured_us=row_cell.median_us,
-        measured_p10_us=row_cell.p10_us,
-        measured_p90_us=row_cell.p90_us,
-        heuristic=default,
-        heuristic_us=h.median_us,
-        heuristic_p10_us=h.p10_us,
-        heuristic_p90_us=h.p90_us,
-        noise=v.noise,
-        verdict=v.verdict,
-        reason=v.reason,
-        measured_by=measured_by(limits),
-        neighbour_mb=wl.neighbour_mb,
-    )
+    mx = measure_matrix(backend, list(dict.fromkeys([r.config, default])), [wl], rounds=rounds, passes=passes)
+    heuristic = None if default == r.config else mx.cell(default, wl)
+    rec = _verification(r, mx.cell(r.config, wl), default, heuristic, measured_by(backend.limits))
     with session_scope(sessions) as s:
         marked = plans.record_verification(session=s, v=rec)
     log.info(
@@ -143,15 +117,48 @@ def _verify_row(
         r.key,
         wl.prefix,
         wl.batch,
-        v.verdict,
-        v.reason,
+        rec.verdict,
+        rec.reason,
         r.median_us,
-        row_cell.median_us,
+        rec.measured_us,
         default,
-        h.median_us,
-        "" if marked or v.verdict == "failed" else " -- the row changed meanwhile: not marked",
+        rec.heuristic_us,
+        "" if marked or rec.verdict == "failed" else " -- the row changed meanwhile: not marked",
     )
     return rec
+
+
+def _as_tuned(r: best_configs.BestRow, prefix: int) -> Workload:
+    """The workload `r` was tuned under, timed as it was (back to back or cold): its stored time is
+    the reference of "moved"."""
+    batch = batches.by_index(r.key.batch_bucket).hi
+    return Workload(r.key.H, r.key.q_len, prefix, kv_dtype=r.key.kv_dtype, batch=batch, neighbour_mb=r.neighbour_mb)
+
+
+def _verification(
+    r: best_configs.BestRow, row: Cell, default: KernelConfig, heuristic: Cell | None, by: str
+) -> plans.VerificationRow:
+    """What is kept of one verification: the row's and the heuristic's re-timings (the row's alone
+    where the row's config is the heuristic) and the verdict on them."""
+    v = judge(stored_us=r.median_us, row=row, heuristic=heuristic)
+    h = heuristic or row
+    return plans.VerificationRow(
+        key=r.key,
+        config=r.config,
+        stored_us=r.median_us,
+        measured_us=row.median_us,
+        measured_p10_us=row.p10_us,
+        measured_p90_us=row.p90_us,
+        heuristic=default,
+        heuristic_us=h.median_us,
+        heuristic_p10_us=h.p10_us,
+        heuristic_p90_us=h.p90_us,
+        noise=v.noise,
+        verdict=v.verdict,
+        reason=v.reason,
+        measured_by=by,
+        neighbour_mb=r.neighbour_mb,
+    )
 
 
 def _prefix(session: Session, r: best_configs.BestRow) -> int:

@@ -59,7 +59,7 @@ def _incumbent(sessions: sessionmaker[Session], key: ConfigKey, backend: Backend
     never compiled here: it is simply replaced)."""
     with session_scope(sessions) as s:
         stored = best_configs.get_best(session=s, key=key)
-    if stored is None or check(stored.config, backend.limits, H=key.H, q_len=key.q_len) is not None:
+    if stored is None or check(stored.config, backend.limits, H=key.H, q_len=key.q_len, kv_dtype=key.kv_dtype):
         return None
     return stored.config
 
@@ -118,13 +118,15 @@ def pick_winner(
     with session_scope(sessions) as s:
         best_configs.upsert_best(
             session=s,
-            key=key,
-            config=won.best,
-            median_us=m.median_us,
-            p10_us=m.p10_us,
-            p90_us=m.p90_us,
-            default_us=won.default_m.median_us if won.default_m else None,
-            study_id=study_id,
-            neighbour_mb=workload.neighbour_mb,
+            row=best_configs.BestRow(
+                key,
+                won.best,
+                m.median_us,
+                m.p10_us,
+                m.p90_us,
+                default_us=won.default_m.median_us if won.default_m else None,
+                study_id=study_id,
+                neighbour_mb=workload.neighbour_mb,
+            ),
         )
     return Winner(won.reason, won.best, m, won.default_m, stored=True)

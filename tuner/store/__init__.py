@@ -1,8 +1,9 @@
 """The config database and what goes in and out of it: the tables (models), the one session
 scope and engine (session), the keyword-only queries of devices and kernels (devices), best
 configs (best_configs), studies and trials (studies), graph plans and verifications (plans), the
-data_version counter and the sidecar's stamp (data_version) and the portable upserts they share
-(writes), schema migrations and the check the sidecar runs before serving (migrate, health), the
+data_version counter and the sidecar's stamp (data_version), what every table keyed by the tuning
+key shares -- its columns filled, its rows selected and deleted by any key field (keyed) -- and the
+portable upserts every writer shares (writes), schema migrations and the check the sidecar runs before serving (migrate, health), the
 answer to a lookup with its heuristic fallback (lookup), the one schema of an imported or exported
 row (row_schema), import and export (configs_io), the engine config files written from it
 (engine_dump), a read-only snapshot (snapshot) and the tuning report (report). Alembic's

@@ -4,7 +4,6 @@ them or none."""
 from __future__ import annotations
 
 import csv
-import datetime as dt
 import io
 import json
 from dataclasses import dataclass
@@ -16,18 +15,16 @@ from verify_tuner.errors import BadParameter, TunerError
 from verify_tuner.kernels import kernel_hash as current_kernel_hash
 from verify_tuner.kernels.config import PARAM_NAMES, KernelConfig
 from verify_tuner.kernels.errors import InvalidConfig
+from verify_tuner.kernels.limits import DeviceLimits
 from verify_tuner.kernels.validate import check
-from verify_tuner.keys import ConfigKey
+from verify_tuner.keys import ConfigKey, TableKey, specs
 from verify_tuner.store import best_configs, devices
 from verify_tuner.store import row_schema as rows_schema
 from verify_tuner.store.lookup import device_name, resolve_device
 
+#: The columns of an export, in order: the table key's fields (verify_tuner.keys), then the buckets.
 FIELDS = [
-    "device",
-    "kernel_hash",
-    "dtype",
-    "H",
-    "q_len",
+    *(f.name for f, _ in specs(TableKey)),
     "bucket",
     "bucket_lo",
     "bucket_hi",
@@ -72,11 +69,7 @@ def export_rows(
         p = r.config.as_params()
         out.append(
             {
-                "device": r.key.device,
-                "kernel_hash": r.key.kernel_hash,
-                "dtype": r.key.dtype,
-                "H": r.key.H,
-                "q_len": r.key.q_len,
+                **r.key.table.values(),
                 "bucket": b.index,
                 "bucket_lo": b.lo,
                 "bucket_hi": b.hi,
@@ -186,61 +179,56 @@ def _utf8(data: bytes) -> str:
 
 
 @dataclass(frozen=True)
-class _Parsed:
-    key: ConfigKey
-    config: KernelConfig
-    timing: dict[str, float | None]
-    tuned_at: dt.datetime | None
-    limits: Any
-    verdict: str | None = None
-    verified_at: dt.datetime | None = None
-    neighbour_mb: int = 0
-
-
-@dataclass(frozen=True)
 class ImportResult:
     imported: int
     #: Rows stored but never served by this kernel (another kernel hash), one line each.
     warnings: list[str]
 
 
-def _parse(session: Session, raw: dict[str, Any], devices_seen: dict[str, Any]) -> _Parsed:
+def _parse(
+    session: Session, raw: dict[str, Any], devices_seen: dict[str, DeviceLimits]
+) -> tuple[best_configs.BestRow, DeviceLimits]:
     row = rows_schema.parse_row(raw)
-    if row.device not in devices_seen:  # one lookup a device, not a row: imports run thousands of rows
-        devices_seen[row.device] = resolve_device(session=session, name=row.device, default=None)
-    limits = devices_seen[row.device]  # never "the only recorded one"
+    given = row.table_values()
+    if given["device"] not in devices_seen:  # one lookup a device, not a row: imports run thousands of rows
+        devices_seen[given["device"]] = resolve_device(session=session, name=given["device"], default=None)
+    limits = devices_seen[given["device"]]  # never "the only recorded one"
+    table = TableKey(**given | {"device": limits.name, "kernel_hash": given["kernel_hash"] or current_kernel_hash()})
     cfg = KernelConfig.from_params(row.constants())
-    reason = check(cfg, limits, H=row.H, q_len=row.q_len)
+    reason = check(cfg, limits, H=table.H, q_len=table.q_len, kv_dtype=table.kv_dtype)
     if reason:
         raise InvalidConfig(f"config {cfg} cannot run on {limits.name}: {reason}")
-    key = ConfigKey(
-        limits.name,
-        row.kernel_hash or current_kernel_hash(),
-        row.dtype,
-        row.H,
-        row.q_len,
-        row.bucket_index,
-        row.batch_bucket,
-    )
     timing = {k: getattr(row, k) for k in rows_schema.TIMING_FIELDS}
-    return _Parsed(key, cfg, timing, row.tuned_at, limits, row.verdict, row.verified_at, row.neighbour_mb)
+    best = best_configs.BestRow(
+        table.at(row.bucket_index, row.batch_bucket),
+        cfg,
+        **timing,
+        tuned_at=row.tuned_at,
+        verdict=row.verdict,
+        verified_at=row.verified_at,
+        neighbour_mb=row.neighbour_mb,
+    )
+    return best, limits
 
 
 def import_rows(*, session: Session, rows: list[dict[str, Any]], allow_empty: bool = False) -> ImportResult:
     """Validate all rows, then upsert them in the caller's transaction. Raises ImportRejected with
     one line per bad row (row number and field); the same key twice in one file is rejected."""
-    parsed, errors, seen, devices_seen = [], [], {}, {}
-    for i, row in enumerate(rows, start=1):
+    parsed: list[tuple[best_configs.BestRow, DeviceLimits]] = []
+    errors: list[str] = []
+    seen: dict[ConfigKey, int] = {}
+    devices_seen: dict[str, DeviceLimits] = {}
+    for i, raw in enumerate(rows, start=1):
         try:
-            p = _parse(session, row, devices_seen)
+            best, limits = _parse(session, raw, devices_seen)
         except (ValueError, TunerError, BadParameter) as exc:
             errors.append(f"row {i}: {exc}")
             continue
-        if p.key in seen:
-            errors.append(f"row {i}: the same key as row {seen[p.key]} ({p.key})")
+        if best.key in seen:
+            errors.append(f"row {i}: the same key as row {seen[best.key]} ({best.key})")
             continue
-        seen[p.key] = i
-        parsed.append(p)
+        seen[best.key] = i
+        parsed.append((best, limits))
     if errors:
         raise ImportRejected(errors)
     if not parsed:
@@ -249,37 +237,18 @@ def import_rows(*, session: Session, rows: list[dict[str, Any]], allow_empty: bo
         raise ImportRejected(["no rows"], whole_file=True)
     current = current_kernel_hash()
     warnings = [
-        f"row {seen[p.key]}: kernel hash {p.key.kernel_hash} is not this kernel's ({current}): stored, "
+        f"row {seen[best.key]}: kernel hash {best.key.kernel_hash} is not this kernel's ({current}): stored, "
         "but never served by this version"
-        for p in parsed
-        if p.key.kernel_hash != current
+        for best, _ in parsed
+        if best.key.kernel_hash != current
     ]
     _store(session, parsed)
     return ImportResult(len(parsed), warnings)
 
 
-def _store(session: Session, parsed: list[_Parsed]) -> None:
+def _store(session: Session, parsed: list[tuple[best_configs.BestRow, DeviceLimits]]) -> None:
     """The checked rows, their devices recorded first, in one statement (best_configs.upsert_bests)."""
-    for limits in {p.limits.name: p.limits for p in parsed}.values():
+    for limits in {limits.name: limits for _, limits in parsed}.values():
         if devices.get_device(session=session, name=limits.name) is None:
             devices.upsert_device(session=session, limits=limits)
-    best_configs.upsert_bests(
-        session=session,
-        rows=[
-            best_configs.BestRow(
-                p.key,
-                p.config,
-                p.timing["median_us"],
-                p.timing["p10_us"],
-                p.timing["p90_us"],
-                p.timing["default_us"],
-                None,
-                None,
-                p.tuned_at,
-                p.verdict,
-                p.verified_at,
-                p.neighbour_mb,
-            )
-            for p in parsed
-        ],
-    )
+    best_configs.upsert_bests(session=session, rows=[best for best, _ in parsed])

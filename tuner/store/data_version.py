@@ -9,6 +9,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 from verify_tuner.errors import StorageError
 from verify_tuner.store.models import BestConfig, DataVersion, Device
+from verify_tuner.store.writes import affected
 
 
 def bump_version(session: Session) -> None:
@@ -16,10 +17,7 @@ def bump_version(session: Session) -> None:
     other writes: the sidecar's cache stamp (data_stamp) then changes with every write, whatever
     the rows' timestamps, and every writer takes this row's lock first (one lock order: writers
     on PostgreSQL queue instead of deadlocking)."""
-    if (
-        session.execute(update(DataVersion).where(DataVersion.id == 1).values(version=DataVersion.version + 1)).rowcount
-        == 0
-    ):
+    if not affected(session, update(DataVersion).where(DataVersion.id == 1).values(version=DataVersion.version + 1)):
         raise StorageError("the data_version row is missing: run `tuner db upgrade`")
 
 

@@ -6,36 +6,44 @@ alone: this side needs the database."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from verify_tuner import batches
-from verify_tuner.engine_files import FORMAT, device_slug, file_name, is_file_name, write_atomic
+from verify_tuner.engine_files import FORMAT, device_slug, file_name, is_file_name, key_doc, write_atomic
 from verify_tuner.files import UMASK
 from verify_tuner.kernels import KERNEL_NAME, KERNEL_VERSION
 from verify_tuner.kernels import kernel_hash as current_kernel_hash
+from verify_tuner.kernels.formats import DEFAULT as DEFAULT_KV_DTYPE
 from verify_tuner.kernels.limits import DeviceLimits
+from verify_tuner.keys import TableKey
 from verify_tuner.store import best_configs, devices, lookup, plans
 
 
 def dump(
-    *, session: Any, out_dir: Path, device: str | None = None, shapes: list[tuple[int, int]] | None = None
+    *,
+    session: Any,
+    out_dir: Path,
+    device: str | None = None,
+    shapes: list[tuple[int, int]] | None = None,
+    kv_dtype: str = DEFAULT_KV_DTYPE,
 ) -> list[Path]:
-    """Write the files for every (device, H, q_len) holding tuned rows of this kernel (or only
-    `device`), plus the given (H, q_len) shapes (heuristic tables where nothing is tuned)."""
+    """Write the files for every table holding tuned rows of this kernel (on `device`, or every
+    device), plus the given (H, q_len) shapes of `kv_dtype` (heuristic tables where nothing is tuned)."""
     khash = current_kernel_hash()
     device = lookup.device_name(session=session, name=device)
-    rows = [r for r in best_configs.list_best(session=session, device=device) if r.key.kernel_hash == khash]
-    wanted: set[tuple[str, int, int, str]] = {(r.key.device, r.key.H, r.key.q_len, r.key.dtype) for r in rows}
+    rows = best_configs.list_best(session=session, device=device, kernel_hash=khash)
+    wanted = {r.key.table for r in rows}
     if shapes:
         names = [device] if device else sorted({d.name for d in devices.list_devices(session=session)})
-        wanted |= {(n, H, q, "bf16") for n in names for H, q in shapes}
+        wanted |= {TableKey(n, khash, kv_dtype, H, q) for n in names for H, q in shapes}
     written = []
-    for name, H, q_len, dtype in sorted(wanted):
-        limits = lookup.resolve_device(session=session, name=name, default=None)
-        doc = _file_doc(session=session, limits=limits, rows=rows, H=H, q_len=q_len, dtype=dtype, khash=khash)
-        path = out_dir / file_name(H=H, q_len=q_len, device=limits.name, dtype=dtype)
-        write_atomic(path, doc, mode=UMASK, dir_mode=UMASK)  # the operator's umask, as for any file they make
+    for key in sorted(wanted):
+        limits = lookup.resolve_device(session=session, name=key.device, default=None)
+        key = replace(key, device=limits.name)
+        path = out_dir / file_name(key)
+        write_atomic(path, _file_doc(session=session, limits=limits, rows=rows, key=key), mode=UMASK, dir_mode=UMASK)
         written.append(path)
     return written
 
@@ -52,43 +60,21 @@ def left_over(*, out_dir: Path, written: list[Path], device: str | None = None) 
     )
 
 
-def _file_doc(
-    *, session: Any, limits: DeviceLimits, rows: list[best_configs.BestRow], H: int, q_len: int, dtype: str, khash: str
-) -> dict[str, Any]:
-    """One engine file: the table of (H, q_len, dtype) on this device as the sidecar answers it."""
-    answers = lookup.table(
-        session=session,
-        limits=limits,
-        H=H,
-        q_len=q_len,
-        dtype=dtype,
-        kernel_hash=khash,
-        batch_buckets=[b.index for b in batches.ALL],
-    )
-    by_key = {
-        (r.key.batch_bucket, r.key.bucket): r
-        for r in rows
-        if (r.key.device, r.key.H, r.key.q_len, r.key.dtype) == (limits.name, H, q_len, dtype)
-    }
+def _file_doc(*, session: Any, limits: DeviceLimits, rows: list[best_configs.BestRow], key: TableKey) -> dict[str, Any]:
+    """One engine file: the table of `key` as the sidecar answers it."""
+    answers = lookup.table(session=session, limits=limits, key=key, batch_buckets=[b.index for b in batches.ALL])
+    by_key = {(r.key.batch_bucket, r.key.bucket): r for r in rows if r.key.table == key}
     return {
         "format": FORMAT,
         "kernel": KERNEL_NAME,
         "kernel_version": KERNEL_VERSION,
-        "kernel_hash": khash,
-        "device_name": limits.name,
-        "dtype": dtype,
-        "H": H,
-        "q_len": q_len,
+        **key_doc(key),
         "batch_buckets": {str(b.hi): [b.lo, b.hi] for b in batches.ALL},
         "configs": _configs(answers, by_key),
         # additive: readers of the format that predate plans ignore the key
         "graph_plans": {
             str(batches.by_index(i).hi): plans.plan_doc(p)
-            for i, p in sorted(
-                lookup.graph_plans(
-                    session=session, limits=limits, H=H, q_len=q_len, dtype=dtype, kernel_hash=khash
-                ).items()
-            )
+            for i, p in sorted(plans.served_plans(session=session, table=key).items())
         },
     }
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
+from functools import partial
+from typing import Literal
 
 from sqlalchemy.orm import Session
 from verify_tuner import batches, buckets
@@ -15,7 +17,8 @@ from verify_tuner.kernels import kernel_hash as current_kernel_hash
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.errors import InvalidConfig
 from verify_tuner.kernels.limits import DeviceLimits, known_device
-from verify_tuner.store import best_configs, devices, plans
+from verify_tuner.keys import TableKey
+from verify_tuner.store import best_configs, devices
 
 #: A tuned neighbour bucket is served only this close (log2 of the prefix ratio): beyond it the
 #: heuristic, which adapts to the prefix, is the better guess (a config tuned for 4k prefixes
@@ -23,10 +26,14 @@ from verify_tuner.store import best_configs, devices, plans
 NEAREST_MAX_OCTAVES = 1.0
 
 
+#: Where an answer comes from: the bucket's own tuned row, the nearest tuned bucket's, or the heuristic.
+Source = Literal["tuned", "nearest", "heuristic"]
+
+
 @dataclass(frozen=True)
 class Answer:
     config: KernelConfig
-    source: str  # tuned | nearest | heuristic
+    source: Source
     bucket: buckets.Bucket
     device: str
     kernel_hash: str
@@ -74,11 +81,9 @@ def _pick(
     rows: list[best_configs.BestRow],
     *,
     limits: DeviceLimits,
-    H: int,
-    q_len: int,
+    key: TableKey,
     bucket: buckets.Bucket,
     batch: batches.BatchBucket,
-    khash: str,
 ) -> Answer:
     """Exact bucket, else the nearest tuned prefix bucket (of the same batch bucket) within
     NEAREST_MAX_OCTAVES, else the heuristic at the bucket's representative prefix and batch (so
@@ -88,100 +93,63 @@ def _pick(
     rows = [r for r in rows if r.key.batch_bucket == batch.index]
     exact = [r for r in rows if r.key.bucket == bucket.index]
     if exact and exact[0].stale:
-        return _heuristic(limits, H=H, q_len=q_len, bucket=bucket, batch=batch, khash=khash, stale=exact[0])
+        return _heuristic(limits, key, bucket, batch, stale=exact[0])
     rows = [r for r in rows if not r.stale]
+    answer = partial(Answer, bucket=bucket, device=key.device, kernel_hash=key.kernel_hash, batch_bucket=batch)
     if exact:
         r = exact[0]
-        return Answer(
+        return answer(
             r.config,
             "tuned",
-            bucket,
-            limits.name,
-            khash,
-            r.median_us,
-            r.speedup,
-            r.tuned_at,
-            bucket.index,
-            batch,
+            expected_us=r.median_us,
+            speedup_vs_default=r.speedup,
+            tuned_at=r.tuned_at,
+            from_bucket=bucket.index,
             neighbour_mb=r.neighbour_mb,
         )
-    r = best_configs.nearest_row(rows, bucket)
-    if r is not None and buckets.log_distance(buckets.by_index(r.key.bucket), bucket) <= NEAREST_MAX_OCTAVES:
-        return Answer(r.config, "nearest", bucket, limits.name, khash, None, r.speedup, r.tuned_at, r.key.bucket, batch)
-    return _heuristic(limits, H=H, q_len=q_len, bucket=bucket, batch=batch, khash=khash)
+    near = best_configs.nearest_row(rows, bucket)
+    if near is not None and buckets.log_distance(buckets.by_index(near.key.bucket), bucket) <= NEAREST_MAX_OCTAVES:
+        return answer(
+            near.config, "nearest", speedup_vs_default=near.speedup, tuned_at=near.tuned_at, from_bucket=near.key.bucket
+        )
+    return _heuristic(limits, key, bucket, batch)
 
 
 def _heuristic(
     limits: DeviceLimits,
-    *,
-    H: int,
-    q_len: int,
+    key: TableKey,
     bucket: buckets.Bucket,
     batch: batches.BatchBucket,
-    khash: str,
     stale: best_configs.BestRow | None = None,
 ) -> Answer:
     try:
-        cfg = heuristic_config(limits, H=H, q_len=q_len, prefix=bucket.mid, batch=batch.hi)
+        cfg = heuristic_config(
+            limits, H=key.H, q_len=key.q_len, prefix=bucket.mid, batch=batch.hi, kv_dtype=key.kv_dtype
+        )
     except InvalidConfig as exc:
         raise BadParameter("q_len", f"no kernel config can run on {limits.name}: {exc}") from exc
     at = (stale.verified_at or stale.tuned_at) if stale is not None else None
-    return Answer(cfg, "heuristic", bucket, limits.name, khash, batch_bucket=batch, stale_verified_at=at)
+    return Answer(cfg, "heuristic", bucket, key.device, key.kernel_hash, batch_bucket=batch, stale_verified_at=at)
 
 
-def answer(
-    *,
-    session: Session,
-    limits: DeviceLimits,
-    H: int,
-    q_len: int,
-    prefix: int,
-    batch: int = 1,
-    dtype: str = "bf16",
-    kernel_hash: str | None = None,
-) -> Answer:
-    """`prefix` is the batch's lookup prefix (verify_tuner.batches.prefix_of)."""
-    khash = kernel_hash or current_kernel_hash()
+def answer(*, session: Session, limits: DeviceLimits, key: TableKey, prefix: int, batch: int = 1) -> Answer:
+    """The answer of `key`'s table (its device: `limits`') for a batch of `batch` requests whose
+    lookup prefix (verify_tuner.batches.prefix_of) is `prefix`."""
     bb = batches.bucket_of(batch)
-    rows = best_configs.list_best_for(
-        session=session, device=limits.name, kernel_hash=khash, dtype=dtype, H=H, q_len=q_len, batch_bucket=bb.index
-    )
-    return _pick(rows, limits=limits, H=H, q_len=q_len, bucket=buckets.bucket_of(prefix), batch=bb, khash=khash)
+    rows = best_configs.list_best_for(session=session, table=key, batch_bucket=bb.index)
+    return _pick(rows, limits=limits, key=key, bucket=buckets.bucket_of(prefix), batch=bb)
 
 
 def table(
-    *,
-    session: Session,
-    limits: DeviceLimits,
-    H: int,
-    q_len: int,
-    dtype: str = "bf16",
-    kernel_hash: str | None = None,
-    batch_buckets: list[int] | None = None,
+    *, session: Session, limits: DeviceLimits, key: TableKey, batch_buckets: list[int] | None = None
 ) -> list[Answer]:
     """The answer for every prefix bucket of each batch bucket (default: B=1 only), batch bucket
     major: what a worker caches at startup and looks up each step."""
-    khash = kernel_hash or current_kernel_hash()
     wanted = [batches.by_index(i) for i in (batch_buckets if batch_buckets is not None else [0])]
-    rows = best_configs.list_best_for(
-        session=session, device=limits.name, kernel_hash=khash, dtype=dtype, H=H, q_len=q_len
-    )
-    return [
-        _pick(rows, limits=limits, H=H, q_len=q_len, bucket=b, batch=bb, khash=khash)
-        for bb in wanted
-        for b in buckets.ALL
-    ]
+    rows = best_configs.list_best_for(session=session, table=key)
+    return [_pick(rows, limits=limits, key=key, bucket=b, batch=bb) for bb in wanted for b in buckets.ALL]
 
 
-def graph_plans(
-    *, session: Session, limits: DeviceLimits, H: int, q_len: int, dtype: str = "bf16", kernel_hash: str | None = None
-) -> dict[int, plans.PlanRow]:
-    """The graph plan served per batch bucket index (verify_tuner.store.plans.served_plans)."""
-    return plans.served_plans(
-        session=session,
-        device=limits.name,
-        kernel_hash=kernel_hash or current_kernel_hash(),
-        dtype=dtype,
-        H=H,
-        q_len=q_len,
-    )
+def local_key(limits: DeviceLimits, *, H: int, q_len: int, kv_dtype: str) -> TableKey:
+    """The table this host's kernel (this package's source) reads on `limits`' device."""
+    return TableKey(limits.name, current_kernel_hash(), kv_dtype, H, q_len)

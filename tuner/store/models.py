@@ -12,12 +12,15 @@ from sqlalchemy import (
     Dialect,
     Float,
     ForeignKey,
+    Index,
+    Integer,
     String,
     Text,
     TypeDecorator,
     UniqueConstraint,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, MappedColumn, mapped_column
+from verify_tuner import keys
 
 
 def utcnow() -> dt.datetime:
@@ -47,6 +50,45 @@ def timing_column() -> Any:
     """How a row's times were measured: 0 back-to-back replays, N each launch followed by a GEMM over
     N MB of weights, its own time subtracted (verify_tuner.measure.backend.Workload; migration 0005)."""
     return mapped_column(default=0, server_default="0")
+
+
+#: The key fields a table holds as a reference to another table's row (the row of that name).
+REFERENCES = {"device": ("device_id", "devices.id"), "kernel_hash": ("kernel_id", "kernels.id")}
+
+
+def key_column_names(key_type: type[keys.TableKey] = keys.ConfigKey) -> list[str]:
+    """The columns that hold a key's fields, in the key's order (device_id for the device, ...)."""
+    return [REFERENCES[f.name][0] if f.name in REFERENCES else f.name for f, _ in keys.specs(key_type)]
+
+
+def key_column(name: str, spec: keys.Spec, python_type: type) -> MappedColumn[Any]:
+    """The column of one key field (a reference to the devices' or kernels' row for those two)."""
+    if name in REFERENCES:
+        return mapped_column(Integer, ForeignKey(REFERENCES[name][1]), nullable=False)
+    # the value that rows stored before the field existed hold (a migration adds the column with it)
+    default = None if spec.default is None else str(spec.default)
+    return mapped_column(
+        String(spec.max_len) if python_type is str else Integer, nullable=False, server_default=default
+    )
+
+
+class TableKeyColumns:
+    """A column for each field of verify_tuner.keys.TableKey, made from the key's declaration."""
+
+
+class KeyColumns(TableKeyColumns):
+    """A column for each field of verify_tuner.keys.ConfigKey (the TableKey's, and the buckets)."""
+
+
+def _add_key_columns() -> None:
+    for mixin, key_type in ((TableKeyColumns, keys.TableKey), (KeyColumns, keys.ConfigKey)):
+        types = keys.field_types(key_type)
+        for (f, spec), column in zip(keys.specs(key_type), key_column_names(key_type)):
+            if column not in vars(TableKeyColumns):
+                setattr(mixin, column, key_column(f.name, spec, types[f.name]))
+
+
+_add_key_columns()
 
 
 class Base(DeclarativeBase):
@@ -79,18 +121,10 @@ class Kernel(Base):
     version: Mapped[str] = mapped_column(String(32))
 
 
-class Study(Base):
+class Study(KeyColumns, Base):
     __tablename__ = "tuning_studies"
     id: Mapped[int] = mapped_column(primary_key=True)
     workload_key: Mapped[str] = mapped_column(String(400), unique=True)
-    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"))
-    kernel_id: Mapped[int] = mapped_column(ForeignKey("kernels.id"))
-    dtype: Mapped[str] = mapped_column(String(16))
-    H: Mapped[int]
-    q_len: Mapped[int]
-    bucket: Mapped[int]
-    #: verify_tuner.batches index (0: B=1); migration 0003
-    batch_bucket: Mapped[int] = mapped_column(default=0, server_default="0")
     prefix: Mapped[int]  # the prefix length measured for this bucket (the batch's lookup prefix)
     status: Mapped[str] = mapped_column(String(16), default="running")
     sampler: Mapped[str] = mapped_column(String(16))
@@ -124,20 +158,10 @@ class Trial(Base):
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
-class BestConfig(Base):
+class BestConfig(KeyColumns, Base):
     __tablename__ = "best_configs"
-    __table_args__ = (
-        UniqueConstraint("device_id", "kernel_id", "dtype", "H", "q_len", "bucket", "batch_bucket", name="uq_best_key"),
-    )
+    __table_args__ = (UniqueConstraint(*key_column_names(), name="uq_best_key"),)
     id: Mapped[int] = mapped_column(primary_key=True)
-    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"))
-    kernel_id: Mapped[int] = mapped_column(ForeignKey("kernels.id"))
-    dtype: Mapped[str] = mapped_column(String(16))
-    H: Mapped[int]
-    q_len: Mapped[int]
-    bucket: Mapped[int]
-    #: verify_tuner.batches index (0: B=1); migration 0003
-    batch_bucket: Mapped[int] = mapped_column(default=0, server_default="0")
     nsplit: Mapped[int]
     ht: Mapped[int]
     tk: Mapped[int]
@@ -159,7 +183,7 @@ class BestConfig(Base):
     neighbour_mb: Mapped[int] = timing_column()
 
 
-class GraphPlan(Base):
+class GraphPlan(TableKeyColumns, Base):
     """The one config an engine captures per batch size for a prefix range (verify_tuner.search.graph_plan),
     with its time and regret at every prefix bucket of the range, all measured side by side in one
     call (migration 0004). Keyed by the range's bucket indices and the prefix weights' digest."""
@@ -167,11 +191,7 @@ class GraphPlan(Base):
     __tablename__ = "graph_plans"
     __table_args__ = (
         UniqueConstraint(
-            "device_id",
-            "kernel_id",
-            "dtype",
-            "H",
-            "q_len",
+            *key_column_names(keys.TableKey),
             "batch_bucket",
             "bucket_lo",
             "bucket_hi",
@@ -180,11 +200,7 @@ class GraphPlan(Base):
         ),
     )
     id: Mapped[int] = mapped_column(primary_key=True)
-    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"))
-    kernel_id: Mapped[int] = mapped_column(ForeignKey("kernels.id"))
-    dtype: Mapped[str] = mapped_column(String(16))
-    H: Mapped[int]
-    q_len: Mapped[int]
+    #: a plan spans prefix buckets (bucket_lo..bucket_hi) of one batch bucket: keyed by the table and those
     batch_bucket: Mapped[int]
     bucket_lo: Mapped[int]  # prefix bucket indices of the range, both inclusive
     bucket_hi: Mapped[int]
@@ -206,20 +222,14 @@ class GraphPlan(Base):
     neighbour_mb: Mapped[int] = timing_column()
 
 
-class Verification(Base):
+class Verification(KeyColumns, Base):
     """One re-timing of a stored best against the heuristic by `tuner configs verify`, kept whatever
     the verdict (nothing is deleted; migration 0004). Keyed like best_configs, not by its id: the
     history outlives the row."""
 
     __tablename__ = "best_verifications"
+    __table_args__ = (Index("ix_best_verifications_device_id", "device_id"),)
     id: Mapped[int] = mapped_column(primary_key=True)
-    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id"), index=True)
-    kernel_id: Mapped[int] = mapped_column(ForeignKey("kernels.id"))
-    dtype: Mapped[str] = mapped_column(String(16))
-    H: Mapped[int]
-    q_len: Mapped[int]
-    bucket: Mapped[int]
-    batch_bucket: Mapped[int]
     params: Mapped[dict[str, Any]]  # the stored config verified
     stored_us: Mapped[float | None] = mapped_column(Float)  # its time when it was stored
     measured_us: Mapped[float | None] = mapped_column(Float)

@@ -8,12 +8,12 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 from verify_tuner.kernels.config import KernelConfig
-from verify_tuner.keys import ConfigKey
-from verify_tuner.store import best_configs, data_version, devices, writes
-from verify_tuner.store.models import BestConfig, Device, GraphPlan, Kernel, Verification, utcnow
+from verify_tuner.keys import ConfigKey, TableKey
+from verify_tuner.store import best_configs, data_version, devices, keyed, writes
+from verify_tuner.store.models import BestConfig, Device, GraphPlan, Verification, utcnow
 
 
 @dataclass(frozen=True)
@@ -21,11 +21,7 @@ class PlanRow:
     """A stored graph plan, detached from the session. `per_bucket`: one dict a prefix bucket of the
     range, in bucket order (bucket, prefix, weight, us, p10_us, p90_us, best_us, regret, best)."""
 
-    device: str
-    kernel_hash: str
-    dtype: str
-    H: int
-    q_len: int
+    table: TableKey
     batch_bucket: int
     bucket_lo: int
     bucket_hi: int
@@ -50,125 +46,76 @@ class PlanRow:
 
 
 def upsert_plan(*, session: Session, plan: PlanRow) -> None:
-    """Store `plan`, replacing the plan of the same key (device, kernel, dtype, H, q_len, batch
-    bucket, range, weights' digest): a re-measurement supersedes the last one."""
+    """Store `plan`, replacing the plan of the same key (its table, batch bucket, range and weights'
+    digest): a re-measurement supersedes the last one."""
     data_version.bump_version(session)  # first, like every writer (one lock order)
-    device_id, kernel_id = devices.key_ids(session=session, device=plan.device, kernel_hash=plan.kernel_hash)
+    device_id, kernel_id = devices.key_ids(
+        session=session, device=plan.table.device, kernel_hash=plan.table.kernel_hash
+    )
     key = {
-        "device_id": device_id,
-        "kernel_id": kernel_id,
-        "dtype": plan.dtype,
-        "H": plan.H,
-        "q_len": plan.q_len,
+        **keyed.key_columns(device_id, kernel_id, plan.table),
         "batch_bucket": plan.batch_bucket,
         "bucket_lo": plan.bucket_lo,
         "bucket_hi": plan.bucket_hi,
         "weights_digest": plan.weights_digest,
     }
-    values = {
-        "weights": plan.weights,
+    values = {name: getattr(plan, name) for name in _PLAN_FIELDS} | {
         "params": plan.config.as_params(),
-        "expected_us": plan.expected_us,
-        "per_bucket": plan.per_bucket,
-        "finalists": plan.finalists,
-        "batch": plan.batch,
-        "spread": plan.spread,
-        "rounds": plan.rounds,
-        "measured_by": plan.measured_by,
         "measured_at": plan.measured_at or utcnow(),
-        "neighbour_mb": plan.neighbour_mb,
     }
     writes.upsert(session, GraphPlan, key_cols=key, values=values)
 
 
-def delete_plans(
-    *,
-    session: Session,
-    device: str,
-    H: int | None = None,
-    q_len: int | None = None,
-    bucket: int | None = None,
-    batch_bucket: int | None = None,
-) -> int:
+#: What a plan's table row and its PlanRow hold under the same name (beside its key and config).
+_PLAN_FIELDS = (
+    "weights",
+    "expected_us",
+    "per_bucket",
+    "finalists",
+    "batch",
+    "spread",
+    "rounds",
+    "measured_by",
+    "neighbour_mb",
+)
+
+
+def delete_plans(*, session: Session, device: str, bucket: int | None = None, **filters: int | None) -> int:
     """Delete the graph plans built from the best configs these filters select (best_configs.
     delete_best's): a plan is chosen over its range's bests, so it goes with any of them; `bucket`
     selects the plans whose range holds that prefix bucket."""
-    dev = devices.get_device(session=session, name=device)
-    if dev is None:
-        return 0
-    data_version.bump_version(session)  # first, like every writer (one lock order)
-    stmt = delete(GraphPlan).where(GraphPlan.device_id == dev.id)
-    for col, value in ((GraphPlan.H, H), (GraphPlan.q_len, q_len), (GraphPlan.batch_bucket, batch_bucket)):
-        if value is not None:
-            stmt = stmt.where(col == value)
-    if bucket is not None:
-        stmt = stmt.where(GraphPlan.bucket_lo <= bucket, GraphPlan.bucket_hi >= bucket)
-    return session.execute(stmt).rowcount or 0
+    held = () if bucket is None else (GraphPlan.bucket_lo <= bucket, GraphPlan.bucket_hi >= bucket)
+    return keyed.delete_keyed(session=session, model=GraphPlan, device=device, filters=filters, also=held)
 
 
-def list_plans(
-    *,
-    session: Session,
-    device: str | None = None,
-    kernel_hash: str | None = None,
-    dtype: str | None = None,
-    H: int | None = None,
-    q_len: int | None = None,
-) -> list[PlanRow]:
-    """Stored plans, newest measurement first within each (device, H, q_len, batch bucket)."""
-    q = (
-        select(GraphPlan, Device.name, Kernel.source_hash)
-        .join(Device, GraphPlan.device_id == Device.id)
-        .join(Kernel, GraphPlan.kernel_id == Kernel.id)
-    )
-    for col, value in (
-        (Device.name, device),
-        (Kernel.source_hash, kernel_hash),
-        (GraphPlan.dtype, dtype),
-        (GraphPlan.H, H),
-        (GraphPlan.q_len, q_len),
-    ):
-        if value is not None:
-            q = q.where(col == value)
-    q = q.order_by(
-        Device.name, GraphPlan.H, GraphPlan.q_len, GraphPlan.batch_bucket, GraphPlan.measured_at.desc(), GraphPlan.id
-    )
+def list_plans(*, session: Session, **filters: object) -> list[PlanRow]:
+    """Stored plans whose key fields have the values given (device, H, ...; None: any), newest
+    measurement first within each (device, H, q_len, batch bucket)."""
+    order = keyed.columns(GraphPlan, "H", "q_len", "batch_bucket")
+    q = keyed.select_keyed(GraphPlan, **filters)
+    q = q.order_by(Device.name, *order, GraphPlan.measured_at.desc(), GraphPlan.id)
     return [_plan_row(*r) for r in session.execute(q)]
 
 
-def served_plans(
-    *, session: Session, device: str, kernel_hash: str, dtype: str, H: int, q_len: int
-) -> dict[int, PlanRow]:
-    """The plan served per batch bucket: the most recently measured one (whatever its range or
-    weights: the operator's latest `study graph-plan` for that batch bucket)."""
+def served_plans(*, session: Session, table: TableKey) -> dict[int, PlanRow]:
+    """The plan served per batch bucket of `table`: the most recently measured one (whatever its
+    range or weights: the operator's latest `study graph-plan` for that batch bucket)."""
     out: dict[int, PlanRow] = {}
-    for p in list_plans(session=session, device=device, kernel_hash=kernel_hash, dtype=dtype, H=H, q_len=q_len):
+    for p in list_plans(session=session, **table.values()):
         out.setdefault(p.batch_bucket, p)
     return out
 
 
 def _plan_row(p: GraphPlan, device: str, kernel_hash: str) -> PlanRow:
     return PlanRow(
-        device=device,
-        kernel_hash=kernel_hash,
-        dtype=p.dtype,
-        H=p.H,
-        q_len=p.q_len,
+        table=keyed.row_key(p, device, kernel_hash, TableKey),
         batch_bucket=p.batch_bucket,
         bucket_lo=p.bucket_lo,
         bucket_hi=p.bucket_hi,
         weights_digest=p.weights_digest,
-        weights=p.weights,
         config=KernelConfig.from_params(p.params),
-        expected_us=p.expected_us,
-        per_bucket=list(p.per_bucket),
-        finalists=list(p.finalists),
-        batch=p.batch,
-        spread=p.spread,
-        rounds=p.rounds,
-        measured_by=p.measured_by,
         measured_at=p.measured_at,
-        neighbour_mb=p.neighbour_mb,
+        **{name: getattr(p, name) for name in _PLAN_FIELDS},
     )
 
 
@@ -220,7 +167,7 @@ def record_verification(*, session: Session, v: VerificationRow) -> bool:
     data_version.bump_version(session)
     device_id, kernel_id = devices.key_ids(session=session, device=v.key.device, kernel_hash=v.key.kernel_hash)
     at = v.verified_at or utcnow()
-    key = writes.key_columns(device_id, kernel_id, v.key)
+    key = keyed.key_columns(device_id, kernel_id, v.key)
     session.add(
         Verification(
             **key,
@@ -243,26 +190,17 @@ def record_verification(*, session: Session, v: VerificationRow) -> bool:
 
 
 def list_verifications(*, session: Session, device: str | None = None) -> list[VerificationRow]:
-    q = (
-        select(Verification, Device.name, Kernel.source_hash)
-        .join(Device, Verification.device_id == Device.id)
-        .join(Kernel, Verification.kernel_id == Kernel.id)
-        .order_by(Verification.id)
-    )
-    if device is not None:
-        q = q.where(Device.name == device)
-    out = []
-    for v, dev, khash in session.execute(q):
-        out.append(
-            VerificationRow(
-                key=ConfigKey(dev, khash, v.dtype, v.H, v.q_len, v.bucket, v.batch_bucket),
-                config=KernelConfig.from_params(v.params),
-                heuristic=KernelConfig.from_params(v.heuristic_params),
-                **_verification_fields(v),
-                verified_at=v.verified_at,
-            )
+    q = keyed.select_keyed(Verification, device=device).order_by(Verification.id)
+    return [
+        VerificationRow(
+            key=keyed.row_key(v, dev, khash, ConfigKey),
+            config=KernelConfig.from_params(v.params),
+            heuristic=KernelConfig.from_params(v.heuristic_params),
+            **_verification_fields(v),
+            verified_at=v.verified_at,
         )
-    return out
+        for v, dev, khash in session.execute(q)
+    ]
 
 
 def plan_doc(p: PlanRow) -> dict[str, Any]:

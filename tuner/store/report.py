@@ -5,14 +5,19 @@ from __future__ import annotations
 import datetime as dt
 import io
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 from verify_tuner import batches, buckets, engine_files
 from verify_tuner.files import UMASK, write_shared
 from verify_tuner.kernels import kernel_hash as current_kernel_hash
 from verify_tuner.kernels.shapes import floor_bytes
+from verify_tuner.keys import ConfigKey, TableKey
 from verify_tuner.store import best_configs, devices, lookup, models, plans
 from verify_tuner.store.session import session_scope
+
+#: The prefix each stored best's study measured (None: imported, or its study gone).
+Prefixes = dict[ConfigKey, int | None]
 
 
 def write_report(*, sessions: sessionmaker[Session], out_dir: Path, device: str | None = None) -> list[Path]:
@@ -24,7 +29,7 @@ def write_report(*, sessions: sessionmaker[Session], out_dir: Path, device: str 
         rows = best_configs.list_best(session=s, device=device)
         graph_plans = plans.list_plans(session=s, device=device)
         recorded = {d.name: d for d in devices.list_devices(session=s)}
-        prefixes = {}
+        prefixes: Prefixes = {}
         for r in rows:
             if r.study_id is not None:
                 st = s.get(models.Study, r.study_id)
@@ -50,10 +55,12 @@ def write_report(*, sessions: sessionmaker[Session], out_dir: Path, device: str 
         for kernel in kernels:
             lines += ["", _kernel_heading(kernel, own), ""]
             lines += _row_lines([r for r in dev_rows if r.key.kernel_hash == kernel], prefixes, bw)
-            lines += _plan_lines([g for g in graph_plans if g.device == dev_name and g.kernel_hash == kernel])
+            lines += _plan_lines(
+                [g for g in graph_plans if (g.table.device, g.table.kernel_hash) == (dev_name, kernel)]
+            )
         write_shared(stem.with_suffix(".md"), "\n".join(lines) + "\n", mode=UMASK)
         written.append(stem.with_suffix(".md"))
-        dev_plans = [g for g in graph_plans if g.device == dev_name]
+        dev_plans = [g for g in graph_plans if g.table.device == dev_name]
         written.append(_plot(stem.with_suffix(".png"), dev_name, dev_rows, prefixes, bw, dev_plans, own))
     return written
 
@@ -65,20 +72,20 @@ def _kernel_heading(kernel: str, own: str) -> str:
     return f"## Kernel {kernel} (another build: served only to workers that ask for this kernel_hash)"
 
 
-def _row_lines(rows: list[best_configs.BestRow], prefixes: dict, bw: float | None) -> list[str]:  # type: ignore[type-arg]
+def _row_lines(rows: list[best_configs.BestRow], prefixes: Prefixes, bw: float | None) -> list[str]:
     lines = [
-        "| H | q_len | batch | bucket | prefix | config | tuned µs | default µs | speedup | floor µs |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| kv_dtype | H | q_len | batch | bucket | prefix | config | tuned µs | default µs | speedup | floor µs |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         b, bb = buckets.by_index(r.key.bucket), batches.by_index(r.key.batch_bucket)
         p = prefixes.get(r.key) or b.mid
-        floor = _floor_us(r.key.H, r.key.q_len, p, bw, bb.hi)
+        floor = _floor_us(r.key, p, bw, bb.hi)
         stale = " (stale: not served)" if r.stale else ""
         cold = f" (timed cold: {r.neighbour_mb} MB neighbour)" if r.neighbour_mb else ""
         lines.append(
-            f"| {r.key.H} | {r.key.q_len} | {bb} | [{b.lo}, {b.hi}) | {p} | {r.config}{stale}{cold} | {_f(r.median_us)} | "
-            f"{_f(r.default_us)} | {_f(r.speedup, 'x')} | {_f(floor)} |"
+            f"| {r.key.kv_dtype} | {r.key.H} | {r.key.q_len} | {bb} | [{b.lo}, {b.hi}) | {p} | {r.config}{stale}{cold} "
+            f"| {_f(r.median_us)} | {_f(r.default_us)} | {_f(r.speedup, 'x')} | {_f(floor)} |"
         )
     return lines
 
@@ -90,7 +97,10 @@ def _plan_lines(dev_plans: list[plans.PlanRow]) -> list[str]:
         doc = plans.plan_doc(g)
         out += [
             "",
-            f"## Graph plan H={g.H} q_len={g.q_len} batch {batches.by_index(g.batch_bucket)}: {g.config}",
+            (
+                f"## Graph plan {g.table.kv_dtype} H={g.table.H} q_len={g.table.q_len} "
+                f"batch {batches.by_index(g.batch_bucket)}: {g.config}"
+            ),
             "",
             (
                 f"Prefixes {doc['prefix_lo']}..{doc['prefix_hi']}, weights {doc['weights_source']} "
@@ -114,55 +124,49 @@ def _f(v: float | None, suffix: str = "") -> str:
     return "-" if v is None else f"{v:.2f}{suffix}" if suffix else f"{v:.1f}"
 
 
-def _floor_us(H: int, q_len: int, prefix: int, bw_gbps: float | None, batch: int = 1) -> float | None:
+def _floor_us(table: TableKey, prefix: int, bw_gbps: float | None, batch: int = 1) -> float | None:
     if not bw_gbps:
         return None
     lens = batches.draw_prefixes(batch=batch, centre=prefix)  # the ragged batch the study measured
-    return floor_bytes(lens, q_len=q_len, H=H) / (bw_gbps * 1e9) * 1e6
+    return floor_bytes(lens, q_len=table.q_len, H=table.H, kv_dtype=table.kv_dtype) / (bw_gbps * 1e9) * 1e6
 
 
-def _plot(path: Path, dev_name: str, rows, prefixes, bw, dev_plans, own: str) -> Path:  # type: ignore[no-untyped-def]
+def _plot(
+    path: Path,
+    dev_name: str,
+    rows: list[best_configs.BestRow],
+    prefixes: Prefixes,
+    bw: float | None,
+    dev_plans: list[plans.PlanRow],
+    own: str,
+) -> Path:
+    """One panel per (KV format, H, q_len): each batch bucket's tuned and default times, its graph plans and
+    the memory floor, one curve per kernel build (this one's in full colour)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = sorted({(r.key.H, r.key.q_len) for r in rows})
+    shapes = sorted({(r.key.kv_dtype, r.key.H, r.key.q_len) for r in rows})
     kernels = sorted({r.key.kernel_hash for r in rows}, key=lambda k: (k != own, k))
-    fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.6), squeeze=False)
-    for ax, (H, q) in zip(axes[0], keys):
-        shape = [r for r in rows if (r.key.H, r.key.q_len) == (H, q)]
+    fig, axes = plt.subplots(1, len(shapes), figsize=(4.2 * len(shapes), 3.6), squeeze=False)
+    for ax, shape in zip(axes[0], shapes):
+        of_shape = [r for r in rows if (r.key.kv_dtype, r.key.H, r.key.q_len) == shape]
         # one curve per (kernel build, batch bucket): neither two builds nor two batch sizes are joined
-        for n, bi in enumerate(sorted({r.key.batch_bucket for r in shape})):
-            bb, color = batches.by_index(bi), f"C{n % 10}"
+        for n, bi in enumerate(sorted({r.key.batch_bucket for r in of_shape})):
+            in_batch = [r for r in of_shape if r.key.batch_bucket == bi]
             for kernel in kernels:
-                rs = sorted(
-                    (r for r in shape if r.key.batch_bucket == bi and r.key.kernel_hash == kernel),
-                    key=lambda r: r.key.bucket,
-                )
-                if not rs:
-                    continue
                 tag, alpha = ("", 1.0) if len(kernels) == 1 else (f" {kernel[:8]}", 1.0 if kernel == own else 0.45)
-                x = [prefixes.get(r.key) or buckets.by_index(r.key.bucket).mid for r in rs]
-                style = {"color": color, "alpha": alpha}
-                ax.plot(
-                    x, [r.default_us or float("nan") for r in rs], "s:", ms=3, label=f"default B={bb}{tag}", **style
-                )
-                ax.plot(x, [r.median_us or float("nan") for r in rs], "^-", ms=4, label=f"tuned B={bb}{tag}", **style)
-                for g in dev_plans:
-                    if (g.H, g.q_len, g.batch_bucket, g.kernel_hash) == (H, q, bi, kernel):
-                        px = [b["prefix"] for b in g.per_bucket]
-                        ax.plot(
-                            px, [b["us"] for b in g.per_bucket], "--", lw=1, label=f"graph plan B={bb}{tag}", **style
-                        )
-            batch_rows = [r for r in shape if r.key.batch_bucket == bi]
-            x = sorted({prefixes.get(r.key) or buckets.by_index(r.key.bucket).mid for r in batch_rows})
+                style = {"color": f"C{n % 10}", "alpha": alpha}
+                _plot_curves(ax, [r for r in in_batch if r.key.kernel_hash == kernel], prefixes, dev_plans, tag, style)
+            x = sorted({prefixes.get(r.key) or buckets.by_index(r.key.bucket).mid for r in in_batch})
             if bw:
-                ax.plot(x, [_floor_us(H, q, p, bw, bb.hi) for p in x], "k:", lw=0.8)
+                floor = [_floor_us(in_batch[0].key, p, bw, batches.by_index(bi).hi) for p in x]
+                ax.plot(x, [f or float("nan") for f in floor], "k:", lw=0.8)
         ax.set_xscale("log")
-        if bw or any(r.default_us or r.median_us for r in shape):  # rows imported without times plot nothing
+        if bw or any(r.default_us or r.median_us for r in of_shape):  # rows imported without times plot nothing
             ax.set_yscale("log")
-        ax.set_title(f"H={H} q_len={q}")
+        ax.set_title("{} H={} q_len={}".format(*shape))
         ax.set_xlabel("prefix tokens")
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].set_ylabel("µs")
@@ -174,3 +178,25 @@ def _plot(path: Path, dev_name: str, rows, prefixes, bw, dev_plans, own: str) ->
     plt.close(fig)
     write_shared(path, png.getvalue(), mode=UMASK)
     return path
+
+
+def _plot_curves(
+    ax: Any,
+    rows: list[best_configs.BestRow],
+    prefixes: Prefixes,
+    dev_plans: list[plans.PlanRow],
+    tag: str,
+    style: dict[str, Any],
+) -> None:
+    """One kernel build's curves of one batch bucket: default and tuned per prefix bucket, and its graph plans."""
+    if not rows:
+        return
+    rows = sorted(rows, key=lambda r: r.key.bucket)
+    bb = batches.by_index(rows[0].key.batch_bucket)
+    x = [prefixes.get(r.key) or buckets.by_index(r.key.bucket).mid for r in rows]
+    ax.plot(x, [r.default_us or float("nan") for r in rows], "s:", ms=3, label=f"default B={bb}{tag}", **style)
+    ax.plot(x, [r.median_us or float("nan") for r in rows], "^-", ms=4, label=f"tuned B={bb}{tag}", **style)
+    for g in dev_plans:
+        if g.table == rows[0].key.table and g.batch_bucket == bb.index:
+            px = [b["prefix"] for b in g.per_bucket]
+            ax.plot(px, [b["us"] for b in g.per_bucket], "--", lw=1, label=f"graph plan B={bb}{tag}", **style)

@@ -11,23 +11,25 @@ import datetime as dt
 import difflib
 import math
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
+    AliasChoices,
     BaseModel,
     ConfigDict,
     Field,
     StrictInt,
     StrictStr,
     ValidationError,
+    create_model,
     field_validator,
     model_validator,
 )
-from verify_tuner import batches
+from verify_tuner import batches, keys
 from verify_tuner.buckets import ALL, MAX_PREFIX
 from verify_tuner.kernels.config import PARAM_NAMES
 from verify_tuner.kernels.timing import MAX_NEIGHBOUR_MB
-from verify_tuner.keys import MAX_H
 
 TIMING_FIELDS = ("median_us", "p10_us", "p90_us", "default_us")
 #: The largest time (µs) or speedup a row may carry: a launch of 1000 s is a unit mistake.
@@ -36,17 +38,44 @@ MAX_TIMING = 1e9
 DERIVED_FIELDS = ("bucket_lo", "bucket_hi", "batch_lo", "batch_hi", "speedup")
 
 
-class ConfigRow(BaseModel):
-    """One best config for (device, kernel hash, dtype, H, q_len, prefix bucket, batch bucket);
-    a file without batch buckets (written before they existed) means B=1."""
+def _printable(v: str) -> str:
+    # one character set on every database: PostgreSQL refuses NUL, and a newline breaks listings and CSV
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in v):
+        raise ValueError("must not contain control characters (NUL, newline, tab, ...)")
+    return v
+
+
+#: A row names the GPU it was measured on: an import has no device of its own to mean.
+_REQUIRED = {"device"}
+
+
+def table_key_fields(key_type: type[keys.TableKey] = keys.TableKey) -> dict[str, Any]:
+    """The row's columns of the table key, made from its declaration (verify_tuner.keys): strict types
+    and the key's bounds; a field left out takes its default (rows written before it existed), a
+    `local` one None (this package's kernel); the name a field had before is still read."""
+    types, out = keys.field_types(key_type), {}
+    for f, spec in keys.specs(key_type):
+        if types[f.name] is int:
+            kind: Any = Annotated[StrictInt, Field(ge=spec.lo, le=spec.hi)]
+        else:
+            kind = Annotated[StrictStr, Field(min_length=1, max_length=spec.max_len), AfterValidator(_printable)]
+        if spec.check is not None:
+            kind = Annotated[kind, AfterValidator(spec.check)]
+        if spec.formerly:
+            kind = Annotated[kind, Field(validation_alias=AliasChoices(f.name, spec.formerly))]
+        optional = spec.local and f.name not in _REQUIRED
+        default = None if optional else ... if spec.default is None else spec.default
+        out[f.name] = (kind | None if optional else kind, default)
+    return out
+
+
+class RowFields(BaseModel):
+    """One best config: a row of an export or import. Its table key's columns (device, kernel hash,
+    kv_dtype, H, q_len) are added from the key's declaration (ConfigRow); the prefix bucket is given
+    as a bucket or a prefix, and a file without batch buckets (written before they existed) means B=1."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    device: StrictStr = Field(min_length=1, max_length=200)
-    kernel_hash: StrictStr | None = Field(None, min_length=1, max_length=64)
-    dtype: Literal["bf16"] = "bf16"
-    H: StrictInt = Field(ge=1, le=MAX_H)
-    q_len: StrictInt = Field(ge=1, le=64)
     bucket: StrictInt | None = Field(None, ge=0, le=len(ALL) - 1)
     prefix: StrictInt | None = Field(None, ge=0, le=MAX_PREFIX)
     bucket_lo: StrictInt | None = None
@@ -80,13 +109,9 @@ class ConfigRow(BaseModel):
     #: N MB of weights, its own time subtracted)
     neighbour_mb: StrictInt = Field(0, ge=0, le=MAX_NEIGHBOUR_MB)
 
-    @field_validator("device", "kernel_hash")
-    @classmethod
-    def _printable(cls, v: str | None) -> str | None:
-        # one character set on every database: PostgreSQL refuses NUL, and a newline breaks listings and CSV
-        if v is not None and any(ord(ch) < 32 or ord(ch) == 127 for ch in v):
-            raise ValueError("must not contain control characters (NUL, newline, tab, ...)")
-        return v
+    def table_values(self) -> dict[str, Any]:
+        """The row's table key fields as given (kernel_hash None: not given)."""
+        return {f.name: getattr(self, f.name) for f, _ in keys.specs(keys.TableKey)}
 
     @field_validator(*TIMING_FIELDS, "speedup", mode="before")
     @classmethod
@@ -125,7 +150,7 @@ class ConfigRow(BaseModel):
         return v
 
     @model_validator(mode="after")
-    def _consistent(self) -> ConfigRow:
+    def _consistent(self) -> RowFields:
         if (self.bucket is None) == (self.prefix is None):
             raise ValueError("give exactly one of bucket and prefix")
         if (self.verdict is None) != (self.verified_at is None):
@@ -150,7 +175,7 @@ class ConfigRow(BaseModel):
             raise ValueError(f"median_us {mid} is outside [p10_us, p90_us]")
         return self
 
-    def constants(self) -> dict[str, int]:
+    def constants(self) -> dict[str, object]:
         """The row's kernel constants, all of them."""
         return {k: getattr(self, k) for k in PARAM_NAMES}
 
@@ -161,10 +186,18 @@ class ConfigRow(BaseModel):
         return self.bucket if self.bucket is not None else bucket_of(self.prefix).index  # type: ignore[arg-type]
 
 
+#: The row schema: RowFields and the table key's columns.
+ConfigRow = create_model("ConfigRow", __base__=RowFields, __doc__=RowFields.__doc__, **table_key_fields())
+#: Every name a row's column may have (a field's former name too: files exported before the rename).
+COLUMNS = {
+    name
+    for field_name, info in ConfigRow.model_fields.items()
+    for name in (field_name, *getattr(info.validation_alias, "choices", ()))
+}
+
 #: CSV cells are text: these fields are converted to int / float strictly before validation.
 _INT_FIELDS = {
-    "H",
-    "q_len",
+    *(name for name, tp in keys.field_types(keys.TableKey).items() if tp is int),
     "bucket",
     "prefix",
     "bucket_lo",
@@ -198,15 +231,15 @@ def from_csv_cells(cells: dict[str, str]) -> dict[str, Any]:
     return out
 
 
-def parse_row(raw: dict[str, Any]) -> ConfigRow:
+def parse_row(raw: dict[str, Any]) -> RowFields:
     """Validate one row; ValueError with one line per problem, each naming its field."""
     if None in raw:  # csv.DictReader's key for the cells of a record longer than its header
         raise ValueError(f"{len(raw[None])} more cell(s) than the header has columns")  # type: ignore[index]
-    unknown = [k for k in raw if k not in ConfigRow.model_fields]
+    unknown = [k for k in raw if k not in COLUMNS]
     if unknown:
         hints = []
         for k in unknown:
-            close = difflib.get_close_matches(str(k), list(ConfigRow.model_fields), n=1)
+            close = difflib.get_close_matches(str(k), sorted(COLUMNS), n=1)
             hints.append(f"{k!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
         raise ValueError(f"unknown column(s) {', '.join(hints)}")
     try:

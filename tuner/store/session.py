@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.engine import make_url
+from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import NoSuchModuleError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
-from sqlalchemy.pool import NullPool
+from sqlalchemy.pool import ConnectionPoolEntry, NullPool
 from verify_tuner.errors import StorageError
 
 log = logging.getLogger(__name__)
@@ -58,14 +58,7 @@ def make_engine(
     pool: dict[str, Any] = {} if pooled else {"poolclass": NullPool}
     if parsed.get_backend_name() != "sqlite":
         return create_engine(url, pool_pre_ping=True, **pool, **_postgres_timeouts(timeout_s, pooled))
-    file_db = bool(parsed.database) and parsed.database != ":memory:"
-    if file_db and not read_only:
-        check_writable(Path(parsed.database).expanduser(), setting)
-    if file_db and (read_only or not create):
-        path = Path(parsed.database).expanduser().resolve()
-        url = f"sqlite:///file:{quote(str(path))}?mode={'ro' if read_only else 'rw'}&uri=true"
-    elif file_db:  # the file the checks above looked at, not a literal `~` folder under the cwd
-        url = parsed.set(database=str(Path(parsed.database).expanduser())).render_as_string(hide_password=False)
+    url = _sqlite_url(parsed, read_only=read_only, create=create, setting=setting)
     engine = create_engine(url, connect_args={"timeout": busy_timeout_ms / 1000}, **pool)
     _sqlite_listeners(
         engine,
@@ -78,6 +71,19 @@ def make_engine(
     return engine
 
 
+def _sqlite_url(parsed: URL, *, read_only: bool, create: bool, setting: str) -> str:
+    """The URL an SQLite engine opens: a file opened read-only, or never created, through a URI that
+    says so; a file's `~` expanded (the file the checks look at, not a `~` folder under the cwd)."""
+    if not parsed.database or parsed.database == ":memory:":
+        return parsed.render_as_string(hide_password=False)
+    if not read_only:
+        check_writable(Path(parsed.database).expanduser(), setting)
+    if read_only or not create:
+        path = Path(parsed.database).expanduser().resolve()
+        return f"sqlite:///file:{quote(str(path))}?mode={'ro' if read_only else 'rw'}&uri=true"
+    return parsed.set(database=str(Path(parsed.database).expanduser())).render_as_string(hide_password=False)
+
+
 def _sqlite_listeners(
     engine: Engine, *, immediate: bool, busy_timeout_ms: int, read_only: bool, foreign_keys: bool, wal: bool
 ) -> None:
@@ -85,7 +91,7 @@ def _sqlite_listeners(
     BEGIN (IMMEDIATE for writers), and WAL once it has written (never when read-only)."""
 
     @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn, record) -> None:  # type: ignore[no-untyped-def]
+    def _on_connect(dbapi_conn: sqlite3.Connection, record: ConnectionPoolEntry) -> None:
         dbapi_conn.isolation_level = None  # we issue BEGIN ourselves, below
         cur = dbapi_conn.cursor()
         if wal and not read_only:
@@ -98,7 +104,7 @@ def _sqlite_listeners(
     if not read_only:
 
         @event.listens_for(engine, "checkin")
-        def _wal_once_written(dbapi_conn, record) -> None:  # type: ignore[no-untyped-def]
+        def _wal_once_written(dbapi_conn: sqlite3.Connection, record: ConnectionPoolEntry) -> None:
             # back in the pool no transaction is open (the mode cannot change inside one); the first
             # write ran in the file's old mode, every later one in WAL, where readers never wait on it
             if dbapi_conn is None or record.info.get("wal") or not dbapi_conn.total_changes:
@@ -110,7 +116,7 @@ def _sqlite_listeners(
                 log.warning("could not switch %s to WAL: %s", engine.url, exc)
 
     @event.listens_for(engine, "begin")
-    def _on_begin(conn) -> None:  # type: ignore[no-untyped-def]
+    def _on_begin(conn: Connection) -> None:
         # IMMEDIATE takes the write lock at BEGIN: concurrent writers wait on the busy timeout
         # instead of failing with "database is locked" when a read lock cannot be upgraded.
         conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")

@@ -9,8 +9,9 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 from verify_tuner.keys import ConfigKey
 from verify_tuner.store.devices import key_ids
+from verify_tuner.store.keyed import key_columns
 from verify_tuner.store.models import Study, Trial, utcnow
-from verify_tuner.store.writes import insert_ignore, key_columns
+from verify_tuner.store.writes import affected, insert_ignore
 
 
 def get_or_create_study(
@@ -65,7 +66,7 @@ def claim_study(*, session: Session, study_id: int, owner: str, stale_before: dt
         .values(owner=owner, heartbeat_at=utcnow())
         .execution_options(synchronize_session=False)
     )
-    return session.execute(stmt).rowcount == 1
+    return affected(session, stmt) == 1
 
 
 def beat_study(*, session: Session, study_id: int, owner: str) -> bool:
@@ -76,7 +77,7 @@ def beat_study(*, session: Session, study_id: int, owner: str) -> bool:
         .values(heartbeat_at=utcnow())
         .execution_options(synchronize_session=False)
     )
-    return session.execute(stmt).rowcount == 1
+    return affected(session, stmt) == 1
 
 
 def owners_of(*, session: Session, workload_keys: list[str]) -> dict[str, str | None]:

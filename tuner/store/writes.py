@@ -1,25 +1,32 @@
-"""What every writer of a keyed table shares: INSERT ... ON CONFLICT portable across SQLite and
-PostgreSQL, and the columns a workload key fills."""
+"""What every writer shares: INSERT ... ON CONFLICT portable across SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy import CursorResult, Executable
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 from verify_tuner.errors import StorageError
-from verify_tuner.keys import ConfigKey
 
 
-def _insert(session: Session, model: type, row: dict[str, Any] | None = None):  # type: ignore[no-untyped-def]
+def _insert(session: Session, model: type, row: dict[str, Any] | None = None) -> sqlite.Insert | postgresql.Insert:
     """The dialect's INSERT of `model`, with `row`'s values (without them: executemany's)."""
     dialect = session.get_bind().dialect.name
     if dialect == "sqlite":
-        from sqlalchemy.dialects.sqlite import insert
+        stmt: sqlite.Insert | postgresql.Insert = sqlite.insert(model)
     elif dialect == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert  # type: ignore[assignment]
+        stmt = postgresql.insert(model)
     else:
         raise StorageError(f"unsupported database dialect {dialect!r}")
-    return insert(model) if row is None else insert(model).values(**row)
+    return stmt if row is None else stmt.values(**row)
+
+
+def affected(session: Session, stmt: Executable) -> int:
+    """The rows an UPDATE or DELETE changed (its result is the cursor's, which counts them)."""
+    result = session.execute(stmt)
+    assert isinstance(result, CursorResult), type(result)
+    return result.rowcount
 
 
 def upsert(session: Session, model: type, *, key_cols: dict[str, Any], values: dict[str, Any]) -> None:
@@ -43,16 +50,3 @@ def upsert_many(session: Session, model: type, *, key_names: list[str], rows: li
 def insert_ignore(session: Session, model: type, *, key_cols: dict[str, Any], values: dict[str, Any]) -> None:
     stmt = _insert(session, model, {**key_cols, **values})
     session.execute(stmt.on_conflict_do_nothing(index_elements=list(key_cols)))
-
-
-def key_columns(device_id: int, kernel_id: int, key: ConfigKey) -> dict[str, Any]:
-    """The columns a workload key fills in a table keyed by it (best configs, verifications)."""
-    return {
-        "device_id": device_id,
-        "kernel_id": kernel_id,
-        "dtype": key.dtype,
-        "H": key.H,
-        "q_len": key.q_len,
-        "bucket": key.bucket,
-        "batch_bucket": key.batch_bucket,
-    }
