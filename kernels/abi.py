@@ -221,7 +221,7 @@ def _q_layout(t: Mapping[str, TensorMeta | None], q_len: int, H: int) -> tuple[i
     for got in (a, b):
         if isinstance(got, str):
             return got
-    return (*a, *b)  # type: ignore[misc]
+    return (*a, *b)
 
 
 def _kv_layout(

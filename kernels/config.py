@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import operator
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 
 from verify_tuner.kernels.errors import InvalidConfig
@@ -73,7 +74,7 @@ class KernelConfig:
         return self.qt or q_len
 
     @classmethod
-    def from_params(cls, params: dict[str, object]) -> KernelConfig:
+    def from_params(cls, params: Mapping[str, object]) -> KernelConfig:
         """Build from a mapping with upper- or lower-case keys; the four core constants are
         required, the others take their defaults (the compute-mode structure: STAGES=2 QT=0 WR=2
         WK=4 SF=0 PIPE=1)."""

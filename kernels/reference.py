@@ -44,7 +44,9 @@ class Inputs:
                  "kv_rows": "prefix_rows", "draft_slots": "draft_indices", "tree_mask": "tree_mask"}  # fmt: skip
         t = {op_name: TensorMeta.of(getattr(self, name)) for op_name, name in names.items()}
         B, Q, H, _ = self.q.shape
-        t["out"] = TensorMeta("bfloat16", (B, Q, H, D_V), t["q"].device, True)
+        q = t["q"]
+        assert q is not None
+        t["out"] = TensorMeta("bfloat16", (B, Q, H, D_V), q.device, True)
         return call_layout(t, q_len=Q, H=H, on_cuda=False, kv_dtype=self.kv_dtype)
 
     def dequantized_kv(self) -> Any:

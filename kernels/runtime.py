@@ -115,7 +115,7 @@ class CubinKernels:
         *,
         stream: int,
         batch: int,
-        pointers: dict[str, int],
+        pointers: dict[str, int | None],
         part_o: int,
         part_lse: int,
         softmax_scale: float,
@@ -140,7 +140,7 @@ class CubinKernels:
                 softmax_scale=softmax_scale,
                 layout=layout,
                 kv_scale=kv_scale,
-                **pointers,
+                **pointers,  # type: ignore[arg-type]  # q_pe may be None (576-wide q rows), every other an int
             )
             cfg = self._config(spec.partial_grid(), spec.cfg.block, self.smem, stream, pdl=False)
             _ok(drv.cuLaunchKernelEx(cfg, self.partial, (args, _PARTIAL_TYPES), 0), "cuLaunchKernelEx(partial)", drv)
@@ -152,9 +152,9 @@ class CubinKernels:
         args = spec.reduce_args(
             part_o=part_o,
             part_lse=part_lse,
-            prefix_indptr=pointers["prefix_indptr"],
-            out=pointers["out"],
-            lse=pointers["lse"],
+            prefix_indptr=int(pointers["prefix_indptr"]),  # type: ignore[arg-type]  # an int: partial_args took it
+            out=int(pointers["out"]),  # type: ignore[arg-type]
+            lse=int(pointers["lse"]),  # type: ignore[arg-type]
             batch=batch,
             per_block=per_block,
         )

@@ -71,7 +71,9 @@ def test_a_missing_bundle_says_so(tmp_path):
 def test_the_bundle_follows_the_umask(tmp_path, monkeypatch, umask, dirs, files):
     """`configs dump --cubins` writes what the operator's umask allows, as any command they run does:
     under 077 it was 0644 all the same."""
-    monkeypatch.setattr(bundle_mod, "compile_cubin", lambda cfg, q_len, arch, cache, kv_dtype: SimpleNamespace(cubin=b"\x7fELF"))
+    monkeypatch.setattr(
+        bundle_mod, "compile_cubin", lambda cfg, q_len, arch, cache, kv_dtype: SimpleNamespace(cubin=b"\x7fELF")
+    )
     root = tmp_path / "engine" / "cubins"
     old = os.umask(umask)
     try:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from verify_tuner.engine import op as _op  # registers torch.ops.verify_tuner.verify_attention
@@ -79,7 +80,7 @@ class VerifyBackend:
         self.H, self.q_len, self.kv, self.scale = H, q_len, kv_pool, softmax_scale
         self.req_to_token, self.pick_config, self.max_batch = req_to_token, pick_config, max_batch
         dev = kv_pool.device
-        i32 = {"dtype": torch.int32, "device": dev}
+        i32: dict[str, Any] = {"dtype": torch.int32, "device": dev}
         self.buf = _Buffers(
             kv_indptr=torch.zeros(max_batch + 1, **i32),
             rows=torch.zeros(max_batch, **i32) if req_to_token is not None else None,

@@ -230,18 +230,22 @@ def verify_attention(
 
 def _pointers(t: dict[str, Optional[torch.Tensor]]) -> dict[str, Optional[int]]:  # noqa: UP045
     """The launch's device addresses of the op's tensors (no q_pe: None; no kv_rows or lse: 0)."""
-    q_pe, kv_rows, lse = t["q_pe"], t["kv_rows"], t["lse"]
+
+    def at(name: str, absent: Optional[int] = 0) -> Optional[int]:  # noqa: UP045
+        x = t[name]
+        return x.data_ptr() if x is not None else absent
+
     return {
-        "q": t["q"].data_ptr(),
-        "q_pe": q_pe.data_ptr() if q_pe is not None else None,
-        "kv": t["kv"].data_ptr(),
-        "prefix_indices": t["kv_indices"].data_ptr(),
-        "prefix_rows": kv_rows.data_ptr() if kv_rows is not None else 0,
-        "prefix_indptr": t["kv_indptr"].data_ptr(),
-        "draft_indices": t["draft_slots"].data_ptr(),
-        "tree_mask": t["tree_mask"].data_ptr(),
-        "out": t["out"].data_ptr(),
-        "lse": lse.data_ptr() if lse is not None else 0,
+        "q": at("q"),
+        "q_pe": at("q_pe", None),
+        "kv": at("kv"),
+        "prefix_indices": at("kv_indices"),
+        "prefix_rows": at("kv_rows"),
+        "prefix_indptr": at("kv_indptr"),
+        "draft_indices": at("draft_slots"),
+        "tree_mask": at("tree_mask"),
+        "out": at("out"),
+        "lse": at("lse"),
     }
 
 
@@ -272,6 +276,18 @@ def _launch(
 
 @verify_attention.register_fake
 def _(
-    q, q_pe, kv, kv_indptr, kv_indices, kv_rows, draft_slots, tree_mask, out, lse, config, softmax_scale, workspace
+    q: torch.Tensor,
+    q_pe: Optional[torch.Tensor],  # noqa: UP045
+    kv: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    kv_rows: Optional[torch.Tensor],  # noqa: UP045
+    draft_slots: torch.Tensor,
+    tree_mask: torch.Tensor,
+    out: torch.Tensor,
+    lse: Optional[torch.Tensor],  # noqa: UP045
+    config: list[int],
+    softmax_scale: float,
+    workspace: Optional[torch.Tensor],  # noqa: UP045
 ) -> None:
-    return None
+    """The op returns nothing and writes only its arguments: tracing needs no shapes from it."""

@@ -63,7 +63,8 @@ class VerifyMLABackend:
         self._source: MaskSource | None = None
         self._configs: dict[tuple[int, int], list[int]] = {}
         self._needs: dict[tuple[int, int], int] = {}
-        self._graph_bs, self._graph_ws = 0, None
+        self._graph_bs = 0
+        self._graph_ws: torch.Tensor | None = None
         self._eager_ws: torch.Tensor | None = None
         self._delegate_graph: tuple[int, int] | None = None
         self._current: tuple[int, StepBuffers, list[int], torch.Tensor] | None = None
@@ -126,7 +127,8 @@ class VerifyMLABackend:
         bs, step = self._batch(forward_batch)
         if bs > self._graph_bs:
             raise ValueError(f"batch {bs} past the captured {self._graph_bs} (init_cuda_graph_state)")
-        self._current = (bs, step, self._config(step.q_len, bs), self._graph_ws)  # type: ignore[assignment]
+        assert self._graph_ws is not None  # made with _graph_bs by init_cuda_graph_state
+        self._current = (bs, step, self._config(step.q_len, bs), self._graph_ws)
         if step.q_len > 1:
             mask = self._mask(forward_batch)
             step.set_chain(mask is None)

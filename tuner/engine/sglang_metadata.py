@@ -13,6 +13,7 @@ captured graphs fits too.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from verify_tuner.engine.tree_masks import MaskPacker, TreeMaskMode, mask_numel, packed_dtype
@@ -69,7 +70,7 @@ class StepBuffers:
     _views: dict[int, tuple[torch.Tensor, ...]] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
-        i32 = {"dtype": torch.int32, "device": self.device}
+        i32: dict[str, Any] = {"dtype": torch.int32, "device": self.device}
         self.kv_indptr = torch.zeros(self.max_bs + 1, **i32)
         self.rows = torch.zeros(self.max_bs, **i32)
         self.draft = torch.zeros(self.max_bs, self.q_len, **i32)

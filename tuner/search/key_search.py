@@ -30,8 +30,7 @@ def config_signature(cfg: KernelConfig) -> Signature:
 
 def config_of(params: Mapping[str, int]) -> KernelConfig:
     """The config of a trial's params."""
-    constants: dict[str, object] = dict(params)
-    return KernelConfig.from_params(constants)
+    return KernelConfig.from_params(params)
 
 
 def refusal(params: dict[str, int], limits: DeviceLimits, key: ConfigKey) -> str | None:
