@@ -25,7 +25,7 @@ KEY_FIELDS = [f.name for f, _ in specs(ConfigKey)]
 
 @dataclasses.dataclass(frozen=True, order=True)
 class WithPageSize(TableKey):
-    """A table key with a dimension added the way docs/architecture-key.md says: a default that the
+    """A table key with a dimension added the way docs/architecture.md says: a default that the
     rows and names made before it mean, left out of those names at that default, keyword-only (so
     every positional construction of a key, and ConfigKey's fields after it, stay as they are)."""
 

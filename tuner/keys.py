@@ -5,7 +5,7 @@ parameters (verify_tuner.api.key_query), the row schema of import and export
 (verify_tuner.store.row_schema), the engine file names (verify_tuner.engine_files.file_name), the
 study names (`study_name_for`) and the caches (the sidecar's tables, the worker's snapshot), so a
 new dimension is a field here, a migration, and the code that uses its value
-(docs/architecture-key.md). Not to be confused with verify_tuner.measure.backend.Workload, what
+(docs/architecture.md). Not to be confused with verify_tuner.measure.backend.Workload, what
 one study measures (its prefix lengths and batch, how they are timed).
 
 `TableKey` is the part one answer table spans (device, kernel, KV format, H, q_len: every prefix

@@ -201,7 +201,7 @@ def test_a_worker_names_its_kv_format_which_is_checked_and_left_out_of_its_reque
 
 
 def test_a_table_made_before_a_key_field_existed_is_read_at_that_fields_default(tmp_path):
-    """A key dimension added later (docs/architecture-key.md) must not turn every table an older
+    """A key dimension added later (docs/architecture.md) must not turn every table an older
     sidecar serves, or an older snapshot holds, into one for another key."""
     from tests.test_key_derived import WithPageSize
 
