@@ -81,6 +81,7 @@ class ConfigEntryOut(KernelParamsOut):
     batch_bucket: BatchBucketOut = Field(description="batch sizes this config serves; tuned rows never cross it")
     device: str
     kernel_hash: str
+    kv_dtype: str = Field(description="the KV cache's format the config is for (verify_tuner.kernels.formats)")
     expected_us: float | None
     neighbour_mb: int | None = Field(None, description=NEIGHBOUR_DOC + "; none without expected_us")
     speedup_vs_default: float | None
@@ -102,6 +103,7 @@ class ConfigEntryOut(KernelParamsOut):
             batch_bucket=BatchBucketOut(index=bb.index, lo=bb.lo, hi=bb.hi),
             device=a.device,
             kernel_hash=a.kernel_hash,
+            kv_dtype=a.kv_dtype,
             expected_us=a.expected_us,
             neighbour_mb=a.neighbour_mb,
             speedup_vs_default=a.speedup_vs_default,

@@ -336,7 +336,7 @@ def main() -> None:
     ap.add_argument("--loop", choices=["uvloop", "asyncio"], help="the main port's event loop (default: tuner serve's)")
     ap.add_argument("--probe", metavar="URL", nargs="+", help=argparse.SUPPRESS)  # the probe process's entry point
     ap.add_argument("--burst-of", nargs=2, metavar=("N", "URL"), help=argparse.SUPPRESS)  # the burst process's
-    ap.add_argument("--out", type=Path, required=True, help="folder the results are written to")
+    ap.add_argument("--out", type=Path, help="folder the results are written to (required)")
     args = ap.parse_args()
     if args.probe:
         print(json.dumps(probe(args.probe, args.max_seconds)))
@@ -344,6 +344,8 @@ def main() -> None:
     if args.burst_of:
         print(json.dumps(burst(args.burst_of[1], int(args.burst_of[0]), args.max_seconds)))
         return
+    if args.out is None:  # the probe and burst processes write to stdout; a run writes files
+        ap.error("the following arguments are required: --out")
     tmp = Path(tempfile.mkdtemp())
     env = _database(tmp)
     port, minimal_port, health_port = free_port(), free_port(), free_port()

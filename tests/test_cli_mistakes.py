@@ -35,7 +35,7 @@ ROW = {
     "SF": 0,
     "PIPE": 1,
 }
-CSV_HEAD = "device,H,q_len,prefix,NSPLIT,HT,TK,BLOCK\n"
+CSV_HEAD = "device,H,q_len,prefix,NSPLIT,HT,TK,BLOCK,STAGES,QT,WR,WK,SF,PIPE\n"
 DOWN = "postgresql+psycopg://nobody@127.0.0.1:1/x"  # nothing listens on port 1
 
 
@@ -60,11 +60,11 @@ def place(tmp_path: Path):  # type: ignore[no-untyped-def]
     con.execute(f"VACUUM INTO '{tmp_path / 'rodb' / 'c.db'}'")  # a whole copy in rollback-journal mode
     con.close()
     (tmp_path / "notdb.db").write_text("not an SQLite file, only text that is long enough to have a header\n" * 4)
-    (tmp_path / "m8.csv").write_text(CSV_HEAD + "h200,--8,9,46000,64,8,32,256\n")
+    (tmp_path / "m8.csv").write_text(CSV_HEAD + "h200,--8,9,46000,64,8,32,256,2,0,2,4,0,1\n")
     (tmp_path / "long.json").write_text(json.dumps([ROW]).replace('"H": 8', '"H": ' + "9" * 5000))
-    (tmp_path / "long.csv").write_text(CSV_HEAD + "h200," + "9" * 5000 + ",9,46000,64,8,32,256\n")
+    (tmp_path / "long.csv").write_text(CSV_HEAD + "h200," + "9" * 5000 + ",9,46000,64,8,32,256,2,0,2,4,0,1\n")
     (tmp_path / "latin1.json").write_bytes(json.dumps([ROW]).replace("h200", "h\xe9200").encode("latin-1"))
-    (tmp_path / "latin1.csv").write_bytes((CSV_HEAD + "h\xe9200,8,9,46000,64,8,32,256\n").encode("latin-1"))
+    (tmp_path / "latin1.csv").write_bytes((CSV_HEAD + "h\xe9200,8,9,46000,64,8,32,256,2,0,2,4,0,1\n").encode("latin-1"))
     (tmp_path / "ro").chmod(0o555)
     (tmp_path / "rodb" / "c.db").chmod(0o444)
     (tmp_path / "rodb").chmod(0o555)

@@ -88,6 +88,7 @@ def test_the_row_schema_and_the_export_columns_hold_every_key_field():
     assert FIELDS[: len(TABLE_FIELDS) + 1] == [*TABLE_FIELDS, "bucket"] and "batch_bucket" in FIELDS
     assert "dtype" in COLUMNS  # files exported before the rename still import
     row = {"device": "h200", "H": 8, "q_len": 9, "bucket": 15, "NSPLIT": 64, "HT": 8, "TK": 32, "BLOCK": 256}
+    row |= {"STAGES": 2, "QT": 0, "WR": 2, "WK": 4, "SF": 0, "PIPE": 1}  # an import row gives all ten
     assert ConfigRow.model_validate(row).table_values()["kv_dtype"] == "bf16"  # left out: bf16
     assert ConfigRow.model_validate(row | {"dtype": "bf16"}).table_values()["kv_dtype"] == "bf16"
     with pytest.raises(ValueError, match="not read by this kernel version yet"):

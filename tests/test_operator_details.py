@@ -131,6 +131,8 @@ def test_dump_with_cubins_says_it_is_compiling(db, tmp_path, monkeypatch):
 
     from verify_tuner.engine import bundle as bundle_mod
 
-    monkeypatch.setattr(bundle_mod, "compile_cubin", lambda cfg, q_len, arch, cache: SimpleNamespace(cubin=b"\x7fELF"))
+    monkeypatch.setattr(
+        bundle_mod, "compile_cubin", lambda cfg, q_len, arch, cache, kv_dtype: SimpleNamespace(cubin=b"\x7fELF")
+    )
     r = _cli(db, "configs", "dump", "--out-dir", str(tmp_path / "dump"), "--cubins")
     assert r.exit_code == 0 and re.search(r"compiling \d+ cubin\(s\) for sm_90 with nvcc", r.stderr), r.stderr

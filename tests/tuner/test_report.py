@@ -97,10 +97,12 @@ def test_report_in_a_checkout_writes_to_the_working_directory_not_bench_results(
         devices.upsert_device(session=s, limits=h200)
         best_configs.upsert_best(
             session=s,
-            key=ConfigKey(h200.name, kernel_hash(), "bf16", 8, 9, 15),
-            config=KernelConfig(128, 8, 32, 256),
-            median_us=42.0,
-            default_us=60.0,
+            row=best_configs.BestRow(
+                ConfigKey(h200.name, kernel_hash(), "bf16", 8, 9, 15),
+                KernelConfig(128, 8, 32, 256),
+                42.0,
+                default_us=60.0,
+            ),
         )
     checkout = tmp_path / "checkout"
     committed = checkout / "bench" / "results" / "tuned_nvidia-h200.md"

@@ -16,6 +16,7 @@ from verify_tuner.heuristic import heuristic_config
 from verify_tuner.kernels import kernel_hash as current_kernel_hash
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.errors import InvalidConfig
+from verify_tuner.kernels.formats import DEFAULT as DEFAULT_KV_DTYPE
 from verify_tuner.kernels.limits import DeviceLimits, known_device
 from verify_tuner.keys import TableKey
 from verify_tuner.store import best_configs, devices
@@ -46,6 +47,7 @@ class Answer:
     stale_verified_at: dt.datetime | None = None
     #: how expected_us was measured (verify_tuner.measure.backend.Workload.neighbour_mb); None without a time
     neighbour_mb: int | None = None
+    kv_dtype: str = DEFAULT_KV_DTYPE  # the KV cache's format the answer is for (the key's)
 
 
 def resolve_device(*, session: Session, name: str | None, default: str | None) -> DeviceLimits:
@@ -95,7 +97,9 @@ def _pick(
     if exact and exact[0].stale:
         return _heuristic(limits, key, bucket, batch, stale=exact[0])
     rows = [r for r in rows if not r.stale]
-    answer = partial(Answer, bucket=bucket, device=key.device, kernel_hash=key.kernel_hash, batch_bucket=batch)
+    answer = partial(
+        Answer, bucket=bucket, device=key.device, kernel_hash=key.kernel_hash, batch_bucket=batch, kv_dtype=key.kv_dtype
+    )
     if exact:
         r = exact[0]
         return answer(
@@ -129,7 +133,16 @@ def _heuristic(
     except InvalidConfig as exc:
         raise BadParameter("q_len", f"no kernel config can run on {limits.name}: {exc}") from exc
     at = (stale.verified_at or stale.tuned_at) if stale is not None else None
-    return Answer(cfg, "heuristic", bucket, key.device, key.kernel_hash, batch_bucket=batch, stale_verified_at=at)
+    return Answer(
+        cfg,
+        "heuristic",
+        bucket,
+        key.device,
+        key.kernel_hash,
+        batch_bucket=batch,
+        stale_verified_at=at,
+        kv_dtype=key.kv_dtype,
+    )
 
 
 def answer(*, session: Session, limits: DeviceLimits, key: TableKey, prefix: int, batch: int = 1) -> Answer:
