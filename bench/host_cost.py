@@ -54,6 +54,9 @@ def empty_op():
             config: list[int],
             softmax_scale: float,
             workspace: Optional[torch.Tensor],  # noqa: UP045
+            kv_dtype: str = "bf16",
+            kv_scale: float = 1.0,
+            kv_scale_tensor: Optional[torch.Tensor] = None,  # noqa: UP045
         ) -> None:
             return None
 

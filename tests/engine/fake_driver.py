@@ -138,7 +138,7 @@ def host_only(setattr, setitem) -> FakeDriver:
 
     fake = install(setitem)
     setattr(op, "call_layout", functools.partial(abi.call_layout, on_cuda=False))
-    setattr(op, "_cubin", lambda cfg, q_len, arch: arch.encode())
+    setattr(op, "_cubin", lambda cfg, q_len, arch, kv_dtype: arch.encode())
     kernels_for = op._kernels_for
     setattr(op, "_kernels_for", lambda device, *rest: kernels_for(0 if device is None else device, *rest))
     setattr(torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(cuda_stream=0))

@@ -110,16 +110,22 @@ class ReferenceOp:
     def __init__(self) -> None:
         self.calls: list[dict[str, Any]] = []
 
-    def __call__(self, q, q_pe, kv, kv_indptr, kv_indices, kv_rows, draft, mask, out, lse, config, scale, workspace):
+    def __call__(
+        self, q, q_pe, kv, kv_indptr, kv_indices, kv_rows, draft, mask, out, lse, config, scale, workspace,
+        kv_dtype="bf16", kv_scale=1.0, kv_scale_tensor=None,
+    ):  # fmt: skip
         names = ("q", "q_pe", "kv", "kv_indptr", "kv_indices", "kv_rows", "draft_slots", "tree_mask", "out", "lse")
         tensors = dict(zip(names, (q, q_pe, kv, kv_indptr, kv_indices, kv_rows, draft, mask, out, lse)))
-        call_layout({k: TensorMeta.of(v) for k, v in tensors.items()}, q_len=q.shape[1], H=q.shape[2], on_cuda=False)
+        metas = {k: TensorMeta.of(v) for k, v in tensors.items()}
+        call_layout(metas, q_len=q.shape[1], H=q.shape[2], on_cuda=False, kv_dtype=kv_dtype)
+        layer_scale = float(kv_scale_tensor) if kv_scale_tensor is not None else kv_scale
         inp = Inputs(
             q=q, q_pe=q_pe, kv=kv, prefix_indices=kv_indices, prefix_indptr=kv_indptr, draft_indices=draft,
-            tree_mask=mask, scale=scale, prefix_rows=kv_rows,
+            tree_mask=mask, scale=scale, prefix_rows=kv_rows, kv_dtype=kv_dtype, kv_scale=layer_scale,
         )  # fmt: skip
         out.copy_(reference(inp)[0])
-        self.calls.append({"config": config, "workspace": workspace, "scale": scale, "q": q, "q_pe": q_pe})
+        self.calls.append({"config": config, "workspace": workspace, "scale": scale, "q": q, "q_pe": q_pe,
+                           "kv_dtype": kv_dtype, "kv_scale": layer_scale})  # fmt: skip
 
 
 class Delegate:

@@ -23,7 +23,9 @@ BIG = KernelConfig(nsplit=132, ht=8, tk=32, block=256, stages=3, wr=2, wk=2, sf=
 def driver(monkeypatch):
     fake = fake_driver.install(monkeypatch.setitem)
     built: list[tuple] = []
-    monkeypatch.setattr(op, "_cubin", lambda cfg, q_len, arch: built.append((cfg, q_len, arch)) or arch.encode())
+    monkeypatch.setattr(
+        op, "_cubin", lambda cfg, q_len, arch, kv_dtype: built.append((cfg, q_len, arch)) or arch.encode()
+    )
     monkeypatch.setattr(op, "_kernels", {})
     monkeypatch.setattr(op, "_limits", {})
     fake.built = built

@@ -111,3 +111,50 @@ def test_the_workspace_report_shares_one_buffer_sized_for_the_largest_batch(monk
     assert len(table) == len(workspace_mb.DEVICES) * len(workspace_mb.HEADS)
     for r in table:
         assert 0 < r["one shared MB"] < r["one per batch size MB"]
+
+
+def _e4m3_args(B: int, storage=torch.uint8) -> list:
+    args = list(_args(B))
+    args[2] = torch.zeros(100, 576, dtype=storage)  # SGLang's fp8 pool: one byte an element
+    return args
+
+
+def test_an_e4m3_pool_is_refused_by_name_until_the_kernel_reads_it(host):
+    from verify_tuner.kernels.errors import InvalidConfig
+
+    with pytest.raises(InvalidConfig, match=r"kv_dtype fp8_e4m3 \(.*\) is not read by this kernel version yet"):
+        torch.ops.verify_tuner.verify_attention(*_e4m3_args(4), kv_dtype="fp8_e4m3", kv_scale=0.02)
+    assert host.launches == 0
+
+
+def test_an_e4m3_pool_reaches_the_launch_with_its_scale(host, monkeypatch):
+    """The e4m3 path as it will run once the kernel's GPU tests pass (the format marked readable
+    here, a test double): the pool's dtype checked against the format, the layer's scale as a
+    value and, for a captured graph, as a device float whose address the kernel reads."""
+    import dataclasses
+
+    from verify_tuner.kernels import formats
+    from verify_tuner.kernels.validate import smem_bytes
+
+    fmt = formats.FORMATS["fp8_e4m3"]
+    monkeypatch.setitem(formats.FORMATS, "fp8_e4m3", dataclasses.replace(fmt, kernel_reads=True))
+    host.globals[b"kSmemBytes"] = smem_bytes(CFG, Q, "fp8_e4m3")  # the e4m3 build's layout (q's row scales)
+    partial_args = []
+    launch = host.cuLaunchKernelEx
+    monkeypatch.setattr(
+        host, "cuLaunchKernelEx", lambda c, fn, a, e: (fn[1] == b"verify_attn_partial" and partial_args.append(a[0])) or launch(c, fn, a, e)
+    )  # fmt: skip
+    for storage in (torch.uint8, torch.float8_e4m3fn):
+        torch.ops.verify_tuner.verify_attention(*_e4m3_args(4, storage), kv_dtype="fp8_e4m3", kv_scale=0.02)
+        assert tuple(partial_args[-1][-2:]) == (0, pytest.approx(0.02))  # no device scale: the value
+    scale = torch.tensor(0.03, dtype=torch.float32)
+    torch.ops.verify_tuner.verify_attention(*_e4m3_args(4), kv_dtype="fp8_e4m3", kv_scale_tensor=scale)
+    assert partial_args[-1][-2] == scale.data_ptr()
+    with pytest.raises(ValueError, match="kv must be uint8 or float8_e4m3fn for kv_dtype fp8_e4m3, got bfloat16"):
+        torch.ops.verify_tuner.verify_attention(*_args(4), kv_dtype="fp8_e4m3")
+    with pytest.raises(ValueError, match=r"kv_scale_tensor must be one float32 .* got bfloat16 \[\]"):
+        torch.ops.verify_tuner.verify_attention(
+            *_e4m3_args(4), kv_dtype="fp8_e4m3", kv_scale_tensor=torch.tensor(0.03, dtype=torch.bfloat16)
+        )
+    with pytest.raises(ValueError, match="unknown kv_dtype 'fp4'"):
+        torch.ops.verify_tuner.verify_attention(*_e4m3_args(4), kv_dtype="fp4")

@@ -34,15 +34,15 @@ def fake_nvcc(no_bundle, monkeypatch, tmp_path):
 
 def test_nvcc_only_under_cuda_home_compiles(fake_nvcc, monkeypatch):
     calls = []
-    monkeypatch.setattr(build, "compile_cubin", lambda *a: calls.append(a) or SimpleNamespace(cubin=b"\x7fELF"))
-    assert op._cubin(CFG, 9, "sm_90") == b"\x7fELF"
+    monkeypatch.setattr(build, "compile_cubin", lambda *a, **kw: calls.append(a) or SimpleNamespace(cubin=b"\x7fELF"))
+    assert op._cubin(CFG, 9, "sm_90", "bf16") == b"\x7fELF"
     assert calls and calls[0][:3] == (CFG, 9, "sm_90")
 
 
 def test_no_bundle_and_no_nvcc_anywhere_says_both(no_bundle, monkeypatch, tmp_path):
     monkeypatch.setenv("CUDA_HOME", str(tmp_path / "no-cuda"))
     with pytest.raises(BundleError, match=r"no cubin bundle .* and nvcc not found on PATH or in \$CUDA_HOME/bin"):
-        op._cubin(CFG, 9, "sm_90")
+        op._cubin(CFG, 9, "sm_90", "bf16")
 
 
 def test_tuner_cache_dir_is_used_by_a_user_with_no_home(fake_nvcc, monkeypatch, tmp_path):
@@ -53,17 +53,17 @@ def test_tuner_cache_dir_is_used_by_a_user_with_no_home(fake_nvcc, monkeypatch, 
 
     monkeypatch.setattr(op.Path, "home", staticmethod(no_home))
     calls = []
-    monkeypatch.setattr(build, "compile_cubin", lambda *a: calls.append(a) or SimpleNamespace(cubin=b"\x7fELF"))
-    assert op._cubin(CFG, 9, "sm_90") == b"\x7fELF" and calls[0][3] == tmp_path / "cache"
+    monkeypatch.setattr(build, "compile_cubin", lambda *a, **kw: calls.append(a) or SimpleNamespace(cubin=b"\x7fELF"))
+    assert op._cubin(CFG, 9, "sm_90", "bf16") == b"\x7fELF" and calls[0][3] == tmp_path / "cache"
     monkeypatch.delenv("TUNER_CACHE_DIR")
     with pytest.raises(BundleError, match="no TUNER_CACHE_DIR to compile into: Could not determine home"):
-        op._cubin(CFG, 9, "sm_90")
+        op._cubin(CFG, 9, "sm_90", "bf16")
 
 
 def test_a_cache_this_user_cannot_write_says_what_to_set(fake_nvcc, monkeypatch, tmp_path):
-    def denied(*_a):  # what the build lock of a folder another user owns raises (root is never refused)
+    def denied(*_a, **_kw):  # what the build lock of a folder another user owns raises (root is never refused)
         raise PermissionError(13, "Permission denied", str(tmp_path / "cache" / ".lock"))
 
     monkeypatch.setattr(build, "compile_cubin", denied)
     with pytest.raises(BundleError, match=r"cannot compile .* \(Permission denied: .*\.lock\): set TUNER_CACHE_DIR"):
-        op._cubin(CFG, 9, "sm_90")
+        op._cubin(CFG, 9, "sm_90", "bf16")

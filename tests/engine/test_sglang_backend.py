@@ -36,8 +36,10 @@ CTX, POOL = 256, 6000
 class Engine:
     """One model runner's worth of state: the pool, req_to_token, the backend and its picks."""
 
-    def __init__(self, mode: int, *, max_bs: int = 8, q_lens=(Q,), delegate=None, seed: int = 0) -> None:
-        self.pool = MLAPool(size=POOL, layers=2)
+    def __init__(
+        self, mode: int, *, max_bs: int = 8, q_lens=(Q,), delegate=None, seed: int = 0, pool_dtype=torch.bfloat16
+    ) -> None:
+        self.pool = MLAPool(size=POOL, layers=2, dtype=pool_dtype)
         self.req_to_token = torch.zeros(max_bs + 2, CTX, dtype=torch.int32)
         self.picks: list[tuple[int, int]] = []
         self.backend = VerifyMLABackend(

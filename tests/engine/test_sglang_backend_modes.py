@@ -14,7 +14,7 @@ from verify_tuner.engine.tree_masks import TreeMaskMode
 from verify_tuner.kernels.reference import rel_error
 
 from tests.engine.fake_driver import CFG
-from tests.engine.sglang_doubles import Delegate, ForwardBatch, ForwardMode, Layer, MLAPool
+from tests.engine.sglang_doubles import Delegate, ForwardBatch, ForwardMode, Layer, MLAPool, sglang_attention
 from tests.engine.sglang_trees import QLEN_ONLY
 from tests.engine.test_sglang_backend import SCALE, Engine, H, Q, _verify
 
@@ -153,8 +153,44 @@ def test_what_the_kernel_cannot_apply_is_refused_not_dropped():
 
 def test_an_fp8_pool_is_refused_until_the_kernel_reads_one():
     pool = MLAPool(size=10, layers=1, dtype=torch.float8_e4m3fn)
-    with pytest.raises(NotImplementedError, match=r"KV pool of torch.float8_e4m3fn: the verify kernel reads"):
+    match = r"KV pool of torch.float8_e4m3fn: kv_dtype fp8_e4m3 \(.*\) is not read by this kernel version yet"
+    with pytest.raises(NotImplementedError, match=match):
         VerifyMLABackend(
             pool=pool, req_to_token=torch.zeros(2, 8, dtype=torch.int32), heads=H, q_lens=(Q,), max_bs=2,
             max_context_len=8, pick_config=lambda q, bs: CFG, tree_mask_mode=TreeMaskMode.QLEN_ONLY,
         )  # fmt: skip
+
+
+def test_an_e4m3_pool_with_the_layers_k_scale_as_sglang_writes_and_reads_it(monkeypatch):
+    """`--kv-cache-dtype fp8_e4m3` once the kernel reads e4m3 (marked readable here, a test double):
+    the layer's k / k_scale goes into the pool (its cast takes no scale; SGLang's Triton backend
+    divides the same way), and the op gets the format and the scale tensor itself, so a captured
+    graph follows a recalibrated k_scale. A bf16 pool with a k_scale is refused, not misread."""
+    import dataclasses
+
+    from verify_tuner.kernels import formats
+
+    fmt = formats.FORMATS["fp8_e4m3"]
+    monkeypatch.setitem(formats.FORMATS, "fp8_e4m3", dataclasses.replace(fmt, kernel_reads=True))
+    eng = Engine(QLEN_ONLY, pool_dtype=torch.float8_e4m3fn)
+    assert eng.backend.kv_dtype == "fp8_e4m3"
+    k_scale = torch.tensor(0.5)
+    layer = Layer(0, H, SCALE, k_scale=k_scale)
+    fb = eng.step([40, 0, 77], rows=[1, 0, 2])
+    eng.backend.init_forward_metadata(fb)
+    T = fb.out_cache_loc.numel()
+    q_nope, q_rope, k_nope, k_rope = eng.qkv(T)
+    out = eng.backend.forward_extend(q_nope, k_nope, k_nope, layer, fb, q_rope=q_rope, k_rope=k_rope)
+    stored = eng.pool.get_key_buffer(0)[fb.out_cache_loc, 0]
+    assert torch.equal(stored[:, :512].float(), (k_nope[:, 0] / k_scale).to(torch.float8_e4m3fn).float())
+    call = eng.backend.op.calls[-1]
+    assert (call["kv_dtype"], call["kv_scale"]) == ("fp8_e4m3", 0.5)
+    kv = eng.pool.get_key_buffer(0).float() * 0.5  # what the pool holds, dequantized
+    want = sglang_attention(kv=kv, req_to_token=eng.req_to_token, fb=fb, q=torch.cat([q_nope, q_rope], -1),
+                            mode=QLEN_ONLY, q_len=Q, scale=SCALE)  # fmt: skip
+    assert rel_error(out.view(T, H, 512), want) < 1e-2
+    bf16 = Engine(QLEN_ONLY)
+    fb = bf16.step([10], rows=[0])
+    bf16.backend.init_forward_metadata(fb)
+    with pytest.raises(NotImplementedError, match="has a k_scale: the kernel scales e4m3 pools only"):
+        _verify(bf16, fb, Layer(0, H, SCALE, k_scale=k_scale))

@@ -28,12 +28,14 @@ from verify_tuner.engine.bundle import Bundle, BundleError
 from verify_tuner.kernels.abi import LaunchSpec, Layout, TensorMeta, call_layout
 from verify_tuner.kernels.config import PARAM_NAMES, KernelConfig
 from verify_tuner.kernels.errors import InvalidConfig
-from verify_tuner.kernels.shapes import D_V
+from verify_tuner.kernels.formats import DEFAULT as DEFAULT_KV_DTYPE
+from verify_tuner.kernels.formats import kv_format
+from verify_tuner.kernels.shapes import D_V, Q_BYTES
 from verify_tuner.kernels.validate import validate
 
 _lock = threading.Lock()
 _bundle: Optional[Bundle] = None  # noqa: UP045
-_kernels: dict[tuple[int, KernelConfig, int, int], Any] = {}
+_kernels: dict[tuple[int, KernelConfig, int, int, str], Any] = {}  # device, config, q_len, H, kv_dtype
 _workspace: dict[tuple[int, KernelConfig, int, int, int], torch.Tensor] = {}
 _plans: dict[tuple, "_Plan"] = {}  # by _signature
 _limits: dict[int, Any] = {}
@@ -53,13 +55,13 @@ def config_list(cfg: KernelConfig) -> list[int]:
     return [cfg.as_params()[n] for n in PARAM_NAMES]
 
 
-def _cubin(cfg: KernelConfig, q_len: int, arch: str) -> bytes:
+def _cubin(cfg: KernelConfig, q_len: int, arch: str, kv_dtype: str) -> bytes:
     """Called under _lock (by _kernels_for), so it sets the bundle itself instead of use_bundle()."""
     global _bundle
     if _bundle is None and os.environ.get("VERIFY_TUNER_CUBINS"):
         _bundle = Bundle.open(Path(os.environ["VERIFY_TUNER_CUBINS"]))
     if _bundle is not None:
-        return _bundle.cubin(cfg, q_len, arch)
+        return _bundle.cubin(cfg, q_len, arch, kv_dtype)
     from verify_tuner.kernels.build import compile_cubin, nvcc_path
     from verify_tuner.kernels.errors import CompileError
 
@@ -79,7 +81,7 @@ def _cubin(cfg: KernelConfig, q_len: int, arch: str) -> bytes:
                 f"no cubin bundle (set VERIFY_TUNER_CUBINS) and no TUNER_CACHE_DIR to compile into: {exc}"
             ) from None
     try:
-        return compile_cubin(cfg, q_len, arch, Path(folder)).cubin
+        return compile_cubin(cfg, q_len, arch, Path(folder), kv_dtype=kv_dtype).cubin
     except PermissionError as exc:  # a cache another user filled: it may hold other configs, not this one
         raise BundleError(
             f"cannot compile {cfg} into {folder} ({exc.strerror}: {exc.filename}): set TUNER_CACHE_DIR to a folder "
@@ -87,23 +89,25 @@ def _cubin(cfg: KernelConfig, q_len: int, arch: str) -> bytes:
         ) from None
 
 
-def _kernels_for(device: int, cfg: KernelConfig, q_len: int, H: int) -> Any:
+def _kernels_for(device: int, cfg: KernelConfig, q_len: int, H: int, kv_dtype: str = DEFAULT_KV_DTYPE) -> Any:
     from verify_tuner.kernels import runtime
 
-    key = (device, cfg, q_len, H)
+    key = (device, cfg, q_len, H, kv_dtype)
     with _lock:
         if key not in _kernels:
             runtime.make_current(device)
             limits = _limits.setdefault(device, runtime.read_limits(device))
-            validate(cfg, limits, H=H, q_len=q_len)
-            spec = LaunchSpec(cfg, H, q_len)
-            _kernels[key] = runtime.CubinKernels(_cubin(cfg, q_len, limits.arch), spec, sm_count=limits.sm_count)
+            validate(cfg, limits, H=H, q_len=q_len, kv_dtype=kv_dtype)
+            spec = LaunchSpec(cfg, H, q_len, kv_dtype)
+            cubin = _cubin(cfg, q_len, limits.arch, kv_dtype)
+            _kernels[key] = runtime.CubinKernels(cubin, spec, sm_count=limits.sm_count)
         return _kernels[key]
 
 
 def _check(
     tensors: dict[str, Optional[torch.Tensor]],  # noqa: UP045
     config: list[int],
+    kv_dtype: str = DEFAULT_KV_DTYPE,
 ) -> tuple[KernelConfig, int, int, Layout]:
     if len(config) != len(PARAM_NAMES):
         raise InvalidConfig(f"config must list {len(PARAM_NAMES)} constants ({', '.join(PARAM_NAMES)})")
@@ -112,9 +116,16 @@ def _check(
     if q is None or q.dim() != 4:
         raise ValueError("verify_attention: q must be [B, q_len, H, 576] (or q_nope [B, q_len, H, 512] with q_pe)")
     _, q_len, H, _ = q.shape
+    scale = tensors.get("kv_scale_tensor")
+    if scale is not None and (scale.dtype != torch.float32 or scale.numel() != 1):
+        raise ValueError(
+            f"verify_attention: kv_scale_tensor must be one float32 (the layer's scale, e.g. a 0-d tensor), "
+            f"got {str(scale.dtype).removeprefix('torch.')} {list(scale.shape)}"
+        )
     try:
-        layout = call_layout({k: TensorMeta.of(v) for k, v in tensors.items()}, q_len=q_len, H=H)
-    except ValueError as e:
+        metas = {k: TensorMeta.of(v) for k, v in tensors.items()}
+        layout = call_layout(metas, q_len=q_len, H=H, kv_dtype=kv_format(kv_dtype).name)
+    except (ValueError, InvalidConfig) as e:
         raise ValueError(f"verify_attention: {e}") from None
     return cfg, q_len, H, layout
 
@@ -144,10 +155,15 @@ class _Plan:
     kept: Optional[torch.Tensor]  # noqa: UP045  # the op's own workspace when the caller passes None
 
 
-def _signature(tensors: dict[str, Optional[torch.Tensor]], config: list[int], workspace: Any) -> tuple:  # noqa: UP045
-    """Everything the call's checks read: the config, and each tensor's dtype, shape, strides,
-    device and 16-byte alignment (not its address)."""
-    key: list[Any] = [tuple(config)]
+def _signature(
+    tensors: dict[str, Optional[torch.Tensor]],  # noqa: UP045
+    config: list[int],
+    workspace: Any,
+    kv_dtype: str = DEFAULT_KV_DTYPE,
+) -> tuple:
+    """Everything the call's checks read: the config, the cache's format, and each tensor's dtype,
+    shape, strides, device and 16-byte alignment (not its address)."""
+    key: list[Any] = [tuple(config), kv_dtype]
     for t in (*tensors.values(), workspace):
         key.append(None if t is None else (t.dtype, t.shape, t.stride(), t.device, t.data_ptr() & 15))
     return tuple(key)
@@ -157,15 +173,16 @@ def _plan(
     tensors: dict[str, Optional[torch.Tensor]],  # noqa: UP045
     config: list[int],
     workspace: Optional[torch.Tensor],  # noqa: UP045
+    kv_dtype: str = DEFAULT_KV_DTYPE,
 ) -> _Plan:
     """Check a call of a new signature; load its kernels and find its workspace: a caller's, or one
     the op keeps per (device, config, batch size), made here (before the engine captures its
     graph); launches sharing a workspace must be ordered, as one engine's verify steps are."""
-    cfg, q_len, H, layout = _check(tensors, config)
+    cfg, q_len, H, layout = _check(tensors, config, kv_dtype)
     q = tensors["q"]
     assert q is not None
     device, batch = q.device.index, q.shape[0]
-    kernels = _kernels_for(device, cfg, q_len, H)
+    kernels = _kernels_for(device, cfg, q_len, H, kv_dtype)
     need, rows = kernels.spec.workspace_bytes(batch), kernels.spec.workspace_rows(batch)
     if workspace is None:
         with _lock:
@@ -174,14 +191,14 @@ def _plan(
                 kept = _workspace[(device, cfg, q_len, H, batch)] = torch.empty(
                     need, dtype=torch.uint8, device=q.device
                 )
-        return _Plan(kernels, layout, batch, rows * D_V * 2, kept)
+        return _Plan(kernels, layout, batch, rows * D_V * Q_BYTES, kept)
     ws = workspace
     if ws.dtype != torch.uint8 or ws.device != q.device or not ws.is_contiguous() or ws.numel() < need:
         raise ValueError(
             f"verify_attention: workspace must be a contiguous uint8 tensor of at least {need} bytes on "
             f"{q.device}, got {ws.dtype} [{ws.numel()}] on {ws.device}"
         )
-    return _Plan(kernels, layout, batch, rows * D_V * 2, None)
+    return _Plan(kernels, layout, batch, rows * D_V * Q_BYTES, None)
 
 
 @torch.library.custom_op("verify_tuner::verify_attention", mutates_args=("out", "lse", "workspace"))
@@ -199,6 +216,9 @@ def verify_attention(
     config: list[int],
     softmax_scale: float,
     workspace: Optional[torch.Tensor],  # noqa: UP045
+    kv_dtype: str = "bf16",
+    kv_scale: float = 1.0,
+    kv_scale_tensor: Optional[torch.Tensor] = None,  # noqa: UP045
 ) -> None:
     """MLA verify attention into `out` (and `lse`).
 
@@ -212,7 +232,10 @@ def verify_attention(
     fp32 or None; `config` from config_list(); workspace (always passed: torch counts a mutated
     argument by position) None (the op keeps one per batch size from
     torch's allocator) or a caller's uint8 buffer of at least workspace_bytes(config, ...) bytes on
-    the same device, which launches sharing it must order."""
+    the same device, which launches sharing it must order. kv_dtype is the cache's format
+    (verify_tuner.kernels.formats: bf16; fp8_e4m3, an e4m3 pool stored as uint8 or float8_e4m3fn
+    whose values are stored * the layer's scale): the scale as kv_scale, or as kv_scale_tensor, one
+    float32 on the device that a captured graph reads at every replay (a recalibrated scale)."""
     tensors = {
         "q": q,
         "q_pe": q_pe,
@@ -224,8 +247,9 @@ def verify_attention(
         "tree_mask": tree_mask,
         "out": out,
         "lse": lse,
+        "kv_scale_tensor": kv_scale_tensor,
     }
-    _launch(tensors, config, softmax_scale, workspace)
+    _launch(tensors, config, softmax_scale, workspace, kv_dtype, kv_scale)
 
 
 def _pointers(t: dict[str, Optional[torch.Tensor]]) -> dict[str, Optional[int]]:  # noqa: UP045
@@ -246,6 +270,7 @@ def _pointers(t: dict[str, Optional[torch.Tensor]]) -> dict[str, Optional[int]]:
         "tree_mask": at("tree_mask"),
         "out": at("out"),
         "lse": at("lse"),
+        "kv_scale_ptr": at("kv_scale_tensor"),
     }
 
 
@@ -254,12 +279,14 @@ def _launch(
     config: list[int],
     softmax_scale: float,
     workspace: Optional[torch.Tensor],  # noqa: UP045
+    kv_dtype: str = DEFAULT_KV_DTYPE,
+    kv_scale: float = 1.0,
 ) -> None:
     """The op's work: the signature's plan, the call's addresses, a launch on the current stream."""
-    key = _signature(tensors, config, workspace)
+    key = _signature(tensors, config, workspace, kv_dtype)
     plan = _plans.get(key)
     if plan is None:
-        plan = _plans.setdefault(key, _plan(tensors, config, workspace))
+        plan = _plans.setdefault(key, _plan(tensors, config, workspace, kv_dtype))
     base = (workspace if workspace is not None else plan.kept).data_ptr()  # type: ignore[union-attr]
     q = tensors["q"]
     assert q is not None
@@ -271,6 +298,7 @@ def _launch(
         part_lse=base + plan.lse_offset,
         softmax_scale=softmax_scale,
         layout=plan.layout,
+        kv_scale=kv_scale,
     )
 
 
@@ -289,5 +317,8 @@ def _(
     config: list[int],
     softmax_scale: float,
     workspace: Optional[torch.Tensor],  # noqa: UP045
+    kv_dtype: str = "bf16",
+    kv_scale: float = 1.0,
+    kv_scale_tensor: Optional[torch.Tensor] = None,  # noqa: UP045
 ) -> None:
     """The op returns nothing and writes only its arguments: tracing needs no shapes from it."""

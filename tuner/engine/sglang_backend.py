@@ -12,7 +12,11 @@ other mode (prefill, mixed batches) to SGLang's Triton backend over the same KV 
 - `forward_extend` (target verify) / `forward_decode` write the layer's draft KV through the
   pool, then call the op on the engine's tensors in place: one 576-wide q, or SGLang's head-major
   absorbed q_nope (any token count) + q_rope; req_to_token at the requests' rows; `layer.scaling`.
-The pool must be SGLang's plain page-size-1 MLA pool of a dtype the kernel reads (`kv_dtypes`).
+The pool must be SGLang's plain page-size-1 MLA pool in a format the kernel reads (POOL_FORMATS,
+verify_tuner.kernels.formats): bf16, or e4m3 (`--kv-cache-dtype fp8_e4m3`) once the kernel's
+GPU tests have passed; a format it does not read is refused when the backend is built. As SGLang's
+Triton backend does, a layer with a `k_scale` stores k / k_scale, and the kernel scales back by it
+(the tensor itself, so a captured graph follows a recalibrated scale).
 """
 
 from __future__ import annotations
@@ -25,10 +29,14 @@ from verify_tuner.engine import op as _op  # registers torch.ops.verify_tuner.ve
 from verify_tuner.engine.sglang_metadata import MaskSource, StepBuffers
 from verify_tuner.engine.tree_masks import TreeMaskMode
 from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.errors import InvalidConfig
+from verify_tuner.kernels.formats import readable
 from verify_tuner.kernels.shapes import D_QK, D_V
 
-#: The KV pool dtypes the kernel reads: the seam for an fp8 pool once the kernel reads one.
-KV_DTYPES = (torch.bfloat16,)
+#: SGLang's MLA pool dtype (get_key_buffer's view: float8_e4m3fn over its uint8 storage) -> the
+#: kernel's KV format. e4m3 is `fp8_e4m3` (dequantized in the kernel), the mode SGLang's own
+#: Triton backend computes; `fp8_e4m3_qk` would be an operator's choice, not this mapping's.
+POOL_FORMATS = {torch.bfloat16: "bf16", torch.float8_e4m3fn: "fp8_e4m3", torch.uint8: "fp8_e4m3"}
 
 
 class VerifyMLABackend:
@@ -50,12 +58,16 @@ class VerifyMLABackend:
         pick_config: Callable[[int, int], KernelConfig],
         delegate: Any = None,
         tree_mask_mode: TreeMaskMode = TreeMaskMode.QLEN_ONLY,
-        kv_dtypes: tuple[torch.dtype, ...] = KV_DTYPES,
     ) -> None:
-        if pool.dtype not in kv_dtypes:
+        fmt = POOL_FORMATS.get(pool.dtype)
+        if fmt is None:
             raise NotImplementedError(
-                f"KV pool of {pool.dtype}: the verify kernel reads {', '.join(map(str, kv_dtypes))} pools"
+                f"KV pool of {pool.dtype}: the verify kernel reads {sorted(set(POOL_FORMATS.values()))}"
             )
+        try:
+            self.kv_dtype = readable(fmt).name
+        except InvalidConfig as exc:  # a format the kernel knows but does not read yet: say so at startup
+            raise NotImplementedError(f"KV pool of {pool.dtype}: {exc}") from None
         self.token_to_kv_pool, self.req_to_token, self.delegate, self.heads = pool, req_to_token, delegate, heads
         self.max_bs, self.max_context_len, self.pick_config = max_bs, max_context_len, pick_config
         self.tree_mask_mode, self.device = tree_mask_mode, req_to_token.device
@@ -217,11 +229,11 @@ class VerifyMLABackend:
         heads, Q = layer.tp_q_head_num, step.q_len
         if q.shape[0] != bs * Q:
             raise ValueError(f"q holds {q.shape[0]} tokens, the step's metadata {bs} requests x {Q}")
+        k_scale = getattr(layer, "k_scale", None)
+        if k_scale is not None and self.kv_dtype == "bf16":  # the bf16 kernel takes no scale: refuse, not ignore
+            raise NotImplementedError(f"layer {layer.layer_id} has a k_scale: the kernel scales e4m3 pools only")
         if save_kv_cache and k is not None:
-            if k_rope is not None:
-                self.token_to_kv_pool.set_mla_kv_buffer(layer, forward_batch.out_cache_loc, k, k_rope)
-            else:
-                self.token_to_kv_pool.set_kv_buffer(layer, forward_batch.out_cache_loc, k, v)
+            self._store(layer, forward_batch, k, v, k_rope, k_scale)
         kv = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
         out = q.new_empty((bs, Q, heads, D_V))
         kv_indptr, rows, draft, mask = step.views(bs)
@@ -239,8 +251,24 @@ class VerifyMLABackend:
             config,
             layer.scaling,
             workspace,
+            self.kv_dtype,
+            1.0,
+            k_scale,
         )
         return out.view(-1, heads * D_V)
+
+    def _store(
+        self, layer: Any, forward_batch: Any, k: torch.Tensor, v: Any, k_rope: torch.Tensor | None, k_scale: Any
+    ) -> None:
+        """The step's draft KV into the pool, as k / k_scale where the layer has one (the pool casts to
+        its dtype and takes no scale: SGLang's Triton backend divides first, the same way)."""
+        if k_scale is not None:
+            k = k / k_scale
+            k_rope = k_rope / k_scale if k_rope is not None else None
+        if k_rope is not None:
+            self.token_to_kv_pool.set_mla_kv_buffer(layer, forward_batch.out_cache_loc, k, k_rope)
+        else:
+            self.token_to_kv_pool.set_kv_buffer(layer, forward_batch.out_cache_loc, k, v)
 
     # -- helpers ------------------------------------------------------------------------------
     @staticmethod
