@@ -59,9 +59,12 @@ def parameters(key_type: type[TableKey] = TableKey) -> list[inspect.Parameter]:
     return out + former
 
 
-def _key_query(**given: Any) -> KeyQuery:
+_SPECS = tuple(specs(TableKey))
+
+
+async def _key_query(**given: Any) -> KeyQuery:  # async: no I/O here, so no threadpool hop a request
     values = []
-    for f, spec in specs(TableKey):
+    for f, spec in _SPECS:
         value = given[f.name]
         old = given.get(spec.formerly) if spec.formerly else None
         if old is not None:
