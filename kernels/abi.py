@@ -13,7 +13,7 @@ from typing import Any
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.formats import KVFormat, kv_format
 from verify_tuner.kernels.plan import workspace_slots
-from verify_tuner.kernels.shapes import D_QK, D_V, Q_BYTES
+from verify_tuner.kernels.shapes import D_QK, D_V, Q_BYTES, Q_DTYPE
 
 LOG2E = 1.4426950408889634
 #: The kernels' arguments in PyCUDA's prepare() letters (csrc/verify_attention.cu's signatures).
@@ -212,8 +212,8 @@ def _q_layout(t: Mapping[str, TensorMeta | None], q_len: int, H: int) -> tuple[i
     err = _shape_error("q", q, (None, q_len, H, D_V), "when q_pe is given (q_nope)")
     if err:
         return err
-    if pe.dtype != "bfloat16":
-        return f"q_pe must be bfloat16, got {pe.dtype}"
+    if pe.dtype != Q_DTYPE:
+        return f"q_pe must be {Q_DTYPE}, got {pe.dtype}"
     err = _shape_error("q_pe", pe, (q.shape[0], q_len, H, D_QK - D_V), "")
     if err:
         return err
@@ -323,12 +323,12 @@ def _layout(
 def _dtype_error(t: Mapping[str, TensorMeta | None], q_len: int, fmt: KVFormat) -> str | None:
     """Why a required tensor is missing or of the wrong dtype (the tree mask's: too few bits), or None."""
     need = {
-        "q": ("bfloat16",),
+        "q": (Q_DTYPE,),
         "kv": fmt.pool_dtypes,
         "kv_indptr": ("int32",),
         "kv_indices": ("int32",),
         "draft_slots": ("int32",),
-        "out": ("bfloat16",),
+        "out": (Q_DTYPE,),
     }
     for name, dtypes in need.items():
         m = t.get(name)

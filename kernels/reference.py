@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from verify_tuner.kernels.formats import kv_format
-from verify_tuner.kernels.shapes import D_QK, D_V
+from verify_tuner.kernels.shapes import D_QK, D_V, Q_DTYPE
 
 
 @dataclass
@@ -46,7 +46,7 @@ class Inputs:
         B, Q, H, _ = self.q.shape
         q = t["q"]
         assert q is not None
-        t["out"] = TensorMeta("bfloat16", (B, Q, H, D_V), q.device, True)
+        t["out"] = TensorMeta(Q_DTYPE, (B, Q, H, D_V), q.device, True)
         return call_layout(t, q_len=Q, H=H, on_cuda=False, kv_dtype=self.kv_dtype)
 
     def dequantized_kv(self) -> Any:

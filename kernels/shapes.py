@@ -7,8 +7,9 @@ from verify_tuner.kernels.formats import ITEMSIZE, kv_format
 
 #: Latent dims of q/k (576 = 512 + 64 rope) and of v / o.
 D_QK, D_V = 576, 512
-#: q and o are bf16 whatever the cache holds (the engine's activations).
-Q_BYTES = ITEMSIZE["bfloat16"]
+#: q and o are bf16 whatever the cache holds (the engine's activations), as are the partials.
+Q_DTYPE = "bfloat16"
+Q_BYTES = ITEMSIZE[Q_DTYPE]
 
 
 def floor_bytes(prefix_lens: list[int], *, q_len: int, H: int, kv_dtype: str = "bf16") -> int:
