@@ -105,32 +105,11 @@ class LaunchSpec:
         scale at kv_scale_ptr (a device float, so a captured graph follows a recalibrated scale) or,
         with 0 there, takes kv_scale; a bf16 kernel ignores both."""
         lay = layout if layout is not None else Layout.dense(self.H)
-        return (
-            q,
-            q_pe if q_pe is not None else q + D_V * Q_BYTES,
-            kv,
-            prefix_indices,
-            prefix_rows or 0,
-            prefix_indptr,
-            draft_indices,
-            tree_mask,
-            part_o,
-            part_lse,
-            out,
-            lse,
-            batch,
-            self.H,
-            lay.q_st,
-            lay.q_sh,
-            lay.pe_st,
-            lay.pe_sh,
-            lay.page_shift,
-            lay.page_stride,
-            lay.mask_bytes,
-            softmax_scale * LOG2E,
-            kv_scale_ptr,
-            kv_scale,
-        )
+        pointers = (q, q_pe if q_pe is not None else q + D_V * Q_BYTES, kv, prefix_indices, prefix_rows or 0,
+                    prefix_indptr, draft_indices, tree_mask, part_o, part_lse, out, lse)  # fmt: skip
+        sizes = (batch, self.H, lay.q_st, lay.q_sh, lay.pe_st, lay.pe_sh, lay.page_shift, lay.page_stride,
+                 lay.mask_bytes)  # fmt: skip
+        return (*pointers, *sizes, softmax_scale * LOG2E, kv_scale_ptr, kv_scale)
 
     def reduce_args(
         self, *, part_o: int, part_lse: int, prefix_indptr: int, out: int, lse: int, batch: int, per_block: int

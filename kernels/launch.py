@@ -95,19 +95,11 @@ class VerifyAttention:
         cache format takes its layer scale as kv_scale, or as a device float at kv_scale_ptr."""
         if not 1 <= batch <= self.max_batch:
             raise LaunchError(f"batch {batch} outside 1..{self.max_batch} this launcher was built for")
-        pointers = {
-            "q": _ptr(q),
-            "q_pe": _ptr(q_pe) if q_pe is not None else None,
-            "kv": _ptr(kv),
-            "prefix_indices": _ptr(prefix_indices),
-            "prefix_rows": _ptr(prefix_rows),
-            "prefix_indptr": _ptr(prefix_indptr),
-            "draft_indices": _ptr(draft_indices),
-            "tree_mask": _ptr(tree_mask),
-            "out": _ptr(out),
-            "lse": _ptr(lse),
-            "kv_scale_ptr": _ptr(kv_scale_ptr),
-        }
+        given = {"q": q, "kv": kv, "prefix_indices": prefix_indices, "prefix_rows": prefix_rows,
+                 "prefix_indptr": prefix_indptr, "draft_indices": draft_indices, "tree_mask": tree_mask,
+                 "out": out, "lse": lse, "kv_scale_ptr": kv_scale_ptr}  # fmt: skip
+        pointers: dict[str, int | None] = {name: _ptr(t) for name, t in given.items()}
+        pointers["q_pe"] = _ptr(q_pe) if q_pe is not None else None  # None: q's own rows hold the rope dims
         self.kernels.launch(
             stream=stream.handle if stream is not None else 0,
             batch=batch,

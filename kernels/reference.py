@@ -120,19 +120,11 @@ def make_inputs(
     mask = _tree_masks(B, q_len, mask_dtype, gen)
     pool, kv_scale = quantize(kv, kv_dtype, pool_dtype)
     return Inputs(
-        q=q.to(device),
-        kv=pool.to(device),
-        prefix_indices=prefix_indices.to(device),
-        prefix_indptr=indptr.to(device),
-        draft_indices=draft.to(device),
-        tree_mask=mask.to(device),
-        scale=scale if scale is not None else D_QK**-0.5,
-        q_pe=q_pe,
-        prefix_rows=rows.to(device) if rows is not None else None,
-        kv_dtype=kv_dtype,
-        kv_scale=kv_scale,
+        q=q.to(device), kv=pool.to(device), prefix_indices=prefix_indices.to(device), prefix_indptr=indptr.to(device),
+        draft_indices=draft.to(device), tree_mask=mask.to(device), scale=scale if scale is not None else D_QK**-0.5,
+        q_pe=q_pe, prefix_rows=rows.to(device) if rows is not None else None, kv_dtype=kv_dtype, kv_scale=kv_scale,
         kv_unquantized=kv if pool is not kv else None,
-    )
+    )  # fmt: skip
 
 
 #: The largest finite e4m3 value (S.1111.110): a per-layer scale maps the cache's amax onto it.

@@ -112,11 +112,30 @@ def time_graph(
         if between is not None:
             between()
 
+    est_us = _warm_up(step, n_sets, ext, timed=budget_us is not None)
+    launches, replays = graph_shape(est_us, n_sets, replays=replays, min_launches=min_launches, budget_us=budget_us)
+    order = [k % n_sets for k in range(launches)]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=ext):
+        for k in order:
+            step(k)
+    graph.replay()
+    torch.cuda.synchronize()
+    samples = [us / len(order) for us in _replay_times(graph, replays)]
+    del graph
+    return summarize(samples)
+
+
+def _warm_up(step: Callable[[int], None], n_sets: int, ext: Any, *, timed: bool) -> float:
+    """Every set launched once outside the capture (modules loaded, inputs touched); with `timed`,
+    a second pass timed with events: its µs a launch (0 otherwise), what graph_shape sizes by."""
+    import torch
+
     with torch.cuda.stream(ext):
-        for k in range(n_sets):  # load modules, touch every set once outside the capture
+        for k in range(n_sets):
             step(k)
     est_us = 0.0
-    if budget_us is not None:
+    if timed:
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record(ext)
         with torch.cuda.stream(ext):
@@ -126,23 +145,20 @@ def time_graph(
         stop.synchronize()
         est_us = start.elapsed_time(stop) * 1000.0 / n_sets
     torch.cuda.synchronize()
-    launches, replays = graph_shape(est_us, n_sets, replays=replays, min_launches=min_launches, budget_us=budget_us)
-    order = [k % n_sets for k in range(launches)]
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=ext):
-        for k in order:
-            step(k)
-    graph.replay()
-    torch.cuda.synchronize()
+    return est_us
+
+
+def _replay_times(graph: Any, replays: int) -> list[float]:
+    """µs of each of `replays` replays of `graph`, between events on the current stream."""
+    import torch
+
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(replays)]
     for start, stop in events:
         start.record()
         graph.replay()
         stop.record()
     torch.cuda.synchronize()
-    samples = [start.elapsed_time(stop) * 1000.0 / len(order) for start, stop in events]
-    del graph
-    return summarize(samples)
+    return [start.elapsed_time(stop) * 1000.0 for start, stop in events]
 
 
 #: The largest neighbour GEMM a measurement may put between launches (its weights live on the GPU).
