@@ -74,7 +74,7 @@ def main() -> None:
     from verify_tuner.kernels.timing import check_neighbour_mb, neighbour_gemm, rotating_inputs
     from verify_tuner.keys import TableKey
     from verify_tuner.store.migrate import checked_sessions
-    from verify_tuner.store.plans import served_plans
+    from verify_tuner.store.plans import served_sets
 
     try:
         check_neighbour_mb(args.neighbour_mb)
@@ -84,13 +84,16 @@ def main() -> None:
     between = neighbour_gemm(args.neighbour_mb) if args.neighbour_mb else None
     sessions = checked_sessions(os.environ["TUNER_DATABASE_URL"])
     with sessions() as s:
-        plans = served_plans(session=s, table=TableKey(limits.name, kernel_hash(), "bf16", H, Q))
+        plans = served_sets(session=s, table=TableKey(limits.name, kernel_hash(), "bf16", H, Q))
     rows = []
     for batch in sorted({int(b) for b in args.batch.split(",")}):
         plan = plans.get(batches.bucket_of(batch).index)
         if plan is None:
             sys.exit(f"no stored graph plan for batch {batch} on {limits.name}: run `tuner study graph-plan` first")
-        named = {"plan": plan.config, "heuristic": heuristic_config(limits, H=H, q_len=Q, prefix=hi, batch=batch)}
+        named = {
+            "plan": plan.ranges[-1].config,
+            "heuristic": heuristic_config(limits, H=H, q_len=Q, prefix=hi, batch=batch),
+        }
         for failure in precompile(sorted(set(named.values())), Q, limits.arch, Path(args.cache)):
             sys.exit(f"COMPILE FAILED {failure[:300]}")
         kernels = {

@@ -113,8 +113,8 @@ def test_prefix_weights_move_the_plan(run, db, tmp_path):
     assert run(*PLAN_ARGS, "--batch", "8").exit_code == 0
     with session_scope(sessions) as s:  # a plan per weights' digest; the newest is served
         assert len(plans.list_plans(session=s)) == 2
-        served = plans.served_plans(session=s, table=TableKey(H200.name, kernel_hash(), "bf16", 8, 9))
-    assert served[3].config == DEFAULT
+        served = plans.served_sets(session=s, table=TableKey(H200.name, kernel_hash(), "bf16", 8, 9))
+    assert [p.config for p in served[3].ranges] == [DEFAULT]
 
 
 @pytest.mark.parametrize(

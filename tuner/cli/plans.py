@@ -180,7 +180,7 @@ def _require_winners(
 
 
 def _print_plans(results: list[Any], weights: Any, as_json: bool) -> None:
-    from verify_tuner.store.plans import plan_doc
+    from verify_tuner.store.plan_docs import plan_doc
 
     if as_json:
         docs = [{**plan_doc(r.row), "heuristic_expected_us": r.heuristic_us, "untuned": r.untuned} for r in results]

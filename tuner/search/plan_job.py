@@ -108,7 +108,7 @@ def plan_batch(*, backend: Backend, sessions: sessionmaker[Session], job: PlanJo
     expected = dict(plan.ranking)
     row = _row(plan, matrix, points, limits, batch, job, expected)
     with session_scope(sessions) as s:
-        plans.upsert_plan(session=s, plan=row)
+        plans.store_plan_set(session=s, plans=[row])
     untuned = sorted({b.index for b, _ in points} - {r.key.bucket for r in winners})
     result = PlanResult(batch, plan, row, matrix, default, expected.get(default), untuned)
     _log(result)
@@ -152,6 +152,8 @@ def _row(
         batch_bucket=batches.bucket_of(batch).index,
         bucket_lo=points[0][0].index,
         bucket_hi=points[-1][0].index,
+        range_lo=points[0][0].index,
+        range_hi=points[-1][0].index,
         weights_digest=w.digest,
         weights={"source": w.source, "outside": w.outside, "buckets": _str_keys(w.weights)},
         config=plan.config,
