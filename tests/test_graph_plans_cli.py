@@ -75,7 +75,9 @@ def run(db, monkeypatch):  # type: ignore[no-untyped-def]
     return invoke
 
 
-PLAN_ARGS = ("study", "graph-plan", "--H", "8", "--q-len", "9", "--prefix-range", "1024:131072")
+RANGES_ARGS = ("study", "graph-plan", "--H", "8", "--q-len", "9", "--prefix-range", "131072")
+#: one graph per batch size over 1k..131k: the plan as it was before prefix ranges
+PLAN_ARGS = ("study", "graph-plan", "--H", "8", "--q-len", "9", "--prefix-range", "1024:131072", "--max-graphs", "1")
 
 
 def test_graph_plan_measures_the_finalists_side_by_side_and_stores_a_plan_per_batch(run, db):
@@ -84,11 +86,13 @@ def test_graph_plan_measures_the_finalists_side_by_side_and_stores_a_plan_per_ba
     docs = json.loads(r.stdout)
     assert [d["batch_bucket"]["hi"] for d in docs] == [1, 8, 32]
     for d in docs:
-        # equal weights: the default, never best but never bad, beats either specialist
-        assert (d["NSPLIT"], d["weights_source"]) == (DEFAULT.nsplit, "equal")
-        assert len(d["buckets"]) == len(RANGE) and all(b["regret"] >= 1 for b in d["buckets"])
-        assert d["regret_worst"] == pytest.approx(1 / 0.9, rel=0.02)
+        # equal weights, one graph: the default, never best but never bad, beats either specialist
+        (one,) = d["ranges"]
+        assert (one["NSPLIT"], one["weights_source"], d["breakpoints"]) == (DEFAULT.nsplit, "equal", [])
+        assert len(one["buckets"]) == len(RANGE) and all(b["regret"] >= 1 for b in one["buckets"])
+        assert d["regret_worst"] == pytest.approx(1 / 0.9, rel=0.02) == one["regret_worst"]
         assert d["heuristic_expected_us"] == pytest.approx(d["expected_us"])
+        assert (one["max_graphs"], one["range_count"], one["set_prefix_lo"]) == (1, 1, RANGE[0].lo)
     # each batch: 3 finalists x every bucket through the gate, then re-timed together
     assert all(set(c) == {SHORT, LONG, DEFAULT} for c in run.backend.remeasured)
     _, sessions = db
@@ -100,13 +104,48 @@ def test_graph_plan_measures_the_finalists_side_by_side_and_stores_a_plan_per_ba
     assert text.exit_code == 0 and "batch 8:" in text.stdout and "regret geomean" in text.stdout
 
 
+def test_two_graphs_split_where_the_short_config_stops_winning_and_cover_prefixes_from_0(run, db):
+    """The default: up to two ranges, measured from prefix 0 (`--prefix-range HI`), where no winner
+    was tuned below 1024 the finalists are measured all the same."""
+    r = run(*RANGES_ARGS, "--batch", "1,32", "--json")
+    assert r.exit_code == 0, r.output
+    assert {w.prefix for w in run.backend.workloads} >= {128, 304, 861}  # buckets 0, 1 and 4, none tuned
+    for d in json.loads(r.stdout):
+        short, long = d["ranges"]
+        assert (short["NSPLIT"], long["NSPLIT"], d["breakpoints"]) == (SHORT.nsplit, LONG.nsplit, [16384])
+        assert (short["prefix_lo"], short["prefix_hi"], long["prefix_lo"]) == (0, 16384, 16384)
+        assert d["regret_worst"] == pytest.approx(1.0) and d["untuned"] == [0, 1, 2, 3, 4]
+        one, two = d["expected_us_by_graphs"]
+        assert two == pytest.approx(d["expected_us"]) and two < one * (1 - 0.02)
+        assert d["heuristic_expected_us"] == pytest.approx(one)  # one graph: the default, close everywhere
+        assert (short["range_count"], short["max_graphs"], short["min_saving"]) == (2, 2, 0.02)
+    _, sessions = db
+    with session_scope(sessions) as s:
+        served = plans.served_sets(session=s, table=TableKey(H200.name, kernel_hash(), "bf16", 8, 9))
+    assert sorted(served) == [0, 5] and all(len(p.ranges) == 2 for p in served.values())
+    text = run(*RANGES_ARGS, "--batch", "8")
+    assert text.exit_code == 0 and "batch 8: 2 graph(s), breakpoints [16384]" in text.stdout, text.output
+    assert "range [0, 16384): NSPLIT=64" in text.stdout and "(1 graph: " in text.stdout
+
+
+def test_a_further_range_that_saves_less_than_its_share_is_not_taken(run, db):
+    r = run(*RANGES_ARGS, "--batch", "8", "--min-saving", "0.5", "--json")
+    assert r.exit_code == 0, r.output
+    (d,) = json.loads(r.stdout)
+    assert [x["NSPLIT"] for x in d["ranges"]] == [DEFAULT.nsplit] and len(d["expected_us_by_graphs"]) == 2
+    three = run(*RANGES_ARGS, "--batch", "8", "--max-graphs", "3", "--json")
+    (d,) = json.loads(three.stdout)  # the landscape has two regimes: a third range saves nothing
+    assert len(d["ranges"]) == 2 and d["ranges"][0]["max_graphs"] == 3
+    assert "note: prefixes below 1024 are not measured" in run(*PLAN_ARGS, "--batch", "8").stderr
+
+
 def test_prefix_weights_move_the_plan(run, db, tmp_path):
     weights = tmp_path / "hist.csv"
     weights.write_text("prefix,weight\n2000,1\n100000,50\n120000,50\n")
     r = run(*PLAN_ARGS, "--batch", "8", "--prefix-weights", str(weights), "--json")
     assert r.exit_code == 0, r.output
     (doc,) = json.loads(r.stdout)
-    assert doc["NSPLIT"] == LONG.nsplit and doc["weights_source"] == str(weights)
+    assert doc["ranges"][0]["NSPLIT"] == LONG.nsplit and doc["ranges"][0]["weights_source"] == str(weights)
     _, sessions = db
     with session_scope(sessions) as s:
         assert len(plans.list_plans(session=s)) == 1
@@ -124,6 +163,12 @@ def test_prefix_weights_move_the_plan(run, db, tmp_path):
         (("--prefix-weights", "{tmp}/missing.json"), "cannot read it"),
         (("--prefix-weights", "{tmp}/bad.json"), "weight must be a finite number"),
         (("--prefix-range", "9:1"), "--prefix-range"),
+        (("--prefix-range", "x"), "--prefix-range"),
+        (("--max-graphs", "0"), "--max-graphs"),
+        (("--max-graphs", "two"), "--max-graphs"),
+        (("--min-saving", "1"), "--min-saving"),
+        (("--min-saving", "nan"), "--min-saving"),
+        (("--min-saving", "-0.1"), "--min-saving"),
     ],
 )
 def test_bad_input_is_one_line_and_a_non_zero_exit(run, tmp_path, args, message):
@@ -249,7 +294,7 @@ def test_a_plan_measured_cold_is_measured_cold_throughout_and_says_so_where_it_i
     assert r.exit_code == 0, r.output
     assert run.backend.workloads and {w.neighbour_mb for w in run.backend.workloads} == {128}
     (doc,) = json.loads(r.stdout)
-    assert doc["neighbour_mb"] == 128
+    assert doc["ranges"][0]["neighbour_mb"] == 128
     with session_scope(sessions) as s:
         (stored,) = plans.list_plans(session=s)
     assert stored.neighbour_mb == 128
