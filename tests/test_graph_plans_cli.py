@@ -208,6 +208,42 @@ def test_the_sidecar_the_dump_and_the_client_carry_the_plan(run, db, tmp_path, m
         assert client.graph_plan(8, max_prefix=10**6).reason.endswith("were not measured")
 
 
+def test_a_worker_gets_every_range_from_a_tuner_serve_process_and_from_a_dump(run, db, tmp_path):
+    """Two graphs for B=1: the light client reads the set's ranges from a real `tuner serve` and from
+    a dumped folder alike, the range for a batch by its longest prefix, and every config of both."""
+    from tests.helpers import free_port, running_server
+
+    assert run(*RANGES_ARGS, "--batch", "1").exit_code == 0
+    url, _ = db
+    port = free_port()
+    env = {"TUNER_DATABASE_URL": url, "TUNER_DEVICE": "h200", "TUNER_CACHE_DIR": str(tmp_path / "cache")}
+    with running_server(env, port=port):
+        side = ConfigClient(f"http://127.0.0.1:{port}", H=8, q_len=9, device="NVIDIA H200", snapshot_dir=tmp_path / "s")
+        assert side.fetch() == "sidecar", side.reason
+    out = tmp_path / "dump"
+    assert run("configs", "dump", "--out-dir", str(out)).exit_code == 0
+    folder = ConfigClient(H=8, q_len=9, device="NVIDIA H200", config_dir=out, snapshot_dir=tmp_path / "s2")
+    assert folder.fetch() == "config_dir"
+    snapshot = ConfigClient("http://127.0.0.1:1", H=8, q_len=9, device="NVIDIA H200", snapshot_dir=tmp_path / "s")
+    assert snapshot.fetch() == "snapshot"  # the sidecar's table as saved: the set survives a restart without it
+    for client in (side, folder, snapshot):
+        short, long = client.graph_plans(1, max_prefix=131071)
+        assert (short.config, short.prefix_range, long.config, long.prefix_range) == (
+            SHORT, (0, 16384), LONG, (16384, RANGE[-1].hi)
+        )  # fmt: skip
+        assert all(r >= 1 for _, _, r in short.regrets + long.regrets) and short.regrets[0][:2] == (0, 256)
+        assert [client.graph_plan(1, max_prefix=p).config for p in (0, 16383, 16384, 10**6)] == [
+            SHORT,
+            SHORT,
+            LONG,
+            LONG,
+        ]
+        assert "range 1 of 2" in client.graph_plan(1, max_prefix=100).reason
+        assert {SHORT, LONG} <= set(client.distinct_configs())
+        (fallback,) = client.graph_plans(8, max_prefix=100_000)  # no set for B=8: one graph, the longest prefix's
+        assert fallback.source == "longest_prefix" and fallback.config == LONG
+
+
 def test_the_dumped_bundle_holds_a_plans_config_the_table_no_longer_serves(run, db, tmp_path, monkeypatch):
     """A plan made, then its buckets re-tuned: a host without nvcc still captures the plan's config."""
     from verify_tuner.engine import bundle as bundle_mod
