@@ -379,3 +379,42 @@ def test_export_and_an_imported_dump_say_the_graph_plans_stay_behind(run, db, tm
     assert run("configs", "dump", "--out-dir", str(tmp_path / "dump")).exit_code == 0
     r = run("configs", "import", str(next((tmp_path / "dump").glob("*.json"))))
     assert r.exit_code == 0 and "warning: the file's 1 graph plan(s) are not imported" in r.output, r.output
+
+
+def test_the_graph_plans_report_reads_the_sets_study_graph_plan_prints(run, db, tmp_path):
+    """bench/graph_plans_report.py on what `study graph-plan --json` prints (as run_table_tune.sh saves
+    it): each batch size's graphs, breakpoints and regret over every bucket, B=1 against the targets;
+    a file printed before ranges still reads, as sets of one. bench/plan_vs_heuristic.py times, for a
+    draw, the range holding its longest prefix."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    r = run(*RANGES_ARGS, "--batch", "1,32", "--json")
+    assert r.exit_code == 0, r.output
+    (tmp_path / "plans.json").write_text(r.stdout)
+    (tmp_path / "walltimes.txt").write_text("study wall 120000 ms rc=0\ngraph-plan wall 9000 ms rc=0\n")
+    cmd = [sys.executable, str(bench / "graph_plans_report.py"), str(tmp_path / "plans.json"),
+           str(tmp_path / "walltimes.txt"), "--device", "NVIDIA H200", "--date", "2026-12-09", "--out", str(tmp_path)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    md = (tmp_path / "graph_plans_sm_90.md").read_text()
+    assert "| 1..1 | 2 | [16384] |" in md and "meets the target (geomean <= 1.02, worst <= 1.1, <= 2 graphs)" in md
+    assert f"| 1..1 | [0, 16384) | {SHORT} |" in md and f"| 17..32 | [16384, {RANGE[-1].hi}) | {LONG} |" in md
+    sys.path.insert(0, str(bench))
+    try:
+        import graph_plans_report
+        import plan_vs_heuristic
+    finally:
+        sys.path.remove(str(bench))
+    with session_scope(db[1]) as s:
+        b1 = plans.served_sets(session=s, table=TableKey(H200.name, kernel_hash(), "bf16", 8, 9))[0]
+    assert plan_vs_heuristic.chosen(b1, [100, 16383]) == (0, SHORT)
+    assert plan_vs_heuristic.chosen(b1, [100, 16384]) == (1, LONG)
+    old = json.loads(r.stdout)[0]["ranges"][1] | {
+        "heuristic_expected_us": 30.0,
+        "regret_worst": 1.2,
+    }  # as printed before
+    (one,) = graph_plans_report.as_sets([old])
+    assert one["range_count"] == 1 and one["ranges"] == [old] and graph_plans_report.verdict(one).startswith("MISSES")
