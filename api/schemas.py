@@ -173,4 +173,6 @@ class ImportOut(BaseModel):
 
 class DeleteOut(BaseModel):
     deleted: int
-    plans_deleted: int = Field(0, description="graph plans built from the deleted bests, deleted with them")
+    plans_deleted: int = Field(
+        0, description="graph plan ranges built from the deleted bests, deleted with them (whole sets)"
+    )

@@ -66,9 +66,9 @@ def _timed(fn, n: int = 9) -> float:
     return statistics.median(times)
 
 
-def capture(eng: LoopEngine, label: str | None = None) -> tuple[torch.cuda.CUDAGraph, list[torch.Tensor]]:
+def capture(eng: LoopEngine, label: str | None = None, pool=None) -> tuple[torch.cuda.CUDAGraph, list[torch.Tensor]]:  # type: ignore[no-untyped-def]
     """SGLang's capture of one (batch size, attention variant): the variant set, out_graph(in_capture=True),
-    a warm-up on a side stream, then the graph."""
+    a warm-up on a side stream, then the graph, in `pool` (SGLang captures every graph in one pool)."""
     eng.label = label
     eng.out_graph(in_capture=True)
     eng.label = None
@@ -78,7 +78,7 @@ def capture(eng: LoopEngine, label: str | None = None) -> tuple[torch.cuda.CUDAG
         eng.forward()  # loads the cubin, makes the op's plans
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=side):
+    with torch.cuda.graph(graph, pool=pool, stream=side):
         outs = eng.forward()
     return graph, outs
 
@@ -90,8 +90,8 @@ def loop(bs: int, *, layers: int, pick_ranges, pool_dtype: torch.dtype) -> dict:
                      pool_dtype=pool_dtype)  # fmt: skip
     eng.sched = crossing  # the first phase; the engine's rows and width hold both
     eng.prepare()
-    before = torch.cuda.memory_allocated()
-    graphs = {label: capture(eng, label) for label in eng.labels}
+    before, pool = torch.cuda.memory_allocated(), torch.cuda.graph_pool_handle()
+    graphs = {label: capture(eng, label, pool) for label in eng.labels}
     graph_mb = (torch.cuda.memory_allocated() - before) / 2**20
     errors, timings, replayed = [], [], []
     for step in range(STEPS):
