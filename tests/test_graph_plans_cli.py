@@ -160,6 +160,7 @@ def test_prefix_weights_move_the_plan(run, db, tmp_path):
     ("args", "message"),
     [
         (("--batch", "2"), "no tuned configs for H=8 q_len=9 bf16 batch 2 in prefixes 1024:131072 on any device"),
+        (("--batch", "2", "--prefix-range", "5000"), "--prefix-range 0:5000 --batch ...)"),  # what study start takes
         (("--prefix-weights", "{tmp}/missing.json"), "cannot read it"),
         (("--prefix-weights", "{tmp}/bad.json"), "weight must be a finite number"),
         (("--prefix-range", "9:1"), "--prefix-range"),

@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
+from verify_tuner import engine_files
 from verify_tuner.api.app import create_app
 from verify_tuner.cli.commands import cli
 from verify_tuner.kernels import kernel_hash
@@ -128,3 +129,4 @@ def test_configs_show_and_dump_serve_the_set(stored, tmp_path):
     assert [_params(r) for r in doc["graph_plan_ranges"]["1"]] == [SHORT, LONG]
     # a reader of the file before ranges: one plan a batch bucket, the longest prefixes' range
     assert doc["graph_plans"]["1"] == doc["graph_plan_ranges"]["1"][-1]
+    assert {SHORT, LONG} <= set(engine_files.distinct_configs(doc))  # what `dump --cubins` compiles

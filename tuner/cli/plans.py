@@ -150,7 +150,7 @@ def _graph_plan(
     path = kw["prefix_weights"]
     weights = prefix_weights.load(path, in_range) if path else prefix_weights.equal(in_range)
     sessions = checked_sessions(settings)
-    _require_winners(sessions, H, q_len, kw["kv_dtype"], prefix_range, {b.index for b in in_range}, batch_sizes)
+    _require_winners(sessions, H, q_len, kw["kv_dtype"], f"{lo}:{hi}", {b.index for b in in_range}, batch_sizes)
     _log_to_stderr()
     if lo > 0:  # the graphs replay them all the same, with the first range's config
         click.echo(f"note: prefixes below {lo} are not measured; the first range's config serves them", err=True)
