@@ -54,13 +54,16 @@ class KernelParamsOut(BaseModel):
 
 
 class GraphPlanOut(KernelParamsOut):
-    """The one config to capture in the CUDA graph of this batch bucket: fastest in expectation over
-    the prefix range, with its regret at every prefix bucket (tuner study graph-plan)."""
+    """One prefix range of this batch bucket's graph plan set (tuner study graph-plan): the config to
+    capture in the CUDA graph replayed for the batch sizes of the bucket and the batches whose
+    longest prefix falls in the range, with its regret at every prefix bucket of the range. The
+    set's ranges, chosen together from one measurement, tile the range measured; the first one also
+    serves shorter prefixes, the last one longer ones."""
 
     batch_bucket: BatchBucketOut
-    prefix_lo: int = Field(description="the range the plan was measured over: inclusive")
+    prefix_lo: int = Field(description="this range's prefixes: inclusive (a set of one: the range measured)")
     prefix_hi: int = Field(description="exclusive")
-    expected_us: float = Field(description="expected step time under the prefix distribution")
+    expected_us: float = Field(description="expected step time in this range, its prefix weights renormalised to it")
     regret_geomean: float | None
     regret_worst: float | None
     weights_digest: str
@@ -69,6 +72,24 @@ class GraphPlanOut(KernelParamsOut):
     measured_by: str
     neighbour_mb: int = Field(0, description=NEIGHBOUR_DOC)
     buckets: list[PlanBucketOut]
+    range_index: int = Field(0, description="this range's place in its set, from 0 (shortest prefixes)")
+    range_count: int = Field(1, description="ranges in the set: graphs an engine captures per batch size")
+    breakpoints: list[int] = Field(
+        default_factory=list,
+        description="the prefixes (tokens) at which the set's ranges after the first start: a batch whose "
+        "longest prefix is P replays range bisect_right(breakpoints, P)",
+    )
+    set_prefix_lo: int | None = Field(None, description="the range the set was measured over: inclusive")
+    set_prefix_hi: int | None = Field(None, description="exclusive")
+    set_expected_us: float | None = Field(
+        None, description="the set's expected step time over its whole range (none for sets stored before ranges)"
+    )
+    expected_us_by_graphs: list[float | None] = Field(
+        default_factory=list,
+        description="the expected step time with 1, 2, ... graphs, the best split of each count (none: no split)",
+    )
+    max_graphs: int = Field(1, description="the most ranges the set could have had (--max-graphs)")
+    min_saving: float = Field(0.0, description="the share of the expected time a further range had to save")
 
 
 class ConfigEntryOut(KernelParamsOut):
@@ -115,7 +136,9 @@ class ConfigEntryOut(KernelParamsOut):
 
 class ConfigOut(ConfigEntryOut):
     graph_plan: GraphPlanOut | None = Field(
-        None, description="the batch bucket's graph plan, if one was chosen (GET /configs lists them in graph_plans)"
+        None,
+        description="the range of the batch bucket's graph plan set that holds this prefix, if a set was chosen "
+        "(its breakpoints say where the others start; GET /configs lists every range in graph_plans)",
     )
 
 
@@ -128,7 +151,12 @@ def _table_fields() -> dict[str, Any]:
         "configs": (list[ConfigEntryOut], ...),
         "graph_plans": (
             list[GraphPlanOut],
-            Field(default_factory=list, description="the graph plan of each batch bucket answered that has one"),
+            Field(
+                default_factory=list,
+                description="every range of the graph plan set of each batch bucket answered that has one, by "
+                "batch bucket, then prefix (a worker that keeps one plan a batch bucket keeps the last: the "
+                "longest prefixes')",
+            ),
         ),
     }
 
@@ -145,4 +173,6 @@ class ImportOut(BaseModel):
 
 class DeleteOut(BaseModel):
     deleted: int
-    plans_deleted: int = Field(0, description="graph plans built from the deleted bests, deleted with them")
+    plans_deleted: int = Field(
+        0, description="graph plan ranges built from the deleted bests, deleted with them (whole sets)"
+    )

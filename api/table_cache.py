@@ -5,6 +5,7 @@ request waits on the database unless its table is missing or the data changed.""
 
 from __future__ import annotations
 
+import bisect
 import threading
 from dataclasses import dataclass, field, replace
 
@@ -17,7 +18,7 @@ from verify_tuner.errors import StorageError
 from verify_tuner.kernels import kernel_hash as current_kernel_hash
 from verify_tuner.kernels.limits import DeviceLimits
 from verify_tuner.keys import TableKey
-from verify_tuner.store import best_configs, data_version, lookup, plans
+from verify_tuner.store import best_configs, data_version, lookup, plan_docs, plans
 from verify_tuner.store.session import session_scope
 
 
@@ -35,8 +36,10 @@ class Table:
     stale: str | None = None  # why the database could not be read, when serving from cache
     #: why there is no table (a kernel hash the database holds no configs of): the routes' 404
     missing: str | None = None
-    #: the batch bucket's graph plan, rendered (GraphPlanOut), or None
-    plan: bytes | None = None
+    #: the ranges of the batch bucket's graph plan set, each rendered (GraphPlanOut), in prefix order
+    plans: tuple[bytes, ...] = ()
+    #: where the set's ranges after the first start (prefix tokens)
+    breakpoints: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.bodies:
@@ -44,9 +47,11 @@ class Table:
             object.__setattr__(self, "bodies", bodies)
 
     def pick(self, prefix: int) -> tuple[lookup.Answer, bytes]:
-        """The answer and /config's body: the /configs entry with the batch bucket's graph plan."""
+        """The answer and /config's body: the /configs entry with the range of the batch bucket's graph
+        plan set that holds the prefix."""
         i = buckets.bucket_of(prefix).index
-        return self.answers[i], self.bodies[i][:-1] + b',"graph_plan":' + (self.plan or b"null") + b"}"
+        plan = self.plans[bisect.bisect_right(self.breakpoints, prefix)] if self.plans else b"null"
+        return self.answers[i], self.bodies[i][:-1] + b',"graph_plan":' + plan + b"}"
 
 
 class TableCache:
@@ -161,9 +166,11 @@ class TableCache:
         if missing:
             return Table(stamp, limits, key, [], missing=missing)
         answers = lookup.table(session=session, limits=limits, key=key, batch_buckets=[batch_bucket])
-        plan = plans.served_plans(session=session, table=key).get(batch_bucket)
-        body = None if plan is None else GraphPlanOut.model_validate(plans.plan_doc(plan)).model_dump_json().encode()
-        return Table(stamp, limits, key, answers, plan=body)
+        chosen = plans.served_sets(session=session, table=key).get(batch_bucket)
+        if chosen is None:
+            return Table(stamp, limits, key, answers)
+        bodies = tuple(GraphPlanOut.model_validate(d).model_dump_json().encode() for d in plan_docs.range_docs(chosen))
+        return Table(stamp, limits, key, answers, plans=bodies, breakpoints=chosen.breakpoints)
 
     @property
     def stale_rows(self) -> int | None:

@@ -1,38 +1,56 @@
 """A speculative-decoding engine's verify loop through the SGLang backend's own code path
 (VerifyMLABackend, driven by its hooks in SGLang's order), per batch size {1, 8, 32}: 300 steps
-of one CUDA graph captured at the first step (the runner's static buffers; the in-graph refill
-and every layer's attention, a KV pool a layer so a step reads more than the L2 holds). Requests
-join at P=0 and finish; their prefixes cross at least 3 prefix buckets; the draft trees are
-EAGLE trees (topk 4) in SGLang's FULL_MASK layout, written where SGLang's draft stage writes
-them. Every step one layer's output (in turn) is checked against fp32 attention computed from
-SGLang's tensors; every 25th step the graph's replay is timed against a graph captured fresh at
-that step. The loop runs for each KV pool dtype the kernel reads (bf16; fp8 once it reads fp8:
-until then its row says why it did not run). One graph per batch size and prefix range comes
-with graph plans per range (the tuner's key and store); this loop captures one per batch size.
+of CUDA graphs captured at the first step, one per prefix range of the batch size's graph plan
+set (SGLang's attention variants: the label set at each capture, the label `select` gives before
+each replay; the runner's static buffers; the in-graph refill and every layer's attention, a KV
+pool a layer so a step reads more than the L2 holds). The first 150 steps hold the batch around
+its first breakpoint, so its longest prefix crosses it and the step replays the other range's
+graph; the last 150 spread the requests over 0..131k, joining at P=0 and at long prompts. The
+draft trees are EAGLE trees (topk 4) in SGLang's FULL_MASK layout, written where SGLang's draft
+stage writes them. Every step one layer's output (in turn) is checked against fp32 attention
+computed from SGLang's tensors; every 25th step the graph replayed is timed against a graph of the
+same range captured fresh at that step. The loop runs for each KV pool dtype the kernel reads
+(bf16; fp8 once it reads fp8: until then its row says why it did not run).
 
-    python3 bench/engine_loop.py --out $OUT      # on the GPU machine
+The ranges: a `tuner configs dump` folder's graph plan sets (--config-dir, the table
+`tuner study graph-plan` chose), else two ranges split at --split: SHORT below it, the heuristic
+above (a check of the mechanism, not of a plan).
+
+    python3 bench/engine_loop.py --out $OUT [--config-dir DUMP]     # on the GPU machine
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import itertools
 import json
 import statistics
+import tempfile
+from collections import Counter
 from pathlib import Path
 
 import torch
 from engine_steps import LoopEngine, Q, Schedule
 from verify_tuner.engine.tree_masks import TreeMaskMode
+from verify_tuner.kernels.config import KernelConfig
 
-STEPS, TIME_EVERY = 300, 25
-#: Per batch size: (start prefixes, stop prefixes). Starts near bucket edges (724, 1024, 1448,
-#: 2048, 2896); stops that some requests reach within the run, so new ones join at P=0.
-BATCHES = {
-    1: ([1000], [1700]),
-    8: ([0, 700, 1000, 1400, 2000, 300, 50, 2800], [600, 1500, 1900, 2400, 2600, 900, 400, 3600]),
-    32: ([90 * i for i in range(32)], [400 + 110 * i for i in range(32)]),
-}
+STEPS, TIME_EVERY, CROSSING = 300, 25, 150
+MAX_PREFIX = 131_071
+#: a short-prefix config (small blocks) for the two ranges without a plan; valid on sm_90 and sm_120
+SHORT = KernelConfig(nsplit=24, ht=8, tk=32, block=256, qt=2, wk=2)
+
+
+def schedules(bs: int, breakpoint: int) -> tuple[Schedule, Schedule]:
+    """(crossing, spread): the batch's requests 60.. tokens below `breakpoint`, finishing 250.. past
+    it and joining at P=0; then spread over 0..131k (B=1: a long prompt), joining at P=0 and at
+    long prompts. Same rows, so one engine holds both."""
+    below = [max(breakpoint - 60 - 7 * i, 0) for i in range(bs)]
+    crossing = Schedule(below, [breakpoint + 250 + 5 * i for i in range(bs)], seed=bs)
+    starts = [100_000] if bs == 1 else [round(2 ** (17 * i / (bs - 1))) - 1 + 100 * i for i in range(bs)]
+    starts = [min(s, 124_000) for s in starts]
+    spread = Schedule(starts, [s + 400 for s in starts], seed=bs + 1, joins=(0, 64_000, 120_000), run=400)
+    return crossing, spread
 
 
 def _timed(fn, n: int = 9) -> float:
@@ -48,48 +66,70 @@ def _timed(fn, n: int = 9) -> float:
     return statistics.median(times)
 
 
-def capture(eng: LoopEngine) -> tuple[torch.cuda.CUDAGraph, list[torch.Tensor]]:
-    """SGLang's capture: out_graph(in_capture=True), a warm-up on a side stream, then the graph."""
+def capture(eng: LoopEngine, label: str | None = None, pool=None) -> tuple[torch.cuda.CUDAGraph, list[torch.Tensor]]:  # type: ignore[no-untyped-def]
+    """SGLang's capture of one (batch size, attention variant): the variant set, out_graph(in_capture=True),
+    a warm-up on a side stream, then the graph, in `pool` (SGLang captures every graph in one pool)."""
+    eng.label = label
     eng.out_graph(in_capture=True)
+    eng.label = None
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         eng.forward()  # loads the cubin, makes the op's plans
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=side):
+    with torch.cuda.graph(graph, pool=pool, stream=side):
         outs = eng.forward()
     return graph, outs
 
 
-def loop(bs: int, *, layers: int, pick_config, pool_dtype: torch.dtype) -> dict:
-    starts, stops = BATCHES[bs]
-    sched = Schedule(starts, stops, seed=bs)
-    eng = LoopEngine(sched, layers=layers, device="cuda", pick_config=pick_config, mode=TreeMaskMode.FULL_MASK,
+def loop(bs: int, *, layers: int, pick_ranges, pool_dtype: torch.dtype) -> dict:
+    starts = [s for s, _ in pick_ranges(Q, bs)]
+    crossing, spread = schedules(bs, starts[1] if len(starts) > 1 else 4096)
+    eng = LoopEngine(spread, layers=layers, device="cuda", pick_ranges=pick_ranges, mode=TreeMaskMode.FULL_MASK,
                      pool_dtype=pool_dtype)  # fmt: skip
+    eng.sched = crossing  # the first phase; the engine's rows and width hold both
     eng.prepare()
-    graph, outs = capture(eng)
-    errors, timings, first = [], [], (min(sched.lens), max(sched.lens))
+    before, pool = torch.cuda.memory_allocated(), torch.cuda.graph_pool_handle()
+    graphs = {label: capture(eng, label, pool) for label in eng.labels}
+    graph_mb = (torch.cuda.memory_allocated() - before) / 2**20
+    errors, timings, replayed = [], [], []
     for step in range(STEPS):
+        if step == CROSSING:
+            eng.sched = spread
         eng.prepare()
+        label = eng.select()  # SGLang asks the variants, then prepares the replay and replays that graph
         eng.out_graph()
+        graph, outs = graphs[label]
         graph.replay()
         torch.cuda.synchronize()
         errors.append(eng.error(outs, step % layers))
+        replayed.append((label, max(eng.sched.lens)))
         if step % TIME_EVERY == 0:
-            kept = _timed(graph.replay) / layers
-            fresh_graph, _ = capture(eng)
-            eng.out_graph()
-            fresh = _timed(fresh_graph.replay) / layers
-            timings.append({"step": step, "prefix max": max(sched.lens), "kept us/layer": round(kept, 2),
-                            "fresh us/layer": round(fresh, 2), "kept / fresh": round(kept / fresh, 3)})  # fmt: skip
-            del fresh_graph
-        sched.advance()
+            timings.append(_timing(eng, step, graph, label, layers))
+        eng.sched.advance()
+    return _row(bs, eng, pick_ranges, pool_dtype, layers, graph_mb, errors, timings, replayed)
+
+
+def _timing(eng: LoopEngine, step: int, graph: torch.cuda.CUDAGraph, label: str | None, layers: int) -> dict:
+    kept = _timed(graph.replay) / layers
+    fresh_graph, _ = capture(eng, label)
+    eng.out_graph()
+    fresh = _timed(fresh_graph.replay) / layers
+    return {"step": step, "range": label, "prefix max": max(eng.sched.lens), "kept us/layer": round(kept, 2),
+            "fresh us/layer": round(fresh, 2), "kept / fresh": round(kept / fresh, 3)}  # fmt: skip
+
+
+def _row(bs, eng, pick_ranges, pool_dtype, layers, graph_mb, errors, timings, replayed) -> dict:  # type: ignore[no-untyped-def]
+    labels = [label for label, _ in replayed]
     return {
         "batch": bs, "pool dtype": str(pool_dtype).removeprefix("torch."), "layers": layers, "steps": STEPS,
-        "config": str(pick_config(Q, bs)), "workspace MB": round(eng.backend.workspace_bytes() / 2**20, 2),
-        "prefix first": list(first), "prefix last": [min(sched.lens), max(sched.lens)],
-        "buckets visited": len(sched.buckets), "requests joined at P=0": sched.joined,
+        "ranges": [{"from": s, "config": str(c)} for s, c in pick_ranges(Q, bs)], "graphs": len(eng.labels),
+        "graph MB": round(graph_mb, 1), "workspace MB": round(eng.backend.workspace_bytes() / 2**20, 2),
+        "steps per range": dict(Counter(str(label) for label in labels)),
+        "range changes": sum(a != b for a, b in itertools.pairwise(labels)),
+        "prefix max seen": max(p for _, p in replayed), "prefix min of longest": min(p for _, p in replayed),
+        "requests joined": eng.sched.joined, "length syncs": eng.backend.graphs.length_syncs,
         "rel err max": max(e[0] for e in errors), "abs err max": max(e[1] for e in errors),
         "steps checked": len(errors), "timed": timings,
         "kept / fresh median": statistics.median(t["kept / fresh"] for t in timings),
@@ -97,31 +137,52 @@ def loop(bs: int, *, layers: int, pick_config, pool_dtype: torch.dtype) -> dict:
     }  # fmt: skip
 
 
+def range_picker(limits, config_dir: Path | None, split: int):  # type: ignore[no-untyped-def]
+    """pick_ranges(q, bs): the dump's plan sets through the config client, else SHORT | heuristic at `split`."""
+    from verify_tuner.heuristic import heuristic_config
+    from verify_tuner.kernels.validate import check
+
+    if config_dir is not None:
+        from verify_tuner.engine.client import ConfigClient
+
+        snaps = Path(tempfile.mkdtemp())  # the client keeps no snapshot of a folder's table: an empty one
+        client = ConfigClient(H=8, q_len=Q, device=limits.name, config_dir=config_dir, snapshot_dir=snaps)
+        if client.fetch() != "config_dir":
+            raise SystemExit(f"no table in {config_dir}: {client.reason}")
+        plans = lambda q, bs: client.graph_plans(bs, max_prefix=MAX_PREFIX)
+        return lambda q, bs: tuple((r.prefix_range[0] if i else 0, r.config) for i, r in enumerate(plans(q, bs)))
+    if why := check(SHORT, limits, H=8, q_len=Q):
+        raise SystemExit(f"{SHORT} cannot run on {limits.name}: {why}")
+    return lambda q, bs: ((0, SHORT), (split, heuristic_config(limits, H=8, q_len=q, prefix=4096, batch=bs)))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--config-dir", type=Path, default=None, help="a `tuner configs dump` folder: its plan sets")
+    ap.add_argument("--split", type=int, default=4096, help="without --config-dir: the breakpoint of two ranges")
     args = ap.parse_args()
 
-    from verify_tuner.heuristic import heuristic_config
     from verify_tuner.kernels import runtime
 
     limits = runtime.read_limits(0)
-    pick = lambda q, bs: heuristic_config(limits, H=8, q_len=q, prefix=4096, batch=bs)
+    pick = range_picker(limits, args.config_dir, args.split)
     rows = []
     for dtype in (torch.bfloat16, torch.float8_e4m3fn):
         for bs in (int(b) for b in args.batches.split(",")):
-            width = max(BATCHES[bs][1]) + 16
+            width = schedules(bs, 4096)[1].width
             layers = max(2, -(-3 * limits.l2_bytes // ((bs + 4) * width * 576 * 2)))
             try:
-                row = loop(bs, layers=layers, pick_config=pick, pool_dtype=dtype)
+                row = loop(bs, layers=layers, pick_ranges=pick, pool_dtype=dtype)
             except NotImplementedError as exc:  # the kernel does not read this pool yet
                 row = {"batch": bs, "pool dtype": str(dtype).removeprefix("torch."), "not run": str(exc)}
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "timed"}), flush=True)
             torch.cuda.empty_cache()
     args.out.mkdir(parents=True, exist_ok=True)
-    doc = {"device": limits.name, "date": dt.date.today().isoformat(), "rows": rows}
+    source = str(args.config_dir) if args.config_dir else f"two ranges split at {args.split}"
+    doc = {"device": limits.name, "date": dt.date.today().isoformat(), "ranges from": source, "rows": rows}
     (args.out / f"engine_loop_{limits.arch}.json").write_text(json.dumps(doc, indent=1))
 
 

@@ -1,9 +1,11 @@
 """The engine side of bench/engine_loop.py, device-agnostic so its logic is tested on the CPU:
 a request schedule (prefixes growing by what each step accepts, requests finishing and new ones
-joining at P=0 in another pool row), SGLang's step tensors built from it (req_to_token rows,
-out_cache_loc, EAGLE trees in the backend's mask layout written where SGLang's draft stage
-writes them), the backend's own hooks in the order SGLang calls them, and every step's output
-checked against fp32 attention computed from those SGLang tensors.
+joining in another pool row at P=0 or at a prompt's length), SGLang's step tensors built from it
+(req_to_token rows, out_cache_loc, seq_lens' host copy, EAGLE trees in the backend's mask layout
+written where SGLang's draft stage writes them), the backend's own hooks in the order SGLang calls
+them -- with graphs per prefix range, the attention variant set at each capture and the label the
+backend's variants select before each replay -- and every step's output checked against fp32
+attention computed from those SGLang tensors.
 
 The SGLang-shaped objects (ForwardBatch, the MLA pool, the tree kernel's masks) are the test
 stand-ins in tests/engine: the same facts the backend's CPU tests use.
@@ -35,13 +37,17 @@ H, Q, TOPK, SCALE = 8, 9, 4, 0.1447  # Kimi K2 at TP8: 8 heads a GPU, its YaRN-s
 @dataclass
 class Schedule:
     """Requests in pool rows: each step every prefix grows by what it accepted (1..accept_max); a
-    request that reaches its stop finishes and a new one joins at P=0 in the longest-free row."""
+    request that reaches its stop finishes and a new one joins in the longest-free row, at the
+    next of `joins` (a prompt's length after its prefill; 0: a request's first step), and runs
+    64..`run` tokens (default: the longest stop)."""
 
     starts: list[int]
     stops: list[int]
     spare: int = 4
     accept_max: int = 5
     seed: int = 0
+    joins: tuple[int, ...] = (0,)
+    run: int = 0
     lens: list[int] = field(init=False)
     rows: list[int] = field(init=False)
     joined: int = field(init=False, default=0)
@@ -59,23 +65,25 @@ class Schedule:
             self.lens[b] += self.rng.randint(1, self.accept_max)
             if self.lens[b] >= self.stop[b]:  # finished: its row goes back, a new request takes another
                 self.free.append(self.rows[b])
-                self.rows[b], self.lens[b] = self.free.popleft(), 0
-                self.stop[b] = self.rng.randint(64, max(self.stops))
+                start = self.joins[self.joined % len(self.joins)]
+                self.rows[b], self.lens[b] = self.free.popleft(), start
+                self.stop[b] = start + self.rng.randint(64, self.run or max(self.stops))
                 self.joined += 1
             self.buckets.add(bucket_of(self.lens[b]).index)
 
     @property
     def width(self) -> int:
         """Slots a req_to_token row needs: the longest request plus its draft tokens."""
-        return max(self.stops) + self.accept_max + Q + 1
+        return max(max(self.stops), max(self.joins) + (self.run or max(self.stops))) + self.accept_max + Q + 1
 
 
 class LoopEngine:
     """One batch size's engine: a pool per layer (scattered slots), req_to_token, the runner's
-    static step buffers, the backend, and each layer's static q / k (what a captured graph reads)."""
+    static step buffers, the backend, and each layer's static q / k (what a captured graph reads).
+    `pick_ranges` instead of `pick_config`: a graph per prefix range (`labels`, `select`)."""
 
-    def __init__(self, sched: Schedule, *, layers: int, device: str, pick_config: Any, mode: TreeMaskMode,
-                 pool_dtype: torch.dtype = torch.bfloat16) -> None:  # fmt: skip
+    def __init__(self, sched: Schedule, *, layers: int, device: str, mode: TreeMaskMode, pick_config: Any = None,
+                 pick_ranges: Any = None, pool_dtype: torch.dtype = torch.bfloat16) -> None:  # fmt: skip
         self.sched, self.device, self.mode = sched, torch.device(device), mode
         bs, rows, width = len(sched.starts), len(sched.starts) + sched.spare, sched.width
         gen = torch.Generator().manual_seed(sched.seed)
@@ -83,8 +91,11 @@ class LoopEngine:
         self.req_to_token = torch.randperm(rows * width, generator=gen).view(rows, width).to(torch.int32).to(device)
         self.backend = VerifyMLABackend(
             pool=self.pool, req_to_token=self.req_to_token, heads=H, q_lens=(Q,), max_bs=rows,
-            max_context_len=width, pick_config=pick_config, tree_mask_mode=mode,
+            max_context_len=width, pick_config=pick_config, pick_ranges=pick_ranges, tree_mask_mode=mode,
+            capture_label=lambda: self.label,
         )  # fmt: skip
+        self.label: str | None = None  # the attention variant being captured (SGLang's runner sets it)
+        self.variants = self.backend.graph_variants()  # taken before init_cuda_graph_state, as SGLang does
         self.backend.init_cuda_graph_state(bs, bs * Q)
         self.gen = torch.Generator(device=device).manual_seed(sched.seed)
         self.tree_rng = random.Random(sched.seed)
@@ -106,6 +117,7 @@ class LoopEngine:
         lens = torch.tensor(s.lens, dtype=torch.int64, device=self.device)
         pos = lens.view(-1, 1) + torch.arange(Q, device=self.device)
         fb.seq_lens.copy_(lens)
+        fb.seq_lens_cpu = torch.tensor(s.lens, dtype=torch.int64)  # SGLang's host copy (needs_cpu_seq_lens)
         fb.req_pool_indices.copy_(rows)
         fb.out_cache_loc.copy_(self.req_to_token[rows.view(-1, 1), pos].reshape(-1))
         trees = [eagle_tree(topk=TOPK, depth=4, q_len=Q, rng=self.tree_rng) for _ in s.lens]
@@ -125,6 +137,15 @@ class LoopEngine:
 
     def out_graph(self, *, in_capture: bool = False) -> None:
         self.backend.init_forward_metadata_out_graph(self.fb, in_capture=in_capture)
+
+    @property
+    def labels(self) -> tuple[str | None, ...]:
+        """The graphs a batch size captures: one per attention variant (None: one graph)."""
+        return self.variants.capture_labels if self.variants else (None,)
+
+    def select(self) -> str | None:
+        """The graph this step replays, as SGLang's runner asks the variants before the replay."""
+        return self.variants.select(self.fb) if self.variants else None
 
     def error(self, outs: list[torch.Tensor], layer: int) -> tuple[float, float]:
         """(relative, max abs) error of one layer's output against attention on SGLang's tensors."""

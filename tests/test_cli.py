@@ -37,7 +37,7 @@ def run(sqlite_url):
 
 def test_upgrade_import_show_list_export(run, tmp_path):
     assert run("db", "upgrade").exit_code == 0
-    assert "head: 0006" in run("db", "current").output
+    assert "head: 0007" in run("db", "current").output
     rows = [
         {
             "device": "h200",
@@ -575,11 +575,11 @@ def test_upgrade_prints_the_revision_the_database_is_at(run):
     """`--revision 0001` on a database at head printed "at revision 0001" while it stayed at head."""
     assert "database at revision 0001:" in run("db", "upgrade", "--revision", "0001").output
     assert "current: 0001" in run("db", "current").output
-    assert "database at revision 0006:" in run("db", "upgrade").output
+    assert "database at revision 0007:" in run("db", "upgrade").output
     r = run("db", "upgrade", "--revision", "0001")
     assert r.exit_code == 0
-    assert "database at revision 0006 (already past 0001: `tuner db upgrade` never downgrades)" in r.output
-    assert "current: 0006" in run("db", "current").output
+    assert "database at revision 0007 (already past 0001: `tuner db upgrade` never downgrades)" in r.output
+    assert "current: 0007" in run("db", "current").output
 
 
 def test_a_database_a_newer_version_migrated_is_named_as_such_not_as_outdated(sqlite_url, tmp_path):

@@ -75,7 +75,9 @@ def run(db, monkeypatch):  # type: ignore[no-untyped-def]
     return invoke
 
 
-PLAN_ARGS = ("study", "graph-plan", "--H", "8", "--q-len", "9", "--prefix-range", "1024:131072")
+RANGES_ARGS = ("study", "graph-plan", "--H", "8", "--q-len", "9", "--prefix-range", "131072")
+#: one graph per batch size over 1k..131k: the plan as it was before prefix ranges
+PLAN_ARGS = ("study", "graph-plan", "--H", "8", "--q-len", "9", "--prefix-range", "1024:131072", "--max-graphs", "1")
 
 
 def test_graph_plan_measures_the_finalists_side_by_side_and_stores_a_plan_per_batch(run, db):
@@ -84,11 +86,13 @@ def test_graph_plan_measures_the_finalists_side_by_side_and_stores_a_plan_per_ba
     docs = json.loads(r.stdout)
     assert [d["batch_bucket"]["hi"] for d in docs] == [1, 8, 32]
     for d in docs:
-        # equal weights: the default, never best but never bad, beats either specialist
-        assert (d["NSPLIT"], d["weights_source"]) == (DEFAULT.nsplit, "equal")
-        assert len(d["buckets"]) == len(RANGE) and all(b["regret"] >= 1 for b in d["buckets"])
-        assert d["regret_worst"] == pytest.approx(1 / 0.9, rel=0.02)
+        # equal weights, one graph: the default, never best but never bad, beats either specialist
+        (one,) = d["ranges"]
+        assert (one["NSPLIT"], one["weights_source"], d["breakpoints"]) == (DEFAULT.nsplit, "equal", [])
+        assert len(one["buckets"]) == len(RANGE) and all(b["regret"] >= 1 for b in one["buckets"])
+        assert d["regret_worst"] == pytest.approx(1 / 0.9, rel=0.02) == one["regret_worst"]
         assert d["heuristic_expected_us"] == pytest.approx(d["expected_us"])
+        assert (one["max_graphs"], one["range_count"], one["set_prefix_lo"]) == (1, 1, RANGE[0].lo)
     # each batch: 3 finalists x every bucket through the gate, then re-timed together
     assert all(set(c) == {SHORT, LONG, DEFAULT} for c in run.backend.remeasured)
     _, sessions = db
@@ -100,30 +104,72 @@ def test_graph_plan_measures_the_finalists_side_by_side_and_stores_a_plan_per_ba
     assert text.exit_code == 0 and "batch 8:" in text.stdout and "regret geomean" in text.stdout
 
 
+def test_two_graphs_split_where_the_short_config_stops_winning_and_cover_prefixes_from_0(run, db):
+    """The default: up to two ranges, measured from prefix 0 (`--prefix-range HI`), where no winner
+    was tuned below 1024 the finalists are measured all the same."""
+    r = run(*RANGES_ARGS, "--batch", "1,32", "--json")
+    assert r.exit_code == 0, r.output
+    assert {w.prefix for w in run.backend.workloads} >= {128, 304, 861}  # buckets 0, 1 and 4, none tuned
+    for d in json.loads(r.stdout):
+        short, long = d["ranges"]
+        assert (short["NSPLIT"], long["NSPLIT"], d["breakpoints"]) == (SHORT.nsplit, LONG.nsplit, [16384])
+        assert (short["prefix_lo"], short["prefix_hi"], long["prefix_lo"]) == (0, 16384, 16384)
+        assert d["regret_worst"] == pytest.approx(1.0) and d["untuned"] == [0, 1, 2, 3, 4]
+        one, two = d["expected_us_by_graphs"]
+        assert two == pytest.approx(d["expected_us"]) and two < one * (1 - 0.02)
+        assert d["heuristic_expected_us"] == pytest.approx(one)  # one graph: the default, close everywhere
+        assert (short["range_count"], short["max_graphs"], short["min_saving"]) == (2, 2, 0.02)
+    _, sessions = db
+    with session_scope(sessions) as s:
+        served = plans.served_sets(session=s, table=TableKey(H200.name, kernel_hash(), "bf16", 8, 9))
+    assert sorted(served) == [0, 5] and all(len(p.ranges) == 2 for p in served.values())
+    text = run(*RANGES_ARGS, "--batch", "8")
+    assert text.exit_code == 0 and "batch 8: 2 graph(s), breakpoints [16384]" in text.stdout, text.output
+    assert "range [0, 16384): NSPLIT=64" in text.stdout and "(1 graph: " in text.stdout
+
+
+def test_a_further_range_that_saves_less_than_its_share_is_not_taken(run, db):
+    r = run(*RANGES_ARGS, "--batch", "8", "--min-saving", "0.5", "--json")
+    assert r.exit_code == 0, r.output
+    (d,) = json.loads(r.stdout)
+    assert [x["NSPLIT"] for x in d["ranges"]] == [DEFAULT.nsplit] and len(d["expected_us_by_graphs"]) == 2
+    three = run(*RANGES_ARGS, "--batch", "8", "--max-graphs", "3", "--json")
+    (d,) = json.loads(three.stdout)  # the landscape has two regimes: a third range saves nothing
+    assert len(d["ranges"]) == 2 and d["ranges"][0]["max_graphs"] == 3
+    assert "note: prefixes below 1024 are not measured" in run(*PLAN_ARGS, "--batch", "8").stderr
+
+
 def test_prefix_weights_move_the_plan(run, db, tmp_path):
     weights = tmp_path / "hist.csv"
     weights.write_text("prefix,weight\n2000,1\n100000,50\n120000,50\n")
     r = run(*PLAN_ARGS, "--batch", "8", "--prefix-weights", str(weights), "--json")
     assert r.exit_code == 0, r.output
     (doc,) = json.loads(r.stdout)
-    assert doc["NSPLIT"] == LONG.nsplit and doc["weights_source"] == str(weights)
+    assert doc["ranges"][0]["NSPLIT"] == LONG.nsplit and doc["ranges"][0]["weights_source"] == str(weights)
     _, sessions = db
     with session_scope(sessions) as s:
         assert len(plans.list_plans(session=s)) == 1
     assert run(*PLAN_ARGS, "--batch", "8").exit_code == 0
     with session_scope(sessions) as s:  # a plan per weights' digest; the newest is served
         assert len(plans.list_plans(session=s)) == 2
-        served = plans.served_plans(session=s, table=TableKey(H200.name, kernel_hash(), "bf16", 8, 9))
-    assert served[3].config == DEFAULT
+        served = plans.served_sets(session=s, table=TableKey(H200.name, kernel_hash(), "bf16", 8, 9))
+    assert [p.config for p in served[3].ranges] == [DEFAULT]
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         (("--batch", "2"), "no tuned configs for H=8 q_len=9 bf16 batch 2 in prefixes 1024:131072 on any device"),
+        (("--batch", "2", "--prefix-range", "5000"), "--prefix-range 0:5000 --batch ...)"),  # what study start takes
         (("--prefix-weights", "{tmp}/missing.json"), "cannot read it"),
         (("--prefix-weights", "{tmp}/bad.json"), "weight must be a finite number"),
         (("--prefix-range", "9:1"), "--prefix-range"),
+        (("--prefix-range", "x"), "--prefix-range"),
+        (("--max-graphs", "0"), "--max-graphs"),
+        (("--max-graphs", "two"), "--max-graphs"),
+        (("--min-saving", "1"), "--min-saving"),
+        (("--min-saving", "nan"), "--min-saving"),
+        (("--min-saving", "-0.1"), "--min-saving"),
     ],
 )
 def test_bad_input_is_one_line_and_a_non_zero_exit(run, tmp_path, args, message):
@@ -161,6 +207,42 @@ def test_the_sidecar_the_dump_and_the_client_carry_the_plan(run, db, tmp_path, m
         fallback = client.graph_plan(32, max_prefix=100_000)  # no plan for B=32: the longest prefix's config
         assert (fallback.source, fallback.config) == ("longest_prefix", LONG) and "no graph plan" in fallback.reason
         assert client.graph_plan(8, max_prefix=10**6).reason.endswith("were not measured")
+
+
+def test_a_worker_gets_every_range_from_a_tuner_serve_process_and_from_a_dump(run, db, tmp_path):
+    """Two graphs for B=1: the light client reads the set's ranges from a real `tuner serve` and from
+    a dumped folder alike, the range for a batch by its longest prefix, and every config of both."""
+    from tests.helpers import free_port, running_server
+
+    assert run(*RANGES_ARGS, "--batch", "1").exit_code == 0
+    url, _ = db
+    port = free_port()
+    env = {"TUNER_DATABASE_URL": url, "TUNER_DEVICE": "h200", "TUNER_CACHE_DIR": str(tmp_path / "cache")}
+    with running_server(env, port=port):
+        side = ConfigClient(f"http://127.0.0.1:{port}", H=8, q_len=9, device="NVIDIA H200", snapshot_dir=tmp_path / "s")
+        assert side.fetch() == "sidecar", side.reason
+    out = tmp_path / "dump"
+    assert run("configs", "dump", "--out-dir", str(out)).exit_code == 0
+    folder = ConfigClient(H=8, q_len=9, device="NVIDIA H200", config_dir=out, snapshot_dir=tmp_path / "s2")
+    assert folder.fetch() == "config_dir"
+    snapshot = ConfigClient("http://127.0.0.1:1", H=8, q_len=9, device="NVIDIA H200", snapshot_dir=tmp_path / "s")
+    assert snapshot.fetch() == "snapshot"  # the sidecar's table as saved: the set survives a restart without it
+    for client in (side, folder, snapshot):
+        short, long = client.graph_plans(1, max_prefix=131071)
+        assert (short.config, short.prefix_range, long.config, long.prefix_range) == (
+            SHORT, (0, 16384), LONG, (16384, RANGE[-1].hi)
+        )  # fmt: skip
+        assert all(r >= 1 for _, _, r in short.regrets + long.regrets) and short.regrets[0][:2] == (0, 256)
+        assert [client.graph_plan(1, max_prefix=p).config for p in (0, 16383, 16384, 10**6)] == [
+            SHORT,
+            SHORT,
+            LONG,
+            LONG,
+        ]
+        assert "range 1 of 2" in client.graph_plan(1, max_prefix=100).reason
+        assert {SHORT, LONG} <= set(client.distinct_configs())
+        (fallback,) = client.graph_plans(8, max_prefix=100_000)  # no set for B=8: one graph, the longest prefix's
+        assert fallback.source == "longest_prefix" and fallback.config == LONG
 
 
 def test_the_dumped_bundle_holds_a_plans_config_the_table_no_longer_serves(run, db, tmp_path, monkeypatch):
@@ -249,7 +331,7 @@ def test_a_plan_measured_cold_is_measured_cold_throughout_and_says_so_where_it_i
     assert r.exit_code == 0, r.output
     assert run.backend.workloads and {w.neighbour_mb for w in run.backend.workloads} == {128}
     (doc,) = json.loads(r.stdout)
-    assert doc["neighbour_mb"] == 128
+    assert doc["ranges"][0]["neighbour_mb"] == 128
     with session_scope(sessions) as s:
         (stored,) = plans.list_plans(session=s)
     assert stored.neighbour_mb == 128
@@ -298,3 +380,42 @@ def test_export_and_an_imported_dump_say_the_graph_plans_stay_behind(run, db, tm
     assert run("configs", "dump", "--out-dir", str(tmp_path / "dump")).exit_code == 0
     r = run("configs", "import", str(next((tmp_path / "dump").glob("*.json"))))
     assert r.exit_code == 0 and "warning: the file's 1 graph plan(s) are not imported" in r.output, r.output
+
+
+def test_the_graph_plans_report_reads_the_sets_study_graph_plan_prints(run, db, tmp_path):
+    """bench/graph_plans_report.py on what `study graph-plan --json` prints (as run_table_tune.sh saves
+    it): each batch size's graphs, breakpoints and regret over every bucket, B=1 against the targets;
+    a file printed before ranges still reads, as sets of one. bench/plan_vs_heuristic.py times, for a
+    draw, the range holding its longest prefix."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    r = run(*RANGES_ARGS, "--batch", "1,32", "--json")
+    assert r.exit_code == 0, r.output
+    (tmp_path / "plans.json").write_text(r.stdout)
+    (tmp_path / "walltimes.txt").write_text("study wall 120000 ms rc=0\ngraph-plan wall 9000 ms rc=0\n")
+    cmd = [sys.executable, str(bench / "graph_plans_report.py"), str(tmp_path / "plans.json"),
+           str(tmp_path / "walltimes.txt"), "--device", "NVIDIA H200", "--date", "2026-12-09", "--out", str(tmp_path)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    md = (tmp_path / "graph_plans_sm_90.md").read_text()
+    assert "| 1..1 | 2 | [16384] |" in md and "meets the target (geomean <= 1.02, worst <= 1.1, <= 2 graphs)" in md
+    assert f"| 1..1 | [0, 16384) | {SHORT} |" in md and f"| 17..32 | [16384, {RANGE[-1].hi}) | {LONG} |" in md
+    sys.path.insert(0, str(bench))
+    try:
+        import graph_plans_report
+        import plan_vs_heuristic
+    finally:
+        sys.path.remove(str(bench))
+    with session_scope(db[1]) as s:
+        b1 = plans.served_sets(session=s, table=TableKey(H200.name, kernel_hash(), "bf16", 8, 9))[0]
+    assert plan_vs_heuristic.chosen(b1, [100, 16383]) == (0, SHORT)
+    assert plan_vs_heuristic.chosen(b1, [100, 16384]) == (1, LONG)
+    old = json.loads(r.stdout)[0]["ranges"][1] | {
+        "heuristic_expected_us": 30.0,
+        "regret_worst": 1.2,
+    }  # as printed before
+    (one,) = graph_plans_report.as_sets([old])
+    assert one["range_count"] == 1 and one["ranges"] == [old] and graph_plans_report.verdict(one).startswith("MISSES")

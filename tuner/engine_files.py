@@ -100,6 +100,7 @@ def distinct_configs(doc: dict[str, Any]) -> list[Any]:
     entries = [e for es in doc["configs"].values() for e in es]
     # a plan can name a config no bucket serves any more (re-tuned after the plan was made)
     entries += list(doc.get("graph_plans", {}).values())
+    entries += [r for ranges in doc.get("graph_plan_ranges", {}).values() for r in ranges]
     return sorted({KernelConfig.from_params({k: e[k] for k in PARAM_NAMES if k in e}) for e in entries})
 
 

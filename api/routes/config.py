@@ -135,5 +135,5 @@ def _table_body(tables: list[Table]) -> bytes:
     # `dtype`: kv_dtype's former name, which workers older than the rename check
     head = json.dumps(key.values() | {"dtype": key.kv_dtype}, separators=(",", ":"), ensure_ascii=False).encode()
     configs = b",".join(b for t in tables for b in t.bodies)
-    graph_plans = b",".join(t.plan for t in tables if t.plan)
+    graph_plans = b",".join(b for t in tables for b in t.plans)
     return head[:-1] + b',"configs":[' + configs + b'],"graph_plans":[' + graph_plans + b"]}"

@@ -43,12 +43,15 @@ def main() -> None:
     if client.source == "none":  # an unknown device and no table: the engine keeps its own attention
         sys.exit(f"no verify-attention config for {args.device!r}: use the engine's own attention")
 
-    # at capture time, once per batch size (VerifyBackend's pick_config does this)
+    # at capture time, once per batch size and prefix range: a step replays the range holding its
+    # batch's longest prefix (the SGLang backend does this; one graph per batch size: graph_plan())
     for bs in sizes:
-        choice = client.graph_plan(bs, max_prefix=args.max_prefix)
-        worst = max((r for _, _, r in choice.regrets), default=None)
-        regret = f", worst regret {worst:.3f}x" if worst else ""
-        print(f"graph for batch {bs}: {choice.config} ({choice.source}{regret})")
+        ranges = client.graph_plans(bs, max_prefix=args.max_prefix)
+        for i, choice in enumerate(ranges):
+            start = choice.prefix_range[0] if i and choice.prefix_range else 0
+            worst = max((r for _, _, r in choice.regrets), default=None)
+            regret = f", worst regret {worst:.3f}x" if worst else ""
+            print(f"graph for batch {bs} from prefix {start}: {choice.config} ({choice.source}{regret})")
 
     # a step without a graph: looked up by its longest request and its size (docs/batching.md)
     prefixes = [args.prefix] * sizes[-1]

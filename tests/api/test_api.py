@@ -312,7 +312,7 @@ def test_deleting_the_bests_withdraws_the_graph_plan_built_from_them(client, db_
     per_bucket = [{"bucket": b, "us": 40.0, "best_us": 39.0, "regret": 40 / 39} for b in (13, 14, 15, 16)]
     plan = plans.PlanRow(
         table=TableKey(H200.name, kernel_hash(), "bf16", 8, 9), batch_bucket=0, bucket_lo=13,
-        bucket_hi=16, weights_digest="d" * 64, weights={"source": "equal"}, config=cfg, expected_us=40.0,
+        bucket_hi=16, range_lo=13, range_hi=16, weights_digest="d" * 64, weights={"source": "equal"}, config=cfg, expected_us=40.0,
         per_bucket=per_bucket, measured_by="a test", rounds=1,
     )  # fmt: skip
     engine = make_engine(db_url)

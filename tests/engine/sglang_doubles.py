@@ -58,6 +58,7 @@ class ForwardBatch:
     req_pool_indices: torch.Tensor  # int64 [bs]
     out_cache_loc: torch.Tensor  # int64 [bs * q_len]
     spec_info: SpecInfo | None = None
+    seq_lens_cpu: torch.Tensor | None = None  # seq_lens' host copy, where a backend needs_cpu_seq_lens
 
 
 @dataclass

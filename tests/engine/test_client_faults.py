@@ -503,3 +503,50 @@ def test_a_remote_sidecar_goes_through_the_proxy_and_the_reason_names_it(tmp_pat
         assert "secret" not in c.reason
         monkeypatch.setenv("no_proxy", "10.255.255.1")  # the operator's bypass is honoured
         assert sidecar.proxy_for(remote) is None
+
+
+def _two_ranges(**second: object) -> list[dict]:
+    """A plan set of two ranges split at 4096, as GET /configs lists them; `second` edits the second."""
+    shared = {"range_count": 2, "breakpoints": [4096], "weights_digest": "d" * 64, "set_prefix_lo": 0}
+    short = plan() | shared | {"range_index": 0, "prefix_lo": 0, "prefix_hi": 4096, "NSPLIT": 64}
+    long = plan() | shared | {"range_index": 1, "prefix_lo": 4096}
+    return [short, long | second]
+
+
+@pytest.mark.parametrize(
+    "second",
+    [
+        {"measured_at": "2026-12-04"},  # another measurement: a range of another set
+        {"weights_digest": "e" * 64},
+        {"prefix_lo": 8192},  # a gap
+        {"range_index": 0},
+        {"breakpoints": [8192]},
+        {"range_count": 3},
+    ],
+    ids=["measured-apart", "other-weights", "gap", "index", "breakpoints", "count"],
+)
+def test_graph_plan_ranges_of_two_sets_are_passed_over(tmp_path, second):
+    """A worker must never capture one set's range beside another's: the table is refused whole."""
+    table = sidecar_table()
+    table["graph_plans"] = _two_ranges()
+    good = json.dumps(table).encode()
+    with raw_sidecar(lambda conn: conn.sendall(http_answer(good))) as url:
+        c = client(url, tmp_path)
+        assert c.fetch() == "sidecar", c.reason
+        short, long = c.graph_plans(1, max_prefix=131071)
+    assert (short.config.nsplit, short.prefix_range, long.prefix_range) == (64, (0, 4096), (4096, 131072))
+    table["graph_plans"] = _two_ranges(**second)
+    bad = json.dumps(table).encode()
+    with raw_sidecar(lambda conn: conn.sendall(http_answer(bad))) as url:
+        c = client(url, tmp_path, snapshot_dir=tmp_path / "other")
+        assert c.fetch() == "heuristic"
+    assert "malformed table: the graph plans of batch bucket 0 are not the ranges of one set" in c.reason
+
+
+def test_a_file_s_malformed_graph_plan_ranges_are_passed_over(tmp_path):
+    for ranges in ([], {"1": {"NSPLIT": 8}}):
+        doc = engine_doc() | {"graph_plan_ranges": ranges}
+        write_engine_file(tmp_path / "cfg", doc)
+        c = client(None, tmp_path, config_dir=tmp_path / "cfg")
+        assert c.fetch() == "heuristic"
+        assert "malformed table: graph_plan_ranges must be an object of lists" in c.reason

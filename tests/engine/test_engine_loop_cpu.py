@@ -1,8 +1,10 @@
 """bench/engine_loop.py's engine side on the CPU (the loop itself needs the GPU): its schedules
-reach what the loop promises (requests joining at P=0, prefixes across at least 3 buckets), and
-a few dozen steps through the backend's own hooks -- metadata in SGLang's order, FULL_MASK EAGLE
-trees written where the draft stage writes them, the draft KV written per layer -- check out
-against attention on SGLang's tensors, with the op as its fp32 reference."""
+reach what the loop promises (the batch's longest prefix crossing the first breakpoint, then
+prefixes over 0..131k, requests joining at P=0 and at long prompts), and a few dozen steps through
+the backend's own hooks -- metadata in SGLang's order, a graph per prefix range captured with its
+attention variant and the one `select` gives replayed, FULL_MASK EAGLE trees written where the
+draft stage writes them, the draft KV written per layer -- check out against attention on
+SGLang's tensors, with the op as its fp32 reference."""
 
 from __future__ import annotations
 
@@ -12,7 +14,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from verify_tuner.engine import op
 from verify_tuner.engine.tree_masks import TreeMaskMode
+from verify_tuner.heuristic import heuristic_config
+from verify_tuner.kernels.limits import known_device
+from verify_tuner.kernels.validate import check
 
 from tests.engine.fake_driver import CFG
 from tests.engine.sglang_doubles import ReferenceOp
@@ -27,20 +33,35 @@ def bench(monkeypatch):
     return engine_loop, engine_steps
 
 
-def test_each_batch_s_schedule_joins_requests_and_crosses_three_buckets(bench):
+def _longest(sched, steps: int) -> list[int]:  # type: ignore[no-untyped-def]
+    out = []
+    for _ in range(steps):
+        out.append(max(sched.lens))
+        before = list(sched.lens)
+        sched.advance()
+        assert all(n in sched.joins or 1 <= n - b <= sched.accept_max for n, b in zip(sched.lens, before))
+        assert len(set(sched.rows)) == len(before)  # a row holds one request
+    return out
+
+
+@pytest.mark.parametrize("bs", [1, 8, 32])
+@pytest.mark.parametrize("breakpoint", [1448, 4096, 11585])
+def test_each_batch_s_schedules_cross_the_breakpoint_then_span_0_to_131k(bench, bs, breakpoint):
     engine_loop, engine_steps = bench
-    for bs, (starts, stops) in engine_loop.BATCHES.items():
-        sched = engine_steps.Schedule(starts, stops, seed=bs)
-        rows_seen = set(sched.rows)
-        for _ in range(engine_loop.STEPS):
-            before = list(sched.lens)
-            sched.advance()
-            rows_seen |= set(sched.rows)
-            assert all(n == 0 or 1 <= n - b <= sched.accept_max for n, b in zip(sched.lens, before))
-            assert len(set(sched.rows)) == bs  # a row holds one request
-        assert sched.joined >= 1 and len(rows_seen) > bs, bs  # new requests in other rows
-        assert len(sched.buckets) >= 3, (bs, sched.buckets)
-        assert max(sched.lens) + sched.accept_max + engine_steps.Q <= sched.width
+    crossing, spread = engine_loop.schedules(bs, breakpoint)
+    first = _longest(crossing, engine_loop.CROSSING)
+    assert min(first) < breakpoint <= max(first)  # the batch replays both ranges' graphs
+    assert crossing.joined >= 1 and crossing.width <= spread.width and len(crossing.rows) == len(spread.rows)
+    rest = _longest(spread, engine_loop.STEPS - engine_loop.CROSSING)
+    seen = {n for n in spread.lens} | set(rest)
+    assert max(rest) <= engine_loop.MAX_PREFIX and max(rest) >= 100_000 and spread.joined >= 1
+    assert max(max(spread.lens), max(rest)) + spread.accept_max + engine_steps.Q <= spread.width
+    assert bs == 1 or min(seen) < 1024  # short requests beside long ones
+
+
+def test_without_a_plan_the_loop_s_two_ranges_run_on_the_devices(bench):
+    for device in ("h200", "rtx-pro-6000"):
+        assert check(bench[0].SHORT, known_device(device), H=8, q_len=9) is None
 
 
 @pytest.mark.parametrize("mode", [TreeMaskMode.FULL_MASK, TreeMaskMode.QLEN_ONLY])
@@ -50,6 +71,7 @@ def test_the_loop_s_steps_check_out_through_the_backend(bench, mode):
     eng = steps.LoopEngine(sched, layers=2, device="cpu", pick_config=lambda q, bs: CFG, mode=mode)
     eng.backend.op = ReferenceOp()
     eng.prepare()
+    assert eng.labels == (None,)
     eng.out_graph(in_capture=True)  # what the capture runs (its forward is the warm-up's)
     eng.forward()
     for step in range(12):
@@ -61,6 +83,40 @@ def test_the_loop_s_steps_check_out_through_the_backend(bench, mode):
         sched.advance()
     assert sched.joined >= 1
     assert {c["workspace"].data_ptr() for c in eng.backend.op.calls} == {eng.backend._graph_ws.data_ptr()}
+
+
+def test_the_loop_replays_the_graph_of_the_range_its_longest_prefix_is_in(bench):
+    """Graphs per range as the loop captures and replays them: each label captured with its config,
+    each step's label from `select`, the step's config the label's, crossing the breakpoint both ways."""
+    engine_loop, steps = bench
+    short = engine_loop.SHORT
+    long = heuristic_config(known_device("h200"), H=8, q_len=9, prefix=4096)
+    sched = steps.Schedule([280, 10, 200], [310, 40, 330], spare=2, seed=4)
+    eng = steps.LoopEngine(sched, layers=2, device="cpu", mode=TreeMaskMode.FULL_MASK,
+                           pick_ranges=lambda q, bs: ((0, short), (300, long)))  # fmt: skip
+    eng.backend.op = ReferenceOp()
+    assert eng.labels == ("prefix_range_0", "prefix_range_1")
+    eng.prepare()
+    graphs = {}
+    for label in eng.labels:
+        eng.label = label
+        eng.out_graph(in_capture=True)
+        eng.label = None
+        eng.forward()
+        graphs[label] = eng.backend.op.calls[-1]["config"]  # what the graph records
+    assert graphs == {"prefix_range_0": op.config_list(short), "prefix_range_1": op.config_list(long)}
+    seen = []
+    for step in range(40):
+        eng.prepare()
+        label = eng.select()
+        eng.out_graph()
+        outs = eng.forward()
+        assert eng.backend.op.calls[-1]["config"] == graphs[label]
+        assert eng.error(outs, step % 2)[0] < 1e-2
+        seen.append((max(sched.lens) >= 300, label))
+        sched.advance()
+    assert {label for _, label in seen} == set(graphs) and all((lab == "prefix_range_1") == up for up, lab in seen)
+    assert eng.backend.graphs.length_syncs == 0  # the range read from the host lengths
 
 
 def test_an_fp8_pool_is_a_row_that_says_why_it_did_not_run(bench):

@@ -1,5 +1,6 @@
-"""docs/examples/inference_worker.py as a user runs it from a fresh shell: the graph per batch size
-from the table's graph plans, and an unknown device told in one line, not a traceback."""
+"""docs/examples/inference_worker.py as a user runs it from a fresh shell: the graphs per batch size
+and prefix range from the table's graph plans, and an unknown device told in one line, not a
+traceback."""
 
 from __future__ import annotations
 
@@ -24,13 +25,13 @@ def run(tmp_path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_the_example_captures_one_graph_per_batch_size(tmp_path):
+def test_the_example_captures_one_graph_per_batch_size_without_plans(tmp_path):
     r = run(tmp_path, "--device", "NVIDIA H200", "--batch-sizes", "1,8,32", "--steps", "50")
     assert r.returncode == 0, r.stderr
     assert [line.split(":")[0] for line in r.stdout.splitlines() if line.startswith("graph for")] == [
-        "graph for batch 1",
-        "graph for batch 8",
-        "graph for batch 32",
+        "graph for batch 1 from prefix 0",
+        "graph for batch 8 from prefix 0",
+        "graph for batch 32 from prefix 0",
     ]
     assert "50 graph-less steps at batch 32" in r.stdout
 

@@ -116,3 +116,32 @@ def test_decode_runs_at_q_len_1(loop):
     want = sglang_attention(kv=pool.get_key_buffer(0), req_to_token=req_to_token, fb=fb, q=torch.cat([q, q_rope], -1),
                             mode=0, q_len=1, scale=0.1447)  # fmt: skip
     assert rel_error(out.view(3, H, 512).float(), want) < 1e-2
+
+
+def test_a_graph_per_prefix_range_replays_as_the_longest_prefix_crosses_the_breakpoint(loop):
+    """Two graphs for one batch size, each captured with its range's config under its attention
+    variant; each step replays the one `select` gives, crossing the breakpoint both ways."""
+    torch, engine_loop, steps, pick = loop
+    from verify_tuner.engine import op
+    from verify_tuner.engine.tree_masks import TreeMaskMode
+
+    ranges = lambda q, bs: ((0, engine_loop.SHORT), (1000, pick(q, bs)))
+    sched = steps.Schedule([960, 30, 700], [1040, 80, 900], seed=11)
+    eng = steps.LoopEngine(sched, layers=2, device="cuda", pick_ranges=ranges, mode=TreeMaskMode.QLEN_ONLY)
+    eng.prepare()
+    graphs = {label: engine_loop.capture(eng, label) for label in eng.labels}
+    assert eng.backend._config(steps.Q, 3, 1) == op.config_list(pick(steps.Q, 3))
+    seen = set()
+    for step in range(40):
+        eng.prepare()
+        label = eng.select()
+        eng.out_graph()
+        graph, outs = graphs[label]
+        for o in outs:
+            o.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert eng.error(outs, step % 2)[0] < 1e-2, (step, label)
+        seen.add((label, max(sched.lens) >= 1000))
+        sched.advance()
+    assert seen == {("prefix_range_0", False), ("prefix_range_1", True)}

@@ -165,3 +165,55 @@ def test_the_triton_backend_and_the_helpers_the_plugin_builds_with(sglang):
     assert "from sglang.srt.utils.common import *" in sglang.text("sglang.srt.utils.__init__")
     context = sglang.text("sglang.srt.runtime_context")
     assert "def get_parallel()" in context and '"attn_dcp_size"' in context and '"attn_tp_size"' in context
+
+
+def test_graphs_per_prefix_range_go_through_sglang_s_attention_variants(sglang):
+    """What the variants hook and VerifyMLABackend.graph_variants rely on: the plugin hook registry
+    wraps a function AROUND (hook(original, *args)) and is applied after the plugins ran; the
+    decode graph runner asks create_dsv41_candidate_graph_variants(model_runner, ...) for a model
+    without its own variants, captures every label for every batch size with the label set (read
+    back with get_capture_attention_variant) before the backend's capture hook, and replays the
+    graph whose label `select(forward_batch)` gives, from the host lengths SGLang copies while the
+    backend says needs_cpu_seq_lens."""
+    from verify_tuner.engine.sglang_graphs import RangeVariants
+
+    hooks = sglang.module("sglang.srt.plugins.hook_registry")
+    registry = methods(next(n for n in hooks.body if isinstance(n, ast.ClassDef) and n.name == "HookRegistry"))
+    assert [a.arg for a in registry["register"].args.args] == ["cls", "target", "hook", "hook_type"]
+    kinds = sglang.cls("sglang.srt.plugins.hook_registry", "HookType")
+    assert "AROUND" in {t.id for n in kinds.body if isinstance(n, ast.Assign) for t in _targets(n)}
+    assert "return hook(original_fn, *args, **kwargs)" in sglang.text("sglang.srt.plugins.hook_registry")
+    load = next(
+        n for n in sglang.module("sglang.srt.plugins.__init__").body if getattr(n, "name", "") == "load_plugins"
+    )
+    steps = [ast.unparse(n) for n in load.body]
+    ran = next(i for i, text in enumerate(steps) if text.startswith("for ") and "func()" in text)
+    assert steps.index("HookRegistry.apply_hooks()") > ran  # the hooks apply after every plugin registered
+    module, name = sglang_plugin.VARIANTS_HOOK.rsplit(".", 1)
+    factory = next(n for n in sglang.module(module).body if isinstance(n, ast.FunctionDef) and n.name == name)
+    assert [a.arg for a in factory.args.args] == ["model_runner", "capture_forward_mode", "captured_req_width"]
+    protocol = sglang.cls(module, "AttentionGraphVariants")
+    assert [a.arg for a in methods(protocol)["select"].args.args] == ["self", "forward_batch"]
+    assert "capture_labels" in {n.target.id for n in protocol.body if isinstance(n, ast.AnnAssign)}
+    assert {"capture_labels", "select"} <= {n for n in dir(RangeVariants) if not n.startswith("_")}
+    runner = sglang.text("sglang.srt.model_executor.runner.decode_cuda_graph_runner")
+    for fact in (
+        "self.attn_backend = attn_backend or model_runner.attn_backend",
+        f"or {name}(\n                model_runner, self.capture_forward_mode, self.captured_req_width\n            )",
+        "return variants.select(forward_batch)",
+        "variants.capture_labels if variants is not None else (None,)",
+        "_set_capture_attention_variant(attention_variant)",
+        "attn_backend.init_forward_metadata_out_graph(forward_batch, in_capture=True)",
+    ):
+        assert fact in runner, fact
+    assert runner.index("_set_capture_attention_variant(attention_variant)") < runner.index(
+        "attn_backend.init_forward_metadata_out_graph(forward_batch, in_capture=True)"
+    )
+    assert "def get_capture_attention_variant() -> Optional[str]:" in sglang.text(
+        "sglang.srt.model_executor.runner_utils.capture_mode"
+    )
+    batch = sglang.cls("sglang.srt.model_executor.forward_batch_info", "ForwardBatch")
+    assert "seq_lens_cpu" in {n.target.id for n in batch.body if isinstance(n, ast.AnnAssign)}
+    assert "self.attn_backend = backends.attn_backend" in sglang.text("sglang.srt.model_executor.model_runner")
+    overlap = sglang.text("sglang.srt.managers.overlap_utils")
+    assert 'getattr(b, "needs_cpu_seq_lens", True) for b in attn_backends if b is not None' in overlap

@@ -2,7 +2,8 @@
 shapes test_sglang_contract.py checks against the released source): registering makes the name a
 choice, a registered factory and an absorbed-q backend, once however often SGLang loads plugins;
 the factory builds the backend over the runner's pool with the Triton backend as its delegate and
-the config client's plan per batch size, and names what it cannot serve."""
+the ranges of the config client's plan set per batch size, and names what it cannot serve; the
+variants hook gives SGLang's graph runner a graph per prefix range for a runner on this backend."""
 
 from __future__ import annotations
 
@@ -36,6 +37,10 @@ class TritonAttnBackend:
         self.runner = model_runner
 
 
+class HookType(enum.Enum):
+    AROUND = "around"
+
+
 class TreeMaskMode(enum.IntEnum):
     FULL_MASK = 0
     QLEN_ONLY = 1
@@ -48,6 +53,9 @@ def sglang(monkeypatch, tmp_path):
     registry: dict = {}
     choices = ["triton", "flashinfer"]
     absorbed = ["fa3", "flashinfer"]
+    hooks: list = []
+    capturing: list = [None]  # the attention variant SGLang's graph runner is capturing
+    hook_registry = types.SimpleNamespace(register=lambda target, hook, kind: hooks.append((target, hook, kind)))
     modules = {
         "sglang.srt.arg_groups.choices": {"ATTENTION_BACKEND_CHOICES": choices, "add_attention_backend_choices": choices.extend},
         "sglang.srt.layers.attention.attention_registry": {
@@ -60,6 +68,8 @@ def sglang(monkeypatch, tmp_path):
         "sglang.srt.runtime_context": {"get_parallel": lambda: types.SimpleNamespace(attn_tp_size=8, attn_dcp_size=1)},
         "sglang.kernels.ops.speculative.spec_tree": {"TreeMaskMode": TreeMaskMode},
         "sglang.srt.utils": {"get_cuda_graph_max_batch_size": lambda n: -(-n // 8) * 8},
+        "sglang.srt.plugins.hook_registry": {"HookRegistry": hook_registry, "HookType": HookType},
+        "sglang.srt.model_executor.runner_utils.capture_mode": {"get_capture_attention_variant": lambda: capturing[0]},
     }  # fmt: skip
     for name, attrs in modules.items():
         monkeypatch.setitem(sys.modules, name, types.SimpleNamespace(**attrs))
@@ -67,7 +77,10 @@ def sglang(monkeypatch, tmp_path):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "NVIDIA H200")
-    return types.SimpleNamespace(registry=registry, choices=choices, absorbed=absorbed)
+    monkeypatch.setattr(sglang_plugin, "_hooked", False)
+    return types.SimpleNamespace(
+        registry=registry, choices=choices, absorbed=absorbed, hooks=hooks, capturing=capturing
+    )
 
 
 def _runner(**over):
@@ -89,6 +102,7 @@ def test_registering_twice_adds_the_name_once(sglang):
     sglang_plugin.register()  # SGLang loads plugins in every process; a process may load them again
     assert sglang.choices.count("verify_tuner") == 1 and sglang.absorbed.count("verify_tuner") == 1
     assert sglang.registry["verify_tuner"] is sglang_plugin.create
+    assert sglang.hooks == [(sglang_plugin.VARIANTS_HOOK, sglang_plugin.graph_variants, HookType.AROUND)]
 
 
 def test_the_factory_builds_the_backend_over_the_runner_s_pool(sglang):
@@ -102,9 +116,10 @@ def test_the_factory_builds_the_backend_over_the_runner_s_pool(sglang):
     assert be.kv_index_translator is runner.kv_index_translator and be.tree_mask_mode == TreeMaskMode.QLEN_ONLY
     assert be.extend_attention_block_m == 32  # prefill runs on the Triton backend: its tile
     want = heuristic_config(known_device("h200"), H=8, q_len=9, prefix=8192, batch=4)
-    assert be.pick_config(9, 4) == want  # no sidecar, folder or snapshot: the client's heuristic
+    assert be.graphs.configs(9, 4) == (want,)  # no sidecar, folder or snapshot: the client's heuristic
     be.init_cuda_graph_state(4, 36)
     assert be.verify_mask.buffer.numel() == 4 * 9 * 9 and be.workspace_bytes() > 0
+    assert be.graph_variants() is None and not be.needs_cpu_seq_lens  # one graph per batch size, no lengths read
 
 
 @pytest.mark.parametrize(
@@ -129,3 +144,40 @@ def test_a_device_without_configs_is_named(sglang, monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "Some Unknown GPU")
     with pytest.raises(RuntimeError, match="no kernel config for Some Unknown GPU"):
         sglang_plugin.create(_runner())
+
+
+def test_a_plan_set_of_two_ranges_becomes_two_graphs_per_batch_size(sglang, monkeypatch, tmp_path):
+    """A `tuner configs dump` folder with B=1's set split at 4096: the backend picks both ranges, asks
+    SGLang for host lengths, and the hook hands SGLang's graph runner its variants (a runner on any
+    other backend, or a draft runner, gets SGLang's own); each capture takes its label's config."""
+    from tests.engine.test_client_faults import _two_ranges, engine_doc, write_engine_file
+
+    short, long = _two_ranges()
+    write_engine_file(tmp_path / "cfg", engine_doc() | {"graph_plan_ranges": {"1": [short, long]}})
+    monkeypatch.setenv("VERIFY_TUNER_CONFIG_DIR", str(tmp_path / "cfg"))
+    sglang_plugin.register()
+    runner = _runner()
+    be = sglang.registry["verify_tuner"](runner)
+    (_, cfg_short), (start, cfg_long) = be.graphs.pick(9, 1)
+    assert (cfg_short.nsplit, start, cfg_long.nsplit) == (64, 4096, long["NSPLIT"]) and be.needs_cpu_seq_lens
+    assert len(be.graphs.configs(9, 8)) == 1  # no set for B=5..8: one range, the table's longest-prefix config
+    runner.attn_backend = be
+    original = lambda model_runner, mode, width=0: ("sglang's own", mode)
+    variants = sglang_plugin.graph_variants(original, runner, "TARGET_VERIFY", 9)
+    assert variants is be.graph_variants()
+    be.init_cuda_graph_state(4, 36)
+    assert variants.capture_labels == ("prefix_range_0", "prefix_range_1")
+    other = types.SimpleNamespace(attn_backend=TritonAttnBackend(runner), is_draft_worker=False)
+    assert sglang_plugin.graph_variants(original, other, "TARGET_VERIFY", 9) == ("sglang's own", "TARGET_VERIFY")
+    draft = types.SimpleNamespace(attn_backend=be, is_draft_worker=True)
+    assert sglang_plugin.graph_variants(original, draft, "TARGET_VERIFY", 9)[0] == "sglang's own"
+    from verify_tuner.engine import op
+
+    from tests.engine.sglang_doubles import ForwardBatch, ForwardMode, SpecInfo
+
+    fb = ForwardBatch(ForwardMode.TARGET_VERIFY, 1, torch.ones(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64),
+                      torch.zeros(9, dtype=torch.int64), SpecInfo(torch.ones(81, dtype=torch.bool), 9, 4))  # fmt: skip
+    for text, want in (("prefix_range_1", cfg_long), ("prefix_range_0", cfg_short)):
+        sglang.capturing[0] = text  # what SGLang's runner sets before each capture
+        be.init_forward_metadata_out_graph(fb, in_capture=True)
+        assert be._current[2] == op.config_list(want)  # the config the graph records

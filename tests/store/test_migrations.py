@@ -322,12 +322,14 @@ def test_autogenerate_ignores_optunas_tables(db_url):
     assert filtered == [], filtered
 
 
-def _rows_of_0005(conn, kv: str, bucket: int) -> None:  # type: ignore[no-untyped-def]
-    """A study with a trial, its best, a graph plan and a verification, as schema 0005 holds them
-    (the format in `dtype`; from 0006 on, `kv_dtype`), written with plain SQL."""
+def _rows_of_0005(conn, kv: str, bucket: int, at: str = "0005") -> None:  # type: ignore[no-untyped-def]
+    """A study with a trial, its best, a graph plan and a verification, as schema `at` holds them
+    (the format in `dtype`; from 0006 on, `kv_dtype`; from 0007 on, a plan has its own range),
+    written with plain SQL."""
     from sqlalchemy import text
 
-    col = "dtype" if kv == "bf16" else "kv_dtype"  # a format other than bf16 exists only from 0006 on
+    col = "dtype" if at < "0006" else "kv_dtype"
+    ranges = at >= "0007"
     params = '{"NSPLIT": 132, "HT": 8, "TK": 32, "BLOCK": 256}'
     key = f'device_id, kernel_id, {col}, "H", q_len'
     of = "FROM devices d, kernels k"
@@ -351,12 +353,13 @@ def _rows_of_0005(conn, kv: str, bucket: int) -> None:  # type: ignore[no-untype
             f"{study}, '2026-12-01' {of}"
         )
     )
+    own, own_values = (", range_lo, range_hi", ", 15, 16") if ranges else ("", "")
     conn.execute(
         text(
             f"INSERT INTO graph_plans ({key}, batch_bucket, bucket_lo, bucket_hi, weights_digest, weights, params, "
-            "expected_us, per_bucket, finalists, batch, spread, rounds, measured_by, measured_at) SELECT d.id, k.id, "
-            f"'{kv}', 8, 9, 0, 15, 16, '{kv}', '{{}}', '{params}', 40.0, '[]', '[]', 1, 'uniform', 3, "
-            f"'a test', '2026-12-01' {of}"
+            f"expected_us, per_bucket, finalists, batch, spread, rounds, measured_by, measured_at{own}) SELECT d.id, "
+            f"k.id, '{kv}', 8, 9, 0, 15, 16, '{kv}', '{{}}', '{params}', 40.0, '[]', '[]', 1, 'uniform', 3, "
+            f"'a test', '2026-12-01'{own_values} {of}"
         )
     )
     conn.execute(
@@ -394,7 +397,7 @@ def test_0005_database_with_rows_upgrades_to_kv_dtype_bf16_and_back(db_url):
         study = studies.get_or_create_study(session=s, key=key, prefix=46000, sampler="tpe", seed=None)
         assert (study.n_trials, study.kv_dtype, study.workload_key) == (20, "bf16", str(key))  # it resumes
         (plan,) = plans.list_plans(session=s)
-        assert plan.table == key.table and plans.served_plans(session=s, table=key.table)[0] == plan
+        assert plan.table == key.table and plans.served_sets(session=s, table=key.table)[0].ranges == (plan,)
         assert [v.key for v in plans.list_verifications(session=s)] == [key]
     with engine.begin() as conn:  # a writer that does not name the column (an older tool's INSERT)
         conn.execute(
@@ -405,7 +408,7 @@ def test_0005_database_with_rows_upgrades_to_kv_dtype_bf16_and_back(db_url):
             )
         )
         assert conn.execute(text("SELECT kv_dtype FROM best_configs WHERE bucket = 3")).scalar_one() == "bf16"
-        _rows_of_0005(conn, "fp8_e4m3", 15)  # what a later kernel stores: the downgrade must drop it
+        _rows_of_0005(conn, "fp8_e4m3", 15, at="0007")  # what a later kernel stores: the downgrade must drop it
     migrate.downgrade(db_url, "0005")
     with engine.connect() as conn:
         for table in ("best_configs", "tuning_studies", "graph_plans", "best_verifications"):
@@ -413,4 +416,50 @@ def test_0005_database_with_rows_upgrades_to_kv_dtype_bf16_and_back(db_url):
         assert conn.execute(text("SELECT workload_key FROM tuning_studies")).scalars().all() == [str(key)]
         assert conn.execute(text("SELECT count(*) FROM tuning_trials")).scalar_one() == 1
         assert sorted(conn.execute(text("SELECT bucket FROM best_configs")).scalars()) == [3, 16]
+    engine.dispose()
+
+
+def test_0006_database_with_a_plan_upgrades_to_a_set_of_one_and_back(db_url):
+    """Migration 0007: a graph plan stored before ranges is a set of one range spanning the range it
+    was measured over, served as it was; a set of two ranges is stored beside it. A downgrade drops
+    the set of two (the older schema would serve each of its rows as a whole-range plan) and keeps
+    the set of one, under the older unique key."""
+    from dataclasses import replace
+
+    from sqlalchemy import text
+    from sqlalchemy.exc import IntegrityError
+    from verify_tuner.keys import ConfigKey
+    from verify_tuner.store import plans
+    from verify_tuner.store.session import session_factory, session_scope
+
+    migrate.upgrade(db_url, "0006")
+    engine = make_engine(db_url)
+    with engine.begin() as conn:
+        _old_device_and_kernel(conn, version="8")
+        _rows_of_0005(conn, "bf16", 16, at="0006")  # its plan: buckets 15..16 of batch bucket 0
+    migrate.upgrade(db_url)
+    table = ConfigKey("NVIDIA H200", "abc", "bf16", 8, 9, 16).table
+    sessions = session_factory(engine)
+    with session_scope(sessions) as s:
+        (old,) = plans.list_plans(session=s)
+        assert (old.range_lo, old.range_hi, old.max_graphs, old.by_count) == (15, 16, 1, [])
+        assert plans.served_sets(session=s, table=table)[0].ranges == (old,)
+        two = [
+            replace(old, batch_bucket=3, bucket_lo=5, range_lo=5, range_hi=9, max_graphs=2, by_count=[9.0, 8.0]),
+            replace(old, batch_bucket=3, bucket_lo=5, range_lo=10, max_graphs=2, by_count=[9.0, 8.0]),
+        ]
+        plans.store_plan_set(session=s, plans=two)
+    with session_scope(sessions) as s:
+        served = plans.served_sets(session=s, table=table)
+        assert len(served[3].ranges) == 2 and served[0].ranges == (old,)
+    migrate.downgrade(db_url, "0006")
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT batch_bucket, bucket_lo, bucket_hi FROM graph_plans")).all()
+        assert [tuple(r) for r in rows] == [(0, 15, 16)]
+        assert "range_lo" not in {c["name"] for c in inspect(conn).get_columns("graph_plans")}
+    with pytest.raises(IntegrityError), engine.begin() as conn:  # the older key: one plan a range and weights
+        conn.execute(text("INSERT INTO graph_plans SELECT * FROM graph_plans"))
+    migrate.upgrade(db_url)
+    with session_scope(sessions) as s:
+        assert [(p.range_lo, p.range_hi) for p in plans.list_plans(session=s)] == [(15, 16)]
     engine.dispose()

@@ -1,4 +1,4 @@
-"""Graph plans and verifications in the store, on SQLite and PostgreSQL."""
+"""Graph plan sets and verifications in the store, on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ PLAN = plans.PlanRow(
     batch_bucket=3,
     bucket_lo=10,
     bucket_hi=12,
+    range_lo=10,
+    range_hi=12,
     weights_digest="d" * 64,
     weights={"source": "equal", "outside": 0.0, "buckets": {"10": 0.5, "12": 0.5}},
     config=CFG,
@@ -64,9 +66,10 @@ def test_the_newest_plan_of_a_batch_bucket_is_served(sessions):
         plans.upsert_plan(session=s, plan=replace(PLAN, weights_digest="e" * 64, config=OTHER))
         plans.upsert_plan(session=s, plan=replace(PLAN, batch_bucket=0, measured_at=old))
     with session_scope(sessions) as s:
-        served = plans.served_plans(session=s, table=TABLE)
-        assert plans.served_plans(session=s, table=replace(TABLE, kernel_hash="x")) == {}
-    assert served[3].config == OTHER and served[0].config == CFG and set(served) == {0, 3}
+        served = plans.served_sets(session=s, table=TABLE)
+        assert plans.served_sets(session=s, table=replace(TABLE, kernel_hash="x")) == {}
+    assert [p.config for p in served[3].ranges] == [OTHER] and [p.config for p in served[0].ranges] == [CFG]
+    assert set(served) == {0, 3} and served[3].breakpoints == ()
 
 
 def test_a_plan_needs_a_recorded_device(sessions):
@@ -80,14 +83,77 @@ def test_plans_go_with_the_bests_they_were_built_from(sessions):
     with session_scope(sessions) as s:
         plans.upsert_plan(session=s, plan=PLAN)  # buckets 10..12, batch bucket 3
         plans.upsert_plan(session=s, plan=replace(PLAN, batch_bucket=0))
-        plans.upsert_plan(session=s, plan=replace(PLAN, table=replace(TABLE, H=16), bucket_lo=0, bucket_hi=4))
+        wide = replace(PLAN, table=replace(TABLE, H=16), bucket_lo=0, bucket_hi=4)
+        plans.store_plan_set(session=s, plans=_split(wide, 2))  # two ranges: both go with any best
     with session_scope(sessions) as s:
         assert plans.delete_plans(session=s, device=H200.name, bucket=9) == 0  # no range holds it
         assert plans.delete_plans(session=s, device="nope") == 0
         assert plans.delete_plans(session=s, device=H200.name, H=8, bucket=11, batch_bucket=3) == 1
+        assert plans.delete_plans(session=s, device=H200.name, H=16, bucket=0) == 2  # the whole set
     with session_scope(sessions) as s:
-        assert {(p.table.H, p.batch_bucket) for p in plans.list_plans(session=s)} == {(8, 0), (16, 3)}
-        assert plans.delete_plans(session=s, device=H200.name, q_len=9) == 2
+        assert {(p.table.H, p.batch_bucket) for p in plans.list_plans(session=s)} == {(8, 0)}
+        assert plans.delete_plans(session=s, device=H200.name, q_len=9) == 1
+        assert plans.list_plans(session=s) == []
+
+
+def _split(whole: plans.PlanRow, at: int, config: KernelConfig = OTHER) -> list[plans.PlanRow]:
+    """`whole`'s measured range as two ranges, the second from prefix bucket `at` with `config`."""
+    return [
+        replace(whole, range_lo=whole.bucket_lo, range_hi=at - 1, max_graphs=2, by_count=[20.0, 18.0]),
+        replace(whole, range_lo=at, range_hi=whole.bucket_hi, config=config, max_graphs=2, by_count=[20.0, 18.0]),
+    ]
+
+
+def test_a_set_is_stored_served_and_replaced_whole(sessions):
+    """A re-measurement with other breakpoints replaces every range of the set it supersedes: no
+    range of the old set is served beside the new one's."""
+    _record(sessions)
+    wide = replace(PLAN, bucket_lo=5, bucket_hi=18, range_lo=5, range_hi=18)
+    with session_scope(sessions) as s:
+        plans.store_plan_set(session=s, plans=_split(wide, 9))
+    with session_scope(sessions) as s:
+        (served,) = plans.served_sets(session=s, table=TABLE).values()
+    assert [(p.range_lo, p.range_hi, p.config) for p in served.ranges] == [(5, 8, CFG), (9, 18, OTHER)]
+    assert served.breakpoints == (4096,) and [served.index_of(p) for p in (0, 4095, 4096, 10**6)] == [0, 0, 1, 1]
+    assert served.ranges[0].measured_at == served.ranges[1].measured_at and served.ranges[1].by_count == [20.0, 18.0]
+    three = _split(wide, 12)
+    three = [*_split(replace(three[0], bucket_hi=11), 7), replace(three[1], max_graphs=3)]
+    with session_scope(sessions) as s:
+        plans.store_plan_set(session=s, plans=[replace(p, bucket_hi=18, max_graphs=3) for p in three])
+    with session_scope(sessions) as s:
+        (served,) = plans.served_sets(session=s, table=TABLE).values()
+        assert len(plans.list_plans(session=s)) == 3
+    assert [(p.range_lo, p.range_hi) for p in served.ranges] == [(5, 6), (7, 11), (12, 18)]
+    assert served.breakpoints == (2048, 11585)
+
+
+def test_a_newer_set_of_other_weights_is_served_whole_and_the_older_kept(sessions):
+    _record(sessions)
+    old = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    with session_scope(sessions) as s:
+        plans.store_plan_set(session=s, plans=_split(replace(PLAN, measured_at=old), 11))
+        plans.store_plan_set(session=s, plans=[replace(PLAN, weights_digest="e" * 64)])
+    with session_scope(sessions) as s:
+        (served,) = plans.served_sets(session=s, table=TABLE).values()
+        assert len(plans.list_plans(session=s)) == 3
+    assert [p.weights_digest for p in served.ranges] == ["e" * 64]
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda r: [r[0]],  # a gap at the end
+        lambda r: [r[1]],  # a gap at the start
+        lambda r: [r[0], replace(r[1], range_lo=12)],  # a gap between
+        lambda r: [r[0], replace(r[1], weights_digest="e" * 64)],  # two sets
+        lambda r: [],
+    ],
+)
+def test_ranges_that_are_not_one_tiling_set_are_refused(sessions, edit):
+    _record(sessions)
+    with pytest.raises(ValueError), session_scope(sessions) as s:
+        plans.store_plan_set(session=s, plans=edit(_split(PLAN, 11)))
+    with session_scope(sessions) as s:
         assert plans.list_plans(session=s) == []
 
 

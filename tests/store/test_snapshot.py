@@ -48,7 +48,7 @@ def test_snapshot_copies_devices_and_best_configs(db_url, tmp_path):
 def test_snapshot_keeps_stale_rows_marked_and_carries_the_graph_plans(sqlite_url, tmp_path):
     from verify_tuner.store import plans
 
-    from tests.store.test_plans import PLAN, _verification
+    from tests.store.test_plans import PLAN, _split, _verification
 
     migrate.upgrade(sqlite_url)
     sessions = session_factory(make_engine(sqlite_url))
@@ -58,7 +58,7 @@ def test_snapshot_keeps_stale_rows_marked_and_carries_the_graph_plans(sqlite_url
         devices.upsert_device(session=s, limits=H200)
         for key in keys:
             best_configs.upsert_best(session=s, row=best_configs.BestRow(key, cfg, median_us=70.0))
-        plans.upsert_plan(session=s, plan=PLAN)
+        plans.store_plan_set(session=s, plans=_split(PLAN, 11))  # a set of two ranges
     with session_scope(sessions) as s:
         assert plans.record_verification(session=s, v=_verification(keys[1], cfg, "stale"))
     dest = tmp_path / "snap.db"
@@ -67,7 +67,8 @@ def test_snapshot_keeps_stale_rows_marked_and_carries_the_graph_plans(sqlite_url
     try:
         got = con.execute("SELECT bucket, verdict, verified_at IS NOT NULL FROM best_configs ORDER BY bucket")
         assert got.fetchall() == [(10, None, 0), (15, "stale", 1)]
-        assert con.execute("SELECT count(*) FROM graph_plans").fetchone() == (1,)
+        got = con.execute("SELECT range_lo, range_hi, bucket_lo, bucket_hi FROM graph_plans ORDER BY range_lo")
+        assert got.fetchall() == [(10, 10, 10, 12), (11, 12, 10, 12)]
         assert con.execute("SELECT count(*) FROM best_verifications").fetchone() == (0,)
     finally:
         con.close()

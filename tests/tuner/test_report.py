@@ -38,6 +38,8 @@ def test_report_writes_table_and_plot(sqlite_url, tmp_path):
                 batch_bucket=5,
                 bucket_lo=9,
                 bucket_hi=15,
+                range_lo=9,
+                range_hi=15,
                 weights_digest="d" * 64,
                 weights={"source": "equal"},
                 config=KernelConfig(128, 8, 32, 256),

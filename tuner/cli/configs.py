@@ -99,15 +99,18 @@ def configs_show(
     """The config the service would answer for this key (tuned, nearest or heuristic), as the JSON
     GET /config answers (--json is accepted for symmetry with the other commands)."""
     from verify_tuner.api.schemas import ConfigEntryOut, ConfigOut, GraphPlanOut
-    from verify_tuner.store import lookup, plans
+    from verify_tuner.store import lookup, plan_docs, plans
     from verify_tuner.store.session import session_scope
 
     with session_scope(checked_sessions(settings)) as s:
         limits = lookup.resolve_device(session=s, name=device, default=settings.device)
         key = lookup.local_key(limits, H=H, q_len=q_len, kv_dtype=kv_dtype)
         a = lookup.answer(session=s, limits=limits, key=key, prefix=prefix, batch=batch)
-        plan = plans.served_plans(session=s, table=key).get(a.batch_bucket.index)
-    graph_plan = None if plan is None else GraphPlanOut.model_validate(plans.plan_doc(plan))
+        chosen = plans.served_sets(session=s, table=key).get(a.batch_bucket.index)
+    # the range of the batch bucket's plan set that holds this prefix, as GET /config answers
+    graph_plan = (
+        None if chosen is None else GraphPlanOut.model_validate(plan_docs.range_docs(chosen)[chosen.index_of(prefix)])
+    )
     out = ConfigOut(**dict(ConfigEntryOut.of(a)), graph_plan=graph_plan)
     click.echo(json.dumps(out.model_dump(mode="json"), indent=2))
 

@@ -54,6 +54,21 @@ class Seconds(click.FloatRange):
         return out
 
 
+class Share(click.FloatRange):
+    """A share in [0, 1), finite (FloatRange lets `nan` through its bounds)."""
+
+    name = "share"
+
+    def __init__(self) -> None:
+        super().__init__(0.0, 1.0, max_open=True)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        out = super().convert(value, param, ctx)
+        if not math.isfinite(out):
+            self.fail(f"{value!r} is not a share in [0, 1)", param, ctx)
+        return out
+
+
 JSON_OPT = click.option("--json", "as_json", is_flag=True, help="Machine-readable output (JSON).")
 H_RANGE = Integer(1, MAX_H)
 Q_LEN_RANGE = Integer(1, MAX_Q_LEN)

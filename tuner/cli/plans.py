@@ -25,9 +25,11 @@ from verify_tuner.cli.options import (
     ORDINAL_OPT,
     Q_LEN_OPT,
     Integer,
+    Share,
     spread_option,
     with_options,
 )
+from verify_tuner.search.graph_ranges import MIN_SAVING
 from verify_tuner.settings import Settings
 
 
@@ -87,10 +89,25 @@ def register_study(study: click.Group) -> None:
     @H_OPT
     @Q_LEN_OPT
     @click.option(
-        "--prefix-range", required=True, metavar="LO:HI", help="The prefixes the captured graphs will replay."
+        "--prefix-range",
+        required=True,
+        metavar="[LO:]HI",
+        help="The prefixes the captured graphs will replay; HI alone: 0..HI (requests join at short prefixes).",
     )
     @click.option(
         "--batch", "batch_text", default="1", show_default=True, metavar="B1,B2,...", help="Captured batch sizes."
+    )
+    @_shown(
+        "--max-graphs",
+        type=Integer(1, 8),
+        default=2,
+        help="Prefix ranges per batch size, each its own captured graph with its own config (1: one graph).",
+    )
+    @_shown(
+        "--min-saving",
+        type=Share(),
+        default=MIN_SAVING,
+        help="The share of the expected step time a further range must save (a graph costs capture time and memory).",
     )
     @click.option(
         "--prefix-weights",
@@ -106,10 +123,11 @@ def register_study(study: click.Group) -> None:
     @click.pass_obj
     @clean_exit
     def graph_plan(settings: Settings, H: int, q_len: int, prefix_range: str, batch_text: str, **kw: Any) -> None:
-        """Choose, per batch size, the one config to capture in its CUDA graph: the stored
-        per-prefix-bucket winners and the heuristic re-measured side by side at every prefix bucket of
-        the range, the least expected step time under the prefix weights wins; stores the plans with
-        their regret per bucket (docs/integration.md)."""
+        """Choose, per batch size, up to --max-graphs configs to capture in CUDA graphs, one per prefix
+        range, and the breakpoints between the ranges: the stored per-prefix-bucket winners and the
+        heuristic re-measured side by side at every prefix bucket of the range, the least expected step
+        time under the prefix weights wins, a further range only where it saves --min-saving; stores
+        each batch size's set of ranges with their regret per bucket (docs/integration.md)."""
         _graph_plan(settings, H, q_len, prefix_range, batch_text, **kw)
 
 
@@ -121,19 +139,21 @@ def _graph_plan(
     batch_text: str,
     **kw: Any,
 ) -> None:
-    """`tuner study graph-plan`: one plan per batch size, measured and stored, then printed."""
+    """`tuner study graph-plan`: one plan set per batch size, measured and stored, then printed."""
     from verify_tuner import buckets
     from verify_tuner.cli.study_options import parse_batches, parse_range
     from verify_tuner.search import plan_job, prefix_weights
 
-    lo, hi = parse_range(prefix_range)
+    lo, hi = parse_range(prefix_range if ":" in prefix_range else f"0:{prefix_range}")
     batch_sizes = parse_batches(batch_text)
     in_range = buckets.buckets_between(lo, hi)
     path = kw["prefix_weights"]
     weights = prefix_weights.load(path, in_range) if path else prefix_weights.equal(in_range)
     sessions = checked_sessions(settings)
-    _require_winners(sessions, H, q_len, kw["kv_dtype"], prefix_range, {b.index for b in in_range}, batch_sizes)
+    _require_winners(sessions, H, q_len, kw["kv_dtype"], f"{lo}:{hi}", {b.index for b in in_range}, batch_sizes)
     _log_to_stderr()
+    if lo > 0:  # the graphs replay them all the same, with the first range's config
+        click.echo(f"note: prefixes below {lo} are not measured; the first range's config serves them", err=True)
     backend = open_backend(settings, kw["ordinal"], kw["measure_timeout"])
     try:
         job = plan_job.PlanJob(
@@ -147,6 +167,8 @@ def _graph_plan(
             rounds=kw["rounds"],
             passes=kw["passes"],
             neighbour_mb=kw["neighbour_mb"],
+            max_graphs=kw["max_graphs"],
+            min_saving=kw["min_saving"],
         )
         results = [plan_job.plan_batch(backend=backend, sessions=sessions, job=job, batch=b) for b in batch_sizes]
     finally:
@@ -179,28 +201,56 @@ def _require_winners(
         )
 
 
-def _print_plans(results: list[Any], weights: Any, as_json: bool) -> None:
-    from verify_tuner.store.plans import plan_doc
+def _set_doc(r: Any) -> dict[str, Any]:
+    """One batch size's plan set as `--json` prints it: the set's figures, then its ranges as served."""
+    from verify_tuner.store.plan_docs import range_docs
+    from verify_tuner.store.plans import PlanSet
 
+    rp = r.ranged
+    docs = range_docs(PlanSet(tuple(r.rows)))
+    return {
+        "batch": r.batch,
+        "batch_bucket": docs[0]["batch_bucket"],
+        "range_count": len(docs),
+        "breakpoints": docs[0]["breakpoints"],
+        "expected_us": rp.expected_us,
+        "expected_us_by_graphs": docs[0]["expected_us_by_graphs"],
+        "regret_geomean": rp.geomean_regret,
+        "regret_worst": rp.worst_regret,
+        "heuristic": r.heuristic.as_params(),
+        "heuristic_expected_us": r.heuristic_us,
+        "untuned": r.untuned,
+        "ranges": docs,
+    }
+
+
+def _print_plans(results: list[Any], weights: Any, as_json: bool) -> None:
     if as_json:
-        docs = [{**plan_doc(r.row), "heuristic_expected_us": r.heuristic_us, "untuned": r.untuned} for r in results]
-        click.echo(json.dumps(docs, indent=1, allow_nan=False))
+        click.echo(json.dumps([_set_doc(r) for r in results], indent=1, allow_nan=False))
         return
     if weights.outside:
         click.echo(f"note: {weights.outside:.1%} of the weights lay outside the range, counted at its end buckets")
     for r in results:
-        p = r.plan
-        vs = f", heuristic {r.heuristic_us:.2f} us ({r.heuristic_us / p.expected_us:.2f}x)" if r.heuristic_us else ""
+        rp, doc = r.ranged, _set_doc(r)
+        vs = f", heuristic {r.heuristic_us:.2f} us ({r.heuristic_us / rp.expected_us:.2f}x)" if r.heuristic_us else ""
+        one = rp.by_count[0]
+        fewer = f" (1 graph: {one:.2f} us)" if len(rp.ranges) > 1 and one != float("inf") else ""
         click.echo(
-            f"batch {r.batch}: {p.config}: expected {p.expected_us:.2f} us{vs}; regret geomean "
-            f"{p.geomean_regret:.3f}x, worst {p.worst_regret:.3f}x over {len(p.buckets)} buckets"
+            f"batch {r.batch}: {len(rp.ranges)} graph(s), breakpoints {doc['breakpoints']}: expected "
+            f"{rp.expected_us:.2f} us{fewer}{vs}; regret geomean {rp.geomean_regret:.3f}x, worst "
+            f"{rp.worst_regret:.3f}x over {sum(len(p.buckets) for p in rp.ranges)} buckets"
             + (f" ({len(r.untuned)} without a tuned winner)" if r.untuned else "")
         )
-        for b in r.row.per_bucket:
+        for d, row in zip(doc["ranges"], r.rows):
             click.echo(
-                f"  prefix [{b['prefix_lo']}, {b['prefix_hi']}): {b['us']:.2f} us, best {b['best_us']:.2f} us, "
-                f"regret {b['regret']:.3f}x"
+                f"  range [{d['prefix_lo']}, {d['prefix_hi']}): {row.config}: regret geomean "
+                f"{d['regret_geomean']:.3f}x, worst {d['regret_worst']:.3f}x"
             )
+            for b in row.per_bucket:
+                click.echo(
+                    f"    prefix [{b['prefix_lo']}, {b['prefix_hi']}): {b['us']:.2f} us, best {b['best_us']:.2f} us, "
+                    f"regret {b['regret']:.3f}x"
+                )
 
 
 def register_configs(configs: click.Group) -> None:

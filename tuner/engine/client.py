@@ -105,8 +105,8 @@ class ConfigClient:
         self.snapshot, self.snapshot_error = _snapshot_path(snapshot_dir, self.key)
         #: per batch bucket index: bucket starts and entries, sorted by prefix (replaced whole, see _set)
         self._table: dict[int, tuple[list[int], list[Entry]]] = {}
-        #: per batch bucket index: the tuner's graph plan, where one was chosen
-        self._plans: dict[int, GraphPlanChoice] = {}
+        #: per batch bucket index: the ranges of the tuner's graph plan set, in prefix order, where one was chosen
+        self._plans: dict[int, tuple[GraphPlanChoice, ...]] = {}
         self.etag: str | None = None  # of the sidecar's table held, for refresh()
         self._file_read: bytes | None = None  # the config dir's file as last loaded, for refresh()
         self.refresh_error: str | None = None
@@ -304,7 +304,9 @@ class ConfigClient:
 
     def _install(self, configs: list[dict], graph_plans: list[dict] | None = None) -> None:
         by_batch, plans = parse_table(configs, graph_plans, self.limits, self.key)
-        self._check_bundle({e.config for es in by_batch.values() for e in es} | {p.config for p in plans.values()})
+        self._check_bundle(
+            {e.config for es in by_batch.values() for e in es} | {p.config for r in plans.values() for p in r}
+        )
         self._plans = plans  # before the table: a graph_plan() racing a refresh sees a plan of either
         self._set(by_batch)
 
@@ -349,31 +351,46 @@ class ConfigClient:
             raise ValueError(f"prefix {prefix} outside 0..{entries[-1].hi - 1}")
         return e.config
 
-    def graph_plan(self, batch: int, *, max_prefix: int) -> GraphPlanChoice:
-        """The config to capture in the CUDA graph of batch size `batch`, for an engine whose
-        requests reach `max_prefix` tokens: the tuner's graph plan for the batch bucket, else the
-        table's config for `max_prefix` (the longest prefix the graph will replay); `source` and
-        `reason` say which. Call it at capture time, once per captured batch size."""
+    def graph_plans(self, batch: int, *, max_prefix: int) -> tuple[GraphPlanChoice, ...]:
+        """What to capture for batch size `batch`, one graph per prefix range, for an engine whose
+        requests reach `max_prefix` tokens: the ranges of the tuner's plan set for the batch bucket,
+        in prefix order (a batch whose longest prefix is P replays range bisect_right(starts, P),
+        starts: each range's first prefix after the first's; the first also serves shorter prefixes
+        than it was measured at, the last longer ones), else one choice, the table's config for
+        `max_prefix`; `source` and `reason` say which. Call it at capture time, once per batch size."""
         table = self._table
         if not table:
             raise RuntimeError(f"no config table ({self.reason})")
         batch, max_prefix = operator.index(batch), operator.index(max_prefix)
         if not 1 <= batch <= batches.MAX_BATCH:
             raise ValueError(f"batch {batch} outside 1..{batches.MAX_BATCH}")
-        plan = self._plans.get((batch - 1).bit_length())
-        if plan is None:
+        ranges = self._plans.get((batch - 1).bit_length())
+        if ranges is None:
             cfg = self.lookup(max_prefix, batch)
             why = f"no graph plan for batch {batch} ({self.source}): the config for the longest prefix {max_prefix}"
-            return GraphPlanChoice(cfg, "longest_prefix", reason=why)
-        hi = plan.prefix_range[1]  # type: ignore[index]
-        note = "" if max_prefix < hi else f"; prefixes from {hi} up to {max_prefix} were not measured"
-        return GraphPlanChoice(
-            plan.config, "graph_plan", plan.regrets, plan.expected_us, plan.prefix_range, plan.reason + note
-        )
+            return (GraphPlanChoice(cfg, "longest_prefix", reason=why),)
+        last = ranges[-1]
+        hi = last.prefix_range[1]  # type: ignore[index]
+        if max_prefix >= hi:
+            last = replace(last, reason=last.reason + f"; prefixes from {hi} up to {max_prefix} were not measured")
+        return (*ranges[:-1], last)
+
+    def graph_plan(self, batch: int, *, max_prefix: int) -> GraphPlanChoice:
+        """The one config to capture in the CUDA graph of batch size `batch`, for an engine that
+        captures one graph per batch size and whose requests reach `max_prefix` tokens: the range of
+        the tuner's plan set holding `max_prefix` (the longest prefixes cost a step the most), else
+        the table's config for `max_prefix`. An engine that captures a graph per range takes every
+        range from graph_plans()."""
+        ranges = self.graph_plans(batch, max_prefix=max_prefix)
+        if len(ranges) == 1:
+            return ranges[0]
+        i = bisect.bisect_right([r.prefix_range[0] for r in ranges[1:]], max_prefix)  # type: ignore[index]
+        note = f"; range {i + 1} of {len(ranges)}, holding the longest prefix {max_prefix} (graph_plans(): all)"
+        return replace(ranges[i], reason=ranges[i].reason + note)
 
     def distinct_configs(self) -> list[KernelConfig]:
         """Every config the table or a graph plan can answer: what a worker pre-compiles / graph-captures."""
-        plans = {p.config for p in self._plans.values()}
+        plans = {p.config for ranges in self._plans.values() for p in ranges}
         return sorted({e.config for _, es in self._table.values() for e in es} | plans)
 
 

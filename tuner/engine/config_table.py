@@ -1,7 +1,7 @@
 """The table a worker's config client holds: per batch bucket, its entries by prefix bucket and
-the tuner's graph plan, read from a sidecar's table or an engine config file with every config
-checked to run on the device before it is used; and the built-in heuristic's table. Needs only
-the bare package (verify_tuner.engine.client imports it)."""
+the ranges of the tuner's graph plan set, read from a sidecar's table or an engine config file
+with every config checked to run on the device before it is used; and the built-in heuristic's
+table. Needs only the bare package (verify_tuner.engine.client imports it)."""
 
 from __future__ import annotations
 
@@ -30,10 +30,11 @@ class Entry:
 
 @dataclass(frozen=True)
 class GraphPlanChoice:
-    """What to capture in the CUDA graph of one batch size (ConfigClient.graph_plan). `source`:
-    "graph_plan" (the tuner's plan for the batch bucket: fastest in expectation over its prefix
-    range, `regrets` its time / the best config's time per prefix bucket, (lo, hi, regret)) or
-    "longest_prefix" (no plan held: the table's config for the longest prefix, no regrets known)."""
+    """What to capture in the CUDA graph of one batch size and prefix range (ConfigClient.graph_plans,
+    graph_plan). `source`: "graph_plan" (a range of the tuner's plan set for the batch bucket:
+    fastest in expectation over `prefix_range`, `regrets` its time / the best config's time per
+    prefix bucket, (lo, hi, regret)) or "longest_prefix" (no plan held: the table's config for the
+    longest prefix, for every prefix, no regrets known)."""
 
     config: KernelConfig
     source: str
@@ -75,7 +76,14 @@ def engine_file_configs(doc: dict) -> list[dict]:
 
 
 def engine_file_plans(doc: dict) -> list[dict]:
-    """An engine config file's graph plans (an object keyed by batch bucket, absent in older files)."""
+    """An engine config file's graph plan ranges: `graph_plan_ranges` (an object keyed by batch
+    bucket of lists, in prefix order), else, in a file written before ranges, `graph_plans` (one plan
+    a batch bucket; absent in older files still)."""
+    ranges = doc.get("graph_plan_ranges")
+    if ranges is not None:
+        if not isinstance(ranges, dict) or not all(isinstance(r, list) for r in ranges.values()):
+            raise ValueError("malformed table: graph_plan_ranges must be an object of lists")
+        return [r for rs in ranges.values() for r in rs]
     plans = doc.get("graph_plans", {})
     if not isinstance(plans, dict):  # ValueError, as every malformed table: the client passes the file over
         raise ValueError(f"malformed table: graph_plans must be an object, not {type(plans).__name__}")  # noqa: TRY004
@@ -84,16 +92,20 @@ def engine_file_plans(doc: dict) -> list[dict]:
 
 def parse_table(
     configs: list[dict], graph_plans: list[dict] | None, limits: DeviceLimits | None, key: TableKey
-) -> tuple[dict[int, list[Entry]], dict[int, GraphPlanChoice]]:
-    """The entries (sorted by prefix) and graph plans per batch bucket index. ValueError when the
-    table is malformed (a field missing or of the wrong type, a constant out of range), a config or
-    plan cannot run on `limits` (None: unchecked), a batch bucket is missing or a batch bucket's
-    entries do not cover every prefix from 0 to buckets.MAX_PREFIX."""
+) -> tuple[dict[int, list[Entry]], dict[int, tuple[GraphPlanChoice, ...]]]:
+    """The entries (sorted by prefix) and graph plan ranges (in prefix order) per batch bucket index.
+    ValueError when the table is malformed (a field missing or of the wrong type, a constant out of
+    range, a batch bucket's ranges not one set that tiles its range), a config or plan cannot run on
+    `limits` (None: unchecked), a batch bucket is missing or a batch bucket's entries do not cover
+    every prefix from 0 to buckets.MAX_PREFIX."""
     with _malformed():
         by_batch: dict[int, list[Entry]] = {}
         for c in configs:
             by_batch.setdefault(int(c["batch_bucket"]["index"]), []).append(_entry(c))
-        plans = {int(p["batch_bucket"]["index"]): _plan_choice(p) for p in graph_plans or []}
+        docs: dict[int, list[dict]] = {}
+        for d in graph_plans or []:
+            docs.setdefault(int(d["batch_bucket"]["index"]), []).append(d)
+        plans = {bb: _plan_set(bb, ds) for bb, ds in docs.items()}
     _check_device(by_batch, limits, key)
     if set(by_batch) != {bb.index for bb in batches.ALL}:
         raise ValueError(f"table holds batch buckets {sorted(by_batch)}, not all {len(batches.ALL)}")
@@ -105,10 +117,34 @@ def parse_table(
             raise ValueError(f"table covers prefixes up to {entries[-1].hi - 1}, not {buckets.MAX_PREFIX}")
     if unknown := set(plans) - {bb.index for bb in batches.ALL}:
         raise ValueError(f"table holds graph plans for batch buckets {sorted(unknown)}, which do not exist")
-    for p in plans.values():
+    for p in (p for ranges in plans.values() for p in ranges):
         if limits is not None and (why := check(p.config, limits, H=key.H, q_len=key.q_len, kv_dtype=key.kv_dtype)):
             raise ValueError(f"graph plan {p.config} cannot run on {limits.name}: {why}")
     return by_batch, plans
+
+
+#: What every range of one plan set says alike (api/schemas.GraphPlanOut); a table from before
+#: ranges has none of them, each of its plans a set of one.
+_SET_FIELDS = ("range_count", "breakpoints", "weights_digest", "measured_at", "set_prefix_lo", "set_prefix_hi")
+
+
+def _plan_set(bb: int, docs: list[dict]) -> tuple[GraphPlanChoice, ...]:
+    """A batch bucket's ranges in prefix order. ValueError unless they are every range of one set,
+    each starting where the one before ends: a worker must never capture ranges of two sets."""
+    docs = sorted(docs, key=lambda d: d.get("range_index", 0))
+    ranges = tuple(_plan_choice(d) for d in docs)
+    shared = {f: [d.get(f) for d in docs] for f in _SET_FIELDS}
+    count = docs[0].get("range_count", 1)
+    starts = [r.prefix_range[0] for r in ranges[1:]]  # type: ignore[index]
+    ends = [r.prefix_range[1] for r in ranges[:-1]]  # type: ignore[index]
+    if (
+        any(len({repr(v) for v in values}) > 1 for values in shared.values())
+        or [d.get("range_index", 0) for d in docs] != list(range(count))
+        or starts != ends
+        or docs[0].get("breakpoints", []) != starts
+    ):
+        raise ValueError(f"malformed table: the graph plans of batch bucket {bb} are not the ranges of one set")
+    return ranges
 
 
 @contextlib.contextmanager

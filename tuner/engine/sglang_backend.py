@@ -3,8 +3,10 @@ tests/engine/test_sglang_contract.py checks the names and signatures against tha
 runs an MLA model's target verify and decode (q_len 1) on this package's kernel, and hands every
 other mode (prefill, mixed batches) to SGLang's Triton backend over the same KV pool.
 - `init_cuda_graph_state`: the mask source SGLang's draft stage writes into (`verify_mask`) and
-  one workspace for every batch size and layer, sized for the largest captured batch with the
-  config each batch size captures (`pick_config(q_len, bs)`, fixed from then on);
+  one workspace for every batch size, prefix range and layer, sized for the largest (batch, range)
+  config; each batch size captures one config (`pick_config(q_len, bs)`) or one graph per prefix
+  range (`pick_ranges(q_len, bs)`: SGLang's attention variants, `graph_variants()`,
+  verify_tuner.engine.sglang_graphs), fixed from then on;
 - `init_forward_metadata` (eager) refills the step's buffers (sglang_metadata.StepBuffers);
   `init_forward_metadata_out_graph` runs on the host before a capture or replay (it only stages a
   mask written elsewhere and flags a chain); `init_forward_metadata_in_graph` is the refill the
@@ -26,6 +28,7 @@ from typing import Any
 
 import torch
 from verify_tuner.engine import op as _op  # registers torch.ops.verify_tuner.verify_attention
+from verify_tuner.engine.sglang_graphs import GraphRanges, Ranges, RangeVariants
 from verify_tuner.engine.sglang_metadata import MaskSource, StepBuffers
 from verify_tuner.engine.tree_masks import TreeMaskMode
 from verify_tuner.kernels.config import KernelConfig
@@ -43,7 +46,6 @@ class VerifyMLABackend:
     """MLA target verify and decode on the kernel; other modes on `delegate` (SGLang's Triton
     backend on the same model runner), or a NotImplementedError naming the mode without one."""
 
-    needs_cpu_seq_lens = False  # nothing here reads seq_lens_cpu: SGLang skips that device-to-host copy
     supports_ragged_verify_graph = False
 
     def __init__(
@@ -55,10 +57,15 @@ class VerifyMLABackend:
         q_lens: tuple[int, ...],
         max_bs: int,
         max_context_len: int,
-        pick_config: Callable[[int, int], KernelConfig],
+        pick_config: Callable[[int, int], KernelConfig] | None = None,
+        pick_ranges: Callable[[int, int], Ranges] | None = None,
+        capture_label: Callable[[], str | None] = lambda: None,
         delegate: Any = None,
         tree_mask_mode: TreeMaskMode = TreeMaskMode.QLEN_ONLY,
     ) -> None:
+        """`pick_config(q_len, bs)`: the one config of a batch size; or `pick_ranges(q_len, bs)`: its
+        prefix ranges, ((0, config), (first prefix, config), ...). `capture_label()`: the attention
+        variant SGLang is capturing (sglang_plugin passes SGLang's own getter)."""
         fmt = POOL_FORMATS.get(pool.dtype)
         if fmt is None:
             raise NotImplementedError(
@@ -69,11 +76,15 @@ class VerifyMLABackend:
         except InvalidConfig as exc:  # a format the kernel knows but does not read yet: say so at startup
             raise NotImplementedError(f"KV pool of {pool.dtype}: {exc}") from None
         self.token_to_kv_pool, self.req_to_token, self.delegate, self.heads = pool, req_to_token, delegate, heads
-        self.max_bs, self.max_context_len, self.pick_config = max_bs, max_context_len, pick_config
+        if (pick_config is None) == (pick_ranges is None):
+            raise TypeError("give pick_config (one graph per batch size) or pick_ranges (one per prefix range)")
+        self.max_bs, self.max_context_len = max_bs, max_context_len
+        one = lambda q, bs: ((0, pick_config(q, bs)),)  # type: ignore[misc]
+        self.graphs = GraphRanges(pick_ranges or one, tuple(q_lens), capture_label)
         self.tree_mask_mode, self.device = tree_mask_mode, req_to_token.device
         self.steps = {q: StepBuffers(q, max_bs, self.device) for q in q_lens}
         self._source: MaskSource | None = None
-        self._configs: dict[tuple[int, int], list[int]] = {}
+        self._configs: dict[tuple[int, int, int], list[int]] = {}
         self._needs: dict[tuple[int, int], int] = {}
         self._graph_bs = 0
         self._graph_ws: torch.Tensor | None = None
@@ -102,6 +113,17 @@ class VerifyMLABackend:
     def get_cuda_graph_seq_len_fill_value(self) -> int:
         return 1
 
+    def graph_variants(self) -> RangeVariants | None:
+        """SGLang's attention variants, one graph per prefix range of each batch size (None while
+        every batch size has one range): sglang_plugin hands them to SGLang's graph runner."""
+        return self.graphs.make_variants(self.max_bs, lambda: self._graph_bs or self.max_bs, self._batch)
+
+    @property
+    def needs_cpu_seq_lens(self) -> bool:
+        """Whether SGLang must copy each batch's lengths to the host: only while a batch size has
+        ranges (its range is chosen from the longest); otherwise nothing here reads them."""
+        return self.graphs.count(self.max_bs) > 1
+
     @property
     def verify_mask(self) -> MaskSource | None:
         """Where SGLang's draft stage writes the verify tree mask (in `tree_mask_mode`)."""
@@ -119,7 +141,8 @@ class VerifyMLABackend:
         if forward_batch.forward_mode.is_idle():  # a data-parallel rank with no requests this step
             return None
         bs, step = self._batch(forward_batch)
-        self._current = (bs, step, self._config(step.q_len, bs), self._workspace(step.q_len, bs))
+        i = self.graphs.range_of(forward_batch, step.q_len, bs)
+        self._current = (bs, step, self._config(step.q_len, bs, i), self._workspace(step.q_len, bs))
         step.refill(bs, **self._tensors(forward_batch))
         mask = self._mask(forward_batch)
         step.pack(bs, mask, self.tree_mask_mode, forward_batch.seq_lens)
@@ -127,8 +150,8 @@ class VerifyMLABackend:
         return None
 
     def init_forward_metadata_out_graph(self, forward_batch: Any, in_capture: bool = False) -> None:
-        """Before a capture or a replay, on the host: fix the batch size's config (at capture),
-        stage a mask written outside the source buffer, flag a chain."""
+        """Before a capture or a replay, on the host: the config of the graph captured (its batch size
+        and prefix range) or replayed, stage a mask written outside the source buffer, flag a chain."""
         if not self._ours(forward_batch):
             if in_capture and self._delegate_graph is not None and self.delegate is not None:
                 self.delegate.init_cuda_graph_state(*self._delegate_graph)  # its buffers only when it is captured
@@ -140,7 +163,9 @@ class VerifyMLABackend:
         if bs > self._graph_bs:
             raise ValueError(f"batch {bs} past the captured {self._graph_bs} (init_cuda_graph_state)")
         assert self._graph_ws is not None  # made with _graph_bs by init_cuda_graph_state
-        self._current = (bs, step, self._config(step.q_len, bs), self._graph_ws)
+        g = self.graphs
+        i = g.captured_range(step.q_len, bs) if in_capture else g.replayed_range(forward_batch, step.q_len, bs)
+        self._current = (bs, step, self._config(step.q_len, bs, i), self._graph_ws)
         if step.q_len > 1:
             mask = self._mask(forward_batch)
             step.set_chain(mask is None)
@@ -301,18 +326,24 @@ class VerifyMLABackend:
         info = forward_batch.spec_info
         return None if info is None else info.custom_mask
 
-    def _config(self, q_len: int, bs: int) -> list[int]:
-        """The batch size's config as the op's list, fixed at its first use."""
-        got = self._configs.get((q_len, bs))
+    def _config(self, q_len: int, bs: int, i: int = 0) -> list[int]:
+        """Range i's config of the batch size as the op's list (its last range past its count:
+        a label the batch size has no range of repeats the last), fixed at its first use."""
+        configs = self.graphs.configs(q_len, bs)
+        i = min(i, len(configs) - 1)
+        got = self._configs.get((q_len, bs, i))
         if got is None:
-            got = self._configs[(q_len, bs)] = _op.config_list(self.pick_config(q_len, bs))
+            got = self._configs[(q_len, bs, i)] = _op.config_list(configs[i])
         return got
 
     def _need(self, q_len: int, bs: int) -> int:
+        """Workspace bytes for the batch size, the largest of its ranges' configs."""
         got = self._needs.get((q_len, bs))
         if got is None:
-            cfg = self._config(q_len, bs)
-            got = self._needs[(q_len, bs)] = _op.workspace_bytes(cfg, H=self.heads, q_len=q_len, batch=bs)
+            got = self._needs[(q_len, bs)] = max(
+                _op.workspace_bytes(self._config(q_len, bs, i), H=self.heads, q_len=q_len, batch=bs)
+                for i in range(len(self.graphs.configs(q_len, bs)))
+            )
         return got
 
     def _workspace(self, q_len: int, bs: int) -> torch.Tensor:

@@ -10,10 +10,16 @@ only when SGLang calls it.
 
 The factory builds `VerifyMLABackend` over the runner's own pool, with SGLang's Triton backend on
 the same runner for the modes it hands over (prefill, mixed batches), and a config client per
-q_len: each captured batch size's config is the client's graph plan (sidecar, config folder,
-snapshot or the heuristic, as `verify_tuner.engine.client` says), fixed when the graphs are set
-up. A draft model's runner gets SGLang's Triton backend (drafts run there; pass
+q_len: each captured batch size's configs are the ranges of the client's graph plan set (sidecar,
+config folder, snapshot or the heuristic, as `verify_tuner.engine.client` says), fixed when the
+graphs are set up. A draft model's runner gets SGLang's Triton backend (drafts run there; pass
 `--speculative-draft-attention-backend triton`).
+
+Graphs per prefix range: SGLang's decode graph runner takes its attention variants (a graph per
+label and batch size, one label chosen per step: verify_tuner.engine.sglang_graphs) from
+`create_dsv41_candidate_graph_variants(model_runner, ...)` for models without variants of their
+own; `register` wraps it with SGLang's plugin hook registry (an AROUND hook), so a runner whose
+backend is this one gets the backend's variants, and every other runner what SGLang gives it.
 """
 
 from __future__ import annotations
@@ -22,7 +28,10 @@ import logging
 from typing import Any
 
 NAME = "verify_tuner"
+#: where SGLang's graph runner gets its attention variants for a model without its own
+VARIANTS_HOOK = "sglang.srt.layers.attention.graph_variants.create_dsv41_candidate_graph_variants"
 log = logging.getLogger(__name__)
+_hooked = False
 
 
 def register() -> None:
@@ -37,6 +46,32 @@ def register() -> None:
     register_attention_backend(NAME)(create)
     if NAME not in FORWARD_ABSORB_CORE_ATTENTION_BACKENDS:  # the absorbed q_nope + q_rope, read in place
         FORWARD_ABSORB_CORE_ATTENTION_BACKENDS.append(NAME)
+    _hook_variants()
+
+
+def _hook_variants() -> None:
+    """Register the AROUND hook on SGLang's variants factory once per process (SGLang applies the
+    registered hooks after running the plugins; a second hook would wrap the first)."""
+    global _hooked
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    if not _hooked:
+        HookRegistry.register(VARIANTS_HOOK, graph_variants, HookType.AROUND)
+        _hooked = True
+
+
+def graph_variants(original: Any, model_runner: Any, *args: Any, **kwargs: Any) -> Any:
+    """The hook: this backend's graphs per prefix range for a target runner built on it, else
+    SGLang's own answer."""
+    from verify_tuner.engine.sglang_backend import VerifyMLABackend
+
+    backend = getattr(model_runner, "attn_backend", None)
+    if isinstance(backend, VerifyMLABackend) and not model_runner.is_draft_worker:
+        variants = backend.graph_variants()
+        if variants is not None:
+            log.info("%s: %d graphs per batch size, one per prefix range", NAME, len(variants.capture_labels))
+            return variants
+    return original(model_runner, *args, **kwargs)
 
 
 def create(runner: Any) -> Any:
@@ -71,6 +106,7 @@ def build(runner: Any, *, delegate: Any) -> Any:
     import torch
     from sglang.kernels.ops.speculative.spec_tree import TreeMaskMode
     from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+    from sglang.srt.model_executor.runner_utils.capture_mode import get_capture_attention_variant
     from sglang.srt.runtime_context import get_parallel
     from sglang.srt.utils import get_cuda_graph_max_batch_size
     from verify_tuner.engine.sglang_backend import VerifyMLABackend
@@ -79,7 +115,7 @@ def build(runner: Any, *, delegate: Any) -> Any:
     heads = runner.model_config.get_max_num_attention_heads() // get_parallel().attn_tp_size
     q_len = runner.decode_num_tokens_per_req()
     context = runner.model_config.context_len
-    pick = _config_picker(heads, q_len, device=torch.cuda.get_device_name(runner.gpu_id), max_prefix=context)
+    pick = _range_picker(heads, q_len, device=torch.cuda.get_device_name(runner.gpu_id), max_prefix=context)
     pool_size = runner.req_to_token_pool.size
     backend = cls(
         pool=runner.token_to_kv_pool,
@@ -88,7 +124,8 @@ def build(runner: Any, *, delegate: Any) -> Any:
         q_lens=(q_len,),
         max_bs=max(pool_size, get_cuda_graph_max_batch_size(pool_size)),
         max_context_len=context,
-        pick_config=pick,
+        pick_ranges=pick,
+        capture_label=get_capture_attention_variant,
         delegate=delegate,
         tree_mask_mode=TreeMaskMode.QLEN_ONLY,  # bs x q_len^2 cells, where FULL_MASK spans the context
     )
@@ -98,8 +135,8 @@ def build(runner: Any, *, delegate: Any) -> Any:
     return backend
 
 
-def _config_picker(heads: int, q_len: int, *, device: str, max_prefix: int) -> Any:
-    """pick_config(q_len, bs): the config client's graph plan for the batch size."""
+def _range_picker(heads: int, q_len: int, *, device: str, max_prefix: int) -> Any:
+    """pick_ranges(q_len, bs): the ranges of the config client's graph plan set for the batch size."""
     from verify_tuner.batches import MAX_BATCH
     from verify_tuner.engine.client import ConfigClient
 
@@ -112,6 +149,7 @@ def _config_picker(heads: int, q_len: int, *, device: str, max_prefix: int) -> A
     def pick(q: int, bs: int) -> Any:
         if q != q_len:
             raise ValueError(f"configs were fetched for q_len {q_len}, asked for {q}")
-        return client.graph_plan(min(bs, MAX_BATCH), max_prefix=max_prefix).config
+        ranges = client.graph_plans(min(bs, MAX_BATCH), max_prefix=max_prefix)
+        return tuple((r.prefix_range[0] if i else 0, r.config) for i, r in enumerate(ranges))  # type: ignore[index]
 
     return pick

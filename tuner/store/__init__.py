@@ -1,6 +1,7 @@
 """The config database and what goes in and out of it: the tables (models), the one session
 scope and engine (session), the keyword-only queries of devices and kernels (devices), best
-configs (best_configs), studies and trials (studies), graph plans and verifications (plans), the
+configs (best_configs), studies and trials (studies), graph plan sets and verifications (plans) and
+the documents a plan set is served as (plan_docs), the
 data_version counter and the sidecar's stamp (data_version), what every table keyed by the tuning
 key shares -- its columns filled, its rows selected and deleted by any key field (keyed) -- and the
 portable upserts every writer shares (writes), schema migrations and the check the sidecar runs before serving (migrate, health), the

@@ -18,7 +18,7 @@ from verify_tuner.kernels import kernel_hash as current_kernel_hash
 from verify_tuner.kernels.formats import DEFAULT as DEFAULT_KV_DTYPE
 from verify_tuner.kernels.limits import DeviceLimits
 from verify_tuner.keys import TableKey
-from verify_tuner.store import best_configs, devices, lookup, plans
+from verify_tuner.store import best_configs, devices, lookup, plan_docs, plans
 
 
 def dump(
@@ -64,6 +64,10 @@ def _file_doc(*, session: Any, limits: DeviceLimits, rows: list[best_configs.Bes
     """One engine file: the table of `key` as the sidecar answers it."""
     answers = lookup.table(session=session, limits=limits, key=key, batch_buckets=[b.index for b in batches.ALL])
     by_key = {(r.key.batch_bucket, r.key.bucket): r for r in rows if r.key.table == key}
+    sets = {
+        str(batches.by_index(i).hi): plan_docs.range_docs(s)
+        for i, s in sorted(plans.served_sets(session=session, table=key).items())
+    }
     return {
         "format": FORMAT,
         "kernel": KERNEL_NAME,
@@ -71,11 +75,10 @@ def _file_doc(*, session: Any, limits: DeviceLimits, rows: list[best_configs.Bes
         **key_doc(key),
         "batch_buckets": {str(b.hi): [b.lo, b.hi] for b in batches.ALL},
         "configs": _configs(answers, by_key),
-        # additive: readers of the format that predate plans ignore the key
-        "graph_plans": {
-            str(batches.by_index(i).hi): plans.plan_doc(p)
-            for i, p in sorted(plans.served_plans(session=session, table=key).items())
-        },
+        # additive: readers of the format that predate plans ignore the key; those that predate ranges
+        # read one plan a batch bucket here, the range of the longest prefixes (as from the sidecar)
+        "graph_plans": {hi: docs[-1] for hi, docs in sets.items()},
+        "graph_plan_ranges": sets,  # every range of each batch bucket's set, in prefix order
     }
 
 

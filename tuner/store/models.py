@@ -184,9 +184,12 @@ class BestConfig(KeyColumns, Base):
 
 
 class GraphPlan(TableKeyColumns, Base):
-    """The one config an engine captures per batch size for a prefix range (verify_tuner.search.graph_plan),
-    with its time and regret at every prefix bucket of the range, all measured side by side in one
-    call (migration 0004). Keyed by the range's bucket indices and the prefix weights' digest."""
+    """One prefix range of a graph plan set (verify_tuner.search.graph_ranges): the config an engine
+    captures for the batch sizes of one batch bucket and the prefixes of this range, with its time and
+    regret at every prefix bucket of the range, all measured side by side in one call (migration
+    0004). A set is the ranges chosen together from one measurement: keyed by the range measured
+    (bucket_lo..bucket_hi) and the prefix weights' digest, each of its rows by where its own range
+    starts (range_lo); a set of one range spans the whole measured range (migration 0007)."""
 
     __tablename__ = "graph_plans"
     __table_args__ = (
@@ -196,23 +199,28 @@ class GraphPlan(TableKeyColumns, Base):
             "bucket_lo",
             "bucket_hi",
             "weights_digest",
+            "range_lo",
             name="uq_graph_plan_key",
         ),
     )
     id: Mapped[int] = mapped_column(primary_key=True)
-    #: a plan spans prefix buckets (bucket_lo..bucket_hi) of one batch bucket: keyed by the table and those
+    #: a set spans prefix buckets (bucket_lo..bucket_hi) of one batch bucket: keyed by the table and those
     batch_bucket: Mapped[int]
-    bucket_lo: Mapped[int]  # prefix bucket indices of the range, both inclusive
+    bucket_lo: Mapped[int]  # prefix bucket indices of the range measured, both inclusive
     bucket_hi: Mapped[int]
     weights_digest: Mapped[str] = mapped_column(String(64))
-    #: {"source", "outside", "buckets": {index: weight}}
+    #: this row's own range of prefix buckets, both inclusive, inside bucket_lo..bucket_hi
+    range_lo: Mapped[int]
+    range_hi: Mapped[int]
+    #: {"source", "outside", "buckets": {index: weight}} (the whole measured range's)
     weights: Mapped[dict[str, Any]]
-    #: the chosen config's constants (PARAM_NAMES)
+    #: the range's config's constants (PARAM_NAMES)
     params: Mapped[dict[str, Any]]
+    #: the range's expected time, its weights renormalised to the range
     expected_us: Mapped[float] = mapped_column(Float)
     #: [{"bucket", "prefix", "weight", "us", "p10_us", "p90_us", "best_us", "regret", "best"}] by bucket
     per_bucket: Mapped[list[Any]] = mapped_column(JSON)
-    #: [{"params", "expected_us" (None: failed somewhere), "failed_at"}]: what it was chosen from
+    #: [{"params", "expected_us" (None: failed somewhere), "failed_at"}]: what the set was chosen from
     finalists: Mapped[list[Any]] = mapped_column(JSON)
     batch: Mapped[int]  # the batch size measured (its lookup prefix: each bucket's)
     spread: Mapped[str] = mapped_column(String(16))
@@ -220,6 +228,11 @@ class GraphPlan(TableKeyColumns, Base):
     measured_by: Mapped[str] = mapped_column(Text)  # device, driver, CUDA
     measured_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
     neighbour_mb: Mapped[int] = timing_column()
+    #: how the set was chosen: at most this many ranges, a further one only where it saved min_saving
+    max_graphs: Mapped[int] = mapped_column(default=1, server_default="1")
+    min_saving: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    #: the set's expected step time with 1, 2, ... graphs (null: infinite, no such split; none stored before 0007)
+    by_count: Mapped[list[Any] | None] = mapped_column(JSON)
 
 
 class Verification(KeyColumns, Base):

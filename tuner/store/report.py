@@ -13,7 +13,7 @@ from verify_tuner.files import UMASK, write_shared
 from verify_tuner.kernels import kernel_hash as current_kernel_hash
 from verify_tuner.kernels.shapes import floor_bytes
 from verify_tuner.keys import ConfigKey, TableKey
-from verify_tuner.store import best_configs, devices, lookup, models, plans
+from verify_tuner.store import best_configs, devices, lookup, models, plan_docs, plans
 from verify_tuner.store.session import session_scope
 
 #: The prefix each stored best's study measured (None: imported, or its study gone).
@@ -94,7 +94,7 @@ def _plan_lines(dev_plans: list[plans.PlanRow]) -> list[str]:
     """Each graph plan: its config, expected time and regret per prefix bucket."""
     out = []
     for g in dev_plans:
-        doc = plans.plan_doc(g)
+        doc = plan_docs.plan_doc(g)
         out += [
             "",
             (
