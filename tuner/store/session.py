@@ -184,6 +184,7 @@ def check_writable(path: Path, setting: str = "TUNER_DATABASE_URL") -> None:
     container's non-root user on a fresh root-owned volume). `setting`: the variable that named
     the file (the study storage's is TUNER_STUDY_STORAGE), so the message blames the right one."""
     import os
+    import threading
 
     what = "the study storage" if setting == "TUNER_STUDY_STORAGE" else "the database"
     directory = path.parent
@@ -211,16 +212,17 @@ def check_writable(path: Path, setting: str = "TUNER_DATABASE_URL") -> None:
             f"{st.st_uid}, mode {st.st_mode & 0o7777:04o}); {fix} or set {setting} to a writable path"
         )
     if not path.exists():  # a folder that takes no files whatever its mode (/proc, /sys): SQLite said ENOENT
+        # a probe of this process and thread, not the database's own name: another process creating
+        # the database meanwhile (a tuner and its helper opening a new study file) must keep its file
+        probe = directory / f".{path.name}.{os.getpid()}-{threading.get_ident()}.probe"
         try:
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
-        except FileExistsError:
-            return  # made meanwhile: the connect opens it
+            os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
         except OSError as exc:
             raise StorageError(
                 f"cannot create {path} for {what}: {directory} does not take new files ({exc.strerror}); "
                 f"set {setting} to a path on a writable file system"
             ) from None
-        os.unlink(path)  # SQLite makes its own (an empty file is a database to it all the same)
+        os.unlink(probe)
 
 
 def _file_in_the_way(directory: Path) -> Path | None:
