@@ -169,6 +169,8 @@ def main() -> None:
     limits = runtime.read_limits(0)
     pick = range_picker(limits, args.config_dir, args.split)
     rows = []
+    source = str(args.config_dir) if args.config_dir else f"two ranges split at {args.split}"
+    args.out.mkdir(parents=True, exist_ok=True)
     for dtype in (torch.bfloat16, torch.float8_e4m3fn):
         for bs in (int(b) for b in args.batches.split(",")):
             width = schedules(bs, 4096)[1].width
@@ -180,10 +182,9 @@ def main() -> None:
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "timed"}), flush=True)
             torch.cuda.empty_cache()
-    args.out.mkdir(parents=True, exist_ok=True)
-    source = str(args.config_dir) if args.config_dir else f"two ranges split at {args.split}"
-    doc = {"device": limits.name, "date": dt.date.today().isoformat(), "ranges from": source, "rows": rows}
-    (args.out / f"engine_loop_{limits.arch}.json").write_text(json.dumps(doc, indent=1))
+            # written after every row: a call cut at its time limit keeps the rows it finished
+            doc = {"device": limits.name, "date": dt.date.today().isoformat(), "ranges from": source, "rows": rows}
+            (args.out / f"engine_loop_{limits.arch}.json").write_text(json.dumps(doc, indent=1))
 
 
 if __name__ == "__main__":

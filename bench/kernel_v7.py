@@ -8,15 +8,11 @@ format, v6_us, TB/s, TFLOP/s, config) and a markdown table under --out.
 
     git show e88ba0d:kernels/csrc/verify_attention.cu > .v6/verify_attention.cu   # here; carry .v6
     python3 bench/kernel_v7.py --v6-source .v6/verify_attention.cu --out OUT [--quick]
-
---unverified-formats lets e4m3 run while the package still refuses it (kernels/formats.py
-`kernel_reads`, until tests/kernels/test_fp8_gpu.py has passed on a GPU); the JSON says so.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime as dt
 import json
 import os
@@ -119,15 +115,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="folder the results are written to")
     ap.add_argument("--v6-source", type=Path, help="v6's verify_attention.cu, for the same-call A/B (omit: v7 alone)")
-    ap.add_argument("--unverified-formats", action="store_true", help="time e4m3 before the package serves it")
     ap.add_argument("--quick", action="store_true", help="the cases alone, not the 40-shape regression sweep")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--cache", type=Path, default=Path(os.environ.get("TUNER_CACHE_DIR", "/tmp/va-cache")))
     args = ap.parse_args()
-    if args.unverified_formats:
-        name = "fp8_e4m3"
-        formats.FORMATS[name] = dataclasses.replace(formats.FORMATS[name], kernel_reads=True)
-
     import pycuda.autoprimaryctx  # noqa: F401
     import pycuda.driver as cuda
     import torch
@@ -142,9 +133,6 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="v6-") as tmp:
         for case in cases:
-            if not formats.FORMATS[case[4]].kernel_reads:
-                rows.append({"case": case[0], "kv_format": case[4], "skipped": "not served yet: --unverified-formats"})
-                continue
             got, sets = launchers(
                 case, limits=limits, cache=args.cache, v6_source=args.v6_source, tmp=Path(tmp), stream=stream
             )
@@ -157,20 +145,17 @@ def main() -> None:
                   f"limit {r['limit_us']:7.1f} ({r['x_limit']:.2f}x)  {r['config']}", flush=True)  # fmt: skip
             del sets
             torch.cuda.empty_cache()
-    write(args.out, limits, rows, unverified=args.unverified_formats)
+    write(args.out, limits, rows)
 
 
-def write(out: Path, limits, rows: list[dict], *, unverified: bool) -> None:
+def write(out: Path, limits, rows: list[dict]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     meta = {"device": limits.name, "arch": limits.arch, "date": dt.date.today().isoformat(),
-            "e4m3_unverified": unverified, "bandwidth_for_limits_GBps": ANCHOR_BW / 1e9, "rows": rows}  # fmt: skip
+            "bandwidth_for_limits_GBps": ANCHOR_BW / 1e9, "rows": rows}  # fmt: skip
     (out / f"kernel_v7_{limits.arch}.json").write_text(json.dumps(meta, indent=1) + "\n")
     lines = [f"# Kernel v7 on {limits.name} ({meta['date']})", "",
              "| case | kv | v7 µs | v6 µs | limit µs | × limit | TB/s | TFLOP/s | config |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
-        if "skipped" in r:
-            lines.append(f"| {r['case']} | {r['kv_format']} | {r['skipped']} | | | | | | |")
-            continue
         lines.append(f"| {r['case']} | {r['kv_format']} | {r['us']} | {r['v6_us'] or '—'} | {r['limit_us']} | "
                      f"{r['x_limit']} | {r['TBps']} | {r['TFLOPs']} | `{r['config']}` |")  # fmt: skip
     (out / f"kernel_v7_{limits.arch}.md").write_text("\n".join(lines) + "\n")

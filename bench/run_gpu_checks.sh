@@ -13,7 +13,7 @@ case "$mode" in
   tests)
     timeout 540 python3 -m pytest -m gpu -q -p no:cacheprovider -rs 2>&1 | tee "$out/gpu-tests.log" | tail -5 ;;
   bench)
-    timeout 560 python3 bench/kernel_v7.py --v6-source "${3:?v6 source}" --unverified-formats --out "$out" ${4:-} \
+    timeout 560 python3 bench/kernel_v7.py --v6-source "${3:?v6 source}" --out "$out" ${4:-} \
       2>&1 | tee "$out/kernel_v7.log" | tail -20 ;;
   *) echo "usage: $0 tests OUTDIR | $0 bench OUTDIR V6_SOURCE [--quick]" >&2; exit 2 ;;
 esac

@@ -59,7 +59,7 @@ FORMATS: dict[str, KVFormat] = {
         ),
         KVFormat(
             name="fp8_e4m3", code=1, element="e4m3", row_bytes=576, scale="per_layer", mma="f16",
-            pool_dtypes=_E4M3_POOL, staged_bytes=2, q_row_scale=True, min_cc=80, kernel_reads=False,
+            pool_dtypes=_E4M3_POOL, staged_bytes=2, q_row_scale=True, min_cc=80, kernel_reads=True,
             about="e4m3 latent rows with one fp32 scale a layer (SGLang --kv-cache-dtype fp8_e4m3, vLLM fp8), "
             "dequantized to f16 in the kernel",
         ),

@@ -256,21 +256,21 @@ def test_snapshot_is_a_self_contained_read_only_copy_the_sidecar_serves(run, tmp
         ),
         (
             {},
-            ("study", "start", "--H", "8", "--q-len", "9", "--prefix", "1", "--kv-dtype", "fp8_e4m3"),
+            ("study", "start", "--H", "8", "--q-len", "9", "--prefix", "1", "--kv-dtype", "fp8_ds_mla"),
             None,
-            "Invalid value for '--kv-dtype': kv_dtype fp8_e4m3 (e4m3 latent rows",
+            "Invalid value for '--kv-dtype': kv_dtype fp8_ds_mla (FlashMLA's fp8 with scale",
         ),
         (
             {},
             ("configs", "show", "--H", "8", "--q-len", "9", "--prefix", "1", "--kv-dtype", "fp16"),
             None,
-            "Invalid value for '--kv-dtype': unknown kv_dtype 'fp16': accepted: bf16",
+            "Invalid value for '--kv-dtype': unknown kv_dtype 'fp16': accepted: bf16, fp8_e4m3",
         ),
         (
             {},
             ("study", "graph-plan", "--H", "8", "--q-len", "9", "--prefix-range", "1:2", "--kv-dtype", "fp8_e4m3_qk"),
             None,
-            "is not read by this kernel version yet (accepted: bf16)",
+            "is not read by this kernel version yet (accepted: bf16, fp8_e4m3)",
         ),
     ],
 )

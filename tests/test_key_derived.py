@@ -91,8 +91,9 @@ def test_the_row_schema_and_the_export_columns_hold_every_key_field():
     row |= {"STAGES": 2, "QT": 0, "WR": 2, "WK": 4, "SF": 0, "PIPE": 1}  # an import row gives all ten
     assert ConfigRow.model_validate(row).table_values()["kv_dtype"] == "bf16"  # left out: bf16
     assert ConfigRow.model_validate(row | {"dtype": "bf16"}).table_values()["kv_dtype"] == "bf16"
+    assert ConfigRow.model_validate(row | {"kv_dtype": "fp8_e4m3"}).table_values()["kv_dtype"] == "fp8_e4m3"
     with pytest.raises(ValueError, match="not read by this kernel version yet"):
-        ConfigRow.model_validate(row | {"kv_dtype": "fp8_e4m3"})
+        ConfigRow.model_validate(row | {"kv_dtype": "fp8_e4m3_qk"})
 
 
 def test_the_engine_file_names_every_field_but_the_kernel_and_its_document_every_field():

@@ -59,6 +59,16 @@ def _blocks_per_sm(cfg: KernelConfig, q_len: int, limits: DeviceLimits, kv_dtype
     return max(1, min(by_smem, by_threads, by_regs))
 
 
+def one_wave_nsplit(
+    cfg: KernelConfig, limits: DeviceLimits, *, H: int, q_len: int, kv_dtype: str = DEFAULT_KV_DTYPE
+) -> int:
+    """The largest NSPLIT choice whose grid (head groups x row tiles x parts) fits one wave of `limits`."""
+    slots = limits.sm_count * _blocks_per_sm(cfg, q_len, limits, kv_dtype)  # blocks in one wave
+    groups = (H // cfg.ht) * -(-q_len // (cfg.qt or q_len))
+    n = max(1, slots // groups)
+    return max(c for c in nsplit_choices(H, limits) if c <= n)
+
+
 def _templates(rows: int) -> tuple[tuple[int, ...], ...]:
     return _BANDWIDTH if rows <= BANDWIDTH_ROWS else _COMPUTE
 
@@ -114,10 +124,8 @@ def _pick(
         if probe is None:
             continue
         slots = limits.sm_count * _blocks_per_sm(probe, q_len, limits, kv_dtype)  # blocks in one wave
-        groups = (H // ht) * -(-q_len // (qt or q_len))
-        n = max(1, slots // groups)
-        cfg = replace(probe, nsplit=max(c for c in nsplit_choices(H, limits) if c <= n))
-        blocks = groups * cfg.nsplit
+        cfg = replace(probe, nsplit=one_wave_nsplit(probe, limits, H=H, q_len=q_len, kv_dtype=kv_dtype))
+        blocks = (H // ht) * -(-q_len // (qt or q_len)) * cfg.nsplit
         if 2 * blocks >= slots:
             return cfg
         if fallback is None or blocks > fallback[0]:

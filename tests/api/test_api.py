@@ -85,7 +85,7 @@ def test_sm120_device_gets_a_config_that_fits_it(client):
         ({"prefix": 1.5}, "prefix"),
         ({"dtype": "fp8"}, "dtype"),
         ({"kv_dtype": "fp8"}, "kv_dtype"),
-        ({"kv_dtype": "fp8_e4m3"}, "kv_dtype"),
+        ({"kv_dtype": "fp8_e4m3_qk"}, "kv_dtype"),
         ({"device": "no-such-gpu"}, "device"),
     ],
 )
@@ -336,17 +336,24 @@ def test_kv_dtype_is_a_key_field_of_every_lookup_and_import(client):
     assert get(client, dtype="bf16").json() == tuned  # an older worker's request
     table = client.get("/configs", params={"H": 8, "q_len": 9, "kv_dtype": "bf16"}).json()
     assert (table["kv_dtype"], table["dtype"]) == ("bf16", "bf16")  # `dtype`: what older workers check
+    e4m3 = get(client, kv_dtype="fp8_e4m3").json()  # another key: the bf16 row does not answer it
+    assert e4m3["source"] == "heuristic" and e4m3["kv_dtype"] == "fp8_e4m3"
     for params, param, words in (
-        ({"kv_dtype": "fp8_e4m3"}, "kv_dtype", "kv_dtype fp8_e4m3 (e4m3 latent rows"),
-        ({"kv_dtype": "fp8_e4m3_qk"}, "kv_dtype", "is not read by this kernel version yet (accepted: bf16)"),
-        ({"kv_dtype": "fp16"}, "kv_dtype", "unknown kv_dtype 'fp16': accepted: bf16"),
-        ({"dtype": "fp8_e4m3"}, "dtype", "is not read by this kernel version yet (accepted: bf16)"),
+        ({"kv_dtype": "fp8_e4m3_qk"}, "kv_dtype", "kv_dtype fp8_e4m3_qk (the fp8_e4m3 cache with QK"),
+        ({"kv_dtype": "fp8_ds_mla"}, "kv_dtype", "is not read by this kernel version yet (accepted: bf16, fp8_e4m3)"),
+        ({"kv_dtype": "fp16"}, "kv_dtype", "unknown kv_dtype 'fp16': accepted: bf16, fp8_e4m3"),
+        ({"dtype": "fp8_e4m3_qk"}, "dtype", "is not read by this kernel version yet (accepted: bf16, fp8_e4m3)"),
     ):
         for path, at in (("/config", {"prefix": 46000}), ("/configs", {})):
             r = client.get(path, params={"H": 8, "q_len": 9, **at, **params})
             assert r.status_code == 422, r.text
             (detail,) = r.json()["detail"]
             assert detail["loc"] == ["query", param] and words in detail["msg"], detail
-    r = client.post("/configs/import", json=[ROW | {"kv_dtype": "fp8_e4m3", "NSPLIT": 32}], headers=AUTH)
-    assert r.status_code == 422 and "kv_dtype: kv_dtype fp8_e4m3" in r.json()["detail"]["errors"][0], r.text
+    r = client.post("/configs/import", json=[ROW | {"kv_dtype": "fp8_e4m3_qk", "NSPLIT": 32}], headers=AUTH)
+    assert r.status_code == 422 and "kv_dtype: kv_dtype fp8_e4m3_qk" in r.json()["detail"]["errors"][0], r.text
     assert get(client).json()["NSPLIT"] == 64  # nothing stored
+    r = client.post("/configs/import", json=[ROW | {"kv_dtype": "fp8_e4m3", "NSPLIT": 32}], headers=AUTH)
+    assert r.json()["imported"] == 1, r.text
+    e4m3 = get(client, kv_dtype="fp8_e4m3").json()
+    assert (e4m3["source"], e4m3["NSPLIT"], e4m3["kv_dtype"]) == ("tuned", 32, "fp8_e4m3")
+    assert get(client).json()["NSPLIT"] == 64  # the bf16 row as it was

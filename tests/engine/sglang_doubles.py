@@ -159,7 +159,9 @@ def sglang_attention(
     kv2 = kv.reshape(-1, 576).float()
     out, start = [], 0
     lens, rows = fb.seq_lens.tolist(), fb.req_pool_indices.tolist()
+    # the mask is read on the host: SGLang builds it on the device, the reference's rows are small
     cells = fb.spec_info.custom_mask if fb.spec_info is not None else None
+    cells = cells.cpu() if cells is not None else None
     for b, (n, row) in enumerate(zip(lens, rows)):
         slots = torch.cat([req_to_token[row, :n].long(), fb.out_cache_loc[b * q_len : (b + 1) * q_len].long()])
         k = kv2[slots]
@@ -179,7 +181,7 @@ def sglang_attention(
                 word = sum(byte << (8 * at) for at, byte in enumerate(raw))  # little-endian, as SGLang packs
                 see = torch.tensor([True] * n + [bool(word >> j & 1) for j in range(q_len)])
             s = (q[b * q_len + i].float() @ k.T) * scale
-            p = torch.softmax(s.masked_fill(~see, float("-inf")), dim=-1)
+            p = torch.softmax(s.masked_fill(~see.to(s.device), float("-inf")), dim=-1)
             out.append(p @ k[:, :512])
         start += q_len * (n + q_len)
     return torch.stack(out)

@@ -184,9 +184,9 @@ def test_a_worker_names_its_kv_format_which_is_checked_and_left_out_of_its_reque
     """A format the kernel does not read is the worker's mistake, said at construction; at bf16 the
     request carries no kv_dtype, so a sidecar older than the parameter (which refuses parameters it
     does not know) still answers the worker."""
-    with pytest.raises(ValueError, match="kv_dtype fp8_e4m3 .*not read by this kernel version yet"):
-        ConfigClient(None, H=8, q_len=9, device="h200", kv_dtype="fp8_e4m3", snapshot_dir=tmp_path)
-    with pytest.raises(ValueError, match="unknown kv_dtype 'fp16': accepted: bf16"):
+    with pytest.raises(ValueError, match="kv_dtype fp8_e4m3_qk .*not read by this kernel version yet"):
+        ConfigClient(None, H=8, q_len=9, device="h200", kv_dtype="fp8_e4m3_qk", snapshot_dir=tmp_path)
+    with pytest.raises(ValueError, match="unknown kv_dtype 'fp16': accepted: bf16, fp8_e4m3"):
         ConfigClient(None, H=8, q_len=9, device="h200", kv_dtype="fp16", snapshot_dir=tmp_path)
     c = ConfigClient("http://127.0.0.1:1", H=8, q_len=9, device="h200", snapshot_dir=tmp_path, timeout_s=0.2)
     asked = []
@@ -198,6 +198,10 @@ def test_a_worker_names_its_kv_format_which_is_checked_and_left_out_of_its_reque
     c._requests.get_table = get_table  # type: ignore[method-assign]
     assert c.fetch() == "heuristic" and c.key.kv_dtype == "bf16"
     assert asked == [{"H": 8, "q_len": 9, "device": "h200", "all_batches": "true"} | {"kernel_hash": c.kernel_hash}]
+    e4m3 = ConfigClient("http://127.0.0.1:1", H=8, q_len=9, device="h200", kv_dtype="fp8_e4m3", snapshot_dir=tmp_path,
+                        timeout_s=0.2)  # fmt: skip
+    e4m3._requests.get_table = get_table  # type: ignore[method-assign]
+    assert e4m3.fetch() == "heuristic" and asked[-1]["kv_dtype"] == "fp8_e4m3"
 
 
 def test_a_table_made_before_a_key_field_existed_is_read_at_that_fields_default(tmp_path):

@@ -119,9 +119,9 @@ def test_the_loop_replays_the_graph_of_the_range_its_longest_prefix_is_in(bench)
     assert eng.backend.graphs.length_syncs == 0  # the range read from the host lengths
 
 
-def test_an_fp8_pool_is_a_row_that_says_why_it_did_not_run(bench):
+def test_an_fp8_pool_runs_through_the_backend_as_the_e4m3_format(bench):
     _, steps = bench
     sched = steps.Schedule([10], [50])
-    with pytest.raises(NotImplementedError, match="float8_e4m3fn"):
-        steps.LoopEngine(sched, layers=1, device="cpu", pick_config=lambda q, bs: CFG, mode=TreeMaskMode.FULL_MASK,
-                         pool_dtype=torch.float8_e4m3fn)  # fmt: skip
+    eng = steps.LoopEngine(sched, layers=1, device="cpu", pick_config=lambda q, bs: CFG, mode=TreeMaskMode.FULL_MASK,
+                           pool_dtype=torch.float8_e4m3fn)  # fmt: skip
+    assert eng.backend.kv_dtype == "fp8_e4m3" and eng.pool.get_key_buffer(0).dtype == torch.float8_e4m3fn

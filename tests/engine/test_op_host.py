@@ -119,25 +119,19 @@ def _e4m3_args(B: int, storage=torch.uint8) -> list:
     return args
 
 
-def test_an_e4m3_pool_is_refused_by_name_until_the_kernel_reads_it(host):
+def test_a_format_the_kernel_does_not_read_yet_is_refused_by_name(host):
     from verify_tuner.kernels.errors import InvalidConfig
 
-    with pytest.raises(InvalidConfig, match=r"kv_dtype fp8_e4m3 \(.*\) is not read by this kernel version yet"):
-        torch.ops.verify_tuner.verify_attention(*_e4m3_args(4), kv_dtype="fp8_e4m3", kv_scale=0.02)
+    with pytest.raises(InvalidConfig, match=r"kv_dtype fp8_e4m3_qk \(.*\) is not read by this kernel version yet"):
+        torch.ops.verify_tuner.verify_attention(*_e4m3_args(4), kv_dtype="fp8_e4m3_qk", kv_scale=0.02)
     assert host.launches == 0
 
 
 def test_an_e4m3_pool_reaches_the_launch_with_its_scale(host, monkeypatch):
-    """The e4m3 path as it will run once the kernel's GPU tests pass (the format marked readable
-    here, a test double): the pool's dtype checked against the format, the layer's scale as a
-    value and, for a captured graph, as a device float whose address the kernel reads."""
-    import dataclasses
-
-    from verify_tuner.kernels import formats
+    """The e4m3 path: the pool's dtype checked against the format, the layer's scale as a value
+    and, for a captured graph, as a device float whose address the kernel reads."""
     from verify_tuner.kernels.validate import smem_bytes
 
-    fmt = formats.FORMATS["fp8_e4m3"]
-    monkeypatch.setitem(formats.FORMATS, "fp8_e4m3", dataclasses.replace(fmt, kernel_reads=True))
     host.globals[b"kSmemBytes"] = smem_bytes(CFG, Q, "fp8_e4m3")  # the e4m3 build's layout (q's row scales)
     partial_args = []
     launch = host.cuLaunchKernelEx

@@ -151,10 +151,9 @@ def test_what_the_kernel_cannot_apply_is_refused_not_dropped():
     eng.backend.forward_extend(q_nope, k_nope, k_nope, layer, fb, q_rope=q_rope, k_rope=k_rope, topk_indices=None)
 
 
-def test_an_fp8_pool_is_refused_until_the_kernel_reads_one():
-    pool = MLAPool(size=10, layers=1, dtype=torch.float8_e4m3fn)
-    match = r"KV pool of torch.float8_e4m3fn: kv_dtype fp8_e4m3 \(.*\) is not read by this kernel version yet"
-    with pytest.raises(NotImplementedError, match=match):
+def test_a_pool_of_a_dtype_the_kernel_does_not_read_is_refused_by_name():
+    pool = MLAPool(size=10, layers=1, dtype=torch.float16)
+    with pytest.raises(NotImplementedError, match=r"KV pool of torch.float16"):
         VerifyMLABackend(
             pool=pool, req_to_token=torch.zeros(2, 8, dtype=torch.int32), heads=H, q_lens=(Q,), max_bs=2,
             max_context_len=8, pick_config=lambda q, bs: CFG, tree_mask_mode=TreeMaskMode.QLEN_ONLY,
@@ -162,16 +161,9 @@ def test_an_fp8_pool_is_refused_until_the_kernel_reads_one():
 
 
 def test_an_e4m3_pool_with_the_layers_k_scale_as_sglang_writes_and_reads_it(monkeypatch):
-    """`--kv-cache-dtype fp8_e4m3` once the kernel reads e4m3 (marked readable here, a test double):
-    the layer's k / k_scale goes into the pool (its cast takes no scale; SGLang's Triton backend
+    """`--kv-cache-dtype fp8_e4m3`: the layer's k / k_scale goes into the pool (its cast takes no scale; SGLang's Triton backend
     divides the same way), and the op gets the format and the scale tensor itself, so a captured
     graph follows a recalibrated k_scale. A bf16 pool with a k_scale is refused, not misread."""
-    import dataclasses
-
-    from verify_tuner.kernels import formats
-
-    fmt = formats.FORMATS["fp8_e4m3"]
-    monkeypatch.setitem(formats.FORMATS, "fp8_e4m3", dataclasses.replace(fmt, kernel_reads=True))
     eng = Engine(QLEN_ONLY, pool_dtype=torch.float8_e4m3fn)
     assert eng.backend.kv_dtype == "fp8_e4m3"
     k_scale = torch.tensor(0.5)

@@ -2,15 +2,13 @@
 computed on the dequantized cache (what the kernel is asked to compute), with poisoned outputs: the
 structures of the bf16 pool, every layout the op takes, a graph replayed over growing prefixes with
 the layer's scale recalibrated between replays, ragged extremes, and sm_80's bit-placement
-conversion built on this GPU. The package refuses the format until these have passed on a GPU
-(kernels/formats.py, `kernel_reads`): the fixture marks it readable for this module alone."""
+conversion built on this GPU."""
 
 from __future__ import annotations
 
 import dataclasses
 
 import pytest
-from verify_tuner.kernels import formats
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.validate import check
 
@@ -38,8 +36,6 @@ def gpu(tmp_path_factory):
     from verify_tuner.kernels.build import precompile
     from verify_tuner.kernels.limits import read_device_limits
 
-    mp = pytest.MonkeyPatch()
-    mp.setitem(formats.FORMATS, FMT, dataclasses.replace(formats.FORMATS[FMT], kernel_reads=True))
     torch.cuda.init()
     limits, cache = read_device_limits(0), tmp_path_factory.mktemp("cubins")
     for q_len in sorted({q for _, q, _ in SHAPES}):
@@ -47,8 +43,7 @@ def gpu(tmp_path_factory):
             c for c in CONFIGS if any(check(c, limits, H=H, q_len=q_len, kv_dtype=FMT) is None for H, _, _ in SHAPES)
         ]
         assert not precompile(pool, q_len, limits.arch, cache, kv_dtype=FMT)
-    yield limits, cache
-    mp.undo()
+    return limits, cache
 
 
 def _run(cfg, inp, limits, cache, *, flags=(), kv_scale_ptr=None):

@@ -1,0 +1,94 @@
+"""Which configs an e4m3 cache (kv_dtype fp8_e4m3) wants, against bf16's default in the same call:
+for each headline shape, the bf16 heuristic's config on a bf16 cache and, on the e4m3 cache, that
+config and its neighbours in ring depth (STAGES), tile (TK) and pipeline (PIPE) that validate()
+accepts. Each is gated against the fp32 reference (on the dequantized cache for e4m3) before it is
+timed; CUDA-graph replays, inputs rotated past the L2, interleaved rounds. Writes
+fp8_configs_<arch>.json and .md under --out.
+
+    python3 bench/fp8_configs.py --out OUT        # on the GPU machine
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from verify_tuner.heuristic import heuristic_config
+from verify_tuner.kernels.validate import check
+
+B32 = [20000 + round(50000 * i / 31) for i in range(32)]  # 20k..70k
+SHAPES = [("H=8 q=1 P=131072", 8, 1, [131072]), ("H=8 q=9 P=46000", 8, 9, [46000]), ("B=32 20k..70k", 8, 9, B32)]
+FMT = "fp8_e4m3"
+
+
+def candidates(limits, H: int, q: int, lens: list[int]) -> list:
+    """The bf16 default and its valid neighbours for e4m3 (at most 10, the default first)."""
+    base = heuristic_config(limits, H=H, q_len=q, prefix=max(lens), batch=len(lens))
+    out = [base]
+    for stages in (2, 3, 4, 6):
+        for tk in (32, 64):
+            for pipe in (0, 1, 3):
+                c = dataclasses.replace(base, stages=stages, tk=tk, pipe=pipe)
+                if c not in out and check(c, limits, H=H, q_len=q, kv_dtype=FMT) is None:
+                    out.append(c)
+    return out[:10]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--cache", type=Path, default=Path(os.environ.get("TUNER_CACHE_DIR", "/tmp/va-cache")))
+    args = ap.parse_args()
+
+    import pycuda.autoprimaryctx  # noqa: F401
+    import pycuda.driver as cuda
+    import torch
+    from benchlib import checked_launcher, interleaved_medians
+    from verify_tuner.kernels.build import precompile
+    from verify_tuner.kernels.launch import VerifyAttention
+    from verify_tuner.kernels.limits import read_device_limits
+    from verify_tuner.kernels.reference import reference
+    from verify_tuner.kernels.timing import rotating_inputs
+
+    limits, stream, rows = read_device_limits(0), cuda.Stream(), []
+    for name, H, q, lens in SHAPES:
+        pool = candidates(limits, H, q, lens)
+        precompile(pool, q, limits.arch, args.cache, kv_dtype=FMT)
+        got, keep = {}, []
+        for kv in ("bf16", FMT):
+            sets = rotating_inputs(prefix_lens=lens, q_len=q, H=H, l2_bytes=limits.l2_bytes, seed=H + q, kv_dtype=kv)
+            ref, out = reference(sets[0])[0], torch.empty(len(lens), q, H, 512, dtype=torch.bfloat16, device="cuda")
+            keep.append((sets, out))
+            for cfg in pool[:1] if kv == "bf16" else pool:
+                va = VerifyAttention(cfg, H=H, q_len=q, limits=limits, max_batch=len(lens), cache_dir=args.cache,
+                                     kv_dtype=kv)  # fmt: skip
+                got[(kv, str(cfg))] = checked_launcher(va, sets, out, ref, f"{name} {kv} {cfg}", stream=stream)
+        n = min(len(s) for s, _ in keep)
+        us = interleaved_medians(got, n, rounds=args.rounds, reps=20, stream=stream)
+        bf16 = us[("bf16", str(pool[0]))]
+        for (kv, cfg), t in sorted(us.items(), key=lambda kv_t: kv_t[1]):
+            rows.append({"shape": name, "kv_format": kv, "config": cfg, "us": round(t, 2),
+                         "vs_bf16_default": round(t / bf16, 3), "default": cfg == str(pool[0])})  # fmt: skip
+            print(f"{name:18s} {kv:9s} {t:8.1f} us {t / bf16:6.3f}x  {cfg}", flush=True)
+        del keep, got
+        torch.cuda.empty_cache()
+    args.out.mkdir(parents=True, exist_ok=True)
+    doc = {"device": limits.name, "date": dt.date.today().isoformat(), "rows": rows}
+    (args.out / f"fp8_configs_{limits.arch}.json").write_text(json.dumps(doc, indent=1) + "\n")
+    lines = [f"# e4m3 cache configs vs bf16's default on {limits.name} ({doc['date']})", "",
+             "| shape | kv | µs | × bf16 default | config |", "|---|---|---|---|---|"]  # fmt: skip
+    lines += [f"| {r['shape']} | {r['kv_format']} | {r['us']} | {r['vs_bf16_default']} | `{r['config']}`"
+              f"{' (default)' if r['default'] else ''} |" for r in rows]  # fmt: skip
+    (args.out / f"fp8_configs_{limits.arch}.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
