@@ -10,6 +10,7 @@ from kernels/abi.py, as for the tuner's PyCUDA launcher.
 from __future__ import annotations
 
 import ctypes
+import struct
 from typing import Any
 
 from verify_tuner.kernels.abi import PARTIAL_ARGS, REDUCE_ARGS, LaunchSpec, Layout, reduce_grid
@@ -17,8 +18,28 @@ from verify_tuner.kernels.errors import InvalidConfig, LaunchError
 from verify_tuner.kernels.validate import smem_bytes
 
 _CTYPES = {"P": ctypes.c_void_p, "i": ctypes.c_int, "f": ctypes.c_float}
-_PARTIAL_TYPES = tuple(_CTYPES[c] for c in PARTIAL_ARGS)
-_REDUCE_TYPES = tuple(_CTYPES[c] for c in REDUCE_ARGS)
+
+
+class PackedArgs:
+    """A kernel's argument block, built once: an 8-byte slot per argument and the void* array of
+    the slots' addresses that cuLaunchKernelEx reads. A launch packs the values into the slots with
+    one struct call and hands the driver the array's address, so cuda-python converts nothing per
+    call (its (values, types) form builds every argument anew each launch); the driver copies the
+    values when it enqueues (or captures) the launch, so the next call may overwrite them."""
+
+    _SLOT = {"P": "Q", "i": "i4x", "f": "f4x"}  # pointers, int32 and float32, each in 8 bytes
+
+    def __init__(self, codes: str) -> None:
+        self._format = struct.Struct("<" + "".join(self._SLOT[c] for c in codes))
+        self.block = ctypes.create_string_buffer(8 * len(codes))
+        base = ctypes.addressof(self.block)
+        self.array = (ctypes.c_void_p * len(codes))(*(base + 8 * i for i in range(len(codes))))
+        self.address = ctypes.addressof(self.array)
+
+    def fill(self, args: tuple[int | float, ...]) -> int:
+        """Write `args` (in the kernel's order) and return the address to pass as kernelParams."""
+        self._format.pack_into(self.block, 0, *args)
+        return self.address
 
 
 def _driver() -> Any:
@@ -75,6 +96,7 @@ class CubinKernels:
         # config once (cuda-python objects cost more host time than the launch call itself).
         self._drv = drv
         self._configs: dict[tuple[int, int, int, int, int, int, bool], Any] = {}
+        self._partial_args, self._reduce_args = PackedArgs(PARTIAL_ARGS), PackedArgs(REDUCE_ARGS)
 
     def global_ptr(self, name: bytes) -> tuple[int, int]:
         """(device address, bytes) of a __device__ variable of the module."""
@@ -143,7 +165,8 @@ class CubinKernels:
                 **pointers,  # type: ignore[arg-type]  # q_pe may be None (576-wide q rows), every other an int
             )
             cfg = self._config(spec.partial_grid(), spec.cfg.block, self.smem, stream, pdl=False)
-            _ok(drv.cuLaunchKernelEx(cfg, self.partial, (args, _PARTIAL_TYPES), 0), "cuLaunchKernelEx(partial)", drv)
+            params = self._partial_args.fill(args)
+            _ok(drv.cuLaunchKernelEx(cfg, self.partial, params, 0), "cuLaunchKernelEx(partial)", drv)
         if not reduce:
             return
         blocks, per_block = reduce_grid(
@@ -159,7 +182,8 @@ class CubinKernels:
             per_block=per_block,
         )
         cfg = self._config((blocks, 1, 1), self.reduce_threads, 0, stream, pdl=self.uses_pdl)
-        _ok(drv.cuLaunchKernelEx(cfg, self.reduce, (args, _REDUCE_TYPES), 0), "cuLaunchKernelEx(reduce)", drv)
+        params = self._reduce_args.fill(args)
+        _ok(drv.cuLaunchKernelEx(cfg, self.reduce, params, 0), "cuLaunchKernelEx(reduce)", drv)
 
 
 def read_limits(device_index: int) -> Any:

@@ -136,7 +136,7 @@ def test_an_e4m3_pool_reaches_the_launch_with_its_scale(host, monkeypatch):
     partial_args = []
     launch = host.cuLaunchKernelEx
     monkeypatch.setattr(
-        host, "cuLaunchKernelEx", lambda c, fn, a, e: (fn[1] == b"verify_attn_partial" and partial_args.append(a[0])) or launch(c, fn, a, e)
+        host, "cuLaunchKernelEx", lambda c, fn, a, e: (fn[1] == b"verify_attn_partial" and partial_args.append(fake_driver.launch_values(fn, a))) or launch(c, fn, a, e)
     )  # fmt: skip
     for storage in (torch.uint8, torch.float8_e4m3fn):
         torch.ops.verify_tuner.verify_attention(*_e4m3_args(4, storage), kv_dtype="fp8_e4m3", kv_scale=0.02)

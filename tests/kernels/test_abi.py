@@ -245,3 +245,22 @@ def test_reduce_grid_covers_every_item_within_a_block_s_threads(batch):
     assert blocks * per >= items and per <= 256 and blocks <= max(items, 1)
     if batch == 1:
         assert per == 1  # one long request: every item its own block
+
+
+def test_a_launchs_packed_arguments_are_what_the_driver_reads_and_are_rewritten_in_place():
+    """kernels/runtime.PackedArgs: the address it returns is a void* array whose entries point at
+    the values in the kernel's order and types; the next fill rewrites the same block."""
+    import ctypes
+    import struct
+
+    from verify_tuner.kernels.runtime import PackedArgs
+
+    packed = PackedArgs("PiPf")
+    addr = packed.fill((0x7F00_0000_1000, 9, 0, 0.25))
+    slots = (ctypes.c_void_p * 4).from_address(addr)
+    read = [ctypes.c_void_p.from_address(slots[0]).value, ctypes.c_int.from_address(slots[1]).value,
+            ctypes.c_void_p.from_address(slots[2]).value, ctypes.c_float.from_address(slots[3]).value]  # fmt: skip
+    assert read == [0x7F00_0000_1000, 9, None, 0.25]
+    assert packed.fill((1, -3, 2, 1.5)) == addr and ctypes.c_int.from_address(slots[1]).value == -3
+    with pytest.raises(struct.error):
+        packed.fill((1, 2, 3))  # a count that does not match the kernel's signature is a bug
