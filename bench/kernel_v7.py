@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from verify_tuner.heuristic import heuristic_config
 from verify_tuner.kernels import formats
 from verify_tuner.kernels.build import NVCC_FLAGS, nvcc_path, render
+from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.limits import known_device
 from verify_tuner.kernels.shapes import floor_bytes, flops
 
@@ -48,6 +49,13 @@ CASES = [
     ("sm_120 template H=64 q=9 P=46000", 64, 9, [46000], "bf16", "rtx-pro-6000"),
     ("sm_120 template H=8 q=64 P=46000", 8, 64, [46000], "bf16", "rtx-pro-6000"),
 ]
+#: v6's sm_120 defaults (its heuristic's choice for the RTX PRO 6000, as kernel_v7_sm_90.json of
+#: 2026-12-05 recorded it): v6's side of the sm_120 template cases, v7's being today's heuristic.
+V6_SM120 = {
+    (8, 9): "NSPLIT=94 HT=4 TK=16 BLOCK=256 STAGES=2 QT=0 WR=4 WK=2 SF=0 PIPE=1",
+    (64, 9): "NSPLIT=11 HT=4 TK=16 BLOCK=256 STAGES=2 QT=0 WR=4 WK=2 SF=0 PIPE=1",
+    (8, 64): "NSPLIT=8 HT=1 TK=16 BLOCK=256 STAGES=2 QT=32 WR=4 WK=2 SF=0 PIPE=1",
+}
 #: bench/bench_kernel.py's 40 shapes: no bf16 shape slower than v6 by more than 3 %
 REGRESSION = [(H, Q, P) for H in (8, 16, 64, 128) for Q in (1, 9) for P in (1024, 4096, 16384, 46000, 131072)]
 
@@ -62,6 +70,13 @@ def compile_v6(source: Path, cfg, q_len: int, arch: str, folder: Path) -> bytes:
     cmd = [nvcc_path(), "-cubin", f"-arch={arch}", *NVCC_FLAGS, "-o", str(out), str(src)]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     return out.read_bytes()
+
+
+def v6_config(device: str, H: int, q: int) -> KernelConfig | None:
+    """v6's own default where its heuristic chose another than v7's (the sm_120 template), else None."""
+    if device != "rtx-pro-6000":
+        return None
+    return KernelConfig.from_params(dict(kv.split("=") for kv in V6_SM120[(H, q)].split()))
 
 
 def launchers(case, *, limits, cache: Path, v6_source: Path | None, tmp: Path, stream):
@@ -84,13 +99,14 @@ def launchers(case, *, limits, cache: Path, v6_source: Path | None, tmp: Path, s
     va = VerifyAttention(cfg, H=H, q_len=q, limits=limits, max_batch=B, cache_dir=cache, kv_dtype=kv)
     got = {"v7": (checked_launcher(va, sets, out, ref, f"v7 {name} {kv}", stream=stream), cfg)}
     if kv == "bf16" and v6_source is not None:
-        v6 = VerifyAttention(cfg, H=H, q_len=q, limits=limits, max_batch=B, cache_dir=cache)
-        v6.kernels = CubinKernels(compile_v6(v6_source, cfg, q, limits.arch, tmp), v6.spec, sm_count=limits.sm_count)
-        got["v6"] = (checked_launcher(v6, sets, out, ref, f"v6 {name}", stream=stream), cfg)
+        old = v6_config(device, H, q) or cfg
+        v6 = VerifyAttention(old, H=H, q_len=q, limits=limits, max_batch=B, cache_dir=cache)
+        v6.kernels = CubinKernels(compile_v6(v6_source, old, q, limits.arch, tmp), v6.spec, sm_count=limits.sm_count)
+        got["v6"] = (checked_launcher(v6, sets, out, ref, f"v6 {name}", stream=stream), old)
     return got, sets
 
 
-def row_of(case, us: dict, cfg, bw: float) -> dict:
+def row_of(case, us: dict, cfg, bw: float, v6cfg=None) -> dict:
     name, H, q, lens, kv, device = case
     nbytes, nflop = floor_bytes(lens, q_len=q, H=H, kv_dtype=kv), flops(lens, q_len=q, H=H)
     limit = max(nbytes / ANCHOR_BW, nflop / MMA_CEILING) * 1e6
@@ -104,6 +120,7 @@ def row_of(case, us: dict, cfg, bw: float) -> dict:
         "limit_us": round(limit, 2),
         "x_limit": round(us["v7"] / limit, 3),
         "v6_us": round(us["v6"], 2) if "v6" in us else None,
+        "v6_config": str(v6cfg) if v6cfg is not None else None,
         "TBps": round(nbytes / us["v7"] / 1e6, 3),
         "TFLOPs": round(nflop / us["v7"] / 1e6, 1),
         "config": str(cfg),
@@ -139,7 +156,7 @@ def main() -> None:
             us = interleaved_medians(
                 {k: f for k, (f, _) in got.items()}, len(sets), rounds=args.rounds, reps=20, stream=stream
             )
-            rows.append(row_of(case, us, got["v7"][1], bw))
+            rows.append(row_of(case, us, got["v7"][1], bw, got["v6"][1] if "v6" in got else None))
             r = rows[-1]
             print(f"{r['case']:36s} {r['kv_format']:9s} v7 {r['us']:8.1f} us  v6 {r['v6_us'] or float('nan'):8.1f}  "
                   f"limit {r['limit_us']:7.1f} ({r['x_limit']:.2f}x)  {r['config']}", flush=True)  # fmt: skip

@@ -110,6 +110,13 @@ def test_kernel_v7s_cases_are_the_issues_and_fit_their_devices():
     # e4m3 halves the bytes: at q=9 the mma.sync ceiling (7.2 GFLOP / 645 TFLOP/s) binds instead
     fp8 = kernel_v7.row_of(kernel_v7.CASES[9], {"v7": 42.0}, "cfg", 4.0e12)
     assert fp8["mode"] == "dequant" and fp8["limit_us"] == pytest.approx(11.18, abs=0.01) and fp8["v6_us"] is None
+    # the sm_120 template cases time v6's own sm_120 default on v6's side, valid on that device
+    sm120 = [(H, q) for _, H, q, _, _, device in kernel_v7.CASES if device == "rtx-pro-6000"]
+    assert sorted(sm120) == sorted(kernel_v7.V6_SM120)
+    for H, q in sm120:
+        old = kernel_v7.v6_config("rtx-pro-6000", H, q)
+        assert old is not None and check(old, known_device("rtx-pro-6000"), H=H, q_len=q) is None
+    assert kernel_v7.v6_config("h200", 8, 9) is None
     q1 = [kernel_v7.row_of(kernel_v7.CASES[i], {"v7": 50.0}, "cfg", 4.0e12)["limit_us"] for i in (6, 7)]
     assert q1[1] == pytest.approx(q1[0] / 2, rel=0.01)  # q_len 1 stays memory-bound: half the limit
 
@@ -122,3 +129,24 @@ def test_kernel_v7_compiles_another_source_with_this_trees_constants(tmp_path):
     cfg = heuristic_config(known_device("h200"), H=8, q_len=9, prefix=46000)
     cubin = kernel_v7.compile_v6(SOURCE, cfg, 9, "sm_90", tmp_path)  # any source with the kernels' names
     assert cubin[:4] == b"\x7fELF" and b"verify_attn_partial" in cubin
+
+
+def test_the_sm120_structure_check_times_the_sm120_default_and_sm120_valid_configs_only():
+    """Every config it times is valid on the RTX PRO 6000, carries the NSPLIT the heuristic would
+    give it there, and the shape's sm_120 default is among them as the default itself."""
+    import sm120_structures
+    from verify_tuner.heuristic import one_wave_nsplit
+
+    target = known_device("rtx-pro-6000")
+    for _, H, q, P in sm120_structures.SHAPES:
+        default, pool = sm120_structures.structures(H, q, 12, 0)
+        assert default == heuristic_config(target, H=H, q_len=q, prefix=P) and default in pool
+        assert 6 <= len(pool) <= 13 and len(set(pool)) == len(pool)
+        for c in pool:
+            assert check(c, target, H=H, q_len=q) is None and c.nsplit == one_wave_nsplit(c, target, H=H, q_len=q)
+    # v6's sm_120 default at H=8 q=9: 36 rows in 5 n8 tiles over 4 row groups (2:1:1:1), and a warp
+    # holds one m16 token tile x 2 row tiles of accumulators
+    from verify_tuner.kernels.config import KernelConfig
+
+    v6 = KernelConfig(nsplit=94, ht=4, tk=16, block=256, stages=2, wr=4, wk=2)
+    assert sm120_structures.shape_of(v6, 9) == (False, 2)
