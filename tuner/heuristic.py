@@ -25,7 +25,11 @@ BANDWIDTH_ROWS = 16
 #: (TK, BLOCK, STAGES, WR, WK, SF, PIPE), preferred first, from the structure sweeps on the H200
 #: (bench/results/sweep_seesaw_sm_90.md and kernel_sm_90.md): the seesaw (PIPE=3: two groups of 4
 #: warps, 2x2 grid per group, 3 slots) wins at every 72-row long-prefix shape, folded scores where
-#: unfolded ones do not fit; bandwidth mode (q=1) keeps one group refilling after PV.
+#: unfolded ones do not fit; bandwidth mode (q=1) keeps one group refilling after PV. Where no
+#: 32-token tile fits (the 99 KB of sm_120), 4 warps in one row group with 4 k-slices come first:
+#: every warp holds all of the block's row tiles (no 2:1:1:1 split of 5 n8 tiles over 4 row
+#: groups), and sm_120-valid structures timed on the H200 put it first at H=8 q=9, H=64 q=9 and
+#: H=8 q=64 (0.57-0.89x the 8-warp template; bench/results/sm120_structures_sm_90.md).
 _COMPUTE = (
     (32, 256, 3, 2, 2, 0, 3),
     (32, 256, 3, 2, 2, 1, 3),
@@ -33,10 +37,10 @@ _COMPUTE = (
     (32, 256, 3, 2, 4, 1, 1),
     (32, 256, 3, 2, 2, 0, 1),
     (32, 256, 2, 4, 2, 0, 1),
+    (16, 128, 2, 1, 4, 0, 1),
     (16, 256, 3, 2, 4, 0, 1),
     (16, 256, 2, 4, 2, 0, 1),
     (16, 256, 2, 2, 4, 0, 1),
-    (16, 128, 2, 1, 4, 0, 1),
     (16, 128, 2, 2, 2, 0, 1),
 )
 _BANDWIDTH = (
