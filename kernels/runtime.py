@@ -17,7 +17,7 @@ from verify_tuner.kernels.abi import PARTIAL_ARGS, REDUCE_ARGS, LaunchSpec, Layo
 from verify_tuner.kernels.errors import InvalidConfig, LaunchError
 from verify_tuner.kernels.validate import smem_bytes
 
-_CTYPES = {"P": ctypes.c_void_p, "i": ctypes.c_int, "f": ctypes.c_float}
+_SLOT = {"P": "Q", "i": "i4x", "f": "f4x"}  # pointers, int32 and float32, each in an 8-byte slot
 
 
 class PackedArgs:
@@ -27,10 +27,8 @@ class PackedArgs:
     call (its (values, types) form builds every argument anew each launch); the driver copies the
     values when it enqueues (or captures) the launch, so the next call may overwrite them."""
 
-    _SLOT = {"P": "Q", "i": "i4x", "f": "f4x"}  # pointers, int32 and float32, each in 8 bytes
-
     def __init__(self, codes: str) -> None:
-        self._format = struct.Struct("<" + "".join(self._SLOT[c] for c in codes))
+        self._format = struct.Struct("<" + "".join(_SLOT[c] for c in codes))
         self.block = ctypes.create_string_buffer(8 * len(codes))
         base = ctypes.addressof(self.block)
         self.array = (ctypes.c_void_p * len(codes))(*(base + 8 * i for i in range(len(codes))))
