@@ -145,3 +145,38 @@ def test_a_study_timed_cold_measures_the_kernel_not_the_neighbour(sqlite_url, tm
         body = client.get("/config", params={"H": 8, "q_len": 9, "prefix": 4096}).json()
     assert body["source"] == "tuned" and body["neighbour_mb"] == 128
     assert body["expected_us"] == pytest.approx(out.best_m.median_us)
+
+
+def test_a_study_of_an_e4m3_cache_is_stored_and_served_under_its_kv_dtype(sqlite_url, tmp_path):
+    """`tuner study start --kv-dtype fp8_e4m3` as the study runs it: trials gated against fp32 on
+    the dequantized cache, the winner stored under kv_dtype fp8_e4m3 and served for that format
+    only (the bf16 key stays the heuristic's)."""
+    from fastapi.testclient import TestClient
+    from verify_tuner.api.app import create_app
+    from verify_tuner.measure.gpu_backend import IsolatedBackend
+    from verify_tuner.search.study import StudyOptions, run_study
+    from verify_tuner.settings import Settings
+    from verify_tuner.store import migrate
+    from verify_tuner.store.session import make_engine, session_factory
+
+    migrate.upgrade(sqlite_url)
+    sessions = session_factory(make_engine(sqlite_url))
+    backend = IsolatedBackend(measurer_kwargs={"cache_dir": str(tmp_path / "cache")}, timeout_s=120)
+    try:
+        out = run_study(
+            backend=backend,
+            sessions=sessions,
+            options=StudyOptions(storage_url=sqlite_url, seed=0),
+            workload=Workload(8, 9, 8192, kv_dtype="fp8_e4m3"),
+            n_trials=6,
+        )
+    finally:
+        backend.close()
+    assert out.stored and out.best_m.median_us > 0
+    settings = Settings(database_url=sqlite_url, cache_dir=tmp_path)
+    with TestClient(create_app(settings)) as c:
+        e4m3 = c.get("/config", params={"H": 8, "q_len": 9, "prefix": 8192, "kv_dtype": "fp8_e4m3"}).json()
+        bf16 = c.get("/config", params={"H": 8, "q_len": 9, "prefix": 8192}).json()
+    assert (e4m3["source"], e4m3["kv_dtype"]) == ("tuned", "fp8_e4m3")
+    assert e4m3["expected_us"] == pytest.approx(out.best_m.median_us)
+    assert bf16["source"] == "heuristic"
