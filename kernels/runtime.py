@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
+import threading
 from typing import Any
 
 from verify_tuner.kernels.abi import PARTIAL_ARGS, REDUCE_ARGS, LaunchSpec, Layout, reduce_grid
@@ -95,6 +96,7 @@ class CubinKernels:
         self._drv = drv
         self._configs: dict[tuple[int, int, int, int, int, int, bool], Any] = {}
         self._partial_args, self._reduce_args = PackedArgs(PARTIAL_ARGS), PackedArgs(REDUCE_ARGS)
+        self._packing = threading.Lock()  # one block per kernel: a fill and its launch go together
 
     def global_ptr(self, name: bytes) -> tuple[int, int]:
         """(device address, bytes) of a __device__ variable of the module."""
@@ -163,8 +165,9 @@ class CubinKernels:
                 **pointers,  # type: ignore[arg-type]  # q_pe may be None (576-wide q rows), every other an int
             )
             cfg = self._config(spec.partial_grid(), spec.cfg.block, self.smem, stream, pdl=False)
-            params = self._partial_args.fill(args)
-            _ok(drv.cuLaunchKernelEx(cfg, self.partial, params, 0), "cuLaunchKernelEx(partial)", drv)
+            with self._packing:
+                params = self._partial_args.fill(args)
+                _ok(drv.cuLaunchKernelEx(cfg, self.partial, params, 0), "cuLaunchKernelEx(partial)", drv)
         if not reduce:
             return
         blocks, per_block = reduce_grid(
@@ -180,8 +183,9 @@ class CubinKernels:
             per_block=per_block,
         )
         cfg = self._config((blocks, 1, 1), self.reduce_threads, 0, stream, pdl=self.uses_pdl)
-        params = self._reduce_args.fill(args)
-        _ok(drv.cuLaunchKernelEx(cfg, self.reduce, params, 0), "cuLaunchKernelEx(reduce)", drv)
+        with self._packing:
+            params = self._reduce_args.fill(args)
+            _ok(drv.cuLaunchKernelEx(cfg, self.reduce, params, 0), "cuLaunchKernelEx(reduce)", drv)
 
 
 def read_limits(device_index: int) -> Any:

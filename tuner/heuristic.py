@@ -28,8 +28,7 @@ BANDWIDTH_ROWS = 16
 #: unfolded ones do not fit; bandwidth mode (q=1) keeps one group refilling after PV. Where no
 #: 32-token tile fits (the 99 KB of sm_120), 4 warps in one row group with 4 k-slices come first:
 #: every warp holds all of the block's row tiles (no 2:1:1:1 split of 5 n8 tiles over 4 row
-#: groups), and sm_120-valid structures timed on the H200 put it first at H=8 q=9, H=64 q=9 and
-#: H=8 q=64 (0.57-0.89x the 8-warp template; bench/results/sm120_structures_sm_90.md).
+#: groups), which the sm_120 structure check measured fastest (bench/results/sm120_structures_sm_90.json).
 _COMPUTE = (
     (32, 256, 3, 2, 2, 0, 3),
     (32, 256, 3, 2, 2, 1, 3),

@@ -49,6 +49,39 @@ def test_a_signature_is_checked_once_and_each_call_launches_at_its_own_addresses
     assert host.checks == [(4, Q, H, 576), (2, Q, H, 576)]
 
 
+def test_threads_launching_one_kernel_never_mix_their_arguments(host, monkeypatch):
+    """The launch arguments are packed into one block per kernel (kernels/runtime.PackedArgs): two
+    threads calling the op with the same signature must each launch with their own addresses. The
+    stand-in launch yields to the other thread before it reads the block, where a thread switch
+    between a fill and its launch would show."""
+    import threading
+    import time
+
+    mine, mixed, launch = threading.local(), [], host.cuLaunchKernelEx
+
+    def yielding_launch(config, fn, params, extra):
+        time.sleep(0)  # let the other thread run between this launch's fill and its read
+        values = fake_driver.launch_values(fn, params)
+        if fn[1] == b"verify_attn_partial" and values[0] != mine.q:
+            mixed.append(values[0])
+        return launch(config, fn, params, extra)
+
+    monkeypatch.setattr(host, "cuLaunchKernelEx", yielding_launch)
+
+    def run() -> None:
+        for _ in range(200):
+            args = _args(4)
+            mine.q = args[0].data_ptr()
+            torch.ops.verify_tuner.verify_attention(*args)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert host.launches == 800 and mixed == []
+
+
 def test_a_bad_call_after_good_ones_is_still_refused(host):
     torch.ops.verify_tuner.verify_attention(*_args(4))
     with pytest.raises(ValueError, match="q must be bfloat16"):
