@@ -12,7 +12,7 @@ on the health port (TUNER_HEALTH_PORT), as a kubelet does.
     python bench/load_test.py --clients 200 --requests 100000 --max-seconds 10 --rate 0 --repeat 2 \
         --listen-backlog 8 --tag stall
 caps the server's listen queue, as a kernel with a tiny net.core.somaxconn would: what a
-listen-queue overflow looks like to the load (load_test_stall.md).
+listen-queue overflow looks like to the load.
 
 During each flat-out run, another process opens --burst new connections at once (default 100), a
 third of the way in, and times each one's first byte of a GET /config: what a worker fleet

@@ -66,7 +66,7 @@ def test_probes_on_the_health_port_are_answered_while_the_main_port_is_saturated
     # The main port's own answers are test_load's subject; here the load only has to saturate it.
     # A client stops at its first error, so `errors` counts clients lost. CI's shared 2-core VM has
     # lost 22 of the 200 at the opening burst, each a first request unanswered in 5 s: the signature
-    # of a listen-queue overflow (bench/results/load_test_stall.md reproduces it with a backlog of 8;
+    # of a listen-queue overflow (`bench/load_test.py --listen-backlog 8` reproduces it;
     # not reproduced here with 64). The load still saturates the port if nine in ten clients stay.
     assert res["sent"] > 1000 and res["errors"] <= 200 // 10, (
         res["errors"],
