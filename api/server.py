@@ -202,8 +202,8 @@ def bind(settings: Settings) -> socket.socket:
     from verify_tuner.api.health_server import address_family
 
     # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on connections accepted from a socket
-    # that says it is TCP, and without it Nagle held a response's second write for the client's
-    # delayed ACK (p99 45 ms at 2 req/s a client, where uvicorn's own bind gave 4 ms)
+    # that says it is TCP, and without it Nagle holds a response's second write for the client's
+    # delayed ACK (tests/api/test_serve_settings.py)
     sock = socket.socket(address_family(settings.host, settings.port), socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn's own bind
