@@ -619,3 +619,21 @@ def test_a_stopping_process_withdraws_only_the_trials_it_queued_and_nobody_took(
     assert left[1].state == optuna.trial.TrialState.FAIL
     assert left[1].user_attrs[REASON_ATTR] == "not measured: queued when its process stopped"
     assert left[2].state == optuna.trial.TrialState.WAITING  # another's queue entry stays for a resume
+
+
+def test_a_study_of_an_e4m3_cache_stores_its_winner_under_that_format_only(sessions, db_url):
+    """`tuner study start --kv-dtype fp8_e4m3`: the key carries the format, so the winner is stored
+    for e4m3 caches and a bf16 lookup of the same shape stays the heuristic's."""
+    from dataclasses import replace
+
+    from verify_tuner.store import lookup
+
+    out = study(sessions, db_url, FakeBackend(), workload=Workload(8, 9, 46000, kv_dtype="fp8_e4m3"), n_trials=6)
+    assert out.stored and out.key.kv_dtype == "fp8_e4m3"
+    with session_scope(sessions) as s:
+        assert best_configs.get_best(session=s, key=out.key).config == out.best
+        assert best_configs.get_best(session=s, key=replace(out.key, kv_dtype="bf16")) is None
+        e4m3 = lookup.local_key(H200, H=8, q_len=9, kv_dtype="fp8_e4m3")
+        assert lookup.answer(session=s, limits=H200, key=e4m3, prefix=46000).source == "tuned"
+        bf16 = lookup.local_key(H200, H=8, q_len=9, kv_dtype="bf16")
+        assert lookup.answer(session=s, limits=H200, key=bf16, prefix=46000).source == "heuristic"

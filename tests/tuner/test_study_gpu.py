@@ -8,12 +8,10 @@ from verify_tuner.measure.backend import CRASHED, OK, TIMEOUT, Workload
 pytestmark = pytest.mark.gpu
 
 
-def test_small_real_study_then_api(sqlite_url, tmp_path):
-    from fastapi.testclient import TestClient
-    from verify_tuner.api.app import create_app
+def _study(sqlite_url, tmp_path, workload: Workload, n_trials: int, **options):
+    """A study on a fresh database, measured by the measuring child, which is closed after."""
     from verify_tuner.measure.gpu_backend import IsolatedBackend
     from verify_tuner.search.study import StudyOptions, run_study
-    from verify_tuner.settings import Settings
     from verify_tuner.store import migrate
     from verify_tuner.store.session import make_engine, session_factory
 
@@ -25,15 +23,29 @@ def test_small_real_study_then_api(sqlite_url, tmp_path):
             backend=backend,
             sessions=sessions,
             options=StudyOptions(storage_url=sqlite_url, seed=0),
-            workload=Workload(8, 9, 8192),
-            n_trials=8,
+            workload=workload,
+            n_trials=n_trials,
+            **options,
         )
     finally:
         backend.close()
+    return out, backend
+
+
+def _served(sqlite_url, tmp_path, *queries: dict) -> list[dict]:
+    """The sidecar's GET /config answers to `queries`, on the study's database."""
+    from fastapi.testclient import TestClient
+    from verify_tuner.api.app import create_app
+    from verify_tuner.settings import Settings
+
+    with TestClient(create_app(Settings(database_url=sqlite_url, cache_dir=tmp_path))) as c:
+        return [c.get("/config", params=q).json() for q in queries]
+
+
+def test_small_real_study_then_api(sqlite_url, tmp_path):
+    out, backend = _study(sqlite_url, tmp_path, Workload(8, 9, 8192), 8)
     assert out.stored and out.best_m.median_us > 0 and out.default_m is not None
-    settings = Settings(database_url=sqlite_url, cache_dir=tmp_path)
-    with TestClient(create_app(settings)) as c:
-        body = c.get("/config", params={"H": 8, "q_len": 9, "prefix": 8192}).json()
+    (body,) = _served(sqlite_url, tmp_path, {"H": 8, "q_len": 9, "prefix": 8192})
     assert body["source"] == "tuned" and body["device"] == backend.limits.name
     assert (body["NSPLIT"], body["HT"], body["TK"], body["BLOCK"]) == (
         out.best.nsplit,
@@ -72,33 +84,11 @@ def test_faulting_and_hanging_kernels_fail_only_their_trial(tmp_path):
 def test_a_batch_study_measures_the_ragged_batch_and_serves_its_bucket(sqlite_url, tmp_path):
     """B=8 on the GPU: the gate covers all 8 ragged requests, the winner is stored under batch
     bucket 5-8 and the API serves it for batch=8 while B=1 stays heuristic."""
-    from fastapi.testclient import TestClient
-    from verify_tuner.api.app import create_app
-    from verify_tuner.measure.gpu_backend import IsolatedBackend
-    from verify_tuner.search.study import StudyOptions, run_study
-    from verify_tuner.settings import Settings
-    from verify_tuner.store import migrate
-    from verify_tuner.store.session import make_engine, session_factory
-
-    migrate.upgrade(sqlite_url)
-    sessions = session_factory(make_engine(sqlite_url))
-    backend = IsolatedBackend(measurer_kwargs={"cache_dir": str(tmp_path / "cache")}, timeout_s=120)
-    try:
-        out = run_study(
-            backend=backend,
-            sessions=sessions,
-            options=StudyOptions(storage_url=sqlite_url, seed=0),
-            workload=Workload(8, 9, 8192, batch=8),
-            n_trials=6,
-            restrict={"STAGES": [2, 3], "QT": [0]},
-        )
-    finally:
-        backend.close()
+    out, _ = _study(sqlite_url, tmp_path, Workload(8, 9, 8192, batch=8), 6, restrict={"STAGES": [2, 3], "QT": [0]})
     assert out.stored and out.key.batch_bucket == 3 and out.counts["ok"] >= 1
-    settings = Settings(database_url=sqlite_url, cache_dir=tmp_path)
-    with TestClient(create_app(settings)) as c:
-        b8 = c.get("/config", params={"H": 8, "q_len": 9, "prefix": 8192, "batch": 8}).json()
-        b1 = c.get("/config", params={"H": 8, "q_len": 9, "prefix": 8192}).json()
+    b8, b1 = _served(
+        sqlite_url, tmp_path, {"H": 8, "q_len": 9, "prefix": 8192, "batch": 8}, {"H": 8, "q_len": 9, "prefix": 8192}
+    )
     assert b8["source"] == "tuned" and b8["NSPLIT"] == out.best.nsplit and b8["batch_bucket"]["hi"] == 8
     assert b1["source"] == "heuristic"
 
@@ -151,32 +141,14 @@ def test_a_study_of_an_e4m3_cache_is_stored_and_served_under_its_kv_dtype(sqlite
     """`tuner study start --kv-dtype fp8_e4m3` as the study runs it: trials gated against fp32 on
     the dequantized cache, the winner stored under kv_dtype fp8_e4m3 and served for that format
     only (the bf16 key stays the heuristic's)."""
-    from fastapi.testclient import TestClient
-    from verify_tuner.api.app import create_app
-    from verify_tuner.measure.gpu_backend import IsolatedBackend
-    from verify_tuner.search.study import StudyOptions, run_study
-    from verify_tuner.settings import Settings
-    from verify_tuner.store import migrate
-    from verify_tuner.store.session import make_engine, session_factory
-
-    migrate.upgrade(sqlite_url)
-    sessions = session_factory(make_engine(sqlite_url))
-    backend = IsolatedBackend(measurer_kwargs={"cache_dir": str(tmp_path / "cache")}, timeout_s=120)
-    try:
-        out = run_study(
-            backend=backend,
-            sessions=sessions,
-            options=StudyOptions(storage_url=sqlite_url, seed=0),
-            workload=Workload(8, 9, 8192, kv_dtype="fp8_e4m3"),
-            n_trials=6,
-        )
-    finally:
-        backend.close()
+    out, _ = _study(sqlite_url, tmp_path, Workload(8, 9, 8192, kv_dtype="fp8_e4m3"), 6)
     assert out.stored and out.best_m.median_us > 0
-    settings = Settings(database_url=sqlite_url, cache_dir=tmp_path)
-    with TestClient(create_app(settings)) as c:
-        e4m3 = c.get("/config", params={"H": 8, "q_len": 9, "prefix": 8192, "kv_dtype": "fp8_e4m3"}).json()
-        bf16 = c.get("/config", params={"H": 8, "q_len": 9, "prefix": 8192}).json()
+    e4m3, bf16 = _served(
+        sqlite_url,
+        tmp_path,
+        {"H": 8, "q_len": 9, "prefix": 8192, "kv_dtype": "fp8_e4m3"},
+        {"H": 8, "q_len": 9, "prefix": 8192},
+    )
     assert (e4m3["source"], e4m3["kv_dtype"]) == ("tuned", "fp8_e4m3")
     assert e4m3["expected_us"] == pytest.approx(out.best_m.median_us)
     assert bf16["source"] == "heuristic"
