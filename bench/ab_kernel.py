@@ -3,6 +3,7 @@ interleaved rounds (so clock drift hits both alike); each variant's output is ch
 the fp32 reference first. Configs: the heuristic default of each shape.
 
     python3 bench/ab_kernel.py --b-flags=-DVA_NO_PDL --label "reduce: PDL (A) vs plain launch (B)" --out DIR
+    python3 bench/ab_kernel.py --kv-dtype fp8_e4m3 --b-flags=-DVA_F8_REG --label "e4m3: smem (A) vs register dequant (B)" --out DIR
 
 A -D flag must name a macro the kernel source tests: a misspelt or removed one would silently
 compare A with A, so it is refused.
@@ -24,6 +25,7 @@ from verify_tuner.heuristic import heuristic_config
 from verify_tuner.kernels.build import SOURCE
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.errors import InvalidConfig
+from verify_tuner.kernels.formats import readable
 from verify_tuner.kernels.shapes import D_V
 from verify_tuner.kernels.timing import check_neighbour_mb
 
@@ -48,6 +50,7 @@ def main() -> None:
         help="variant B's config as 'NSPLIT=66 HT=4 ...' (default: the heuristic default, as A)",
     )
     ap.add_argument("--label", default="A vs B")
+    ap.add_argument("--kv-dtype", default="bf16", help="the cache format both variants read (kernels/formats.py)")
     ap.add_argument("--out", type=Path, required=True, help="folder the results are written to")
     ap.add_argument("--cache", default=os.environ.get("TUNER_CACHE_DIR", "/tmp/va-cache"))
     ap.add_argument(
@@ -67,7 +70,8 @@ def main() -> None:
     args = ap.parse_args()
     try:
         check_neighbour_mb(args.neighbour_mb)
-    except ValueError as exc:
+        readable(args.kv_dtype)
+    except (ValueError, InvalidConfig) as exc:
         ap.error(str(exc))
 
     import pycuda.autoprimaryctx  # noqa: F401
@@ -87,7 +91,10 @@ def main() -> None:
         if name not in source:
             raise SystemExit(f"{flag}: the kernel source never tests {name}; the A/B would compare A with A")
     lines = [
-        f"# Kernel A/B: {args.label} — {limits.name} ({limits.arch}), {dt.date.today().isoformat()}",
+        (
+            f"# Kernel A/B: {args.label} — {limits.name} ({limits.arch}), {dt.date.today().isoformat()}, "
+            f"kv_dtype {args.kv_dtype}"
+        ),
         "",
         (
             f"A flags: `{' '.join(variants['A']) or '(none)'}`; B flags: `{' '.join(variants['B']) or '(none)'}`. "
@@ -109,14 +116,23 @@ def main() -> None:
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for H, Q, P in args.shapes:
-        cfg = heuristic_config(limits, H=H, q_len=Q, prefix=P)
+        cfg = heuristic_config(limits, H=H, q_len=Q, prefix=P, kv_dtype=args.kv_dtype)
         cfgs = {"A": cfg, "B": args.b_config or cfg}
-        sets = rotating_inputs(prefix_lens=[P], q_len=Q, H=H, l2_bytes=limits.l2_bytes, seed=H + Q + P)
+        sets = rotating_inputs(
+            prefix_lens=[P], q_len=Q, H=H, l2_bytes=limits.l2_bytes, seed=H + Q + P, kv_dtype=args.kv_dtype
+        )
         ref = reference(sets[0])[0]
         out = torch.empty(1, Q, H, D_V, dtype=torch.bfloat16, device="cuda")
         vas = {
             name: VerifyAttention(
-                cfgs[name], H=H, q_len=Q, limits=limits, max_batch=1, cache_dir=Path(args.cache), extra_flags=flags
+                cfgs[name],
+                H=H,
+                q_len=Q,
+                limits=limits,
+                max_batch=1,
+                cache_dir=Path(args.cache),
+                extra_flags=flags,
+                kv_dtype=args.kv_dtype,
             )
             for name, flags in variants.items()
         }

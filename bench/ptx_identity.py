@@ -20,6 +20,8 @@ sys.path.insert(0, str(ROOT))
 
 from verify_tuner.kernels.build import NVCC_FLAGS, SOURCE, nvcc_path
 from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.errors import InvalidConfig
+from verify_tuner.kernels.formats import kv_format
 
 CONFIGS = [
     (KernelConfig(132, 8, 32, 256, stages=3, wr=2, wk=2, sf=1, pipe=3), 9),
@@ -32,8 +34,8 @@ CONFIGS = [
 ARCHES = ("sm_80", "sm_90", "sm_120")
 
 
-def _ptx(source: str, cfg: KernelConfig, q_len: int, arch: str) -> str:
-    consts = {**cfg.as_params(), "QN": q_len, "QT": cfg.row_tile(q_len)}
+def _ptx(source: str, cfg: KernelConfig, q_len: int, arch: str, kv_dtype: str) -> str:
+    consts = {**cfg.as_params(), "QN": q_len, "QT": cfg.row_tile(q_len), "KV_FMT": kv_format(kv_dtype).code}
     text = "".join(f"#define {k} {int(v)}\n" for k, v in sorted(consts.items())) + source
     with tempfile.TemporaryDirectory() as d:
         src, out = Path(d) / "k.cu", Path(d) / "k.ptx"
@@ -51,17 +53,29 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--base", required=True, help="git revision to compare with")
     ap.add_argument("--out", type=Path, required=True, help="folder the results are written to")
+    ap.add_argument(
+        "--kv-dtypes",
+        default="bf16,fp8_e4m3",
+        help="cache formats to build, comma-separated (default: the served ones)",
+    )
     args = ap.parse_args()
+    kv_dtypes = args.kv_dtypes.split(",")
+    for name in kv_dtypes:
+        try:
+            kv_format(name)
+        except InvalidConfig as e:
+            ap.error(str(e))
     rel = SOURCE.relative_to(ROOT)
     base = subprocess.run(
         ["git", "-C", str(ROOT), "show", f"{args.base}:{rel}"], capture_output=True, text=True, check=True
     ).stdout
     here = SOURCE.read_text()
     rows = []
-    for cfg, q in CONFIGS:
-        for arch in ARCHES:
-            same = _ptx(base, cfg, q, arch) == _ptx(here, cfg, q, arch)
-            rows.append(f"| {arch} | {q} | {cfg} | {'identical' if same else 'DIFFERENT'} |")
+    for kv in kv_dtypes:
+        for cfg, q in CONFIGS:
+            for arch in ARCHES:
+                same = _ptx(base, cfg, q, arch, kv) == _ptx(here, cfg, q, arch, kv)
+                rows.append(f"| {kv} | {arch} | {q} | {cfg} | {'identical' if same else 'DIFFERENT'} |")
             print(rows[-1], flush=True)
     head = subprocess.run(
         ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
@@ -74,8 +88,8 @@ def main() -> None:
             "-lineinfo, `.loc`/`.file`/comment lines stripped."
         ),
         "",
-        "| arch | q_len | config | PTX |",
-        "|---|---|---|---|",
+        "| kv_dtype | arch | q_len | config | PTX |",
+        "|---|---|---|---|---|",
     ]
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "ptx_identity.md").write_text("\n".join(lines + rows) + "\n")

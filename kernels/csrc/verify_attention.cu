@@ -74,6 +74,15 @@ static_assert(KV_FMT == 0 || KV_FMT == 1, "KV_FMT: 0 bf16, 1 e4m3 with a per-lay
 // cache and f16 for an e4m3 one (an e4m3 value and a power-of-two-scaled q row are exact in f16,
 // which also keeps P in [0, 2^8] three more bits than bf16). The buffers stay typed bf16 below.
 constexpr bool FP8 = KV_FMT == 1;
+// e4m3, VA_F8_REG: the ring keeps the pool's e4m3 rows (592-byte stride) and QK and PV convert
+// their fragments to f16 in registers after ldmatrix, so no conversion pass runs between a tile's
+// arrival and its QK (docs/kernel.md, "Cache formats"). The slots keep the staged rows' size
+// until this path replaces the in-place one, so both share one shared-memory layout.
+#if defined(VA_F8_REG)
+constexpr bool F8R = FP8;
+#else
+constexpr bool F8R = false;
+#endif
 // e4m3: P is stored in f16 times 2^7 (P <= 2^8 with the lazy max, f16's max is 65504), so weights
 // far below the row's max stay normal numbers rather than flush to zero while l counts them.
 constexpr float P_UNIT = 128.f;
@@ -95,6 +104,9 @@ constexpr int CHUNKS = D_QK * 2 / 16;  // 16-byte chunks of a staged (2-byte) ro
 constexpr int KV_ROW_BYTES = FP8 ? D_QK : D_QK * 2;  // a token's row in the pool
 constexpr int F8_CHUNKS = D_QK / 16;                  // 16-byte cp.async chunks of an e4m3 row
 constexpr int F8_OFF = D_QK;  // where an e4m3 row lands in its token's staged row (bytes: the upper half)
+// F8R: bytes between a slot's e4m3 rows: 37 chunks, odd, so ldmatrix's eight rows at one column
+// fall on eight different 16-byte bank quads without a swizzle
+constexpr int F8_ROWB = D_QK + 16;
 constexpr int KSTEPS = D_QK / 16;      // k16 steps of the QK product
 constexpr int NQT = (QN + QT - 1) / QT;  // row tiles per head group
 constexpr int ROWS = HT * QT;
@@ -190,6 +202,7 @@ constexpr int RPP = 32 / LPR;
 static_assert(SPL % 4 == 0 && SPL <= 32 && LPR * SPL == TK, "softmax: a lane holds 4..32 scores");
 // the epilogue stages O (bf16, rows of D_V) in the Q region
 static_assert(D_V <= KSTRIDE, "O staging fits the Q rows");
+static_assert(F8_ROWB <= KSTRIDE * 2 && (F8_ROWB / 16) % 2 == 1, "F8R: an e4m3 row fits a staged one, odd chunks");
 }  // namespace
 
 // The reduce's block (verify_attn_reduce says why these sizes).
@@ -280,6 +293,10 @@ __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
 __device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x2_t(uint32_t (&r)[2], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
 }
 __device__ __forceinline__ void ldsm_x2(uint32_t (&r)[2], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
@@ -494,7 +511,11 @@ __device__ __forceinline__ void load_kv_tile(bf16* Kt, const unsigned char* __re
     const int t = warp + k * NW;
     if (!EVEN && t >= TK) break;
     const unsigned char* src = kv + (size_t)slot[k] * KV_ROW_BYTES + lane * 16;
-    if constexpr (FP8) {  // 36 chunks, unswizzled in the upper half of the staged row (convert_kv_tile)
+    if constexpr (F8R) {  // 36 chunks, unswizzled, at the e4m3 ring's row stride
+      const uint32_t dst = base + t * F8_ROWB + lane * 16;
+      cp_async16(dst, src, valid[k]);
+      cp_async16_if(lane < F8_CHUNKS - 32, dst + 512, src + 512, valid[k]);
+    } else if constexpr (FP8) {  // 36 chunks, unswizzled in the upper half of the staged row (convert_kv_tile)
       const uint32_t dst = base + t * (KSTRIDE * 2) + F8_OFF + lane * 16;
       cp_async16(dst, src, valid[k]);
       cp_async16_if(lane < F8_CHUNKS - 32, dst + 512, src + 512, valid[k]);
@@ -576,7 +597,7 @@ __device__ __forceinline__ void convert_q(bf16* Qs, float* qsc_s, int rlo, int r
 #pragma unroll
     for (int j = 0; j < QCH; ++j) {
       const int c = lane + 32 * j;
-      if (c >= CHUNKS) continue;
+      if (!F8R && c >= CHUNKS) continue;  // (F8R: every lane takes part in the exchange below)
       const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v[j]);
       uint4 out;
       uint32_t* o32 = reinterpret_cast<uint32_t*>(&out);
@@ -586,9 +607,79 @@ __device__ __forceinline__ void convert_q(bf16* Qs, float* qsc_s, int rlo, int r
         const __half2 x = __floats2half2_rn(f.x * mul, f.y * mul);
         o32[k] = *reinterpret_cast<const uint32_t*>(&x);
       }
+      if constexpr (F8R) {
+        // K's fragments come from e4m3 rows: lane (g, t) holds dims 4t..4t+3 of each 16, which
+        // the MMA takes as k 2t, 2t+1 and 2t+8, 2t+9. q is stored in the same order: dim pairs
+        // 0,2,4,6 of the 16 in the even chunk, 1,3,5,7 in the odd one (chunks 2i, 2i+1 sit in
+        // lanes 2i, 2i+1 of the same j; lanes past the row's chunks hold zeros and store nothing).
+        uint32_t p32[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) p32[k] = __shfl_xor_sync(0xffffffffu, o32[k], 1);
+        const bool odd = c & 1;
+        out = odd ? make_uint4(p32[1], p32[3], o32[1], o32[3]) : make_uint4(o32[0], o32[2], p32[0], p32[2]);
+        if (c >= CHUNKS) continue;
+      }
       *reinterpret_cast<uint4*>(Qs + sw(r, 8 * c)) = out;
     }
     if (lane == 0) qsc_s[r] = __int_as_float((127 - e) << 23);
+  }
+}
+
+// F8R: K's A fragments from e4m3 rows. ldmatrix (b16) on bytes gives lane (g, t) the four dims
+// 4t..4t+3 of token g in a 16-dim chunk; as f16 (two words) they are the m16n8k16 A fragment's
+// k 2t, 2t+1 (low word) and 2t+8, 2t+9 (high word), the order convert_q stores q in. One x4 covers
+// 16 tokens over two k-steps: matrices (tokens +8: mat&1, step j+1: mat>>1).
+__device__ __forceinline__ void f8_k_frags(uint32_t (&fa)[4], uint32_t tokens_lo, uint32_t tokens_hi) {
+  e4m3x4_to_f16x4(tokens_lo, fa[0], fa[2]);
+  e4m3x4_to_f16x4(tokens_hi, fa[1], fa[3]);
+}
+template <int QMQ, int NQ, int QWR, int QWK, int QKS, typename Live>
+__device__ __forceinline__ void qk_f8_steps(float (&acc)[QMQ][NQ][4], uint32_t qrow, uint32_t kt, int wt, int wk,
+                                            int mat, int r8, Live live) {
+  constexpr int ROWB = KSTRIDE * 2;
+  // token wt*QMQ*16 + r8 (+8: mat&1) (+ a*16), chunk (= k-step) wk (+QWK: mat>>1) (+ QWK*j)
+  const uint32_t krow = kt + (wt * QMQ * 16 + r8 + (mat & 1) * 8) * F8_ROWB + (wk + QWK * (mat >> 1)) * 16;
+  const int cq = 2 * wk + 2 * QWK * (mat >> 1) + (mat & 1);  // Q x4 as in the staged path
+#pragma unroll
+  for (int j = 0; j + 1 < QKS; j += 2) {
+    uint32_t fb4[NQ][4], raw[QMQ][4];
+#pragma unroll
+    for (int n = 0; n < NQ; ++n)
+      if (live(n)) ldsm_x4(fb4[n], qrow + n * QWR * 8 * ROWB + swz(cq, r8, 2 * QWK * j));
+#pragma unroll
+    for (int a = 0; a < QMQ; ++a) ldsm_x4(raw[a], krow + a * 16 * F8_ROWB + QWK * j * 16);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      uint32_t fa[QMQ][4];
+#pragma unroll
+      for (int a = 0; a < QMQ; ++a) f8_k_frags(fa[a], raw[a][2 * h], raw[a][2 * h + 1]);
+#pragma unroll
+      for (int n = 0; n < NQ; ++n) {
+        if (!live(n)) continue;
+        const uint32_t fb[2] = {fb4[n][2 * h], fb4[n][2 * h + 1]};
+#pragma unroll
+        for (int a = 0; a < QMQ; ++a) mma16816(acc[a][n], fa[a], fb);
+      }
+    }
+  }
+  if constexpr (QKS % 2 == 1) {  // odd k-slice: the last step alone (x2: its two token halves)
+    constexpr int j = QKS - 1;
+    const int cq1 = 2 * wk + (mat & 1);
+    uint32_t fa[QMQ][4];
+#pragma unroll
+    for (int a = 0; a < QMQ; ++a) {  // lanes 0..15 give the addresses, and mat >> 1 is 0 there
+      uint32_t raw[2];
+      ldsm_x2(raw, krow + a * 16 * F8_ROWB + QWK * j * 16);
+      f8_k_frags(fa[a], raw[0], raw[1]);
+    }
+#pragma unroll
+    for (int n = 0; n < NQ; ++n) {
+      if (!live(n)) continue;
+      uint32_t fb[2];
+      ldsm_x2(fb, qrow + n * QWR * 8 * ROWB + swz(cq1, r8, 2 * QWK * j));
+#pragma unroll
+      for (int a = 0; a < QMQ; ++a) mma16816(acc[a][n], fa[a], fb);
+    }
   }
 }
 
@@ -616,6 +707,9 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
   const uint32_t krow = smem_u32(Kt) + (wt * QMQ * 16 + r8 + (mat & 1) * 8) * ROWB;  // + a*16 rows
   const int cq = 2 * wk + 2 * QWK * (mat >> 1) + (mat & 1);  // Q x4: steps j, j+1 (mat>>1), k halves (mat&1)
   const int ck = 2 * wk + (mat >> 1);                       // K x4: tokens +8 (mat&1), k halves (mat>>1)
+  if constexpr (F8R) {
+    qk_f8_steps<QMQ, NQ, QWR, QWK, QKS>(acc, qrow, smem_u32(Kt), wt, wk, mat, r8, live);
+  } else {
 #pragma unroll
   for (int j = 0; j + 1 < QKS; j += 2) {  // the warp's k-step pairs (j, j+1): ks = wk + QWK*j
     uint32_t fb4[NQ][4];
@@ -651,6 +745,7 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
       for (int a = 0; a < QMQ; ++a) mma16816(acc[a][n], fa[a], fb);
     }
   }
+  }  // F8R
   float* Sw = Ss + (wk % QNSB) * BROWS * SSTRIDE;
   const int rbase = BROWS == ROWS_PAD ? 0 : nlo * 8;  // row r at r - rbase of its buffer
 #pragma unroll
@@ -786,6 +881,16 @@ __device__ __forceinline__ void softmax_tile(const float* Ss, bf16* Ps, float* m
   if (warp == 0 && lane == 0) resc_s[(it + 1) & 1] = 0;
 }
 
+// F8R: V^T's A fragments from e4m3 rows. ldmatrix.trans (b16) on bytes gives lane (g, t) the
+// byte pairs (dims 2g, 2g+1) of tokens 2t and 2t+1 in a 16-dim chunk; one prmt gathers each dim's
+// two tokens, so the f16 words are the A fragment's rows g and g+8 for dims 2g and 2g+1: O^T's
+// rows are permuted within each 16 (slot g holds dim 2g, slot g+8 dim 2g+1), which the epilogue
+// undoes when it stages O.
+__device__ __forceinline__ void f8_v_frags(uint32_t (&fa)[4], uint32_t tokens_lo, uint32_t tokens_hi) {
+  e4m3x4_to_f16x4(__byte_perm(tokens_lo, 0u, 0x3120), fa[0], fa[1]);
+  e4m3x4_to_f16x4(__byte_perm(tokens_hi, 0u, 0x3120), fa[2], fa[3]);
+}
+
 // O^T = alpha * O^T + V^T . P^T for one tile (V = the first 512 dims of the KV tile Kt); the
 // alpha product only when the tile's rescale flag says some row needs it.
 // The block's n8 row tiles: NT from nlo, as in qk_tile.
@@ -809,12 +914,36 @@ __device__ __forceinline__ void pv_tile(float (&acc)[MW][NT][4], const bf16* Kt,
       }
     }
   }
+  // F8R: token r8 (+8: mat&1), 16-dim chunk warp*MW (+1: mat>>1); + kk*16 rows, + mw chunks
+  const uint32_t vrow8 = smem_u32(Kt) + (r8 + (mat & 1) * 8) * F8_ROWB + (warp * MW + (mat >> 1)) * 16;
 #pragma unroll
   for (int kk = 0; kk < TM; ++kk) {
     uint32_t fb[NT][2];
 #pragma unroll
     for (int nr = 0; nr < NT; ++nr)
       if (live(nr)) ldsm_x2(fb[nr], smem_u32(Ps + ((nlo + nr) * 8 + r8) * PSTRIDE + kk * 16 + (mat & 1) * 8));
+    if constexpr (F8R) {
+#pragma unroll
+      for (int mw = 0; mw < MW; mw += 2) {  // an x4 covers two 16-dim tiles (an x2 the last of an odd MW)
+        uint32_t fa[2][4];
+        if (mw + 1 < MW) {
+          uint32_t raw[4];
+          ldsm_x4_t(raw, vrow8 + kk * 16 * F8_ROWB + mw * 16);
+          f8_v_frags(fa[0], raw[0], raw[1]);
+          f8_v_frags(fa[1], raw[2], raw[3]);
+        } else {
+          uint32_t raw[2];  // lanes 0..15 give the addresses, and mat >> 1 is 0 there
+          ldsm_x2_t(raw, vrow8 + kk * 16 * F8_ROWB + mw * 16);
+          f8_v_frags(fa[0], raw[0], raw[1]);
+        }
+#pragma unroll
+        for (int m2 = 0; m2 < 2 && mw + m2 < MW; ++m2)
+#pragma unroll
+          for (int nr = 0; nr < NT; ++nr)
+            if (live(nr)) mma16816(acc[mw + m2][nr], fa[m2], fb[nr]);
+      }
+      continue;
+    }
 #pragma unroll
     for (int mw = 0; mw < MW; ++mw) {
       uint32_t fa[4];  // V^T: tokens kk*16 + r8 (+8: mat>>1), dims (warp*MW+mw)*16 (+8: mat&1)
@@ -1052,7 +1181,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
     __syncthreads();
     if constexpr (FP8) {  // q to f16 by rows; PIPE 0 and 1: this warp's rows of tile 0 (PIPE 3: its owner's turn)
       convert_q(Qs, qsc_s, rlo, rhi, warp, lane);
-      if constexpr (PIPE != 3) convert_kv_tile<GWARPS>(Ks, warp, lane);
+      if constexpr (PIPE != 3 && !F8R) convert_kv_tile<GWARPS>(Ks, warp, lane);
       __syncthreads();
     }
     TRACE(0, 3);
@@ -1067,7 +1196,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
       refill(it + STAGES - 1);
       SOFTMAX_TILE(Ss, Ps, m_s, l_s, a_s, resc_s, qsc_s, mask_s, sp, rows_here, it, scale_log2, warp, lane, rlo, rhi);
       cp_async_wait<STAGES - 2>();  // tile it+1 has landed (this thread's copies)
-      if constexpr (FP8)
+      if constexpr (FP8 && !F8R)
         if (it + 1 < ntiles) convert_kv_tile<GWARPS>(Ks + ((it + 1) % STAGES) * TK * KSTRIDE, warp, lane);
       __syncthreads();              // P(it) ready; everyone's copies of tile it+1 visible
       PV_TILE(acc, Ks + (it % STAGES) * TK * KSTRIDE, Ps, a_s, resc_s[it & 1] != 0, warp, lane, nlo);
@@ -1085,7 +1214,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
       __syncthreads();  // P(it) ready
       PV_TILE(acc, Kt, Ps, a_s, resc_s[it & 1] != 0, warp, lane, nlo);
       cp_async_wait<STAGES - 2>();  // tile it+1 has landed (this thread's copies)
-      if constexpr (FP8)
+      if constexpr (FP8 && !F8R)
         if (it + 1 < ntiles) convert_kv_tile<GWARPS>(Ks + ((it + 1) % STAGES) * TK * KSTRIDE, warp, lane);
       __syncthreads();              // PV(it) done everywhere: the slot is free; tile it+1 visible
       refill(it + STAGES);
@@ -1107,7 +1236,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
       bf16* const Kt = Ks + (t % STAGES) * TK * KSTRIDE;
       if (own) {
         if (t == 0) cp_async_wait<1>(); else cp_async_wait<0>();  // tile t (group 0 has tile 2 pending at t=0)
-        if constexpr (FP8) convert_kv_tile<GWARPS>(Kt, gw, lane);  // the rows this warp copied
+        if constexpr (FP8 && !F8R) convert_kv_tile<GWARPS>(Kt, gw, lane);  // the rows this warp copied
         bar_sync(BAR_GROUP + grp, GWARPS * 32);                     // ... landed for the whole group
         QK_TILE(Qs, Kt, Sg, gw, lane, grp, nlo);
       }
@@ -1148,6 +1277,13 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
       const float i0 = l0 > 0.f ? inv / l0 : 0.f, i1 = l1 > 0.f ? inv / l1 : 0.f;
 #pragma unroll
       for (int mw = 0; mw < MW; ++mw) {
+        if constexpr (F8R) {  // slots g and g+8 hold dims 2g and 2g+1 (f8_v_frags): one bf16 pair a row
+          const int d = (warp * MW + mw) * 16 + 2 * g;
+          *reinterpret_cast<__nv_bfloat162*>(Os + sw(r, d)) = __floats2bfloat162_rn(acc[mw][nr][0] * i0, acc[mw][nr][2] * i0);
+          *reinterpret_cast<__nv_bfloat162*>(Os + sw(r + 1, d)) =
+              __floats2bfloat162_rn(acc[mw][nr][1] * i1, acc[mw][nr][3] * i1);
+          continue;
+        }
         const int d = (warp * MW + mw) * 16 + g;
         Os[sw(r, d)] = __float2bfloat16_rn(acc[mw][nr][0] * i0);
         Os[sw(r + 1, d)] = __float2bfloat16_rn(acc[mw][nr][1] * i1);

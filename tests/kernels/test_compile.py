@@ -76,6 +76,28 @@ def test_default_configs_compile_without_spills_within_the_devices_smem(tmp_path
 
 
 @needs_nvcc
+@pytest.mark.parametrize("device", ["a100", "h200", "rtx-pro-6000"])
+@pytest.mark.parametrize("H, q_len, prefix", SAMPLE)
+def test_register_dequant_compiles_without_spills(tmp_path, device, H, q_len, prefix):
+    """The e4m3 path that converts fragments in registers (VA_F8_REG, GPU-tested in
+    test_fp8_gpu.py) builds for each device's arch at its fp8 defaults without spills."""
+    limits = known_device(device)
+    cfg = heuristic_config(limits, H=H, q_len=q_len, prefix=prefix, kv_dtype="fp8_e4m3")
+    built = compile_cubin(cfg, q_len, limits.arch, tmp_path, ("-DVA_F8_REG",), kv_dtype="fp8_e4m3")
+    report = ptxas_report(built.ptxas_log)
+    assert report["spill_stores"] == 0 and report["spill_loads"] == 0, (cfg, report)
+
+
+@needs_nvcc
+def test_register_dequant_builds_an_odd_count_of_o_tiles_a_warp(tmp_path):
+    """32 warps hold one 16-dim tile of O^T each: PV's x2 .trans path, at 64 registers a thread."""
+    cfg = KernelConfig(nsplit=32, ht=8, tk=64, block=1024, stages=2, wr=2, wk=4)
+    built = compile_cubin(cfg, 2, "sm_90", tmp_path, ("-DVA_F8_REG",), kv_dtype="fp8_e4m3")
+    report = ptxas_report(built.ptxas_log)
+    assert report["spill_stores"] == 0 and report["registers"] <= 64, report
+
+
+@needs_nvcc
 @pytest.mark.parametrize("kv_dtype", KERNEL_FORMATS)
 @pytest.mark.parametrize(
     "cfg, q_len",

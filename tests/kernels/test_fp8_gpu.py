@@ -95,6 +95,30 @@ def test_sm80s_bit_placement_built_here(gpu):
         assert rel_error(out, ref_o) <= GATE and rel_error(lse, ref_lse) <= LSE_GATE, cfg
 
 
+#: The register-dequantizing path (VA_F8_REG, docs/kernel.md): the ring keeps e4m3 rows and QK and
+#: PV convert their fragments after ldmatrix. Not what the package builds until these pass on a GPU.
+REG = ("-DVA_F8_REG",)
+#: 32 warps: one 16-dim tile of O^T a warp, PV's odd-count path (an x2 .trans)
+BLOCK_1024 = KernelConfig(nsplit=32, ht=8, tk=64, block=1024, stages=2, wr=2, wk=4)
+
+
+@pytest.mark.parametrize("bits", [False, True], ids=["cvt", "sm80_bits"])
+@pytest.mark.parametrize(("H", "Q", "lens"), [*SHAPES, (64, 2, [3000, 0])], ids=str)
+def test_register_dequant_matches_the_reference(gpu, H, Q, lens, bits):
+    from verify_tuner.kernels.reference import make_inputs, reference, rel_error
+
+    limits, cache = gpu
+    inp = make_inputs(prefix_lens=lens, q_len=Q, H=H, seed=H + Q + 7, spare_slots=33, kv_dtype=FMT)
+    ref_o, ref_lse = reference(inp)
+    configs = [c for c in [*CONFIGS, BLOCK_1024] if check(c, limits, H=H, q_len=Q, kv_dtype=FMT) is None]
+    assert configs
+    flags = REG + (("-DVA_F8_BITS",) if bits else ())
+    for cfg in configs:
+        out, lse = _run(cfg, inp, limits, cache, flags=flags)
+        assert rel_error(out, ref_o) <= GATE, f"{cfg} {flags}: out"
+        assert rel_error(lse, ref_lse) <= LSE_GATE, f"{cfg} {flags}: lse"
+
+
 @pytest.mark.parametrize("layout", ["flat", "req_to_token", "page64"])
 def test_every_layout_the_op_takes(gpu, layout):
     from verify_tuner.kernels.reference import make_inputs, reference, rel_error
