@@ -163,6 +163,20 @@ def dequantize(pool: Any, kv_dtype: str, kv_scale: float) -> Any:
     return e4m3.float() * kv_scale
 
 
+def quantized_q(q: Any, kv_dtype: str) -> Any:
+    """q as the kernel computes with it, fp32 [..., 576]: for a format whose QK runs on e4m3 MMAs,
+    each row quantized to e4m3 with its own scale (its largest |q| onto 448: multiplied by
+    448 / amax, rounded to nearest, divided again), as the kernel's prologue does; else as given."""
+    import torch
+
+    if kv_format(kv_dtype).mma != "e4m3":
+        return q.float()
+    x = q.float()
+    amax = x.abs().amax(dim=-1, keepdim=True)
+    mul = torch.where(amax > 0, E4M3_MAX / amax.clamp_min(1e-30), torch.ones_like(amax))
+    return (x * mul).to(torch.float8_e4m3fn).float() / mul
+
+
 def _slots(
     prefix_lens: list[int], q_len: int, page_size: int, spare_slots: int, layout: str, gen: Any
 ) -> tuple[Any, Any, int]:
@@ -312,17 +326,18 @@ def _visible(inp: Inputs, b: int) -> tuple[Any, Any]:
 
 
 def reference(inp: Inputs) -> tuple[Any, Any]:
-    """fp32 attention exactly as specified: (o [B,Q,H,512] fp32, lse [B,Q,H] fp32, natural log)."""
+    """fp32 attention exactly as specified: (o [B,Q,H,512] fp32, lse [B,Q,H] fp32, natural log), on
+    the dequantized cache and, where the format's QK runs on e4m3, the per-row quantized q."""
     import torch
 
     B, Q, H, _ = inp.q.shape
     o = torch.empty(B, Q, H, D_V, dtype=torch.float32, device=inp.q.device)
     lse = torch.empty(B, Q, H, dtype=torch.float32, device=inp.q.device)
-    q, kv = inp.full_q(), inp.dequantized_kv()
+    q, kv = quantized_q(inp.full_q(), inp.kv_dtype), inp.dequantized_kv()
     for b in range(B):
         slots, visible = _visible(inp, b)
         k = kv[slots]  # [T, 576] fp32
-        s = torch.einsum("qhd,td->qht", q[b].float(), k) * inp.scale
+        s = torch.einsum("qhd,td->qht", q[b], k) * inp.scale
         s = s.masked_fill(~visible.view(Q, 1, -1), float("-inf"))
         lse[b] = torch.logsumexp(s, dim=-1)
         o[b] = torch.einsum("qht,td->qhd", torch.softmax(s, dim=-1), k[:, :D_V])

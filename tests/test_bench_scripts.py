@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from verify_tuner.heuristic import heuristic_config
+from verify_tuner.kernels.build import SOURCE
 from verify_tuner.kernels.limits import known_device
 from verify_tuner.kernels.validate import check, validate
 
@@ -110,6 +111,10 @@ def test_kernel_v7s_cases_are_the_issues_and_fit_their_devices():
     # e4m3 halves the bytes: at q=9 the mma.sync ceiling (7.2 GFLOP / 645 TFLOP/s) binds instead
     fp8 = kernel_v7.row_of(kernel_v7.CASES[9], {"v7": 42.0}, "cfg", 4.0e12)
     assert fp8["mode"] == "dequant" and fp8["limit_us"] == pytest.approx(11.18, abs=0.01) and fp8["v6_us"] is None
+    assert fp8["reg_us"] is None  # no register-path timing given, none reported
+    reg = kernel_v7.row_of(kernel_v7.CASES[9], {"v7": 42.0, "reg": 30.0}, "cfg", 4.0e12)
+    assert reg["us"] == 42.0 and reg["reg_us"] == 30.0  # the served build's time stays the row's own
+    assert kernel_v7.REG_FLAGS == ("-DVA_F8_REG",) and "VA_F8_REG" in SOURCE.read_text()
     # the sm_120 template cases time v6's own sm_120 default on v6's side, valid on that device
     sm120 = [(H, q) for _, H, q, _, _, device in kernel_v7.CASES if device == "rtx-pro-6000"]
     assert sorted(sm120) == sorted(kernel_v7.V6_SM120)

@@ -9,7 +9,9 @@
 // requests' pool rows, or a block table of pages of 2^page_shift slots), the tree mask as rows of
 // 1, 2, 4 or 8 bytes, the KV pool in the format KV_FMT names (kernels/formats.py): 0 bf16 rows;
 // 1 e4m3 rows with one fp32 scale for the layer (kv = stored * kv_scale), dequantized to f16 in
-// shared memory, q taken to f16 with a power-of-two scale per row, both MMAs on f16.
+// shared memory (with VA_F8_REG: in registers after ldmatrix), q taken to f16 with a power-of-two
+// scale per row, both MMAs on f16; 2 the same cache with q quantized to e4m3 per row and QK on
+// e4m3 MMAs (sm_89+), PV as 1's register path.
 //
 // Compile-time constants, rendered by kernels/build.py as #defines (kernels/config.py says
 // which values are valid and kernels/validate.py checks them before anything is compiled):
@@ -69,11 +71,18 @@ typedef __nv_bfloat16 bf16;
 #ifndef KV_FMT
 #define KV_FMT 0
 #endif
-static_assert(KV_FMT == 0 || KV_FMT == 1, "KV_FMT: 0 bf16, 1 e4m3 with a per-layer scale (kernels/formats.py)");
+static_assert(KV_FMT >= 0 && KV_FMT <= 2,
+              "KV_FMT: 0 bf16, 1 e4m3 with a per-layer scale, 2 the same with QK on e4m3 MMAs (kernels/formats.py)");
 // Shared memory holds 2-byte elements either way: Q, the staged KV tile and P are bf16 for a bf16
 // cache and f16 for an e4m3 one (an e4m3 value and a power-of-two-scaled q row are exact in f16,
 // which also keeps P in [0, 2^8] three more bits than bf16). The buffers stay typed bf16 below.
-constexpr bool FP8 = KV_FMT == 1;
+constexpr bool FP8 = KV_FMT == 1 || KV_FMT == 2;
+// fp8_e4m3_qk: q quantized to e4m3 per row, QK on mma.sync.m16n8k32.e4m3 straight from the ring's
+// e4m3 rows (sm_89+: native on sm_89 and sm_120, emulated on sm_90); PV as the register path's.
+constexpr bool F8QK = KV_FMT == 2;
+#if KV_FMT == 2 && defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
+#error "KV_FMT 2 (fp8_e4m3_qk) needs e4m3 MMAs: compute capability 8.9 or newer (kernels/formats.py)"
+#endif
 // e4m3, VA_F8_REG: the ring keeps the pool's e4m3 rows (592-byte stride) and QK and PV convert
 // their fragments to f16 in registers after ldmatrix, so no conversion pass runs between a tile's
 // arrival and its QK (docs/kernel.md, "Cache formats"). The slots keep the staged rows' size
@@ -81,8 +90,10 @@ constexpr bool FP8 = KV_FMT == 1;
 #if defined(VA_F8_REG)
 constexpr bool F8R = FP8;
 #else
-constexpr bool F8R = false;
+constexpr bool F8R = F8QK;  // e4m3 MMAs read the ring's e4m3 rows as they are
 #endif
+// e4m3's largest finite value: fp8_e4m3_qk maps a q row's largest |q| onto it
+constexpr float E4M3_MAX = 448.f;
 // e4m3: P is stored in f16 times 2^7 (P <= 2^8 with the lazy max, f16's max is 65504), so weights
 // far below the row's max stay normal numbers rather than flush to zero while l counts them.
 constexpr float P_UNIT = 128.f;
@@ -302,7 +313,7 @@ __device__ __forceinline__ void ldsm_x2(uint32_t (&r)[2], uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
                : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
 }
-#if KV_FMT == 1
+#if KV_FMT >= 1
 #define VA_MMA "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
 #else
 #define VA_MMA "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
@@ -313,6 +324,28 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], 
       "{%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+#if KV_FMT == 2
+// S^T += K . Q^T over 32 k on e4m3 (fp32 accumulators): A 16x32 (a0 row g, k 4t..4t+3; a1 row g+8;
+// a2, a3 the same at k 16+4t), B 32x8 (b0 col g, k 4t..4t+3; b1 k 16+4t..): four consecutive
+// bytes of a row each, which ldmatrix (b16) on byte rows delivers as they are.
+__device__ __forceinline__ void mma_e4m3(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+// Two floats as e4m3 bytes (lo in the lower byte), rounded to nearest, saturated to +-448.
+__device__ __forceinline__ uint32_t f32x2_to_e4m3x2(float lo, float hi) {
+  unsigned short r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+#endif
+__device__ __forceinline__ void ldsm_x1(uint32_t& r, uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x1.shared.b16 {%0}, [%1];\n" : "=r"(r) : "r"(addr));
 }
 
 // Named barriers (PIPE 3): bar.sync waits for `n` threads to arrive at barrier `id`, bar.arrive
@@ -625,6 +658,96 @@ __device__ __forceinline__ void convert_q(bf16* Qs, float* qsc_s, int rlo, int r
   }
 }
 
+#if KV_FMT == 2
+// fp8_e4m3_qk: q rows [rlo, rhi) of the Q region, bf16 as loaded, into e4m3 bytes in place, scaled
+// per row so that its largest |q| maps to 448 (a scale per token and head); qsc_s[r] gets the
+// inverse, which the softmax applies to the row's scores. The e4m3 chunk c (dims 16c..16c+15) of
+// row r goes to 16-byte slot c ^ (r & 7) of the row, so ldmatrix's eight rows at one chunk read
+// eight bank quads. A row is read whole before its bytes are rewritten: every lane's loads have
+// landed once the row's max has passed through every lane's shuffles. One warp a row.
+__device__ __forceinline__ void convert_q_e4m3(bf16* Qs, float* qsc_s, int rlo, int rhi, int warp, int lane) {
+  constexpr int QCH = (CHUNKS + 31) / 32;
+  unsigned char* Qb = reinterpret_cast<unsigned char*>(Qs);
+  for (int r = rlo + warp; r < rhi; r += NWARPS) {
+    uint4 v[QCH];
+    float amax = 0.f;
+#pragma unroll
+    for (int j = 0; j < QCH; ++j) {
+      const int c = lane + 32 * j;
+      v[j] = c < CHUNKS ? *reinterpret_cast<const uint4*>(Qs + sw(r, 8 * c)) : make_uint4(0, 0, 0, 0);
+      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v[j]);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 f = __bfloat1622float2(h[e]);
+        amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float mul = amax > 0.f ? E4M3_MAX / amax : 1.f;  // a zero row stays zero
+#pragma unroll
+    for (int j = 0; j < QCH; ++j) {
+      const int c = lane + 32 * j;  // bf16 chunk c: the low (c even) or high half of e4m3 chunk c / 2
+      if (c >= CHUNKS) continue;
+      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v[j]);
+      uint32_t w[2];
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        const float2 a = __bfloat1622float2(h[2 * k]), b = __bfloat1622float2(h[2 * k + 1]);
+        w[k] = f32x2_to_e4m3x2(a.x * mul, a.y * mul) | (f32x2_to_e4m3x2(b.x * mul, b.y * mul) << 16);
+      }
+      *reinterpret_cast<uint2*>(Qb + r * (KSTRIDE * 2) + (((c >> 1) ^ (r & 7)) << 4) + (c & 1) * 8) =
+          make_uint2(w[0], w[1]);
+    }
+    if (lane == 0) qsc_s[r] = 1.f / mul;
+  }
+}
+
+// fp8_e4m3_qk: the warp's k-steps on e4m3 MMAs, k32 = its k-steps j and j+1 (16 dims each). K's x4
+// (tokens +8: mat&1, step j+1: mat>>1) is the A fragment as it lands; q's e4m3 chunks (at slot
+// chunk ^ r8 of their rows) give B, x2 per n8 row tile. An odd last step runs with zeros for the
+// missing half.
+template <int QMQ, int NQ, int QWR, int QWK, int QKS, typename Live>
+__device__ __forceinline__ void qk_e4m3_steps(float (&acc)[QMQ][NQ][4], uint32_t qrow, uint32_t kt, int wt, int wk,
+                                              int mat, int r8, Live live) {
+  constexpr int ROWB = KSTRIDE * 2;
+  const uint32_t krow = kt + (wt * QMQ * 16 + r8 + (mat & 1) * 8) * F8_ROWB + (wk + QWK * (mat >> 1)) * 16;
+  const int cq = wk + QWK * (mat & 1);  // q x2 (lanes 0..15): step j (+1: mat&1); an e4m3 chunk is a k-step
+#pragma unroll
+  for (int j = 0; j + 1 < QKS; j += 2) {
+    uint32_t fa[QMQ][4];
+#pragma unroll
+    for (int a = 0; a < QMQ; ++a) ldsm_x4(fa[a], krow + a * 16 * F8_ROWB + QWK * j * 16);
+#pragma unroll
+    for (int n = 0; n < NQ; ++n) {
+      if (!live(n)) continue;
+      uint32_t fb[2];
+      ldsm_x2(fb, qrow + n * QWR * 8 * ROWB + swz(cq, r8, QWK * j));
+#pragma unroll
+      for (int a = 0; a < QMQ; ++a) mma_e4m3(acc[a][n], fa[a], fb);
+    }
+  }
+  if constexpr (QKS % 2 == 1) {
+    constexpr int j = QKS - 1;
+    uint32_t fa[QMQ][4];
+#pragma unroll
+    for (int a = 0; a < QMQ; ++a) {  // lanes 0..15 give the addresses, and mat >> 1 is 0 there
+      uint32_t raw[2];
+      ldsm_x2(raw, krow + a * 16 * F8_ROWB + QWK * j * 16);
+      fa[a][0] = raw[0], fa[a][1] = raw[1], fa[a][2] = 0u, fa[a][3] = 0u;
+    }
+#pragma unroll
+    for (int n = 0; n < NQ; ++n) {
+      if (!live(n)) continue;
+      uint32_t fb[2] = {0u, 0u};
+      ldsm_x1(fb[0], qrow + n * QWR * 8 * ROWB + swz(wk, r8, QWK * j));  // lanes 0..7: step j
+#pragma unroll
+      for (int a = 0; a < QMQ; ++a) mma_e4m3(acc[a][n], fa[a], fb);
+    }
+  }
+}
+#endif
+
 // F8R: K's A fragments from e4m3 rows. ldmatrix (b16) on bytes gives lane (g, t) the four dims
 // 4t..4t+3 of token g in a 16-dim chunk; as f16 (two words) they are the m16n8k16 A fragment's
 // k 2t, 2t+1 (low word) and 2t+8, 2t+9 (high word), the order convert_q stores q in. One x4 covers
@@ -707,6 +830,11 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
   const uint32_t krow = smem_u32(Kt) + (wt * QMQ * 16 + r8 + (mat & 1) * 8) * ROWB;  // + a*16 rows
   const int cq = 2 * wk + 2 * QWK * (mat >> 1) + (mat & 1);  // Q x4: steps j, j+1 (mat>>1), k halves (mat&1)
   const int ck = 2 * wk + (mat >> 1);                       // K x4: tokens +8 (mat&1), k halves (mat>>1)
+#if KV_FMT == 2  // (the e4m3 MMA's helpers exist only in this format's builds)
+  if constexpr (F8QK) {
+    qk_e4m3_steps<QMQ, NQ, QWR, QWK, QKS>(acc, qrow, smem_u32(Kt), wt, wk, mat, r8, live);
+  } else
+#endif
   if constexpr (F8R) {
     qk_f8_steps<QMQ, NQ, QWR, QWK, QKS>(acc, qrow, smem_u32(Kt), wt, wk, mat, r8, live);
   } else {
@@ -788,7 +916,7 @@ __device__ __forceinline__ void softmax_row(const float* Ss, bf16* Ps, float* m_
   // shuffles stay converged) and store nothing
   const bool real = r < rhi;
   r = real ? r : rhi - 1;
-  if constexpr (FP8) scale_log2 *= qsc_s[r];  // undo the row's power-of-two q scale
+  if constexpr (FP8) scale_log2 *= qsc_s[r];  // undo the row's q scale (a power of two, or e4m3's)
   float s[SPL];
 #pragma unroll
   for (int j = 0; j < SPL; ++j) s[j] = 0.f;
@@ -1031,7 +1159,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
   float vscale = 1.f;
   if constexpr (FP8) {
     vscale = (kv_scale_ptr != nullptr ? __ldg(kv_scale_ptr) : kv_scale) * F8_UNIT;
-    scale_log2 *= vscale;
+    scale_log2 *= F8QK ? vscale / F8_UNIT : vscale;  // e4m3 MMAs read K as stored: no 2^-8 in the scores
   }
 
   const int part_id = blockIdx.x, hg = blockIdx.y / NQT, qt = blockIdx.y % NQT;
@@ -1180,7 +1308,11 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
 #endif
     __syncthreads();
     if constexpr (FP8) {  // q to f16 by rows; PIPE 0 and 1: this warp's rows of tile 0 (PIPE 3: its owner's turn)
+#if KV_FMT == 2
+      convert_q_e4m3(Qs, qsc_s, rlo, rhi, warp, lane);
+#else
       convert_q(Qs, qsc_s, rlo, rhi, warp, lane);
+#endif
       if constexpr (PIPE != 3 && !F8R) convert_kv_tile<GWARPS>(Ks, warp, lane);
       __syncthreads();
     }

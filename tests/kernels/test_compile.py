@@ -55,7 +55,8 @@ def test_compiles_for_every_target(tmp_path, arch, cfg, q_len):
 SAMPLE = [(8, 9, 46000), (8, 1, 131072), (64, 9, 46000), (8, 9, 4096), (8, 64, 46000), (1, 33, 5000), (128, 16, 4096)]
 
 
-#: The formats the .cu implements (its KV_FMT static_assert), whether or not the package serves them yet.
+#: The formats the .cu implements (its KV_FMT static_assert), whether or not the package serves them yet
+#: (fp8_e4m3_qk: sm_89+ only, checked on its own below).
 KERNEL_FORMATS = ("bf16", "fp8_e4m3")
 
 
@@ -89,6 +90,28 @@ def test_register_dequant_compiles_without_spills(tmp_path, device, H, q_len, pr
 
 
 @needs_nvcc
+@pytest.mark.parametrize("H, q_len, prefix", SAMPLE)
+def test_the_e4m3_qk_mode_compiles_without_spills_where_its_mma_is_native(tmp_path, H, q_len, prefix):
+    """fp8_e4m3_qk at the RTX PRO 6000's defaults (sm_120: native e4m3 MMAs): no spills. (sm_90
+    emulates them with f16 MMAs and needs more registers: its seesaw spills ~50 bytes; a
+    correctness target there, never a speed one.)"""
+    limits = known_device("rtx-pro-6000")
+    cfg = heuristic_config(limits, H=H, q_len=q_len, prefix=prefix, kv_dtype="fp8_e4m3")
+    report = ptxas_report(compile_cubin(cfg, q_len, limits.arch, tmp_path, kv_dtype="fp8_e4m3_qk").ptxas_log)
+    assert report["spill_stores"] == 0 and report["spill_loads"] == 0, (cfg, report)
+
+
+@needs_nvcc
+def test_the_e4m3_qk_mode_does_not_build_without_e4m3_mmas(tmp_path):
+    """sm_80 has no e4m3 MMA: validate refuses the format there by name, and the source refuses
+    to build it, so no path emits an instruction the arch lacks."""
+    cfg = KernelConfig(nsplit=64, ht=8, tk=32, block=256)
+    with pytest.raises(CompileError, match="fp8_e4m3_qk.*compute capability 8.9"):
+        compile_cubin(cfg, 9, "sm_80", tmp_path, kv_dtype="fp8_e4m3_qk")
+    assert compile_cubin(cfg, 9, "sm_90", tmp_path, kv_dtype="fp8_e4m3_qk").cubin[:4] == b"\x7fELF"
+
+
+@needs_nvcc
 def test_register_dequant_builds_an_odd_count_of_o_tiles_a_warp(tmp_path):
     """32 warps hold one 16-dim tile of O^T each: PV's x2 .trans path, at 64 registers a thread."""
     cfg = KernelConfig(nsplit=32, ht=8, tk=64, block=1024, stages=2, wr=2, wk=4)
@@ -98,7 +121,7 @@ def test_register_dequant_builds_an_odd_count_of_o_tiles_a_warp(tmp_path):
 
 
 @needs_nvcc
-@pytest.mark.parametrize("kv_dtype", KERNEL_FORMATS)
+@pytest.mark.parametrize("kv_dtype", [*KERNEL_FORMATS, "fp8_e4m3_qk"])
 @pytest.mark.parametrize(
     "cfg, q_len",
     [

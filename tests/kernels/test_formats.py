@@ -125,3 +125,25 @@ def test_sm80s_bit_placement_is_e4m3_times_2_to_the_minus_8():
     finite = torch.isfinite(truth)
     assert int(finite.sum()) == 254  # 0x7F and 0xFF are e4m3's NaNs; an engine never stores them
     assert torch.equal(placed[finite] * 256, truth[finite])
+
+
+def test_the_qk_modes_reference_quantizes_each_q_row_as_the_kernel_does():
+    """fp8_e4m3_qk computes QK on e4m3 q: each (token, head) row scaled so its largest |q| is 448,
+    rounded to nearest, scaled back. The reference computes on that q (the kernel's task), so the
+    kernel is gated as strictly as the dequantizing mode; the rows' own error is e4m3's."""
+    from verify_tuner.kernels.reference import make_inputs, quantized_q, reference
+
+    inp = make_inputs(prefix_lens=[40, 7], q_len=3, H=2, device="cpu", kv_dtype="fp8_e4m3_qk")
+    q = inp.full_q().float()
+    qq = quantized_q(inp.full_q(), "fp8_e4m3_qk")
+    amax = q.abs().amax(dim=-1, keepdim=True)
+    # each row's largest |q| lands on 448 exactly (up to the fp32 round trip of its scale)
+    torch.testing.assert_close(qq.abs().amax(dim=-1, keepdim=True), amax, rtol=1e-6, atol=0)
+    assert ((qq - q).abs() <= q.abs() * 2**-4 + amax / 448 * 2**-9).all()  # half an e4m3 ulp, subnormals
+    assert not torch.equal(qq, q)
+    assert torch.equal(quantized_q(inp.full_q(), "fp8_e4m3"), q)  # the dequantizing mode keeps q
+    zero = torch.zeros(1, 576, dtype=torch.bfloat16)
+    assert torch.equal(quantized_q(zero, "fp8_e4m3_qk"), zero.float())  # a zero row stays zero, no NaN
+    o, _ = reference(inp)
+    o_deq, _ = reference(dataclasses.replace(inp, kv_dtype="fp8_e4m3"))  # same cache, q as given
+    assert 1e-4 < float((o - o_deq).norm() / o_deq.norm()) < 0.1

@@ -28,6 +28,12 @@ CONFIGS = [
 ]
 SHAPES = [(8, 9, [46000]), (8, 1, [131072]), (16, 9, [0, 1000, 37]), (64, 2, [777]), (8, 16, [5000, 3])]
 
+#: The register-dequantizing path (VA_F8_REG, docs/kernel.md): the ring keeps e4m3 rows and QK and
+#: PV convert their fragments after ldmatrix. Not what the package builds until these pass on a GPU.
+REG = ("-DVA_F8_REG",)
+#: 32 warps: one 16-dim tile of O^T a warp, PV's odd-count path (an x2 .trans)
+BLOCK_1024 = KernelConfig(nsplit=32, ht=8, tk=64, block=1024, stages=2, wr=2, wk=4)
+
 
 @pytest.fixture(scope="module")
 def gpu(tmp_path_factory):
@@ -40,9 +46,13 @@ def gpu(tmp_path_factory):
     limits, cache = read_device_limits(0), tmp_path_factory.mktemp("cubins")
     for q_len in sorted({q for _, q, _ in SHAPES}):
         pool = [
-            c for c in CONFIGS if any(check(c, limits, H=H, q_len=q_len, kv_dtype=FMT) is None for H, _, _ in SHAPES)
+            c
+            for c in [*CONFIGS, BLOCK_1024]
+            if any(check(c, limits, H=H, q_len=q_len, kv_dtype=FMT) is None for H, _, _ in SHAPES)
         ]
-        assert not precompile(pool, q_len, limits.arch, cache, kv_dtype=FMT)
+        # the served build and the register path's two (cvt, sm_80's bits), in parallel
+        for flags in ((), REG, (*REG, "-DVA_F8_BITS")):
+            assert not precompile(pool, q_len, limits.arch, cache, extra_flags=flags, kv_dtype=FMT)
     return limits, cache
 
 
@@ -93,13 +103,6 @@ def test_sm80s_bit_placement_built_here(gpu):
     for cfg in CONFIGS[:2]:
         out, lse = _run(cfg, inp, limits, cache, flags=("-DVA_F8_BITS",))
         assert rel_error(out, ref_o) <= GATE and rel_error(lse, ref_lse) <= LSE_GATE, cfg
-
-
-#: The register-dequantizing path (VA_F8_REG, docs/kernel.md): the ring keeps e4m3 rows and QK and
-#: PV convert their fragments after ldmatrix. Not what the package builds until these pass on a GPU.
-REG = ("-DVA_F8_REG",)
-#: 32 warps: one 16-dim tile of O^T a warp, PV's odd-count path (an x2 .trans)
-BLOCK_1024 = KernelConfig(nsplit=32, ht=8, tk=64, block=1024, stages=2, wr=2, wk=4)
 
 
 @pytest.mark.parametrize("bits", [False, True], ids=["cvt", "sm80_bits"])
