@@ -1,5 +1,7 @@
 """Registers, spills and shared memory of the heuristic defaults per mode, for sm_90 and sm_120,
-from nvcc's ptxas report (no GPU needed). Writes a markdown table.
+from nvcc's ptxas report (no GPU needed), for each cache build: bf16, the served e4m3 path, the
+register-dequantizing one (VA_F8_REG) and fp8_e4m3_qk, each at the bf16 default's config (what
+the e4m3 formats run). Writes a markdown table.
 
     python3 bench/ptxas_report.py --out OUT
 """
@@ -21,6 +23,13 @@ from verify_tuner.kernels.validate import smem_bytes
 
 SHAPES = [(8, 9, 46000), (64, 9, 46000), (8, 9, 4096), (8, 1, 131072), (8, 64, 46000), (1, 33, 5000)]
 DEVICES = ["h200", "rtx-pro-6000"]
+#: (column, kv_dtype, nvcc flags): the builds each default is compiled as
+BUILDS = [
+    ("bf16", "bf16", ()),
+    ("e4m3", "fp8_e4m3", ()),
+    ("e4m3 VA_F8_REG", "fp8_e4m3", ("-DVA_F8_REG",)),
+    ("e4m3_qk", "fp8_e4m3_qk", ()),
+]
 
 
 def mode(cfg, q_len: int) -> str:
@@ -36,22 +45,26 @@ def main() -> None:
     lines = [
         f"# ptxas report of the heuristic defaults — {dt.date.today().isoformat()}, {nvcc_version()}",
         "",
-        (
-            "| device | arch | H | q_len | prefix | mode | rows | registers | spill stores/loads | smem KB "
-            "(limit) | config |"
-        ),
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "Registers and spill stores/loads (bytes) a thread, per build; smem is the bf16 layout's, which the e4m3",
+        "builds share.",
+        "",
+        "| device | arch | H | q_len | prefix | mode | rows | "
+        + " | ".join(f"{label} regs (spills)" for label, _, _ in BUILDS)
+        + " | smem KB (limit) | config |",
+        "|" + "---|" * (9 + len(BUILDS)),
     ]
     with tempfile.TemporaryDirectory() as tmp:
         for name in DEVICES:
             limits = known_device(name)
             for H, q, P in SHAPES:
                 cfg = heuristic_config(limits, H=H, q_len=q, prefix=P)
-                r = ptxas_report(compile_cubin(cfg, q, limits.arch, Path(tmp)).ptxas_log)
+                cells = []
+                for _, kv, flags in BUILDS:
+                    r = ptxas_report(compile_cubin(cfg, q, limits.arch, Path(tmp), flags, kv_dtype=kv).ptxas_log)
+                    cells.append(f"{r['registers']} ({r['spill_stores']}/{r['spill_loads']})")
                 lines.append(
                     f"| {name} | {limits.arch} | {H} | {q} | {P} | {mode(cfg, q)} | "
-                    f"{cfg.ht * cfg.row_tile(q)} | {r['registers']} | "
-                    f"{r['spill_stores']}/{r['spill_loads']} | "
+                    f"{cfg.ht * cfg.row_tile(q)} | {' | '.join(cells)} | "
                     f"{smem_bytes(cfg, q) / 1024:.1f} ({limits.max_smem_optin // 1024}) | {cfg} |"
                 )
                 print(lines[-1], flush=True)
