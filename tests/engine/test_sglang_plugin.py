@@ -7,6 +7,7 @@ variants hook gives SGLang's graph runner a graph per prefix range for a runner 
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import sys
 import types
@@ -73,7 +74,7 @@ def sglang(monkeypatch, tmp_path):
     }  # fmt: skip
     for name, attrs in modules.items():
         monkeypatch.setitem(sys.modules, name, types.SimpleNamespace(**attrs))
-    for var in ("VERIFY_TUNER_URL", "VERIFY_TUNER_CONFIG_DIR", "VERIFY_TUNER_CUBINS"):
+    for var in ("VERIFY_TUNER_URL", "VERIFY_TUNER_CONFIG_DIR", "VERIFY_TUNER_CUBINS", "VERIFY_TUNER_KV_DTYPE"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "NVIDIA H200")
@@ -181,3 +182,46 @@ def test_a_plan_set_of_two_ranges_becomes_two_graphs_per_batch_size(sglang, monk
         sglang.capturing[0] = text  # what SGLang's runner sets before each capture
         be.init_forward_metadata_out_graph(fb, in_capture=True)
         assert be._current[2] == op.config_list(want)  # the config the graph records
+
+
+def test_an_e4m3_pool_is_served_its_own_formats_configs(sglang, monkeypatch, tmp_path):
+    """SGLang's --kv-cache-dtype fp8_e4m3 pool (uint8 storage): the backend reads it as fp8_e4m3 and
+    its configs come from that format's table, not bf16's (both files in the folder)."""
+    from tests.engine.test_client_faults import TABLE, engine_doc, write_engine_file
+    from verify_tuner.engine_files import file_name, write_atomic
+
+    folder = tmp_path / "cfg"
+    write_engine_file(folder, engine_doc())  # bf16: the heuristic's configs
+    fp8 = engine_doc() | {"dtype": "fp8_e4m3"}
+    fp8["configs"] = {b: [e | {"NSPLIT": 66} for e in es] for b, es in fp8["configs"].items()}
+    write_atomic(folder / file_name(dataclasses.replace(TABLE, kv_dtype="fp8_e4m3")), fp8)
+    monkeypatch.setenv("VERIFY_TUNER_CONFIG_DIR", str(folder))
+    sglang_plugin.register()
+    runner = _runner(model_config=types.SimpleNamespace(get_max_num_attention_heads=lambda: 64, context_len=8192))
+    runner.token_to_kv_pool = MLAPool(size=100, layers=1, dtype=torch.uint8)
+    be = sglang.registry["verify_tuner"](runner)
+    assert be.kv_dtype == "fp8_e4m3"
+    assert {c.nsplit for c in be.graphs.configs(9, 4)} == {66}  # the e4m3 table's
+    runner.token_to_kv_pool = MLAPool(size=100, layers=1)  # a bf16 pool on the same folder: bf16's table
+    be16 = sglang.registry["verify_tuner"](runner)
+    assert be16.kv_dtype == "bf16" and 66 not in {c.nsplit for c in be16.graphs.configs(9, 4)}
+
+
+@pytest.mark.parametrize(
+    ("env", "pool_dtype", "needle"),
+    [
+        ("fp8_e4m3_qk", torch.uint8, r"kv_dtype fp8_e4m3_qk \(.*\) is not read by this kernel version yet"),
+        ("fp8_e4m3", torch.bfloat16, r"kv_dtype fp8_e4m3 reads a pool of uint8 or float8_e4m3fn, this one holds"),
+        ("bf16", torch.uint8, r"kv_dtype bf16 reads a pool of bfloat16, this one holds torch.uint8"),
+        ("fp8", torch.uint8, r"unknown kv_dtype 'fp8': one of bf16, fp8_e4m3"),
+    ],
+)
+def test_the_operators_kv_dtype_is_checked_against_the_pool_at_startup(sglang, monkeypatch, env, pool_dtype, needle):
+    """VERIFY_TUNER_KV_DTYPE picks how the kernel computes on the pool (e.g. fp8_e4m3_qk once it is
+    read); a mode the kernel does not read, or one the pool cannot hold, stops the server starting."""
+    monkeypatch.setenv("VERIFY_TUNER_KV_DTYPE", env)
+    sglang_plugin.register()
+    runner = _runner()
+    runner.token_to_kv_pool = MLAPool(size=100, layers=1, dtype=pool_dtype)
+    with pytest.raises(NotImplementedError, match=needle):
+        sglang.registry["verify_tuner"](runner)

@@ -15,8 +15,10 @@ other mode (prefill, mixed batches) to SGLang's Triton backend over the same KV 
   pool, then call the op on the engine's tensors in place: one 576-wide q, or SGLang's head-major
   absorbed q_nope (any token count) + q_rope; req_to_token at the requests' rows; `layer.scaling`.
 The pool must be SGLang's plain page-size-1 MLA pool in a format the kernel reads (POOL_FORMATS,
-verify_tuner.kernels.formats): bf16, or e4m3 (`--kv-cache-dtype fp8_e4m3`) once the kernel's
-GPU tests have passed; a format it does not read is refused when the backend is built. As SGLang's
+verify_tuner.kernels.formats): bf16, or e4m3 (`--kv-cache-dtype fp8_e4m3`). How the kernel computes
+on an e4m3 pool is the operator's choice (`kv_dtype`: `fp8_e4m3`, dequantized, by default, or
+`fp8_e4m3_qk`, QK on e4m3 MMAs, once the kernel reads it); a format the kernel does not read, or one
+the pool's dtype cannot hold, is refused when the backend is built. As SGLang's
 Triton backend does, a layer with a `k_scale` stores k / k_scale, and the kernel scales back by it
 (the tensor itself, so a captured graph follows a recalibrated scale).
 """
@@ -42,6 +44,26 @@ from verify_tuner.kernels.shapes import D_QK, D_V
 POOL_FORMATS = {torch.bfloat16: "bf16", torch.float8_e4m3fn: "fp8_e4m3", torch.uint8: "fp8_e4m3"}
 
 
+def pool_format(pool_dtype: torch.dtype, kv_dtype: str | None = None) -> str:
+    """The kernel's KV format for a pool of `pool_dtype`: `kv_dtype` when given (an operator's choice
+    of how to compute on it), else POOL_FORMATS'. NotImplementedError at startup, naming the reason,
+    for a pool the kernel cannot read, a format it does not read yet, or one the pool cannot hold."""
+    fmt = kv_dtype or POOL_FORMATS.get(pool_dtype)
+    if fmt is None:
+        raise NotImplementedError(
+            f"KV pool of {pool_dtype}: the verify kernel reads {sorted(set(POOL_FORMATS.values()))}"
+        )
+    try:
+        f = readable(fmt)
+    except InvalidConfig as exc:  # unknown, or known and not read yet
+        raise NotImplementedError(f"KV pool of {pool_dtype}: {exc}") from None
+    if str(pool_dtype).removeprefix("torch.") not in f.pool_dtypes:
+        raise NotImplementedError(
+            f"kv_dtype {fmt} reads a pool of {' or '.join(f.pool_dtypes)}, this one holds {pool_dtype}"
+        )
+    return f.name
+
+
 class VerifyMLABackend:
     """MLA target verify and decode on the kernel; other modes on `delegate` (SGLang's Triton
     backend on the same model runner), or a NotImplementedError naming the mode without one."""
@@ -62,19 +84,14 @@ class VerifyMLABackend:
         capture_label: Callable[[], str | None] = lambda: None,
         delegate: Any = None,
         tree_mask_mode: TreeMaskMode = TreeMaskMode.QLEN_ONLY,
+        kv_dtype: str | None = None,
     ) -> None:
         """`pick_config(q_len, bs)`: the one config of a batch size; or `pick_ranges(q_len, bs)`: its
         prefix ranges, ((0, config), (first prefix, config), ...). `capture_label()`: the attention
-        variant SGLang is capturing (sglang_plugin passes SGLang's own getter)."""
-        fmt = POOL_FORMATS.get(pool.dtype)
-        if fmt is None:
-            raise NotImplementedError(
-                f"KV pool of {pool.dtype}: the verify kernel reads {sorted(set(POOL_FORMATS.values()))}"
-            )
-        try:
-            self.kv_dtype = readable(fmt).name
-        except InvalidConfig as exc:  # a format the kernel knows but does not read yet: say so at startup
-            raise NotImplementedError(f"KV pool of {pool.dtype}: {exc}") from None
+        variant SGLang is capturing (sglang_plugin passes SGLang's own getter). `kv_dtype`: how the
+        kernel reads the pool (pool_format; None: POOL_FORMATS' default for its dtype), the same
+        format the configs were picked for."""
+        self.kv_dtype = pool_format(pool.dtype, kv_dtype)
         self.token_to_kv_pool, self.req_to_token, self.delegate, self.heads = pool, req_to_token, delegate, heads
         if (pick_config is None) == (pick_ranges is None):
             raise TypeError("give pick_config (one graph per batch size) or pick_ranges (one per prefix range)")

@@ -15,6 +15,10 @@ config folder, snapshot or the heuristic, as `verify_tuner.engine.client` says),
 graphs are set up. A draft model's runner gets SGLang's Triton backend (drafts run there; pass
 `--speculative-draft-attention-backend triton`).
 
+The configs are those of the pool's KV format, the one the kernel reads it as (an e4m3 pool:
+`fp8_e4m3`, or what VERIFY_TUNER_KV_DTYPE names, e.g. `fp8_e4m3_qk`): a table tuned for bf16 is
+not served to an e4m3 cache.
+
 Graphs per prefix range: SGLang's decode graph runner takes its attention variants (a graph per
 label and batch size, one label chosen per step: verify_tuner.engine.sglang_graphs) from
 `create_dsv41_candidate_graph_variants(model_runner, ...)` for models without variants of their
@@ -30,6 +34,8 @@ from typing import Any
 NAME = "verify_tuner"
 #: where SGLang's graph runner gets its attention variants for a model without its own
 VARIANTS_HOOK = "sglang.srt.layers.attention.graph_variants.create_dsv41_candidate_graph_variants"
+#: how the kernel computes on the pool (a kv_dtype of verify_tuner.kernels.formats); unset: the pool's default
+KV_DTYPE_ENV = "VERIFY_TUNER_KV_DTYPE"
 log = logging.getLogger(__name__)
 _hooked = False
 
@@ -103,19 +109,24 @@ def _check_runner(runner: Any) -> None:
 
 def build(runner: Any, *, delegate: Any) -> Any:
     """VerifyMLABackend on SGLang's AttentionBackend (its defaults for what this backend leaves alone)."""
+    import os
+
     import torch
     from sglang.kernels.ops.speculative.spec_tree import TreeMaskMode
     from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
     from sglang.srt.model_executor.runner_utils.capture_mode import get_capture_attention_variant
     from sglang.srt.runtime_context import get_parallel
     from sglang.srt.utils import get_cuda_graph_max_batch_size
-    from verify_tuner.engine.sglang_backend import VerifyMLABackend
+    from verify_tuner.engine.sglang_backend import VerifyMLABackend, pool_format
 
     cls = type("VerifyTunerAttnBackend", (VerifyMLABackend, AttentionBackend), {})
+    # the format first: what the pool cannot be read as stops here, before any config is fetched
+    kv_dtype = pool_format(runner.token_to_kv_pool.dtype, os.environ.get(KV_DTYPE_ENV) or None)
     heads = runner.model_config.get_max_num_attention_heads() // get_parallel().attn_tp_size
     q_len = runner.decode_num_tokens_per_req()
     context = runner.model_config.context_len
-    pick = _range_picker(heads, q_len, device=torch.cuda.get_device_name(runner.gpu_id), max_prefix=context)
+    device = torch.cuda.get_device_name(runner.gpu_id)
+    pick = _range_picker(heads, q_len, device=device, max_prefix=context, kv_dtype=kv_dtype)
     pool_size = runner.req_to_token_pool.size
     backend = cls(
         pool=runner.token_to_kv_pool,
@@ -128,6 +139,7 @@ def build(runner: Any, *, delegate: Any) -> Any:
         capture_label=get_capture_attention_variant,
         delegate=delegate,
         tree_mask_mode=TreeMaskMode.QLEN_ONLY,  # bs x q_len^2 cells, where FULL_MASK spans the context
+        kv_dtype=kv_dtype,
     )
     backend.kv_index_translator = runner.kv_index_translator
     if hasattr(delegate, "extend_attention_block_m"):  # the scheduler sizes prefill chunks by the prefill kernel's tile
@@ -135,14 +147,15 @@ def build(runner: Any, *, delegate: Any) -> Any:
     return backend
 
 
-def _range_picker(heads: int, q_len: int, *, device: str, max_prefix: int) -> Any:
-    """pick_ranges(q_len, bs): the ranges of the config client's graph plan set for the batch size."""
+def _range_picker(heads: int, q_len: int, *, device: str, max_prefix: int, kv_dtype: str) -> Any:
+    """pick_ranges(q_len, bs): the ranges of the config client's graph plan set for the batch size,
+    from the table of the pool's KV format."""
     from verify_tuner.batches import MAX_BATCH
     from verify_tuner.engine.client import ConfigClient
 
-    client = ConfigClient(H=heads, q_len=q_len, device=device)
+    client = ConfigClient(H=heads, q_len=q_len, device=device, kv_dtype=kv_dtype)
     source = client.fetch()
-    log.info("%s: configs for H=%d q_len=%d from %s: %s", NAME, heads, q_len, source, client.reason)
+    log.info("%s: %s configs for H=%d q_len=%d from %s: %s", NAME, kv_dtype, heads, q_len, source, client.reason)
     if source == "none":
         raise RuntimeError(f"--attention-backend {NAME}: no kernel config for {device} ({client.reason})")
 
