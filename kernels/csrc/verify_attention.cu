@@ -92,8 +92,6 @@ constexpr bool F8R = FP8;
 #else
 constexpr bool F8R = F8QK;  // e4m3 MMAs read the ring's e4m3 rows as they are
 #endif
-// e4m3's largest finite value: fp8_e4m3_qk maps a q row's largest |q| onto it
-constexpr float E4M3_MAX = 448.f;
 // e4m3: P is stored in f16 times 2^7 (P <= 2^8 with the lazy max, f16's max is 65504), so weights
 // far below the row's max stay normal numbers rather than flush to zero while l counts them.
 constexpr float P_UNIT = 128.f;
@@ -665,6 +663,7 @@ __device__ __forceinline__ void convert_q(bf16* Qs, float* qsc_s, int rlo, int r
 // row r goes to 16-byte slot c ^ (r & 7) of the row, so ldmatrix's eight rows at one chunk read
 // eight bank quads. A row is read whole before its bytes are rewritten: every lane's loads have
 // landed once the row's max has passed through every lane's shuffles. One warp a row.
+constexpr float E4M3_MAX = 448.f;  // e4m3's largest finite value
 __device__ __forceinline__ void convert_q_e4m3(bf16* Qs, float* qsc_s, int rlo, int rhi, int warp, int lane) {
   constexpr int QCH = (CHUNKS + 31) / 32;
   unsigned char* Qb = reinterpret_cast<unsigned char*>(Qs);
