@@ -173,7 +173,7 @@ def quantized_q(q: Any, kv_dtype: str) -> Any:
         return q.float()
     x = q.float()
     amax = x.abs().amax(dim=-1, keepdim=True)
-    mul = torch.where(amax > 0, E4M3_MAX / amax.clamp_min(1e-30), torch.ones_like(amax))
+    mul = torch.where(amax > 0, E4M3_MAX / amax.clamp(1e-30, 1e30), torch.ones_like(amax))
     return (x * mul).to(torch.float8_e4m3fn).float() / mul
 
 

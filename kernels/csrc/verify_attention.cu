@@ -661,8 +661,8 @@ __device__ __forceinline__ void convert_q(bf16* Qs, float* qsc_s, int rlo, int r
 // per row so that its largest |q| maps to 448 (a scale per token and head); qsc_s[r] gets the
 // inverse, which the softmax applies to the row's scores. The e4m3 chunk c (dims 16c..16c+15) of
 // row r goes to 16-byte slot c ^ (r & 7) of the row, so ldmatrix's eight rows at one chunk read
-// eight bank quads. A row is read whole before its bytes are rewritten: every lane's loads have
-// landed once the row's max has passed through every lane's shuffles. One warp a row.
+// eight bank quads. A row is read whole before its bytes are rewritten (a lane writes bytes other
+// lanes read: __syncwarp orders them). One warp a row.
 constexpr float E4M3_MAX = 448.f;  // e4m3's largest finite value
 __device__ __forceinline__ void convert_q_e4m3(bf16* Qs, float* qsc_s, int rlo, int rhi, int warp, int lane) {
   constexpr int QCH = (CHUNKS + 31) / 32;
@@ -683,7 +683,10 @@ __device__ __forceinline__ void convert_q_e4m3(bf16* Qs, float* qsc_s, int rlo, 
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float mul = amax > 0.f ? E4M3_MAX / amax : 1.f;  // a zero row stays zero
+    // Rounded division (fast-math's approximate one overflows to inf below ~1e-36 and returns 0
+    // above 2^126), on amax held to [1e-30, 1e30] as the reference does; a zero row stays zero.
+    const float mul = amax > 0.f ? __fdiv_rn(E4M3_MAX, fminf(fmaxf(amax, 1e-30f), 1e30f)) : 1.f;
+    __syncwarp();  // every lane's loads of the row are done before any lane overwrites them
 #pragma unroll
     for (int j = 0; j < QCH; ++j) {
       const int c = lane + 32 * j;  // bf16 chunk c: the low (c even) or high half of e4m3 chunk c / 2
@@ -698,7 +701,7 @@ __device__ __forceinline__ void convert_q_e4m3(bf16* Qs, float* qsc_s, int rlo, 
       *reinterpret_cast<uint2*>(Qb + r * (KSTRIDE * 2) + (((c >> 1) ^ (r & 7)) << 4) + (c & 1) * 8) =
           make_uint2(w[0], w[1]);
     }
-    if (lane == 0) qsc_s[r] = 1.f / mul;
+    if (lane == 0) qsc_s[r] = __frcp_rn(mul);
   }
 }
 
