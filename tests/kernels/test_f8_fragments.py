@@ -1,14 +1,16 @@
-"""The register-dequantizing e4m3 path (VA_F8_REG) rests on three index facts that no CPU can run
-as the kernel's code: ldmatrix on byte rows, q stored in a permuted order, O^T's rows permuted by
-the PV fragments. This models a warp's lanes as the PTX ISA defines ldmatrix (b16, plain and
-.trans) and the m16n8k16 fragments, applies the kernel's choices (which matrix a lane addresses,
-which register feeds which fragment, convert_q's word exchange, the epilogue's store) and checks
-that QK and PV compute the products they must. The kernel itself is checked on a GPU
-(tests/kernels/test_fp8_gpu.py); this pins the layout it implements."""
+"""The register-dequantizing e4m3 path (VA_F8_REG) and fp8_e4m3_qk rest on index facts that no CPU
+can run as the kernel's code: ldmatrix on byte rows, q stored in a permuted order, O^T's rows
+permuted by the PV fragments, K and q read as k32 e4m3 fragments. This models a warp's lanes as
+the PTX ISA defines ldmatrix (b16, plain and .trans) and the m16n8k16 / m16n8k32 fragments,
+applies the kernel's choices (which matrix a lane addresses, which register feeds which fragment,
+convert_q's word exchange, the epilogue's store, q's swizzled e4m3 chunks) and checks that QK and
+PV compute the products they must. The kernel itself is checked on a GPU
+(tests/kernels/test_fp8_gpu.py, test_fp8_qk_gpu.py); this pins the layout it implements."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 LANES = range(32)
 
@@ -129,3 +131,48 @@ def test_the_e4m3_ring_rows_are_conflict_free_without_a_swizzle():
 
     assert len(quads(592)) == 8
     assert len(quads(576)) < 8
+
+
+def mma_k32(a_regs, b_regs) -> np.ndarray:
+    """m16n8k32 on 8-bit elements (PTX ISA): A 16x32 (a0 row g, k 4t..4t+3; a1 row g+8; a2 row g,
+    k 16+4t..; a3 row g+8, k 16+4t..), B 32x8 (b0 col g, k 4t..4t+3; b1 col g, k 16+4t..)."""
+    A, B = np.full((16, 32), np.nan), np.full((32, 8), np.nan)
+    for lane in LANES:
+        g, t = lane >> 2, lane & 3
+        for i, (r, k) in enumerate(((g, 4 * t), (g + 8, 4 * t), (g, 16 + 4 * t), (g + 8, 16 + 4 * t))):
+            A[r, k : k + 4] = a_regs[lane][i]
+        for i, k in enumerate((4 * t, 16 + 4 * t)):
+            B[k : k + 4, g] = b_regs[lane][i]
+    assert not np.isnan(A).any() and not np.isnan(B).any()
+    return A @ B
+
+
+def e4m3_q_rows(Q: np.ndarray) -> np.ndarray:
+    """convert_q_e4m3's layout of q rows (row r, 16-dim chunk c at 16-byte slot c ^ (r & 7)), as
+    8 rows x 40 slots x 16 elements."""
+    out = np.full((Q.shape[0], 40, 16), np.nan)
+    for r in range(Q.shape[0]):
+        for c in range(Q.shape[1] // 16):
+            out[r, c ^ (r & 7)] = Q[r, 16 * c : 16 * c + 16]
+    return out
+
+
+@pytest.mark.parametrize("odd_tail", [False, True])
+def test_qk_on_e4m3_mmas_reads_k_and_q_as_they_lie(odd_tail):
+    """fp8_e4m3_qk: K's x4 (tokens +8, next k-step) is the k32 A fragment as it lands; q's e4m3
+    chunks, read at their swizzled slots by an x2 (steps j and j+1), are B; a slice's odd last
+    step runs with zeros in a2, a3 and b1."""
+    rng = np.random.default_rng(2)
+    wk, QWK, j = 1, 4, 0  # k-slice 1 of 4: its steps are chunks 1, 5, 9, ...
+    K = rng.integers(-8, 8, size=(16, 576)).astype(float)
+    Q = rng.integers(-8, 8, size=(8, 576)).astype(float)
+    Qs = e4m3_q_rows(Q)
+    steps = [wk + QWK * j] if odd_tail else [wk + QWK * j, wk + QWK * (j + 1)]
+    raw = [ldmatrix(K[8 * (m & 1) : 8 * (m & 1) + 8, 16 * steps[m >> 1] : 16 * steps[m >> 1] + 16], trans=False)
+           for m in range(2 * len(steps))]  # fmt: skip
+    qraw = [ldmatrix(np.stack([Qs[r, steps[m] ^ r] for r in range(8)]), trans=False) for m in range(len(steps))]
+    zero = (0.0, 0.0, 0.0, 0.0)
+    a = [tuple(raw[i][lane] if i < len(raw) else zero for i in range(4)) for lane in LANES]
+    b = [tuple(qraw[i][lane] if i < len(qraw) else zero for i in range(2)) for lane in LANES]
+    dims = np.concatenate([np.arange(16 * s, 16 * s + 16) for s in steps])
+    np.testing.assert_array_equal(mma_k32(a, b), K[:, dims] @ Q[:, dims].T)
