@@ -45,8 +45,8 @@ def main() -> None:
     lines = [
         f"# ptxas report of the heuristic defaults — {dt.date.today().isoformat()}, {nvcc_version()}",
         "",
-        "Registers and spill stores/loads (bytes) a thread, per build; smem is the bf16 layout's, which the e4m3",
-        "builds share.",
+        "Registers and spill stores/loads (bytes) a thread, per build; smem is the bf16 layout's (the served e4m3",
+        "build's too; VA_F8_REG and e4m3_qk builds hold half its ring).",
         "",
         "| device | arch | H | q_len | prefix | mode | rows | "
         + " | ".join(f"{label} regs (spills)" for label, _, _ in BUILDS)

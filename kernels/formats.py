@@ -27,7 +27,8 @@ class KVFormat:
     scale: str  # "none"; "per_layer": one fp32 scale for the layer's cache (the op's kv_scale)
     mma: str  # the element type the QK MMAs read ("bf16", "f16" after dequantizing, "e4m3")
     pool_dtypes: tuple[str, ...]  # torch dtypes the op accepts for the pool
-    staged_bytes: int  # bytes of one element of Q, a KV ring slot and P in shared memory
+    staged_bytes: int  # bytes of one element of Q and P in shared memory
+    ring_row_bytes: int  # bytes of a token's row in a KV ring slot (1152 staged 2-byte rows; 592 e4m3 rows)
     q_row_scale: bool  # q is rescaled per row in shared memory (a float a row of the block)
     min_cc: int  # lowest compute capability (10 * major + minor) with the instructions it needs
     kernel_reads: bool  # the current kernel reads it; otherwise it is refused by name
@@ -49,28 +50,38 @@ class KVFormat:
 
 
 _E4M3_POOL = ("uint8", "float8_e4m3fn")  # SGLang stores e4m3 as uint8; torch's own fp8 dtype is taken too
+#: An e4m3 row in the ring when the kernel converts in registers: 576 bytes in 37 16-byte chunks
+#: (odd: ldmatrix's eight rows fall on eight bank quads without a swizzle)
+E4M3_RING_ROW = 592
+#: The nvcc flag that builds the e4m3 cache's register-dequantizing path (the .cu's VA_F8_REG), which
+#: also halves its ring; a layout input until that path is the format's only one.
+REG_DEQUANT_FLAG = "-DVA_F8_REG"
 FORMATS: dict[str, KVFormat] = {
     f.name: f
     for f in (
         KVFormat(
             name="bf16", code=0, element="bf16", row_bytes=1152, scale="none", mma="bf16",
-            pool_dtypes=("bfloat16",), staged_bytes=2, q_row_scale=False, min_cc=80, kernel_reads=True,
+            pool_dtypes=("bfloat16",), staged_bytes=2, ring_row_bytes=1152, q_row_scale=False, min_cc=80,
+            kernel_reads=True,
             about="bf16 latent rows, read as stored",
         ),
         KVFormat(
             name="fp8_e4m3", code=1, element="e4m3", row_bytes=576, scale="per_layer", mma="f16",
-            pool_dtypes=_E4M3_POOL, staged_bytes=2, q_row_scale=True, min_cc=80, kernel_reads=True,
+            pool_dtypes=_E4M3_POOL, staged_bytes=2, ring_row_bytes=1152, q_row_scale=True, min_cc=80,
+            kernel_reads=True,
             about="e4m3 latent rows with one fp32 scale a layer (SGLang --kv-cache-dtype fp8_e4m3, vLLM fp8), "
             "dequantized to f16 in the kernel",
         ),
         KVFormat(
             name="fp8_e4m3_qk", code=2, element="e4m3", row_bytes=576, scale="per_layer", mma="e4m3",
-            pool_dtypes=_E4M3_POOL, staged_bytes=2, q_row_scale=True, min_cc=89, kernel_reads=False,
+            pool_dtypes=_E4M3_POOL, staged_bytes=2, ring_row_bytes=E4M3_RING_ROW, q_row_scale=True, min_cc=89,
+            kernel_reads=False,
             about="the fp8_e4m3 cache with QK on e4m3 MMAs, q quantized to e4m3 per row",
         ),
         KVFormat(
             name="fp8_ds_mla", code=3, element="e4m3", row_bytes=656, scale="per_128", mma="bf16",
-            pool_dtypes=("uint8",), staged_bytes=2, q_row_scale=False, min_cc=80, kernel_reads=False,
+            pool_dtypes=("uint8",), staged_bytes=2, ring_row_bytes=1152, q_row_scale=False, min_cc=80,
+            kernel_reads=False,
             about="FlashMLA's fp8 with scale: 512 e4m3, 4 fp32 scales (one per 128 dims), 64 bf16 rope dims",
         ),
     )
@@ -78,6 +89,13 @@ FORMATS: dict[str, KVFormat] = {
 DEFAULT = "bf16"
 #: Every name the key accepts: the formats the kernel reads (the rest are refused by name).
 KV_DTYPES = tuple(name for name, f in FORMATS.items() if f.kernel_reads)
+
+
+def ring_row_bytes(fmt: KVFormat, flags: tuple[str, ...] = ()) -> int:
+    """Bytes of a token's row in a ring slot for a build of `fmt` with nvcc `flags`."""
+    if fmt.scale == "per_layer" and REG_DEQUANT_FLAG in flags:
+        return E4M3_RING_ROW
+    return fmt.ring_row_bytes
 
 
 def kv_format(name: str) -> KVFormat:

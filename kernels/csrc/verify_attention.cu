@@ -83,10 +83,9 @@ constexpr bool F8QK = KV_FMT == 2;
 #if KV_FMT == 2 && defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
 #error "KV_FMT 2 (fp8_e4m3_qk) needs e4m3 MMAs: compute capability 8.9 or newer (kernels/formats.py)"
 #endif
-// e4m3, VA_F8_REG: the ring keeps the pool's e4m3 rows (592-byte stride) and QK and PV convert
-// their fragments to f16 in registers after ldmatrix, so no conversion pass runs between a tile's
-// arrival and its QK (docs/kernel.md, "Cache formats"). The slots keep the staged rows' size
-// until this path replaces the in-place one, so both share one shared-memory layout.
+// e4m3, VA_F8_REG: the ring keeps the pool's e4m3 rows (592-byte stride: half the staged ring)
+// and QK and PV convert their fragments to f16 in registers after ldmatrix, so no conversion pass
+// runs between a tile's arrival and its QK (docs/kernel.md, "Cache formats").
 #if defined(VA_F8_REG)
 constexpr bool F8R = FP8;
 #else
@@ -189,7 +188,10 @@ static_assert(NSPLIT >= 1, "NSPLIT must be >= 1");
 static_assert(TK <= BLOCK, "one thread per token fetches a tile's slot index");
 
 constexpr int SMEM_Q = ROWS_PAD * KSTRIDE * 2;
-constexpr int SMEM_K = STAGES * TK * KSTRIDE * 2;
+// A ring row's elements (2-byte units): staged rows of 1152 B, or F8R's e4m3 rows of 592 B, which
+// halves the ring (validate.smem_bytes mirrors it: the formats' ring rows, VA_F8_REG's for e4m3).
+constexpr int RING_ROW = F8R ? F8_ROWB / 2 : KSTRIDE;  // slot offsets stay s * TK * row: same code as before
+constexpr int SMEM_K = STAGES * TK * RING_ROW * 2;
 constexpr int NPB = PIPE == 3 ? 2 : 1;  // P and alpha buffers: PIPE 3 keeps tiles t and t+1 apart
 constexpr int SMEM_S = NGROUPS * NSB * ROWS_PAD * SSTRIDE * 4;
 constexpr int SMEM_P = NPB * ROWS_PAD * PSTRIDE * 2;
@@ -211,7 +213,7 @@ constexpr int RPP = 32 / LPR;
 static_assert(SPL % 4 == 0 && SPL <= 32 && LPR * SPL == TK, "softmax: a lane holds 4..32 scores");
 // the epilogue stages O (bf16, rows of D_V) in the Q region
 static_assert(D_V <= KSTRIDE, "O staging fits the Q rows");
-static_assert(F8_ROWB <= KSTRIDE * 2 && (F8_ROWB / 16) % 2 == 1, "F8R: an e4m3 row fits a staged one, odd chunks");
+static_assert(F8_ROWB >= D_QK && (F8_ROWB / 16) % 2 == 1, "F8R: a row holds 576 bytes in an odd number of chunks");
 }  // namespace
 
 // The reduce's block (verify_attn_reduce says why these sizes).
@@ -1146,7 +1148,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
   extern __shared__ __align__(16) unsigned char smem[];
   bf16* Qs = reinterpret_cast<bf16*>(smem);
   bf16* Ks = Qs + ROWS_PAD * KSTRIDE;
-  float* Ss = reinterpret_cast<float*>(Ks + STAGES * TK * KSTRIDE);
+  float* Ss = reinterpret_cast<float*>(Ks + STAGES * TK * RING_ROW);
   bf16* Ps = reinterpret_cast<bf16*>(Ss + NGROUPS * NSB * ROWS_PAD * SSTRIDE);  // [NPB] P buffers
   float* m_s = reinterpret_cast<float*>(Ps + NPB * ROWS_PAD * PSTRIDE);
   float* l_s = m_s + ROWS_PAD;
@@ -1272,7 +1274,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
     __syncthreads();
 #pragma unroll 1
     for (int s = PIPE == 3 ? grp : 0; s < PRE; s += NGROUPS) {  // PIPE 3: a tile's owner loads it
-      if (s < ntiles) load_kv_tile<GWARPS>(Ks + s * TK * KSTRIDE, kvb, idx_s, sp, s, gw);
+      if (s < ntiles) load_kv_tile<GWARPS>(Ks + s * TK * RING_ROW, kvb, idx_s, sp, s, gw);
       cp_async_commit();
     }
     __syncthreads();  // every prologue copy has read its index
@@ -1294,7 +1296,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
     // Refill: KV tile X into its slot, and the indices of tile X+STAGES-1, as one cp.async group.
     // (PIPE 3: by the owner group of X, which also owns X+STAGES-1.)
     auto refill = [&](int X) {
-      if (X < ntiles) load_kv_tile<GWARPS>(Ks + (X % STAGES) * TK * KSTRIDE, kvb, idx_s, sp, X, gw);
+      if (X < ntiles) load_kv_tile<GWARPS>(Ks + (X % STAGES) * TK * RING_ROW, kvb, idx_s, sp, X, gw);
       fetch_indices(idx_s, sp, X + STAGES - 1, NGROUPS == 1 ? tid : tid % (GWARPS * 32));
       cp_async_commit();  // possibly empty: keeps the group count uniform for the waits
     };
@@ -1331,17 +1333,17 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
       SOFTMAX_TILE(Ss, Ps, m_s, l_s, a_s, resc_s, qsc_s, mask_s, sp, rows_here, it, scale_log2, warp, lane, rlo, rhi);
       cp_async_wait<STAGES - 2>();  // tile it+1 has landed (this thread's copies)
       if constexpr (FP8 && !F8R)
-        if (it + 1 < ntiles) convert_kv_tile<GWARPS>(Ks + ((it + 1) % STAGES) * TK * KSTRIDE, warp, lane);
+        if (it + 1 < ntiles) convert_kv_tile<GWARPS>(Ks + ((it + 1) % STAGES) * TK * RING_ROW, warp, lane);
       __syncthreads();              // P(it) ready; everyone's copies of tile it+1 visible
-      PV_TILE(acc, Ks + (it % STAGES) * TK * KSTRIDE, Ps, a_s, resc_s[it & 1] != 0, warp, lane, nlo);
-      if (it + 1 < ntiles) QK_TILE(Qs, Ks + ((it + 1) % STAGES) * TK * KSTRIDE, Ss, warp, lane, 0, nlo);
+      PV_TILE(acc, Ks + (it % STAGES) * TK * RING_ROW, Ps, a_s, resc_s[it & 1] != 0, warp, lane, nlo);
+      if (it + 1 < ntiles) QK_TILE(Qs, Ks + ((it + 1) % STAGES) * TK * RING_ROW, Ss, warp, lane, 0, nlo);
     }
 #elif PIPE == 1
     // Three barriers a tile; the slot of tile t is refilled with tile t+STAGES right after PV(t),
     // so every load overlaps a whole iteration of compute even with two slots.
 #pragma unroll 1
     for (int it = 0; it < ntiles; ++it) {
-      const bf16* Kt = Ks + (it % STAGES) * TK * KSTRIDE;
+      const bf16* Kt = Ks + (it % STAGES) * TK * RING_ROW;
       QK_TILE(Qs, Kt, Ss, warp, lane, 0, nlo);
       __syncthreads();  // S(it) complete
       SOFTMAX_TILE(Ss, Ps, m_s, l_s, a_s, resc_s, qsc_s, mask_s, sp, rows_here, it, scale_log2, warp, lane, rlo, rhi);
@@ -1349,7 +1351,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
       PV_TILE(acc, Kt, Ps, a_s, resc_s[it & 1] != 0, warp, lane, nlo);
       cp_async_wait<STAGES - 2>();  // tile it+1 has landed (this thread's copies)
       if constexpr (FP8 && !F8R)
-        if (it + 1 < ntiles) convert_kv_tile<GWARPS>(Ks + ((it + 1) % STAGES) * TK * KSTRIDE, warp, lane);
+        if (it + 1 < ntiles) convert_kv_tile<GWARPS>(Ks + ((it + 1) % STAGES) * TK * RING_ROW, warp, lane);
       __syncthreads();              // PV(it) done everywhere: the slot is free; tile it+1 visible
       refill(it + STAGES);
     }
@@ -1367,7 +1369,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
 #pragma unroll 1
     for (int t = grp; t <= ntiles; t += 2) {
       const bool own = t < ntiles;
-      bf16* const Kt = Ks + (t % STAGES) * TK * KSTRIDE;
+      bf16* const Kt = Ks + (t % STAGES) * TK * RING_ROW;
       if (own) {
         if (t == 0) cp_async_wait<1>(); else cp_async_wait<0>();  // tile t (group 0 has tile 2 pending at t=0)
         if constexpr (FP8 && !F8R) convert_kv_tile<GWARPS>(Kt, gw, lane);  // the rows this warp copied
@@ -1377,7 +1379,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
       if (t >= 1) {
         const int u = t - 1;  // the other group's tile
         bar_sync(BAR_P + (u & 1), BLOCK);  // P(u), its alphas and flag are ready
-        PV_TILE(acc, Ks + (u % STAGES) * TK * KSTRIDE, Ps + (u & 1) * PBUF, a_s + (u & 1) * ROWS_PAD,
+        PV_TILE(acc, Ks + (u % STAGES) * TK * RING_ROW, Ps + (u & 1) * PBUF, a_s + (u & 1) * ROWS_PAD,
                 resc_s[u & 1] != 0, warp, lane, nlo);
         bar_sync(BAR_EMPTY + u % STAGES, BLOCK);  // the owner's PV(u) is done too: the slot is free
         if (own) refill(t + STAGES - 1);

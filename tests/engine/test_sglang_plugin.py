@@ -187,8 +187,9 @@ def test_a_plan_set_of_two_ranges_becomes_two_graphs_per_batch_size(sglang, monk
 def test_an_e4m3_pool_is_served_its_own_formats_configs(sglang, monkeypatch, tmp_path):
     """SGLang's --kv-cache-dtype fp8_e4m3 pool (uint8 storage): the backend reads it as fp8_e4m3 and
     its configs come from that format's table, not bf16's (both files in the folder)."""
-    from tests.engine.test_client_faults import TABLE, engine_doc, write_engine_file
     from verify_tuner.engine_files import file_name, write_atomic
+
+    from tests.engine.test_client_faults import TABLE, engine_doc, write_engine_file
 
     folder = tmp_path / "cfg"
     write_engine_file(folder, engine_doc())  # bf16: the heuristic's configs

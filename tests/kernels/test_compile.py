@@ -121,7 +121,11 @@ def test_register_dequant_builds_an_odd_count_of_o_tiles_a_warp(tmp_path):
 
 
 @needs_nvcc
-@pytest.mark.parametrize("kv_dtype", [*KERNEL_FORMATS, "fp8_e4m3_qk"])
+@pytest.mark.parametrize(
+    "kv_dtype, flags",
+    [*((f, ()) for f in KERNEL_FORMATS), ("fp8_e4m3", ("-DVA_F8_REG",)), ("fp8_e4m3_qk", ())],
+    ids=["bf16", "fp8_e4m3", "fp8_e4m3-VA_F8_REG", "fp8_e4m3_qk"],
+)
 @pytest.mark.parametrize(
     "cfg, q_len",
     [
@@ -131,16 +135,17 @@ def test_register_dequant_builds_an_odd_count_of_o_tiles_a_warp(tmp_path):
         (KernelConfig(nsplit=8, ht=2, tk=64, block=512, stages=2, wr=2, wk=2, qt=5), 33),
     ],
 )
-def test_validates_shared_memory_formula_is_the_kernels_layout(tmp_path, cfg, q_len, kv_dtype):
+def test_validates_shared_memory_formula_is_the_kernels_layout(tmp_path, cfg, q_len, kv_dtype, flags):
     """validate.smem_bytes is what the .cu lays out (kSmemBytes), checked by the compiler's front end
-    with a static_assert appended to the rendered source (no GPU: the launcher checks the same at load)."""
+    with a static_assert appended to the rendered source (no GPU: the launcher checks the same at
+    load), per format and for the flag that halves an e4m3 build's ring."""
     import subprocess
 
     src = tmp_path / "k.cu"
     total = "SMEM_Q + SMEM_K + SMEM_S + SMEM_P + SMEM_STATS + SMEM_MASK + SMEM_SLOTS"
-    want = smem_bytes(cfg, q_len, kv_dtype)
+    want = smem_bytes(cfg, q_len, kv_dtype, flags)
     src.write_text(render(cfg, q_len, kv_dtype) + f'\nstatic_assert({total} == {want}, "smem formula");\n')
-    r = subprocess.run(["nvcc", "-cuda", "-arch=sm_90", "-std=c++17", "-o", str(tmp_path / "k.ii"), str(src)],
+    r = subprocess.run(["nvcc", "-cuda", "-arch=sm_90", "-std=c++17", *flags, "-o", str(tmp_path / "k.ii"), str(src)],
                        capture_output=True, text=True, check=False)  # fmt: skip
     assert r.returncode == 0, r.stderr[-1500:]
 

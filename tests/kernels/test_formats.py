@@ -62,6 +62,18 @@ def test_shared_memory_follows_the_staged_element_size():
     assert smem_bytes(CFG, 9) == smem_bytes(CFG, 9, "bf16") == 227448  # the seesaw default at 72 rows
 
 
+def test_an_e4m3_ring_that_keeps_the_pools_rows_is_half_the_staged_one():
+    """The register-dequantizing build (VA_F8_REG) and fp8_e4m3_qk keep 576-byte e4m3 rows at a
+    592-byte stride in the ring: 3 slots of 32 tokens take 56 832 bytes instead of 110 592; the
+    flag changes nothing for a bf16 build."""
+    staged, ring = 3 * 32 * 1152, 3 * 32 * 592
+    base = smem_bytes(CFG, 9, "fp8_e4m3")
+    assert smem_bytes(CFG, 9, "fp8_e4m3", ("-DVA_F8_REG",)) == base - staged + ring
+    assert smem_bytes(CFG, 9, "fp8_e4m3_qk") == base - staged + ring
+    assert smem_bytes(CFG, 9, "bf16", ("-DVA_F8_REG",)) == smem_bytes(CFG, 9, "bf16")
+    assert formats.ring_row_bytes(formats.FORMATS["fp8_e4m3"], ("-DVA_F8_REG", "-DVA_F8_BITS")) == 592
+
+
 def _call(kv_dtype_storage: str, width: int = 576) -> dict[str, TensorMeta]:
     B, Q, H = 2, 9, 8
     dev = "cuda:0"
