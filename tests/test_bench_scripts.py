@@ -155,3 +155,25 @@ def test_the_sm120_structure_check_times_the_sm120_default_and_sm120_valid_confi
 
     v6 = KernelConfig(nsplit=94, ht=4, tk=16, block=256, stages=2, wr=4, wk=2)
     assert sm120_structures.shape_of(v6, 9) == (False, 2)
+
+
+def test_fp8_configs_candidates_follow_the_builds_layout():
+    """The e4m3 sweep's candidates are the configs a build can run: the register path's halved
+    ring admits deeper rings and larger tiles the staged build refuses, each still valid there,
+    and its results are filed under the flags, apart from the served build's."""
+    import fp8_configs
+
+    h200, reg = known_device("h200"), ("-DVA_F8_REG",)
+    for name, H, q, lens in fp8_configs.SHAPES:
+        staged = fp8_configs.candidates(h200, H, q, lens)
+        halved = fp8_configs.candidates(h200, H, q, lens, reg)
+        assert staged[0] == halved[0] == heuristic_config(h200, H=H, q_len=q, prefix=max(lens), batch=len(lens))
+        assert 1 < len(staged) < 12 and len(halved) <= 12  # the staged list is whole: nothing cut off
+        new = [c for c in halved if c not in staged]
+        assert new, name  # configs only the halved ring fits
+        for c in new:
+            assert check(c, h200, H=H, q_len=q, kv_dtype="fp8_e4m3", flags=reg) is None
+            reason = check(c, h200, H=H, q_len=q, kv_dtype="fp8_e4m3")
+            assert reason is not None and "shared memory" in reason, (c, reason)
+    assert fp8_configs.file_stem("sm_90", ()) == "fp8_configs_sm_90"
+    assert fp8_configs.file_stem("sm_90", reg) == "fp8_configs_va_f8_reg_sm_90"

@@ -31,8 +31,14 @@ SHAPES = [(8, 9, [46000]), (8, 1, [131072]), (16, 9, [0, 1000, 37]), (64, 2, [77
 #: The register-dequantizing path (VA_F8_REG, docs/kernel.md): the ring keeps e4m3 rows and QK and
 #: PV convert their fragments after ldmatrix. Not what the package builds until these pass on a GPU.
 REG = ("-DVA_F8_REG",)
-#: 32 warps: one 16-dim tile of O^T a warp, PV's odd-count path (an x2 .trans)
-BLOCK_1024 = KernelConfig(nsplit=32, ht=8, tk=64, block=1024, stages=2, wr=2, wk=4)
+#: 32 warps: one 16-dim tile of O^T a warp, PV's odd-count path (an x2 .trans); and two configs
+#: only the register path's halved ring fits (64-token tiles at 72 rows; three slots of 64 at q=1)
+REG_CONFIGS = [
+    *CONFIGS,
+    KernelConfig(nsplit=32, ht=8, tk=64, block=1024, stages=2, wr=2, wk=4),
+    KernelConfig(nsplit=132, ht=8, tk=64, block=256, stages=2, wr=2, wk=2),
+    KernelConfig(nsplit=264, ht=8, tk=64, block=256, stages=3, wr=1, wk=4),
+]
 
 
 @pytest.fixture(scope="module")
@@ -45,13 +51,13 @@ def gpu(tmp_path_factory):
     torch.cuda.init()
     limits, cache = read_device_limits(0), tmp_path_factory.mktemp("cubins")
     for q_len in sorted({q for _, q, _ in SHAPES}):
-        pool = [
-            c
-            for c in [*CONFIGS, BLOCK_1024]
-            if any(check(c, limits, H=H, q_len=q_len, kv_dtype=FMT) is None for H, _, _ in SHAPES)
-        ]
         # the served build and the register path's two (cvt, sm_80's bits), in parallel
-        for flags in ((), REG, (*REG, "-DVA_F8_BITS")):
+        for configs, flags in ((CONFIGS, ()), (REG_CONFIGS, REG), (REG_CONFIGS, (*REG, "-DVA_F8_BITS"))):
+            pool = [
+                c
+                for c in configs
+                if any(check(c, limits, H=H, q_len=q_len, kv_dtype=FMT, flags=flags) is None for H, _, _ in SHAPES)
+            ]
             assert not precompile(pool, q_len, limits.arch, cache, extra_flags=flags, kv_dtype=FMT)
     return limits, cache
 
@@ -113,9 +119,9 @@ def test_register_dequant_matches_the_reference(gpu, H, Q, lens, bits):
     limits, cache = gpu
     inp = make_inputs(prefix_lens=lens, q_len=Q, H=H, seed=H + Q + 7, spare_slots=33, kv_dtype=FMT)
     ref_o, ref_lse = reference(inp)
-    configs = [c for c in [*CONFIGS, BLOCK_1024] if check(c, limits, H=H, q_len=Q, kv_dtype=FMT) is None]
-    assert configs
     flags = REG + (("-DVA_F8_BITS",) if bits else ())
+    configs = [c for c in REG_CONFIGS if check(c, limits, H=H, q_len=Q, kv_dtype=FMT, flags=flags) is None]
+    assert configs
     for cfg in configs:
         out, lse = _run(cfg, inp, limits, cache, flags=flags)
         assert rel_error(out, ref_o) <= GATE, f"{cfg} {flags}: out"
