@@ -130,6 +130,10 @@ class DeviceResult:
         return {"gpu": self.device, "status": "ok", "result": result}
 
 
+def _ignore(signum: int, frame: Any) -> None:
+    """A later Ctrl-C or SIGTERM while a stop unwinds: nothing."""
+
+
 def stop_on_signals() -> None:
     """SIGTERM (a scheduler's stop, `kill`) ends the run as Ctrl-C does, with a KeyboardInterrupt
     whose unwinding fails the trials in flight, releases the claims and closes the measuring child.
@@ -137,8 +141,12 @@ def stop_on_signals() -> None:
     the parent then stops its GPU processes too) would cut that unwinding short."""
 
     def interrupt(signum: int, frame: Any) -> None:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        # A handler that does nothing rather than SIG_IGN: a signal that arrived before this swap
+        # (Ctrl-C and the parent's stop landing together) is still run through the handler table,
+        # and Python reports one whose handler became SIG_IGN as "ignored due to race condition",
+        # with a traceback.
+        signal.signal(signal.SIGINT, _ignore)
+        signal.signal(signal.SIGTERM, _ignore)
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGINT, interrupt)
