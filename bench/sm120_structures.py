@@ -7,8 +7,12 @@ bandwidth are not sm_120's.
 
 Every config is gated against the fp32 reference before it is timed (CUDA-graph replays, inputs
 rotated past the L2, interleaved rounds). Writes sm120_structures_<arch>.json and .md under --out.
+With --kv-dtype and --flags the cache and every build are that format's (-DVA_F8_REG: the e4m3
+register path, whose halved ring lets 32-token tiles fit sm_120's 99 KB), against the sm_120
+default built the same way, and the files are named after them.
 
     python3 bench/sm120_structures.py --out OUT [--sample 40]      # on the GPU machine
+    python3 bench/sm120_structures.py --kv-dtype fp8_e4m3 --flags=-DVA_F8_REG --out OUT
 """
 
 from __future__ import annotations
@@ -40,13 +44,21 @@ def shape_of(c, q: int) -> tuple[bool, int]:
     return nr % c.wr == 0, per_warp_tiles * -(-nr // c.wr)
 
 
-def structures(H: int, q: int, n: int, seed: int) -> tuple[object, list]:
-    """(the sm_120 default, sm_120-valid structures with sm_120's one-wave NSPLIT): the default's, up to
-    n/2 with balanced row tiles and >= 4 accumulators a warp (the issue's template), the rest drawn
-    from the others."""
+def file_stem(kv_dtype: str, flags: tuple[str, ...]) -> str:
+    """sm120_structures, or sm120_structures_<format>_<flags> for another build."""
+    tag = "_".join([kv_dtype] * (kv_dtype != "bf16" or bool(flags)) + [f.removeprefix("-D").lower() for f in flags])
+    return f"sm120_structures{'_' + tag if tag else ''}"
+
+
+def structures(
+    H: int, q: int, n: int, seed: int, kv_dtype: str = "bf16", flags: tuple[str, ...] = ()
+) -> tuple[object, list]:
+    """(the sm_120 default, structures valid on sm_120 for the build, with sm_120's one-wave NSPLIT): the
+    default's, up to n/2 with balanced row tiles and >= 4 accumulators a warp (the issue's template), the
+    rest drawn from the others."""
     rng = random.Random(seed)
-    default = heuristic_config(TARGET, H=H, q_len=q, prefix=46000)
-    valid = [c for c in space.valid_configs(TARGET, H=H, q_len=q) if c.nsplit == 1]
+    default = heuristic_config(TARGET, H=H, q_len=q, prefix=46000)  # (e4m3 formats run bf16's default)
+    valid = [c for c in space.valid_configs(TARGET, H=H, q_len=q, kv_dtype=kv_dtype, flags=flags) if c.nsplit == 1]
     good = [c for c in valid if shape_of(c, q)[0] and shape_of(c, q)[1] >= 4]
     good = rng.sample(good, min(len(good), n // 2))
     rest = [c for c in valid if c not in good]
@@ -61,7 +73,11 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--cache", type=Path, default=Path(os.environ.get("TUNER_CACHE_DIR", "/tmp/va-cache")))
+    ap.add_argument("--kv-dtype", default="bf16", help="the cache format every config reads")
+    ap.add_argument("--flags", default="", help="nvcc flags of every build, one string (write --flags=-DX)")
     args = ap.parse_args()
+    kv, flags = args.kv_dtype, tuple(args.flags.split())
+    stem = file_stem(kv, flags)
 
     import pycuda.autoprimaryctx  # noqa: F401
     import pycuda.driver as cuda
@@ -76,15 +92,17 @@ def main() -> None:
     limits, stream, rows = read_device_limits(0), cuda.Stream(), []
     args.out.mkdir(parents=True, exist_ok=True)
     for name, H, q, P in SHAPES:
-        default, pool = structures(H, q, args.sample, args.seed)
+        default, pool = structures(H, q, args.sample, args.seed, kv, flags)
         pool = [default, *(c for c in pool if c != default)]
-        failed = precompile(pool, q, limits.arch, args.cache)
+        failed = precompile(pool, q, limits.arch, args.cache, extra_flags=flags, kv_dtype=kv)
         pool = [c for c in pool if not any(f.startswith(f"{c}:") for f in failed)]
-        sets = rotating_inputs(prefix_lens=[P], q_len=q, H=H, l2_bytes=limits.l2_bytes, seed=H + q)
+        sets = rotating_inputs(prefix_lens=[P], q_len=q, H=H, l2_bytes=limits.l2_bytes, seed=H + q, kv_dtype=kv)
         ref, out = reference(sets[0])[0], torch.empty(1, q, H, 512, dtype=torch.bfloat16, device="cuda")
         got = {}
         for cfg in pool:
-            va = VerifyAttention(cfg, H=H, q_len=q, limits=limits, max_batch=1, cache_dir=args.cache)
+            va = VerifyAttention(
+                cfg, H=H, q_len=q, limits=limits, max_batch=1, cache_dir=args.cache, kv_dtype=kv, extra_flags=flags
+            )
             got[str(cfg)] = checked_launcher(va, sets, out, ref, f"{name} {cfg}", stream=stream)
         us = interleaved_medians(got, len(sets), rounds=args.rounds, reps=10, stream=stream)
         base = us[str(default)]
@@ -93,18 +111,20 @@ def main() -> None:
                          "sm120_default": cfg == str(default)})  # fmt: skip
         best = min(us, key=us.get)
         print(f"{name:18s} default {base:8.1f} us  best {us[best]:8.1f} ({us[best] / base:.3f}x)  {best}", flush=True)
-        doc = {"device": limits.name, "date": dt.date.today().isoformat(), "target": TARGET.name, "rows": rows}
-        (args.out / f"sm120_structures_{limits.arch}.json").write_text(json.dumps(doc, indent=1) + "\n")
+        doc = {"device": limits.name, "date": dt.date.today().isoformat(), "target": TARGET.name,
+               "kv_dtype": kv, "flags": list(flags), "rows": rows}  # fmt: skip
+        (args.out / f"{stem}_{limits.arch}.json").write_text(json.dumps(doc, indent=1) + "\n")
         del sets, got
         torch.cuda.empty_cache()
-    lines = [f"# sm_120-valid structures timed on {limits.name} ({dt.date.today()}): a structure check, not sm_120 speed",
+    title = f"# sm_120-valid structures timed on {limits.name} ({dt.date.today()}), {' '.join([kv, *flags])}"
+    lines = [f"{title}: a structure check, not sm_120 speed",
              "", "| shape | µs | × sm_120 default | config |", "|---|---|---|---|"]  # fmt: skip
     for shape in dict.fromkeys(r["shape"] for r in rows):
         mine = [r for r in rows if r["shape"] == shape]
         for r in mine[:8] + [r for r in mine[8:] if r["sm120_default"]]:
             tag = " (sm_120 default)" if r["sm120_default"] else ""
             lines.append(f"| {shape} | {r['us']} | {r['vs_sm120_default']} | `{r['config']}`{tag} |")
-    (args.out / f"sm120_structures_{limits.arch}.md").write_text("\n".join(lines) + "\n")
+    (args.out / f"{stem}_{limits.arch}.md").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

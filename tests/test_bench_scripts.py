@@ -157,6 +157,21 @@ def test_the_sm120_structure_check_times_the_sm120_default_and_sm120_valid_confi
     assert sm120_structures.shape_of(v6, 9) == (False, 2)
 
 
+def test_the_sm120_structure_check_of_the_e4m3_register_path_reaches_32_token_tiles_at_36_rows():
+    """Built with VA_F8_REG on an e4m3 cache, the structures are those valid for that build on the
+    RTX PRO 6000: among them 32-token tiles at 36 rows, which the 99 KB refuse a staged build."""
+    import sm120_structures
+
+    target, reg = known_device("rtx-pro-6000"), ("-DVA_F8_REG",)
+    default, pool = sm120_structures.structures(8, 9, 40, 0, "fp8_e4m3", reg)
+    assert default == heuristic_config(target, H=8, q_len=9, prefix=46000) and default in pool
+    assert all(check(c, target, H=8, q_len=9, kv_dtype="fp8_e4m3", flags=reg) is None for c in pool)
+    wide = [c for c in pool if c.tk == 32 and c.ht * (c.qt or 9) >= 36]
+    assert wide and all(check(c, target, H=8, q_len=9, kv_dtype="fp8_e4m3") is not None for c in wide)
+    assert sm120_structures.file_stem("bf16", ()) == "sm120_structures"
+    assert sm120_structures.file_stem("fp8_e4m3", reg) == "sm120_structures_fp8_e4m3_va_f8_reg"
+
+
 def test_fp8_configs_candidates_follow_the_builds_layout():
     """The e4m3 sweep's candidates are the configs a build can run: the register path's halved
     ring admits deeper rings and larger tiles the staged build refuses, each still valid there,
