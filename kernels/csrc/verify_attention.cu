@@ -73,9 +73,10 @@ typedef __nv_bfloat16 bf16;
 #endif
 static_assert(KV_FMT >= 0 && KV_FMT <= 2,
               "KV_FMT: 0 bf16, 1 e4m3 with a per-layer scale, 2 the same with QK on e4m3 MMAs (kernels/formats.py)");
-// Shared memory holds 2-byte elements either way: Q, the staged KV tile and P are bf16 for a bf16
-// cache and f16 for an e4m3 one (an e4m3 value and a power-of-two-scaled q row are exact in f16,
-// which also keeps P in [0, 2^8] three more bits than bf16). The buffers stay typed bf16 below.
+// Q, a staged KV tile and P hold 2-byte elements: bf16 for a bf16 cache and f16 for an e4m3 one
+// (an e4m3 value and a power-of-two-scaled q row are exact in f16, which also keeps P in [0, 2^8]
+// three more bits than bf16); the register paths below keep e4m3 rows in the ring instead, and
+// fp8_e4m3_qk rewrites Q as e4m3 bytes. The buffers stay typed bf16 below.
 constexpr bool FP8 = KV_FMT == 1 || KV_FMT == 2;
 // fp8_e4m3_qk: q quantized to e4m3 per row, QK on mma.sync.m16n8k32.e4m3 straight from the ring's
 // e4m3 rows (sm_89+: native on sm_89 and sm_120, emulated on sm_90); PV as the register path's.
