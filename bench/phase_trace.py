@@ -8,7 +8,12 @@ cases are also timed as CUDA-graph replays plain, traced (the stamps' cost) and 
 (repeatable) traces the same cases again with extra compile flags, e.g. a plan constant or a
 VA_PROFILE_SKIP_* phase left out, so a change's effect shows phase by phase.
 
+`--cases headline` traces the kernel issue's three headline shapes instead (H=8 q=9 P=46000, B=32
+over prefixes 20k..70k, H=64 q=9 P=46000), `--kv-dtype` every case on that cache format (an
+e4m3 one: the served build, and `--variant reg=-DVA_F8_REG` the register path beside it).
+
     python3 bench/phase_trace.py --out $OUT [--variant split4=-DPLAN_SPLIT_TILES=4]   # GPU machine
+    python3 bench/phase_trace.py --cases headline --kv-dtype fp8_e4m3 --variant reg=-DVA_F8_REG --out $OUT
 """
 
 from __future__ import annotations
@@ -22,13 +27,27 @@ from pathlib import Path
 # slot 7: a -DVA_PROFILE_REPEAT build's second pass starts (slots 2-5 are then that pass's)
 PARTIAL = ["entry", "plan", "prologue issued", "Q + tile 0 landed", "tiles done", "epilogue done", "exit", "repeat"]
 REDUCE = ["entry", "plan check", "wait released", "exit"]
+#: case -> (H, q_len, prefix lens), per --cases set
 CASES = {
-    "B=1 P=0": [0],
-    "B=1 P=4096": [4096],
-    "B=1 P=8192": [8192],
-    "B=1 P=46000": [46000],
-    "B=8 1x100k+7x2k": [100_000] + [2000] * 7,
+    "default": {
+        "B=1 P=0": (8, 9, [0]),
+        "B=1 P=4096": (8, 9, [4096]),
+        "B=1 P=8192": (8, 9, [8192]),
+        "B=1 P=46000": (8, 9, [46000]),
+        "B=8 1x100k+7x2k": (8, 9, [100_000] + [2000] * 7),
+    },
+    "headline": {
+        "H=8 q=9 P=46000": (8, 9, [46000]),
+        "B=32 20k..70k": (8, 9, [20000 + round(50000 * i / 31) for i in range(32)]),
+        "H=64 q=9 P=46000": (64, 9, [46000]),
+    },
 }
+
+
+def file_name(arch: str, cases: str, kv_dtype: str) -> str:
+    """phase_trace_<arch>.json for the default set on bf16, else named after the set and format."""
+    tag = "".join(f"_{t}" for t, keep in ((cases, cases != "default"), (kv_dtype, kv_dtype != "bf16")) if keep)
+    return f"phase_trace{tag}_{arch}.json"
 
 
 def _variant(text: str) -> tuple[str, tuple[str, ...]]:
@@ -76,7 +95,10 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--cache", default="/tmp/va-trace-cache")
     ap.add_argument("--variant", type=_variant, action="append", default=[], help="LABEL=FLAGS, repeatable")
+    ap.add_argument("--cases", choices=sorted(CASES), default="default", help="which set of cases")
+    ap.add_argument("--kv-dtype", default="bf16", help="the cache format of every case (kernels/formats.py)")
     args = ap.parse_args()
+    kv = args.kv_dtype
 
     import pycuda.autoprimaryctx  # noqa: F401
     import pycuda.driver as cuda
@@ -88,21 +110,27 @@ def main() -> None:
     from verify_tuner.kernels.timing import rotating_inputs, time_graph
 
     limits, stream = read_device_limits(0), cuda.Stream()
-    H, Q = 8, 9
     rows = []
-    for (variant, extra), (case, lens) in ((v, c) for v in [("default", ()), *args.variant] for c in CASES.items()):
+    cases = CASES[args.cases]
+    for (variant, extra), (case, (H, Q, lens)) in (
+        (v, c) for v in [("default", ()), *args.variant] for c in cases.items()
+    ):
         cfg = heuristic_config(limits, H=H, q_len=Q, prefix=max(lens), batch=len(lens))
         out = torch.empty(len(lens), Q, H, 512, dtype=torch.bfloat16, device="cuda")
-        kw = {"H": H, "q_len": Q, "limits": limits, "max_batch": len(lens), "cache_dir": Path(args.cache)}
+        kw = {"H": H, "q_len": Q, "limits": limits, "max_batch": len(lens), "cache_dir": Path(args.cache),
+              "kv_dtype": kv}  # fmt: skip
         traced = VerifyAttention(cfg, extra_flags=("-DVA_TRACE", *extra), **kw)
         row = {
             "case": case,
+            "H": H,
+            "q_len": Q,
+            "kv_dtype": kv,
             "variant": variant,
             "flags": list(extra),
             "config": cfg.as_params(),
-            **_trace(traced, make_inputs(prefix_lens=lens, q_len=Q, H=H), out, stream),
+            **_trace(traced, make_inputs(prefix_lens=lens, q_len=Q, H=H, kv_dtype=kv), out, stream),
         }
-        sets = rotating_inputs(prefix_lens=lens, q_len=Q, H=H, l2_bytes=limits.l2_bytes)
+        sets = rotating_inputs(prefix_lens=lens, q_len=Q, H=H, l2_bytes=limits.l2_bytes, kv_dtype=kv)
         for label, flags in (
             ("graph us", ()),
             ("graph us traced", ("-DVA_TRACE",)),
@@ -126,7 +154,7 @@ def main() -> None:
         )
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = {"device": limits.name, "date": dt.date.today().isoformat(), "rows": rows}
-    (args.out / f"phase_trace_{limits.arch}.json").write_text(json.dumps(stamp, indent=1))
+    (args.out / file_name(limits.arch, args.cases, kv)).write_text(json.dumps(stamp, indent=1))
 
 
 if __name__ == "__main__":

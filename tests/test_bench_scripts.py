@@ -192,3 +192,18 @@ def test_fp8_configs_candidates_follow_the_builds_layout():
             assert reason is not None and "shared memory" in reason, (c, reason)
     assert fp8_configs.file_stem("sm_90", ()) == "fp8_configs_sm_90"
     assert fp8_configs.file_stem("sm_90", reg) == "fp8_configs_va_f8_reg_sm_90"
+
+
+def test_the_phase_trace_has_the_issues_headline_shapes_and_files_each_set_apart():
+    import phase_trace
+
+    headline = phase_trace.CASES["headline"]
+    assert {(H, q, len(lens), max(lens)) for H, q, lens in headline.values()} == {
+        (8, 9, 1, 46000), (8, 9, 32, 70000), (64, 9, 1, 46000)
+    }  # fmt: skip
+    h200 = known_device("h200")
+    for H, q, lens in (c for cases in phase_trace.CASES.values() for c in cases.values()):
+        cfg = heuristic_config(h200, H=H, q_len=q, prefix=max(lens), batch=len(lens))
+        assert check(cfg, h200, H=H, q_len=q, kv_dtype="fp8_e4m3", flags=("-DVA_F8_REG",)) is None
+    assert phase_trace.file_name("sm_90", "default", "bf16") == "phase_trace_sm_90.json"  # the committed one
+    assert phase_trace.file_name("sm_90", "headline", "fp8_e4m3") == "phase_trace_headline_fp8_e4m3_sm_90.json"
