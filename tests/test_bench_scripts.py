@@ -207,3 +207,27 @@ def test_the_phase_trace_has_the_issues_headline_shapes_and_files_each_set_apart
         assert check(cfg, h200, H=H, q_len=q, kv_dtype="fp8_e4m3", flags=("-DVA_F8_REG",)) is None
     assert phase_trace.file_name("sm_90", "default", "bf16") == "phase_trace_sm_90.json"  # the committed one
     assert phase_trace.file_name("sm_90", "headline", "fp8_e4m3") == "phase_trace_headline_fp8_e4m3_sm_90.json"
+
+
+def test_the_sm120_projection_bounds_each_template_case_from_the_committed_h200_times(tmp_path):
+    """The projection runs on the committed kernel_v7 result (no GPU): one row per sm_120 template
+    case, each a range no faster than its memory floor, and a single point where the H200 ran one
+    block an SM (nothing to share); a result without those rows is refused in one line."""
+    import json
+
+    r = subprocess.run([sys.executable, str(BENCH / "sm120_projection.py"), "--out", str(tmp_path)],
+                       capture_output=True, text=True, check=False)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    rows = json.loads((tmp_path / "sm120_projection.json").read_text())["rows"]
+    assert [row["case"] for row in rows] == [
+        "sm_120 template H=8 q=9 P=46000", "sm_120 template H=64 q=9 P=46000", "sm_120 template H=8 q=64 P=46000"
+    ]  # fmt: skip
+    for row in rows:
+        lo, hi = row["projected_us"]
+        assert row["memory_floor_us"] <= lo <= hi and row["tensor_floor_us"] <= lo
+        assert (lo == hi) == (row["h200_blocks_per_sm"] == 1)
+    empty = tmp_path / "no_sm120.json"
+    empty.write_text(json.dumps({"device": "x", "date": "d", "rows": []}))
+    r = subprocess.run([sys.executable, str(BENCH / "sm120_projection.py"), "--out", str(tmp_path), "--results",
+                        str(empty)], capture_output=True, text=True, check=False)  # fmt: skip
+    assert r.returncode == 2 and "has no sm_120 template rows" in r.stderr and "Traceback" not in r.stderr
