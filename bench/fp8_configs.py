@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from verify_tuner.heuristic import heuristic_config
+from verify_tuner.heuristic import BANDWIDTH_ROWS, heuristic_config
 from verify_tuner.kernels.validate import check
 
 B32 = [20000 + round(50000 * i / 31) for i in range(32)]  # 20k..70k
@@ -32,16 +32,23 @@ FMT = "fp8_e4m3"
 
 
 def candidates(limits, H: int, q: int, lens: list[int], flags: tuple[str, ...] = ()) -> list:
-    """The bf16 default and its valid neighbours for e4m3 built with `flags` (at most 12, the default first)."""
+    """The bf16 default and its valid neighbours for e4m3 built with `flags` (at most 14, the default
+    first): for a bandwidth-mode default (few rows), three and four blocks an SM too, since the
+    halved ring and the register path's fewer registers let more of them share an SM."""
     base = heuristic_config(limits, H=H, q_len=q, prefix=max(lens), batch=len(lens))
     out = [base]
+    if base.ht * base.row_tile(q) <= BANDWIDTH_ROWS:
+        for per_sm in (3, 4):
+            c = dataclasses.replace(base, nsplit=per_sm * limits.sm_count)
+            if check(c, limits, H=H, q_len=q, kv_dtype=FMT, flags=flags) is None:
+                out.append(c)
     for stages in (2, 3, 4, 6):
         for tk in (32, 64, 128):
             for pipe in (0, 1, 3):
                 c = dataclasses.replace(base, stages=stages, tk=tk, pipe=pipe)
                 if c not in out and check(c, limits, H=H, q_len=q, kv_dtype=FMT, flags=flags) is None:
                     out.append(c)
-    return out[:12]
+    return out[:14]
 
 
 def file_stem(arch: str, flags: tuple[str, ...]) -> str:

@@ -183,13 +183,15 @@ def test_fp8_configs_candidates_follow_the_builds_layout():
         staged = fp8_configs.candidates(h200, H, q, lens)
         halved = fp8_configs.candidates(h200, H, q, lens, reg)
         assert staged[0] == halved[0] == heuristic_config(h200, H=H, q_len=q, prefix=max(lens), batch=len(lens))
-        assert 1 < len(staged) < 12 and len(halved) <= 12  # the staged list is whole: nothing cut off
+        assert 1 < len(staged) < 14 and len(halved) <= 14  # the staged list is whole: nothing cut off
         new = [c for c in halved if c not in staged]
         assert new, name  # configs only the halved ring fits
         for c in new:
             assert check(c, h200, H=H, q_len=q, kv_dtype="fp8_e4m3", flags=reg) is None
             reason = check(c, h200, H=H, q_len=q, kv_dtype="fp8_e4m3")
             assert reason is not None and "shared memory" in reason, (c, reason)
+    q1 = fp8_configs.candidates(h200, 8, 1, [131072], reg)
+    assert {c.nsplit for c in q1} >= {264, 396, 528}  # two (the default), three and four blocks an SM
     assert fp8_configs.file_stem("sm_90", ()) == "fp8_configs_sm_90"
     assert fp8_configs.file_stem("sm_90", reg) == "fp8_configs_va_f8_reg_sm_90"
 
