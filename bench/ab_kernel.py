@@ -25,7 +25,7 @@ from verify_tuner.heuristic import heuristic_config
 from verify_tuner.kernels.build import SOURCE
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.errors import InvalidConfig
-from verify_tuner.kernels.formats import readable
+from verify_tuner.kernels.formats import kv_format, readable
 from verify_tuner.kernels.shapes import D_V
 from verify_tuner.kernels.timing import check_neighbour_mb
 
@@ -73,6 +73,14 @@ def main() -> None:
         readable(args.kv_dtype)
     except (ValueError, InvalidConfig) as exc:
         ap.error(str(exc))
+    variants = {"A": tuple(args.a_flags.split()), "B": tuple(args.b_flags.split())}
+    source = SOURCE.read_text()
+    for flag in (f for fl in variants.values() for f in fl if f.startswith("-D")):
+        name = flag[2:].split("=", 1)[0]
+        if name not in source:
+            raise SystemExit(f"{flag}: the kernel source never tests {name}; the A/B would compare A with A")
+        if name.startswith("VA_F8_") and kv_format(args.kv_dtype).element != "e4m3":
+            raise SystemExit(f"{flag} changes e4m3 builds only: pass --kv-dtype fp8_e4m3, or the A/B compares A with A")
 
     import pycuda.autoprimaryctx  # noqa: F401
     import pycuda.driver as cuda
@@ -84,12 +92,6 @@ def main() -> None:
     from verify_tuner.kernels.timing import neighbour_gemm, rotating_inputs
 
     limits, stream = read_device_limits(0), cuda.Stream()
-    variants = {"A": tuple(args.a_flags.split()), "B": tuple(args.b_flags.split())}
-    source = SOURCE.read_text()
-    for flag in (f for fl in variants.values() for f in fl if f.startswith("-D")):
-        name = flag[2:].split("=", 1)[0]
-        if name not in source:
-            raise SystemExit(f"{flag}: the kernel source never tests {name}; the A/B would compare A with A")
     lines = [
         (
             f"# Kernel A/B: {args.label} — {limits.name} ({limits.arch}), {dt.date.today().isoformat()}, "

@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from verify_tuner.heuristic import BANDWIDTH_ROWS, heuristic_config
+from verify_tuner.heuristic import BANDWIDTH_ROWS, blocks_per_sm, heuristic_config
 from verify_tuner.kernels.validate import check
 
 B32 = [20000 + round(50000 * i / 31) for i in range(32)]  # 20k..70k
@@ -38,9 +38,10 @@ def candidates(limits, H: int, q: int, lens: list[int], flags: tuple[str, ...] =
     base = heuristic_config(limits, H=H, q_len=q, prefix=max(lens), batch=len(lens))
     out = [base]
     if base.ht * base.row_tile(q) <= BANDWIDTH_ROWS:
+        room = blocks_per_sm(base, q, limits, FMT, flags)  # (registers estimated: ptxas may allow fewer)
         for per_sm in (3, 4):
             c = dataclasses.replace(base, nsplit=per_sm * limits.sm_count)
-            if check(c, limits, H=H, q_len=q, kv_dtype=FMT, flags=flags) is None:
+            if per_sm <= room and check(c, limits, H=H, q_len=q, kv_dtype=FMT, flags=flags) is None:
                 out.append(c)
     for stages in (2, 3, 4, 6):
         for tk in (32, 64, 128):

@@ -45,12 +45,11 @@ def main() -> None:
     lines = [
         f"# ptxas report of the heuristic defaults — {dt.date.today().isoformat()}, {nvcc_version()}",
         "",
-        "Registers and spill stores/loads (bytes) a thread, per build; smem is the bf16 layout's (the served e4m3",
-        "build's too; VA_F8_REG and e4m3_qk builds hold half its ring).",
+        "Per build: registers a thread, spill stores/loads (bytes) and the block's shared memory (KB).",
         "",
         "| device | arch | H | q_len | prefix | mode | rows | "
-        + " | ".join(f"{label} regs (spills)" for label, _, _ in BUILDS)
-        + " | smem KB (limit) | config |",
+        + " | ".join(f"{label} regs (spills), KB" for label, _, _ in BUILDS)
+        + " | smem limit KB | config |",
         "|" + "---|" * (9 + len(BUILDS)),
     ]
     with tempfile.TemporaryDirectory() as tmp:
@@ -61,11 +60,12 @@ def main() -> None:
                 cells = []
                 for _, kv, flags in BUILDS:
                     r = ptxas_report(compile_cubin(cfg, q, limits.arch, Path(tmp), flags, kv_dtype=kv).ptxas_log)
-                    cells.append(f"{r['registers']} ({r['spill_stores']}/{r['spill_loads']})")
+                    kb = smem_bytes(cfg, q, kv, flags) / 1024
+                    cells.append(f"{r['registers']} ({r['spill_stores']}/{r['spill_loads']}), {kb:.1f}")
                 lines.append(
                     f"| {name} | {limits.arch} | {H} | {q} | {P} | {mode(cfg, q)} | "
                     f"{cfg.ht * cfg.row_tile(q)} | {' | '.join(cells)} | "
-                    f"{smem_bytes(cfg, q) / 1024:.1f} ({limits.max_smem_optin // 1024}) | {cfg} |"
+                    f"{limits.max_smem_optin // 1024} | {cfg} |"
                 )
                 print(lines[-1], flush=True)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -63,7 +63,10 @@ def structures(
     good = rng.sample(good, min(len(good), n // 2))
     rest = [c for c in valid if c not in good]
     picked = dict.fromkeys([dataclasses.replace(default, nsplit=1), *good, *rng.sample(rest, n - len(good))])
-    return default, [dataclasses.replace(c, nsplit=one_wave_nsplit(c, TARGET, H=H, q_len=q)) for c in picked]
+    return default, [
+        dataclasses.replace(c, nsplit=one_wave_nsplit(c, TARGET, H=H, q_len=q, kv_dtype=kv_dtype, flags=flags))
+        for c in picked
+    ]
 
 
 def main() -> None:

@@ -53,9 +53,10 @@ _E4M3_POOL = ("uint8", "float8_e4m3fn")  # SGLang stores e4m3 as uint8; torch's 
 #: An e4m3 row in the ring when the kernel converts in registers: 576 bytes in 37 16-byte chunks
 #: (odd: ldmatrix's eight rows fall on eight bank quads without a swizzle)
 E4M3_RING_ROW = 592
-#: The nvcc flag that builds the e4m3 cache's register-dequantizing path (the .cu's VA_F8_REG), which
-#: also halves its ring; a layout input until that path is the format's only one.
-REG_DEQUANT_FLAG = "-DVA_F8_REG"
+#: The macro that builds the e4m3 cache's register-dequantizing path (the .cu tests `defined(VA_F8_REG)`),
+#: which also halves its ring; a layout input until that path is the format's only one.
+REG_DEQUANT_MACRO = "VA_F8_REG"
+REG_DEQUANT_FLAG = "-D" + REG_DEQUANT_MACRO
 FORMATS: dict[str, KVFormat] = {
     f.name: f
     for f in (
@@ -91,9 +92,22 @@ DEFAULT = "bf16"
 KV_DTYPES = tuple(name for name, f in FORMATS.items() if f.kernel_reads)
 
 
+def defined_macros(flags: tuple[str, ...]) -> set[str]:
+    """The macro names nvcc `flags` define, however spelt: -DNAME, -DNAME=V, -D NAME, --define-macro=NAME."""
+    names, it = set(), iter(flags)
+    for f in it:
+        if f in ("-D", "--define-macro"):
+            f = "-D" + next(it, "")
+        elif f.startswith("--define-macro="):
+            f = "-D" + f.split("=", 1)[1]
+        if f.startswith("-D") and len(f) > 2:
+            names.add(f[2:].split("=", 1)[0])
+    return names
+
+
 def ring_row_bytes(fmt: KVFormat, flags: tuple[str, ...] = ()) -> int:
     """Bytes of a token's row in a ring slot for a build of `fmt` with nvcc `flags`."""
-    if fmt.scale == "per_layer" and REG_DEQUANT_FLAG in flags:
+    if fmt.scale == "per_layer" and REG_DEQUANT_MACRO in defined_macros(flags):
         return E4M3_RING_ROW
     return fmt.ring_row_bytes
 

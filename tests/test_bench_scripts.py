@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from verify_tuner.heuristic import heuristic_config
+from verify_tuner.heuristic import blocks_per_sm, heuristic_config
 from verify_tuner.kernels.build import SOURCE
 from verify_tuner.kernels.limits import known_device
 from verify_tuner.kernels.validate import check, validate
@@ -184,14 +184,17 @@ def test_fp8_configs_candidates_follow_the_builds_layout():
         halved = fp8_configs.candidates(h200, H, q, lens, reg)
         assert staged[0] == halved[0] == heuristic_config(h200, H=H, q_len=q, prefix=max(lens), batch=len(lens))
         assert 1 < len(staged) < 14 and len(halved) <= 14  # the staged list is whole: nothing cut off
-        new = [c for c in halved if c not in staged]
-        assert new, name  # configs only the halved ring fits
+        new = [c for c in halved if c not in staged and c.nsplit == halved[0].nsplit]  # (grids: below)
+        assert new, name  # structures only the halved ring fits
         for c in new:
             assert check(c, h200, H=H, q_len=q, kv_dtype="fp8_e4m3", flags=reg) is None
             reason = check(c, h200, H=H, q_len=q, kv_dtype="fp8_e4m3")
             assert reason is not None and "shared memory" in reason, (c, reason)
-    q1 = fp8_configs.candidates(h200, 8, 1, [131072], reg)
-    assert {c.nsplit for c in q1} >= {264, 396, 528}  # two (the default), three and four blocks an SM
+    # more blocks an SM at q=1 where they fit one (the halved ring: three; the staged build: the default's two)
+    q1_default = heuristic_config(h200, H=8, q_len=1, prefix=131072)
+    for flags, want in ((reg, {264, 396}), ((), {264})):
+        grids = {c.nsplit for c in fp8_configs.candidates(h200, 8, 1, [131072], flags)}
+        assert grids == want and max(grids) <= blocks_per_sm(q1_default, 1, h200, "fp8_e4m3", flags) * 132
     assert fp8_configs.file_stem("sm_90", ()) == "fp8_configs_sm_90"
     assert fp8_configs.file_stem("sm_90", reg) == "fp8_configs_va_f8_reg_sm_90"
 
@@ -233,3 +236,17 @@ def test_the_sm120_projection_bounds_each_template_case_from_the_committed_h200_
     r = subprocess.run([sys.executable, str(BENCH / "sm120_projection.py"), "--out", str(tmp_path), "--results",
                         str(empty)], capture_output=True, text=True, check=False)  # fmt: skip
     assert r.returncode == 2 and "has no sm_120 template rows" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--b-flags=-DVA_NOT_A_MACRO"], "the kernel source never tests VA_NOT_A_MACRO"),
+        (["--b-flags=-DVA_F8_REG"], "changes e4m3 builds only: pass --kv-dtype fp8_e4m3"),
+        (["--kv-dtype", "fp8_e4m3_qk", "--b-flags=-DVA_F8_REG"], "is not read by this kernel version yet"),
+    ],
+)
+def test_ab_kernel_refuses_an_a_b_that_would_compare_a_with_a_before_touching_a_gpu(tmp_path, args, needle):
+    r = subprocess.run([sys.executable, str(BENCH / "ab_kernel.py"), *args, "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert r.returncode != 0 and needle in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -219,10 +219,28 @@ def test_an_e4m3_pool_is_served_its_own_formats_configs(sglang, monkeypatch, tmp
 )
 def test_the_operators_kv_dtype_is_checked_against_the_pool_at_startup(sglang, monkeypatch, env, pool_dtype, needle):
     """VERIFY_TUNER_KV_DTYPE picks how the kernel computes on the pool (e.g. fp8_e4m3_qk once it is
-    read); a mode the kernel does not read, or one the pool cannot hold, stops the server starting."""
+    read); a mode the kernel does not read, or one the pool cannot hold, stops the server starting
+    with one line that names the setting."""
     monkeypatch.setenv("VERIFY_TUNER_KV_DTYPE", env)
     sglang_plugin.register()
     runner = _runner()
     runner.token_to_kv_pool = MLAPool(size=100, layers=1, dtype=pool_dtype)
-    with pytest.raises(NotImplementedError, match=needle):
+    with pytest.raises(NotImplementedError, match=f"^VERIFY_TUNER_KV_DTYPE={env}: .*{needle}") as err:
+        sglang.registry["verify_tuner"](runner)
+    assert "\n" not in str(err.value)
+
+
+def test_a_mode_the_gpu_cannot_run_is_refused_at_startup(sglang, monkeypatch):
+    """Once fp8_e4m3_qk is read, an A100 (no e4m3 MMAs) is refused by name when the server starts,
+    not when a graph is captured."""
+    from verify_tuner.kernels import formats
+
+    qk = dataclasses.replace(formats.FORMATS["fp8_e4m3_qk"], kernel_reads=True)
+    monkeypatch.setitem(formats.FORMATS, "fp8_e4m3_qk", qk)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "NVIDIA A100-SXM4-80GB")
+    monkeypatch.setenv("VERIFY_TUNER_KV_DTYPE", "fp8_e4m3_qk")
+    sglang_plugin.register()
+    runner = _runner()
+    runner.token_to_kv_pool = MLAPool(size=100, layers=1, dtype=torch.uint8)
+    with pytest.raises(NotImplementedError, match="fp8_e4m3_qk needs compute capability 8.9.*has 8.0"):
         sglang.registry["verify_tuner"](runner)

@@ -71,7 +71,15 @@ def test_an_e4m3_ring_that_keeps_the_pools_rows_is_half_the_staged_one():
     assert smem_bytes(CFG, 9, "fp8_e4m3", ("-DVA_F8_REG",)) == base - staged + ring
     assert smem_bytes(CFG, 9, "fp8_e4m3_qk") == base - staged + ring
     assert smem_bytes(CFG, 9, "bf16", ("-DVA_F8_REG",)) == smem_bytes(CFG, 9, "bf16")
-    assert formats.ring_row_bytes(formats.FORMATS["fp8_e4m3"], ("-DVA_F8_REG", "-DVA_F8_BITS")) == 592
+    e4m3 = formats.FORMATS["fp8_e4m3"]
+    for spelt in (
+        ("-DVA_F8_REG", "-DVA_F8_BITS"),
+        ("-DVA_F8_REG=1",),
+        ("-D", "VA_F8_REG"),
+        ("--define-macro=VA_F8_REG",),
+    ):
+        assert formats.ring_row_bytes(e4m3, spelt) == 592, spelt  # however nvcc is told, as the .cu sees it
+    assert formats.ring_row_bytes(e4m3, ("-DVA_F8_REGX", "-DVA_F8_BITS")) == 1152
 
 
 def _call(kv_dtype_storage: str, width: int = 576) -> dict[str, TensorMeta]:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 from verify_tuner import space
-from verify_tuner.heuristic import _blocks_per_sm, heuristic_config
+from verify_tuner.heuristic import blocks_per_sm, heuristic_config
 from verify_tuner.kernels.errors import InvalidConfig
 from verify_tuner.kernels.limits import known_device
 from verify_tuner.kernels.validate import check, smem_bytes
@@ -28,7 +28,7 @@ def _blocks(cfg, H, q_len=9):
 @pytest.mark.parametrize("H", [8, 16, 64, 128])
 def test_long_prefix_grid_fills_one_wave_and_no_more(H):
     cfg = heuristic_config(H200, H=H, q_len=9, prefix=46000)
-    slots = H200.sm_count * _blocks_per_sm(cfg, 9, H200, "bf16")
+    slots = H200.sm_count * blocks_per_sm(cfg, 9, H200, "bf16")
     assert slots / 2 <= _blocks(cfg, H) <= slots
 
 

@@ -44,17 +44,18 @@ from verify_tuner.kernels.shapes import D_QK, D_V
 POOL_FORMATS = {torch.bfloat16: "bf16", torch.float8_e4m3fn: "fp8_e4m3", torch.uint8: "fp8_e4m3"}
 
 
-def pool_format(pool_dtype: torch.dtype, kv_dtype: str | None = None) -> str:
+def pool_format(pool_dtype: torch.dtype, kv_dtype: str | None = None, cc: int | None = None) -> str:
     """The kernel's KV format for a pool of `pool_dtype`: `kv_dtype` when given (an operator's choice
     of how to compute on it), else POOL_FORMATS'. NotImplementedError at startup, naming the reason,
-    for a pool the kernel cannot read, a format it does not read yet, or one the pool cannot hold."""
+    for a pool the kernel cannot read, a format it does not read yet (or not on compute capability
+    `cc`, 10 * major + minor, when given), or one the pool cannot hold."""
     fmt = kv_dtype or POOL_FORMATS.get(pool_dtype)
     if fmt is None:
         raise NotImplementedError(
             f"KV pool of {pool_dtype}: the verify kernel reads {sorted(set(POOL_FORMATS.values()))}"
         )
     try:
-        f = readable(fmt)
+        f = readable(fmt, cc)
     except InvalidConfig as exc:  # unknown, or known and not read yet
         raise NotImplementedError(f"KV pool of {pool_dtype}: {exc}") from None
     if str(pool_dtype).removeprefix("torch.") not in f.pool_dtypes:

@@ -118,14 +118,24 @@ def build(runner: Any, *, delegate: Any) -> Any:
     from sglang.srt.runtime_context import get_parallel
     from sglang.srt.utils import get_cuda_graph_max_batch_size
     from verify_tuner.engine.sglang_backend import VerifyMLABackend, pool_format
+    from verify_tuner.kernels.limits import known_device
 
     cls = type("VerifyTunerAttnBackend", (VerifyMLABackend, AttentionBackend), {})
-    # the format first: what the pool cannot be read as stops here, before any config is fetched
-    kv_dtype = pool_format(runner.token_to_kv_pool.dtype, os.environ.get(KV_DTYPE_ENV) or None)
+    device = torch.cuda.get_device_name(runner.gpu_id)
+    # the format first: what the pool cannot be read as (on this GPU) stops here, before any config is fetched
+    limits = known_device(device)
+    chosen = os.environ.get(KV_DTYPE_ENV) or None
+    try:
+        kv_dtype = pool_format(
+            runner.token_to_kv_pool.dtype, chosen, limits.cc_major * 10 + limits.cc_minor if limits else None
+        )
+    except NotImplementedError as exc:
+        if chosen is None:
+            raise
+        raise NotImplementedError(f"{KV_DTYPE_ENV}={chosen}: {exc}") from None
     heads = runner.model_config.get_max_num_attention_heads() // get_parallel().attn_tp_size
     q_len = runner.decode_num_tokens_per_req()
     context = runner.model_config.context_len
-    device = torch.cuda.get_device_name(runner.gpu_id)
     pick = _range_picker(heads, q_len, device=device, max_prefix=context, kv_dtype=kv_dtype)
     pool_size = runner.req_to_token_pool.size
     backend = cls(
