@@ -4,6 +4,10 @@ measured the same tile loop up to 1.3x slower when it lands further into the ker
 (bench/results/ab_kernel_flags_sm_90.md), so a change that moves code is checked here first.
 
     python bench/sass_loops.py --flags= --flags=-DVA_SPLIT_LIKELY [--config "NSPLIT=132 HT=8 ..."] [--q-len 9]
+    python bench/sass_loops.py --source .v6/verify_attention.cu     # this tree's against another source
+
+With --source, the same config is also built from another revision's .cu (this tree's #defines
+over its text, as bench/kernel_v7.py builds v6), and the opcodes whose counts differ are listed.
 
 One line per loop (a backward branch's target to the branch, innermost loops too): its byte
 range, instructions, mma (HMMA) and local-memory (spill) instructions.
@@ -22,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchlib import parse_config
-from verify_tuner.kernels.build import compile_cubin, ptxas_report
+from verify_tuner.kernels.build import NVCC_FLAGS, compile_cubin, nvcc_path, ptxas_report, render
 from verify_tuner.kernels.config import KernelConfig
 
 DEFAULT = KernelConfig(132, 8, 32, 256, stages=3, wr=2, wk=2, sf=1, pipe=3)  # the H200's H=8 q=9 default
@@ -63,6 +67,7 @@ def main() -> None:
     ap.add_argument("--config", type=parse_config, default=DEFAULT)
     ap.add_argument("--q-len", type=int, default=9)
     ap.add_argument("--arch", default="sm_90")
+    ap.add_argument("--source", type=Path, help="another revision's verify_attention.cu to build and compare")
     args = ap.parse_args()
     if shutil.which("cuobjdump") is None:
         raise SystemExit("cuobjdump not on PATH (pip install nvidia-cuda-cuobjdump; its bin/ holds it)")
@@ -74,10 +79,44 @@ def main() -> None:
             print(
                 f"{flags or '(default)'}: {len(ins)} instructions, {rep['registers']} registers, spills {rep['spill_stores']}/{rep['spill_loads']} B"
             )
-            for lp in mma_loops(ins):
-                print(
-                    f"  {lp['lo']:#07x}-{lp['hi']:#07x}  {lp['ins']:5d} ins  {lp['hmma']:3d} HMMA  {lp['spill']} spill"
-                )
+            _print_loops(ins)
+        if args.source:
+            other = _compile_source(args.source, args.config, args.q_len, args.arch, Path(cache))
+            theirs = sass(other)
+            print(f"{args.source}: {len(theirs)} instructions")
+            _print_loops(theirs)
+            mine, them = _opcodes(ins), _opcodes(theirs)
+            diff = {op: (them.get(op, 0), mine.get(op, 0)) for op in sorted(set(mine) | set(them))}
+            print("opcodes whose counts differ (that source -> this tree):")
+            for op, (a, b) in diff.items():
+                if a != b:
+                    print(f"  {op:16s} {a:5d} -> {b:5d}")
+
+
+def _print_loops(ins: list[tuple[int, str]]) -> None:
+    for lp in mma_loops(ins):
+        print(f"  {lp['lo']:#07x}-{lp['hi']:#07x}  {lp['ins']:5d} ins  {lp['hmma']:3d} HMMA  {lp['spill']} spill")
+
+
+def _opcodes(ins: list[tuple[int, str]]) -> dict[str, int]:
+    """Instruction count per opcode (predicates dropped, modifiers kept)."""
+    counts: dict[str, int] = {}
+    for _, text in ins:
+        words = text.split()
+        op = words[1] if words and words[0].startswith("@") and len(words) > 1 else (words[0] if words else "")
+        counts[op] = counts.get(op, 0) + 1
+    return counts
+
+
+def _compile_source(source: Path, cfg: KernelConfig, q_len: int, arch: str, folder: Path) -> Path:
+    """`cfg` built from another .cu: this tree's rendered #defines over its text."""
+    defines = render(cfg, q_len).split('#line 1 "verify_attention.cu"', 1)[0]
+    src = folder / "other.cu"
+    src.write_text(defines + '#line 1 "verify_attention.cu"\n' + source.read_text())
+    out = src.with_suffix(".cubin")
+    subprocess.run([nvcc_path(), "-cubin", f"-arch={arch}", *NVCC_FLAGS, "-o", str(out), str(src)],
+                   check=True, capture_output=True, text=True)  # fmt: skip
+    return out
 
 
 if __name__ == "__main__":
