@@ -69,8 +69,11 @@ def main() -> None:
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--source", type=Path, help="another revision's verify_attention.cu to build and compare")
     args = ap.parse_args()
-    if shutil.which("cuobjdump") is None:
-        raise SystemExit("cuobjdump not on PATH (pip install nvidia-cuda-cuobjdump; its bin/ holds it)")
+    if shutil.which("cuobjdump") is None or shutil.which("nvdisasm") is None:
+        raise SystemExit(
+            "cuobjdump and nvdisasm must be on PATH (the nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm wheels "
+            "hold them in nvidia/cu13/bin/)"
+        )
     with tempfile.TemporaryDirectory() as cache:
         for flags in args.flags or [""]:
             built = compile_cubin(args.config, args.q_len, args.arch, Path(cache), tuple(flags.split()))
