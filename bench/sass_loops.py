@@ -68,6 +68,7 @@ def main() -> None:
     ap.add_argument("--q-len", type=int, default=9)
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--source", type=Path, help="another revision's verify_attention.cu to build and compare")
+    ap.add_argument("--kv-dtype", default="bf16", help="the cache format the builds read (kernels/formats.py)")
     args = ap.parse_args()
     if shutil.which("cuobjdump") is None or shutil.which("nvdisasm") is None:
         raise SystemExit(
@@ -76,7 +77,9 @@ def main() -> None:
         )
     with tempfile.TemporaryDirectory() as cache:
         for flags in args.flags or [""]:
-            built = compile_cubin(args.config, args.q_len, args.arch, Path(cache), tuple(flags.split()))
+            built = compile_cubin(
+                args.config, args.q_len, args.arch, Path(cache), tuple(flags.split()), kv_dtype=args.kv_dtype
+            )
             ins = sass(built.path)
             rep = ptxas_report(built.ptxas_log)
             print(
@@ -84,7 +87,7 @@ def main() -> None:
             )
             _print_loops(ins)
         if args.source:
-            other = _compile_source(args.source, args.config, args.q_len, args.arch, Path(cache))
+            other = _compile_source(args.source, args.config, args.q_len, args.arch, Path(cache), args.kv_dtype)
             theirs = sass(other)
             print(f"{args.source}: {len(theirs)} instructions")
             _print_loops(theirs)
@@ -111,9 +114,9 @@ def _opcodes(ins: list[tuple[int, str]]) -> dict[str, int]:
     return counts
 
 
-def _compile_source(source: Path, cfg: KernelConfig, q_len: int, arch: str, folder: Path) -> Path:
+def _compile_source(source: Path, cfg: KernelConfig, q_len: int, arch: str, folder: Path, kv_dtype: str) -> Path:
     """`cfg` built from another .cu: this tree's rendered #defines over its text."""
-    defines = render(cfg, q_len).split('#line 1 "verify_attention.cu"', 1)[0]
+    defines = render(cfg, q_len, kv_dtype).split('#line 1 "verify_attention.cu"', 1)[0]
     src = folder / "other.cu"
     src.write_text(defines + '#line 1 "verify_attention.cu"\n' + source.read_text())
     out = src.with_suffix(".cubin")
