@@ -603,28 +603,35 @@ __device__ __forceinline__ void convert_kv_tile(bf16* Kt, int warp, int lane) {
   }
 }
 
+// Row r of the Q region (bf16 as loaded) into a warp's registers, chunk lane + 32j in v[j] (zeros
+// past the row), and the row's largest |q|, reduced over the warp.
+constexpr int QCH = (CHUNKS + 31) / 32;
+__device__ __forceinline__ float load_q_row(uint4 (&v)[QCH], const bf16* Qs, int r, int lane) {
+  float amax = 0.f;
+#pragma unroll
+  for (int j = 0; j < QCH; ++j) {
+    const int c = lane + 32 * j;
+    v[j] = c < CHUNKS ? *reinterpret_cast<const uint4*>(Qs + sw(r, 8 * c)) : make_uint4(0, 0, 0, 0);
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v[j]);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float2 f = __bfloat1622float2(h[e]);
+      amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  return amax;
+}
+
 // e4m3 cache: q rows [rlo, rhi) of the Q region, bf16 as loaded, into f16 scaled by a power of two
 // per row that puts the row's largest |q| in [2^14, 2^15) (f16's range, whatever q's magnitude;
 // exact, as a bf16 value has 8 significant bits to f16's 11); qsc_s[r] gets the inverse, which the
 // softmax applies to the row's scores. One warp a row.
 __device__ __forceinline__ void convert_q(bf16* Qs, float* qsc_s, int rlo, int rhi, int warp, int lane) {
-  constexpr int QCH = (CHUNKS + 31) / 32;
   for (int r = rlo + warp; r < rhi; r += NWARPS) {
     uint4 v[QCH];
-    float amax = 0.f;
-#pragma unroll
-    for (int j = 0; j < QCH; ++j) {
-      const int c = lane + 32 * j;
-      v[j] = c < CHUNKS ? *reinterpret_cast<const uint4*>(Qs + sw(r, 8 * c)) : make_uint4(0, 0, 0, 0);
-      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v[j]);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float2 f = __bfloat1622float2(h[e]);
-        amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
-      }
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float amax = load_q_row(v, Qs, r, lane);
     // 2^e with e = 14 - floor(log2 amax), at most 2^64 (scores of a row that small are 0 anyway), a zero row 1
     const int e = amax > 0.f ? max(-126, min(64, 14 - (((__float_as_int(amax) >> 23) & 0xFF) - 127))) : 0;
     const float mul = __int_as_float((127 + e) << 23);
@@ -668,24 +675,10 @@ __device__ __forceinline__ void convert_q(bf16* Qs, float* qsc_s, int rlo, int r
 // lanes read: __syncwarp orders them). One warp a row.
 constexpr float E4M3_MAX = 448.f;  // e4m3's largest finite value
 __device__ __forceinline__ void convert_q_e4m3(bf16* Qs, float* qsc_s, int rlo, int rhi, int warp, int lane) {
-  constexpr int QCH = (CHUNKS + 31) / 32;
   unsigned char* Qb = reinterpret_cast<unsigned char*>(Qs);
   for (int r = rlo + warp; r < rhi; r += NWARPS) {
     uint4 v[QCH];
-    float amax = 0.f;
-#pragma unroll
-    for (int j = 0; j < QCH; ++j) {
-      const int c = lane + 32 * j;
-      v[j] = c < CHUNKS ? *reinterpret_cast<const uint4*>(Qs + sw(r, 8 * c)) : make_uint4(0, 0, 0, 0);
-      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v[j]);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float2 f = __bfloat1622float2(h[e]);
-        amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
-      }
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float amax = load_q_row(v, Qs, r, lane);
     // Rounded division (fast-math's approximate one overflows to inf below ~1e-36 and returns 0
     // above 2^126), on amax held to [1e-30, 1e30] as the reference does; a zero row stays zero.
     const float mul = amax > 0.f ? __fdiv_rn(E4M3_MAX, fminf(fmaxf(amax, 1e-30f), 1e30f)) : 1.f;

@@ -62,13 +62,14 @@ def gpu(tmp_path_factory):
     return limits, cache
 
 
-def _run(cfg, inp, limits, cache, *, flags=(), kv_scale_ptr=None):
+def run_poisoned(cfg, inp, limits, cache, *, flags=(), kv_dtype=FMT):
+    """(out, lse) of one launch of `cfg` on `inp`, both poisoned with NaN first."""
     import torch
     from verify_tuner.kernels.launch import VerifyAttention
 
     B, Q, H, _ = inp.q.shape
     va = VerifyAttention(
-        cfg, H=H, q_len=Q, limits=limits, max_batch=B, cache_dir=cache, extra_flags=flags, kv_dtype=FMT
+        cfg, H=H, q_len=Q, limits=limits, max_batch=B, cache_dir=cache, extra_flags=flags, kv_dtype=kv_dtype
     )
     out = torch.full((B, Q, H, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
     lse = torch.full((B, Q, H), float("nan"), dtype=torch.float32, device="cuda")
@@ -90,7 +91,7 @@ def test_matches_the_reference_on_the_dequantized_cache(gpu, H, Q, lens, pool_dt
     configs = [c for c in CONFIGS if check(c, limits, H=H, q_len=Q, kv_dtype=FMT) is None]
     assert configs
     for cfg in configs:
-        out, lse = _run(cfg, inp, limits, cache)
+        out, lse = run_poisoned(cfg, inp, limits, cache)
         assert rel_error(out, ref_o) <= GATE, f"{cfg}: out"
         assert rel_error(lse, ref_lse) <= LSE_GATE, f"{cfg}: lse"
         # information for users, not the gate: the error the cache's quantization itself adds
@@ -107,7 +108,7 @@ def test_sm80s_bit_placement_built_here(gpu):
     inp = make_inputs(prefix_lens=[4000, 0, 77], q_len=9, H=8, seed=80, kv_dtype=FMT)
     ref_o, ref_lse = reference(inp)
     for cfg in CONFIGS[:2]:
-        out, lse = _run(cfg, inp, limits, cache, flags=("-DVA_F8_BITS",))
+        out, lse = run_poisoned(cfg, inp, limits, cache, flags=("-DVA_F8_BITS",))
         assert rel_error(out, ref_o) <= GATE and rel_error(lse, ref_lse) <= LSE_GATE, cfg
 
 
@@ -123,7 +124,7 @@ def test_register_dequant_matches_the_reference(gpu, H, Q, lens, bits):
     configs = [c for c in REG_CONFIGS if check(c, limits, H=H, q_len=Q, kv_dtype=FMT, flags=flags) is None]
     assert configs
     for cfg in configs:
-        out, lse = _run(cfg, inp, limits, cache, flags=flags)
+        out, lse = run_poisoned(cfg, inp, limits, cache, flags=flags)
         assert rel_error(out, ref_o) <= GATE, f"{cfg} {flags}: out"
         assert rel_error(lse, ref_lse) <= LSE_GATE, f"{cfg} {flags}: lse"
 
@@ -136,7 +137,7 @@ def test_every_layout_the_op_takes(gpu, layout):
     kw = {"flat": {}, "req_to_token": {"req_to_token": True}, "page64": {"page_size": 64}}[layout]
     inp = make_inputs(prefix_lens=[3000, 0, 129], q_len=9, H=8, seed=64, split_q=True, kv_dtype=FMT, **kw)
     ref_o, ref_lse = reference(inp)
-    out, lse = _run(CONFIGS[0], inp, limits, cache)
+    out, lse = run_poisoned(CONFIGS[0], inp, limits, cache)
     assert rel_error(out, ref_o) <= GATE and rel_error(lse, ref_lse) <= LSE_GATE
 
 
@@ -195,5 +196,5 @@ def test_ragged_extremes(gpu, lens):
     inp = make_inputs(prefix_lens=lens, q_len=9, H=8, seed=len(lens), spare_slots=77, kv_dtype=FMT)
     ref_o, ref_lse = reference(inp)
     for cfg in CONFIGS[:3]:
-        out, lse = _run(cfg, inp, limits, cache)
+        out, lse = run_poisoned(cfg, inp, limits, cache)
         assert rel_error(out, ref_o) <= GATE and rel_error(lse, ref_lse) <= LSE_GATE, cfg

@@ -16,6 +16,8 @@ from verify_tuner.kernels import formats
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.validate import check
 
+from tests.kernels.test_fp8_gpu import run_poisoned
+
 pytestmark = pytest.mark.gpu
 
 FMT = "fp8_e4m3_qk"
@@ -47,20 +49,6 @@ def gpu():
         yield limits
 
 
-def _run(cfg, inp, limits, cache, *, kv_scale_ptr=None):
-    import torch
-    from verify_tuner.kernels.launch import VerifyAttention
-
-    B, Q, H, _ = inp.q.shape
-    va = VerifyAttention(cfg, H=H, q_len=Q, limits=limits, max_batch=B, cache_dir=cache, kv_dtype=FMT)
-    out = torch.full((B, Q, H, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
-    lse = torch.full((B, Q, H), float("nan"), dtype=torch.float32, device="cuda")
-    torch.cuda.synchronize()
-    va.run(inp, out, lse=lse)
-    torch.cuda.synchronize()
-    return out, lse
-
-
 @pytest.mark.parametrize(("H", "Q", "lens"), SHAPES, ids=str)
 def test_matches_the_reference_with_q_quantized_per_row(gpu, tmp_path, H, Q, lens):
     from verify_tuner.kernels.reference import make_inputs, reference, rel_error
@@ -72,7 +60,7 @@ def test_matches_the_reference_with_q_quantized_per_row(gpu, tmp_path, H, Q, len
     configs = [c for c in CONFIGS if check(c, limits, H=H, q_len=Q, kv_dtype=FMT) is None]
     assert configs
     for cfg in configs:
-        out, lse = _run(cfg, inp, limits, tmp_path)
+        out, lse = run_poisoned(cfg, inp, limits, tmp_path, kv_dtype=FMT)
         assert rel_error(out, ref_o) <= GATE, f"{cfg}: out {rel_error(out, ref_o):.3g}"
         assert rel_error(lse, ref_lse) <= LSE_GATE, f"{cfg}: lse {rel_error(lse, ref_lse):.3g}"
         print(f"{cfg} H={H} q={Q} {lens}: vs its reference {rel_error(out, ref_o):.2e}, "
@@ -86,5 +74,5 @@ def test_the_op_layouts(gpu, tmp_path, layout):
     kw = {"req_to_token": {"req_to_token": True}, "page64": {"page_size": 64}}[layout]
     inp = make_inputs(prefix_lens=[3000, 0, 129], q_len=9, H=8, seed=65, split_q=True, kv_dtype=FMT, **kw)
     ref_o, ref_lse = reference(inp)
-    out, lse = _run(CONFIGS[0], inp, gpu, tmp_path)
+    out, lse = run_poisoned(CONFIGS[0], inp, gpu, tmp_path, kv_dtype=FMT)
     assert rel_error(out, ref_o) <= GATE and rel_error(lse, ref_lse) <= LSE_GATE
