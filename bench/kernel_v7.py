@@ -58,7 +58,7 @@ V6_SM120 = {
     (8, 64): "NSPLIT=8 HT=1 TK=16 BLOCK=256 STAGES=2 QT=32 WR=4 WK=2 SF=0 PIPE=1",
 }
 #: e4m3 dequantized in registers after ldmatrix (docs/kernel.md), until it replaces the in-place pass
-REG_FLAGS = ("-DVA_F8_REG",)
+REG_FLAGS = (formats.REG_DEQUANT_FLAG,)
 #: bench/bench_kernel.py's 40 shapes: no bf16 shape slower than v6 by more than 3 %
 REGRESSION = [(H, Q, P) for H in (8, 16, 64, 128) for Q in (1, 9) for P in (1024, 4096, 16384, 46000, 131072)]
 
