@@ -34,33 +34,41 @@ SHAPES = [(8, 9, [46000]), (8, 1, [131072]), (16, 9, [0, 1000, 37]), (64, 2, [77
 
 
 @pytest.fixture(scope="module")
-def gpu():
+def gpu(tmp_path_factory):
     import pycuda.autoprimaryctx  # noqa: F401  (torch's primary context)
     import torch
+    from verify_tuner.kernels.build import precompile
     from verify_tuner.kernels.limits import read_device_limits
 
     torch.cuda.init()
-    limits = read_device_limits(0)
+    limits, cache = read_device_limits(0), tmp_path_factory.mktemp("cubins")
     major, minor = torch.cuda.get_device_capability(0)
     if 10 * major + minor < 89:
         pytest.skip("e4m3 MMAs need compute capability 8.9+ (validate refuses the format here)")
     with pytest.MonkeyPatch.context() as mp:
         mp.setitem(formats.FORMATS, FMT, dataclasses.replace(formats.FORMATS[FMT], kernel_reads=True))
-        yield limits
+        for q_len in sorted({q for _, q, _ in SHAPES}):  # in parallel, not one by one in the tests
+            pool = [
+                c
+                for c in CONFIGS
+                if any(check(c, limits, H=H, q_len=q_len, kv_dtype=FMT) is None for H, _, _ in SHAPES)
+            ]
+            assert not precompile(pool, q_len, limits.arch, cache, kv_dtype=FMT)
+        yield limits, cache
 
 
 @pytest.mark.parametrize(("H", "Q", "lens"), SHAPES, ids=str)
-def test_matches_the_reference_with_q_quantized_per_row(gpu, tmp_path, H, Q, lens):
+def test_matches_the_reference_with_q_quantized_per_row(gpu, H, Q, lens):
     from verify_tuner.kernels.reference import make_inputs, reference, rel_error
 
-    limits = gpu
+    limits, cache = gpu
     inp = make_inputs(prefix_lens=lens, q_len=Q, H=H, seed=H + Q + 11, spare_slots=91, kv_dtype=FMT)
     ref_o, ref_lse = reference(inp)
     unq_o, _ = reference(dataclasses.replace(inp, kv=inp.kv_unquantized, kv_dtype="bf16", kv_scale=1.0))
     configs = [c for c in CONFIGS if check(c, limits, H=H, q_len=Q, kv_dtype=FMT) is None]
     assert configs
     for cfg in configs:
-        out, lse = run_poisoned(cfg, inp, limits, tmp_path, kv_dtype=FMT)
+        out, lse = run_poisoned(cfg, inp, limits, cache, kv_dtype=FMT)
         assert rel_error(out, ref_o) <= GATE, f"{cfg}: out {rel_error(out, ref_o):.3g}"
         assert rel_error(lse, ref_lse) <= LSE_GATE, f"{cfg}: lse {rel_error(lse, ref_lse):.3g}"
         print(f"{cfg} H={H} q={Q} {lens}: vs its reference {rel_error(out, ref_o):.2e}, "
@@ -68,11 +76,12 @@ def test_matches_the_reference_with_q_quantized_per_row(gpu, tmp_path, H, Q, len
 
 
 @pytest.mark.parametrize("layout", ["req_to_token", "page64"])
-def test_the_op_layouts(gpu, tmp_path, layout):
+def test_the_op_layouts(gpu, layout):
     from verify_tuner.kernels.reference import make_inputs, reference, rel_error
 
+    limits, cache = gpu
     kw = {"req_to_token": {"req_to_token": True}, "page64": {"page_size": 64}}[layout]
     inp = make_inputs(prefix_lens=[3000, 0, 129], q_len=9, H=8, seed=65, split_q=True, kv_dtype=FMT, **kw)
     ref_o, ref_lse = reference(inp)
-    out, lse = run_poisoned(CONFIGS[0], inp, gpu, tmp_path, kv_dtype=FMT)
+    out, lse = run_poisoned(CONFIGS[0], inp, limits, cache, kv_dtype=FMT)
     assert rel_error(out, ref_o) <= GATE and rel_error(lse, ref_lse) <= LSE_GATE
