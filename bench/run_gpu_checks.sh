@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# What the kernel issue reports, in three calls on the GPU machine (after `source .wheelhouse/gpu-env.sh`;
-# each fits one 10-minute call): `tests` runs every `gpu` test but the e4m3 modules, `f8` those
-# (the served e4m3 path, the register-dequantizing one and fp8_e4m3_qk), `bench` the kernel-v7
+# What the kernel issue reports, in four calls on the GPU machine (after `source .wheelhouse/gpu-env.sh`;
+# each fits one 10-minute call): `tests` runs every `gpu` test but the e4m3 modules, `f8` the e4m3
+# module (the served path and the register-dequantizing one), `f8qk` fp8_e4m3_qk's, `bench` the kernel-v7
 # table against v6 in the same process (bench/kernel_v7.py; V6_SOURCE is v6's .cu,
 # e.g. `git show e88ba0d:kernels/csrc/verify_attention.cu > .v6/verify_attention.cu` here, carried).
-# Usage: bench/run_gpu_checks.sh tests|f8 OUTDIR | bench/run_gpu_checks.sh bench OUTDIR V6_SOURCE [--quick]
+# Usage: bench/run_gpu_checks.sh tests|f8|f8qk OUTDIR | bench/run_gpu_checks.sh bench OUTDIR V6_SOURCE [--quick]
 set -uo pipefail
 mode=${1:?tests or bench}
 out=${2:?outdir}
@@ -15,11 +15,12 @@ case "$mode" in
   tests)
     timeout 540 python3 -m pytest -m gpu -q -p no:cacheprovider -rs --ignore="${F8_TESTS[0]}" --ignore="${F8_TESTS[1]}" \
       2>&1 | tee "$out/gpu-tests.log" | tail -5 ;;
-  f8)
-    timeout 540 python3 -m pytest -m gpu -q -p no:cacheprovider -rs -s "${F8_TESTS[@]}" \
-      2>&1 | tee "$out/gpu-tests-f8.log" | tail -8 ;;
+  f8|f8qk)
+    module=${F8_TESTS[0]}; [ "$mode" = f8qk ] && module=${F8_TESTS[1]}
+    timeout 540 python3 -m pytest -m gpu -q -p no:cacheprovider -rs -s "$module" \
+      2>&1 | tee "$out/gpu-tests-$mode.log" | tail -8 ;;
   bench)
     timeout 560 python3 bench/kernel_v7.py --v6-source "${3:?v6 source}" --out "$out" ${4:-} \
       2>&1 | tee "$out/kernel_v7.log" | tail -20 ;;
-  *) echo "usage: $0 tests|f8 OUTDIR | $0 bench OUTDIR V6_SOURCE [--quick]" >&2; exit 2 ;;
+  *) echo "usage: $0 tests|f8|f8qk OUTDIR | $0 bench OUTDIR V6_SOURCE [--quick]" >&2; exit 2 ;;
 esac
