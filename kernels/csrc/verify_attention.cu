@@ -754,56 +754,6 @@ __device__ __forceinline__ void f8_k_frags(uint32_t (&fa)[4], uint32_t tokens_lo
   e4m3x4_to_f16x4(tokens_lo, fa[0], fa[2]);
   e4m3x4_to_f16x4(tokens_hi, fa[1], fa[3]);
 }
-template <int QMQ, int NQ, int QWR, int QWK, int QKS, typename Live>
-__device__ __forceinline__ void qk_f8_steps(float (&acc)[QMQ][NQ][4], uint32_t qrow, uint32_t kt, int wt, int wk,
-                                            int mat, int r8, Live live) {
-  constexpr int ROWB = KSTRIDE * 2;
-  // token wt*QMQ*16 + r8 (+8: mat&1) (+ a*16), chunk (= k-step) wk (+QWK: mat>>1) (+ QWK*j)
-  const uint32_t krow = kt + (wt * QMQ * 16 + r8 + (mat & 1) * 8) * F8_ROWB + (wk + QWK * (mat >> 1)) * 16;
-  const int cq = 2 * wk + 2 * QWK * (mat >> 1) + (mat & 1);  // Q x4 as in the staged path
-#pragma unroll
-  for (int j = 0; j + 1 < QKS; j += 2) {
-    uint32_t fb4[NQ][4], raw[QMQ][4];
-#pragma unroll
-    for (int n = 0; n < NQ; ++n)
-      if (live(n)) ldsm_x4(fb4[n], qrow + n * QWR * 8 * ROWB + swz(cq, r8, 2 * QWK * j));
-#pragma unroll
-    for (int a = 0; a < QMQ; ++a) ldsm_x4(raw[a], krow + a * 16 * F8_ROWB + QWK * j * 16);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      uint32_t fa[QMQ][4];
-#pragma unroll
-      for (int a = 0; a < QMQ; ++a) f8_k_frags(fa[a], raw[a][2 * h], raw[a][2 * h + 1]);
-#pragma unroll
-      for (int n = 0; n < NQ; ++n) {
-        if (!live(n)) continue;
-        const uint32_t fb[2] = {fb4[n][2 * h], fb4[n][2 * h + 1]};
-#pragma unroll
-        for (int a = 0; a < QMQ; ++a) mma16816(acc[a][n], fa[a], fb);
-      }
-    }
-  }
-  if constexpr (QKS % 2 == 1) {  // odd k-slice: the last step alone (x2: its two token halves)
-    constexpr int j = QKS - 1;
-    const int cq1 = 2 * wk + (mat & 1);
-    uint32_t fa[QMQ][4];
-#pragma unroll
-    for (int a = 0; a < QMQ; ++a) {  // lanes 0..15 give the addresses, and mat >> 1 is 0 there
-      uint32_t raw[2];
-      ldsm_x2(raw, krow + a * 16 * F8_ROWB + QWK * j * 16);
-      f8_k_frags(fa[a], raw[0], raw[1]);
-    }
-#pragma unroll
-    for (int n = 0; n < NQ; ++n) {
-      if (!live(n)) continue;
-      uint32_t fb[2];
-      ldsm_x2(fb, qrow + n * QWR * 8 * ROWB + swz(cq1, r8, 2 * QWK * j));
-#pragma unroll
-      for (int a = 0; a < QMQ; ++a) mma16816(acc[a][n], fa[a], fb);
-    }
-  }
-}
-
 // S^T partial of this warp's k-slice: raw dot products into its buffer of Ss[row][token] (fp32);
 // with SF=1 the upper half of the k-slices adds into the lower half's buffers after a barrier
 // (every thread of the block calls this at the same point). The k-slices interleave: slice wk
@@ -828,25 +778,33 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
   const uint32_t krow = smem_u32(Kt) + (wt * QMQ * 16 + r8 + (mat & 1) * 8) * ROWB;  // + a*16 rows
   const int cq = 2 * wk + 2 * QWK * (mat >> 1) + (mat & 1);  // Q x4: steps j, j+1 (mat>>1), k halves (mat&1)
   const int ck = 2 * wk + (mat >> 1);                       // K x4: tokens +8 (mat&1), k halves (mat>>1)
+  // F8R: token wt*QMQ*16 + r8 (+8: mat&1) (+ a*16) of the e4m3 ring, chunk (= k-step) wk (+QWK: mat>>1) (+ QWK*j)
+  const uint32_t krow8 = smem_u32(Kt) + (wt * QMQ * 16 + r8 + (mat & 1) * 8) * F8_ROWB + (wk + QWK * (mat >> 1)) * 16;
 #if KV_FMT == 2  // (the e4m3 MMA's helpers exist only in this format's builds)
   if constexpr (F8QK) {
     qk_e4m3_steps<QMQ, NQ, QWR, QWK, QKS>(acc, qrow, smem_u32(Kt), wt, wk, mat, r8, live);
   } else
 #endif
-  if constexpr (F8R) {
-    qk_f8_steps<QMQ, NQ, QWR, QWK, QKS>(acc, qrow, smem_u32(Kt), wt, wk, mat, r8, live);
-  } else {
+  {
 #pragma unroll
   for (int j = 0; j + 1 < QKS; j += 2) {  // the warp's k-step pairs (j, j+1): ks = wk + QWK*j
     uint32_t fb4[NQ][4];
 #pragma unroll
     for (int n = 0; n < NQ; ++n)
       if (live(n)) ldsm_x4(fb4[n], qrow + n * QWR * 8 * ROWB + swz(cq, r8, 2 * QWK * j));
+    uint32_t raw[F8R ? QMQ : 1][4];  // F8R: one x4 holds both steps' e4m3 K fragments
+    if constexpr (F8R) {
+#pragma unroll
+      for (int a = 0; a < QMQ; ++a) ldsm_x4(raw[a], krow8 + a * 16 * F8_ROWB + QWK * j * 16);
+    }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       uint32_t fa[QMQ][4];
 #pragma unroll
-      for (int a = 0; a < QMQ; ++a) ldsm_x4(fa[a], krow + a * 16 * ROWB + swz(ck, r8, 2 * QWK * (j + h)));
+      for (int a = 0; a < QMQ; ++a) {
+        if constexpr (F8R) f8_k_frags(fa[a], raw[a][2 * h], raw[a][2 * h + 1]);
+        else ldsm_x4(fa[a], krow + a * 16 * ROWB + swz(ck, r8, 2 * QWK * (j + h)));
+      }
 #pragma unroll
       for (int n = 0; n < NQ; ++n) {
         if (!live(n)) continue;
@@ -860,7 +818,15 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
     constexpr int j = QKS - 1;
     uint32_t fa[QMQ][4];
 #pragma unroll
-    for (int a = 0; a < QMQ; ++a) ldsm_x4(fa[a], krow + a * 16 * ROWB + swz(ck, r8, 2 * QWK * j));
+    for (int a = 0; a < QMQ; ++a) {
+      if constexpr (F8R) {  // x2: its two token halves (lanes 0..15 give the addresses, and mat >> 1 is 0 there)
+        uint32_t raw[2];
+        ldsm_x2(raw, krow8 + a * 16 * F8_ROWB + QWK * j * 16);
+        f8_k_frags(fa[a], raw[0], raw[1]);
+      } else {
+        ldsm_x4(fa[a], krow + a * 16 * ROWB + swz(ck, r8, 2 * QWK * j));
+      }
+    }
     const int cq1 = 2 * wk + (mat & 1);  // Q x2: k halves
 #pragma unroll
     for (int n = 0; n < NQ; ++n) {
@@ -871,7 +837,7 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
       for (int a = 0; a < QMQ; ++a) mma16816(acc[a][n], fa[a], fb);
     }
   }
-  }  // F8R
+  }
   float* Sw = Ss + (wk % QNSB) * BROWS * SSTRIDE;
   const int rbase = BROWS == ROWS_PAD ? 0 : nlo * 8;  // row r at r - rbase of its buffer
 #pragma unroll
