@@ -1,4 +1,6 @@
-"""Registers, spills and shared memory of the heuristic defaults per mode, for sm_90 and sm_120,
+"""Registers, spills, shared memory and (where cuobjdump and nvdisasm are on PATH: the
+nvidia-cuda-cuobjdump and -nvdisasm wheels) the tile loop's instructions of the heuristic
+defaults per mode, for sm_90 and sm_120,
 from nvcc's ptxas report (no GPU needed), for each cache build: bf16, the served e4m3 path, the
 register-dequantizing one (VA_F8_REG) and fp8_e4m3_qk, each at the bf16 default's config (what
 the e4m3 formats run). Writes a markdown table.
@@ -10,12 +12,14 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import shutil
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from sass_loops import mma_loops, sass
 from verify_tuner.heuristic import BANDWIDTH_ROWS, heuristic_config
 from verify_tuner.kernels.build import compile_cubin, nvcc_version, ptxas_report
 from verify_tuner.kernels.limits import known_device
@@ -38,6 +42,14 @@ def mode(cfg, q_len: int) -> str:
     return kind + (f", row tiles of {cfg.qt}" if cfg.qt else "")
 
 
+def tile_loop(cubin: Path) -> str:
+    """Instructions of the innermost loop of the partial kernel that holds HMMAs, or — without the tools."""
+    if shutil.which("cuobjdump") is None or shutil.which("nvdisasm") is None:
+        return "—"
+    loops = mma_loops(sass(cubin))
+    return str(min(lp["ins"] for lp in loops)) if loops else "—"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, required=True, help="folder the results are written to")
@@ -45,10 +57,11 @@ def main() -> None:
     lines = [
         f"# ptxas report of the heuristic defaults — {dt.date.today().isoformat()}, {nvcc_version()}",
         "",
-        "Per build: registers a thread, spill stores/loads (bytes) and the block's shared memory (KB).",
+        "Per build: registers a thread, spill stores/loads (bytes), the block's shared memory (KB) and the",
+        "instructions of the innermost loop holding HMMAs (the tile loop; `—` without cuobjdump).",
         "",
         "| device | arch | H | q_len | prefix | mode | rows | "
-        + " | ".join(f"{label} regs (spills), KB" for label, _, _ in BUILDS)
+        + " | ".join(f"{label} regs (spills), KB, loop" for label, _, _ in BUILDS)
         + " | smem limit KB | config |",
         "|" + "---|" * (9 + len(BUILDS)),
     ]
@@ -59,9 +72,12 @@ def main() -> None:
                 cfg = heuristic_config(limits, H=H, q_len=q, prefix=P)
                 cells = []
                 for _, kv, flags in BUILDS:
-                    r = ptxas_report(compile_cubin(cfg, q, limits.arch, Path(tmp), flags, kv_dtype=kv).ptxas_log)
+                    built = compile_cubin(cfg, q, limits.arch, Path(tmp), flags, kv_dtype=kv)
+                    r = ptxas_report(built.ptxas_log)
                     kb = smem_bytes(cfg, q, kv, flags) / 1024
-                    cells.append(f"{r['registers']} ({r['spill_stores']}/{r['spill_loads']}), {kb:.1f}")
+                    cells.append(
+                        f"{r['registers']} ({r['spill_stores']}/{r['spill_loads']}), {kb:.1f}, {tile_loop(built.path)}"
+                    )
                 lines.append(
                     f"| {name} | {limits.arch} | {H} | {q} | {P} | {mode(cfg, q)} | "
                     f"{cfg.ht * cfg.row_tile(q)} | {' | '.join(cells)} | "
