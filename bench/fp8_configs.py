@@ -3,12 +3,10 @@ for each headline shape, the bf16 heuristic's config on a bf16 cache and, on the
 config and its neighbours in ring depth (STAGES), tile (TK) and pipeline (PIPE) that validate()
 accepts. Each is gated against the fp32 reference (on the dequantized cache for e4m3) before it is
 timed; CUDA-graph replays, inputs rotated past the L2, interleaved rounds. Writes
-fp8_configs_<arch>.json and .md under --out. With --flags the e4m3 builds take those nvcc flags
-(-DVA_F8_REG: the register-dequantizing path, whose halved ring lets deeper rings and larger tiles
-fit) and the files are named after them.
+fp8_configs_<arch>.json and .md under --out. The e4m3 build dequantizes in registers, so its ring
+holds half bf16's bytes a row: deeper rings and larger tiles fit than on a bf16 cache.
 
     python3 bench/fp8_configs.py --out OUT        # on the GPU machine
-    python3 bench/fp8_configs.py --flags=-DVA_F8_REG --out OUT
 """
 
 from __future__ import annotations
@@ -31,31 +29,30 @@ SHAPES = [("H=8 q=1 P=131072", 8, 1, [131072]), ("H=8 q=9 P=46000", 8, 9, [46000
 FMT = "fp8_e4m3"
 
 
-def candidates(limits, H: int, q: int, lens: list[int], flags: tuple[str, ...] = ()) -> list:
-    """The bf16 default and its valid neighbours for e4m3 built with `flags` (at most 14, the default
-    first): for a bandwidth-mode default (few rows), three and four blocks an SM too, since the
-    halved ring and the register path's fewer registers let more of them share an SM."""
+def candidates(limits, H: int, q: int, lens: list[int]) -> list:
+    """The bf16 default and its valid neighbours on an e4m3 cache (at most 14, the default first):
+    for a bandwidth-mode default (few rows), three and four blocks an SM too, since the halved ring
+    and the register dequantization's few registers let more of them share an SM."""
     base = heuristic_config(limits, H=H, q_len=q, prefix=max(lens), batch=len(lens))
     out = [base]
     if base.ht * base.row_tile(q) <= BANDWIDTH_ROWS:
-        room = blocks_per_sm(base, q, limits, FMT, flags)  # (registers estimated: ptxas may allow fewer)
+        room = blocks_per_sm(base, q, limits, FMT)  # (registers estimated: ptxas may allow fewer)
         for per_sm in (3, 4):
             c = dataclasses.replace(base, nsplit=per_sm * limits.sm_count)
-            if per_sm <= room and check(c, limits, H=H, q_len=q, kv_dtype=FMT, flags=flags) is None:
+            if per_sm <= room and check(c, limits, H=H, q_len=q, kv_dtype=FMT) is None:
                 out.append(c)
     for stages in (2, 3, 4, 6):
         for tk in (32, 64, 128):
             for pipe in (0, 1, 3):
                 c = dataclasses.replace(base, stages=stages, tk=tk, pipe=pipe)
-                if c not in out and check(c, limits, H=H, q_len=q, kv_dtype=FMT, flags=flags) is None:
+                if c not in out and check(c, limits, H=H, q_len=q, kv_dtype=FMT) is None:
                     out.append(c)
     return out[:14]
 
 
-def file_stem(arch: str, flags: tuple[str, ...]) -> str:
-    """fp8_configs_<arch>, or fp8_configs_<flags>_<arch> for a build with flags (va_f8_reg, ...)."""
-    tag = "_".join(f.removeprefix("-D").lower().replace("=", "") for f in flags)
-    return f"fp8_configs_{tag + '_' if tag else ''}{arch}"
+def file_stem(arch: str) -> str:
+    """The results' file name without its suffix."""
+    return f"fp8_configs_{arch}"
 
 
 def main() -> None:
@@ -63,9 +60,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cache", type=Path, default=Path(os.environ.get("TUNER_CACHE_DIR", "/tmp/va-cache")))
-    ap.add_argument("--flags", default="", help="nvcc flags of the e4m3 builds, one string (write --flags=-DX)")
     args = ap.parse_args()
-    flags = tuple(args.flags.split())
 
     import pycuda.autoprimaryctx  # noqa: F401
     import pycuda.driver as cuda
@@ -79,9 +74,9 @@ def main() -> None:
 
     limits, stream, rows = read_device_limits(0), cuda.Stream(), []
     for name, H, q, lens in SHAPES:
-        pool = candidates(limits, H, q, lens, flags)
+        pool = candidates(limits, H, q, lens)
         precompile(pool[:1], q, limits.arch, args.cache)
-        precompile(pool, q, limits.arch, args.cache, extra_flags=flags, kv_dtype=FMT)
+        precompile(pool, q, limits.arch, args.cache, kv_dtype=FMT)
         got, keep = {}, []
         for kv in ("bf16", FMT):
             sets = rotating_inputs(prefix_lens=lens, q_len=q, H=H, l2_bytes=limits.l2_bytes, seed=H + q, kv_dtype=kv)
@@ -89,7 +84,7 @@ def main() -> None:
             keep.append((sets, out))
             for cfg in pool[:1] if kv == "bf16" else pool:
                 va = VerifyAttention(cfg, H=H, q_len=q, limits=limits, max_batch=len(lens), cache_dir=args.cache,
-                                     kv_dtype=kv, extra_flags=flags if kv == FMT else ())  # fmt: skip
+                                     kv_dtype=kv)  # fmt: skip
                 got[(kv, str(cfg))] = checked_launcher(va, sets, out, ref, f"{name} {kv} {cfg}", stream=stream)
         n = min(len(s) for s, _ in keep)
         us = interleaved_medians(got, n, rounds=args.rounds, reps=20, stream=stream)
@@ -101,11 +96,11 @@ def main() -> None:
         del keep, got
         torch.cuda.empty_cache()
     args.out.mkdir(parents=True, exist_ok=True)
-    doc = {"device": limits.name, "date": dt.date.today().isoformat(), "e4m3_flags": list(flags), "rows": rows}
-    stem = file_stem(limits.arch, flags)
+    doc = {"device": limits.name, "date": dt.date.today().isoformat(), "rows": rows}
+    stem = file_stem(limits.arch)
     (args.out / f"{stem}.json").write_text(json.dumps(doc, indent=1) + "\n")
     title = f"# e4m3 cache configs vs bf16's default on {limits.name} ({doc['date']})"
-    lines = [f"{title}; e4m3 flags: {' '.join(flags) or '(none)'}", "",
+    lines = [title, "",
              "| shape | kv | µs | × bf16 default | config |", "|---|---|---|---|---|"]  # fmt: skip
     lines += [f"| {r['shape']} | {r['kv_format']} | {r['us']} | {r['vs_bf16_default']} | `{r['config']}`"
               f"{' (default)' if r['default'] else ''} |" for r in rows]  # fmt: skip

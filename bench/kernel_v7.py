@@ -4,8 +4,7 @@ timed, v7 and v6 A/B'd in the same call and the same process, CUDA-graph replays
 rotated past the L2. v6 is compiled from its own source and launched through this tree's runtime:
 its signature is v7's without the two trailing scale arguments, which the driver does not read.
 Writes kernel_v7_<arch>.json (one row per case: case, kv format, mode, us, limit_us for that
-format, v6_us, TB/s, TFLOP/s, config; for e4m3 also reg_us, the register-dequantizing build,
-VA_F8_REG, timed beside the served one) and a markdown table under --out.
+format, v6_us, TB/s, TFLOP/s, config) and a markdown table under --out.
 
     git show e88ba0d:kernels/csrc/verify_attention.cu > .v6/verify_attention.cu   # here; carry .v6
     python3 bench/kernel_v7.py --v6-source .v6/verify_attention.cu --out OUT [--quick]
@@ -57,8 +56,6 @@ V6_SM120 = {
     (64, 9): "NSPLIT=11 HT=4 TK=16 BLOCK=256 STAGES=2 QT=0 WR=4 WK=2 SF=0 PIPE=1",
     (8, 64): "NSPLIT=8 HT=1 TK=16 BLOCK=256 STAGES=2 QT=32 WR=4 WK=2 SF=0 PIPE=1",
 }
-#: e4m3 dequantized in registers after ldmatrix (docs/kernel.md), until it replaces the in-place pass
-REG_FLAGS = (formats.REG_DEQUANT_FLAG,)
 #: bench/bench_kernel.py's 40 shapes: no bf16 shape slower than v6 by more than 3 %
 REGRESSION = [(H, Q, P) for H in (8, 16, 64, 128) for Q in (1, 9) for P in (1024, 4096, 16384, 46000, 131072)]
 
@@ -101,11 +98,6 @@ def launchers(case, *, limits, cache: Path, v6_source: Path | None, tmp: Path, s
     B = len(lens)
     va = VerifyAttention(cfg, H=H, q_len=q, limits=limits, max_batch=B, cache_dir=cache, kv_dtype=kv)
     got = {"v7": (checked_launcher(va, sets, out, ref, f"v7 {name} {kv}", stream=stream), cfg)}
-    if kv == "fp8_e4m3":  # the register-dequantizing path, same config, gated the same way
-        reg = VerifyAttention(
-            cfg, H=H, q_len=q, limits=limits, max_batch=B, cache_dir=cache, kv_dtype=kv, extra_flags=REG_FLAGS
-        )
-        got["reg"] = (checked_launcher(reg, sets, out, ref, f"v7 VA_F8_REG {name} {kv}", stream=stream), cfg)
     if kv == "bf16" and v6_source is not None:
         old = v6_config(device, H, q) or cfg
         v6 = VerifyAttention(old, H=H, q_len=q, limits=limits, max_batch=B, cache_dir=cache)
@@ -129,7 +121,6 @@ def row_of(case, us: dict, cfg, bw: float, v6cfg=None) -> dict:
         "x_limit": round(us["v7"] / limit, 3),
         "v6_us": round(us["v6"], 2) if "v6" in us else None,
         "v6_config": str(v6cfg) if v6cfg is not None else None,
-        "reg_us": round(us["reg"], 2) if "reg" in us else None,
         "TBps": round(nbytes / us["v7"] / 1e6, 3),
         "TFLOPs": round(nflop / us["v7"] / 1e6, 1),
         "config": str(cfg),
@@ -168,7 +159,6 @@ def main() -> None:
             rows.append(row_of(case, us, got["v7"][1], bw, got["v6"][1] if "v6" in got else None))
             r = rows[-1]
             print(f"{r['case']:36s} {r['kv_format']:9s} v7 {r['us']:8.1f} us  v6 {r['v6_us'] or float('nan'):8.1f}  "
-                  f"reg {r['reg_us'] or float('nan'):8.1f}  "
                   f"limit {r['limit_us']:7.1f} ({r['x_limit']:.2f}x)  {r['config']}", flush=True)  # fmt: skip
             del sets
             torch.cuda.empty_cache()
@@ -181,10 +171,10 @@ def write(out: Path, limits, rows: list[dict]) -> None:
             "bandwidth_for_limits_GBps": ANCHOR_BW / 1e9, "rows": rows}  # fmt: skip
     (out / f"kernel_v7_{limits.arch}.json").write_text(json.dumps(meta, indent=1) + "\n")
     lines = [f"# Kernel v7 on {limits.name} ({meta['date']})", "",
-             "| case | kv | v7 µs | v6 µs | VA_F8_REG µs | limit µs | × limit | TB/s | TFLOP/s | config |",
-             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "| case | kv | v7 µs | v6 µs | limit µs | × limit | TB/s | TFLOP/s | config |",
+             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
-        lines.append(f"| {r['case']} | {r['kv_format']} | {r['us']} | {r['v6_us'] or '—'} | {r['reg_us'] or '—'} | "
+        lines.append(f"| {r['case']} | {r['kv_format']} | {r['us']} | {r['v6_us'] or '—'} | "
                      f"{r['limit_us']} | {r['x_limit']} | {r['TBps']} | {r['TFLOPs']} | `{r['config']}` |")  # fmt: skip
     (out / f"kernel_v7_{limits.arch}.md").write_text("\n".join(lines) + "\n")
 

@@ -9,11 +9,10 @@ cases are also timed as CUDA-graph replays plain, traced (the stamps' cost) and 
 VA_PROFILE_SKIP_* phase left out, so a change's effect shows phase by phase.
 
 `--cases headline` traces the kernel issue's three headline shapes instead (H=8 q=9 P=46000, B=32
-over prefixes 20k..70k, H=64 q=9 P=46000), `--kv-dtype` every case on that cache format (an
-e4m3 one: the served build, and `--variant reg=-DVA_F8_REG` the register path beside it).
+over prefixes 20k..70k, H=64 q=9 P=46000), `--kv-dtype` every case on that cache format.
 
     python3 bench/phase_trace.py --out $OUT [--variant split4=-DPLAN_SPLIT_TILES=4]   # GPU machine
-    python3 bench/phase_trace.py --cases headline --kv-dtype fp8_e4m3 --variant reg=-DVA_F8_REG --out $OUT
+    python3 bench/phase_trace.py --cases headline --kv-dtype fp8_e4m3 --out $OUT
 """
 
 from __future__ import annotations

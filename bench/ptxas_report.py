@@ -1,9 +1,8 @@
 """Registers, spills, shared memory and (where cuobjdump and nvdisasm are on PATH: the
 nvidia-cuda-cuobjdump and -nvdisasm wheels) the tile loop's instructions of the heuristic
 defaults per mode, for sm_90 and sm_120,
-from nvcc's ptxas report (no GPU needed), for each cache build: bf16, the served e4m3 path, the
-register-dequantizing one (VA_F8_REG) and fp8_e4m3_qk, each at the bf16 default's config (what
-the e4m3 formats run). Writes a markdown table.
+from nvcc's ptxas report (no GPU needed), for each cache build: bf16, fp8_e4m3 and fp8_e4m3_qk,
+each at the bf16 default's config (what the e4m3 formats run). Writes a markdown table.
 
     python3 bench/ptxas_report.py --out OUT
 """
@@ -31,7 +30,6 @@ DEVICES = ["h200", "rtx-pro-6000"]
 BUILDS = [
     ("bf16", "bf16", ()),
     ("e4m3", "fp8_e4m3", ()),
-    ("e4m3 VA_F8_REG", "fp8_e4m3", ("-DVA_F8_REG",)),
     ("e4m3_qk", "fp8_e4m3_qk", ()),
 ]
 
@@ -74,7 +72,7 @@ def main() -> None:
                 for _, kv, flags in BUILDS:
                     built = compile_cubin(cfg, q, limits.arch, Path(tmp), flags, kv_dtype=kv)
                     r = ptxas_report(built.ptxas_log)
-                    kb = smem_bytes(cfg, q, kv, flags) / 1024
+                    kb = smem_bytes(cfg, q, kv) / 1024
                     cells.append(
                         f"{r['registers']} ({r['spill_stores']}/{r['spill_loads']}), {kb:.1f}, {tile_loop(built.path)}"
                     )

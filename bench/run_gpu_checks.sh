@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # What the kernel issue reports, in four calls on the GPU machine (after `source .wheelhouse/gpu-env.sh`;
 # each fits one 10-minute call): `tests` runs every `gpu` test but the e4m3 modules, `f8` the e4m3
-# module (the served path and the register-dequantizing one), `f8qk` fp8_e4m3_qk's, `bench` the kernel-v7
-# table against v6 in the same process (bench/kernel_v7.py; V6_SOURCE is v6's .cu,
+# module, `f8qk` fp8_e4m3_qk's, `bench` the kernel-v7 table against v6 in the same process
+# (bench/kernel_v7.py; V6_SOURCE is v6's .cu,
 # e.g. `git show e88ba0d:kernels/csrc/verify_attention.cu > .v6/verify_attention.cu` here, carried).
 # Usage: bench/run_gpu_checks.sh tests|f8|f8qk OUTDIR | bench/run_gpu_checks.sh bench OUTDIR V6_SOURCE [--quick]
 set -uo pipefail

@@ -7,12 +7,12 @@ bandwidth are not sm_120's.
 
 Every config is gated against the fp32 reference before it is timed (CUDA-graph replays, inputs
 rotated past the L2, interleaved rounds). Writes sm120_structures_<arch>.json and .md under --out.
-With --kv-dtype and --flags the cache and every build are that format's (-DVA_F8_REG: the e4m3
-register path, whose halved ring lets 32-token tiles fit sm_120's 99 KB), against the sm_120
-default built the same way, and the files are named after them.
+With --kv-dtype the cache and every build are that format's (fp8_e4m3: its ring holds half bf16's
+bytes a row, so 32-token tiles fit sm_120's 99 KB), against the sm_120 default built the same way,
+and the files are named after it.
 
     python3 bench/sm120_structures.py --out OUT [--sample 40]      # on the GPU machine
-    python3 bench/sm120_structures.py --kv-dtype fp8_e4m3 --flags=-DVA_F8_REG --out OUT
+    python3 bench/sm120_structures.py --kv-dtype fp8_e4m3 --out OUT
 """
 
 from __future__ import annotations
@@ -44,28 +44,24 @@ def shape_of(c, q: int) -> tuple[bool, int]:
     return nr % c.wr == 0, per_warp_tiles * -(-nr // c.wr)
 
 
-def file_stem(kv_dtype: str, flags: tuple[str, ...]) -> str:
-    """sm120_structures, or sm120_structures_<format>_<flags> for another build."""
-    tag = "_".join([kv_dtype] * (kv_dtype != "bf16" or bool(flags)) + [f.removeprefix("-D").lower() for f in flags])
-    return f"sm120_structures{'_' + tag if tag else ''}"
+def file_stem(kv_dtype: str) -> str:
+    """sm120_structures, or sm120_structures_<format> for another cache format."""
+    return "sm120_structures" + ("" if kv_dtype == "bf16" else f"_{kv_dtype}")
 
 
-def structures(
-    H: int, q: int, n: int, seed: int, kv_dtype: str = "bf16", flags: tuple[str, ...] = ()
-) -> tuple[object, list]:
-    """(the sm_120 default, structures valid on sm_120 for the build, with sm_120's one-wave NSPLIT): the
-    default's, up to n/2 with balanced row tiles and >= 4 accumulators a warp (the issue's template), the
-    rest drawn from the others."""
+def structures(H: int, q: int, n: int, seed: int, kv_dtype: str = "bf16") -> tuple[object, list]:
+    """(the sm_120 default, structures valid on sm_120 for the format's build, with sm_120's one-wave
+    NSPLIT): the default's, up to n/2 with balanced row tiles and >= 4 accumulators a warp (the issue's
+    template), the rest drawn from the others."""
     rng = random.Random(seed)
     default = heuristic_config(TARGET, H=H, q_len=q, prefix=46000)  # (e4m3 formats run bf16's default)
-    valid = [c for c in space.valid_configs(TARGET, H=H, q_len=q, kv_dtype=kv_dtype, flags=flags) if c.nsplit == 1]
+    valid = [c for c in space.valid_configs(TARGET, H=H, q_len=q, kv_dtype=kv_dtype) if c.nsplit == 1]
     good = [c for c in valid if shape_of(c, q)[0] and shape_of(c, q)[1] >= 4]
     good = rng.sample(good, min(len(good), n // 2))
     rest = [c for c in valid if c not in good]
     picked = dict.fromkeys([dataclasses.replace(default, nsplit=1), *good, *rng.sample(rest, n - len(good))])
     return default, [
-        dataclasses.replace(c, nsplit=one_wave_nsplit(c, TARGET, H=H, q_len=q, kv_dtype=kv_dtype, flags=flags))
-        for c in picked
+        dataclasses.replace(c, nsplit=one_wave_nsplit(c, TARGET, H=H, q_len=q, kv_dtype=kv_dtype)) for c in picked
     ]
 
 
@@ -77,10 +73,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--cache", type=Path, default=Path(os.environ.get("TUNER_CACHE_DIR", "/tmp/va-cache")))
     ap.add_argument("--kv-dtype", default="bf16", help="the cache format every config reads")
-    ap.add_argument("--flags", default="", help="nvcc flags of every build, one string (write --flags=-DX)")
     args = ap.parse_args()
-    kv, flags = args.kv_dtype, tuple(args.flags.split())
-    stem = file_stem(kv, flags)
+    kv = args.kv_dtype
+    stem = file_stem(kv)
 
     import pycuda.autoprimaryctx  # noqa: F401
     import pycuda.driver as cuda
@@ -95,17 +90,15 @@ def main() -> None:
     limits, stream, rows = read_device_limits(0), cuda.Stream(), []
     args.out.mkdir(parents=True, exist_ok=True)
     for name, H, q, P in SHAPES:
-        default, pool = structures(H, q, args.sample, args.seed, kv, flags)
+        default, pool = structures(H, q, args.sample, args.seed, kv)
         pool = [default, *(c for c in pool if c != default)]
-        failed = precompile(pool, q, limits.arch, args.cache, extra_flags=flags, kv_dtype=kv)
+        failed = precompile(pool, q, limits.arch, args.cache, kv_dtype=kv)
         pool = [c for c in pool if not any(f.startswith(f"{c}:") for f in failed)]
         sets = rotating_inputs(prefix_lens=[P], q_len=q, H=H, l2_bytes=limits.l2_bytes, seed=H + q, kv_dtype=kv)
         ref, out = reference(sets[0])[0], torch.empty(1, q, H, 512, dtype=torch.bfloat16, device="cuda")
         got = {}
         for cfg in pool:
-            va = VerifyAttention(
-                cfg, H=H, q_len=q, limits=limits, max_batch=1, cache_dir=args.cache, kv_dtype=kv, extra_flags=flags
-            )
+            va = VerifyAttention(cfg, H=H, q_len=q, limits=limits, max_batch=1, cache_dir=args.cache, kv_dtype=kv)
             got[str(cfg)] = checked_launcher(va, sets, out, ref, f"{name} {cfg}", stream=stream)
         us = interleaved_medians(got, len(sets), rounds=args.rounds, reps=10, stream=stream)
         base = us[str(default)]
@@ -115,11 +108,11 @@ def main() -> None:
         best = min(us, key=us.get)
         print(f"{name:18s} default {base:8.1f} us  best {us[best]:8.1f} ({us[best] / base:.3f}x)  {best}", flush=True)
         doc = {"device": limits.name, "date": dt.date.today().isoformat(), "target": TARGET.name,
-               "kv_dtype": kv, "flags": list(flags), "rows": rows}  # fmt: skip
+               "kv_dtype": kv, "rows": rows}  # fmt: skip
         (args.out / f"{stem}_{limits.arch}.json").write_text(json.dumps(doc, indent=1) + "\n")
         del sets, got
         torch.cuda.empty_cache()
-    title = f"# sm_120-valid structures timed on {limits.name} ({dt.date.today()}), {' '.join([kv, *flags])}"
+    title = f"# sm_120-valid structures timed on {limits.name} ({dt.date.today()}), {kv}"
     lines = [f"{title}: a structure check, not sm_120 speed",
              "", "| shape | µs | × sm_120 default | config |", "|---|---|---|---|"]  # fmt: skip
     for shape in dict.fromkeys(r["shape"] for r in rows):

@@ -28,7 +28,7 @@ class KVFormat:
     mma: str  # the element type the QK MMAs read ("bf16", "f16" after dequantizing, "e4m3")
     pool_dtypes: tuple[str, ...]  # torch dtypes the op accepts for the pool
     staged_bytes: int  # bytes of one element of Q and P in shared memory
-    ring_row_bytes: int  # bytes of a token's row in a KV ring slot (1152 staged 2-byte rows; 592 e4m3 rows)
+    ring_row_bytes: int  # bytes of a token's row in a KV ring slot (1152 bf16 rows; 592 e4m3 rows)
     q_row_scale: bool  # q is rescaled per row in shared memory (a float a row of the block)
     min_cc: int  # lowest compute capability (10 * major + minor) with the instructions it needs
     kernel_reads: bool  # the current kernel reads it; otherwise it is refused by name
@@ -50,13 +50,9 @@ class KVFormat:
 
 
 _E4M3_POOL = ("uint8", "float8_e4m3fn")  # SGLang stores e4m3 as uint8; torch's own fp8 dtype is taken too
-#: An e4m3 row in the ring when the kernel converts in registers: 576 bytes in 37 16-byte chunks
-#: (odd: ldmatrix's eight rows fall on eight bank quads without a swizzle)
+#: An e4m3 row in the ring (the kernel converts fragments in registers): 576 bytes in 37 16-byte
+#: chunks (odd: ldmatrix's eight rows fall on eight bank quads without a swizzle)
 E4M3_RING_ROW = 592
-#: The macro that builds the e4m3 cache's register-dequantizing path (the .cu tests `defined(VA_F8_REG)`),
-#: which also halves its ring; a layout input until that path is the format's only one.
-REG_DEQUANT_MACRO = "VA_F8_REG"
-REG_DEQUANT_FLAG = "-D" + REG_DEQUANT_MACRO
 FORMATS: dict[str, KVFormat] = {
     f.name: f
     for f in (
@@ -68,10 +64,10 @@ FORMATS: dict[str, KVFormat] = {
         ),
         KVFormat(
             name="fp8_e4m3", code=1, element="e4m3", row_bytes=576, scale="per_layer", mma="f16",
-            pool_dtypes=_E4M3_POOL, staged_bytes=2, ring_row_bytes=1152, q_row_scale=True, min_cc=80,
+            pool_dtypes=_E4M3_POOL, staged_bytes=2, ring_row_bytes=E4M3_RING_ROW, q_row_scale=True, min_cc=80,
             kernel_reads=True,
             about="e4m3 latent rows with one fp32 scale a layer (SGLang --kv-cache-dtype fp8_e4m3, vLLM fp8), "
-            "dequantized to f16 in the kernel",
+            "dequantized to f16 in registers",
         ),
         KVFormat(
             name="fp8_e4m3_qk", code=2, element="e4m3", row_bytes=576, scale="per_layer", mma="e4m3",
@@ -90,26 +86,6 @@ FORMATS: dict[str, KVFormat] = {
 DEFAULT = "bf16"
 #: Every name the key accepts: the formats the kernel reads (the rest are refused by name).
 KV_DTYPES = tuple(name for name, f in FORMATS.items() if f.kernel_reads)
-
-
-def defined_macros(flags: tuple[str, ...]) -> set[str]:
-    """The macro names nvcc `flags` define, however spelt: -DNAME, -DNAME=V, -D NAME, --define-macro=NAME."""
-    names, it = set(), iter(flags)
-    for f in it:
-        if f in ("-D", "--define-macro"):
-            f = "-D" + next(it, "")
-        elif f.startswith("--define-macro="):
-            f = "-D" + f.split("=", 1)[1]
-        if f.startswith("-D") and len(f) > 2:
-            names.add(f[2:].split("=", 1)[0])
-    return names
-
-
-def ring_row_bytes(fmt: KVFormat, flags: tuple[str, ...] = ()) -> int:
-    """Bytes of a token's row in a ring slot for a build of `fmt` with nvcc `flags`."""
-    if fmt.scale == "per_layer" and REG_DEQUANT_MACRO in defined_macros(flags):
-        return E4M3_RING_ROW
-    return fmt.ring_row_bytes
 
 
 def kv_format(name: str) -> KVFormat:

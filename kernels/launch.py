@@ -53,12 +53,12 @@ class VerifyAttention:
     ) -> None:
         import pycuda.driver as cuda
 
-        validate(cfg, limits, H=H, q_len=q_len, kv_dtype=kv_dtype, flags=extra_flags)
+        validate(cfg, limits, H=H, q_len=q_len, kv_dtype=kv_dtype)
         self.cfg, self.H, self.q_len, self.max_batch = cfg, H, q_len, max_batch
         built = compile_cubin(cfg, q_len, limits.arch, cache_dir, extra_flags, kv_dtype)
         self.report = ptxas_report(built.ptxas_log) if built.ptxas_log else {}
         self.spec = LaunchSpec(cfg, H, q_len, kv_dtype)
-        self.kernels = CubinKernels(built.cubin, self.spec, sm_count=limits.sm_count, flags=extra_flags)
+        self.kernels = CubinKernels(built.cubin, self.spec, sm_count=limits.sm_count)
         self.smem = self.kernels.smem
         # partials only for requests several parts share: part p's of request b in slot p + b
         rows = self.spec.workspace_rows(max_batch)

@@ -71,14 +71,13 @@ class CubinKernels:
     """One config's partial and reduce kernels, loaded from cubin bytes into the current context
     (the engine op's primary context, or the tuner's PyCUDA one: both launch through here)."""
 
-    def __init__(self, cubin: bytes, spec: LaunchSpec, *, sm_count: int, flags: tuple[str, ...] = ()) -> None:
-        """`flags`: the nvcc flags the cubin was built with, where they change its layout (VA_F8_REG)."""
+    def __init__(self, cubin: bytes, spec: LaunchSpec, *, sm_count: int) -> None:
         drv = _driver()
         self.spec, self.sm_count = spec, sm_count
         self.module = _ok(drv.cuModuleLoadData(cubin), "cuModuleLoadData")
         self.partial = _ok(drv.cuModuleGetFunction(self.module, b"verify_attn_partial"), "cuModuleGetFunction")
         self.reduce = _ok(drv.cuModuleGetFunction(self.module, b"verify_attn_reduce"), "cuModuleGetFunction")
-        self.smem = smem_bytes(spec.cfg, spec.q_len, spec.kv_dtype, flags)
+        self.smem = smem_bytes(spec.cfg, spec.q_len, spec.kv_dtype)
         if self._read_int(b"kSmemBytes") != self.smem:  # a bug, not a bad config: the formulas drifted apart
             raise RuntimeError(f"smem formula {self.smem} B != the cubin's layout")
         attr = drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES

@@ -18,7 +18,7 @@ from verify_tuner.kernels.config import (
     KernelConfig,
 )
 from verify_tuner.kernels.errors import InvalidConfig
-from verify_tuner.kernels.formats import kv_format, ring_row_bytes
+from verify_tuner.kernels.formats import kv_format
 from verify_tuner.kernels.limits import DeviceLimits
 from verify_tuner.kernels.shapes import D_QK, D_V  # noqa: F401  (re-exported: the .cu mirrors)
 
@@ -65,14 +65,13 @@ def groups(cfg: KernelConfig) -> int:
     return 2 if cfg.pipe == 3 else 1
 
 
-def smem_bytes(cfg: KernelConfig, q_len: int, kv_dtype: str = "bf16", flags: tuple[str, ...] = ()) -> int:
-    """Dynamic shared memory of the partial kernel, in bytes (SMEM_* in the .cu), for a build with
-    nvcc `flags` (formats.ring_row_bytes: the one flag that changes the layout)."""
+def smem_bytes(cfg: KernelConfig, q_len: int, kv_dtype: str = "bf16") -> int:
+    """Dynamic shared memory of the partial kernel, in bytes (SMEM_* in the .cu)."""
     rp = shape(cfg, q_len).rows_padded
     fmt = kv_format(kv_dtype)
     elem = fmt.staged_bytes
     q = rp * KSTRIDE * elem
-    kv = cfg.stages * cfg.tk * ring_row_bytes(fmt, flags)
+    kv = cfg.stages * cfg.tk * fmt.ring_row_bytes
     g = groups(cfg)  # the seesaw: score buffers per group, P and alpha for two tiles
     scores = g * (cfg.wk // 2 if cfg.sf else cfg.wk) * rp * (cfg.tk + 4) * 4
     p = g * rp * (cfg.tk + 8) * elem
@@ -105,9 +104,8 @@ def check(
     H: int,
     q_len: int,
     kv_dtype: str = "bf16",
-    flags: tuple[str, ...] = (),
 ) -> str | None:
-    """The reason `cfg` cannot run on a `kv_dtype` cache (built with nvcc `flags`), or None when it can."""
+    """The reason `cfg` cannot run on a `kv_dtype` cache, or None when it can."""
     try:
         fmt = kv_format(kv_dtype)
     except InvalidConfig as exc:
@@ -142,7 +140,7 @@ def check(
     reason = _warp_grid_reason(cfg, q_len)
     if reason:
         return reason
-    smem = smem_bytes(cfg, q_len, kv_dtype, flags)
+    smem = smem_bytes(cfg, q_len, kv_dtype)
     if smem > limits.max_smem_optin:
         return (
             f"needs {smem} B shared memory per block, device allows {limits.max_smem_optin} B "
@@ -183,9 +181,8 @@ def validate(
     H: int,
     q_len: int,
     kv_dtype: str = "bf16",
-    flags: tuple[str, ...] = (),
 ) -> None:
     """Raise InvalidConfig with the reason when `cfg` cannot run on a `kv_dtype` cache."""
-    reason = check(cfg, limits, H=H, q_len=q_len, kv_dtype=kv_dtype, flags=flags)
+    reason = check(cfg, limits, H=H, q_len=q_len, kv_dtype=kv_dtype)
     if reason is not None:
         raise InvalidConfig(reason)

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 from verify_tuner.heuristic import blocks_per_sm, heuristic_config
-from verify_tuner.kernels.build import SOURCE
 from verify_tuner.kernels.limits import known_device
 from verify_tuner.kernels.validate import check, validate
 
@@ -96,7 +95,7 @@ def test_a_benchmark_without_out_is_refused_and_writes_nothing(script, tmp_path)
     assert list(tmp_path.iterdir()) == []
 
 
-def test_kernel_v7s_cases_are_the_issues_and_fit_their_devices():
+def test_kernel_v7s_cases_are_the_issues_and_fit_their_devices(tmp_path):
     import kernel_v7
 
     for name, H, q, lens, kv, device in kernel_v7.CASES:
@@ -111,10 +110,11 @@ def test_kernel_v7s_cases_are_the_issues_and_fit_their_devices():
     # e4m3 halves the bytes: at q=9 the mma.sync ceiling (7.2 GFLOP / 645 TFLOP/s) binds instead
     fp8 = kernel_v7.row_of(kernel_v7.CASES[9], {"v7": 42.0}, "cfg", 4.0e12)
     assert fp8["mode"] == "dequant" and fp8["limit_us"] == pytest.approx(11.18, abs=0.01) and fp8["v6_us"] is None
-    assert fp8["reg_us"] is None  # no register-path timing given, none reported
-    reg = kernel_v7.row_of(kernel_v7.CASES[9], {"v7": 42.0, "reg": 30.0}, "cfg", 4.0e12)
-    assert reg["us"] == 42.0 and reg["reg_us"] == 30.0  # the served build's time stays the row's own
-    assert kernel_v7.REG_FLAGS == ("-DVA_F8_REG",) and "VA_F8_REG" in SOURCE.read_text()
+    # the markdown table has a cell for each column of its header
+    kernel_v7.write(tmp_path, known_device("h200"), [row, fp8])
+    table = [ln for ln in (tmp_path / "kernel_v7_sm_90.md").read_text().splitlines() if ln.startswith("|")]
+    assert len(table) == 4 and len({ln.count("|") for ln in table}) == 1, table
+    assert "| fp8_e4m3 | 42.0 | — | 11.18 |" in table[3]
     # the sm_120 template cases time v6's own sm_120 default on v6's side, valid on that device
     sm120 = [(H, q) for _, H, q, _, _, device in kernel_v7.CASES if device == "rtx-pro-6000"]
     assert sorted(sm120) == sorted(kernel_v7.V6_SM120)
@@ -157,46 +157,46 @@ def test_the_sm120_structure_check_times_the_sm120_default_and_sm120_valid_confi
     assert sm120_structures.shape_of(v6, 9) == (False, 2)
 
 
-def test_the_sm120_structure_check_of_the_e4m3_register_path_reaches_32_token_tiles_at_36_rows():
-    """Built with VA_F8_REG on an e4m3 cache, the structures are those valid for that build on the
-    RTX PRO 6000: among them 32-token tiles at 36 rows, which the 99 KB refuse a staged build."""
+def test_the_sm120_structure_check_of_the_e4m3_cache_reaches_32_token_tiles_at_36_rows():
+    """On an e4m3 cache the structures are those valid for the fp8_e4m3 build on the RTX PRO 6000:
+    among them 32-token tiles at 36 rows, whose bf16 ring the 99 KB refuse."""
     import sm120_structures
 
-    target, reg = known_device("rtx-pro-6000"), ("-DVA_F8_REG",)
-    default, pool = sm120_structures.structures(8, 9, 40, 0, "fp8_e4m3", reg)
+    target = known_device("rtx-pro-6000")
+    default, pool = sm120_structures.structures(8, 9, 40, 0, "fp8_e4m3")
     assert default == heuristic_config(target, H=8, q_len=9, prefix=46000) and default in pool
-    assert all(check(c, target, H=8, q_len=9, kv_dtype="fp8_e4m3", flags=reg) is None for c in pool)
+    assert all(check(c, target, H=8, q_len=9, kv_dtype="fp8_e4m3") is None for c in pool)
     wide = [c for c in pool if c.tk == 32 and c.ht * (c.qt or 9) >= 36]
-    assert wide and all(check(c, target, H=8, q_len=9, kv_dtype="fp8_e4m3") is not None for c in wide)
-    assert sm120_structures.file_stem("bf16", ()) == "sm120_structures"
-    assert sm120_structures.file_stem("fp8_e4m3", reg) == "sm120_structures_fp8_e4m3_va_f8_reg"
+    assert wide
+    for c in wide:
+        reason = check(c, target, H=8, q_len=9)
+        assert reason is not None and "shared memory" in reason, (c, reason)
+    assert sm120_structures.file_stem("bf16") == "sm120_structures"
+    assert sm120_structures.file_stem("fp8_e4m3") == "sm120_structures_fp8_e4m3"
 
 
-def test_fp8_configs_candidates_follow_the_builds_layout():
-    """The e4m3 sweep's candidates are the configs a build can run: the register path's halved
-    ring admits deeper rings and larger tiles the staged build refuses, each still valid there,
-    and its results are filed under the flags, apart from the served build's."""
+def test_fp8_configs_candidates_follow_the_e4m3_builds_layout():
+    """The e4m3 sweep's candidates are the configs the fp8_e4m3 build can run, the bf16 default
+    first: its halved ring admits deeper rings and larger tiles a bf16 cache refuses."""
     import fp8_configs
 
-    h200, reg = known_device("h200"), ("-DVA_F8_REG",)
+    h200 = known_device("h200")
     for name, H, q, lens in fp8_configs.SHAPES:
-        staged = fp8_configs.candidates(h200, H, q, lens)
-        halved = fp8_configs.candidates(h200, H, q, lens, reg)
-        assert staged[0] == halved[0] == heuristic_config(h200, H=H, q_len=q, prefix=max(lens), batch=len(lens))
-        assert 1 < len(staged) < 14 and len(halved) <= 14  # the staged list is whole: nothing cut off
-        new = [c for c in halved if c not in staged and c.nsplit == halved[0].nsplit]  # (grids: below)
+        pool = fp8_configs.candidates(h200, H, q, lens)
+        assert pool[0] == heuristic_config(h200, H=H, q_len=q, prefix=max(lens), batch=len(lens))
+        assert 1 < len(pool) <= 14 and len(set(pool)) == len(pool)
+        assert all(check(c, h200, H=H, q_len=q, kv_dtype="fp8_e4m3") is None for c in pool)
+        new = [c for c in pool if check(c, h200, H=H, q_len=q) is not None]
         assert new, name  # structures only the halved ring fits
         for c in new:
-            assert check(c, h200, H=H, q_len=q, kv_dtype="fp8_e4m3", flags=reg) is None
-            reason = check(c, h200, H=H, q_len=q, kv_dtype="fp8_e4m3")
-            assert reason is not None and "shared memory" in reason, (c, reason)
-    # more blocks an SM at q=1 where they fit one (the halved ring: three; the staged build: the default's two)
+            reason = check(c, h200, H=H, q_len=q)
+            assert c.nsplit == pool[0].nsplit and "shared memory" in reason, (c, reason)
+    # more blocks an SM at q=1 where they fit one: three on the e4m3 build, where bf16's ring holds two
     q1_default = heuristic_config(h200, H=8, q_len=1, prefix=131072)
-    for flags, want in ((reg, {264, 396}), ((), {264})):
-        grids = {c.nsplit for c in fp8_configs.candidates(h200, 8, 1, [131072], flags)}
-        assert grids == want and max(grids) <= blocks_per_sm(q1_default, 1, h200, "fp8_e4m3", flags) * 132
-    assert fp8_configs.file_stem("sm_90", ()) == "fp8_configs_sm_90"
-    assert fp8_configs.file_stem("sm_90", reg) == "fp8_configs_va_f8_reg_sm_90"
+    grids = {c.nsplit for c in fp8_configs.candidates(h200, 8, 1, [131072])}
+    assert grids == {264, 396} and max(grids) == blocks_per_sm(q1_default, 1, h200, "fp8_e4m3") * 132
+    assert max(grids) > blocks_per_sm(q1_default, 1, h200, "bf16") * 132
+    assert fp8_configs.file_stem("sm_90") == "fp8_configs_sm_90"
 
 
 def test_the_phase_trace_has_the_issues_headline_shapes_and_files_each_set_apart():
@@ -209,7 +209,7 @@ def test_the_phase_trace_has_the_issues_headline_shapes_and_files_each_set_apart
     h200 = known_device("h200")
     for H, q, lens in (c for cases in phase_trace.CASES.values() for c in cases.values()):
         cfg = heuristic_config(h200, H=H, q_len=q, prefix=max(lens), batch=len(lens))
-        assert check(cfg, h200, H=H, q_len=q, kv_dtype="fp8_e4m3", flags=("-DVA_F8_REG",)) is None
+        assert check(cfg, h200, H=H, q_len=q, kv_dtype="fp8_e4m3") is None
     assert phase_trace.file_name("sm_90", "default", "bf16") == "phase_trace_sm_90.json"  # the committed one
     assert phase_trace.file_name("sm_90", "headline", "fp8_e4m3") == "phase_trace_headline_fp8_e4m3_sm_90.json"
 
@@ -242,8 +242,9 @@ def test_the_sm120_projection_bounds_each_template_case_from_the_committed_h200_
     ("args", "needle"),
     [
         (["--b-flags=-DVA_NOT_A_MACRO"], "the kernel source never tests VA_NOT_A_MACRO"),
-        (["--b-flags=-DVA_F8_REG"], "changes e4m3 builds only: pass --kv-dtype fp8_e4m3"),
-        (["--kv-dtype", "fp8_e4m3_qk", "--b-flags=-DVA_F8_REG"], "is not read by this kernel version yet"),
+        (["--kv-dtype", "fp8_e4m3", "--b-flags=-DVA_F8"], "the kernel source never tests VA_F8"),  # VA_F8_BITS' prefix
+        (["--b-flags=-DVA_F8_BITS"], "changes e4m3 builds only: pass --kv-dtype fp8_e4m3"),
+        (["--kv-dtype", "fp8_ds_mla", "--b-flags=-DVA_F8_BITS"], "is not read by this kernel version yet"),
     ],
 )
 def test_ab_kernel_refuses_an_a_b_that_would_compare_a_with_a_before_touching_a_gpu(tmp_path, args, needle):

@@ -55,12 +55,9 @@ def _divisors_desc(n: int) -> list[int]:
     return [d for d in range(n, 0, -1) if n % d == 0]
 
 
-def blocks_per_sm(
-    cfg: KernelConfig, q_len: int, limits: DeviceLimits, kv_dtype: str, flags: tuple[str, ...] = ()
-) -> int:
-    """Blocks of `cfg` one SM holds at once (shared memory, threads, estimated registers), for a
-    build with nvcc `flags` (a benchmark's variant whose layout differs)."""
-    by_smem = limits.smem_per_sm // max(1, smem_bytes(cfg, q_len, kv_dtype, flags) + 1024)
+def blocks_per_sm(cfg: KernelConfig, q_len: int, limits: DeviceLimits, kv_dtype: str) -> int:
+    """Blocks of `cfg` one SM holds at once (shared memory, threads, estimated registers)."""
+    by_smem = limits.smem_per_sm // max(1, smem_bytes(cfg, q_len, kv_dtype) + 1024)
     by_threads = 2048 // cfg.block
     by_regs = limits.regs_per_sm // (cfg.block * min(255, registers_needed(cfg, q_len)))
     return max(1, min(by_smem, by_threads, by_regs))
@@ -73,10 +70,9 @@ def one_wave_nsplit(
     H: int,
     q_len: int,
     kv_dtype: str = DEFAULT_KV_DTYPE,
-    flags: tuple[str, ...] = (),
 ) -> int:
     """The largest NSPLIT choice whose grid (head groups x row tiles x parts) fits one wave of `limits`."""
-    slots = limits.sm_count * blocks_per_sm(cfg, q_len, limits, kv_dtype, flags)  # blocks in one wave
+    slots = limits.sm_count * blocks_per_sm(cfg, q_len, limits, kv_dtype)  # blocks in one wave
     groups = (H // cfg.ht) * -(-q_len // (cfg.qt or q_len))
     n = max(1, slots // groups)
     return max(c for c in nsplit_choices(H, limits) if c <= n)

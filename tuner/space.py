@@ -93,14 +93,12 @@ def valid_configs(
     q_len: int,
     restrict: dict[str, list[int]] | None = None,
     kv_dtype: str = DEFAULT_KV_DTYPE,
-    flags: tuple[str, ...] = (),
 ) -> list[KernelConfig]:
     """Every config of the space that passes verify_tuner.kernels.validate for (limits, H, q_len) on a
-    `kv_dtype` cache (built with nvcc `flags`: a benchmark's variant). Cached: every key of a table
-    shares one, and enumerating takes ~0.5 s."""
+    `kv_dtype` cache. Cached: every key of a table shares one, and enumerating takes ~0.5 s."""
     frozen = tuple(sorted((k, tuple(v)) for k, v in (restrict or {}).items()))
     # the measured copy bandwidth, which a measurer adds after its start, does not change validity
-    return list(_valid_configs(replace(limits, copy_bw_gbps=None), H, q_len, frozen, kv_dtype, tuple(flags)))
+    return list(_valid_configs(replace(limits, copy_bw_gbps=None), H, q_len, frozen, kv_dtype))
 
 
 @functools.lru_cache(maxsize=64)
@@ -110,13 +108,12 @@ def _valid_configs(
     q_len: int,
     restrict: tuple[tuple[str, tuple[int, ...]], ...],
     kv_dtype: str,
-    flags: tuple[str, ...],
 ) -> tuple[KernelConfig, ...]:
     c = choices(H, {k: list(v) for k, v in restrict}, limits, q_len)
     structural = [name for name in PARAM_NAMES if name != "NSPLIT"]
     structures = []
     for values in itertools.product(*(c[n] for n in structural)):
         probe = KernelConfig(nsplit=1, **{n.lower(): v for n, v in zip(structural, values)})
-        if check(probe, limits, H=H, q_len=q_len, kv_dtype=kv_dtype, flags=flags) is None:
+        if check(probe, limits, H=H, q_len=q_len, kv_dtype=kv_dtype) is None:
             structures.append(probe)
     return tuple(replace(s, nsplit=n) for s in structures for n in c["NSPLIT"])

@@ -8,10 +8,10 @@
 // slots at prefix_indptr or as a row of a table per request (SGLang's req_to_token at the
 // requests' pool rows, or a block table of pages of 2^page_shift slots), the tree mask as rows of
 // 1, 2, 4 or 8 bytes, the KV pool in the format KV_FMT names (kernels/formats.py): 0 bf16 rows;
-// 1 e4m3 rows with one fp32 scale for the layer (kv = stored * kv_scale), dequantized to f16 in
-// shared memory (with VA_F8_REG: in registers after ldmatrix), q taken to f16 with a power-of-two
+// 1 e4m3 rows with one fp32 scale for the layer (kv = stored * kv_scale), kept as e4m3 in the
+// ring and dequantized to f16 in registers after ldmatrix, q taken to f16 with a power-of-two
 // scale per row, both MMAs on f16; 2 the same cache with q quantized to e4m3 per row and QK on
-// e4m3 MMAs (sm_89+), PV as 1's register path.
+// e4m3 MMAs (sm_89+), PV as 1's.
 //
 // Compile-time constants, rendered by kernels/build.py as #defines (kernels/config.py says
 // which values are valid and kernels/validate.py checks them before anything is compiled):
@@ -73,10 +73,10 @@ typedef __nv_bfloat16 bf16;
 #endif
 static_assert(KV_FMT >= 0 && KV_FMT <= 2,
               "KV_FMT: 0 bf16, 1 e4m3 with a per-layer scale, 2 the same with QK on e4m3 MMAs (kernels/formats.py)");
-// Q, a staged KV tile and P hold 2-byte elements: bf16 for a bf16 cache and f16 for an e4m3 one
-// (an e4m3 value and a power-of-two-scaled q row are exact in f16, which also keeps P in [0, 2^8]
-// three more bits than bf16); the register paths below keep e4m3 rows in the ring instead, and
-// fp8_e4m3_qk rewrites Q as e4m3 bytes. The buffers stay typed bf16 below.
+// Q and P hold 2-byte elements: bf16 for a bf16 cache and f16 for an e4m3 one (an e4m3 value and a
+// power-of-two-scaled q row are exact in f16, which also keeps P in [0, 2^8] three more bits than
+// bf16), and fp8_e4m3_qk rewrites Q as e4m3 bytes; the ring holds bf16 rows or the pool's e4m3
+// rows. The buffers stay typed bf16 below.
 constexpr bool FP8 = KV_FMT == 1 || KV_FMT == 2;
 // fp8_e4m3_qk: q quantized to e4m3 per row, QK on mma.sync.m16n8k32.e4m3 straight from the ring's
 // e4m3 rows (sm_89+: native on sm_89 and sm_120, emulated on sm_90); PV as the register path's.
@@ -84,14 +84,10 @@ constexpr bool F8QK = KV_FMT == 2;
 #if KV_FMT == 2 && defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
 #error "KV_FMT 2 (fp8_e4m3_qk) needs e4m3 MMAs: compute capability 8.9 or newer (kernels/formats.py)"
 #endif
-// e4m3, VA_F8_REG: the ring keeps the pool's e4m3 rows (592-byte stride: half the staged ring)
-// and QK and PV convert their fragments to f16 in registers after ldmatrix, so no conversion pass
-// runs between a tile's arrival and its QK (docs/kernel.md, "Cache formats").
-#if defined(VA_F8_REG)
-constexpr bool F8R = FP8;
-#else
-constexpr bool F8R = F8QK;  // e4m3 MMAs read the ring's e4m3 rows as they are
-#endif
+// e4m3 (both formats): the ring keeps the pool's e4m3 rows (592-byte stride: half a bf16 ring)
+// and QK and PV convert their fragments to f16 in registers after ldmatrix (fp8_e4m3_qk's QK reads
+// them as they are), so no conversion pass runs between a tile's arrival and its QK
+// (docs/kernel.md, "Cache formats").
 // e4m3: P is stored in f16 times 2^7 (P <= 2^8 with the lazy max, f16's max is 65504), so weights
 // far below the row's max stay normal numbers rather than flush to zero while l counts them.
 constexpr float P_UNIT = 128.f;
@@ -109,11 +105,10 @@ namespace {
 constexpr int D_QK = 576;
 constexpr int D_V = 512;
 constexpr int KSTRIDE = D_QK;  // bf16 per smem row (1152 B = 9 x 128 B); sw() swizzles 16-byte chunks
-constexpr int CHUNKS = D_QK * 2 / 16;  // 16-byte chunks of a staged (2-byte) row
+constexpr int CHUNKS = D_QK * 2 / 16;  // 16-byte chunks of a 2-byte row (Q, bf16 KV)
 constexpr int KV_ROW_BYTES = FP8 ? D_QK : D_QK * 2;  // a token's row in the pool
 constexpr int F8_CHUNKS = D_QK / 16;                  // 16-byte cp.async chunks of an e4m3 row
-constexpr int F8_OFF = D_QK;  // where an e4m3 row lands in its token's staged row (bytes: the upper half)
-// F8R: bytes between a slot's e4m3 rows: 37 chunks, odd, so ldmatrix's eight rows at one column
+// FP8: bytes between a slot's e4m3 rows: 37 chunks, odd, so ldmatrix's eight rows at one column
 // fall on eight different 16-byte bank quads without a swizzle
 constexpr int F8_ROWB = D_QK + 16;
 constexpr int KSTEPS = D_QK / 16;      // k16 steps of the QK product
@@ -189,9 +184,9 @@ static_assert(NSPLIT >= 1, "NSPLIT must be >= 1");
 static_assert(TK <= BLOCK, "one thread per token fetches a tile's slot index");
 
 constexpr int SMEM_Q = ROWS_PAD * KSTRIDE * 2;
-// A ring row's elements (2-byte units): staged rows of 1152 B, or F8R's e4m3 rows of 592 B, which
-// halves the ring (validate.smem_bytes mirrors it: the formats' ring rows, VA_F8_REG's for e4m3).
-constexpr int RING_ROW = F8R ? F8_ROWB / 2 : KSTRIDE;  // slot offsets stay s * TK * row: same code as before
+// A ring row's elements (2-byte units): bf16 rows of 1152 B, or e4m3 rows of 592 B, which halves
+// the ring (validate.smem_bytes mirrors it: the formats table's ring_row_bytes).
+constexpr int RING_ROW = FP8 ? F8_ROWB / 2 : KSTRIDE;  // slot offsets stay s * TK * row: same code as before
 constexpr int SMEM_K = STAGES * TK * RING_ROW * 2;
 constexpr int NPB = PIPE == 3 ? 2 : 1;  // P and alpha buffers: PIPE 3 keeps tiles t and t+1 apart
 constexpr int SMEM_S = NGROUPS * NSB * ROWS_PAD * SSTRIDE * 4;
@@ -214,7 +209,7 @@ constexpr int RPP = 32 / LPR;
 static_assert(SPL % 4 == 0 && SPL <= 32 && LPR * SPL == TK, "softmax: a lane holds 4..32 scores");
 // the epilogue stages O (bf16, rows of D_V) in the Q region
 static_assert(D_V <= KSTRIDE, "O staging fits the Q rows");
-static_assert(F8_ROWB >= D_QK && (F8_ROWB / 16) % 2 == 1, "F8R: a row holds 576 bytes in an odd number of chunks");
+static_assert(F8_ROWB >= D_QK && (F8_ROWB / 16) % 2 == 1, "FP8: a row holds 576 bytes in an odd number of chunks");
 }  // namespace
 
 // The reduce's block (verify_attn_reduce says why these sizes).
@@ -514,8 +509,7 @@ __device__ __forceinline__ void fetch_indices(int* idx_s, const Span& sp, int X,
 // Warp w of the NW copying warps (the block, or one PIPE 3 group) copies tokens w, w+NW, ...;
 // lane l the 16-byte chunks l, l+32 and l+64 (< 72) of the token's 1152-byte row: one index
 // read and one swizzle XOR per token (chunk l+32i lands at (l ^ (t&7)) + 32i), not a division
-// and an index read per chunk. An e4m3 row's 36 chunks land unswizzled in the upper half of the
-// token's staged row, for convert_kv_tile.
+// and an index read per chunk. An e4m3 row's 36 chunks land unswizzled at F8_ROWB a token.
 template <int NW>
 __device__ __forceinline__ void load_kv_tile(bf16* Kt, const unsigned char* __restrict__ kv, const int* idx_s,
                                              const Span& sp, int X, int warp) {
@@ -545,12 +539,8 @@ __device__ __forceinline__ void load_kv_tile(bf16* Kt, const unsigned char* __re
     const int t = warp + k * NW;
     if (!EVEN && t >= TK) break;
     const unsigned char* src = kv + (size_t)slot[k] * KV_ROW_BYTES + lane * 16;
-    if constexpr (F8R) {  // 36 chunks, unswizzled, at the e4m3 ring's row stride
+    if constexpr (FP8) {  // 36 chunks, unswizzled, at the e4m3 ring's row stride
       const uint32_t dst = base + t * F8_ROWB + lane * 16;
-      cp_async16(dst, src, valid[k]);
-      cp_async16_if(lane < F8_CHUNKS - 32, dst + 512, src + 512, valid[k]);
-    } else if constexpr (FP8) {  // 36 chunks, unswizzled in the upper half of the staged row (convert_kv_tile)
-      const uint32_t dst = base + t * (KSTRIDE * 2) + F8_OFF + lane * 16;
       cp_async16(dst, src, valid[k]);
       cp_async16_if(lane < F8_CHUNKS - 32, dst + 512, src + 512, valid[k]);
     } else {
@@ -558,47 +548,6 @@ __device__ __forceinline__ void load_kv_tile(bf16* Kt, const unsigned char* __re
       cp_async16(dst, src, valid[k]);
       cp_async16(dst + 512, src + 512, valid[k]);
       cp_async16_if(lane < CHUNKS - 64, dst + 1024, src + 1024, valid[k]);
-    }
-  }
-}
-
-// e4m3 cache: the rows of tile Kt that warp `warp` of NW copied (tokens warp, warp+NW, ...) from
-// their e4m3 upper halves into f16 staged rows, in place, by the copying warp once its copies have
-// landed, so no block barrier is added. A row's f16 chunks overwrite its own e4m3 ones, which other
-// lanes read: each row is read whole before the __syncwarp that precedes its writes, and the next
-// row's reads are issued before this row's conversion, so their latency overlaps it (a token a
-// pass: two a pass cost 10-30 registers a thread, a block per SM at q_len 1 on sm_90).
-__device__ __forceinline__ void load_f8_row(uint4 (&v)[2], const unsigned char* rows, int t, int lane) {
-  const unsigned char* row = rows + t * (KSTRIDE * 2) + F8_OFF;
-  v[0] = *reinterpret_cast<const uint4*>(row + lane * 16);
-  if (lane < F8_CHUNKS - 32) v[1] = *reinterpret_cast<const uint4*>(row + 512 + lane * 16);
-}
-template <int NW>
-__device__ __forceinline__ void convert_kv_tile(bf16* Kt, int warp, int lane) {
-  static_assert(F8_CHUNKS > 32 && F8_CHUNKS <= 64, "two 16-byte chunks a lane at most");
-  const unsigned char* rows = reinterpret_cast<const unsigned char*>(Kt);
-  __syncwarp();  // the warp's copies (each lane waited for its own) are visible to every lane
-  uint4 v[2];
-  if (warp < TK) load_f8_row(v, rows, warp, lane);
-#pragma unroll 1
-  for (int t = warp; t < TK; t += NW) {
-    __syncwarp();  // row t read whole by every lane: its writes may begin
-    uint4 cur[2] = {v[0], v[1]};
-    if (t + NW < TK) load_f8_row(v, rows, t + NW, lane);
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int c = lane + 32 * j;  // dims 16c..16c+15: f16 chunks 2c and 2c+1
-      if (c >= F8_CHUNKS) continue;
-      // lanes 4..7 of each eight convert and store their odd chunk first: eight lanes' first
-      // stores then fill eight different 16-byte bank quads
-      const bool odd = (c >> 2) & 1;
-      uint4 a, b;
-      e4m3x4_to_f16x4(odd ? cur[j].z : cur[j].x, a.x, a.y);
-      e4m3x4_to_f16x4(odd ? cur[j].w : cur[j].y, a.z, a.w);
-      e4m3x4_to_f16x4(odd ? cur[j].x : cur[j].z, b.x, b.y);
-      e4m3x4_to_f16x4(odd ? cur[j].y : cur[j].w, b.z, b.w);
-      *reinterpret_cast<uint4*>(Kt + sw(t, 16 * c + (odd ? 8 : 0))) = a;
-      *reinterpret_cast<uint4*>(Kt + sw(t, 16 * c + (odd ? 0 : 8))) = b;
     }
   }
 }
@@ -638,7 +587,6 @@ __device__ __forceinline__ void convert_q(bf16* Qs, float* qsc_s, int rlo, int r
 #pragma unroll
     for (int j = 0; j < QCH; ++j) {
       const int c = lane + 32 * j;
-      if (!F8R && c >= CHUNKS) continue;  // (F8R: every lane takes part in the exchange below)
       const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v[j]);
       uint4 out;
       uint32_t* o32 = reinterpret_cast<uint32_t*>(&out);
@@ -648,18 +596,17 @@ __device__ __forceinline__ void convert_q(bf16* Qs, float* qsc_s, int rlo, int r
         const __half2 x = __floats2half2_rn(f.x * mul, f.y * mul);
         o32[k] = *reinterpret_cast<const uint32_t*>(&x);
       }
-      if constexpr (F8R) {
-        // K's fragments come from e4m3 rows: lane (g, t) holds dims 4t..4t+3 of each 16, which
-        // the MMA takes as k 2t, 2t+1 and 2t+8, 2t+9. q is stored in the same order: dim pairs
-        // 0,2,4,6 of the 16 in the even chunk, 1,3,5,7 in the odd one (chunks 2i, 2i+1 sit in
-        // lanes 2i, 2i+1 of the same j; lanes past the row's chunks hold zeros and store nothing).
-        uint32_t p32[4];
+      // K's fragments come from e4m3 rows: lane (g, t) holds dims 4t..4t+3 of each 16, which
+      // the MMA takes as k 2t, 2t+1 and 2t+8, 2t+9. q is stored in the same order: dim pairs
+      // 0,2,4,6 of the 16 in the even chunk, 1,3,5,7 in the odd one (chunks 2i, 2i+1 sit in
+      // lanes 2i, 2i+1 of the same j; lanes past the row's chunks hold zeros and store nothing,
+      // but every lane takes part in the exchange).
+      uint32_t p32[4];
 #pragma unroll
-        for (int k = 0; k < 4; ++k) p32[k] = __shfl_xor_sync(0xffffffffu, o32[k], 1);
-        const bool odd = c & 1;
-        out = odd ? make_uint4(p32[1], p32[3], o32[1], o32[3]) : make_uint4(o32[0], o32[2], p32[0], p32[2]);
-        if (c >= CHUNKS) continue;
-      }
+      for (int k = 0; k < 4; ++k) p32[k] = __shfl_xor_sync(0xffffffffu, o32[k], 1);
+      const bool odd = c & 1;
+      out = odd ? make_uint4(p32[1], p32[3], o32[1], o32[3]) : make_uint4(o32[0], o32[2], p32[0], p32[2]);
+      if (c >= CHUNKS) continue;
       *reinterpret_cast<uint4*>(Qs + sw(r, 8 * c)) = out;
     }
     if (lane == 0) qsc_s[r] = __int_as_float((127 - e) << 23);
@@ -746,7 +693,7 @@ __device__ __forceinline__ void qk_e4m3_steps(float (&acc)[QMQ][NQ][4], uint32_t
 }
 #endif
 
-// F8R: K's A fragments from e4m3 rows. ldmatrix (b16) on bytes gives lane (g, t) the four dims
+// FP8: K's A fragments from e4m3 rows. ldmatrix (b16) on bytes gives lane (g, t) the four dims
 // 4t..4t+3 of token g in a 16-dim chunk; as f16 (two words) they are the m16n8k16 A fragment's
 // k 2t, 2t+1 (low word) and 2t+8, 2t+9 (high word), the order convert_q stores q in. One x4 covers
 // 16 tokens over two k-steps: matrices (tokens +8: mat&1, step j+1: mat>>1).
@@ -778,7 +725,7 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
   const uint32_t krow = smem_u32(Kt) + (wt * QMQ * 16 + r8 + (mat & 1) * 8) * ROWB;  // + a*16 rows
   const int cq = 2 * wk + 2 * QWK * (mat >> 1) + (mat & 1);  // Q x4: steps j, j+1 (mat>>1), k halves (mat&1)
   const int ck = 2 * wk + (mat >> 1);                       // K x4: tokens +8 (mat&1), k halves (mat>>1)
-  // F8R: token wt*QMQ*16 + r8 (+8: mat&1) (+ a*16) of the e4m3 ring, chunk (= k-step) wk (+QWK: mat>>1) (+ QWK*j)
+  // FP8: token wt*QMQ*16 + r8 (+8: mat&1) (+ a*16) of the e4m3 ring, chunk (= k-step) wk (+QWK: mat>>1) (+ QWK*j)
   const uint32_t krow8 = smem_u32(Kt) + (wt * QMQ * 16 + r8 + (mat & 1) * 8) * F8_ROWB + (wk + QWK * (mat >> 1)) * 16;
 #if KV_FMT == 2  // (the e4m3 MMA's helpers exist only in this format's builds)
   if constexpr (F8QK) {
@@ -792,8 +739,8 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
 #pragma unroll
     for (int n = 0; n < NQ; ++n)
       if (live(n)) ldsm_x4(fb4[n], qrow + n * QWR * 8 * ROWB + swz(cq, r8, 2 * QWK * j));
-    uint32_t raw[F8R ? QMQ : 1][4];  // F8R: one x4 holds both steps' e4m3 K fragments
-    if constexpr (F8R) {
+    uint32_t raw[FP8 ? QMQ : 1][4];  // FP8: one x4 holds both steps' e4m3 K fragments
+    if constexpr (FP8) {
 #pragma unroll
       for (int a = 0; a < QMQ; ++a) ldsm_x4(raw[a], krow8 + a * 16 * F8_ROWB + QWK * j * 16);
     }
@@ -802,7 +749,7 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
       uint32_t fa[QMQ][4];
 #pragma unroll
       for (int a = 0; a < QMQ; ++a) {
-        if constexpr (F8R) f8_k_frags(fa[a], raw[a][2 * h], raw[a][2 * h + 1]);
+        if constexpr (FP8) f8_k_frags(fa[a], raw[a][2 * h], raw[a][2 * h + 1]);
         else ldsm_x4(fa[a], krow + a * 16 * ROWB + swz(ck, r8, 2 * QWK * (j + h)));
       }
 #pragma unroll
@@ -819,7 +766,7 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
     uint32_t fa[QMQ][4];
 #pragma unroll
     for (int a = 0; a < QMQ; ++a) {
-      if constexpr (F8R) {  // x2: its two token halves (lanes 0..15 give the addresses, and mat >> 1 is 0 there)
+      if constexpr (FP8) {  // x2: its two token halves (lanes 0..15 give the addresses, and mat >> 1 is 0 there)
         uint32_t raw[2];
         ldsm_x2(raw, krow8 + a * 16 * F8_ROWB + QWK * j * 16);
         f8_k_frags(fa[a], raw[0], raw[1]);
@@ -973,7 +920,7 @@ __device__ __forceinline__ void softmax_tile(const float* Ss, bf16* Ps, float* m
   if (warp == 0 && lane == 0) resc_s[(it + 1) & 1] = 0;
 }
 
-// F8R: V^T's A fragments from e4m3 rows. ldmatrix.trans (b16) on bytes gives lane (g, t) the
+// FP8: V^T's A fragments from e4m3 rows. ldmatrix.trans (b16) on bytes gives lane (g, t) the
 // byte pairs (dims 2g, 2g+1) of tokens 2t and 2t+1 in a 16-dim chunk; one prmt gathers each dim's
 // two tokens, so the f16 words are the A fragment's rows g and g+8 for dims 2g and 2g+1: O^T's
 // rows are permuted within each 16 (slot g holds dim 2g, slot g+8 dim 2g+1), which the epilogue
@@ -1006,7 +953,7 @@ __device__ __forceinline__ void pv_tile(float (&acc)[MW][NT][4], const bf16* Kt,
       }
     }
   }
-  // F8R: token r8 (+8: mat&1), 16-dim chunk warp*MW (+1: mat>>1); + kk*16 rows, + mw chunks
+  // FP8: token r8 (+8: mat&1), 16-dim chunk warp*MW (+1: mat>>1); + kk*16 rows, + mw chunks
   const uint32_t vrow8 = smem_u32(Kt) + (r8 + (mat & 1) * 8) * F8_ROWB + (warp * MW + (mat >> 1)) * 16;
 #pragma unroll
   for (int kk = 0; kk < TM; ++kk) {
@@ -1014,7 +961,7 @@ __device__ __forceinline__ void pv_tile(float (&acc)[MW][NT][4], const bf16* Kt,
 #pragma unroll
     for (int nr = 0; nr < NT; ++nr)
       if (live(nr)) ldsm_x2(fb[nr], smem_u32(Ps + ((nlo + nr) * 8 + r8) * PSTRIDE + kk * 16 + (mat & 1) * 8));
-    if constexpr (F8R) {
+    if constexpr (FP8) {
 #pragma unroll
       for (int mw = 0; mw < MW; mw += 2) {  // an x4 covers two 16-dim tiles (an x2 the last of an odd MW)
         uint32_t fa[2][4];
@@ -1271,13 +1218,12 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
     cp_async_wait<PRE - 1>();  // Q and tile 0 have landed
 #endif
     __syncthreads();
-    if constexpr (FP8) {  // q to f16 by rows; PIPE 0 and 1: this warp's rows of tile 0 (PIPE 3: its owner's turn)
+    if constexpr (FP8) {  // q to f16 (or e4m3) by rows
 #if KV_FMT == 2
       convert_q_e4m3(Qs, qsc_s, rlo, rhi, warp, lane);
 #else
       convert_q(Qs, qsc_s, rlo, rhi, warp, lane);
 #endif
-      if constexpr (PIPE != 3 && !F8R) convert_kv_tile<GWARPS>(Ks, warp, lane);
       __syncthreads();
     }
     TRACE(0, 3);
@@ -1292,8 +1238,6 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
       refill(it + STAGES - 1);
       SOFTMAX_TILE(Ss, Ps, m_s, l_s, a_s, resc_s, qsc_s, mask_s, sp, rows_here, it, scale_log2, warp, lane, rlo, rhi);
       cp_async_wait<STAGES - 2>();  // tile it+1 has landed (this thread's copies)
-      if constexpr (FP8 && !F8R)
-        if (it + 1 < ntiles) convert_kv_tile<GWARPS>(Ks + ((it + 1) % STAGES) * TK * RING_ROW, warp, lane);
       __syncthreads();              // P(it) ready; everyone's copies of tile it+1 visible
       PV_TILE(acc, Ks + (it % STAGES) * TK * RING_ROW, Ps, a_s, resc_s[it & 1] != 0, warp, lane, nlo);
       if (it + 1 < ntiles) QK_TILE(Qs, Ks + ((it + 1) % STAGES) * TK * RING_ROW, Ss, warp, lane, 0, nlo);
@@ -1310,8 +1254,6 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
       __syncthreads();  // P(it) ready
       PV_TILE(acc, Kt, Ps, a_s, resc_s[it & 1] != 0, warp, lane, nlo);
       cp_async_wait<STAGES - 2>();  // tile it+1 has landed (this thread's copies)
-      if constexpr (FP8 && !F8R)
-        if (it + 1 < ntiles) convert_kv_tile<GWARPS>(Ks + ((it + 1) % STAGES) * TK * RING_ROW, warp, lane);
       __syncthreads();              // PV(it) done everywhere: the slot is free; tile it+1 visible
       refill(it + STAGES);
     }
@@ -1332,7 +1274,6 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
       bf16* const Kt = Ks + (t % STAGES) * TK * RING_ROW;
       if (own) {
         if (t == 0) cp_async_wait<1>(); else cp_async_wait<0>();  // tile t (group 0 has tile 2 pending at t=0)
-        if constexpr (FP8 && !F8R) convert_kv_tile<GWARPS>(Kt, gw, lane);  // the rows this warp copied
         bar_sync(BAR_GROUP + grp, GWARPS * 32);                     // ... landed for the whole group
         QK_TILE(Qs, Kt, Sg, gw, lane, grp, nlo);
       }
@@ -1373,7 +1314,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
       const float i0 = l0 > 0.f ? inv / l0 : 0.f, i1 = l1 > 0.f ? inv / l1 : 0.f;
 #pragma unroll
       for (int mw = 0; mw < MW; ++mw) {
-        if constexpr (F8R) {  // slots g and g+8 hold dims 2g and 2g+1 (f8_v_frags): one bf16 pair a row
+        if constexpr (FP8) {  // slots g and g+8 hold dims 2g and 2g+1 (f8_v_frags): one bf16 pair a row
           const int d = (warp * MW + mw) * 16 + 2 * g;
           *reinterpret_cast<__nv_bfloat162*>(Os + sw(r, d)) = __floats2bfloat162_rn(acc[mw][nr][0] * i0, acc[mw][nr][2] * i0);
           *reinterpret_cast<__nv_bfloat162*>(Os + sw(r + 1, d)) =

@@ -79,12 +79,12 @@ def test_default_configs_compile_without_spills_within_the_devices_smem(tmp_path
 @needs_nvcc
 @pytest.mark.parametrize("device", ["a100", "h200", "rtx-pro-6000"])
 @pytest.mark.parametrize("H, q_len, prefix", SAMPLE)
-def test_register_dequant_compiles_without_spills(tmp_path, device, H, q_len, prefix):
-    """The e4m3 path that converts fragments in registers (VA_F8_REG, GPU-tested in
-    test_fp8_gpu.py) builds for each device's arch at its fp8 defaults without spills."""
+def test_e4m3_with_sm80s_bit_placement_compiles_without_spills(tmp_path, device, H, q_len, prefix):
+    """The e4m3 cache's sm_80 conversion (integer bit placement, VA_F8_BITS on newer archs) builds
+    at each device's fp8 defaults without spills too."""
     limits = known_device(device)
     cfg = heuristic_config(limits, H=H, q_len=q_len, prefix=prefix, kv_dtype="fp8_e4m3")
-    built = compile_cubin(cfg, q_len, limits.arch, tmp_path, ("-DVA_F8_REG",), kv_dtype="fp8_e4m3")
+    built = compile_cubin(cfg, q_len, limits.arch, tmp_path, ("-DVA_F8_BITS",), kv_dtype="fp8_e4m3")
     report = ptxas_report(built.ptxas_log)
     assert report["spill_stores"] == 0 and report["spill_loads"] == 0, (cfg, report)
 
@@ -112,20 +112,16 @@ def test_the_e4m3_qk_mode_does_not_build_without_e4m3_mmas(tmp_path):
 
 
 @needs_nvcc
-def test_register_dequant_builds_an_odd_count_of_o_tiles_a_warp(tmp_path):
+def test_e4m3_builds_an_odd_count_of_o_tiles_a_warp(tmp_path):
     """32 warps hold one 16-dim tile of O^T each: PV's x2 .trans path, at 64 registers a thread."""
     cfg = KernelConfig(nsplit=32, ht=8, tk=64, block=1024, stages=2, wr=2, wk=4)
-    built = compile_cubin(cfg, 2, "sm_90", tmp_path, ("-DVA_F8_REG",), kv_dtype="fp8_e4m3")
+    built = compile_cubin(cfg, 2, "sm_90", tmp_path, kv_dtype="fp8_e4m3")
     report = ptxas_report(built.ptxas_log)
     assert report["spill_stores"] == 0 and report["registers"] <= 64, report
 
 
 @needs_nvcc
-@pytest.mark.parametrize(
-    "kv_dtype, flags",
-    [*((f, ()) for f in KERNEL_FORMATS), ("fp8_e4m3", ("-DVA_F8_REG",)), ("fp8_e4m3_qk", ())],
-    ids=["bf16", "fp8_e4m3", "fp8_e4m3-VA_F8_REG", "fp8_e4m3_qk"],
-)
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_e4m3", "fp8_e4m3_qk"])
 @pytest.mark.parametrize(
     "cfg, q_len",
     [
@@ -135,17 +131,17 @@ def test_register_dequant_builds_an_odd_count_of_o_tiles_a_warp(tmp_path):
         (KernelConfig(nsplit=8, ht=2, tk=64, block=512, stages=2, wr=2, wk=2, qt=5), 33),
     ],
 )
-def test_validates_shared_memory_formula_is_the_kernels_layout(tmp_path, cfg, q_len, kv_dtype, flags):
+def test_validates_shared_memory_formula_is_the_kernels_layout(tmp_path, cfg, q_len, kv_dtype):
     """validate.smem_bytes is what the .cu lays out (kSmemBytes), checked by the compiler's front end
     with a static_assert appended to the rendered source (no GPU: the launcher checks the same at
-    load), per format and for the flag that halves an e4m3 build's ring."""
+    load), per format."""
     import subprocess
 
     src = tmp_path / "k.cu"
     total = "SMEM_Q + SMEM_K + SMEM_S + SMEM_P + SMEM_STATS + SMEM_MASK + SMEM_SLOTS"
-    want = smem_bytes(cfg, q_len, kv_dtype, flags)
+    want = smem_bytes(cfg, q_len, kv_dtype)
     src.write_text(render(cfg, q_len, kv_dtype) + f'\nstatic_assert({total} == {want}, "smem formula");\n')
-    r = subprocess.run(["nvcc", "-cuda", "-arch=sm_90", "-std=c++17", *flags, "-o", str(tmp_path / "k.ii"), str(src)],
+    r = subprocess.run(["nvcc", "-cuda", "-arch=sm_90", "-std=c++17", "-o", str(tmp_path / "k.ii"), str(src)],
                        capture_output=True, text=True, check=False)  # fmt: skip
     assert r.returncode == 0, r.stderr[-1500:]
 

@@ -1,4 +1,4 @@
-"""The register-dequantizing e4m3 path (VA_F8_REG) and fp8_e4m3_qk rest on index facts that no CPU
+"""The e4m3 paths (fp8_e4m3 dequantized in registers, fp8_e4m3_qk) rest on index facts that no CPU
 can run as the kernel's code: ldmatrix on byte rows, q stored in a permuted order, O^T's rows
 permuted by the PV fragments, K and q read as k32 e4m3 fragments. This models a warp's lanes as
 the PTX ISA defines ldmatrix (b16, plain and .trans) and the m16n8k16 / m16n8k32 fragments,
@@ -54,7 +54,7 @@ def mma(a_regs, b_regs) -> np.ndarray:
 
 
 def convert_q_order(row: np.ndarray) -> np.ndarray:
-    """convert_q with VA_F8_REG: 8-element chunks as lanes, each lane's four words exchanged with
+    """convert_q for an e4m3 cache: 8-element chunks as lanes, each lane's four words exchanged with
     lane ^ 1 and kept as the kernel does (even chunk: its words 0, 2 and the odd chunk's 0, 2)."""
     words = row.reshape(-1, 4, 2)  # chunk, word, element
     out = np.empty_like(words)
@@ -66,7 +66,7 @@ def convert_q_order(row: np.ndarray) -> np.ndarray:
 
 def q_b_fragments(q_rows: np.ndarray, k0: int):
     """The B fragments of q rows (8 query rows, as stored) for the 16 k at k0: the staged path's
-    ldmatrix of two 8-column halves, unchanged by VA_F8_REG."""
+    ldmatrix of two 8-column halves, as for bf16."""
     regs = []
     for lane in LANES:
         g, t = lane >> 2, lane & 3

@@ -62,24 +62,14 @@ def test_shared_memory_follows_the_staged_element_size():
     assert smem_bytes(CFG, 9) == smem_bytes(CFG, 9, "bf16") == 227448  # the seesaw default at 72 rows
 
 
-def test_an_e4m3_ring_that_keeps_the_pools_rows_is_half_the_staged_one():
-    """The register-dequantizing build (VA_F8_REG) and fp8_e4m3_qk keep 576-byte e4m3 rows at a
-    592-byte stride in the ring: 3 slots of 32 tokens take 56 832 bytes instead of 110 592; the
-    flag changes nothing for a bf16 build."""
-    staged, ring = 3 * 32 * 1152, 3 * 32 * 592
-    base = smem_bytes(CFG, 9, "fp8_e4m3")
-    assert smem_bytes(CFG, 9, "fp8_e4m3", ("-DVA_F8_REG",)) == base - staged + ring
-    assert smem_bytes(CFG, 9, "fp8_e4m3_qk") == base - staged + ring
-    assert smem_bytes(CFG, 9, "bf16", ("-DVA_F8_REG",)) == smem_bytes(CFG, 9, "bf16")
-    e4m3 = formats.FORMATS["fp8_e4m3"]
-    for spelt in (
-        ("-DVA_F8_REG", "-DVA_F8_BITS"),
-        ("-DVA_F8_REG=1",),
-        ("-D", "VA_F8_REG"),
-        ("--define-macro=VA_F8_REG",),
-    ):
-        assert formats.ring_row_bytes(e4m3, spelt) == 592, spelt  # however nvcc is told, as the .cu sees it
-    assert formats.ring_row_bytes(e4m3, ("-DVA_F8_REGX", "-DVA_F8_BITS")) == 1152
+def test_an_e4m3_ring_keeps_the_pools_rows_in_half_a_bf16_one():
+    """Both e4m3 formats keep 576-byte e4m3 rows at a 592-byte stride in the ring: 3 slots of 32
+    tokens take 56 832 bytes instead of bf16's 110 592, while Q, P and the rest are the same size."""
+    bf16_ring, e4m3_ring = 3 * 32 * 1152, 3 * 32 * 592
+    q_scales = 72 * 4  # e4m3's q row scale, a float a row
+    want = smem_bytes(CFG, 9, "bf16") - bf16_ring + e4m3_ring + q_scales
+    assert smem_bytes(CFG, 9, "fp8_e4m3") == smem_bytes(CFG, 9, "fp8_e4m3_qk") == want
+    assert {f.ring_row_bytes for f in formats.FORMATS.values() if f.element == "e4m3" and f.kernel_reads} == {592}
 
 
 def _call(kv_dtype_storage: str, width: int = 576) -> dict[str, TensorMeta]:

@@ -25,20 +25,14 @@ CONFIGS = [
     KernelConfig(nsplit=48, ht=2, tk=16, block=128, stages=3, wr=1, wk=4, sf=1, pipe=0, qt=3),  # row tiles
     KernelConfig(nsplit=264, ht=8, tk=32, block=256, stages=2, wr=1, wk=4),  # the q_len 1 default
     KernelConfig(nsplit=64, ht=8, tk=64, block=512, stages=2, wr=2, wk=2),  # 16 warps, one token each
-]
-SHAPES = [(8, 9, [46000]), (8, 1, [131072]), (16, 9, [0, 1000, 37]), (64, 2, [777]), (8, 16, [5000, 3])]
-
-#: The register-dequantizing path (VA_F8_REG, docs/kernel.md): the ring keeps e4m3 rows and QK and
-#: PV convert their fragments after ldmatrix. Not what the package builds until these pass on a GPU.
-REG = ("-DVA_F8_REG",)
-#: 32 warps: one 16-dim tile of O^T a warp, PV's odd-count path (an x2 .trans); and two configs
-#: only the register path's halved ring fits (64-token tiles at 72 rows; three slots of 64 at q=1)
-REG_CONFIGS = [
-    *CONFIGS,
+    # 32 warps: one 16-dim tile of O^T a warp, PV's odd-count path (an x2 .trans); and two configs
+    # only e4m3's halved ring fits (64-token tiles at 72 rows; three slots of 64 at q=1)
     KernelConfig(nsplit=32, ht=8, tk=64, block=1024, stages=2, wr=2, wk=4),
     KernelConfig(nsplit=132, ht=8, tk=64, block=256, stages=2, wr=2, wk=2),
     KernelConfig(nsplit=264, ht=8, tk=64, block=256, stages=3, wr=1, wk=4),
 ]
+BITS = ("-DVA_F8_BITS",)  # sm_80's bit placement, built for this GPU
+SHAPES = [(8, 9, [46000]), (8, 1, [131072]), (16, 9, [0, 1000, 37]), (64, 2, [777]), (8, 16, [5000, 3])]
 
 
 @pytest.fixture(scope="module")
@@ -51,13 +45,10 @@ def gpu(tmp_path_factory):
     torch.cuda.init()
     limits, cache = read_device_limits(0), tmp_path_factory.mktemp("cubins")
     for q_len in sorted({q for _, q, _ in SHAPES}):
-        # the served build and the register path's two (cvt, sm_80's bits), in parallel
-        for configs, flags in ((CONFIGS, ()), (REG_CONFIGS, REG), (REG_CONFIGS, (*REG, "-DVA_F8_BITS"))):
-            pool = [
-                c
-                for c in configs
-                if any(check(c, limits, H=H, q_len=q_len, kv_dtype=FMT, flags=flags) is None for H, _, _ in SHAPES)
-            ]
+        pool = [
+            c for c in CONFIGS if any(check(c, limits, H=H, q_len=q_len, kv_dtype=FMT) is None for H, _, _ in SHAPES)
+        ]
+        for flags in ((), BITS):  # the served build (cvt) and sm_80's bit placement, in parallel
             assert not precompile(pool, q_len, limits.arch, cache, extra_flags=flags, kv_dtype=FMT)
     return limits, cache
 
@@ -99,34 +90,21 @@ def test_matches_the_reference_on_the_dequantized_cache(gpu, H, Q, lens, pool_dt
               f"vs the unquantized cache {rel_error(out, unq_o):.2e}")  # fmt: skip
 
 
-def test_sm80s_bit_placement_built_here(gpu):
+@pytest.mark.parametrize(("H", "Q", "lens"), [*SHAPES, (64, 2, [3000, 0])], ids=str)
+def test_sm80s_bit_placement_built_here(gpu, H, Q, lens):
     """sm_80 has no fp8 conversion: the kernel places the bits (times 2^-8, undone with the scale);
     VA_F8_BITS builds that path for this GPU."""
     from verify_tuner.kernels.reference import make_inputs, reference, rel_error
 
     limits, cache = gpu
-    inp = make_inputs(prefix_lens=[4000, 0, 77], q_len=9, H=8, seed=80, kv_dtype=FMT)
-    ref_o, ref_lse = reference(inp)
-    for cfg in CONFIGS[:2]:
-        out, lse = run_poisoned(cfg, inp, limits, cache, flags=("-DVA_F8_BITS",))
-        assert rel_error(out, ref_o) <= GATE and rel_error(lse, ref_lse) <= LSE_GATE, cfg
-
-
-@pytest.mark.parametrize("bits", [False, True], ids=["cvt", "sm80_bits"])
-@pytest.mark.parametrize(("H", "Q", "lens"), [*SHAPES, (64, 2, [3000, 0])], ids=str)
-def test_register_dequant_matches_the_reference(gpu, H, Q, lens, bits):
-    from verify_tuner.kernels.reference import make_inputs, reference, rel_error
-
-    limits, cache = gpu
     inp = make_inputs(prefix_lens=lens, q_len=Q, H=H, seed=H + Q + 7, spare_slots=33, kv_dtype=FMT)
     ref_o, ref_lse = reference(inp)
-    flags = REG + (("-DVA_F8_BITS",) if bits else ())
-    configs = [c for c in REG_CONFIGS if check(c, limits, H=H, q_len=Q, kv_dtype=FMT, flags=flags) is None]
+    configs = [c for c in CONFIGS if check(c, limits, H=H, q_len=Q, kv_dtype=FMT) is None]
     assert configs
     for cfg in configs:
-        out, lse = run_poisoned(cfg, inp, limits, cache, flags=flags)
-        assert rel_error(out, ref_o) <= GATE, f"{cfg} {flags}: out"
-        assert rel_error(lse, ref_lse) <= LSE_GATE, f"{cfg} {flags}: lse"
+        out, lse = run_poisoned(cfg, inp, limits, cache, flags=BITS)
+        assert rel_error(out, ref_o) <= GATE, f"{cfg}: out"
+        assert rel_error(lse, ref_lse) <= LSE_GATE, f"{cfg}: lse"
 
 
 @pytest.mark.parametrize("layout", ["flat", "req_to_token", "page64"])
