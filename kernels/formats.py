@@ -72,7 +72,7 @@ FORMATS: dict[str, KVFormat] = {
         KVFormat(
             name="fp8_e4m3_qk", code=2, element="e4m3", row_bytes=576, scale="per_layer", mma="e4m3",
             pool_dtypes=_E4M3_POOL, staged_bytes=2, ring_row_bytes=E4M3_RING_ROW, q_row_scale=True, min_cc=89,
-            kernel_reads=False,
+            kernel_reads=True,
             about="the fp8_e4m3 cache with QK on e4m3 MMAs, q quantized to e4m3 per row",
         ),
         KVFormat(

@@ -52,7 +52,7 @@ class FakeBackend:
         return [base * (1 + self.rng.gauss(0, self.noise)) for _ in range(n)]
 
     def measure(self, cfg: KernelConfig, wl: Workload) -> Measurement:
-        reason = check(cfg, self.limits, H=wl.H, q_len=wl.q_len)
+        reason = check(cfg, self.limits, H=wl.H, q_len=wl.q_len, kv_dtype=wl.kv_dtype)
         assert reason is None, f"an invalid config reached the backend: {cfg}: {reason}"
         self.measured.append(cfg)
         self.workloads.append(wl)

@@ -93,7 +93,7 @@ def test_the_row_schema_and_the_export_columns_hold_every_key_field():
     assert ConfigRow.model_validate(row | {"dtype": "bf16"}).table_values()["kv_dtype"] == "bf16"
     assert ConfigRow.model_validate(row | {"kv_dtype": "fp8_e4m3"}).table_values()["kv_dtype"] == "fp8_e4m3"
     with pytest.raises(ValueError, match="not read by this kernel version yet"):
-        ConfigRow.model_validate(row | {"kv_dtype": "fp8_e4m3_qk"})
+        ConfigRow.model_validate(row | {"kv_dtype": "fp8_ds_mla"})
 
 
 def test_the_engine_file_names_every_field_but_the_kernel_and_its_document_every_field():

@@ -13,6 +13,7 @@ from dataclasses import replace
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.errors import InvalidConfig
 from verify_tuner.kernels.formats import DEFAULT as DEFAULT_KV_DTYPE
+from verify_tuner.kernels.formats import readable
 from verify_tuner.kernels.limits import DeviceLimits
 from verify_tuner.kernels.validate import MAX_Q_LEN, check, registers_needed, smem_bytes
 from verify_tuner.space import nsplit_choices, qt_choices
@@ -114,6 +115,7 @@ def heuristic_config(
     prefixes (bench/results/runtime_sm_90.md)."""
     if H < 1 or not 1 <= q_len <= MAX_Q_LEN or prefix < 0 or batch < 1:
         raise InvalidConfig(f"no config for H={H}, q_len={q_len}, prefix={prefix}, batch={batch}")
+    readable(kv_dtype, limits.cc_major * 10 + limits.cc_minor)  # the format's own reason, not "no config fits"
     preferred, smaller = _row_tiles(H, q_len)
     cfg = _pick(limits, preferred, H=H, q_len=q_len, kv_dtype=kv_dtype) or _pick(
         limits, smaller, H=H, q_len=q_len, kv_dtype=kv_dtype

@@ -85,7 +85,7 @@ def test_sm120_device_gets_a_config_that_fits_it(client):
         ({"prefix": 1.5}, "prefix"),
         ({"dtype": "fp8"}, "dtype"),
         ({"kv_dtype": "fp8"}, "kv_dtype"),
-        ({"kv_dtype": "fp8_e4m3_qk"}, "kv_dtype"),
+        ({"kv_dtype": "fp8_ds_mla"}, "kv_dtype"),
         ({"device": "no-such-gpu"}, "device"),
     ],
 )
@@ -339,18 +339,26 @@ def test_kv_dtype_is_a_key_field_of_every_lookup_and_import(client):
     e4m3 = get(client, kv_dtype="fp8_e4m3").json()  # another key: the bf16 row does not answer it
     assert e4m3["source"] == "heuristic" and e4m3["kv_dtype"] == "fp8_e4m3"
     for params, param, words in (
-        ({"kv_dtype": "fp8_e4m3_qk"}, "kv_dtype", "kv_dtype fp8_e4m3_qk (the fp8_e4m3 cache with QK"),
-        ({"kv_dtype": "fp8_ds_mla"}, "kv_dtype", "is not read by this kernel version yet (accepted: bf16, fp8_e4m3)"),
-        ({"kv_dtype": "fp16"}, "kv_dtype", "unknown kv_dtype 'fp16': accepted: bf16, fp8_e4m3"),
-        ({"dtype": "fp8_e4m3_qk"}, "dtype", "is not read by this kernel version yet (accepted: bf16, fp8_e4m3)"),
+        ({"kv_dtype": "fp8_ds_mla"}, "kv_dtype", "kv_dtype fp8_ds_mla (FlashMLA's fp8 with scale"),
+        (
+            {"kv_dtype": "fp8_ds_mla"},
+            "kv_dtype",
+            "is not read by this kernel version yet (accepted: bf16, fp8_e4m3, fp8_e4m3_qk)",
+        ),
+        ({"kv_dtype": "fp16"}, "kv_dtype", "unknown kv_dtype 'fp16': accepted: bf16, fp8_e4m3, fp8_e4m3_qk"),
+        (
+            {"dtype": "fp8_ds_mla"},
+            "dtype",
+            "is not read by this kernel version yet (accepted: bf16, fp8_e4m3, fp8_e4m3_qk)",
+        ),
     ):
         for path, at in (("/config", {"prefix": 46000}), ("/configs", {})):
             r = client.get(path, params={"H": 8, "q_len": 9, **at, **params})
             assert r.status_code == 422, r.text
             (detail,) = r.json()["detail"]
             assert detail["loc"] == ["query", param] and words in detail["msg"], detail
-    r = client.post("/configs/import", json=[ROW | {"kv_dtype": "fp8_e4m3_qk", "NSPLIT": 32}], headers=AUTH)
-    assert r.status_code == 422 and "kv_dtype: kv_dtype fp8_e4m3_qk" in r.json()["detail"]["errors"][0], r.text
+    r = client.post("/configs/import", json=[ROW | {"kv_dtype": "fp8_ds_mla", "NSPLIT": 32}], headers=AUTH)
+    assert r.status_code == 422 and "kv_dtype: kv_dtype fp8_ds_mla" in r.json()["detail"]["errors"][0], r.text
     assert get(client).json()["NSPLIT"] == 64  # nothing stored
     r = client.post("/configs/import", json=[ROW | {"kv_dtype": "fp8_e4m3", "NSPLIT": 32}], headers=AUTH)
     assert r.json()["imported"] == 1, r.text

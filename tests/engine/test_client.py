@@ -184,8 +184,8 @@ def test_a_worker_names_its_kv_format_which_is_checked_and_left_out_of_its_reque
     """A format the kernel does not read is the worker's mistake, said at construction; at bf16 the
     request carries no kv_dtype, so a sidecar older than the parameter (which refuses parameters it
     does not know) still answers the worker."""
-    with pytest.raises(ValueError, match="kv_dtype fp8_e4m3_qk .*not read by this kernel version yet"):
-        ConfigClient(None, H=8, q_len=9, device="h200", kv_dtype="fp8_e4m3_qk", snapshot_dir=tmp_path)
+    with pytest.raises(ValueError, match="kv_dtype fp8_ds_mla .*not read by this kernel version yet"):
+        ConfigClient(None, H=8, q_len=9, device="h200", kv_dtype="fp8_ds_mla", snapshot_dir=tmp_path)
     with pytest.raises(ValueError, match="unknown kv_dtype 'fp16': accepted: bf16, fp8_e4m3"):
         ConfigClient(None, H=8, q_len=9, device="h200", kv_dtype="fp16", snapshot_dir=tmp_path)
     c = ConfigClient("http://127.0.0.1:1", H=8, q_len=9, device="h200", snapshot_dir=tmp_path, timeout_s=0.2)

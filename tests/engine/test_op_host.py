@@ -155,8 +155,10 @@ def _e4m3_args(B: int, storage=torch.uint8) -> list:
 def test_a_format_the_kernel_does_not_read_yet_is_refused_by_name(host):
     from verify_tuner.kernels.errors import InvalidConfig
 
-    with pytest.raises(InvalidConfig, match=r"kv_dtype fp8_e4m3_qk \(.*\) is not read by this kernel version yet"):
-        torch.ops.verify_tuner.verify_attention(*_e4m3_args(4), kv_dtype="fp8_e4m3_qk", kv_scale=0.02)
+    with pytest.raises(InvalidConfig, match=r"kv_dtype fp8_ds_mla \(.*\) is not read by this kernel version yet"):
+        args = _e4m3_args(4)
+        args[2] = torch.zeros(100, 656, dtype=torch.uint8)  # FlashMLA's rows: 512 e4m3, 4 fp32 scales, 64 bf16
+        torch.ops.verify_tuner.verify_attention(*args, kv_dtype="fp8_ds_mla", kv_scale=0.02)
     assert host.launches == 0
 
 

@@ -208,19 +208,41 @@ def test_an_e4m3_pool_is_served_its_own_formats_configs(sglang, monkeypatch, tmp
     assert be16.kv_dtype == "bf16" and 66 not in {c.nsplit for c in be16.graphs.configs(9, 4)}
 
 
+def test_the_operator_picks_the_qk_mode_and_its_table_answers(sglang, monkeypatch, tmp_path):
+    """VERIFY_TUNER_KV_DTYPE=fp8_e4m3_qk on SGLang's e4m3 pool: the backend computes QK on e4m3 MMAs
+    and its configs come from that mode's table, not from the fp8_e4m3 or bf16 ones beside it."""
+    from verify_tuner.engine_files import file_name, write_atomic
+
+    from tests.engine.test_client_faults import TABLE, engine_doc, write_engine_file
+
+    folder = tmp_path / "cfg"
+    write_engine_file(folder, engine_doc())
+    for kv, nsplit in (("fp8_e4m3", 66), ("fp8_e4m3_qk", 33)):
+        doc = engine_doc() | {"dtype": kv}
+        doc["configs"] = {b: [e | {"NSPLIT": nsplit} for e in es] for b, es in doc["configs"].items()}
+        write_atomic(folder / file_name(dataclasses.replace(TABLE, kv_dtype=kv)), doc)
+    monkeypatch.setenv("VERIFY_TUNER_CONFIG_DIR", str(folder))
+    monkeypatch.setenv("VERIFY_TUNER_KV_DTYPE", "fp8_e4m3_qk")
+    sglang_plugin.register()
+    runner = _runner(model_config=types.SimpleNamespace(get_max_num_attention_heads=lambda: 64, context_len=8192))
+    runner.token_to_kv_pool = MLAPool(size=100, layers=1, dtype=torch.uint8)
+    be = sglang.registry["verify_tuner"](runner)
+    assert be.kv_dtype == "fp8_e4m3_qk" and {c.nsplit for c in be.graphs.configs(9, 4)} == {33}
+
+
 @pytest.mark.parametrize(
     ("env", "pool_dtype", "needle"),
     [
-        ("fp8_e4m3_qk", torch.uint8, r"kv_dtype fp8_e4m3_qk \(.*\) is not read by this kernel version yet"),
+        ("fp8_ds_mla", torch.uint8, r"kv_dtype fp8_ds_mla \(.*\) is not read by this kernel version yet"),
         ("fp8_e4m3", torch.bfloat16, r"kv_dtype fp8_e4m3 reads a pool of uint8 or float8_e4m3fn, this one holds"),
         ("bf16", torch.uint8, r"kv_dtype bf16 reads a pool of bfloat16, this one holds torch.uint8"),
         ("fp8", torch.uint8, r"unknown kv_dtype 'fp8': one of bf16, fp8_e4m3"),
     ],
 )
 def test_the_operators_kv_dtype_is_checked_against_the_pool_at_startup(sglang, monkeypatch, env, pool_dtype, needle):
-    """VERIFY_TUNER_KV_DTYPE picks how the kernel computes on the pool (e.g. fp8_e4m3_qk once it is
-    read); a mode the kernel does not read, or one the pool cannot hold, stops the server starting
-    with one line that names the setting."""
+    """VERIFY_TUNER_KV_DTYPE picks how the kernel computes on the pool (e.g. fp8_e4m3_qk); a format
+    the kernel does not read, or one the pool cannot hold, stops the server starting with one line
+    that names the setting."""
     monkeypatch.setenv("VERIFY_TUNER_KV_DTYPE", env)
     sglang_plugin.register()
     runner = _runner()
@@ -231,12 +253,8 @@ def test_the_operators_kv_dtype_is_checked_against_the_pool_at_startup(sglang, m
 
 
 def test_a_mode_the_gpu_cannot_run_is_refused_at_startup(sglang, monkeypatch):
-    """Once fp8_e4m3_qk is read, an A100 (no e4m3 MMAs) is refused by name when the server starts,
-    not when a graph is captured."""
-    from verify_tuner.kernels import formats
-
-    qk = dataclasses.replace(formats.FORMATS["fp8_e4m3_qk"], kernel_reads=True)
-    monkeypatch.setitem(formats.FORMATS, "fp8_e4m3_qk", qk)
+    """fp8_e4m3_qk on an A100 (no e4m3 MMAs) is refused by name when the server starts, not when
+    a graph is captured."""
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "NVIDIA A100-SXM4-80GB")
     monkeypatch.setenv("VERIFY_TUNER_KV_DTYPE", "fp8_e4m3_qk")
     sglang_plugin.register()

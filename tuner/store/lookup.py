@@ -17,6 +17,7 @@ from verify_tuner.kernels import kernel_hash as current_kernel_hash
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.errors import InvalidConfig
 from verify_tuner.kernels.formats import DEFAULT as DEFAULT_KV_DTYPE
+from verify_tuner.kernels.formats import kv_format
 from verify_tuner.kernels.limits import DeviceLimits, known_device
 from verify_tuner.keys import TableKey
 from verify_tuner.store import best_configs, devices
@@ -145,9 +146,18 @@ def _heuristic(
     )
 
 
+def _check_format(limits: DeviceLimits, key: TableKey) -> None:
+    """A format the device cannot compute (fp8_e4m3_qk on an A100) is the request's kv_dtype that
+    is wrong, not its q_len: say so by name before looking for a config."""
+    reason = kv_format(key.kv_dtype).unsupported_reason(limits.cc_major * 10 + limits.cc_minor)
+    if reason:
+        raise BadParameter("kv_dtype", f"{reason} ({limits.name})")
+
+
 def answer(*, session: Session, limits: DeviceLimits, key: TableKey, prefix: int, batch: int = 1) -> Answer:
     """The answer of `key`'s table (its device: `limits`') for a batch of `batch` requests whose
     lookup prefix (verify_tuner.batches.prefix_of) is `prefix`."""
+    _check_format(limits, key)
     bb = batches.bucket_of(batch)
     rows = best_configs.list_best_for(session=session, table=key, batch_bucket=bb.index)
     return _pick(rows, limits=limits, key=key, bucket=buckets.bucket_of(prefix), batch=bb)
@@ -158,6 +168,7 @@ def table(
 ) -> list[Answer]:
     """The answer for every prefix bucket of each batch bucket (default: B=1 only), batch bucket
     major: what a worker caches at startup and looks up each step."""
+    _check_format(limits, key)
     wanted = [batches.by_index(i) for i in (batch_buckets if batch_buckets is not None else [0])]
     rows = best_configs.list_best_for(session=session, table=key)
     return [_pick(rows, limits=limits, key=key, bucket=b, batch=bb) for bb in wanted for b in buckets.ALL]
