@@ -30,11 +30,14 @@ FMT = "fp8_e4m3"
 
 
 def candidates(limits, H: int, q: int, lens: list[int]) -> list:
-    """The bf16 default and its valid neighbours on an e4m3 cache (at most 14, the default first):
-    for a bandwidth-mode default (few rows), three and four blocks an SM too, since the halved ring
-    and the register dequantization's few registers let more of them share an SM."""
+    """The bf16 default, e4m3's own default where it differs (the halved ring lets it keep a score
+    buffer per k-slice, SF=0), and the bf16 default's valid neighbours on an e4m3 cache (at most 14,
+    the bf16 default first): for a bandwidth-mode default (few rows), three and four blocks an SM
+    too, since the halved ring and the register dequantization's few registers let more of them
+    share an SM."""
     base = heuristic_config(limits, H=H, q_len=q, prefix=max(lens), batch=len(lens))
-    out = [base]
+    own = heuristic_config(limits, H=H, q_len=q, prefix=max(lens), batch=len(lens), kv_dtype=FMT)
+    out = [base] + [own] * (own != base)
     if base.ht * base.row_tile(q) <= BANDWIDTH_ROWS:
         room = blocks_per_sm(base, q, limits, FMT)  # (registers estimated: ptxas may allow fewer)
         for per_sm in (3, 4):

@@ -184,6 +184,8 @@ def test_fp8_configs_candidates_follow_the_e4m3_builds_layout():
     for name, H, q, lens in fp8_configs.SHAPES:
         pool = fp8_configs.candidates(h200, H, q, lens)
         assert pool[0] == heuristic_config(h200, H=H, q_len=q, prefix=max(lens), batch=len(lens))
+        own = heuristic_config(h200, H=H, q_len=q, prefix=max(lens), batch=len(lens), kv_dtype="fp8_e4m3")
+        assert own in pool[:2]  # e4m3's own default is timed beside bf16's
         assert 1 < len(pool) <= 14 and len(set(pool)) == len(pool)
         assert all(check(c, h200, H=H, q_len=q, kv_dtype="fp8_e4m3") is None for c in pool)
         new = [c for c in pool if check(c, h200, H=H, q_len=q) is not None]

@@ -552,64 +552,89 @@ __device__ __forceinline__ void load_kv_tile(bf16* Kt, const unsigned char* __re
   }
 }
 
-// Row r of the Q region (bf16 as loaded) into a warp's registers, chunk lane + 32j in v[j] (zeros
-// past the row), and the row's largest |q|, reduced over the warp.
+// Rows r0 + i*NWARPS (i < QR, those below rhi) of the Q region (bf16 as loaded) into a warp's
+// registers, chunk lane + 32j of row i in v[i][j] (zeros past the row), and each row's largest |q|,
+// reduced over the warp. A row at a time, the prologue is a chain of dependent latencies (the
+// row's loads, then five shuffles: docs/kernel.md measures it); VA_Q_ROWS rows at once overlap
+// them. It stays 1, the path the GPU tests have passed, until a GPU has checked and timed more.
+#ifndef VA_Q_ROWS
+#define VA_Q_ROWS 1
+#endif
 constexpr int QCH = (CHUNKS + 31) / 32;
-__device__ __forceinline__ float load_q_row(uint4 (&v)[QCH], const bf16* Qs, int r, int lane) {
-  float amax = 0.f;
+// (no more than a warp has rows; one at 32 warps, whose 64 registers a thread hold a single row's
+// chunks without spilling)
+constexpr int QR_ROWS = (ROWS + NWARPS - 1) / NWARPS;
+constexpr int QR = BLOCK > 512 ? 1 : (QR_ROWS < VA_Q_ROWS ? QR_ROWS : VA_Q_ROWS);
+static_assert(VA_Q_ROWS >= 1 && VA_Q_ROWS <= 4, "VA_Q_ROWS: 1..4 q rows a warp converts at once");
+__device__ __forceinline__ void load_q_rows(uint4 (&v)[QR][QCH], float (&amax)[QR], const bf16* Qs, int r0, int rhi,
+                                            int lane) {
 #pragma unroll
-  for (int j = 0; j < QCH; ++j) {
-    const int c = lane + 32 * j;
-    v[j] = c < CHUNKS ? *reinterpret_cast<const uint4*>(Qs + sw(r, 8 * c)) : make_uint4(0, 0, 0, 0);
-    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v[j]);
+  for (int i = 0; i < QR; ++i) {
+    const int r = r0 + i * NWARPS;
+    amax[i] = 0.f;
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float2 f = __bfloat1622float2(h[e]);
-      amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
+    for (int j = 0; j < QCH; ++j) {
+      const int c = lane + 32 * j;
+      v[i][j] = c < CHUNKS && r < rhi ? *reinterpret_cast<const uint4*>(Qs + sw(r, 8 * c)) : make_uint4(0, 0, 0, 0);
+      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v[i][j]);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 f = __bfloat1622float2(h[e]);
+        amax[i] = fmaxf(amax[i], fmaxf(fabsf(f.x), fabsf(f.y)));
+      }
     }
   }
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  return amax;
+  for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+    for (int i = 0; i < QR; ++i) amax[i] = fmaxf(amax[i], __shfl_xor_sync(0xffffffffu, amax[i], o));
 }
 
 // e4m3 cache: q rows [rlo, rhi) of the Q region, bf16 as loaded, into f16 scaled by a power of two
 // per row that puts the row's largest |q| in [2^14, 2^15) (f16's range, whatever q's magnitude;
 // exact, as a bf16 value has 8 significant bits to f16's 11); qsc_s[r] gets the inverse, which the
-// softmax applies to the row's scores. One warp a row.
+// softmax applies to the row's scores. One warp a row, QR rows at once.
 __device__ __forceinline__ void convert_q(bf16* Qs, float* qsc_s, int rlo, int rhi, int warp, int lane) {
-  for (int r = rlo + warp; r < rhi; r += NWARPS) {
-    uint4 v[QCH];
-    const float amax = load_q_row(v, Qs, r, lane);
-    // 2^e with e = 14 - floor(log2 amax), at most 2^64 (scores of a row that small are 0 anyway), a zero row 1
-    const int e = amax > 0.f ? max(-126, min(64, 14 - (((__float_as_int(amax) >> 23) & 0xFF) - 127))) : 0;
-    const float mul = __int_as_float((127 + e) << 23);
+  for (int r0 = rlo + warp; r0 < rhi; r0 += QR * NWARPS) {
+    uint4 rows[QR][QCH];
+    float amaxes[QR];
+    load_q_rows(rows, amaxes, Qs, r0, rhi, lane);
 #pragma unroll
-    for (int j = 0; j < QCH; ++j) {
-      const int c = lane + 32 * j;
-      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v[j]);
-      uint4 out;
-      uint32_t* o32 = reinterpret_cast<uint32_t*>(&out);
+    for (int i = 0; i < QR; ++i) {
+      const int r = r0 + i * NWARPS;
+      if (r >= rhi) break;  // (the warp's rows: uniform across its lanes)
+      const uint4(&v)[QCH] = rows[i];
+      const float amax = amaxes[i];
+      // 2^e with e = 14 - floor(log2 amax), at most 2^64 (scores of a row that small are 0 anyway), a zero row 1
+      const int e = amax > 0.f ? max(-126, min(64, 14 - (((__float_as_int(amax) >> 23) & 0xFF) - 127))) : 0;
+      const float mul = __int_as_float((127 + e) << 23);
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const float2 f = __bfloat1622float2(h[k]);
-        const __half2 x = __floats2half2_rn(f.x * mul, f.y * mul);
-        o32[k] = *reinterpret_cast<const uint32_t*>(&x);
+      for (int j = 0; j < QCH; ++j) {
+        const int c = lane + 32 * j;
+        const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v[j]);
+        uint4 out;
+        uint32_t* o32 = reinterpret_cast<uint32_t*>(&out);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const float2 f = __bfloat1622float2(h[k]);
+          const __half2 x = __floats2half2_rn(f.x * mul, f.y * mul);
+          o32[k] = *reinterpret_cast<const uint32_t*>(&x);
+        }
+        // K's fragments come from e4m3 rows: lane (g, t) holds dims 4t..4t+3 of each 16, which
+        // the MMA takes as k 2t, 2t+1 and 2t+8, 2t+9. q is stored in the same order: dim pairs
+        // 0,2,4,6 of the 16 in the even chunk, 1,3,5,7 in the odd one (chunks 2i, 2i+1 sit in
+        // lanes 2i, 2i+1 of the same j; lanes past the row's chunks hold zeros and store nothing,
+        // but every lane takes part in the exchange).
+        uint32_t p32[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) p32[k] = __shfl_xor_sync(0xffffffffu, o32[k], 1);
+        const bool odd = c & 1;
+        out = odd ? make_uint4(p32[1], p32[3], o32[1], o32[3]) : make_uint4(o32[0], o32[2], p32[0], p32[2]);
+        if (c >= CHUNKS) continue;
+        *reinterpret_cast<uint4*>(Qs + sw(r, 8 * c)) = out;
       }
-      // K's fragments come from e4m3 rows: lane (g, t) holds dims 4t..4t+3 of each 16, which
-      // the MMA takes as k 2t, 2t+1 and 2t+8, 2t+9. q is stored in the same order: dim pairs
-      // 0,2,4,6 of the 16 in the even chunk, 1,3,5,7 in the odd one (chunks 2i, 2i+1 sit in
-      // lanes 2i, 2i+1 of the same j; lanes past the row's chunks hold zeros and store nothing,
-      // but every lane takes part in the exchange).
-      uint32_t p32[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) p32[k] = __shfl_xor_sync(0xffffffffu, o32[k], 1);
-      const bool odd = c & 1;
-      out = odd ? make_uint4(p32[1], p32[3], o32[1], o32[3]) : make_uint4(o32[0], o32[2], p32[0], p32[2]);
-      if (c >= CHUNKS) continue;
-      *reinterpret_cast<uint4*>(Qs + sw(r, 8 * c)) = out;
+      if (lane == 0) qsc_s[r] = __int_as_float((127 - e) << 23);
     }
-    if (lane == 0) qsc_s[r] = __int_as_float((127 - e) << 23);
   }
 }
 
@@ -619,32 +644,40 @@ __device__ __forceinline__ void convert_q(bf16* Qs, float* qsc_s, int rlo, int r
 // inverse, which the softmax applies to the row's scores. The e4m3 chunk c (dims 16c..16c+15) of
 // row r goes to 16-byte slot c ^ (r & 7) of the row, so ldmatrix's eight rows at one chunk read
 // eight bank quads. A row is read whole before its bytes are rewritten (a lane writes bytes other
-// lanes read: __syncwarp orders them). One warp a row.
+// lanes read: __syncwarp orders them). One warp a row, QR rows at once.
 constexpr float E4M3_MAX = 448.f;  // e4m3's largest finite value
 __device__ __forceinline__ void convert_q_e4m3(bf16* Qs, float* qsc_s, int rlo, int rhi, int warp, int lane) {
   unsigned char* Qb = reinterpret_cast<unsigned char*>(Qs);
-  for (int r = rlo + warp; r < rhi; r += NWARPS) {
-    uint4 v[QCH];
-    const float amax = load_q_row(v, Qs, r, lane);
-    // Rounded division (fast-math's approximate one overflows to inf below ~1e-36 and returns 0
-    // above 2^126), on amax held to [1e-30, 1e30] as the reference does; a zero row stays zero.
-    const float mul = amax > 0.f ? __fdiv_rn(E4M3_MAX, fminf(fmaxf(amax, 1e-30f), 1e30f)) : 1.f;
-    __syncwarp();  // every lane's loads of the row are done before any lane overwrites them
+  for (int r0 = rlo + warp; r0 < rhi; r0 += QR * NWARPS) {
+    uint4 rows[QR][QCH];
+    float amaxes[QR];
+    load_q_rows(rows, amaxes, Qs, r0, rhi, lane);
 #pragma unroll
-    for (int j = 0; j < QCH; ++j) {
-      const int c = lane + 32 * j;  // bf16 chunk c: the low (c even) or high half of e4m3 chunk c / 2
-      if (c >= CHUNKS) continue;
-      const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v[j]);
-      uint32_t w[2];
+    for (int i = 0; i < QR; ++i) {
+      const int r = r0 + i * NWARPS;
+      if (r >= rhi) break;  // (the warp's rows: uniform across its lanes)
+      const uint4(&v)[QCH] = rows[i];
+      const float amax = amaxes[i];
+      // Rounded division (fast-math's approximate one overflows to inf below ~1e-36 and returns 0
+      // above 2^126), on amax held to [1e-30, 1e30] as the reference does; a zero row stays zero.
+      const float mul = amax > 0.f ? __fdiv_rn(E4M3_MAX, fminf(fmaxf(amax, 1e-30f), 1e30f)) : 1.f;
+      __syncwarp();  // every lane's loads of the rows are done before any lane overwrites them
 #pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        const float2 a = __bfloat1622float2(h[2 * k]), b = __bfloat1622float2(h[2 * k + 1]);
-        w[k] = f32x2_to_e4m3x2(a.x * mul, a.y * mul) | (f32x2_to_e4m3x2(b.x * mul, b.y * mul) << 16);
+      for (int j = 0; j < QCH; ++j) {
+        const int c = lane + 32 * j;  // bf16 chunk c: the low (c even) or high half of e4m3 chunk c / 2
+        if (c >= CHUNKS) continue;
+        const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v[j]);
+        uint32_t w[2];
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          const float2 a = __bfloat1622float2(h[2 * k]), b = __bfloat1622float2(h[2 * k + 1]);
+          w[k] = f32x2_to_e4m3x2(a.x * mul, a.y * mul) | (f32x2_to_e4m3x2(b.x * mul, b.y * mul) << 16);
+        }
+        *reinterpret_cast<uint2*>(Qb + r * (KSTRIDE * 2) + (((c >> 1) ^ (r & 7)) << 4) + (c & 1) * 8) =
+            make_uint2(w[0], w[1]);
       }
-      *reinterpret_cast<uint2*>(Qb + r * (KSTRIDE * 2) + (((c >> 1) ^ (r & 7)) << 4) + (c & 1) * 8) =
-          make_uint2(w[0], w[1]);
+      if (lane == 0) qsc_s[r] = __frcp_rn(mul);
     }
-    if (lane == 0) qsc_s[r] = __frcp_rn(mul);
   }
 }
 

@@ -20,6 +20,7 @@ FMT = "fp8_e4m3"
 GATE, LSE_GATE = 1e-2, 1e-3
 CONFIGS = [
     KernelConfig(nsplit=132, ht=8, tk=32, block=256, stages=3, wr=2, wk=2, sf=1, pipe=3),  # the sm_90 default
+    KernelConfig(nsplit=132, ht=8, tk=32, block=256, stages=3, wr=2, wk=2, pipe=3),  # e4m3's: unfolded scores fit
     KernelConfig(nsplit=94, ht=4, tk=16, block=256, stages=2, wr=4, wk=2),  # the sm_120 default at H=8 q=9
     KernelConfig(nsplit=7, ht=4, tk=32, block=256, stages=3, wr=2, wk=2, pipe=0),  # fused pipeline, few parts
     KernelConfig(nsplit=48, ht=2, tk=16, block=128, stages=3, wr=1, wk=4, sf=1, pipe=0, qt=3),  # row tiles
@@ -32,6 +33,7 @@ CONFIGS = [
     KernelConfig(nsplit=264, ht=8, tk=64, block=256, stages=3, wr=1, wk=4),
 ]
 BITS = ("-DVA_F8_BITS",)  # sm_80's bit placement, built for this GPU
+QROWS = ("-DVA_Q_ROWS=3",)  # q converted three rows a warp at once (the prologue's latency chain overlapped)
 SHAPES = [(8, 9, [46000]), (8, 1, [131072]), (16, 9, [0, 1000, 37]), (64, 2, [777]), (8, 16, [5000, 3])]
 
 
@@ -48,7 +50,7 @@ def gpu(tmp_path_factory):
         pool = [
             c for c in CONFIGS if any(check(c, limits, H=H, q_len=q_len, kv_dtype=FMT) is None for H, _, _ in SHAPES)
         ]
-        for flags in ((), BITS):  # the served build (cvt) and sm_80's bit placement, in parallel
+        for flags in ((), BITS, QROWS):  # the served build (cvt), sm_80's bit placement, q rows at once
             assert not precompile(pool, q_len, limits.arch, cache, extra_flags=flags, kv_dtype=FMT)
     return limits, cache
 
@@ -103,6 +105,23 @@ def test_sm80s_bit_placement_built_here(gpu, H, Q, lens):
     assert configs
     for cfg in configs:
         out, lse = run_poisoned(cfg, inp, limits, cache, flags=BITS)
+        assert rel_error(out, ref_o) <= GATE, f"{cfg}: out"
+        assert rel_error(lse, ref_lse) <= LSE_GATE, f"{cfg}: lse"
+
+
+@pytest.mark.parametrize(("H", "Q", "lens"), SHAPES, ids=str)
+def test_q_rows_converted_together_match_the_reference(gpu, H, Q, lens):
+    """VA_Q_ROWS=3: each warp loads and reduces three q rows before converting them in place; the
+    same gate as the served build, on every config and shape."""
+    from verify_tuner.kernels.reference import make_inputs, reference, rel_error
+
+    limits, cache = gpu
+    inp = make_inputs(prefix_lens=lens, q_len=Q, H=H, seed=H + Q + 3, spare_slots=5, kv_dtype=FMT)
+    ref_o, ref_lse = reference(inp)
+    configs = [c for c in CONFIGS if check(c, limits, H=H, q_len=Q, kv_dtype=FMT) is None]
+    assert configs
+    for cfg in configs:
+        out, lse = run_poisoned(cfg, inp, limits, cache, flags=QROWS)
         assert rel_error(out, ref_o) <= GATE, f"{cfg}: out"
         assert rel_error(lse, ref_lse) <= LSE_GATE, f"{cfg}: lse"
 

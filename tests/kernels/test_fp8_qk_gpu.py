@@ -2,21 +2,17 @@
 on f16 after dequantizing V in registers. Gated against the fp32 reference on what the kernel is
 asked to compute (the dequantized cache, q quantized per row as the prologue does) as strictly as
 bf16; the error against the unquantized cache and q is printed for users. On sm_90 the e4m3 MMA is
-emulated (correct, not fast); on sm_89 and sm_120 it is native.
-
-The package does not serve this format until these pass on a GPU (kernels/formats.py), so the
-module marks it readable for its own run."""
+emulated (correct, not fast); on sm_89 and sm_120 it is native."""
 
 from __future__ import annotations
 
 import dataclasses
 
 import pytest
-from verify_tuner.kernels import formats
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.validate import check
 
-from tests.kernels.test_fp8_gpu import run_poisoned
+from tests.kernels.test_fp8_gpu import QROWS, run_poisoned
 
 pytestmark = pytest.mark.gpu
 
@@ -24,6 +20,7 @@ FMT = "fp8_e4m3_qk"
 GATE, LSE_GATE = 1e-2, 1e-3
 CONFIGS = [
     KernelConfig(nsplit=132, ht=8, tk=32, block=256, stages=3, wr=2, wk=2, sf=1, pipe=3),  # the sm_90 default
+    KernelConfig(nsplit=132, ht=8, tk=32, block=256, stages=3, wr=2, wk=2, pipe=3),  # e4m3's: unfolded scores fit
     KernelConfig(nsplit=94, ht=4, tk=16, block=128, stages=2, wr=1, wk=4),  # the sm_120 default at H=8 q=9
     KernelConfig(nsplit=7, ht=4, tk=32, block=256, stages=3, wr=2, wk=2, pipe=0),  # fused pipeline
     KernelConfig(nsplit=48, ht=2, tk=16, block=128, stages=3, wr=1, wk=4, sf=1, pipe=0, qt=3),  # row tiles, odd k
@@ -45,16 +42,13 @@ def gpu(tmp_path_factory):
     major, minor = torch.cuda.get_device_capability(0)
     if 10 * major + minor < 89:
         pytest.skip("e4m3 MMAs need compute capability 8.9+ (validate refuses the format here)")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(formats.FORMATS, FMT, dataclasses.replace(formats.FORMATS[FMT], kernel_reads=True))
-        for q_len in sorted({q for _, q, _ in SHAPES}):  # in parallel, not one by one in the tests
-            pool = [
-                c
-                for c in CONFIGS
-                if any(check(c, limits, H=H, q_len=q_len, kv_dtype=FMT) is None for H, _, _ in SHAPES)
-            ]
-            assert not precompile(pool, q_len, limits.arch, cache, kv_dtype=FMT)
-        yield limits, cache
+    for q_len in sorted({q for _, q, _ in SHAPES}):  # in parallel, not one by one in the tests
+        pool = [
+            c for c in CONFIGS if any(check(c, limits, H=H, q_len=q_len, kv_dtype=FMT) is None for H, _, _ in SHAPES)
+        ]
+        assert not precompile(pool, q_len, limits.arch, cache, kv_dtype=FMT)
+    assert not precompile(CONFIGS[:2], 9, limits.arch, cache, extra_flags=QROWS, kv_dtype=FMT)
+    return limits, cache
 
 
 @pytest.mark.parametrize(("H", "Q", "lens"), SHAPES, ids=str)
@@ -85,3 +79,16 @@ def test_the_op_layouts(gpu, layout):
     ref_o, ref_lse = reference(inp)
     out, lse = run_poisoned(CONFIGS[0], inp, limits, cache, kv_dtype=FMT)
     assert rel_error(out, ref_o) <= GATE and rel_error(lse, ref_lse) <= LSE_GATE
+
+
+@pytest.mark.parametrize("lens", [[46000], [0, 1000, 37]], ids=str)
+def test_q_rows_quantized_together_match_the_reference(gpu, lens):
+    """VA_Q_ROWS=3: three q rows a warp read, reduced and rewritten as e4m3 in place at once."""
+    from verify_tuner.kernels.reference import make_inputs, reference, rel_error
+
+    limits, cache = gpu
+    inp = make_inputs(prefix_lens=lens, q_len=9, H=8, seed=19, spare_slots=7, kv_dtype=FMT)
+    ref_o, ref_lse = reference(inp)
+    for cfg in CONFIGS[:2]:
+        out, lse = run_poisoned(cfg, inp, limits, cache, flags=QROWS, kv_dtype=FMT)
+        assert rel_error(out, ref_o) <= GATE and rel_error(lse, ref_lse) <= LSE_GATE, cfg
