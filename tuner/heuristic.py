@@ -79,15 +79,28 @@ def one_wave_nsplit(
     return max(c for c in nsplit_choices(H, limits) if c <= n)
 
 
+#: Bandwidth mode's first choice where two blocks of it still share an SM: the seesaw's three
+#: slots. e4m3's halved ring allows that on the H200 (H=8 q=1 P=131072: 32.9 us against 37.4 for
+#: the two-slot template, bench/results/fp8_configs_sm_90.json); with one block an SM it is slower
+#: (bf16: 53.9 against 45.6 us, bench/results/sweep_seesaw_sm_90.md).
+_BANDWIDTH_DEEP = (32, 256, 3, 1, 4, 0, 3)
+
+
 def _templates(rows: int) -> tuple[tuple[int, ...], ...]:
     return _BANDWIDTH if rows <= BANDWIDTH_ROWS else _COMPUTE
 
 
 def _first_fit(limits: DeviceLimits, *, ht: int, qt: int, H: int, q_len: int, kv_dtype: str) -> KernelConfig | None:
-    for tk, block, stages, wr, wk, sf, pipe in _templates(ht * (qt or q_len)):
+    rows = ht * (qt or q_len)
+    deep = (_BANDWIDTH_DEEP,) if rows <= BANDWIDTH_ROWS else ()
+    for tk, block, stages, wr, wk, sf, pipe in deep + _templates(rows):
         probe = KernelConfig(nsplit=1, ht=ht, tk=tk, block=block, stages=stages, qt=qt, wr=wr, wk=wk, sf=sf, pipe=pipe)
-        if check(probe, limits, H=H, q_len=q_len, kv_dtype=kv_dtype) is None:
-            return probe
+        if check(probe, limits, H=H, q_len=q_len, kv_dtype=kv_dtype) is not None:
+            continue
+        template = (tk, block, stages, wr, wk, sf, pipe)
+        if deep and template == _BANDWIDTH_DEEP and blocks_per_sm(probe, q_len, limits, kv_dtype) < 2:
+            continue
+        return probe
     return None
 
 

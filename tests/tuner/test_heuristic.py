@@ -3,8 +3,9 @@ from __future__ import annotations
 import pytest
 from verify_tuner import space
 from verify_tuner.heuristic import blocks_per_sm, heuristic_config
+from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.errors import InvalidConfig
-from verify_tuner.kernels.limits import known_device
+from verify_tuner.kernels.limits import KNOWN_DEVICES, known_device
 from verify_tuner.kernels.validate import check, smem_bytes
 
 H200 = known_device("h200")
@@ -133,3 +134,20 @@ def test_every_head_count_has_a_valid_default_not_only_powers_of_two(limits):
         for q_len in range(1, 65):
             cfg = heuristic_config(limits, H=H, q_len=q_len, prefix=0)
             assert check(cfg, limits, H=H, q_len=q_len) is None, (H, q_len, cfg)
+
+
+def test_few_rows_take_the_seesaws_three_slots_only_where_two_blocks_share_an_sm():
+    """At q_len 1 the seesaw's three slots beat the two-slot template where two of its blocks fit an
+    SM (e4m3's halved ring on the H200) and lose where one does (bf16): each known device and format
+    gets it exactly when two blocks fit, and bf16 never does on the H200."""
+    deep = {"tk": 32, "block": 256, "stages": 3, "wr": 1, "wk": 4, "sf": 0, "pipe": 3}
+    for limits in KNOWN_DEVICES.values():
+        for kv in ("bf16", "fp8_e4m3"):
+            cfg = heuristic_config(limits, H=8, q_len=1, prefix=131072, kv_dtype=kv)
+            probe = KernelConfig(nsplit=1, ht=8, **deep)
+            two = check(probe, limits, H=8, q_len=1, kv_dtype=kv) is None and blocks_per_sm(probe, 1, limits, kv) >= 2
+            is_deep = all(getattr(cfg, k) == v for k, v in deep.items())
+            assert is_deep == two, (limits.name, kv, cfg)
+    h200 = KNOWN_DEVICES["NVIDIA H200"]
+    assert heuristic_config(h200, H=8, q_len=1, prefix=131072, kv_dtype="fp8_e4m3").pipe == 3
+    assert heuristic_config(h200, H=8, q_len=1, prefix=131072).pipe == 1  # the measured bf16 default stays
