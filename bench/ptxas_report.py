@@ -2,7 +2,7 @@
 nvidia-cuda-cuobjdump and -nvdisasm wheels) the tile loop's instructions of the heuristic
 defaults per mode, for sm_90 and sm_120,
 from nvcc's ptxas report (no GPU needed), for each cache build: bf16, fp8_e4m3 and fp8_e4m3_qk,
-each at the bf16 default's config (what the e4m3 formats run). Writes a markdown table.
+each at the bf16 default's config, so the builds compare like for like. Writes a markdown table.
 
     python3 bench/ptxas_report.py --out OUT
 """
