@@ -92,10 +92,13 @@ def test_matches_the_reference_on_the_dequantized_cache(gpu, H, Q, lens, pool_dt
               f"vs the unquantized cache {rel_error(out, unq_o):.2e}")  # fmt: skip
 
 
+@pytest.mark.parametrize("flags", [BITS, QROWS], ids=["sm80_bits", "q_rows_3"])
 @pytest.mark.parametrize(("H", "Q", "lens"), [*SHAPES, (64, 2, [3000, 0])], ids=str)
-def test_sm80s_bit_placement_built_here(gpu, H, Q, lens):
-    """sm_80 has no fp8 conversion: the kernel places the bits (times 2^-8, undone with the scale);
-    VA_F8_BITS builds that path for this GPU."""
+def test_each_build_variant_matches_the_reference(gpu, H, Q, lens, flags):
+    """The builds beside the served one, on every config and shape: sm_80's bit placement
+    (VA_F8_BITS: sm_80 has no fp8 conversion, so the kernel places the bits, times 2^-8 undone with
+    the scale) and VA_Q_ROWS=3 (each warp loads and reduces three q rows before converting them
+    in place)."""
     from verify_tuner.kernels.reference import make_inputs, reference, rel_error
 
     limits, cache = gpu
@@ -104,26 +107,9 @@ def test_sm80s_bit_placement_built_here(gpu, H, Q, lens):
     configs = [c for c in CONFIGS if check(c, limits, H=H, q_len=Q, kv_dtype=FMT) is None]
     assert configs
     for cfg in configs:
-        out, lse = run_poisoned(cfg, inp, limits, cache, flags=BITS)
-        assert rel_error(out, ref_o) <= GATE, f"{cfg}: out"
-        assert rel_error(lse, ref_lse) <= LSE_GATE, f"{cfg}: lse"
-
-
-@pytest.mark.parametrize(("H", "Q", "lens"), SHAPES, ids=str)
-def test_q_rows_converted_together_match_the_reference(gpu, H, Q, lens):
-    """VA_Q_ROWS=3: each warp loads and reduces three q rows before converting them in place; the
-    same gate as the served build, on every config and shape."""
-    from verify_tuner.kernels.reference import make_inputs, reference, rel_error
-
-    limits, cache = gpu
-    inp = make_inputs(prefix_lens=lens, q_len=Q, H=H, seed=H + Q + 3, spare_slots=5, kv_dtype=FMT)
-    ref_o, ref_lse = reference(inp)
-    configs = [c for c in CONFIGS if check(c, limits, H=H, q_len=Q, kv_dtype=FMT) is None]
-    assert configs
-    for cfg in configs:
-        out, lse = run_poisoned(cfg, inp, limits, cache, flags=QROWS)
-        assert rel_error(out, ref_o) <= GATE, f"{cfg}: out"
-        assert rel_error(lse, ref_lse) <= LSE_GATE, f"{cfg}: lse"
+        out, lse = run_poisoned(cfg, inp, limits, cache, flags=flags)
+        assert rel_error(out, ref_o) <= GATE, f"{cfg} {flags}: out"
+        assert rel_error(lse, ref_lse) <= LSE_GATE, f"{cfg} {flags}: lse"
 
 
 @pytest.mark.parametrize("layout", ["flat", "req_to_token", "page64"])
