@@ -4,7 +4,10 @@
 # module, `f8qk` fp8_e4m3_qk's, `bench` the kernel-v7 table against v6 in the same process
 # (bench/kernel_v7.py; V6_SOURCE is v6's .cu,
 # e.g. `git show e88ba0d:kernels/csrc/verify_attention.cu > .v6/verify_attention.cu` here, carried).
-# Usage: bench/run_gpu_checks.sh tests|f8|f8qk OUTDIR | bench/run_gpu_checks.sh bench OUTDIR V6_SOURCE [--quick]
+# `e4m3` is what the e4m3 cache still needs a GPU for, in one call (a machine idles out between
+# calls): both e4m3 modules, VA_Q_ROWS=3 A/B'd against the default, the configs around e4m3's
+# defaults, and the headline phase trace with and without VA_Q_ROWS=3.
+# Usage: bench/run_gpu_checks.sh tests|f8|f8qk|e4m3 OUTDIR | bench/run_gpu_checks.sh bench OUTDIR V6_SOURCE [--quick]
 set -uo pipefail
 mode=${1:?tests or bench}
 out=${2:?outdir}
@@ -19,8 +22,18 @@ case "$mode" in
     module=${F8_TESTS[0]}; [ "$mode" = f8qk ] && module=${F8_TESTS[1]}
     timeout 540 python3 -m pytest -m gpu -q -p no:cacheprovider -rs -s "$module" \
       2>&1 | tee "$out/gpu-tests-$mode.log" | tail -8 ;;
+  e4m3)
+    for m in "${F8_TESTS[@]}"; do
+      timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider -rs -s "$m" 2>&1 | tee -a "$out/gpu-tests-e4m3.log" | tail -2
+    done
+    timeout 120 python3 bench/ab_kernel.py --kv-dtype fp8_e4m3 --b-flags=-DVA_Q_ROWS=3 \
+      --label "e4m3: q converted a row (A) or three rows (B) a warp at once" \
+      --shapes 8:9:46000,8:1:131072,64:9:46000 --out "$out" 2>&1 | tee "$out/ab_q_rows.log" | tail -8
+    timeout 120 python3 bench/fp8_configs.py --out "$out" 2>&1 | tee "$out/fp8_configs.log" | tail -12
+    timeout 60 python3 bench/phase_trace.py --cases headline --kv-dtype fp8_e4m3 --variant qrows=-DVA_Q_ROWS=3 \
+      --out "$out" 2>&1 | tee "$out/phase_trace.log" | tail -6 ;;
   bench)
     timeout 560 python3 bench/kernel_v7.py --v6-source "${3:?v6 source}" --out "$out" ${4:-} \
       2>&1 | tee "$out/kernel_v7.log" | tail -20 ;;
-  *) echo "usage: $0 tests|f8|f8qk OUTDIR | $0 bench OUTDIR V6_SOURCE [--quick]" >&2; exit 2 ;;
+  *) echo "usage: $0 tests|f8|f8qk|e4m3 OUTDIR | $0 bench OUTDIR V6_SOURCE [--quick]" >&2; exit 2 ;;
 esac
