@@ -10,7 +10,8 @@ draft trees are EAGLE trees (topk 4) in SGLang's FULL_MASK layout, written where
 stage writes them. Every step one layer's output (in turn) is checked against fp32 attention
 computed from SGLang's tensors; every 25th step the graph replayed is timed against a graph of the
 same range captured fresh at that step. The loop runs for each KV pool dtype the kernel reads
-(bf16; fp8 once it reads fp8: until then its row says why it did not run).
+(bf16 and e4m3, the latter in each mode: fp8_e4m3 and fp8_e4m3_qk, whose reference takes q
+quantized as the kernel does; `--kv-dtypes` picks; a mode the GPU cannot run says why in its row).
 
 The ranges: a `tuner configs dump` folder's graph plan sets (--config-dir, the table
 `tuner study graph-plan` chose), else two ranges split at --split: SHORT below it, the heuristic
@@ -34,6 +35,8 @@ import torch
 from engine_steps import LoopEngine, Q, Schedule
 from verify_tuner.engine.tree_masks import TreeMaskMode
 from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.errors import InvalidConfig
+from verify_tuner.kernels.formats import KV_DTYPES, kv_format
 
 STEPS, TIME_EVERY, CROSSING = 300, 25, 150
 MAX_PREFIX = 131_071
@@ -83,11 +86,11 @@ def capture(eng: LoopEngine, label: str | None = None, pool=None) -> tuple[torch
     return graph, outs
 
 
-def loop(bs: int, *, layers: int, pick_ranges, pool_dtype: torch.dtype) -> dict:
+def loop(bs: int, *, layers: int, pick_ranges, pool_dtype: torch.dtype, kv_dtype: str | None = None) -> dict:
     starts = [s for s, _ in pick_ranges(Q, bs)]
     crossing, spread = schedules(bs, starts[1] if len(starts) > 1 else 4096)
     eng = LoopEngine(spread, layers=layers, device="cuda", pick_ranges=pick_ranges, mode=TreeMaskMode.FULL_MASK,
-                     pool_dtype=pool_dtype)  # fmt: skip
+                     pool_dtype=pool_dtype, kv_dtype=kv_dtype)  # fmt: skip
     eng.sched = crossing  # the first phase; the engine's rows and width hold both
     eng.prepare()
     before, pool = torch.cuda.memory_allocated(), torch.cuda.graph_pool_handle()
@@ -123,7 +126,8 @@ def _timing(eng: LoopEngine, step: int, graph: torch.cuda.CUDAGraph, label: str 
 def _row(bs, eng, pick_ranges, pool_dtype, layers, graph_mb, errors, timings, replayed) -> dict:  # type: ignore[no-untyped-def]
     labels = [label for label, _ in replayed]
     return {
-        "batch": bs, "pool dtype": str(pool_dtype).removeprefix("torch."), "layers": layers, "steps": STEPS,
+        "batch": bs, "pool dtype": str(pool_dtype).removeprefix("torch."), "kv_dtype": eng.backend.kv_dtype,
+        "layers": layers, "steps": STEPS,
         "ranges": [{"from": s, "config": str(c)} for s, c in pick_ranges(Q, bs)], "graphs": len(eng.labels),
         "graph MB": round(graph_mb, 1), "workspace MB": round(eng.backend.workspace_bytes() / 2**20, 2),
         "steps per range": dict(Counter(str(label) for label in labels)),
@@ -156,12 +160,32 @@ def range_picker(limits, config_dir: Path | None, split: int):  # type: ignore[n
     return lambda q, bs: ((0, SHORT), (split, heuristic_config(limits, H=8, q_len=q, prefix=4096, batch=bs)))
 
 
+def kv_dtypes_arg(text: str) -> list[str]:
+    """An argparse type: formats the kernel reads, comma-separated, each on the pool SGLang holds
+    for it (bf16, or e4m3 for an e4m3 format)."""
+    names = [t for t in text.split(",") if t]
+    for name in names:
+        try:
+            f = kv_format(name)
+        except InvalidConfig as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        if name not in KV_DTYPES:
+            raise argparse.ArgumentTypeError(f"{f.unsupported_reason()}")
+    return names
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--config-dir", type=Path, default=None, help="a `tuner configs dump` folder: its plan sets")
     ap.add_argument("--split", type=int, default=4096, help="without --config-dir: the breakpoint of two ranges")
+    ap.add_argument(
+        "--kv-dtypes",
+        type=kv_dtypes_arg,
+        default=",".join(KV_DTYPES),
+        help="the formats to run, comma-separated (default: every one the kernel reads; an e4m3 one on an e4m3 pool)",
+    )
     args = ap.parse_args()
 
     from verify_tuner.kernels import runtime
@@ -171,14 +195,20 @@ def main() -> None:
     rows = []
     source = str(args.config_dir) if args.config_dir else f"two ranges split at {args.split}"
     args.out.mkdir(parents=True, exist_ok=True)
-    for dtype in (torch.bfloat16, torch.float8_e4m3fn):
+    for kv in args.kv_dtypes:
+        dtype = torch.bfloat16 if kv == "bf16" else torch.float8_e4m3fn
         for bs in (int(b) for b in args.batches.split(",")):
             width = schedules(bs, 4096)[1].width
             layers = max(2, -(-3 * limits.l2_bytes // ((bs + 4) * width * 576 * 2)))
             try:
-                row = loop(bs, layers=layers, pick_ranges=pick, pool_dtype=dtype)
-            except NotImplementedError as exc:  # the kernel does not read this pool yet
-                row = {"batch": bs, "pool dtype": str(dtype).removeprefix("torch."), "not run": str(exc)}
+                row = loop(bs, layers=layers, pick_ranges=pick, pool_dtype=dtype, kv_dtype=kv)
+            except NotImplementedError as exc:  # the kernel cannot run this format here (e.g. e4m3 MMAs on an A100)
+                row = {
+                    "batch": bs,
+                    "pool dtype": str(dtype).removeprefix("torch."),
+                    "kv_dtype": kv,
+                    "not run": str(exc),
+                }
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "timed"}), flush=True)
             torch.cuda.empty_cache()

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from verify_tuner.buckets import bucket_of
 from verify_tuner.engine.sglang_backend import VerifyMLABackend
 from verify_tuner.engine.tree_masks import TreeMaskMode
-from verify_tuner.kernels.reference import rel_error
+from verify_tuner.kernels.reference import quantized_q, rel_error
 
 from tests.engine.sglang_doubles import ForwardBatch, ForwardMode, Layer, MLAPool, SpecInfo, sglang_attention
 from tests.engine.sglang_trees import eagle_tree, sglang_mask
@@ -83,7 +83,8 @@ class LoopEngine:
     `pick_ranges` instead of `pick_config`: a graph per prefix range (`labels`, `select`)."""
 
     def __init__(self, sched: Schedule, *, layers: int, device: str, mode: TreeMaskMode, pick_config: Any = None,
-                 pick_ranges: Any = None, pool_dtype: torch.dtype = torch.bfloat16) -> None:  # fmt: skip
+                 pick_ranges: Any = None, pool_dtype: torch.dtype = torch.bfloat16,
+                 kv_dtype: str | None = None) -> None:  # fmt: skip
         self.sched, self.device, self.mode = sched, torch.device(device), mode
         bs, rows, width = len(sched.starts), len(sched.starts) + sched.spare, sched.width
         gen = torch.Generator().manual_seed(sched.seed)
@@ -92,7 +93,7 @@ class LoopEngine:
         self.backend = VerifyMLABackend(
             pool=self.pool, req_to_token=self.req_to_token, heads=H, q_lens=(Q,), max_bs=rows,
             max_context_len=width, pick_config=pick_config, pick_ranges=pick_ranges, tree_mask_mode=mode,
-            capture_label=lambda: self.label,
+            capture_label=lambda: self.label, kv_dtype=kv_dtype,
         )  # fmt: skip
         self.label: str | None = None  # the attention variant being captured (SGLang's runner sets it)
         self.variants = self.backend.graph_variants()  # taken before init_cuda_graph_state, as SGLang does
@@ -148,10 +149,11 @@ class LoopEngine:
         return self.variants.select(self.fb) if self.variants else None
 
     def error(self, outs: list[torch.Tensor], layer: int) -> tuple[float, float]:
-        """(relative, max abs) error of one layer's output against attention on SGLang's tensors."""
+        """(relative, max abs) error of one layer's output against attention on SGLang's tensors, q as
+        the backend's format computes with it (quantized per row where QK runs on e4m3 MMAs)."""
         fb = ForwardBatch(ForwardMode.TARGET_VERIFY, self.fb.batch_size, self.fb.seq_lens, self.fb.req_pool_indices,
                           self.fb.out_cache_loc, SpecInfo(self.masks, Q, TOPK))  # fmt: skip
-        q = torch.cat([self.q_nope, self.q_rope], dim=-1)
+        q = quantized_q(torch.cat([self.q_nope, self.q_rope], dim=-1), self.backend.kv_dtype)
         want = sglang_attention(kv=self.pool.get_key_buffer(layer), req_to_token=self.req_to_token, fb=fb, q=q,
                                 mode=int(self.mode), q_len=Q, scale=SCALE)  # fmt: skip
         got = outs[layer].view(-1, H, 512).float()

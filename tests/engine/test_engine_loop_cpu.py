@@ -125,3 +125,35 @@ def test_an_fp8_pool_runs_through_the_backend_as_the_e4m3_format(bench):
     eng = steps.LoopEngine(sched, layers=1, device="cpu", pick_config=lambda q, bs: CFG, mode=TreeMaskMode.FULL_MASK,
                            pool_dtype=torch.float8_e4m3fn)  # fmt: skip
     assert eng.backend.kv_dtype == "fp8_e4m3" and eng.pool.get_key_buffer(0).dtype == torch.float8_e4m3fn
+
+
+def test_the_qk_mode_runs_through_the_backend_checked_against_q_as_it_quantizes_it(bench):
+    """fp8_e4m3_qk on SGLang's e4m3 pool: the backend computes with q quantized per row, so the
+    loop's reference on SGLang's tensors quantizes q the same way; against the unquantized q the
+    same output is off by e4m3's rounding, which a gate as strict as bf16's would flag."""
+    _, steps = bench
+    sched = steps.Schedule([300, 0, 240], [330, 40, 400], spare=2, seed=5)
+    eng = steps.LoopEngine(sched, layers=1, device="cpu", pick_config=lambda q, bs: CFG, mode=TreeMaskMode.FULL_MASK,
+                           pool_dtype=torch.float8_e4m3fn, kv_dtype="fp8_e4m3_qk")  # fmt: skip
+    eng.backend.op = ReferenceOp()
+    assert eng.backend.kv_dtype == "fp8_e4m3_qk"
+    eng.prepare()
+    eng.out_graph()
+    outs = eng.forward()
+    assert eng.backend.op.calls[-1]["kv_dtype"] == "fp8_e4m3_qk"
+    rel, _ = eng.error(outs, 0)
+    assert rel < 5e-3, rel  # the same computation on the same quantized q, up to the bf16 output
+    eng.backend.kv_dtype = "fp8_e4m3"  # what the reference would take q as without the mode
+    assert eng.error(outs, 0)[0] > 1e-2
+
+
+def test_the_loop_runs_every_format_the_kernel_reads_and_refuses_others_by_name(bench):
+    import argparse
+
+    from verify_tuner.kernels.formats import KV_DTYPES
+
+    engine_loop, _ = bench
+    assert engine_loop.kv_dtypes_arg(",".join(KV_DTYPES)) == ["bf16", "fp8_e4m3", "fp8_e4m3_qk"]
+    for bad, words in (("fp8_ds_mla", "not read by this kernel version yet"), ("fp16", "unknown kv_dtype 'fp16'")):
+        with pytest.raises(argparse.ArgumentTypeError, match=words):
+            engine_loop.kv_dtypes_arg(bad)
