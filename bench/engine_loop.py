@@ -35,8 +35,8 @@ import torch
 from engine_steps import LoopEngine, Q, Schedule
 from verify_tuner.engine.tree_masks import TreeMaskMode
 from verify_tuner.kernels.config import KernelConfig
-from verify_tuner.kernels.errors import InvalidConfig
-from verify_tuner.kernels.formats import KV_DTYPES, kv_format
+from verify_tuner.kernels.formats import KV_DTYPES
+from verify_tuner.keys import check_kv_dtype
 
 STEPS, TIME_EVERY, CROSSING = 300, 25, 150
 MAX_PREFIX = 131_071
@@ -161,17 +161,12 @@ def range_picker(limits, config_dir: Path | None, split: int):  # type: ignore[n
 
 
 def kv_dtypes_arg(text: str) -> list[str]:
-    """An argparse type: formats the kernel reads, comma-separated, each on the pool SGLang holds
-    for it (bf16, or e4m3 for an e4m3 format)."""
-    names = [t for t in text.split(",") if t]
-    for name in names:
-        try:
-            f = kv_format(name)
-        except InvalidConfig as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-        if name not in KV_DTYPES:
-            raise argparse.ArgumentTypeError(f"{f.unsupported_reason()}")
-    return names
+    """An argparse type: formats the kernel reads, comma-separated (keys.check_kv_dtype's refusals),
+    each run on the pool SGLang holds for it (bf16, or e4m3 for an e4m3 format)."""
+    try:
+        return [check_kv_dtype(t) for t in text.split(",") if t]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def main() -> None:
