@@ -91,7 +91,7 @@ def main() -> None:
     ap.add_argument(
         "--base-tree", type=Path, help="folder where the base's verify_tuner is importable (pip install --target)"
     )
-    ap.add_argument("--out", type=Path, required=True, help="folder the results are written to")
+    ap.add_argument("--out", type=Path, help="folder the results are written to (required)")
     ap.add_argument("--cache", default=os.environ.get("TUNER_CACHE_DIR", "/tmp/va-cache"))
     ap.add_argument("--base-label", help="name of the base in the report (default: its git revision)")
     ap.add_argument(
@@ -109,8 +109,8 @@ def main() -> None:
         shapes = parse_shapes(args.shapes) if args.shapes else SHAPES
     except argparse.ArgumentTypeError as e:
         ap.error(f"--shapes: {e}")
-    if args.base_tree is None:
-        ap.error("--base-tree is required")
+    if args.base_tree is None or args.out is None:  # (the worker child takes neither)
+        ap.error("--base-tree and --out are required")
     env = {**os.environ, "PYTHONPATH": f"{args.base_tree.resolve()}:{os.environ.get('PYTHONPATH', '')}"}
     child = subprocess.run(
         [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(shapes), "--cache", args.cache],

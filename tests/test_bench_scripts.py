@@ -87,13 +87,24 @@ def test_no_benchmark_writes_into_the_checkout_by_default():
     assert defaulted == []
 
 
-@pytest.mark.parametrize("script", ["load_test.py", "ptxas_report.py"])
+@pytest.mark.parametrize("script", ["load_test.py", "ptxas_report.py", "ab_versions.py"])
 def test_a_benchmark_without_out_is_refused_and_writes_nothing(script, tmp_path):
     r = subprocess.run(
         [sys.executable, str(BENCH / script)], cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False
     )
     assert r.returncode == 2 and "--out" in r.stderr.splitlines()[-1], r.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_ab_of_two_versions_runs_its_base_side_without_out(monkeypatch, capsys):
+    """ab_versions.py times the base tree in a child given --worker and --cache only: a required
+    --out refused that child, so the A/B of a device call came back empty."""
+    import ab_versions
+
+    monkeypatch.setattr(ab_versions, "time_defaults", lambda shapes, cache: [{"shapes": shapes, "cache": cache}])
+    monkeypatch.setattr(sys, "argv", ["ab_versions.py", "--worker", "[[8, 9, 100]]", "--cache", "/tmp/c"])
+    ab_versions.main()
+    assert capsys.readouterr().out.strip() == '[{"shapes": [[8, 9, 100]], "cache": "/tmp/c-base"}]'
 
 
 def test_kernel_v7s_cases_are_the_issues_and_fit_their_devices(tmp_path):
