@@ -159,6 +159,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True, help="folder the results are written to")
     ap.add_argument("--v6-source", type=Path, help="v6's verify_attention.cu, for the same-call A/B (omit: v7 alone)")
     ap.add_argument("--quick", action="store_true", help="the cases alone, not the 40-shape regression sweep")
+    ap.add_argument("--cases", help="only the cases whose name contains one of these, comma-separated")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--cache", type=Path, default=Path(os.environ.get("TUNER_CACHE_DIR", "/tmp/va-cache")))
     args = ap.parse_args()
@@ -173,6 +174,10 @@ def main() -> None:
     cases = CASES + (
         [] if args.quick else [(f"H={h} q={q} P={p}", h, q, [p], "bf16", "h200") for h, q, p in REGRESSION]
     )
+    if args.cases:
+        cases = [c for c in cases if any(part in c[0] for part in args.cases.split(","))]
+        if not cases:
+            ap.error(f"--cases {args.cases!r} names none of the cases")
     rows = []
     with tempfile.TemporaryDirectory(prefix="v6-") as tmp:
         for case in cases:
