@@ -35,13 +35,14 @@ def sweep(limits, H, Q, P, base: KernelConfig) -> list[KernelConfig]:
 
     from verify_tuner.heuristic import _BANDWIDTH, _COMPUTE
 
-    choices = space.nsplit_choices(limits)
+    choices = space.nsplit_choices(H, limits)
     i = choices.index(base.nsplit)
     out = {base} | {replace(base, nsplit=choices[j]) for j in (i - 2, i - 1, i + 1) if 0 <= j < len(choices)}
     for tk, block, stages, wr, wk, sf, pipe in _COMPUTE[:5] + _BANDWIDTH[:3]:
         out.add(replace(base, tk=tk, block=block, stages=stages, wr=wr, wk=wk, sf=sf, pipe=pipe))
     for ht in (d for d in (1, 2, 4, 8, 16) if H % d == 0 and 8 <= d * Q <= 80 and d != base.ht):
-        out.add(replace(base, ht=ht, qt=0, nsplit=limits.sm_count))
+        groups = H // ht
+        out.add(replace(base, ht=ht, qt=0, nsplit=max(1, limits.sm_count // groups)))
     return sorted(c for c in out if check(c, limits, H=H, q_len=Q) is None)
 
 

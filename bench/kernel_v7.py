@@ -19,7 +19,6 @@ import os
 import subprocess
 import sys
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -51,8 +50,7 @@ CASES = [
     ("sm_120 template H=8 q=64 P=46000", 8, 64, [46000], "bf16", "rtx-pro-6000"),
 ]
 #: v6's sm_120 defaults (its heuristic's choice for the RTX PRO 6000, as kernel_v7_sm_90.json of
-#: 2026-12-05 recorded it; NSPLIT in v6's sense, parts a row group): v6's side of the sm_120
-#: template cases, v7's being today's heuristic.
+#: 2026-12-05 recorded it): v6's side of the sm_120 template cases, v7's being today's heuristic.
 V6_SM120 = {
     (8, 9): "NSPLIT=94 HT=4 TK=16 BLOCK=256 STAGES=2 QT=0 WR=4 WK=2 SF=0 PIPE=1",
     (64, 9): "NSPLIT=11 HT=4 TK=16 BLOCK=256 STAGES=2 QT=0 WR=4 WK=2 SF=0 PIPE=1",
@@ -74,29 +72,11 @@ def compile_v6(source: Path, cfg, q_len: int, arch: str, folder: Path) -> bytes:
     return out.read_bytes()
 
 
-def v6_config(device: str, H: int, q: int, cfg: KernelConfig) -> KernelConfig:
-    """v6's own default: recorded where its heuristic chose another structure than v7's (the sm_120
-    template), else v7's with v6's NSPLIT, which counted a row group's parts (its grid: one wave
-    of them for each of the G row groups)."""
-    if device == "rtx-pro-6000":
-        return KernelConfig.from_params(dict(kv.split("=") for kv in V6_SM120[(H, q)].split()))
-    groups = H // cfg.ht * -(-q // cfg.row_tile(q))
-    return replace(cfg, nsplit=max(1, cfg.nsplit // groups))
-
-
-def v6_spec(cfg: KernelConfig, H: int, q: int):
-    """v6's launch contract: a grid row of NSPLIT parts for each row group, and workspace slots
-    p + b of every head's rows (v7 shares the row groups out over one row of parts instead)."""
-    from verify_tuner.kernels.abi import LaunchSpec
-
-    class V6Spec(LaunchSpec):
-        def partial_grid(self) -> tuple[int, int, int]:
-            return (self.cfg.nsplit, self.row_groups, 1)
-
-        def workspace_rows(self, batch: int) -> int:
-            return (self.cfg.nsplit + batch - 1) * self.q_len * self.H
-
-    return V6Spec(cfg, H, q)
+def v6_config(device: str, H: int, q: int) -> KernelConfig | None:
+    """v6's own default where its heuristic chose another than v7's (the sm_120 template), else None."""
+    if device != "rtx-pro-6000":
+        return None
+    return KernelConfig.from_params(dict(kv.split("=") for kv in V6_SM120[(H, q)].split()))
 
 
 def launchers(case, *, limits, cache: Path, v6_source: Path | None, tmp: Path, stream):
@@ -119,15 +99,9 @@ def launchers(case, *, limits, cache: Path, v6_source: Path | None, tmp: Path, s
     va = VerifyAttention(cfg, H=H, q_len=q, limits=limits, max_batch=B, cache_dir=cache, kv_dtype=kv)
     got = {"v7": (checked_launcher(va, sets, out, ref, f"v7 {name} {kv}", stream=stream), cfg)}
     if kv == "bf16" and v6_source is not None:
-        import pycuda.driver as cuda
-        from verify_tuner.kernels.shapes import D_V, Q_BYTES
-
-        old = v6_config(device, H, q, cfg)
+        old = v6_config(device, H, q) or cfg
         v6 = VerifyAttention(old, H=H, q_len=q, limits=limits, max_batch=B, cache_dir=cache)
-        v6.spec = v6_spec(old, H, q)
         v6.kernels = CubinKernels(compile_v6(v6_source, old, q, limits.arch, tmp), v6.spec, sm_count=limits.sm_count)
-        rows = v6.spec.workspace_rows(B)  # v6's slots hold every head's rows
-        v6._part_o, v6._part_lse = cuda.mem_alloc(rows * D_V * Q_BYTES), cuda.mem_alloc(rows * 4)
         got["v6"] = (checked_launcher(v6, sets, out, ref, f"v6 {name}", stream=stream), old)
     return got, sets
 

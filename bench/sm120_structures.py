@@ -61,7 +61,7 @@ def structures(H: int, q: int, n: int, seed: int, kv_dtype: str = "bf16") -> tup
     rest = [c for c in valid if c not in good]
     picked = dict.fromkeys([dataclasses.replace(default, nsplit=1), *good, *rng.sample(rest, n - len(good))])
     return default, [
-        dataclasses.replace(c, nsplit=one_wave_nsplit(c, TARGET, q_len=q, kv_dtype=kv_dtype)) for c in picked
+        dataclasses.replace(c, nsplit=one_wave_nsplit(c, TARGET, H=H, q_len=q, kv_dtype=kv_dtype)) for c in picked
     ]
 
 

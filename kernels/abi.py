@@ -66,20 +66,10 @@ class LaunchSpec:
     q_len: int
     kv_dtype: str = "bf16"
 
-    @property
-    def row_groups(self) -> int:
-        """G: the blocks' row groups (head groups x row tiles), which the plan shares out with the batch."""
-        return self.H // self.cfg.ht * -(-self.q_len // self.cfg.row_tile(self.q_len))
-
-    @property
-    def block_rows(self) -> int:
-        """Query rows a block computes (HT heads x its row tile of nodes): a workspace slot's rows."""
-        return self.cfg.ht * self.cfg.row_tile(self.q_len)
-
     def partial_grid(self) -> tuple[int, int, int]:
-        """The same for every batch: NSPLIT parts, whatever the row groups (the kernel plans each
-        batch's share of them over its requests and row groups)."""
-        return (self.cfg.nsplit, 1, 1)
+        """The same for every batch: the kernel plans each batch's share of its parts."""
+        row_tiles = -(-self.q_len // self.cfg.row_tile(self.q_len))
+        return (self.cfg.nsplit, self.H // self.cfg.ht * row_tiles, 1)
 
     def workspace_bytes(self, batch: int) -> int:
         """Bytes of a caller's workspace for a batch: the partials (bf16 rows of 512), then their lse."""
@@ -87,7 +77,7 @@ class LaunchSpec:
 
     def workspace_rows(self, batch: int) -> int:
         """Rows of 512 bf16 (plus one fp32 lse each) the partials of a batch can need."""
-        return workspace_slots(nsplit=self.cfg.nsplit, batch=batch, groups=self.row_groups) * self.block_rows
+        return workspace_slots(nsplit=self.cfg.nsplit, batch=batch) * self.q_len * self.H
 
     def partial_args(
         self,

@@ -1,4 +1,4 @@
-"""The runtime work plan: how the kernel's fixed grid of NSPLIT parts shares a batch.
+"""The runtime work plan: how the kernel's fixed grid of NSPLIT parts per head group shares a batch.
 
 The partial and the reduce kernel compute this plan themselves on the device, from
 `prefix_indptr` alone (csrc/verify_attention.cu, `Plan`), so a CUDA graph captured once follows
@@ -6,15 +6,11 @@ every batch it replays: nothing is prepared on the host and no buffer beyond the
 This module is the same arithmetic in Python, for the CPU tests of its guarantees (every KV tile
 owned by exactly one part, parts balanced, partial slots unique) and for sizing the workspace.
 
-The grid is one row of NSPLIT parts for all of a config's row groups (G = H/HT head groups times
-the q_len/QT row tiles): the plan shares out a virtual batch of G*B items, item v = g*B + b being
-row group g of request b (row groups outermost), so NSPLIT may be any count of blocks, one wave of
-any GPU, whether or not G divides it. Item v costs `PLAN_C + L_b` units (L_b = P_b + q_len
-virtual tokens; PLAN_C stands for its fixed cost: the Q load, the pipeline's fill, the epilogue).
-Part p of the N active parts takes units [p*W/N, (p+1)*W/N) of the virtual batch's W; a KV tile
-belongs to the part that holds its last token's unit. N = min(NSPLIT, W // (PLAN_MIN_TILES * TK)):
-a part spans at least one tile, so every part between an item's first and last holds some of its
-tiles and writes a partial, to workspace slot p + v (a slot holds one block's rows).
+Request b costs `PLAN_C + L_b` units (L_b = P_b + q_len virtual tokens; PLAN_C stands for its
+fixed cost: the Q load, the pipeline's fill, the epilogue). Part p of the N active parts takes
+units [p*W/N, (p+1)*W/N) of the batch's W; a KV tile belongs to the part that holds its last
+token's unit. N = min(NSPLIT, W // (PLAN_MIN_TILES * TK)): a part spans at least one tile, so
+every part between a request's first and last holds some of its tiles and writes a partial.
 
 Row splits (a kernel built with -DVA_ROWSPLIT=3; the default build has none, ROW_SPLITS): when
 W // TK < NSPLIT * PLAN_SPLIT_TILES (with the default 1: a batch too short for
@@ -27,9 +23,6 @@ splits write disjoint rows of them.
 
 from __future__ import annotations
 
-import bisect
-import functools
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -68,9 +61,8 @@ def row_split_tiles(*, rows: int, nsplit: int, r: int, splits: int = ROW_SPLITS)
 
 @dataclass(frozen=True)
 class Segment:
-    """Tiles [t0, t1] of plan item `request` (row group request // B of request request % B) that
-    part `part` computes; `direct`: the part holds every tile of the item and writes its output
-    itself; otherwise its partial goes to `slot`."""
+    """Tiles [t0, t1] of request `request` that part `part` computes; `direct`: the part holds
+    every tile of the request and writes its output itself; otherwise its partial goes to `slot`."""
 
     part: int
     request: int
@@ -85,7 +77,7 @@ class Segment:
 
 @dataclass(frozen=True)
 class Plan:
-    lengths: tuple[int, ...]  # of the G*B items: L_b = P_b + q_len of request b, repeated G times
+    lengths: tuple[int, ...]  # L_b = P_b + q_len
     tk: int
     nsplit: int
     c: int = PLAN_C
@@ -94,13 +86,9 @@ class Plan:
     rsplit: int = 1
     split_tiles: int = PLAN_SPLIT_TILES
 
-    @functools.cached_property
-    def _units(self) -> tuple[int, ...]:
-        return tuple(itertools.accumulate((n + self.c for n in self.lengths), initial=0))
-
     def unit(self, b: int) -> int:
-        """U(b): units before item b."""
-        return self._units[b]
+        """U(b): units before request b."""
+        return sum(self.lengths[:b]) + b * self.c
 
     @property
     def total(self) -> int:
@@ -151,7 +139,7 @@ class Plan:
         """Every part's segments, in the order the kernel's blocks walk them."""
         out = []
         for p in range(self.parts):
-            b = bisect.bisect_right(self._units, self.part_begin(p)) - 1  # U(b) <= u0 < U(b + 1)
+            b = next(b for b in range(len(self.lengths)) if self.unit(b) <= self.part_begin(p) < self.unit(b + 1))
             while b < len(self.lengths) and self.unit(b) < self.part_begin(p + 1):
                 seg = self.segment(p, b)
                 if seg is not None:
@@ -166,22 +154,17 @@ def plan(
     q_len: int,
     tk: int,
     nsplit: int,
-    groups: int = 1,
     c: int = PLAN_C,
     min_tiles: int = PLAN_MIN_TILES,
     rsplit: int = 1,
     split_tiles: int = PLAN_SPLIT_TILES,
 ) -> Plan:
-    """The plan of a batch for a config with `groups` row groups (H/HT * row tiles): its items are
-    the requests of row group 0, then of row group 1, ..."""
     if not prefix_lens:
         raise ValueError("a batch holds at least one request")
-    if groups < 1:
-        raise ValueError(f"a config has at least one row group, got {groups}")
-    lengths = tuple(p + q_len for p in prefix_lens) * groups
+    lengths = tuple(p + q_len for p in prefix_lens)
     return Plan(lengths, tk=tk, nsplit=nsplit, c=c, min_tiles=min_tiles, rsplit=rsplit, split_tiles=split_tiles)
 
 
-def workspace_slots(*, nsplit: int, batch: int, groups: int = 1) -> int:
-    """Partial slots a batch can need: part p's partial of item v (of groups * batch) lives in slot p + v."""
-    return nsplit + groups * batch - 1
+def workspace_slots(*, nsplit: int, batch: int) -> int:
+    """Partial slots a batch can need: part p's partial of request b lives in slot p + b."""
+    return nsplit + batch - 1

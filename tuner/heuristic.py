@@ -64,11 +64,19 @@ def blocks_per_sm(cfg: KernelConfig, q_len: int, limits: DeviceLimits, kv_dtype:
     return max(1, min(by_smem, by_threads, by_regs))
 
 
-def one_wave_nsplit(cfg: KernelConfig, limits: DeviceLimits, *, q_len: int, kv_dtype: str = DEFAULT_KV_DTYPE) -> int:
-    """The largest NSPLIT choice whose grid fits one wave of `limits` (the plan shares every row
-    group's tiles out over the grid, so that is every SM busy whatever H / HT)."""
+def one_wave_nsplit(
+    cfg: KernelConfig,
+    limits: DeviceLimits,
+    *,
+    H: int,
+    q_len: int,
+    kv_dtype: str = DEFAULT_KV_DTYPE,
+) -> int:
+    """The largest NSPLIT choice whose grid (head groups x row tiles x parts) fits one wave of `limits`."""
     slots = limits.sm_count * blocks_per_sm(cfg, q_len, limits, kv_dtype)  # blocks in one wave
-    return max(c for c in nsplit_choices(limits) if c <= slots)
+    groups = (H // cfg.ht) * -(-q_len // (cfg.qt or q_len))
+    n = max(1, slots // groups)
+    return max(c for c in nsplit_choices(H, limits) if c <= n)
 
 
 #: Bandwidth mode's first choice where two blocks of it still share an SM: the seesaw's three
@@ -111,13 +119,13 @@ def _row_tiles(H: int, q_len: int) -> tuple[list[tuple[int, int]], list[tuple[in
 def heuristic_config(
     limits: DeviceLimits, *, H: int, q_len: int, prefix: int, batch: int = 1, kv_dtype: str = DEFAULT_KV_DTYPE
 ) -> KernelConfig:
-    """The largest row tile that fits a template, with NSPLIT the grid of one wave: the kernel's
-    plan shares every row group's tiles out over the grid, so any row tile keeps every SM busy and
-    the largest reads each KV tile for the most rows. The default depends on neither the prefix nor
-    the batch (they are only checked): the kernel shares the batch's tiles out over the parts at
-    run time and leaves parts idle when there are fewer tiles than parts, so one config, captured
-    once in a graph, serves every prefix; and the seesaw measured on par with the two-barrier
-    pipeline even at 4k prefixes (bench/results/runtime_sm_90.md)."""
+    """The largest row tile whose grid (head groups x row tiles x NSPLIT parts) fills at least half
+    a wave, with NSPLIT the largest choice within one wave; when no row tile fills half a wave, the
+    one with the most blocks. The default depends on neither the prefix nor the batch (they are
+    only checked): the kernel shares the batch's tiles out over the parts at run time and leaves
+    parts idle when there are fewer tiles than parts, so one config, captured once in a graph,
+    serves every prefix; and the seesaw measured on par with the two-barrier pipeline even at 4k
+    prefixes (bench/results/runtime_sm_90.md)."""
     if H < 1 or not 1 <= q_len <= MAX_Q_LEN or prefix < 0 or batch < 1:
         raise InvalidConfig(f"no config for H={H}, q_len={q_len}, prefix={prefix}, batch={batch}")
     readable(kv_dtype, limits.cc_major * 10 + limits.cc_minor)  # the format's own reason, not "no config fits"
@@ -133,9 +141,17 @@ def heuristic_config(
 def _pick(
     limits: DeviceLimits, tiles: list[tuple[int, int]], *, H: int, q_len: int, kv_dtype: str
 ) -> KernelConfig | None:
-    """The first of `tiles` a template fits, with one wave's grid."""
+    """The first of `tiles` whose grid fills half a wave, else the fitting one with the most blocks."""
+    fallback: tuple[int, KernelConfig] | None = None
     for ht, qt in tiles:
         probe = _first_fit(limits, ht=ht, qt=qt, H=H, q_len=q_len, kv_dtype=kv_dtype)
-        if probe is not None:
-            return replace(probe, nsplit=one_wave_nsplit(probe, limits, q_len=q_len, kv_dtype=kv_dtype))
-    return None
+        if probe is None:
+            continue
+        slots = limits.sm_count * blocks_per_sm(probe, q_len, limits, kv_dtype)  # blocks in one wave
+        cfg = replace(probe, nsplit=one_wave_nsplit(probe, limits, H=H, q_len=q_len, kv_dtype=kv_dtype))
+        blocks = (H // ht) * -(-q_len // (qt or q_len)) * cfg.nsplit
+        if 2 * blocks >= slots:
+            return cfg
+        if fallback is None or blocks > fallback[0]:
+            fallback = (blocks, cfg)
+    return fallback[1] if fallback else None

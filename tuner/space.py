@@ -1,8 +1,7 @@
 """The search space of one workload: the four core constants and kernel v2's structural choices.
 
-NSPLIT (the grid's blocks: the kernel's plan shares every row group's work out over them) has the
-fixed list plus, for the device, the grids that fill exactly 1..8 waves of one block an SM
-(sm_count * k). QT's are 0 (all nodes in one block) and the even row tiles
+NSPLIT's candidates are the fixed list plus, for the device, the grids that fill exactly one or
+two waves (sm_count * k // (H / HT)). QT's are 0 (all nodes in one block) and the even row tiles
 of q_len. The space changes with SPACE_VERSION, which is part of the Optuna study name (a study
 keeps one space).
 
@@ -36,18 +35,17 @@ from verify_tuner.kernels.validate import MAX_NSPLIT, check
 #: 6: PIPE=3, the seesaw (two warp groups alternate tiles).
 #: 7: the search proposes QT's row tiles (space 3 to 6 enumerated them as valid but searched QT=0 only).
 #: 8: kernel v3: NSPLIT is the parts a head group's grid has, shared out over the batch at run time.
-#: 9: NSPLIT is the whole grid: the plan shares the row groups out with the batch.
-SPACE_VERSION = 9
-
-#: Waves of one block an SM whose grids are NSPLIT candidates (a config of k blocks an SM fills
-#: one wave with k of them).
-WAVES = range(1, 9)
+SPACE_VERSION = 8
 
 
-def nsplit_choices(limits: DeviceLimits | None = None) -> list[int]:
-    """The fixed NSPLIT list, plus the grids of `limits` that fill whole waves of one block an SM
-    (the grid grows with neither the batch nor the row groups: its parts share both out)."""
-    extra = {limits.sm_count * k for k in WAVES} if limits is not None else set()
+def nsplit_choices(H: int, limits: DeviceLimits | None = None) -> list[int]:
+    """The fixed NSPLIT list, plus the one- and two-wave grids of `limits` for every head tile
+    (the grid does not grow with the batch: its parts share the batch out)."""
+    extra: set[int] = set()
+    if limits is not None:
+        for ht in HT_CHOICES:
+            if H % ht == 0:
+                extra |= {limits.sm_count * k // (H // ht) for k in (1, 2)}
     return sorted(set(NSPLIT_CHOICES) | {n for n in extra if 1 <= n <= MAX_NSPLIT})
 
 
@@ -66,7 +64,7 @@ def choices(
 ) -> dict[str, list[int]]:
     """Candidate values per constant; `restrict` keeps only the listed values of some of them."""
     full = {
-        "NSPLIT": nsplit_choices(limits),
+        "NSPLIT": nsplit_choices(H, limits),
         "HT": [h for h in HT_CHOICES if H % h == 0],
         "TK": list(TK_CHOICES),
         "BLOCK": list(BLOCK_CHOICES),

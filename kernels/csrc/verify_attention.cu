@@ -415,20 +415,15 @@ __device__ __forceinline__ unsigned long long mask_row(const void* mask, int byt
 
 // ---- How the fixed grid shares a batch: the runtime plan, computed on the device from
 // prefix_indptr by every block that needs it (no host step, nothing to refresh between CUDA-graph
-// replays; kernels/plan.py mirrors it for the CPU tests and the workspace size). The grid is one
-// row of NSPLIT parts for every row group (head group x row tile, G = H/HT * NQT of them): the
-// plan shares out a virtual batch of G*B items, v = g*B + b being row group g of request b, so
-// the parts fill the SMs whether or not G divides them. Item v costs PLAN_C + L_b units,
-// L_b = P_b + QN virtual tokens and PLAN_C a per-item fixed cost in tokens (its Q load, prologue
-// and epilogue); U(v) counts the units before it and W = U(G*B). Part p of the
-// N = min(NSPLIT, W / (PLAN_MIN_TILES * TK)) active parts takes units [p*W/N, (p+1)*W/N). A
-// KV tile belongs to the part holding its last token's unit, so parts split items at tile
-// boundaries, and every part between an item's first and last holds at least one of its tiles
-// (parts span >= TK units). Part p's partial of item v goes to workspace slot p + v (unique:
-// parts and items both advance along the units), a slot holding one block's ROWS rows; an item
-// whose tiles one part holds all of is written to `out` directly, and the reduce skips it. Row
-// groups are the outer order, so the parts of different groups read the same tokens of a
-// request at about the same time (the L2 serves the repeats).
+// replays; kernels/plan.py mirrors it for the CPU tests and the workspace size). Request b costs
+// PLAN_C + L_b units, L_b = P_b + QN virtual tokens and PLAN_C a per-request fixed cost in tokens
+// (its Q load, prologue and epilogue); U(b) counts the units before it and W = U(B). Part p of
+// the N = min(NSPLIT, W / (PLAN_MIN_TILES * TK)) active parts takes units [p*W/N, (p+1)*W/N). A
+// KV tile belongs to the part holding its last token's unit, so parts split requests at tile
+// boundaries, and every part between a request's first and last holds at least one of its tiles
+// (parts span >= TK units). Part p's partial of request b goes to workspace slot p + b (unique:
+// parts and requests both advance along the units); a request whose tiles one part holds all of
+// is written to `out` directly, and the reduce skips it.
 #ifndef PLAN_C
 #define PLAN_C 128
 #endif
@@ -451,24 +446,11 @@ struct Seg {  // tiles [t0, t1] of one request (none when t0 > t1); direct: all 
 };
 struct Plan {
   const int* indptr;
-  long long W1;  // one row group's units: U1(B)
-  long long W;   // the virtual batch's: G * W1
-  int B;
+  long long W;
   int N;
   int R;  // blocks per part: grid part g computes KV part g % N, n8 row tiles from (g / N) * RS
-  // units before request b within a row group
-  __device__ __forceinline__ long long U1(int b) const {
+  __device__ __forceinline__ long long U(int b) const {
     return (long long)(__ldg(indptr + b) - __ldg(indptr)) + (long long)b * (QN + PLAN_C);
-  }
-  // units before item v = g*B + b
-  __device__ __forceinline__ long long U(int v) const {
-    const int g = v / B;
-    return g * W1 + U1(v - g * B);
-  }
-  // L_b of item v (its request's virtual tokens)
-  __device__ __forceinline__ int L(int v) const {
-    const int b = v % B;
-    return __ldg(indptr + b + 1) - __ldg(indptr + b) + QN;
   }
   __device__ __forceinline__ long long part_begin(int p) const { return (long long)p * W / N; }
   __device__ __forceinline__ int part_of(long long u) const { return (int)(((u + 1) * N - 1) / W); }
@@ -483,12 +465,10 @@ struct Plan {
     return s;
   }
 };
-__device__ __forceinline__ Plan make_plan(const int* indptr, int B, int G) {
+__device__ __forceinline__ Plan make_plan(const int* indptr, int B) {
   Plan p;
   p.indptr = indptr;
-  p.B = B;
-  p.W1 = p.U1(B);
-  p.W = G * p.W1;
+  p.W = p.U(B);
   const long long cap = p.W / (PLAN_MIN_TILES * TK);
   p.N = (int)(cap < 1 ? 1 : (cap < NSPLIT ? cap : NSPLIT));
   p.R = 1;
@@ -499,20 +479,20 @@ __device__ __forceinline__ Plan make_plan(const int* indptr, int B, int G) {
   }
   return p;
 }
-// Part `part`'s first segment from item v on, into seg: {t0, t1, direct, item} (item G*B: none left).
-__device__ __forceinline__ void next_segment(int* seg, const int* indptr, int B, int G, int part, int v) {
-  const Plan pl = make_plan(indptr, B, G);
+// Part `part`'s first segment from request b on, into seg: {t0, t1, direct, request} (request B: none left).
+__device__ __forceinline__ void next_segment(int* seg, const int* indptr, int B, int part, int b) {
+  const Plan pl = make_plan(indptr, B);
   const long long u0 = pl.part_begin(part), u1 = pl.part_begin(part + 1);
-  for (; v < G * B; ++v) {
-    const long long Uv = pl.U(v);
-    if (Uv >= u1) break;
-    const Seg s = pl.segment(Uv, pl.L(v), u0, u1);
+  for (; b < B; ++b) {
+    const long long Ub = pl.U(b);
+    if (Ub >= u1) break;
+    const Seg s = pl.segment(Ub, __ldg(indptr + b + 1) - __ldg(indptr + b) + QN, u0, u1);
     if (s.t0 <= s.t1) {
-      seg[0] = s.t0, seg[1] = s.t1, seg[2] = s.direct, seg[3] = v;
+      seg[0] = s.t0, seg[1] = s.t1, seg[2] = s.direct, seg[3] = b;
       return;
     }
   }
-  seg[3] = G * B;
+  seg[3] = B;
 }
 }  // namespace
 
@@ -1097,8 +1077,8 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
                     const int* __restrict__ prefix_indptr,   // [B + 1] prefix tokens
                     const int* __restrict__ draft_indices,   // [B, QN] slots
                     const void* __restrict__ tree_mask,      // [B, QN] rows of mask_bytes
-                    bf16* __restrict__ part_o,     // [NSPLIT + G*B - 1 slots, ROWS, 512]: o / l
-                    float* __restrict__ part_lse,  // [NSPLIT + G*B - 1 slots, ROWS]: m + log2(l)
+                    bf16* __restrict__ part_o,     // [NSPLIT + B - 1 slots, QN, H, 512]: o / l
+                    float* __restrict__ part_lse,  // [NSPLIT + B - 1 slots, QN, H]: m + log2(l)
                     bf16* __restrict__ out,        // [B, QN, H, 512]: requests one part covers
                     float* __restrict__ lse,       // [B, QN, H] natural log, or null
                     int B, int H, int q_st, int q_sh, int pe_st, int pe_sh, int page_shift, int page_stride,
@@ -1126,7 +1106,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
     scale_log2 *= F8QK ? vscale / F8_UNIT : vscale;  // e4m3 MMAs read K as stored: no 2^-8 in the scores
   }
 
-  const int part_id = blockIdx.x, G = H / HT * NQT;  // the row groups the plan shares out with the batch
+  const int part_id = blockIdx.x, hg = blockIdx.y / NQT, qt = blockIdx.y % NQT;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int grp = NGROUPS == 1 ? 0 : warp / GWARPS, gw = NGROUPS == 1 ? warp : warp % GWARPS;  // PIPE 3's groups
 #if VA_PDL
@@ -1141,30 +1121,26 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
 #elif defined(VA_TEST_HANG)
   if (tid == 0) { volatile int spin = 1; while (spin) __nanosleep(1000); }
 #endif
-  // Item v = g*B + b: request b, head group g / NQT, nodes from (g % NQT) * QT (the last row tile
-  // may hold fewer). Derived from the item where needed, not held across the tile loop.
-  auto item_req = [&](int v) { return v % B; };
-  auto item_hg = [&](int v) { return v / B / NQT; };
-  auto item_node0 = [&](int v) { return v / B % NQT * QT; };
-  auto item_rows = [&](int v) { return HT * min(QT, QN - item_node0(v)); };
+  const int node0 = qt * QT;
+  const int rows_here = HT * min(QT, QN - node0);  // the last row tile may hold fewer nodes
+  auto row_index = [&](int X, int r) {  // query row r of this block in request (or slot) X -> flat (X, node, head)
+    return ((size_t)X * QN + node0 + r / HT) * H + hg * HT + r % HT;
+  };
   // The KV part this block computes and its first n8 row tile (a row split's block: see Plan).
   int split_kvp = part_id, split_lo = 0;
   // ---- the plan: which tiles of which requests this part takes (Plan says how parts share a batch).
   // Its 64-bit state stays out of the registers the tile loop needs: thread 0 finds each segment
   // and leaves it in seg_s.
   {
-    const Plan pl = make_plan(prefix_indptr, B, G);
+    const Plan pl = make_plan(prefix_indptr, B);
     if (part_id >= pl.N * pl.R) return;  // fewer parts than the grid's have work: the batch is short
     split_kvp = part_id % pl.N;
     split_lo = pl.R > 1 ? part_id / pl.N * RS : 0;
     const long long u0 = pl.part_begin(split_kvp);
-    // the item holding unit u0: its row group by division, then the one request b of that group
-    // with U1(b) <= u < U1(b+1); the thread that finds it finds the first segment too, so the Q
-    // load waits on one round trip of index loads
-    const int g0 = (int)(u0 / pl.W1);
-    const long long u = u0 - g0 * pl.W1;
+    // the request holding unit u0 (exactly one b has U(b) <= u0 < U(b+1)): the thread that finds it
+    // finds the first segment too, so the Q load waits on one round trip of index loads
     for (int b = tid; b < B; b += BLOCK)
-      if (pl.U1(b) <= u && u < pl.U1(b + 1)) next_segment(seg_s, prefix_indptr, B, G, split_kvp, g0 * B + b);
+      if (pl.U(b) <= u0 && u0 < pl.U(b + 1)) next_segment(seg_s, prefix_indptr, B, split_kvp, b);
     __syncthreads();
     split_lo = pl.R > 1 ? split_lo : -1;  // -1: every row (the segment loop below without the split)
   }
@@ -1179,7 +1155,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
     const int rlo = nlo * 8, rhi = (nlo + NT < NR ? nlo + NT : NR) * 8;  // its rows (with pad rows)
   // The request index is read from seg_s where it is used (not held in a register across the tile loop).
 #pragma unroll 1
-  while (seg_s[3] < G * B) {
+  while (seg_s[3] < B) {
     // The thread's indices, re-derived each segment through an opaque copy: otherwise the compiler
     // hoists every lane-dependent shared-memory address out of this loop, and the accumulators
     // plus those addresses no longer fit the register file (spills at 64 rows).
@@ -1189,11 +1165,10 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
     // load. Q rides in the first
     // cp.async group (PIPE 3: a group of its own); PIPE 0 keeps one slot free for the first
     // iteration to fill, PIPE 1 and 3 fill every slot now.
-    const int v_item = seg_s[3], node0 = item_node0(v_item), rows_here = item_rows(v_item);
     for (int c = tid; c < (rhi - rlo) * CHUNKS; c += BLOCK) {  // Q rows r = i*HT + hl; pad rows zero
       const int r = rlo + c / CHUNKS, part = c - (r - rlo) * CHUNKS;
       const bool valid = r < rows_here;
-      const long long tok = (long long)item_req(v_item) * QN + node0 + r / HT, head = item_hg(v_item) * HT + r % HT;
+      const long long tok = (long long)seg_s[3] * QN + node0 + r / HT, head = hg * HT + r % HT;
       const bf16* src = part < D_V / 8 ? q + tok * q_st + head * q_sh + part * 8
                                        : q_pe + tok * pe_st + head * pe_sh + (part - D_V / 8) * 8;
       cp_async16(smem_u32(Qs + sw(r, part * 8)), valid ? src : q, valid);
@@ -1201,10 +1176,10 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
     if constexpr (PIPE == 3) cp_async_commit();  // Q alone: each group then commits its own tiles
     // the mask rows now, so their round trip overlaps the index loads below (stored once those are done)
     const unsigned long long mrow =
-        tid < QT && node0 + tid < QN ? mask_row(tree_mask, mask_bytes, (size_t)item_req(v_item) * QN + node0 + tid) : 0ull;
+        tid < QT && node0 + tid < QN ? mask_row(tree_mask, mask_bytes, (size_t)seg_s[3] * QN + node0 + tid) : 0ull;
     Span sp;
     {
-      const int b = item_req(v_item), p0 = prefix_indptr[b];
+      const int b = seg_s[3], p0 = prefix_indptr[b];
       sp.P = prefix_indptr[b + 1] - p0;
 #ifdef VA_FLAT_ONLY  // profiling: the page-size-1 layout compiled in (what reading a page table costs)
       sp.shift = 0;
@@ -1245,7 +1220,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
     __syncthreads();  // every prologue copy has read its index
     // The part's next segment, found while this one's tiles are in flight (by a thread of the
     // group that waits for tile 0 anyway), so the part goes on (or exits) without a round trip.
-    if (tid == BLOCK - 1) next_segment(seg_s + 4, prefix_indptr, B, G, kvp, seg_s[3] + 1);
+    if (tid == BLOCK - 1) next_segment(seg_s + 4, prefix_indptr, B, kvp, seg_s[3] + 1);
 #pragma unroll
     for (int k = 0; k < PER; ++k) {
       const int i = tid + k * BLOCK;
@@ -1388,24 +1363,21 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
     }
     __syncthreads();
     constexpr int VCH = D_V * 2 / 16;  // 16-byte chunks per output row
-    const int v_out = seg_s[3], b = item_req(v_out), n0 = item_node0(v_out), hg = item_hg(v_out);
+    const int b = seg_s[3];
     const bool direct = seg_s[2] != 0;
-    // row r of this block: (b, node, head) of `out` when direct, else row r of its workspace slot
-    auto row_index = [&](int r) {
-      return direct ? ((size_t)b * QN + n0 + r / HT) * H + hg * HT + r % HT : (size_t)(kvp + v_out) * ROWS + r;
-    };
+    const int X = direct ? b : kvp + b;  // output row block: the request itself, or its workspace slot
     bf16* o_dst = direct ? out : part_o;
     const int r_end = rhi < rows_here ? rhi : rows_here;  // this block's real rows: [rlo, r_end)
     for (int c = tid; c < (r_end - rlo) * VCH; c += BLOCK) {
       const int r = rlo + c / VCH, part = c - (r - rlo) * VCH;
       const uint4 v = *reinterpret_cast<const uint4*>(Os + sw(r, part * 8));
-      *reinterpret_cast<uint4*>(o_dst + row_index(r) * D_V + part * 8) = v;
+      *reinterpret_cast<uint4*>(o_dst + row_index(X, r) * D_V + part * 8) = v;
     }
     for (int r = rlo + tid; r < r_end; r += BLOCK) {
       const float l = l_s[r];
       const float lse2 = l > 0.f ? m_s[r] + log2f(l) : NEG_INF;  // log2 domain, as the reduce merges
-      if (!direct) part_lse[row_index(r)] = lse2;
-      else if (lse != nullptr) lse[row_index(r)] = lse2 * 0.69314718055994531f;
+      if (!direct) part_lse[row_index(X, r)] = lse2;
+      else if (lse != nullptr) lse[row_index(X, r)] = lse2 * 0.69314718055994531f;
     }
     __syncthreads();  // every thread has read seg_s, and the Q region and stats are free again
     TRACE(0, 5);
@@ -1495,16 +1467,18 @@ __device__ __forceinline__ void store_merged(bf16* __restrict__ out, float* __re
   if (lse != nullptr && lse_lane) lse[row] = L > 0.f ? ((m == NEG_INF ? 0.f : m) + log2f(L)) * 0.69314718055994531f : NEG_INF;
 }
 
-// Thread l16 of a group: its walk over a work item's parts first, first + step, ...: the running
-// output, max and sum of its 8 dims of row `r` (of the plan's item v: a block's rows) in the quarter
-// [quarter*128, +128). Every part between the plan item's first and last wrote its partial (Plan).
+// Thread l16 of a group: its walk over an item's parts first, first + step, ...: the running output, max and
+// sum of its 8 dims of the (b, i, h) row's quarter [quarter*128, +128). Every part between the
+// request's first and last wrote its partial (Plan).
 template <int U>
 __device__ __forceinline__ void walk_item(const bf16* __restrict__ part_o, const float* __restrict__ part_lse,
-                                          int r, int quarter, int v, int p_first, int nparts, int l16, int first,
-                                          int step, float (&o)[8], float& m, float& L) {
+                                          size_t row, int quarter, int b, int p_first, int nparts, int H, int l16,
+                                          int first, int step, float (&o)[8], float& m, float& L) {
+  const int nh = (int)(row % ((size_t)QN * H));
   const int dim = quarter * 128 + l16 * 8;
-  const size_t row0 = (size_t)(p_first + v) * ROWS + r;  // slot p + v of part p
-  merge_parts<U>(part_o + row0 * D_V + dim, part_lse + row0, ROWS, first, step, nparts, o, m, L);
+  const size_t slot_stride = (size_t)QN * H;               // rows of one workspace slot
+  const size_t row0 = (size_t)(p_first + b) * slot_stride + nh;  // slot p + b of part p
+  merge_parts<U>(part_o + row0 * D_V + dim, part_lse + row0, slot_stride, first, step, nparts, o, m, L);
 }
 
 // Merge one item with the log-sum-exp rule: 16 threads of 8 dims; `gpi` thread groups (this
@@ -1512,12 +1486,13 @@ __device__ __forceinline__ void walk_item(const bf16* __restrict__ part_o, const
 // flight per thread, then the first combines their results in shared memory (the caller's barrier
 // between: every thread of the block takes part in one round).
 __device__ __forceinline__ void merge_item_walk(const bf16* __restrict__ part_o, const float* __restrict__ part_lse,
-                                                int r, int quarter, int v, int p_first, int nparts, int grp, int gl,
-                                                int gpi, float (*red_o)[16][9], float (*red_l)[16], float* red_m) {
+                                                size_t row, int quarter, int b, int p_first, int nparts, int H,
+                                                int grp, int gl, int gpi, float (*red_o)[16][9], float (*red_l)[16],
+                                                float* red_m) {
   const int l16 = threadIdx.x % 16;
   float o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
   float m = NEG_INF, L = 0.f;  // this group's running max and sum
-  walk_item<RED_UNROLL>(part_o, part_lse, r, quarter, v, p_first, nparts, l16, gl, gpi, o, m, L);
+  walk_item<RED_UNROLL>(part_o, part_lse, row, quarter, b, p_first, nparts, H, l16, gl, gpi, o, m, L);
 #pragma unroll
   for (int j = 0; j < 8; ++j) red_o[grp][l16][j] = o[j];
   red_l[grp][l16] = L;
@@ -1545,30 +1520,21 @@ __device__ __forceinline__ void merge_item_combine(bf16* __restrict__ out, float
 // The same merge by one group of 16 threads alone (no block barrier), for items with few parts:
 // the block's groups then merge that many items at once instead of one after another.
 __device__ __forceinline__ void merge_item_group(const bf16* __restrict__ part_o, const float* __restrict__ part_lse,
-                                                 bf16* __restrict__ out, float* __restrict__ lse, size_t row, int r,
-                                                 int quarter, int v, int p_first, int nparts, int l16) {
+                                                 bf16* __restrict__ out, float* __restrict__ lse, size_t row,
+                                                 int quarter, int b, int p_first, int nparts, int H, int l16) {
   float o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
   float m = NEG_INF, L = 0.f;
-  walk_item<4>(part_o, part_lse, r, quarter, v, p_first, nparts, l16, 0, 1, o, m, L);
+  walk_item<4>(part_o, part_lse, row, quarter, b, p_first, nparts, H, l16, 0, 1, o, m, L);
   store_merged(out, lse, row, quarter * 128 + l16 * 8, quarter == 0 && l16 == 0, o, m, L);
 }
 
 // Items with at most this many parts are merged by one thread group each.
 constexpr int RED_SMALL = 8;
 
-// Output row (b, i, h) of [B, QN, H] as the plan's item v = g*B + b (g = h / HT * NQT + i / QT: its
-// row group) and its row r among the item's ROWS (node i % QT, head h % HT: r = node * HT + head).
-__device__ __forceinline__ int plan_item(size_t row, int B, int H, int& r) {
-  const int h = (int)(row % H), i = (int)(row / H % QN), b = (int)(row / ((size_t)QN * H));
-  r = i % QT * HT + h % HT;
-  return (h / HT * NQT + i / QT) * B + b;
-}
-
-// The reduce: work items are (row, quarter) of every request, B*QN*H*4 of them; block k of the
-// grid's K takes items k, k+K, ..., `per_block` of them (the launch sizes K so that a large batch
+// The reduce: work items are (row, quarter) of every request, B*QN*H*4 of them; block g of the
+// grid's G takes items g, g+G, ..., `per_block` of them (the launch sizes G so that a large batch
 // does not pay the GPU's block-launch rate for requests that need no merge). Its threads check
-// their items against the plan at once; only rows whose plan item (the request's row group)
-// several parts share merge.
+// their items against the plan at once; only items of requests that several parts share merge.
 extern "C" __global__ void __launch_bounds__(RED_THREADS)
 verify_attn_reduce(const bf16* __restrict__ part_o, const float* __restrict__ part_lse,
                    const int* __restrict__ prefix_indptr,  // [B + 1]
@@ -1588,12 +1554,11 @@ verify_attn_reduce(const bf16* __restrict__ part_o, const float* __restrict__ pa
   if (tid < per_block) {
     const long long item = blockIdx.x + (long long)tid * gridDim.x;
     if (item < items) {
-      int r;
-      const int v = plan_item((size_t)(item / 4), B, H, r);
-      const Plan pl = make_plan(prefix_indptr, B, H / HT * NQT);
-      const long long Uv = pl.U(v), Uv1 = pl.U(v + 1);
-      const int Lv = (int)(Uv1 - Uv - PLAN_C);
-      const int p_first = pl.part_of(Uv + PLAN_C + min(TK, Lv) - 1), p_last = pl.part_of(Uv1 - 1);
+      const int b = (int)(item / ((long long)QN * H * 4));
+      const Plan pl = make_plan(prefix_indptr, B);
+      const long long Ub = pl.U(b), Ub1 = pl.U(b + 1);
+      const int Lb = (int)(Ub1 - Ub - PLAN_C);
+      const int p_first = pl.part_of(Ub + PLAN_C + min(TK, Lb) - 1), p_last = pl.part_of(Ub1 - 1);
       if (p_first != p_last) {  // one part wrote this request's output itself otherwise
         const int np = p_last - p_first + 1;
         const int k = np > RED_SMALL ? RED_THREADS - 1 - atomicAdd(&nbig, 1) : atomicAdd(&ntodo, 1);
@@ -1619,9 +1584,9 @@ verify_attn_reduce(const bf16* __restrict__ part_o, const float* __restrict__ pa
     if (k < m) {
       const int* t = todo[RED_THREADS - 1 - (k0 + k)];
       item = t[0];
-      int r;
-      const int v = plan_item((size_t)(item / 4), B, H, r);
-      merge_item_walk(part_o, part_lse, r, item % 4, v, t[1], t[2], grp, grp - first, gpi, red_o, red_l, red_m);
+      const size_t row = (size_t)(item / 4);
+      merge_item_walk(part_o, part_lse, row, item % 4, (int)(row / ((size_t)QN * H)), t[1], t[2], H, grp,
+                      grp - first, gpi, red_o, red_l, red_m);
     }
     __syncthreads();
     if (k < m && grp == first) merge_item_combine(out, lse, (size_t)(item / 4), item % 4, grp, gpi, red_o, red_l, red_m);
@@ -1630,9 +1595,8 @@ verify_attn_reduce(const bf16* __restrict__ part_o, const float* __restrict__ pa
   for (int k = tid / 16; k < n; k += RED_GROUPS) {  // few parts: a thread group an item
     const int item = todo[k][0];
     const size_t row = (size_t)(item / 4);
-    int r;
-    const int v = plan_item(row, B, H, r);
-    merge_item_group(part_o, part_lse, out, lse, row, r, item % 4, v, todo[k][1], todo[k][2], tid % 16);
+    merge_item_group(part_o, part_lse, out, lse, row, item % 4, (int)(row / ((size_t)QN * H)), todo[k][1],
+                     todo[k][2], H, tid % 16);
   }
   TRACE(1, 3);
 }

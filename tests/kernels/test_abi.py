@@ -234,10 +234,8 @@ def test_q_len_and_heads_come_from_q():
 
 def test_the_grid_is_the_same_for_every_batch_and_the_workspace_follows_the_plan():
     spec = LaunchSpec(KernelConfig(nsplit=132, ht=4, tk=32, block=256, qt=3), H=8, q_len=9)
-    assert spec.row_groups == 2 * 3 and spec.block_rows == 4 * 3
-    assert spec.partial_grid() == (132, 1, 1)  # the plan shares the 6 row groups out over 132 parts
-    # slot p + v of item v = g * B + b holds one block's 12 rows
-    assert spec.workspace_rows(1) == (132 + 6 - 1) * 12 and spec.workspace_rows(32) == (132 + 6 * 32 - 1) * 12
+    assert spec.partial_grid() == (132, 2 * 3, 1)
+    assert spec.workspace_rows(1) == 132 * 9 * 8 and spec.workspace_rows(32) == (132 + 31) * 9 * 8
 
 
 @pytest.mark.parametrize("batch", [1, 2, 8, 32, 256, 4096])

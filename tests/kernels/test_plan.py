@@ -1,7 +1,6 @@
 """The runtime work plan's guarantees (verify_tuner.kernels.plan, the kernel's Plan in Python):
-every KV tile of every row group computed by exactly one part, parts balanced within one tile,
-every part the reduce merges holds a partial, partial slots unique and inside the workspace, and
-one wave's grid busy whether or not the row groups divide the SMs."""
+every KV tile computed by exactly one part, parts balanced within one tile, every part the
+reduce merges holds a partial, partial slots unique and inside the workspace."""
 
 from __future__ import annotations
 
@@ -20,43 +19,30 @@ EXTREMES = {
 }
 
 
-def _check(
-    prefix_lens: list[int],
-    q_len: int,
-    tk: int,
-    nsplit: int,
-    rsplit: int = 1,
-    split_tiles: int = 1,
-    groups: int = 1,
-) -> None:
-    p = plan(prefix_lens, q_len=q_len, tk=tk, nsplit=nsplit, rsplit=rsplit, split_tiles=split_tiles, groups=groups)
+def _check(prefix_lens: list[int], q_len: int, tk: int, nsplit: int, rsplit: int = 1, split_tiles: int = 1) -> None:
+    p = plan(prefix_lens, q_len=q_len, tk=tk, nsplit=nsplit, rsplit=rsplit, split_tiles=split_tiles)
     segs = p.segments()
-    items = groups * len(prefix_lens)  # row group g of request b is item g * B + b
-    assert p.lengths == tuple(x + q_len for x in prefix_lens) * groups
-    # every tile of every item exactly once, in order
+    # every tile of every request exactly once, in order
     owned: dict[int, list[int]] = {}
     for s in segs:
         owned.setdefault(s.request, []).extend(range(s.t0, s.t1 + 1))
-    for v in range(items):
-        assert owned.get(v) == list(range(p.tiles(v))), (v, owned.get(v))
-    # the parts the reduce merges are exactly the parts holding the item's tiles
-    by_item: dict[int, list] = {}
-    for s in segs:
-        by_item.setdefault(s.request, []).append(s)
-    for v in range(items):
-        holders = sorted({s.part for s in by_item[v]})
-        assert holders == list(p.request_parts(v))
-        assert [s.direct for s in by_item[v]] == [len(holders) == 1] * len(holders)
+    for b in range(len(prefix_lens)):
+        assert owned.get(b) == list(range(p.tiles(b))), (b, owned.get(b))
+    # the parts the reduce merges are exactly the parts holding the request's tiles
+    for b in range(len(prefix_lens)):
+        holders = sorted({s.part for s in segs if s.request == b})
+        assert holders == list(p.request_parts(b))
+        direct = [s.direct for s in segs if s.request == b]
+        assert direct == [len(holders) == 1] * len(holders)
     # slots: unique among partials, inside the workspace
     slots = [s.slot for s in segs if not s.direct]
     assert len(slots) == len(set(slots))
-    assert all(0 <= s < workspace_slots(nsplit=nsplit, batch=len(prefix_lens), groups=groups) for s in slots)
+    assert all(0 <= s < workspace_slots(nsplit=nsplit, batch=len(prefix_lens)) for s in slots)
     # balance: a part computes at most its share of the units plus one tile
     share = -(-p.total // p.parts)
-    tokens = [0] * p.parts
-    for s in segs:
-        tokens[s.part] += min((s.t1 + 1) * tk, p.lengths[s.request]) - s.t0 * tk
-    assert max(tokens) <= share + tk, (tokens, share)
+    for part in range(p.parts):
+        tokens = sum(min((s.t1 + 1) * tk, p.lengths[s.request]) - s.t0 * tk for s in segs if s.part == part)
+        assert tokens <= share + tk, (part, tokens, share)
     assert 1 <= p.parts * p.blocks_per_part <= nsplit  # the grid holds every block
 
 
@@ -67,8 +53,6 @@ def _check(
 def test_extremes(case, nsplit, tk, rows):
     for ways in (1, 3):  # the default build and -DVA_ROWSPLIT=3
         _check(EXTREMES[case], q_len=9, tk=tk, nsplit=nsplit, rsplit=row_splits(rows=rows, nsplit=nsplit, splits=ways))
-    for groups in (2, 16, 32):  # H=128 q=9 in 16 head groups of 8, or 32 of 4
-        _check(EXTREMES[case], q_len=9, tk=tk, nsplit=nsplit, groups=groups)
 
 
 @settings(max_examples=300, deadline=None)
@@ -77,11 +61,9 @@ def test_extremes(case, nsplit, tk, rows):
     q_len=st.integers(1, 64),
     tk=st.sampled_from([16, 32, 64, 128]),
     nsplit=st.integers(1, 300),
-    groups=st.integers(1, 16),
 )
-def test_random_batches(prefix_lens, q_len, tk, nsplit, groups):
+def test_random_batches(prefix_lens, q_len, tk, nsplit):
     _check(prefix_lens, q_len, tk, nsplit)
-    _check(prefix_lens, q_len, tk, nsplit, groups=groups)
     split3 = row_splits(rows=72, nsplit=nsplit, splits=3)  # as built with -DVA_ROWSPLIT=3
     _check(prefix_lens, q_len, tk, nsplit, rsplit=split3)
     _check(prefix_lens, q_len, tk, nsplit, rsplit=split3, split_tiles=3)
@@ -145,22 +127,3 @@ def test_a_short_batch_leaves_parts_idle_and_writes_directly():
     p = plan([0], q_len=9, tk=32, nsplit=132)
     (seg,) = p.segments()  # one part of the few with units holds the one tile
     assert seg.direct and (seg.t0, seg.t1) == (0, 0) and p.parts == (9 + PLAN_C) // 32 < 132
-
-
-@pytest.mark.parametrize(
-    ("H", "q_len", "groups"),
-    [(128, 9, 32), (8, 64, 16), (64, 9, 16)],  # head groups x row tiles of the sm_120 template's configs
-)
-def test_every_part_of_a_188_sm_wave_gets_work_when_row_groups_do_not_divide_it(H, q_len, groups):
-    """The RTX PRO 6000's 188 SMs: 32 or 16 row groups times a whole number of parts a group
-    reached 160 or 128 blocks; the grid of 188 parts shares every group's tiles out instead, each
-    part busy and within a tile of its share."""
-    p = plan([46000], q_len=q_len, tk=16, nsplit=188, groups=groups)
-    loads = [0] * p.parts
-    for s in p.segments():
-        loads[s.part] += min((s.t1 + 1) * 16, p.lengths[s.request]) - s.t0 * 16
-    assert p.parts == 188 and min(loads) > 0
-    assert max(loads) <= -(-p.total // 188) + 16  # its share of the units (tokens + PLAN_C an item) + a tile
-    # a part straddles at most its share's row groups, plus one: the Q loads it repeats
-    per_part = [len({s.request for s in p.segments() if s.part == k}) for k in range(188)]
-    assert max(per_part) <= -(-groups // 188) + 1

