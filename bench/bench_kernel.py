@@ -35,7 +35,7 @@ def sweep(limits, H, Q, P, base: KernelConfig) -> list[KernelConfig]:
 
     from verify_tuner.heuristic import _BANDWIDTH, _COMPUTE
 
-    choices = space.nsplit_choices(H, limits)
+    choices = space.nsplit_choices(H, limits, Q)
     i = choices.index(base.nsplit)
     out = {base} | {replace(base, nsplit=choices[j]) for j in (i - 2, i - 1, i + 1) if 0 <= j < len(choices)}
     for tk, block, stages, wr, wk, sf, pipe in _COMPUTE[:5] + _BANDWIDTH[:3]:

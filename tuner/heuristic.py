@@ -76,7 +76,7 @@ def one_wave_nsplit(
     slots = limits.sm_count * blocks_per_sm(cfg, q_len, limits, kv_dtype)  # blocks in one wave
     groups = (H // cfg.ht) * -(-q_len // (cfg.qt or q_len))
     n = max(1, slots // groups)
-    return max(c for c in nsplit_choices(H, limits) if c <= n)
+    return max(c for c in nsplit_choices(H, limits, q_len) if c <= n)
 
 
 #: Bandwidth mode's first choice where two blocks of it still share an SM: the seesaw's three

@@ -1,7 +1,8 @@
 """The search space of one workload: the four core constants and kernel v2's structural choices.
 
-NSPLIT's candidates are the fixed list plus, for the device, the grids that fill exactly one or
-two waves (sm_count * k // (H / HT)). QT's are 0 (all nodes in one block) and the even row tiles
+NSPLIT's candidates are the fixed list plus, for the device, the grids that fill one or two waves
+as nearly as whole parts a row group allow (sm_count * k // G, G = H/HT head groups times the row
+tiles of q_len). QT's are 0 (all nodes in one block) and the even row tiles
 of q_len. The space changes with SPACE_VERSION, which is part of the Optuna study name (a study
 keeps one space).
 
@@ -35,17 +36,23 @@ from verify_tuner.kernels.validate import MAX_NSPLIT, check
 #: 6: PIPE=3, the seesaw (two warp groups alternate tiles).
 #: 7: the search proposes QT's row tiles (space 3 to 6 enumerated them as valid but searched QT=0 only).
 #: 8: kernel v3: NSPLIT is the parts a head group's grid has, shared out over the batch at run time.
-SPACE_VERSION = 8
+#: 9: the one- and two-wave NSPLIT of row-tiled grids (G counts row tiles too, not head groups only).
+SPACE_VERSION = 9
 
 
-def nsplit_choices(H: int, limits: DeviceLimits | None = None) -> list[int]:
-    """The fixed NSPLIT list, plus the one- and two-wave grids of `limits` for every head tile
-    (the grid does not grow with the batch: its parts share the batch out)."""
+def nsplit_choices(H: int, limits: DeviceLimits | None = None, q_len: int | None = None) -> list[int]:
+    """The fixed NSPLIT list, plus the one- and two-wave grids of `limits` for every row-group count
+    G a config of (H, q_len) can have: its head tiles times q_len's row tiles (the grid does not grow
+    with the batch: its parts share the batch out). A grid of G x NSPLIT fills a wave only as far as
+    whole parts a group allow: the RTX PRO 6000's 188 SMs took 128 blocks at H=8 q=64 (16 row
+    groups x 8, 8 being the largest fixed choice under 188 // 16 = 11)."""
     extra: set[int] = set()
     if limits is not None:
+        row_tiles = {-(-q_len // (qt or q_len)) for qt in qt_choices(q_len)} if q_len is not None else {1}
         for ht in HT_CHOICES:
             if H % ht == 0:
-                extra |= {limits.sm_count * k // (H // ht) for k in (1, 2)}
+                for nqt in row_tiles:
+                    extra |= {limits.sm_count * k // (H // ht * nqt) for k in (1, 2)}
     return sorted(set(NSPLIT_CHOICES) | {n for n in extra if 1 <= n <= MAX_NSPLIT})
 
 
@@ -64,7 +71,7 @@ def choices(
 ) -> dict[str, list[int]]:
     """Candidate values per constant; `restrict` keeps only the listed values of some of them."""
     full = {
-        "NSPLIT": nsplit_choices(H, limits),
+        "NSPLIT": nsplit_choices(H, limits, q_len),
         "HT": [h for h in HT_CHOICES if H % h == 0],
         "TK": list(TK_CHOICES),
         "BLOCK": list(BLOCK_CHOICES),

@@ -76,6 +76,24 @@ def test_every_shape_has_a_valid_default_on_every_known_device(limits):
                 assert check(cfg, limits, H=H, q_len=q_len) is None, (H, q_len, prefix, cfg)
 
 
+@pytest.mark.parametrize("limits", KNOWN, ids=[d.name for d in KNOWN])
+def test_every_default_grid_is_the_fullest_wave_whole_parts_a_row_group_allow(limits):
+    """G row groups (head groups x row tiles) of NSPLIT parts each fill a wave only as far as
+    G x (slots // G): the NSPLIT choices held that for head groups alone, so row-tiled grids
+    fell short (the RTX PRO 6000 ran H=8 q=64's 16 row groups x 8 = 128 blocks of 188, not 176)."""
+    for H in (1, 2, 4, 8, 16, 32, 64, 128):
+        for q_len in range(1, 65):
+            cfg = heuristic_config(limits, H=H, q_len=q_len, prefix=46000)
+            groups = H // cfg.ht * -(-q_len // cfg.row_tile(q_len))
+            slots = limits.sm_count * blocks_per_sm(cfg, q_len, limits, "bf16")
+            assert cfg.nsplit == max(1, slots // groups), (H, q_len, cfg)
+
+
+def test_h8_q64_on_the_rtx_pro_6000_runs_176_blocks():
+    cfg = heuristic_config(PRO6000, H=8, q_len=64, prefix=46000)
+    assert (cfg.ht, cfg.row_tile(64), cfg.nsplit) == (1, 32, 11)  # 8 heads x 2 row tiles x 11 parts
+
+
 def test_q_len_64_on_sm120_uses_row_tiles():
     cfg = heuristic_config(PRO6000, H=8, q_len=64, prefix=46000)
     assert 0 < cfg.qt < 64 and smem_bytes(cfg, 64) <= PRO6000.max_smem_optin
