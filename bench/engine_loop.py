@@ -35,7 +35,7 @@ import torch
 from engine_steps import LoopEngine, Q, Schedule
 from verify_tuner.engine.tree_masks import TreeMaskMode
 from verify_tuner.kernels.config import KernelConfig
-from verify_tuner.kernels.formats import KV_DTYPES
+from verify_tuner.kernels.formats import FORMATS, KV_DTYPES
 from verify_tuner.keys import check_kv_dtype
 
 STEPS, TIME_EVERY, CROSSING = 300, 25, 150
@@ -191,7 +191,7 @@ def main() -> None:
     source = str(args.config_dir) if args.config_dir else f"two ranges split at {args.split}"
     args.out.mkdir(parents=True, exist_ok=True)
     for kv in args.kv_dtypes:
-        dtype = torch.bfloat16 if kv == "bf16" else torch.float8_e4m3fn
+        dtype = getattr(torch, FORMATS[kv].pool_dtypes[-1])  # the format's torch pool (e4m3: float8_e4m3fn)
         for bs in (int(b) for b in args.batches.split(",")):
             width = schedules(bs, 4096)[1].width
             layers = max(2, -(-3 * limits.l2_bytes // ((bs + 4) * width * 576 * 2)))

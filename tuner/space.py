@@ -44,8 +44,7 @@ def nsplit_choices(H: int, limits: DeviceLimits | None = None, q_len: int | None
     """The fixed NSPLIT list, plus the one- and two-wave grids of `limits` for every row-group count
     G a config of (H, q_len) can have: its head tiles times q_len's row tiles (the grid does not grow
     with the batch: its parts share the batch out). A grid of G x NSPLIT fills a wave only as far as
-    whole parts a group allow: the RTX PRO 6000's 188 SMs took 128 blocks at H=8 q=64 (16 row
-    groups x 8, 8 being the largest fixed choice under 188 // 16 = 11)."""
+    whole parts a group allow, and only if sm_count // G is a choice (16 row groups on 188 SMs: 11)."""
     extra: set[int] = set()
     if limits is not None:
         row_tiles = {-(-q_len // (qt or q_len)) for qt in qt_choices(q_len)} if q_len is not None else {1}
