@@ -7,7 +7,8 @@
 # `e4m3` is what the e4m3 cache still needs a GPU for, in one call (a machine idles out between
 # calls): both e4m3 modules, VA_Q_ROWS=3 A/B'd against the default, the configs around e4m3's
 # defaults, and the headline phase trace with and without VA_Q_ROWS=3.
-# Usage: bench/run_gpu_checks.sh tests|f8|f8qk|e4m3 OUTDIR | bench/run_gpu_checks.sh bench OUTDIR V6_SOURCE [--quick]
+# `loop` A/Bs the tile loop's flags and runs the battery and runtime tests at the defaults.
+# Usage: bench/run_gpu_checks.sh tests|f8|f8qk|e4m3|loop OUTDIR | bench/run_gpu_checks.sh bench OUTDIR V6_SOURCE [--quick]
 set -uo pipefail
 mode=${1:?tests or bench}
 out=${2:?outdir}
@@ -32,8 +33,22 @@ case "$mode" in
     timeout 120 python3 bench/fp8_configs.py --out "$out" 2>&1 | tee "$out/fp8_configs.log" | tail -12
     timeout 60 python3 bench/phase_trace.py --cases headline --kv-dtype fp8_e4m3 --variant qrows=-DVA_Q_ROWS=3 \
       --out "$out" 2>&1 | tee "$out/phase_trace.log" | tail -6 ;;
+  loop)
+    # the tile loop's issue-rate flags (verify_attention.cu: VA_QK_UNIFORM, VA_SOFTMAX_TREE), each
+    # A/B'd against the loop before them (0 0), then the battery and runtime tests at the defaults
+    base="--a-flags=-DVA_QK_UNIFORM=0 -DVA_SOFTMAX_TREE=0"
+    timeout 150 python3 bench/ab_kernel.py "$base" --b-flags=-DVA_QK_UNIFORM=2 --shapes 8:9:46000,64:9:46000,8:1:131072,8:9:4096 \
+      --label "loop: fenced QK and serial softmax chains (A) vs unpredicated QK and trees (B)" --out "$out" 2>&1 | tail -5
+    timeout 80 python3 bench/ab_kernel.py "$base" --b-flags=-DVA_QK_UNIFORM=1 --shapes 8:9:46000,64:9:46000 \
+      --label "loop: fenced QK and serial softmax chains (A) vs uniform-predicated QK and trees (B)" --out "$out" 2>&1 | tail -3
+    timeout 80 python3 bench/ab_kernel.py "$base" --b-flags=-DVA_QK_UNIFORM=0 --shapes 8:9:46000,64:9:46000 \
+      --label "loop: serial softmax chains (A) vs trees (B)" --out "$out" 2>&1 | tail -3
+    timeout 80 python3 bench/ab_kernel.py --kv-dtype fp8_e4m3 "$base" --b-flags=-DVA_QK_UNIFORM=2 --shapes 8:9:46000,8:1:131072 \
+      --label "e4m3 loop: fenced QK and serial softmax chains (A) vs unpredicated QK and trees (B)" --out "$out" 2>&1 | tail -3
+    timeout 170 python3 -m pytest -m gpu -q -p no:cacheprovider -rs tests/kernels/test_kernel_gpu.py tests/kernels/test_runtime_gpu.py \
+      "${F8_TESTS[0]}" 2>&1 | tee "$out/gpu-tests-loop.log" | tail -4 ;;
   bench)
     timeout 560 python3 bench/kernel_v7.py --v6-source "${3:?v6 source}" --out "$out" ${4:-} \
       2>&1 | tee "$out/kernel_v7.log" | tail -20 ;;
-  *) echo "usage: $0 tests|f8|f8qk|e4m3 OUTDIR | $0 bench OUTDIR V6_SOURCE [--quick]" >&2; exit 2 ;;
+  *) echo "usage: $0 tests|f8|f8qk|e4m3|loop OUTDIR | $0 bench OUTDIR V6_SOURCE [--quick]" >&2; exit 2 ;;
 esac

@@ -250,6 +250,17 @@ __device__ __forceinline__ void zero_fill(T (&a)[N]) {
   for (int i = 0; i < N; ++i) zero_fill(a[i]);
 }
 
+// qk_tile's row tiles (qk_tile says why): 0 predicated as the warp index gives them, 1 with the
+// warp's row group made visibly warp-uniform, 2 every warp running all NQ of them where that adds at
+// most an eighth to the block's QK (else as 0). 2 measured 2-5 % faster than 0 at 72 rows on sm_90;
+// e4m3 keeps 0, since 1 and 2 both spill its 72-row seesaw there (bench/results/ab_kernel_flags_sm_90.md).
+#ifndef VA_QK_UNIFORM
+#define VA_QK_UNIFORM (KV_FMT == 1 ? 0 : 2)
+#endif
+#ifndef VA_SOFTMAX_TREE
+#define VA_SOFTMAX_TREE 1  // a lane's max and sum over its SPL scores as trees (0: serial chains)
+#endif
+
 #ifndef VA_OPAQUE_TID
 #define VA_OPAQUE_TID 1  // 0: the segment loop's thread index is a plain one (an A/B of the hoisting guard)
 #endif
@@ -685,8 +696,8 @@ __device__ __forceinline__ void convert_q_e4m3(bf16* Qs, float* qsc_s, int rlo, 
 // (tokens +8: mat&1, step j+1: mat>>1) is the A fragment as it lands; q's e4m3 chunks (at slot
 // chunk ^ r8 of their rows) give B, x2 per n8 row tile. An odd last step runs with zeros for the
 // missing half.
-template <int QMQ, int NQ, int QWR, int QWK, int QKS, typename Live>
-__device__ __forceinline__ void qk_e4m3_steps(float (&acc)[QMQ][NQ][4], uint32_t qrow, uint32_t kt, int wt, int wk,
+template <int QMQ, int NQ, int QWR, int QWK, int QKS, typename QAddr, typename Live>
+__device__ __forceinline__ void qk_e4m3_steps(float (&acc)[QMQ][NQ][4], QAddr qaddr, uint32_t kt, int wt, int wk,
                                               int mat, int r8, Live live) {
   constexpr int ROWB = KSTRIDE * 2;
   const uint32_t krow = kt + (wt * QMQ * 16 + r8 + (mat & 1) * 8) * F8_ROWB + (wk + QWK * (mat >> 1)) * 16;
@@ -700,7 +711,7 @@ __device__ __forceinline__ void qk_e4m3_steps(float (&acc)[QMQ][NQ][4], uint32_t
     for (int n = 0; n < NQ; ++n) {
       if (!live(n)) continue;
       uint32_t fb[2];
-      ldsm_x2(fb, qrow + n * QWR * 8 * ROWB + swz(cq, r8, QWK * j));
+      ldsm_x2(fb, qaddr(n) + swz(cq, r8, QWK * j));
 #pragma unroll
       for (int a = 0; a < QMQ; ++a) mma_e4m3(acc[a][n], fa[a], fb);
     }
@@ -718,7 +729,7 @@ __device__ __forceinline__ void qk_e4m3_steps(float (&acc)[QMQ][NQ][4], uint32_t
     for (int n = 0; n < NQ; ++n) {
       if (!live(n)) continue;
       uint32_t fb[2] = {0u, 0u};
-      ldsm_x1(fb[0], qrow + n * QWR * 8 * ROWB + swz(wk, r8, QWK * j));  // lanes 0..7: step j
+      ldsm_x1(fb[0], qaddr(n) + swz(wk, r8, QWK * j));  // lanes 0..7: step j
 #pragma unroll
       for (int a = 0; a < QMQ; ++a) mma_e4m3(acc[a][n], fa[a], fb);
     }
@@ -747,14 +758,25 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
   constexpr int QWT = GWARPS / (QWR * QWK), QMQ = TM / QWT;  // its token groups, m16 tiles a warp
   constexpr int QKS = KSTEPS / QWK, QNSB = QSF ? QWK / 2 : QWK;
   constexpr int NQ = (NT + QWR - 1) / QWR;  // n8 row tiles per warp (strided over row groups)
-  const int wk = warp % QWK, wr = (warp / QWK) % QWR, wt = warp / (QWK * QWR);
+  // A per-warp predicate on an ldmatrix or mma that the compiler cannot prove warp-uniform gets a
+  // WARPSYNC before and after it, which also pins every load right before its MMAs; the warp index
+  // comes from opaque(), so the row group is passed through a shuffle, whose result it knows to be uniform.
+  const int wk = warp % QWK, wt = warp / (QWK * QWR);
+  const int wr = VA_QK_UNIFORM == 1 ? __shfl_sync(0xffffffffu, (warp / QWK) % QWR, 0) : (warp / QWK) % QWR;
   const int mat = lane >> 3, r8 = lane & 7, g = lane >> 2, tq = lane & 3;
   // row tile n of this warp exists: within the block's NT and the request's NR (a last split may hold fewer)
   auto live = [&](int n) { return wr + n * QWR < NT && nlo + wr + n * QWR < NR; };
+  // UNI (VA_QK_UNIFORM 2): every warp runs all NQ row tiles' loads and MMAs, a missing last tile on
+  // a duplicate of tile 0's rows (its scores are not stored), so no predicate remains. Only the whole
+  // block's tiles (NT == NR, nlo 0) leave the last tile the only one that can be missing.
+  constexpr bool UNI = VA_QK_UNIFORM == 2 && NT == NR && (NQ * QWR - NT) * 8 <= NT;
+  auto on = [&](int n) { return UNI || live(n); };
   float acc[QMQ][NQ][4];
   zero_fill(acc);
   constexpr int ROWB = KSTRIDE * 2;
   const uint32_t qrow = smem_u32(Qs) + (nlo * 8 + wr * 8 + r8) * ROWB;              // + n*QWR*8 rows
+  const uint32_t qlast = !UNI || live(NQ - 1) ? qrow + (NQ - 1) * QWR * 8 * ROWB : qrow;
+  auto qaddr = [&](int n) { return UNI && n == NQ - 1 ? qlast : qrow + n * QWR * 8 * ROWB; };
   const uint32_t krow = smem_u32(Kt) + (wt * QMQ * 16 + r8 + (mat & 1) * 8) * ROWB;  // + a*16 rows
   const int cq = 2 * wk + 2 * QWK * (mat >> 1) + (mat & 1);  // Q x4: steps j, j+1 (mat>>1), k halves (mat&1)
   const int ck = 2 * wk + (mat >> 1);                       // K x4: tokens +8 (mat&1), k halves (mat>>1)
@@ -762,7 +784,7 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
   const uint32_t krow8 = smem_u32(Kt) + (wt * QMQ * 16 + r8 + (mat & 1) * 8) * F8_ROWB + (wk + QWK * (mat >> 1)) * 16;
 #if KV_FMT == 2  // (the e4m3 MMA's helpers exist only in this format's builds)
   if constexpr (F8QK) {
-    qk_e4m3_steps<QMQ, NQ, QWR, QWK, QKS>(acc, qrow, smem_u32(Kt), wt, wk, mat, r8, live);
+    qk_e4m3_steps<QMQ, NQ, QWR, QWK, QKS>(acc, qaddr, smem_u32(Kt), wt, wk, mat, r8, on);
   } else
 #endif
   {
@@ -771,7 +793,7 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
     uint32_t fb4[NQ][4];
 #pragma unroll
     for (int n = 0; n < NQ; ++n)
-      if (live(n)) ldsm_x4(fb4[n], qrow + n * QWR * 8 * ROWB + swz(cq, r8, 2 * QWK * j));
+      if (on(n)) ldsm_x4(fb4[n], qaddr(n) + swz(cq, r8, 2 * QWK * j));
     uint32_t raw[FP8 ? QMQ : 1][4];  // FP8: one x4 holds both steps' e4m3 K fragments
     if constexpr (FP8) {
 #pragma unroll
@@ -787,7 +809,7 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
       }
 #pragma unroll
       for (int n = 0; n < NQ; ++n) {
-        if (!live(n)) continue;
+        if (!on(n)) continue;
         const uint32_t fb[2] = {fb4[n][2 * h], fb4[n][2 * h + 1]};
 #pragma unroll
         for (int a = 0; a < QMQ; ++a) mma16816(acc[a][n], fa[a], fb);
@@ -810,9 +832,9 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
     const int cq1 = 2 * wk + (mat & 1);  // Q x2: k halves
 #pragma unroll
     for (int n = 0; n < NQ; ++n) {
-      if (!live(n)) continue;
+      if (!on(n)) continue;
       uint32_t fb[2];
-      ldsm_x2(fb, qrow + n * QWR * 8 * ROWB + swz(cq1, r8, 2 * QWK * j));
+      ldsm_x2(fb, qaddr(n) + swz(cq1, r8, 2 * QWK * j));
 #pragma unroll
       for (int a = 0; a < QMQ; ++a) mma16816(acc[a][n], fa[a], fb);
     }
@@ -842,6 +864,19 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
           }
         }
     }
+  }
+}
+
+// Max and sum of a lane's N scores as pairwise trees: log2(N) dependent steps instead of N.
+template <int N, typename Op>
+__device__ __forceinline__ float tree_reduce(const float (&s)[N], Op op) {
+  if constexpr (N == 1) {
+    return s[0];
+  } else {
+    float t[N / 2];
+#pragma unroll
+    for (int j = 0; j < N / 2; ++j) t[j] = op(s[j], s[j + N / 2]);
+    return tree_reduce<N / 2>(t, op);
   }
 }
 
@@ -877,7 +912,7 @@ __device__ __forceinline__ void softmax_row(const float* Ss, bf16* Ps, float* m_
 #pragma unroll
     for (int j = 0; j < SPL; ++j) {
       s[j] = row_ok ? s[j] * scale_log2 : NEG_INF;
-      mx = fmaxf(mx, s[j]);
+      if (!VA_SOFTMAX_TREE) mx = fmaxf(mx, s[j]);
     }
   } else {  // the split's end or the draft nodes: per-token bounds and the tree mask
     const unsigned long long tmask = row_ok ? mask_s[r / HT] : 0ull;
@@ -887,9 +922,10 @@ __device__ __forceinline__ void softmax_row(const float* Ss, bf16* Ps, float* m_
       bool ok = row_ok && v < sp.v1;
       if (ok && v >= sp.P) ok = (tmask >> (v - sp.P)) & 1ull;
       s[j] = ok ? s[j] * scale_log2 : NEG_INF;
-      mx = fmaxf(mx, s[j]);
+      if (!VA_SOFTMAX_TREE) mx = fmaxf(mx, s[j]);
     }
   }
+  if constexpr (VA_SOFTMAX_TREE) mx = tree_reduce<SPL>(s, [](float a, float b) { return fmaxf(a, b); });
 #pragma unroll
   for (int o = LPR / 2; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
   // Lazy reference max (exact either way: P, l and O all use the same reference): a row keeps its
@@ -901,7 +937,11 @@ __device__ __forceinline__ void softmax_row(const float* Ss, bf16* Ps, float* m_
   const float base = m_new == NEG_INF ? 0.f : m_new;  // a row with nothing visible stays 0
   float sum = 0.f;
 #pragma unroll
-  for (int j = 0; j < SPL; ++j) { s[j] = exp2f(s[j] - base); sum += s[j]; }
+  for (int j = 0; j < SPL; ++j) {
+    s[j] = exp2f(s[j] - base);
+    if (!VA_SOFTMAX_TREE) sum += s[j];
+  }
+  if constexpr (VA_SOFTMAX_TREE) sum = tree_reduce<SPL>(s, [](float a, float b) { return a + b; });
 #pragma unroll
   for (int o = LPR / 2; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
   if (!real) return;
