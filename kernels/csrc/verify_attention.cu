@@ -567,9 +567,9 @@ __device__ __forceinline__ void load_kv_tile(bf16* Kt, const unsigned char* __re
 // registers, chunk lane + 32j of row i in v[i][j] (zeros past the row), and each row's largest |q|,
 // reduced over the warp. A row at a time, the prologue is a chain of dependent latencies (the
 // row's loads, then five shuffles: docs/kernel.md measures it); VA_Q_ROWS rows at once overlap
-// them. It stays 1, the path the GPU tests have passed, until a GPU has checked and timed more.
+// them (1: a row at a time, the A/B's other side).
 #ifndef VA_Q_ROWS
-#define VA_Q_ROWS 1
+#define VA_Q_ROWS 3
 #endif
 constexpr int QCH = (CHUNKS + 31) / 32;
 // (no more than a warp has rows; one at 32 warps, whose 64 registers a thread hold a single row's

@@ -116,8 +116,9 @@ def test_the_e4m3_qk_mode_does_not_build_without_e4m3_mmas(tmp_path):
 @pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "fp8_e4m3_qk"])
 @pytest.mark.parametrize("H, q_len, prefix", [(8, 9, 46000), (64, 9, 46000), (8, 64, 46000)])
 def test_q_rows_converted_together_compile_without_spills(tmp_path, device, kv_dtype, H, q_len, prefix):
-    """VA_Q_ROWS=3 holds three q rows a warp in registers during the prologue: no spills at the
-    e4m3 defaults of many-row shapes (sm_90's seesaw emulating e4m3 MMAs aside: it spills anyway)."""
+    """VA_Q_ROWS=3 (the default) holds three q rows a warp in registers during the prologue: no
+    spills at the e4m3 defaults of many-row shapes (sm_90's seesaw emulating e4m3 MMAs aside: it
+    spills anyway)."""
     limits = known_device(device)
     if kv_dtype == "fp8_e4m3_qk" and limits.arch == "sm_90":
         pytest.skip("sm_90 emulates e4m3 MMAs: a correctness build, not a speed one")
