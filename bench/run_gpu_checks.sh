@@ -5,8 +5,8 @@
 # (bench/kernel_v7.py; V6_SOURCE is v6's .cu,
 # e.g. `git show e88ba0d:kernels/csrc/verify_attention.cu > .v6/verify_attention.cu` here, carried).
 # `e4m3` is what the e4m3 cache still needs a GPU for, in one call (a machine idles out between
-# calls): both e4m3 modules, VA_Q_ROWS=3 A/B'd against the default, the configs around e4m3's
-# defaults, and the headline phase trace with and without VA_Q_ROWS=3.
+# calls): both e4m3 modules, the default (VA_Q_ROWS=3) A/B'd against a q row at a time, the configs
+# around e4m3's defaults, and the headline phase trace with and without VA_Q_ROWS=1.
 # `loop` A/Bs the tile loop's flags and runs the battery and runtime tests at the defaults.
 # Usage: bench/run_gpu_checks.sh tests|f8|f8qk|e4m3|loop OUTDIR | bench/run_gpu_checks.sh bench OUTDIR V6_SOURCE [--quick]
 set -uo pipefail
@@ -14,6 +14,13 @@ mode=${1:?tests or bench}
 out=${2:?outdir}
 mkdir -p "$out"
 export TUNER_CACHE_DIR=${TUNER_CACHE_DIR:-/tmp/va-cache}
+# gpu-env.sh puts the carried wheel before the checkout: a wheel built before the last kernel edit
+# would test and time the old kernel (and ab_kernel.py would refuse the new flags as unknown)
+installed=$(python3 -c "import verify_tuner.kernels.build as b; print(b.SOURCE)") || exit 1
+if ! cmp -s "$installed" kernels/csrc/verify_attention.cu; then
+  echo "the installed kernel ($installed) is not this checkout's: rebuild the wheel (pip wheel --no-deps -w .wheelhouse .)" >&2
+  exit 2
+fi
 F8_TESTS=(tests/kernels/test_fp8_gpu.py tests/kernels/test_fp8_qk_gpu.py)
 case "$mode" in
   tests)
@@ -27,11 +34,11 @@ case "$mode" in
     for m in "${F8_TESTS[@]}"; do
       timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider -rs -s "$m" 2>&1 | tee -a "$out/gpu-tests-e4m3.log" | tail -2
     done
-    timeout 120 python3 bench/ab_kernel.py --kv-dtype fp8_e4m3 --b-flags=-DVA_Q_ROWS=3 \
+    timeout 120 python3 bench/ab_kernel.py --kv-dtype fp8_e4m3 --a-flags=-DVA_Q_ROWS=1 \
       --label "e4m3: q converted a row (A) or three rows (B) a warp at once" \
       --shapes 8:9:46000,8:1:131072,64:9:46000 --out "$out" 2>&1 | tee "$out/ab_q_rows.log" | tail -8
     timeout 120 python3 bench/fp8_configs.py --out "$out" 2>&1 | tee "$out/fp8_configs.log" | tail -12
-    timeout 60 python3 bench/phase_trace.py --cases headline --kv-dtype fp8_e4m3 --variant qrows=-DVA_Q_ROWS=3 \
+    timeout 60 python3 bench/phase_trace.py --cases headline --kv-dtype fp8_e4m3 --variant qrow1=-DVA_Q_ROWS=1 \
       --out "$out" 2>&1 | tee "$out/phase_trace.log" | tail -6 ;;
   loop)
     # the tile loop's issue-rate flags (verify_attention.cu: VA_QK_UNIFORM, VA_SOFTMAX_TREE), each
