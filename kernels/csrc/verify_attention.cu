@@ -257,6 +257,9 @@ __device__ __forceinline__ void zero_fill(T (&a)[N]) {
 #ifndef VA_QK_UNIFORM
 #define VA_QK_UNIFORM (KV_FMT == 1 ? 0 : 2)
 #endif
+#ifndef VA_F8_KLEAN
+#define VA_F8_KLEAN 0  // e4m3 QK: convert and use one m16 tile's K fragment at a time (fewer live registers)
+#endif
 #ifndef VA_SOFTMAX_TREE
 #define VA_SOFTMAX_TREE 1  // a lane's max and sum over its SPL scores as trees (0: serial chains)
 #endif
@@ -801,6 +804,20 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
+      if constexpr (FP8 && VA_F8_KLEAN) {  // one m16 tile's converted K at a time: 4 registers, not 4*QMQ
+#pragma unroll
+        for (int a = 0; a < QMQ; ++a) {
+          uint32_t fk[4];
+          f8_k_frags(fk, raw[a][2 * h], raw[a][2 * h + 1]);
+#pragma unroll
+          for (int n = 0; n < NQ; ++n) {
+            if (!on(n)) continue;
+            const uint32_t fb[2] = {fb4[n][2 * h], fb4[n][2 * h + 1]};
+            mma16816(acc[a][n], fk, fb);
+          }
+        }
+        continue;
+      }
       uint32_t fa[QMQ][4];
 #pragma unroll
       for (int a = 0; a < QMQ; ++a) {
