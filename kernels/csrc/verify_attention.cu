@@ -252,13 +252,14 @@ __device__ __forceinline__ void zero_fill(T (&a)[N]) {
 
 // qk_tile's row tiles (qk_tile says why): 0 predicated as the warp index gives them, 1 with the
 // warp's row group made visibly warp-uniform, 2 every warp running all NQ of them where that adds at
-// most an eighth to the block's QK (else as 0). 2 measured 2-5 % faster than 0 at 72 rows on sm_90;
-// e4m3 keeps 0, since 1 and 2 both spill its 72-row seesaw there (bench/results/ab_kernel_flags_sm_90.md).
+// most an eighth to the block's QK (else as 0). 2 measured 2-7 % faster than 0 at 72 rows on sm_90
+// (bench/results/ab_kernel_flags_sm_90.md); e4m3 with folded scores keeps 0, since 2 spills its
+// 72-row seesaw on sm_90 (e4m3's default there keeps a buffer per k-slice, SF=0).
 #ifndef VA_QK_UNIFORM
-#define VA_QK_UNIFORM (KV_FMT == 1 ? 0 : 2)
+#define VA_QK_UNIFORM (KV_FMT == 1 && SF == 1 ? 0 : 2)
 #endif
 #ifndef VA_F8_KLEAN
-#define VA_F8_KLEAN 0  // e4m3 QK: convert and use one m16 tile's K fragment at a time (fewer live registers)
+#define VA_F8_KLEAN 1  // e4m3 QK: convert and use one m16 tile's K fragment at a time (fewer live registers)
 #endif
 #ifndef VA_SOFTMAX_TREE
 #define VA_SOFTMAX_TREE 1  // a lane's max and sum over its SPL scores as trees (0: serial chains)
