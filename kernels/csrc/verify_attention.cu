@@ -805,7 +805,9 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      if constexpr (FP8 && VA_F8_KLEAN) {  // one m16 tile's converted K at a time: 4 registers, not 4*QMQ
+      // one m16 tile's converted K at a time: 4 registers, not 4*QMQ (with the unfenced QK only: on
+      // the predicated one it splits each fenced region in two)
+      if constexpr (FP8 && VA_F8_KLEAN && UNI) {
 #pragma unroll
         for (int a = 0; a < QMQ; ++a) {
           uint32_t fk[4];
