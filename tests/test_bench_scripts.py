@@ -4,6 +4,7 @@ dropped (bench_kernel imported a removed template list) must fail here, not in a
 from __future__ import annotations
 
 import ast
+import os
 import shutil
 import subprocess
 import sys
@@ -93,6 +94,24 @@ def test_a_benchmark_without_out_is_refused_and_writes_nothing(script, tmp_path)
     )
     assert r.returncode == 2 and "--out" in r.stderr.splitlines()[-1], r.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_gpu_checks_refuse_an_installed_kernel_that_is_not_the_checkouts(tmp_path):
+    """gpu-env.sh puts the carried wheel before the checkout: a wheel built before the last kernel
+    edit tested and timed the old kernel. The script stops at once, in one line, exit 2."""
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "kernels" / "csrc").mkdir(parents=True)
+    shutil.copy(BENCH / "run_gpu_checks.sh", tmp_path / "bench")
+    source = (BENCH.parent / "kernels" / "csrc" / "verify_attention.cu").read_text()
+    (tmp_path / "kernels" / "csrc" / "verify_attention.cu").write_text(source + "// edited since the wheel\n")
+    path = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")  # this env's python3
+    r = subprocess.run(
+        ["bash", "bench/run_gpu_checks.sh", "tests", str(tmp_path / "out")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False, env={**os.environ, "PATH": path},
+    )  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    assert "rebuild the wheel" in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
+    assert not (tmp_path / "out" / "gpu-tests.log").exists()
 
 
 def test_the_ab_of_two_versions_runs_its_base_side_without_out(monkeypatch, capsys):
