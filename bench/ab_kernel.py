@@ -28,8 +28,10 @@ from verify_tuner.kernels.build import SOURCE
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.errors import InvalidConfig
 from verify_tuner.kernels.formats import kv_format, readable
+from verify_tuner.kernels.limits import known_device
 from verify_tuner.kernels.shapes import D_V
 from verify_tuner.kernels.timing import check_neighbour_mb
+from verify_tuner.kernels.validate import check
 
 SHAPES = [(8, 9, 46000), (8, 1, 131072), (64, 9, 46000), (16, 9, 16384), (128, 1, 46000), (8, 9, 4096)]
 ROUNDS, REPS = 5, 10
@@ -50,6 +52,12 @@ def main() -> None:
         "--b-config",
         type=config_arg,
         help="variant B's config as 'NSPLIT=66 HT=4 ...' (default: the heuristic default, as A)",
+    )
+    ap.add_argument(
+        "--defaults-of",
+        metavar="DEVICE",
+        help="time another known device's heuristic defaults (e.g. rtx-pro-6000: a structure check of its "
+        "configs, which must also run here) instead of this GPU's",
     )
     ap.add_argument("--label", default="A vs B")
     ap.add_argument("--kv-dtype", default="bf16", help="the cache format both variants read (kernels/formats.py)")
@@ -75,6 +83,11 @@ def main() -> None:
         readable(args.kv_dtype)
     except (ValueError, InvalidConfig) as exc:
         ap.error(str(exc))
+    defaults_of = None
+    if args.defaults_of:
+        defaults_of = known_device(args.defaults_of)
+        if defaults_of is None:
+            ap.error(f"--defaults-of {args.defaults_of!r}: not a known device (kernels/limits.py)")
     variants = {"A": tuple(args.a_flags.split()), "B": tuple(args.b_flags.split())}
     source = SOURCE.read_text()
     for flag in (f for fl in variants.values() for f in fl if f.startswith("-D")):
@@ -104,6 +117,7 @@ def main() -> None:
             f"A flags: `{' '.join(variants['A']) or '(none)'}`; B flags: `{' '.join(variants['B']) or '(none)'}`. "
             f"Median over {ROUNDS} interleaved rounds of the per-round median of {REPS} CUDA-graph replays, inputs rotated "
             "past the L2; config = the heuristic default"
+            + (f" of {defaults_of.name} (a structure check: its configs run here)" if defaults_of else "")
             + (f" (B: `{args.b_config}`)." if args.b_config else ".")
             + (
                 f" Every launch is followed by a bf16 GEMM over {args.neighbour_mb} MB of weights (the rest of a layer: "
@@ -120,7 +134,9 @@ def main() -> None:
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for H, Q, P in args.shapes:
-        cfg = heuristic_config(limits, H=H, q_len=Q, prefix=P, kv_dtype=args.kv_dtype)
+        cfg = heuristic_config(defaults_of or limits, H=H, q_len=Q, prefix=P, kv_dtype=args.kv_dtype)
+        if defaults_of is not None and (why := check(cfg, limits, H=H, q_len=Q, kv_dtype=args.kv_dtype)):
+            raise SystemExit(f"{defaults_of.name}'s default {cfg} does not run on {limits.name}: {why}")
         cfgs = {"A": cfg, "B": args.b_config or cfg}
         sets = rotating_inputs(
             prefix_lens=[P], q_len=Q, H=H, l2_bytes=limits.l2_bytes, seed=H + Q + P, kv_dtype=args.kv_dtype
