@@ -763,8 +763,9 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
   constexpr int QKS = KSTEPS / QWK, QNSB = QSF ? QWK / 2 : QWK;
   constexpr int NQ = (NT + QWR - 1) / QWR;  // n8 row tiles per warp (strided over row groups)
   // A per-warp predicate on an ldmatrix or mma that the compiler cannot prove warp-uniform gets a
-  // WARPSYNC before and after it, which also pins every load right before its MMAs; the warp index
-  // comes from opaque(), so the row group is passed through a shuffle, whose result it knows to be uniform.
+  // WARPSYNC before and after it, which also pins every load right before its MMAs. The warp index
+  // comes from opaque(); VA_QK_UNIFORM 1 passes the row group through a shuffle, whose result the
+  // compiler knows to be warp-uniform, so the predicates stay but need no fence.
   const int wk = warp % QWK, wt = warp / (QWK * QWR);
   const int wr = VA_QK_UNIFORM == 1 ? __shfl_sync(0xffffffffu, (warp / QWK) % QWR, 0) : (warp / QWK) % QWR;
   const int mat = lane >> 3, r8 = lane & 7, g = lane >> 2, tq = lane & 3;
