@@ -7,8 +7,9 @@
 # `e4m3` is what the e4m3 cache still needs a GPU for, in one call (a machine idles out between
 # calls): both e4m3 modules, the default (VA_Q_ROWS=3) A/B'd against a q row at a time, the configs
 # around e4m3's defaults, and the headline phase trace with and without VA_Q_ROWS=1.
-# `loop` A/Bs the tile loop's flags and runs the battery and runtime tests at the defaults.
-# Usage: bench/run_gpu_checks.sh tests|f8|f8qk|e4m3|loop OUTDIR | bench/run_gpu_checks.sh bench OUTDIR V6_SOURCE [--quick]
+# `loop` A/Bs the tile loop's flags and runs the battery and runtime tests at the defaults; `next`
+# is the next measurement the tile loop needs (the sm_120 e4m3 defaults' fences, Nsight profiles).
+# Usage: bench/run_gpu_checks.sh tests|f8|f8qk|e4m3|loop|next OUTDIR | bench/run_gpu_checks.sh bench OUTDIR V6_SOURCE [--quick]
 set -uo pipefail
 mode=${1:?tests or bench}
 out=${2:?outdir}
@@ -54,8 +55,18 @@ case "$mode" in
       --label "e4m3 loop: fenced QK and serial softmax chains (A) vs unpredicated QK and trees (B)" --out "$out" 2>&1 | tail -3
     timeout 170 python3 -m pytest -m gpu -q -p no:cacheprovider -rs tests/kernels/test_kernel_gpu.py tests/kernels/test_runtime_gpu.py \
       "${F8_TESTS[0]}" 2>&1 | tee "$out/gpu-tests-loop.log" | tail -4 ;;
+  next)
+    # what the tile loop needs measured next (docs/kernel.md, "What is open"): the RTX PRO 6000's
+    # e4m3 defaults run here as a structure check, their QK predicates made uniform by a shuffle
+    # against the fenced ones; then Nsight profiles of the unfenced seesaw
+    timeout 150 python3 bench/ab_kernel.py --defaults-of rtx-pro-6000 --kv-dtype fp8_e4m3 --b-flags=-DVA_QK_UNIFORM=1 \
+      --shapes 8:9:46000,64:9:46000,8:64:46000 --label "sm_120 e4m3 defaults: fenced QK (A) vs shuffle-uniform (B)" \
+      --out "$out" 2>&1 | tail -4
+    printf 'h64_loop 64:9:46000\nh8_loop 8:9:46000\n' > "$out/ncu_plan.txt"
+    timeout 300 bash bench/run_ncu.sh "$out/ncu" "$out/ncu_plan.txt"
+    rm -f "$out"/ncu/*.ncu-rep ;;  # the csv and txt pages come back; the reports are large
   bench)
     timeout 560 python3 bench/kernel_v7.py --v6-source "${3:?v6 source}" --out "$out" ${4:-} \
       2>&1 | tee "$out/kernel_v7.log" | tail -20 ;;
-  *) echo "usage: $0 tests|f8|f8qk|e4m3|loop OUTDIR | $0 bench OUTDIR V6_SOURCE [--quick]" >&2; exit 2 ;;
+  *) echo "usage: $0 tests|f8|f8qk|e4m3|loop|next OUTDIR | $0 bench OUTDIR V6_SOURCE [--quick]" >&2; exit 2 ;;
 esac
