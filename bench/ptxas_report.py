@@ -1,5 +1,5 @@
-"""Registers, spills, shared memory and (where cuobjdump and nvdisasm are on PATH: the
-nvidia-cuda-cuobjdump and -nvdisasm wheels) the tile loop's instructions of the heuristic
+"""Registers, spills, shared memory and (where cuobjdump and nvdisasm are found: on PATH or the
+dev extra's nvidia-cuda-cuobjdump and -nvdisasm wheels) the tile loop's instructions of the heuristic
 defaults per mode, for sm_90 and sm_120,
 from nvcc's ptxas report (no GPU needed), for each cache build: bf16, fp8_e4m3 and fp8_e4m3_qk,
 each at the bf16 default's config, so the builds compare like for like. Writes a markdown table.
@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import shutil
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sass_loops import mma_loops, sass
+from sass_loops import mma_loops, sass, tools_dir
 from verify_tuner.heuristic import BANDWIDTH_ROWS, heuristic_config
 from verify_tuner.kernels.build import compile_cubin, nvcc_version, ptxas_report
 from verify_tuner.kernels.limits import known_device
@@ -42,7 +41,7 @@ def mode(cfg, q_len: int) -> str:
 
 def tile_loop(cubin: Path) -> str:
     """Instructions of the innermost loop of the partial kernel that holds HMMAs, or — without the tools."""
-    if shutil.which("cuobjdump") is None or shutil.which("nvdisasm") is None:
+    if tools_dir() is None:
         return "—"
     loops = mma_loops(sass(cubin))
     return str(min(lp["ins"] for lp in loops)) if loops else "—"

@@ -1,5 +1,5 @@
 """Where the partial kernel's loops that hold mma instructions lie in its SASS, per compile-flag
-variant (no GPU: nvcc and cuobjdump only, e.g. from the nvidia-cuda-cuobjdump wheel). The H200
+variant (no GPU: nvcc, cuobjdump and nvdisasm, on PATH or from the dev extra's nvidia-cuda-* wheels). The H200
 measured the same tile loop up to 1.3x slower when it lands further into the kernel's code
 (bench/results/ab_kernel_flags_sm_90.md), so a change that moves code is checked here first.
 
@@ -16,6 +16,8 @@ range, instructions, mma (HMMA) and local-memory (spill) instructions.
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import os
 import re
 import shutil
 import subprocess
@@ -33,9 +35,29 @@ DEFAULT = KernelConfig(132, 8, 32, 256, stages=3, wr=2, wk=2, sf=1, pipe=3)  # t
 _INS = re.compile(r"\s+/\*([0-9a-f]+)\*/\s+(.*?);")
 
 
+def tools_dir() -> Path | None:
+    """The folder holding cuobjdump and nvdisasm: PATH's, else the nvidia-cuda-* wheels' (the dev
+    extra installs them into nvidia/cu*/bin, which is not on PATH)."""
+    found = shutil.which("cuobjdump")
+    if found and shutil.which("nvdisasm"):
+        return Path(found).parent
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        for sub in sorted(Path(root).glob("cu*/bin")):
+            if (sub / "cuobjdump").exists() and (sub / "nvdisasm").exists():
+                return sub
+    return None
+
+
 def sass(cubin: Path, function: str = "verify_attn_partial") -> list[tuple[int, str]]:
     """(address, instruction) of one function of a cubin."""
-    text = subprocess.run(["cuobjdump", "-sass", str(cubin)], check=True, capture_output=True, text=True).stdout
+    tools = tools_dir()
+    if tools is None:
+        raise FileNotFoundError("cuobjdump and nvdisasm: neither on PATH nor from the nvidia-cuda-* wheels")
+    env = {**os.environ, "PATH": f"{tools}{os.pathsep}{os.environ.get('PATH', '')}"}  # cuobjdump runs nvdisasm
+    text = subprocess.run(
+        [str(tools / "cuobjdump"), "-sass", str(cubin)], check=True, capture_output=True, text=True, env=env
+    ).stdout
     out, cur = [], None
     for line in text.splitlines():
         if "Function : " in line:
@@ -70,10 +92,10 @@ def main() -> None:
     ap.add_argument("--source", type=Path, help="another revision's verify_attention.cu to build and compare")
     ap.add_argument("--kv-dtype", default="bf16", help="the cache format the builds read (kernels/formats.py)")
     args = ap.parse_args()
-    if shutil.which("cuobjdump") is None or shutil.which("nvdisasm") is None:
+    if tools_dir() is None:
         raise SystemExit(
-            "cuobjdump and nvdisasm must be on PATH (the nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm wheels "
-            "hold them in nvidia/cu13/bin/)"
+            "cuobjdump and nvdisasm: put them on PATH or install the nvidia-cuda-cuobjdump and "
+            "nvidia-cuda-nvdisasm wheels (the dev extra has them)"
         )
     with tempfile.TemporaryDirectory() as cache:
         for flags in args.flags or [""]:

@@ -8,8 +8,6 @@ them out of the defaults' tile loops.
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import shutil
 import sys
 from pathlib import Path
@@ -20,31 +18,15 @@ from verify_tuner.kernels.build import compile_cubin
 from verify_tuner.kernels.limits import known_device
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import sass_loops
 
-
-def _tools_dir() -> str | None:
-    """The folder holding cuobjdump and nvdisasm: PATH's, else the nvidia-cuda-* wheels'."""
-    if shutil.which("cuobjdump") and shutil.which("nvdisasm"):
-        return str(Path(shutil.which("cuobjdump")).parent)
-    spec = importlib.util.find_spec("nvidia")
-    for root in spec.submodule_search_locations if spec else []:
-        for sub in sorted(Path(root).glob("cu*/bin")):
-            if (sub / "cuobjdump").exists() and (sub / "nvdisasm").exists():
-                return str(sub)
-    return None
-
-
-TOOLS = _tools_dir()
 needs_tools = pytest.mark.skipif(
-    shutil.which("nvcc") is None or TOOLS is None, reason="needs nvcc, cuobjdump and nvdisasm"
+    shutil.which("nvcc") is None or sass_loops.tools_dir() is None, reason="needs nvcc, cuobjdump and nvdisasm"
 )
 
 
-def _tile_loop_fences(tmp_path, monkeypatch, device, H, q_len, kv_dtype, flags=()):
+def _tile_loop_fences(tmp_path, device, H, q_len, kv_dtype, flags=()):
     """WARPSYNCs in the innermost loop holding MMAs of the default's partial kernel."""
-    import sass_loops
-
-    monkeypatch.setenv("PATH", TOOLS + os.pathsep + os.environ.get("PATH", ""))
     limits = known_device(device)
     cfg = heuristic_config(limits, H=H, q_len=q_len, prefix=46000, kv_dtype=kv_dtype)
     built = compile_cubin(cfg, q_len, limits.arch, tmp_path, tuple(flags), kv_dtype=kv_dtype)
@@ -56,17 +38,17 @@ def _tile_loop_fences(tmp_path, monkeypatch, device, H, q_len, kv_dtype, flags=(
 @needs_tools
 @pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_e4m3"])
 @pytest.mark.parametrize("H, q_len", [(8, 9), (64, 9), (8, 64)])
-def test_the_seesaws_tile_loop_has_no_fenced_mmas(tmp_path, monkeypatch, kv_dtype, H, q_len):
+def test_the_seesaws_tile_loop_has_no_fenced_mmas(tmp_path, kv_dtype, H, q_len):
     """The H200's 64- and 72-row seesaw defaults: a handful of fences (barrier arrivals), not one per
     predicated load and MMA (57 before: the fifth of nine row tiles ran under a per-warp predicate)."""
-    fences, cfg = _tile_loop_fences(tmp_path, monkeypatch, "h200", H, q_len, kv_dtype)
+    fences, cfg = _tile_loop_fences(tmp_path, "h200", H, q_len, kv_dtype)
     assert cfg.pipe == 3, cfg
     assert fences <= 4, (cfg, fences)
 
 
 @needs_tools
-def test_the_fence_count_sees_the_predicated_qk(tmp_path, monkeypatch):
+def test_the_fence_count_sees_the_predicated_qk(tmp_path):
     """The count can fail: the predicated QK (VA_QK_UNIFORM=0) fences every load and MMA of the
     fifth row tile."""
-    fences, cfg = _tile_loop_fences(tmp_path, monkeypatch, "h200", 8, 9, "bf16", ("-DVA_QK_UNIFORM=0",))
+    fences, cfg = _tile_loop_fences(tmp_path, "h200", 8, 9, "bf16", ("-DVA_QK_UNIFORM=0",))
     assert fences > 40, (cfg, fences)
