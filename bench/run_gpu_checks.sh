@@ -8,7 +8,8 @@
 # calls): both e4m3 modules, the default (VA_Q_ROWS=3) A/B'd against a q row at a time, the configs
 # around e4m3's defaults, and the headline phase trace with and without VA_Q_ROWS=1.
 # `loop` A/Bs the tile loop's flags and runs the battery and runtime tests at the defaults; `next`
-# is the next measurement the tile loop needs (the sm_120 e4m3 defaults' fences, Nsight profiles).
+# is the next measurement the tile loop needs (the QK's shuffle fallback A/B'd and tested, Nsight
+# profiles).
 # Usage: bench/run_gpu_checks.sh tests|f8|f8qk|e4m3|loop|next OUTDIR | bench/run_gpu_checks.sh bench OUTDIR V6_SOURCE [--quick]
 set -uo pipefail
 mode=${1:?tests or bench}
@@ -56,15 +57,24 @@ case "$mode" in
     timeout 170 python3 -m pytest -m gpu -q -p no:cacheprovider -rs tests/kernels/test_kernel_gpu.py tests/kernels/test_runtime_gpu.py \
       "${F8_TESTS[0]}" 2>&1 | tee "$out/gpu-tests-loop.log" | tail -4 ;;
   next)
-    # what the tile loop needs measured next (docs/kernel.md, "What is open"): the RTX PRO 6000's
-    # e4m3 defaults run here as a structure check, their QK predicates made uniform by a shuffle
-    # against the fenced ones; then Nsight profiles of the unfenced seesaw
-    timeout 150 python3 bench/ab_kernel.py --defaults-of rtx-pro-6000 --kv-dtype fp8_e4m3 --b-flags=-DVA_QK_UNIFORM=1 \
-      --shapes 8:9:46000,64:9:46000,8:64:46000 --label "sm_120 e4m3 defaults: fenced QK (A) vs shuffle-uniform (B)" \
-      --out "$out" 2>&1 | tail -4
-    printf 'h64_loop 64:9:46000\nh8_loop 8:9:46000\n' > "$out/ncu_plan.txt"
-    timeout 300 bash bench/run_ncu.sh "$out/ncu" "$out/ncu_plan.txt"
-    rm -f "$out"/ncu/*.ncu-rep ;;  # the csv and txt pages come back; the reports are large
+    # the QK's fallback where running every row tile costs too much (VA_QK_UNIFORM 2: predicates made
+    # warp-uniform by a shuffle), A/B'd against the fenced predicates at the defaults it changes, then
+    # the tests whose configs take it and Nsight profiles of H=8 (bench/run_ncu.sh: where the fixed
+    # costs and the loop wait, per SASS line); run it into a scratch folder and tar that into $OUT
+    # (at most 8 files come back from a device call)
+    for kv in fp8_e4m3 fp8_e4m3_qk; do
+      timeout 80 python3 bench/ab_kernel.py --defaults-of rtx-pro-6000 --kv-dtype $kv --a-flags=-DVA_QK_UNIFORM=0 \
+        --shapes 8:9:46000,64:9:46000,8:64:46000 --label "sm_120 $kv defaults: fenced QK (A) vs the default (B)" \
+        --out "$out" 2>&1 | tail -4
+    done
+    timeout 90 python3 bench/ab_kernel.py --defaults-of h200 --a-flags=-DVA_QK_UNIFORM=0 \
+      --shapes 8:5:46000,8:13:46000,16:5:46000,64:5:46000 --label "H200 bf16 defaults that fall back: fenced QK (A) vs the default (B)" \
+      --out "$out" 2>&1 | tail -5
+    timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider -rs tests/kernels/test_kernel_gpu.py tests/kernels/test_runtime_gpu.py \
+      "${F8_TESTS[@]}" 2>&1 | tee "$out/gpu-tests-next.log" | tail -4
+    printf 'h8_loop 8:9:46000\nh8_p4096 8:9:4096\n' > "$out/ncu_plan.txt"
+    timeout 120 bash bench/run_ncu.sh "$out/ncu" "$out/ncu_plan.txt"
+    rm -f "$out"/ncu/*.ncu-rep ;;  # the csv and txt pages stay; the reports are large
   bench)
     timeout 560 python3 bench/kernel_v7.py --v6-source "${3:?v6 source}" --out "$out" ${4:-} \
       2>&1 | tee "$out/kernel_v7.log" | tail -20 ;;

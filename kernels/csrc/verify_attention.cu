@@ -252,9 +252,10 @@ __device__ __forceinline__ void zero_fill(T (&a)[N]) {
 
 // qk_tile's row tiles (qk_tile says why): 0 predicated as the warp index gives them, 1 with the
 // warp's row group made visibly warp-uniform, 2 every warp running all NQ of them where that adds at
-// most an eighth to the block's QK (else as 0). 2 measured 2-7 % faster than 0 at 72 rows on sm_90
-// (bench/results/ab_kernel_flags_sm_90.md); e4m3 with folded scores keeps 0, since 2 spills its
-// 72-row seesaw on sm_90 (e4m3's default there keeps a buffer per k-slice, SF=0).
+// most an eighth to the block's QK (else as 1). 2 measured 2-7 % faster than 0 at 72 rows on sm_90,
+// and 1 5-13 % faster than 0 where 2 falls back (bench/results/ab_kernel_flags_sm_90.md); e4m3 with
+// folded scores keeps 0, since 1 and 2 spill its 72-row seesaw on sm_90 (e4m3's default there keeps
+// a buffer per k-slice, SF=0).
 #ifndef VA_QK_UNIFORM
 #define VA_QK_UNIFORM (KV_FMT == 1 && SF == 1 ? 0 : 2)
 #endif
@@ -766,15 +767,17 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
   // WARPSYNC before and after it, which also pins every load right before its MMAs. The warp index
   // comes from opaque(); VA_QK_UNIFORM 1 passes the row group through a shuffle, whose result the
   // compiler knows to be warp-uniform, so the predicates stay but need no fence.
+  // UNI (VA_QK_UNIFORM 2): every warp runs all NQ row tiles' loads and MMAs, a missing last tile on
+  // a duplicate of tile 0's rows (its scores are not stored), so no predicate remains. Only the whole
+  // block's tiles (NT == NR, nlo 0) leave the last tile the only one that can be missing. Where that
+  // would cost more, 2 keeps the predicates and makes them uniform as 1 does.
+  constexpr bool UNI = VA_QK_UNIFORM == 2 && NT == NR && (NQ * QWR - NT) * 8 <= NT;
+  constexpr bool SHFL = VA_QK_UNIFORM == 1 || (VA_QK_UNIFORM == 2 && !UNI);
   const int wk = warp % QWK, wt = warp / (QWK * QWR);
-  const int wr = VA_QK_UNIFORM == 1 ? __shfl_sync(0xffffffffu, (warp / QWK) % QWR, 0) : (warp / QWK) % QWR;
+  const int wr = SHFL ? __shfl_sync(0xffffffffu, (warp / QWK) % QWR, 0) : (warp / QWK) % QWR;
   const int mat = lane >> 3, r8 = lane & 7, g = lane >> 2, tq = lane & 3;
   // row tile n of this warp exists: within the block's NT and the request's NR (a last split may hold fewer)
   auto live = [&](int n) { return wr + n * QWR < NT && nlo + wr + n * QWR < NR; };
-  // UNI (VA_QK_UNIFORM 2): every warp runs all NQ row tiles' loads and MMAs, a missing last tile on
-  // a duplicate of tile 0's rows (its scores are not stored), so no predicate remains. Only the whole
-  // block's tiles (NT == NR, nlo 0) leave the last tile the only one that can be missing.
-  constexpr bool UNI = VA_QK_UNIFORM == 2 && NT == NR && (NQ * QWR - NT) * 8 <= NT;
   auto on = [&](int n) { return UNI || live(n); };
   float acc[QMQ][NQ][4];
   zero_fill(acc);
