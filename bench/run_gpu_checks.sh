@@ -10,7 +10,8 @@
 # `loop` A/Bs the tile loop's flags and runs the battery and runtime tests at the defaults; `next`
 # is the next measurement the tile loop needs (the QK's shuffle fallback A/B'd and tested, Nsight
 # profiles).
-# Usage: bench/run_gpu_checks.sh tests|f8|f8qk|e4m3|loop|next OUTDIR | bench/run_gpu_checks.sh bench OUTDIR V6_SOURCE [--quick]
+# `edges` A/Bs the prologue's and epilogue's instruction diet and runs every gpu test.
+# Usage: bench/run_gpu_checks.sh tests|f8|f8qk|e4m3|loop|next|edges OUTDIR | bench/run_gpu_checks.sh bench OUTDIR V6_SOURCE [--quick]
 set -uo pipefail
 mode=${1:?tests or bench}
 out=${2:?outdir}
@@ -75,8 +76,19 @@ case "$mode" in
     printf 'h8_loop 8:9:46000\nh8_p4096 8:9:4096\n' > "$out/ncu_plan.txt"
     timeout 120 bash bench/run_ncu.sh "$out/ncu" "$out/ncu_plan.txt"
     rm -f "$out"/ncu/*.ncu-rep ;;  # the csv and txt pages stay; the reports are large
+  edges)
+    # the fixed costs around the tile loop: Q's copies and the output's stores a warp a row
+    # (VA_WARP_ROWS) and the epilogue staged with stmatrix (VA_EPI_STMATRIX), A/B'd against the
+    # chunk-a-thread copies and scalar stores before them; then every gpu test at the new defaults
+    old="--a-flags=-DVA_WARP_ROWS=0 -DVA_EPI_STMATRIX=0"
+    timeout 120 python3 bench/ab_kernel.py "$old" --shapes 8:9:0,8:9:4096,8:9:46000,64:9:46000,8:1:131072 \
+      --label "edges: chunk-a-thread Q copies and scalar output staging (A) vs a warp a row and stmatrix (B)" \
+      --out "$out" 2>&1 | tail -6
+    timeout 80 python3 bench/ab_kernel.py --kv-dtype fp8_e4m3 "$old" --shapes 8:9:4096,8:9:46000,8:1:131072 \
+      --label "e4m3 edges: chunk-a-thread Q copies (A) vs a warp a row (B)" --out "$out" 2>&1 | tail -4
+    timeout 330 python3 -m pytest -m gpu -q -p no:cacheprovider -rs 2>&1 | tee "$out/gpu-tests-edges.log" | tail -4 ;;
   bench)
     timeout 560 python3 bench/kernel_v7.py --v6-source "${3:?v6 source}" --out "$out" ${4:-} \
       2>&1 | tee "$out/kernel_v7.log" | tail -20 ;;
-  *) echo "usage: $0 tests|f8|f8qk|e4m3|loop|next OUTDIR | $0 bench OUTDIR V6_SOURCE [--quick]" >&2; exit 2 ;;
+  *) echo "usage: $0 tests|f8|f8qk|e4m3|loop|next|edges OUTDIR | $0 bench OUTDIR V6_SOURCE [--quick]" >&2; exit 2 ;;
 esac

@@ -266,6 +266,13 @@ __device__ __forceinline__ void zero_fill(T (&a)[N]) {
 #define VA_SOFTMAX_TREE 1  // a lane's max and sum over its SPL scores as trees (0: serial chains)
 #endif
 
+#ifndef VA_WARP_ROWS
+#define VA_WARP_ROWS 1  // Q's copies and the output's stores a warp a row (0: a chunk a thread, each with its row's addresses)
+#endif
+#ifndef VA_EPI_STMATRIX
+#define VA_EPI_STMATRIX 1  // the epilogue stages o / l with stmatrix where the arch has it (sm_90+) and bf16 fragments
+#endif
+
 #ifndef VA_OPAQUE_TID
 #define VA_OPAQUE_TID 1  // 0: the segment loop's thread index is a plain one (an A/B of the hoisting guard)
 #endif
@@ -1229,13 +1236,32 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
     // load. Q rides in the first
     // cp.async group (PIPE 3: a group of its own); PIPE 0 keeps one slot free for the first
     // iteration to fill, PIPE 1 and 3 fill every slot now.
-    for (int c = tid; c < (rhi - rlo) * CHUNKS; c += BLOCK) {  // Q rows r = i*HT + hl; pad rows zero
-      const int r = rlo + c / CHUNKS, part = c - (r - rlo) * CHUNKS;
-      const bool valid = r < rows_here;
-      const long long tok = (long long)seg_s[3] * QN + node0 + r / HT, head = hg * HT + r % HT;
-      const bf16* src = part < D_V / 8 ? q + tok * q_st + head * q_sh + part * 8
-                                       : q_pe + tok * pe_st + head * pe_sh + (part - D_V / 8) * 8;
-      cp_async16(smem_u32(Qs + sw(r, part * 8)), valid ? src : q, valid);
+    if constexpr (VA_WARP_ROWS) {  // a warp a row: the row's addresses once, lanes across its chunks
+      const long long tok0 = (long long)seg_s[3] * QN + node0;
+      for (int r = rlo + warp; r < rhi; r += NWARPS) {  // Q rows r = i*HT + hl; pad rows zero
+        const bool valid = r < rows_here;
+        const long long tok = tok0 + r / HT, head = hg * HT + r % HT;
+        const bf16* qr = q + tok * q_st + head * q_sh;
+        const bf16* pr = q_pe + tok * pe_st + head * pe_sh;
+        const uint32_t dst = smem_u32(Qs + r * KSTRIDE);
+        const int r8 = r & 7;
+#pragma unroll
+        for (int k = 0; k < QCH; ++k) {
+          const int part = lane + 32 * k;
+          if (part >= CHUNKS) break;
+          const bf16* src = part < D_V / 8 ? qr + part * 8 : pr + (part - D_V / 8) * 8;
+          cp_async16(dst + ((part ^ r8) << 4), valid ? src : q, valid);
+        }
+      }
+    } else {
+      for (int c = tid; c < (rhi - rlo) * CHUNKS; c += BLOCK) {  // Q rows r = i*HT + hl; pad rows zero
+        const int r = rlo + c / CHUNKS, part = c - (r - rlo) * CHUNKS;
+        const bool valid = r < rows_here;
+        const long long tok = (long long)seg_s[3] * QN + node0 + r / HT, head = hg * HT + r % HT;
+        const bf16* src = part < D_V / 8 ? q + tok * q_st + head * q_sh + part * 8
+                                         : q_pe + tok * pe_st + head * pe_sh + (part - D_V / 8) * 8;
+        cp_async16(smem_u32(Qs + sw(r, part * 8)), valid ? src : q, valid);
+      }
     }
     if constexpr (PIPE == 3) cp_async_commit();  // Q alone: each group then commits its own tiles
     // the mask rows now, so their round trip overlaps the index loads below (stored once those are done)
@@ -1409,6 +1435,29 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
       // V's scale (and, for e4m3, P's 2^7) with 1 / l
       const float inv = FP8 ? vscale / P_UNIT : 1.f;
       const float i0 = l0 > 0.f ? inv / l0 : 0.f, i1 = l1 > 0.f ? inv / l1 : 0.f;
+#if __CUDA_ARCH__ >= 900
+      if constexpr (VA_EPI_STMATRIX && !FP8 && MW % 2 == 0) {
+        // Oᵀ's fragments hold (dim, two adjacent rows): transposed, four 8x8 tiles (two m16 tiles'
+        // dim halves) land as 16-byte row pieces in one stmatrix, lane 8i+j addressing tile i's row j
+        const uint32_t orow = smem_u32(Os) + ((nlo + nr) * 8 + (lane & 7)) * (KSTRIDE * 2);
+#pragma unroll
+        for (int mw = 0; mw < MW; mw += 2) {
+          uint32_t v[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const float* a = acc[mw + (i >> 1)][nr] + 2 * (i & 1);
+            const __nv_bfloat162 h = __floats2bfloat162_rn(a[0] * i0, a[1] * i1);
+            v[i] = *reinterpret_cast<const uint32_t*>(&h);
+          }
+          const int chunk = (warp * MW + mw) * 2 + (lane >> 3);
+          asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                           orow + ((chunk ^ (lane & 7)) << 4)),
+                       "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3])
+                       : "memory");
+        }
+        continue;
+      }
+#endif
 #pragma unroll
       for (int mw = 0; mw < MW; ++mw) {
         if constexpr (FP8) {  // slots g and g+8 hold dims 2g and 2g+1 (f8_v_frags): one bf16 pair a row
@@ -1432,10 +1481,21 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
     const int X = direct ? b : kvp + b;  // output row block: the request itself, or its workspace slot
     bf16* o_dst = direct ? out : part_o;
     const int r_end = rhi < rows_here ? rhi : rows_here;  // this block's real rows: [rlo, r_end)
-    for (int c = tid; c < (r_end - rlo) * VCH; c += BLOCK) {
-      const int r = rlo + c / VCH, part = c - (r - rlo) * VCH;
-      const uint4 v = *reinterpret_cast<const uint4*>(Os + sw(r, part * 8));
-      *reinterpret_cast<uint4*>(o_dst + row_index(X, r) * D_V + part * 8) = v;
+    if constexpr (VA_WARP_ROWS) {  // a warp a row, as Q's copies
+      for (int r = rlo + warp; r < r_end; r += NWARPS) {
+        bf16* dst = o_dst + row_index(X, r) * D_V;
+#pragma unroll
+        for (int k = 0; k < VCH / 32; ++k) {
+          const int part = lane + 32 * k;
+          *reinterpret_cast<uint4*>(dst + part * 8) = *reinterpret_cast<const uint4*>(Os + sw(r, part * 8));
+        }
+      }
+    } else {
+      for (int c = tid; c < (r_end - rlo) * VCH; c += BLOCK) {
+        const int r = rlo + c / VCH, part = c - (r - rlo) * VCH;
+        const uint4 v = *reinterpret_cast<const uint4*>(Os + sw(r, part * 8));
+        *reinterpret_cast<uint4*>(o_dst + row_index(X, r) * D_V + part * 8) = v;
+      }
     }
     for (int r = rlo + tid; r < r_end; r += BLOCK) {
       const float l = l_s[r];
