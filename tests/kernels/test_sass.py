@@ -65,3 +65,21 @@ def test_the_rtx_pro_6000_e4m3_defaults_keep_no_fenced_mmas(tmp_path, kv_dtype):
     assert fences <= 4, (cfg, fences)
     fenced, _ = _tile_loop_fences(tmp_path, "rtx-pro-6000", 8, 9, kv_dtype, ("-DVA_QK_UNIFORM=0",))
     assert fenced > 15, (cfg, fenced)
+
+
+@needs_tools
+@pytest.mark.parametrize(
+    "device, kv_dtype, stsm",
+    [("h200", "bf16", True), ("rtx-pro-6000", "bf16", True), ("a100", "bf16", False), ("h200", "fp8_e4m3", False)],
+)
+def test_the_epilogue_stages_bf16_fragments_with_stmatrix_where_the_arch_has_it(tmp_path, device, kv_dtype, stsm):
+    """The epilogue's 144 scalar stores a warp (each with its own address arithmetic) became 18
+    transposing stmatrix on sm_90 and later; sm_80 has no stmatrix and e4m3's fragments hold their
+    dims in another order, so both keep the stores."""
+    limits = known_device(device)
+    cfg = heuristic_config(limits, H=8, q_len=9, prefix=46000, kv_dtype=kv_dtype)
+    built = compile_cubin(cfg, 9, limits.arch, tmp_path, (), kv_dtype=kv_dtype)
+    stsm_count = sum("STSM" in text for _, text in sass_loops.sass(built.path))
+    assert (stsm_count > 0) == stsm, (device, cfg, stsm_count)
+    without = compile_cubin(cfg, 9, limits.arch, tmp_path, ("-DVA_EPI_STMATRIX=0",), kv_dtype=kv_dtype)
+    assert not any("STSM" in text for _, text in sass_loops.sass(without.path))
