@@ -8,10 +8,11 @@
 # calls): both e4m3 modules, the default (VA_Q_ROWS=3) A/B'd against a q row at a time, the configs
 # around e4m3's defaults, and the headline phase trace with and without VA_Q_ROWS=1.
 # `loop` A/Bs the tile loop's flags and runs the battery and runtime tests at the defaults; `next`
-# is the next measurement the tile loop needs (the QK's shuffle fallback A/B'd and tested, Nsight
-# profiles).
+# A/Bs the QK's shuffle fallback at the defaults it changes, runs the tests whose configs take it
+# and profiles H=8 with Nsight; `q64` is what the last session left to measure (the sm_120 H=8 q=64
+# structure check's change, isolated).
 # `edges` A/Bs the prologue's and epilogue's instruction diet and runs every gpu test.
-# Usage: bench/run_gpu_checks.sh tests|f8|f8qk|e4m3|loop|next|edges OUTDIR | bench/run_gpu_checks.sh bench OUTDIR V6_SOURCE [--quick]
+# Usage: bench/run_gpu_checks.sh tests|f8|f8qk|e4m3|loop|next|edges|q64 OUTDIR | bench/run_gpu_checks.sh bench OUTDIR V6_SOURCE [--quick]
 set -uo pipefail
 mode=${1:?tests or bench}
 out=${2:?outdir}
@@ -87,8 +88,25 @@ case "$mode" in
     timeout 80 python3 bench/ab_kernel.py --kv-dtype fp8_e4m3 "$old" --shapes 8:9:4096,8:9:46000,8:1:131072 \
       --label "e4m3 edges: chunk-a-thread Q copies (A) vs a warp a row (B)" --out "$out" 2>&1 | tail -4
     timeout 330 python3 -m pytest -m gpu -q -p no:cacheprovider -rs 2>&1 | tee "$out/gpu-tests-edges.log" | tail -4 ;;
+  q64)
+    # what the last session left open: the sm_120 template's H=8 q=64 read 0.894x v6 after the
+    # fixed-cost change against 0.850x before; A/B the change's flags at the RTX PRO 6000's bf16
+    # defaults twice (separate processes: how much is noise), then Nsight profiles of that config
+    # both ways (bench/run_ncu.sh). Run it into a scratch folder and tar that into $OUT (at most 8
+    # files come back from a device call)
+    old="--a-flags=-DVA_WARP_ROWS=0 -DVA_EPI_STMATRIX=0"
+    for round in 1 2; do
+      timeout 90 python3 bench/ab_kernel.py --defaults-of rtx-pro-6000 "$old" --shapes 8:64:46000,8:9:46000,64:9:46000 \
+        --label "sm_120 bf16 defaults, round $round: chunk-a-thread copies and scalar staging (A) vs the default (B)" \
+        --out "$out" 2>&1 | tail -4
+    done
+    cfg="NSPLIT=11 HT=1 TK=16 BLOCK=128 STAGES=2 QT=32 WR=1 WK=4 SF=0 PIPE=1"
+    printf 'q64_default 8:64:46000 %s\nq64_old 8:64:46000 %s -- -DVA_WARP_ROWS=0 -DVA_EPI_STMATRIX=0\n' "$cfg" "$cfg" \
+      > "$out/ncu_plan.txt"
+    timeout 150 bash bench/run_ncu.sh "$out/ncu" "$out/ncu_plan.txt"
+    rm -f "$out"/ncu/*.ncu-rep ;;  # the csv and txt pages stay; the reports are large
   bench)
     timeout 560 python3 bench/kernel_v7.py --v6-source "${3:?v6 source}" --out "$out" ${4:-} \
       2>&1 | tee "$out/kernel_v7.log" | tail -20 ;;
-  *) echo "usage: $0 tests|f8|f8qk|e4m3|loop|next|edges OUTDIR | $0 bench OUTDIR V6_SOURCE [--quick]" >&2; exit 2 ;;
+  *) echo "usage: $0 tests|f8|f8qk|e4m3|loop|next|edges|q64 OUTDIR | $0 bench OUTDIR V6_SOURCE [--quick]" >&2; exit 2 ;;
 esac
