@@ -22,6 +22,7 @@ while read -r name shape rest; do
   ncu -i "$out/$name.ncu-rep" --page details --print-units base > "$out/$name.txt" 2>&1
   ncu -i "$out/$name.ncu-rep" --page source --print-source sass --csv -k verify_attn_partial \
     > "$out/${name}_sass.csv" 2>&1
+  # the kernel was compiled from a rendered copy in a deleted temp folder: point ncu at the checkout's
   ncu -i "$out/$name.ncu-rep" --page source --print-source cuda --csv -k verify_attn_partial \
-    > "$out/${name}_cuda.csv" 2>&1
+    --source-folders "$PWD/kernels/csrc" > "$out/${name}_cuda.csv" 2>&1
 done < "$plan"
