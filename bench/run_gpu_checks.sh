@@ -10,9 +10,9 @@
 # `loop` A/Bs the tile loop's flags and runs the battery and runtime tests at the defaults; `next`
 # A/Bs the QK's shuffle fallback at the defaults it changes, runs the tests whose configs take it
 # and profiles H=8 with Nsight; `q64` is what the last session left to measure (the sm_120 H=8 q=64
-# structure check's change, isolated).
+# structure check's change, isolated); `refill` A/Bs the shared-refill experiment.
 # `edges` A/Bs the prologue's and epilogue's instruction diet and runs every gpu test.
-# Usage: bench/run_gpu_checks.sh tests|f8|f8qk|e4m3|loop|next|edges|q64 OUTDIR | bench/run_gpu_checks.sh bench OUTDIR V6_SOURCE [--quick]
+# Usage: bench/run_gpu_checks.sh tests|f8|f8qk|e4m3|loop|next|edges|q64|refill OUTDIR | bench/run_gpu_checks.sh bench OUTDIR V6_SOURCE [--quick]
 set -uo pipefail
 mode=${1:?tests or bench}
 out=${2:?outdir}
@@ -105,8 +105,16 @@ case "$mode" in
       > "$out/ncu_plan.txt"
     timeout 150 bash bench/run_ncu.sh "$out/ncu" "$out/ncu_plan.txt"
     rm -f "$out"/ncu/*.ncu-rep ;;  # the csv and txt pages stay; the reports are large
+  refill)
+    # the shared-refill experiment (VA_SHARED_REFILL=1, docs/kernel.md "What is open": every warp
+    # refills its own PV columns of the seesaw's slot right after its own PV, the owner group the
+    # rope; no BAR_EMPTY) A/B'd where the seesaw runs; each variant's output is gated first
+    timeout 200 python3 bench/ab_kernel.py --b-flags=-DVA_SHARED_REFILL=1 \
+      --shapes 8:9:46000,64:9:46000,128:9:46000,8:9:4096,8:9:0,8:9:131072 \
+      --label "seesaw refill: the owner group after both PVs (A) vs every warp after its own PV (B)" \
+      --out "$out" 2>&1 | tail -8 ;;
   bench)
     timeout 560 python3 bench/kernel_v7.py --v6-source "${3:?v6 source}" --out "$out" ${4:-} \
       2>&1 | tee "$out/kernel_v7.log" | tail -20 ;;
-  *) echo "usage: $0 tests|f8|f8qk|e4m3|loop|next|edges|q64 OUTDIR | $0 bench OUTDIR V6_SOURCE [--quick]" >&2; exit 2 ;;
+  *) echo "usage: $0 tests|f8|f8qk|e4m3|loop|next|edges|q64|refill OUTDIR | $0 bench OUTDIR V6_SOURCE [--quick]" >&2; exit 2 ;;
 esac
