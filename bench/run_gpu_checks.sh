@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What the kernel issue reports, in four calls on the GPU machine (after `source .wheelhouse/gpu-env.sh`;
+# What the kernel issue reports, a mode a call on the GPU machine (after `source .wheelhouse/gpu-env.sh`;
 # each fits one 10-minute call): `tests` runs every `gpu` test but the e4m3 modules, `f8` the e4m3
 # module, `f8qk` fp8_e4m3_qk's, `bench` the kernel-v7 table against v6 in the same process
 # (bench/kernel_v7.py; V6_SOURCE is v6's .cu,
@@ -9,9 +9,10 @@
 # around e4m3's defaults, and the headline phase trace with and without VA_Q_ROWS=1.
 # `loop` A/Bs the tile loop's flags and runs the battery and runtime tests at the defaults; `next`
 # A/Bs the QK's shuffle fallback at the defaults it changes, runs the tests whose configs take it
-# and profiles H=8 with Nsight; `q64` is what the last session left to measure (the sm_120 H=8 q=64
-# structure check's change, isolated); `refill` A/Bs the shared-refill experiment.
-# `edges` A/Bs the prologue's and epilogue's instruction diet and runs every gpu test.
+# and profiles H=8 with Nsight; `q64` isolates the sm_120 H=8 q=64 structure check's reading after
+# the fixed-cost change; `refill` A/Bs the shared-refill experiment. Nsight's pages come back packed
+# in ncu.tgz (a device call returns at most 8 files). `edges` A/Bs the prologue's and epilogue's
+# instruction diet and runs every gpu test.
 # Usage: bench/run_gpu_checks.sh tests|f8|f8qk|e4m3|loop|next|edges|q64|refill OUTDIR | bench/run_gpu_checks.sh bench OUTDIR V6_SOURCE [--quick]
 set -uo pipefail
 mode=${1:?tests or bench}
@@ -26,6 +27,15 @@ if ! cmp -s "$installed" kernels/csrc/verify_attention.cu; then
   exit 2
 fi
 F8_TESTS=(tests/kernels/test_fp8_gpu.py tests/kernels/test_fp8_qk_gpu.py)
+# the code before the fixed-cost change (Q's copies and the output's stores a warp a row, stmatrix)
+BEFORE_EDGES="--a-flags=-DVA_WARP_ROWS=0 -DVA_EPI_STMATRIX=0"
+# Nsight profiles of a plan (bench/run_ncu.sh), packed into one ncu.tgz without the large reports:
+# a device call returns at most 8 files, and each profile writes four
+profile() {
+  timeout "$1" bash bench/run_ncu.sh "$out/ncu" "$out/ncu_plan.txt"
+  rm -f "$out"/ncu/*.ncu-rep
+  tar czf "$out/ncu.tgz" -C "$out" ncu && rm -rf "$out/ncu"
+}
 case "$mode" in
   tests)
     timeout 540 python3 -m pytest -m gpu -q -p no:cacheprovider -rs --ignore="${F8_TESTS[0]}" --ignore="${F8_TESTS[1]}" \
@@ -61,9 +71,8 @@ case "$mode" in
   next)
     # the QK's fallback where running every row tile costs too much (VA_QK_UNIFORM 2: predicates made
     # warp-uniform by a shuffle), A/B'd against the fenced predicates at the defaults it changes, then
-    # the tests whose configs take it and Nsight profiles of H=8 (bench/run_ncu.sh: where the fixed
-    # costs and the loop wait, per SASS line); run it into a scratch folder and tar that into $OUT
-    # (at most 8 files come back from a device call)
+    # the tests whose configs take it and Nsight profiles of H=8 (where the fixed costs and the loop
+    # wait, per SASS line)
     for kv in fp8_e4m3 fp8_e4m3_qk; do
       timeout 80 python3 bench/ab_kernel.py --defaults-of rtx-pro-6000 --kv-dtype $kv --a-flags=-DVA_QK_UNIFORM=0 \
         --shapes 8:9:46000,64:9:46000,8:64:46000 --label "sm_120 $kv defaults: fenced QK (A) vs the default (B)" \
@@ -75,36 +84,30 @@ case "$mode" in
     timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider -rs tests/kernels/test_kernel_gpu.py tests/kernels/test_runtime_gpu.py \
       "${F8_TESTS[@]}" 2>&1 | tee "$out/gpu-tests-next.log" | tail -4
     printf 'h8_loop 8:9:46000\nh8_p4096 8:9:4096\n' > "$out/ncu_plan.txt"
-    timeout 120 bash bench/run_ncu.sh "$out/ncu" "$out/ncu_plan.txt"
-    rm -f "$out"/ncu/*.ncu-rep ;;  # the csv and txt pages stay; the reports are large
+    profile 120 ;;
   edges)
     # the fixed costs around the tile loop: Q's copies and the output's stores a warp a row
     # (VA_WARP_ROWS) and the epilogue staged with stmatrix (VA_EPI_STMATRIX), A/B'd against the
     # chunk-a-thread copies and scalar stores before them; then every gpu test at the new defaults
-    old="--a-flags=-DVA_WARP_ROWS=0 -DVA_EPI_STMATRIX=0"
-    timeout 120 python3 bench/ab_kernel.py "$old" --shapes 8:9:0,8:9:4096,8:9:46000,64:9:46000,8:1:131072 \
+    timeout 120 python3 bench/ab_kernel.py "$BEFORE_EDGES" --shapes 8:9:0,8:9:4096,8:9:46000,64:9:46000,8:1:131072 \
       --label "edges: chunk-a-thread Q copies and scalar output staging (A) vs a warp a row and stmatrix (B)" \
       --out "$out" 2>&1 | tail -6
-    timeout 80 python3 bench/ab_kernel.py --kv-dtype fp8_e4m3 "$old" --shapes 8:9:4096,8:9:46000,8:1:131072 \
+    timeout 80 python3 bench/ab_kernel.py --kv-dtype fp8_e4m3 "$BEFORE_EDGES" --shapes 8:9:4096,8:9:46000,8:1:131072 \
       --label "e4m3 edges: chunk-a-thread Q copies (A) vs a warp a row (B)" --out "$out" 2>&1 | tail -4
     timeout 330 python3 -m pytest -m gpu -q -p no:cacheprovider -rs 2>&1 | tee "$out/gpu-tests-edges.log" | tail -4 ;;
   q64)
-    # what the last session left open: the sm_120 template's H=8 q=64 read 0.894x v6 after the
-    # fixed-cost change against 0.850x before; A/B the change's flags at the RTX PRO 6000's bf16
-    # defaults twice (separate processes: how much is noise), then Nsight profiles of that config
-    # both ways (bench/run_ncu.sh). Run it into a scratch folder and tar that into $OUT (at most 8
-    # files come back from a device call)
-    old="--a-flags=-DVA_WARP_ROWS=0 -DVA_EPI_STMATRIX=0"
+    # the sm_120 template's H=8 q=64 read 0.894x v6 after the fixed-cost change against 0.850x
+    # before (docs/results.md): the change's flags A/B'd at the RTX PRO 6000's bf16 defaults twice
+    # (separate processes: how much is noise), then Nsight profiles of that config both ways
     for round in 1 2; do
-      timeout 90 python3 bench/ab_kernel.py --defaults-of rtx-pro-6000 "$old" --shapes 8:64:46000,8:9:46000,64:9:46000 \
+      timeout 90 python3 bench/ab_kernel.py --defaults-of rtx-pro-6000 "$BEFORE_EDGES" --shapes 8:64:46000,8:9:46000,64:9:46000 \
         --label "sm_120 bf16 defaults, round $round: chunk-a-thread copies and scalar staging (A) vs the default (B)" \
         --out "$out" 2>&1 | tail -4
     done
     cfg="NSPLIT=11 HT=1 TK=16 BLOCK=128 STAGES=2 QT=32 WR=1 WK=4 SF=0 PIPE=1"
     printf 'q64_default 8:64:46000 %s\nq64_old 8:64:46000 %s -- -DVA_WARP_ROWS=0 -DVA_EPI_STMATRIX=0\n' "$cfg" "$cfg" \
       > "$out/ncu_plan.txt"
-    timeout 150 bash bench/run_ncu.sh "$out/ncu" "$out/ncu_plan.txt"
-    rm -f "$out"/ncu/*.ncu-rep ;;  # the csv and txt pages stay; the reports are large
+    profile 150 ;;
   refill)
     # the shared-refill experiment (VA_SHARED_REFILL=1, docs/kernel.md "What is open": every warp
     # refills its own PV columns of the seesaw's slot right after its own PV, the owner group the
