@@ -582,37 +582,22 @@ __device__ __forceinline__ void load_kv_tile(bf16* Kt, const unsigned char* __re
   }
 }
 
-// VA_SHARED_REFILL (bf16): warp `warp` of the block copies its own PV columns of tile X (16-byte
-// chunks warp*CW .. +CW of every token's row), CW-chunk runs of 32/CW tokens a warp instruction.
-__device__ __forceinline__ void load_kv_cols(bf16* Kt, const unsigned char* __restrict__ kv, const int* idx_s,
-                                             const Span& sp, int X, int warp) {
-  constexpr int CW = 2 * MW, TPI = 32 / CW;
-  static_assert(32 % CW == 0 && TK % TPI == 0, "a warp's columns tile its instructions");
+// VA_SHARED_REFILL (bf16): the 16-byte chunks c0 .. c0+CW of every token's row of tile X, by warp
+// w of NW (runs of CW chunks, 32/CW tokens a warp instruction): a warp's own PV columns (NW 1) or
+// the rope chunks (the owner group's warps).
+template <int CW, int NW>
+__device__ __forceinline__ void load_kv_run(bf16* Kt, const unsigned char* __restrict__ kv, const int* idx_s,
+                                            const Span& sp, int X, int c0, int w) {
+  constexpr int TPI = 32 / CW, NK = TK / TPI;
+  static_assert(32 % CW == 0 && TK % TPI == 0, "a run of chunks tiles a warp's instructions");
   const int* idx = idx_s + (X % STAGES) * TK;
-  const int vb = sp.v0 + X * TK, lane = threadIdx.x & 31, c = warp * CW + lane % CW;
+  const int vb = sp.v0 + X * TK, lane = threadIdx.x & 31, c = c0 + lane % CW;
   const uint32_t base = smem_u32(Kt);
 #pragma unroll
-  for (int k = 0; k < TK / TPI; ++k) {
+  for (int k0 = 0; k0 < NK; k0 += NW) {
+    const int k = k0 + w;
+    if (NK % NW != 0 && k >= NK) break;
     const int t = k * TPI + lane / CW;
-    const bool valid = vb + t < sp.v1;
-    const int slot = valid ? sp.slot(vb + t, idx[t]) : 0;
-    cp_async16(base + t * (KSTRIDE * 2) + ((c ^ (t & 7)) << 4), kv + (size_t)slot * KV_ROW_BYTES + c * 16, valid);
-  }
-}
-// ... and the rope chunks (D_V/8 .. CHUNKS) of tile X, by the NW warps of its owner group.
-template <int NW>
-__device__ __forceinline__ void load_kv_rope(bf16* Kt, const unsigned char* __restrict__ kv, const int* idx_s,
-                                             const Span& sp, int X, int gw) {
-  constexpr int RC = CHUNKS - D_V / 8, TPI = 32 / RC;
-  static_assert(32 % RC == 0 && TK % TPI == 0, "the rope chunks tile a warp's instructions");
-  const int* idx = idx_s + (X % STAGES) * TK;
-  const int vb = sp.v0 + X * TK, lane = threadIdx.x & 31, c = D_V / 8 + lane % RC;
-  const uint32_t base = smem_u32(Kt);
-#pragma unroll
-  for (int k0 = 0; k0 < TK / TPI; k0 += NW) {
-    const int k = k0 + gw;
-    if ((TK / TPI) % NW != 0 && k >= TK / TPI) break;
-    const int t = k * TPI + lane / RC;
     const bool valid = vb + t < sp.v1;
     const int slot = valid ? sp.slot(vb + t, idx[t]) : 0;
     cp_async16(base + t * (KSTRIDE * 2) + ((c ^ (t & 7)) << 4), kv + (size_t)slot * KV_ROW_BYTES + c * 16, valid);
@@ -1473,8 +1458,8 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
           cp_async_commit();
           if (t + 2 < ntiles) {  // part A of my next tile, into u's slot: my columns and the rope are dead
             bf16* const Kn = Ks + ((t + 2) % STAGES) * TK * RING_ROW;
-            load_kv_cols(Kn, kvb, idx_s, sp, t + 2, warp);
-            load_kv_rope<GWARPS>(Kn, kvb, idx_s, sp, t + 2, gw);
+            load_kv_run<2 * MW, 1>(Kn, kvb, idx_s, sp, t + 2, warp * 2 * MW, 0);
+            load_kv_run<CHUNKS - D_V / 8, GWARPS>(Kn, kvb, idx_s, sp, t + 2, D_V / 8, gw);
           }
           cp_async_commit();
         } else {
@@ -1492,7 +1477,8 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
         bar_arrive(BAR_P + (t & 1), BLOCK);      // ... and for the other
         PV_TILE(acc, Kt, Ps + (t & 1) * PBUF, a_s + (t & 1) * ROWS_PAD, rescale, warp, lane, nlo);
         if constexpr (SHARED) {  // part B of the other group's tile t+3, into my slot: my columns are dead
-          if (t + 3 < ntiles) load_kv_cols(Ks + ((t + 3) % STAGES) * TK * RING_ROW, kvb, idx_s, sp, t + 3, warp);
+          if (t + 3 < ntiles)
+            load_kv_run<2 * MW, 1>(Ks + ((t + 3) % STAGES) * TK * RING_ROW, kvb, idx_s, sp, t + 3, warp * 2 * MW, 0);
           cp_async_commit();
         } else {
           bar_arrive(BAR_EMPTY + t % STAGES, BLOCK);
