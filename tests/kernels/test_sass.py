@@ -25,12 +25,17 @@ needs_tools = pytest.mark.skipif(
 )
 
 
-def _tile_loop_fences(tmp_path, device, H, q_len, kv_dtype, flags=()):
-    """WARPSYNCs in the innermost loop holding MMAs of the default's partial kernel."""
+def _default_sass(tmp_path, device, H, q_len, kv_dtype, flags=()):
+    """The partial kernel's SASS of a device's default at (H, q_len, P=46000), and that config."""
     limits = known_device(device)
     cfg = heuristic_config(limits, H=H, q_len=q_len, prefix=46000, kv_dtype=kv_dtype)
     built = compile_cubin(cfg, q_len, limits.arch, tmp_path, tuple(flags), kv_dtype=kv_dtype)
-    ins = sass_loops.sass(built.path)
+    return sass_loops.sass(built.path), cfg
+
+
+def _tile_loop_fences(tmp_path, device, H, q_len, kv_dtype, flags=()):
+    """WARPSYNCs in the innermost loop holding MMAs of the default's partial kernel."""
+    ins, cfg = _default_sass(tmp_path, device, H, q_len, kv_dtype, flags)
     loop = min(sass_loops.mma_loops(ins), key=lambda lp: lp["ins"])
     return sum("WARPSYNC" in text for addr, text in ins if loop["lo"] <= addr <= loop["hi"]), cfg
 
@@ -76,10 +81,8 @@ def test_the_epilogue_stages_bf16_fragments_with_stmatrix_where_the_arch_has_it(
     """The epilogue's 144 scalar stores a warp (each with its own address arithmetic) became 18
     transposing stmatrix on sm_90 and later; sm_80 has no stmatrix and e4m3's fragments hold their
     dims in another order, so both keep the stores."""
-    limits = known_device(device)
-    cfg = heuristic_config(limits, H=8, q_len=9, prefix=46000, kv_dtype=kv_dtype)
-    built = compile_cubin(cfg, 9, limits.arch, tmp_path, (), kv_dtype=kv_dtype)
-    stsm_count = sum("STSM" in text for _, text in sass_loops.sass(built.path))
+    ins, cfg = _default_sass(tmp_path, device, 8, 9, kv_dtype)
+    stsm_count = sum("STSM" in text for _, text in ins)
     assert (stsm_count > 0) == stsm, (device, cfg, stsm_count)
-    without = compile_cubin(cfg, 9, limits.arch, tmp_path, ("-DVA_EPI_STMATRIX=0",), kv_dtype=kv_dtype)
-    assert not any("STSM" in text for _, text in sass_loops.sass(without.path))
+    without, _ = _default_sass(tmp_path, device, 8, 9, kv_dtype, ("-DVA_EPI_STMATRIX=0",))
+    assert not any("STSM" in text for _, text in without)
