@@ -254,10 +254,11 @@ __device__ __forceinline__ void zero_fill(T (&a)[N]) {
 // warp's row group made visibly warp-uniform, 2 every warp running all NQ of them where that adds at
 // most an eighth to the block's QK (else as 1). 2 measured 2-7 % faster than 0 at 72 rows on sm_90,
 // and 1 5-13 % faster than 0 where 2 falls back (bench/results/ab_kernel_flags_sm_90.md); e4m3 with
-// folded scores keeps 0, since 1 and 2 spill its 72-row seesaw on sm_90 (e4m3's default there keeps
-// a buffer per k-slice, SF=0).
+// folded scores keeps 0 above 64 rows only, since 1 and 2 spill its 72-row seesaw on sm_80/89/90
+// (e4m3's default there keeps a buffer per k-slice, SF=0); at 64 rows and fewer they build without
+// spills, and 0 fenced 27 loads and MMAs of the RTX PRO 6000's and L40S's 17-24-row e4m3 defaults.
 #ifndef VA_QK_UNIFORM
-#define VA_QK_UNIFORM (KV_FMT == 1 && SF == 1 ? 0 : 2)
+#define VA_QK_UNIFORM (KV_FMT == 1 && SF == 1 && ROWS_PAD > 64 ? 0 : 2)
 #endif
 #ifndef VA_F8_KLEAN
 #define VA_F8_KLEAN 1  // e4m3 QK: convert and use one m16 tile's K fragment at a time (fewer live registers)

@@ -8,13 +8,14 @@ them out of the defaults' tile loops.
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 from pathlib import Path
 
 import pytest
 from verify_tuner.heuristic import heuristic_config
-from verify_tuner.kernels.build import compile_cubin
+from verify_tuner.kernels.build import compile_cubin, ptxas_report
 from verify_tuner.kernels.limits import known_device
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
@@ -69,6 +70,31 @@ def test_the_rtx_pro_6000_e4m3_defaults_keep_no_fenced_mmas(tmp_path, kv_dtype):
     assert cfg.wr == 4, cfg
     assert fences <= 4, (cfg, fences)
     fenced, _ = _tile_loop_fences(tmp_path, "rtx-pro-6000", 8, 9, kv_dtype, ("-DVA_QK_UNIFORM=0",))
+    assert fenced > 15, (cfg, fenced)
+
+
+def _predicated_fences(tmp_path, device, H, q_len, kv_dtype, flags=()):
+    """WARPSYNCs under a per-warp predicate anywhere in the default's partial kernel (the shuffles'
+    out-of-line fallbacks are unpredicated WARPSYNC.COLLECTIVE and not counted), its ptxas report
+    and its config."""
+    limits = known_device(device)
+    cfg = heuristic_config(limits, H=H, q_len=q_len, prefix=46000, kv_dtype=kv_dtype)
+    built = compile_cubin(cfg, q_len, limits.arch, tmp_path, tuple(flags), kv_dtype=kv_dtype)
+    fences = sum(bool(re.search(r"@!?P\d WARPSYNC", text)) for _, text in sass_loops.sass(built.path))
+    return fences, ptxas_report(built.ptxas_log), cfg
+
+
+@needs_tools
+@pytest.mark.parametrize("device", ["rtx-pro-6000", "l40s"])
+def test_the_small_folded_e4m3_seesaws_keep_no_fenced_mmas(tmp_path, device):
+    """The 99-100 KB devices' e4m3 defaults at 17-24 rows (H=8 q=3) fold their scores (SF=1), which
+    kept the fenced QK meant for the 72-row seesaw that the unfenced one spills on sm_80/89/90 (27
+    fenced loads and MMAs); at 64 rows and fewer the unfenced one builds without spills."""
+    fences, report, cfg = _predicated_fences(tmp_path, device, 8, 3, "fp8_e4m3")
+    assert (cfg.sf, cfg.pipe) == (1, 3), cfg
+    assert fences == 0, (cfg, fences)
+    assert report["spill_stores"] == 0 and report["spill_loads"] == 0, (cfg, report)
+    fenced, _, _ = _predicated_fences(tmp_path, device, 8, 3, "fp8_e4m3", ("-DVA_QK_UNIFORM=0",))
     assert fenced > 15, (cfg, fenced)
 
 
