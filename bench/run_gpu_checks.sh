@@ -10,10 +10,11 @@
 # `loop` A/Bs the tile loop's flags and runs the battery and runtime tests at the defaults; `next`
 # A/Bs the QK's shuffle fallback at the defaults it changes, runs the tests whose configs take it
 # and profiles H=8 with Nsight; `q64` isolates the sm_120 H=8 q=64 structure check's reading after
-# the fixed-cost change; `refill` A/Bs the shared-refill experiment. Nsight's pages come back packed
+# the fixed-cost change; `refill` A/Bs the shared-refill experiment; `folded` the unfenced QK at the
+# RTX PRO 6000's folded e4m3 defaults (17-24 rows) and runs the e4m3 module. Nsight's pages come back packed
 # in ncu.tgz (a device call returns at most 8 files). `edges` A/Bs the prologue's and epilogue's
 # instruction diet and runs every gpu test.
-# Usage: bench/run_gpu_checks.sh tests|f8|f8qk|e4m3|loop|next|edges|q64|refill OUTDIR | bench/run_gpu_checks.sh bench OUTDIR V6_SOURCE [--quick]
+# Usage: bench/run_gpu_checks.sh tests|f8|f8qk|e4m3|loop|next|edges|q64|refill|folded OUTDIR | bench/run_gpu_checks.sh bench OUTDIR V6_SOURCE [--quick]
 set -uo pipefail
 mode=${1:?tests or bench}
 out=${2:?outdir}
@@ -105,19 +106,37 @@ case "$mode" in
         --out "$out" 2>&1 | tail -4
     done
     cfg="NSPLIT=11 HT=1 TK=16 BLOCK=128 STAGES=2 QT=32 WR=1 WK=4 SF=0 PIPE=1"
-    printf 'q64_default 8:64:46000 %s\nq64_old 8:64:46000 %s -- -DVA_WARP_ROWS=0 -DVA_EPI_STMATRIX=0\n' "$cfg" "$cfg" \
-      > "$out/ncu_plan.txt"
-    profile 150 ;;
+    # and the H200 default's tile loop at the headline shape, per source line (run_ncu.sh points
+    # Nsight at kernels/csrc since the per-line page came back empty without it)
+    printf 'q64_default 8:64:46000 %s\nq64_old 8:64:46000 %s -- -DVA_WARP_ROWS=0 -DVA_EPI_STMATRIX=0\nh8_loop 8:9:46000\n' \
+      "$cfg" "$cfg" > "$out/ncu_plan.txt"
+    profile 220 ;;
   refill)
-    # the shared-refill experiment (VA_SHARED_REFILL=1, docs/kernel.md "What is open": every warp
+    # the shared-refill experiment (VA_SHARED_REFILL, docs/kernel.md "What is open": every warp
     # refills its own PV columns of the seesaw's slot right after its own PV, the owner group the
-    # rope; no BAR_EMPTY) A/B'd where the seesaw runs; each variant's output is gated first
-    timeout 200 python3 bench/ab_kernel.py --b-flags=-DVA_SHARED_REFILL=1 \
-      --shapes 8:9:46000,64:9:46000,128:9:46000,8:9:4096,8:9:0,8:9:131072 \
-      --label "seesaw refill: the owner group after both PVs (A) vs every warp after its own PV (B)" \
-      --out "$out" 2>&1 | tail -8 ;;
+    # rope; no BAR_EMPTY; 2 publishes the other group's part after its QK): first its own test at
+    # batches whose parts hold 1-6 tiles (the A/B's gate sees one request), then each variant A/B'd
+    # where the seesaw runs, its output gated first
+    timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider -rs tests/kernels/test_kernel_gpu.py -k shared_refill \
+      2>&1 | tee "$out/gpu-tests-refill.log" | tail -3
+    grep -q " passed" "$out/gpu-tests-refill.log" && ! grep -q "failed" "$out/gpu-tests-refill.log" || exit 1
+    for v in 1 2; do
+      timeout 170 python3 bench/ab_kernel.py --b-flags=-DVA_SHARED_REFILL=$v \
+        --shapes 8:9:46000,64:9:46000,128:9:46000,8:9:4096,8:9:0,8:9:131072 \
+        --label "seesaw refill: the owner group after both PVs (A) vs every warp after its own PV (B, variant $v)" \
+        --out "$out" 2>&1 | tail -8
+    done ;;
+  folded)
+    # the 99-100 KB devices' e4m3 defaults at 17-24 rows fold their scores (SF=1) and kept the fenced
+    # QK until VA_QK_UNIFORM's default let 64 rows and fewer take the unfenced one: A/B'd against the
+    # fenced QK as a structure check (sm_120 speed is not measured), then the e4m3 module, whose
+    # folded seesaw at 8 and 16 rows now takes it
+    timeout 100 python3 bench/ab_kernel.py --defaults-of rtx-pro-6000 --kv-dtype fp8_e4m3 --a-flags=-DVA_QK_UNIFORM=0 \
+      --shapes 8:3:46000,4:5:46000,1:17:46000,8:3:4096 --label "sm_120 folded e4m3 defaults: fenced QK (A) vs the default (B)" \
+      --out "$out" 2>&1 | tail -6
+    timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider -rs "${F8_TESTS[0]}" 2>&1 | tee "$out/gpu-tests-folded.log" | tail -4 ;;
   bench)
     timeout 560 python3 bench/kernel_v7.py --v6-source "${3:?v6 source}" --out "$out" ${4:-} \
       2>&1 | tee "$out/kernel_v7.log" | tail -20 ;;
-  *) echo "usage: $0 tests|f8|f8qk|e4m3|loop|next|edges|q64|refill OUTDIR | $0 bench OUTDIR V6_SOURCE [--quick]" >&2; exit 2 ;;
+  *) echo "usage: $0 tests|f8|f8qk|e4m3|loop|next|edges|q64|refill|folded OUTDIR | $0 bench OUTDIR V6_SOURCE [--quick]" >&2; exit 2 ;;
 esac

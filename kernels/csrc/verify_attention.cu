@@ -276,7 +276,9 @@ __device__ __forceinline__ void zero_fill(T (&a)[N]) {
 
 #ifndef VA_SHARED_REFILL
 // experiment (0: off): the seesaw's slot refilled by every warp, each its own PV columns right after
-// its own PV, instead of by the owner group after both groups' PV (docs/kernel.md, "What is open")
+// its own PV, instead of by the owner group after both groups' PV (docs/kernel.md, "What is open");
+// 2: the same, with the other group's part of the owner's next tile published right after its QK
+// rather than after its PV of the owner's last tile, so the owner's next QK waits on less
 #define VA_SHARED_REFILL 0
 #endif
 
@@ -1049,8 +1051,8 @@ __device__ __forceinline__ void softmax_tile(const float* Ss, bf16* Ps, float* m
   }
   // the next tile's flag: last read by PV(it-1), which every thread finished before this tile's
   // scores were complete (a barrier lies between them in PIPE 0 and 1; in PIPE 3 this group's
-  // PV(it-1) precedes its S barrier, and the other group's precedes the EMPTY sync before this
-  // softmax)
+  // PV(it-1) precedes its S barrier, and the other group read the flag before its P arrive for
+  // it-1, which this group synced on before its PV(it-1))
   if (warp == 0 && lane == 0) resc_s[(it + 1) & 1] = 0;
 }
 
@@ -1444,6 +1446,12 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
           bar_sync(BAR_GROUP + grp, GWARPS * 32);                     // ... landed for the whole group
         }
         QK_TILE(Qs, Kt, Sg, gw, lane, grp, nlo);
+        if constexpr (SHARED && VA_SHARED_REFILL == 2) {
+          if (t + 1 >= PRE && t + 1 < ntiles) {  // my part B of the other group's next tile has landed
+            cp_async_wait<0>();
+            bar_arrive(BAR_FULL + (t + 1) % STAGES, BLOCK);
+          }
+        }
       }
       if (t >= 1) {
         const int u = t - 1;  // the other group's tile
@@ -1451,7 +1459,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
         PV_TILE(acc, Ks + (u % STAGES) * TK * RING_ROW, Ps + (u & 1) * PBUF, a_s + (u & 1) * ROWS_PAD,
                 resc_s[u & 1] != 0, warp, lane, nlo);
         if constexpr (SHARED) {
-          if (t + 1 >= PRE && t + 1 < ntiles) {  // my part B of the other group's next tile has landed
+          if (VA_SHARED_REFILL == 1 && t + 1 >= PRE && t + 1 < ntiles) {  // my part B of t+1 has landed
             cp_async_wait<0>();
             bar_arrive(BAR_FULL + (t + 1) % STAGES, BLOCK);
           }
@@ -1459,6 +1467,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
           cp_async_commit();
           if (t + 2 < ntiles) {  // part A of my next tile, into u's slot: my columns and the rope are dead
             bf16* const Kn = Ks + ((t + 2) % STAGES) * TK * RING_ROW;
+            __syncwarp();  // the lanes' ldmatrix reads of these columns come before any lane's copy into them
             load_kv_run<2 * MW, 1>(Kn, kvb, idx_s, sp, t + 2, warp * 2 * MW, 0);
             load_kv_run<CHUNKS - D_V / 8, GWARPS>(Kn, kvb, idx_s, sp, t + 2, D_V / 8, gw);
           }
@@ -1478,8 +1487,10 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
         bar_arrive(BAR_P + (t & 1), BLOCK);      // ... and for the other
         PV_TILE(acc, Kt, Ps + (t & 1) * PBUF, a_s + (t & 1) * ROWS_PAD, rescale, warp, lane, nlo);
         if constexpr (SHARED) {  // part B of the other group's tile t+3, into my slot: my columns are dead
-          if (t + 3 < ntiles)
+          if (t + 3 < ntiles) {
+            __syncwarp();  // as above: this warp's PV reads of its columns first
             load_kv_run<2 * MW, 1>(Ks + ((t + 3) % STAGES) * TK * RING_ROW, kvb, idx_s, sp, t + 3, warp * 2 * MW, 0);
+          }
           cp_async_commit();
         } else {
           bar_arrive(BAR_EMPTY + t % STAGES, BLOCK);
