@@ -1,6 +1,8 @@
 """A/B of two compile-flag variants of the kernel on the local GPU, same configs, same inputs,
 interleaved rounds (so clock drift hits both alike); each variant's output is checked against
-the fp32 reference first. Configs: the heuristic default of each shape.
+the fp32 reference first, at the timed shape and at a ragged batch (parts that cross requests,
+an empty prefix: the code a single request never reaches). Configs: the heuristic default of
+each shape.
 
     python3 bench/ab_kernel.py --b-flags=-DVA_NO_PDL --label "reduce: PDL (A) vs plain launch (B)" --out DIR
     python3 bench/ab_kernel.py --kv-dtype fp8_e4m3 --b-flags=-DVA_F8_BITS --label "e4m3: cvt (A) vs bit placement (B)" --out DIR
@@ -34,6 +36,9 @@ from verify_tuner.kernels.timing import check_neighbour_mb
 from verify_tuner.kernels.validate import check
 
 SHAPES = [(8, 9, 46000), (8, 1, 131072), (64, 9, 46000), (16, 9, 16384), (128, 1, 46000), (8, 9, 4096)]
+#: The ragged batch each variant is also gated at: one part's segments span several requests, one
+#: request has no prefix, one ends mid-tile.
+GATE_BATCH = [1000, 0, 37, 3000]
 ROUNDS, REPS = 5, 10
 
 
@@ -162,6 +167,7 @@ def main() -> None:
             )
             for name, va in vas.items()
         }
+        _gate_batch(cfgs, variants, H, Q, limits, args, stream)
         # each kernel alone too: a layout change of the partial moved the step past it more than
         # the partial itself, with and without PDL (bench/results/ab_kernel_flags_sm_90.md)
         for name, va in vas.items():
@@ -187,6 +193,25 @@ def main() -> None:
     if len(slug) > 40:  # labels that share their first 40 characters must not overwrite each other
         slug = slug[:32].strip("_") + "_" + hashlib.sha256(args.label.encode()).hexdigest()[:7]
     (args.out / f"ab_{slug}_{limits.arch}.md").write_text("\n".join(lines) + "\n")
+
+
+def _gate_batch(cfgs, variants, H, Q, limits, args, stream) -> None:
+    """Each variant's output at GATE_BATCH against the fp32 reference (SystemExit if wrong)."""
+    import torch
+    from benchlib import checked_launcher
+    from verify_tuner.kernels.launch import VerifyAttention
+    from verify_tuner.kernels.reference import make_inputs, reference
+
+    inp = make_inputs(prefix_lens=GATE_BATCH, q_len=Q, H=H, seed=H + Q, spare_slots=55, kv_dtype=args.kv_dtype)
+    ref = reference(inp)[0]
+    out = torch.empty(len(GATE_BATCH), Q, H, D_V, dtype=torch.bfloat16, device="cuda")
+    for name, flags in variants.items():
+        va = VerifyAttention(
+            cfgs[name], H=H, q_len=Q, limits=limits, max_batch=len(GATE_BATCH), cache_dir=Path(args.cache),
+            extra_flags=flags, kv_dtype=args.kv_dtype,
+        )  # fmt: skip
+        checked_launcher(va, [inp], out, ref, f"variant {name} at H={H} Q={Q} batch {GATE_BATCH} {cfgs[name]}",
+                         stream=stream)  # fmt: skip
 
 
 def _kernel_launcher(va, sets, out, stream, *, reduce=True, partial=True):
