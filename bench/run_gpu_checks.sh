@@ -11,7 +11,8 @@
 # A/Bs the QK's shuffle fallback at the defaults it changes, runs the tests whose configs take it
 # and profiles H=8 with Nsight; `q64` isolates the sm_120 H=8 q=64 structure check's reading after
 # the fixed-cost change; `refill` A/Bs the shared-refill experiment; `folded` the unfenced QK at the
-# RTX PRO 6000's folded e4m3 defaults (17-24 rows) and runs the e4m3 module. Nsight's pages come back packed
+# RTX PRO 6000's folded e4m3 defaults (17-24 rows) and the two spilling sm_90 e4m3 defaults' cures,
+# and runs the e4m3 module. Nsight's pages come back packed
 # in ncu.tgz (a device call returns at most 8 files). `edges` A/Bs the prologue's and epilogue's
 # instruction diet and runs every gpu test.
 # Usage: bench/run_gpu_checks.sh tests|f8|f8qk|e4m3|loop|next|edges|q64|refill|folded OUTDIR | bench/run_gpu_checks.sh bench OUTDIR V6_SOURCE [--quick]
@@ -134,6 +135,13 @@ case "$mode" in
     timeout 100 python3 bench/ab_kernel.py --defaults-of rtx-pro-6000 --kv-dtype fp8_e4m3 --a-flags=-DVA_QK_UNIFORM=0 \
       --shapes 8:3:46000,4:5:46000,1:17:46000,8:3:4096 --label "sm_120 folded e4m3 defaults: fenced QK (A) vs the default (B)" \
       --out "$out" 2>&1 | tail -6
+    # the two sm_90 e4m3 defaults that spill (HT=4 at q_len 17-18: 16 bytes, the segment's prefix
+    # pointer and the softmax scale reloaded once a tile; bench/results/ptxas_defaults.md): either
+    # flag removes the spill, each measured slower elsewhere; which costs less here?
+    for f in -DVA_WARP_ROWS=0 -DVA_QK_UNIFORM=0; do
+      timeout 60 python3 bench/ab_kernel.py --kv-dtype fp8_e4m3 --b-flags=$f --shapes 8:17:46000,4:18:46000 \
+        --label "sm_90 e4m3 at q_len 17-18: the spilling default (A) vs $f (B)" --out "$out" 2>&1 | tail -3
+    done
     timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider -rs "${F8_TESTS[0]}" 2>&1 | tee "$out/gpu-tests-folded.log" | tail -4 ;;
   bench)
     timeout 560 python3 bench/kernel_v7.py --v6-source "${3:?v6 source}" --out "$out" ${4:-} \
