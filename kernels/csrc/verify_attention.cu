@@ -281,6 +281,7 @@ __device__ __forceinline__ void zero_fill(T (&a)[N]) {
 // rather than after its PV of the owner's last tile, so the owner's next QK waits on less
 #define VA_SHARED_REFILL 0
 #endif
+static_assert(VA_SHARED_REFILL >= 0 && VA_SHARED_REFILL <= 2, "VA_SHARED_REFILL: 0 (off), 1 or 2");
 
 #ifndef VA_OPAQUE_TID
 #define VA_OPAQUE_TID 1  // 0: the segment loop's thread index is a plain one (an A/B of the hoisting guard)
