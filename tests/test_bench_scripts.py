@@ -284,3 +284,32 @@ def test_ab_kernel_refuses_an_a_b_that_would_compare_a_with_a_before_touching_a_
     r = subprocess.run([sys.executable, str(BENCH / "ab_kernel.py"), *args, "--out", str(tmp_path)],
                        capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert r.returncode != 0 and needle in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_the_audit_of_every_default_covers_each_device_format_and_shape_once():
+    """ptxas_report --every-default builds one kernel per distinct default; every (known device,
+    format its arch reads, H, q_len) must map to exactly one of them, with that default's own
+    structure and q_len, and fp8_e4m3_qk must not be built for sm_80 (no e4m3 MMA)."""
+    import ptxas_report
+    from verify_tuner.kernels.formats import KV_DTYPES, kv_format
+    from verify_tuner.kernels.limits import KNOWN_DEVICES
+
+    builds = ptxas_report.every_default()
+    served = [(key[3], *s) for key, serves in builds.items() for s in serves]  # (kv_dtype, device, H, q_len)
+    assert len(served) == len(set(served))
+    expected = 0
+    for limits in KNOWN_DEVICES.values():
+        formats = [
+            kv for kv in KV_DTYPES if not kv_format(kv).unsupported_reason(10 * limits.cc_major + limits.cc_minor)
+        ]
+        expected += len(formats) * 8 * 64
+    assert len(served) == expected
+    for (arch, cfg_text, q, kv), serves in builds.items():
+        assert not (arch == "sm_80" and kv == "fp8_e4m3_qk")
+        structure = [p for p in cfg_text.split() if not p.startswith("NSPLIT=")]
+        name, H, q_served = serves[0]
+        assert q_served == q
+        limits = next(lim for lim in KNOWN_DEVICES.values() if lim.name == name)
+        assert limits.arch == arch
+        cfg = heuristic_config(limits, H=H, q_len=q, prefix=46000, kv_dtype=kv)
+        assert [p for p in str(cfg).split() if not p.startswith("NSPLIT=")] == structure
