@@ -8,8 +8,8 @@ bandwidth are not sm_120's.
 Every config is gated against the fp32 reference before it is timed (CUDA-graph replays, inputs
 rotated past the L2, interleaved rounds). Writes sm120_structures_<arch>.json and .md under --out.
 With --kv-dtype the cache and every build are that format's (fp8_e4m3: its ring holds half bf16's
-bytes a row, so 32-token tiles fit sm_120's 99 KB), against the sm_120 default built the same way,
-and the files are named after it.
+bytes a row, so 32-token tiles fit sm_120's 99 KB), against that format's own sm_120 default (bf16's
+default structure among the candidates), and the files are named after it.
 
     python3 bench/sm120_structures.py --out OUT [--sample 40]      # on the GPU machine
     python3 bench/sm120_structures.py --kv-dtype fp8_e4m3 --out OUT
@@ -28,9 +28,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchlib import parse_config
 from verify_tuner import space
 from verify_tuner.heuristic import heuristic_config, one_wave_nsplit
 from verify_tuner.kernels.limits import known_device
+from verify_tuner.kernels.validate import check
 
 SHAPES = [("H=8 q=9 P=46000", 8, 9, 46000), ("H=64 q=9 P=46000", 64, 9, 46000), ("H=8 q=64 P=46000", 8, 64, 46000)]
 TARGET = known_device("rtx-pro-6000")
@@ -49,17 +51,22 @@ def file_stem(kv_dtype: str) -> str:
     return "sm120_structures" + ("" if kv_dtype == "bf16" else f"_{kv_dtype}")
 
 
-def structures(H: int, q: int, n: int, seed: int, kv_dtype: str = "bf16") -> tuple[object, list]:
-    """(the sm_120 default, structures valid on sm_120 for the format's build, with sm_120's one-wave
-    NSPLIT): the default's, up to n/2 with balanced row tiles and >= 4 accumulators a warp (the issue's
-    template), the rest drawn from the others."""
+def structures(H: int, q: int, n: int, seed: int, kv_dtype: str = "bf16", extra: tuple = ()) -> tuple[object, list]:
+    """(the format's sm_120 default, structures valid on sm_120 for the format's build, with sm_120's
+    one-wave NSPLIT): the default's, for another format bf16's default structure too, up to n/2 with
+    balanced row tiles and >= 4 accumulators a warp (the issue's template), the rest drawn from the
+    others; `extra` structures (any NSPLIT) are timed too where they are valid for the shape."""
     rng = random.Random(seed)
-    default = heuristic_config(TARGET, H=H, q_len=q, prefix=46000)  # (e4m3 formats run bf16's default)
+    default = heuristic_config(TARGET, H=H, q_len=q, prefix=46000, kv_dtype=kv_dtype)
+    bf16 = heuristic_config(TARGET, H=H, q_len=q, prefix=46000)
     valid = [c for c in space.valid_configs(TARGET, H=H, q_len=q, kv_dtype=kv_dtype) if c.nsplit == 1]
     good = [c for c in valid if shape_of(c, q)[0] and shape_of(c, q)[1] >= 4]
     good = rng.sample(good, min(len(good), n // 2))
     rest = [c for c in valid if c not in good]
-    picked = dict.fromkeys([dataclasses.replace(default, nsplit=1), *good, *rng.sample(rest, n - len(good))])
+    wanted = [dataclasses.replace(c, nsplit=1) for c in extra]
+    wanted = [c for c in wanted if check(c, TARGET, H=H, q_len=q, kv_dtype=kv_dtype) is None]
+    first = [dataclasses.replace(c, nsplit=1) for c in dict.fromkeys((default, bf16))] + wanted
+    picked = dict.fromkeys([*first, *good, *rng.sample(rest, n - len(good))])
     return default, [
         dataclasses.replace(c, nsplit=one_wave_nsplit(c, TARGET, H=H, q_len=q, kv_dtype=kv_dtype)) for c in picked
     ]
@@ -73,6 +80,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--cache", type=Path, default=Path(os.environ.get("TUNER_CACHE_DIR", "/tmp/va-cache")))
     ap.add_argument("--kv-dtype", default="bf16", help="the cache format every config reads")
+    ap.add_argument("--config", type=parse_config, action="append", default=[],
+                    help="a structure to time too, where valid (repeatable; NSPLIT is sm_120's one-wave one)")  # fmt: skip
     args = ap.parse_args()
     kv = args.kv_dtype
     stem = file_stem(kv)
@@ -90,7 +99,7 @@ def main() -> None:
     limits, stream, rows = read_device_limits(0), cuda.Stream(), []
     args.out.mkdir(parents=True, exist_ok=True)
     for name, H, q, P in SHAPES:
-        default, pool = structures(H, q, args.sample, args.seed, kv)
+        default, pool = structures(H, q, args.sample, args.seed, kv, tuple(args.config))
         pool = [default, *(c for c in pool if c != default)]
         failed = precompile(pool, q, limits.arch, args.cache, kv_dtype=kv)
         pool = [c for c in pool if not any(f.startswith(f"{c}:") for f in failed)]

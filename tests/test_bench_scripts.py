@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from verify_tuner.heuristic import blocks_per_sm, heuristic_config
+from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.limits import known_device
 from verify_tuner.kernels.validate import check, validate
 
@@ -188,13 +189,27 @@ def test_the_sm120_structure_check_times_the_sm120_default_and_sm120_valid_confi
 
 
 def test_the_sm120_structure_check_of_the_e4m3_cache_reaches_32_token_tiles_at_36_rows():
-    """On an e4m3 cache the structures are those valid for the fp8_e4m3 build on the RTX PRO 6000:
-    among them 32-token tiles at 36 rows, whose bf16 ring the 99 KB refuse."""
+    """On an e4m3 cache the structures are those valid for the fp8_e4m3 build on the RTX PRO 6000,
+    timed against e4m3's own sm_120 default (what an engine on that cache gets), bf16's default
+    structure among them: among them 32-token tiles at 36 rows, whose bf16 ring the 99 KB refuse."""
+    import dataclasses
+
     import sm120_structures
+    from verify_tuner.heuristic import one_wave_nsplit
 
     target = known_device("rtx-pro-6000")
     default, pool = sm120_structures.structures(8, 9, 40, 0, "fp8_e4m3")
-    assert default == heuristic_config(target, H=8, q_len=9, prefix=46000) and default in pool
+    assert default == heuristic_config(target, H=8, q_len=9, prefix=46000, kv_dtype="fp8_e4m3") and default in pool
+    bf16 = heuristic_config(target, H=8, q_len=9, prefix=46000)
+    assert bf16 != default
+    nsplit = one_wave_nsplit(bf16, target, H=8, q_len=9, kv_dtype="fp8_e4m3")
+    assert dataclasses.replace(bf16, nsplit=nsplit) in pool
+    # --config: a structure asked for is timed where the shape takes it (a 36-row block does not fit q=64's rows)
+    balanced = KernelConfig(nsplit=1, ht=4, tk=32, block=256, stages=2, wr=1, wk=4, sf=1, pipe=1)
+    _, with_it = sm120_structures.structures(8, 9, 10, 0, "fp8_e4m3", (balanced,))
+    assert [c for c in with_it if dataclasses.replace(c, nsplit=1) == balanced]
+    _, at_q64 = sm120_structures.structures(8, 64, 10, 0, "fp8_e4m3", (balanced,))
+    assert not [c for c in at_q64 if dataclasses.replace(c, nsplit=1) == balanced]
     assert all(check(c, target, H=8, q_len=9, kv_dtype="fp8_e4m3") is None for c in pool)
     wide = [c for c in pool if c.tk == 32 and c.ht * (c.qt or 9) >= 36]
     assert wide
