@@ -28,7 +28,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sass_loops import mma_loops, sass, tools_dir
 from verify_tuner.heuristic import BANDWIDTH_ROWS, heuristic_config
 from verify_tuner.kernels.build import compile_cubin, nvcc_version, ptxas_report
-from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.formats import KV_DTYPES, kv_format
 from verify_tuner.kernels.limits import KNOWN_DEVICES, known_device
 from verify_tuner.kernels.validate import smem_bytes
@@ -58,8 +57,8 @@ def tile_loop(cubin: Path) -> str:
 
 
 def every_default() -> dict[tuple, list[tuple[str, int, int]]]:
-    """Each distinct build among the known devices' own defaults: (arch, config, q_len, kv_dtype)
-    -> the (device, H, q_len) it serves (NSPLIT, a constant of the grid's size, aside)."""
+    """Each distinct build among the known devices' own defaults: (arch, KernelConfig, q_len,
+    kv_dtype) -> the (device, H, q_len) it serves (NSPLIT, a constant of the grid's size, aside)."""
     builds: dict[tuple, list[tuple[str, int, int]]] = {}
     seen: dict[tuple, tuple] = {}
     for limits in KNOWN_DEVICES.values():
@@ -71,15 +70,14 @@ def every_default() -> dict[tuple, list[tuple[str, int, int]]]:
                     cfg = heuristic_config(limits, H=H, q_len=q, prefix=46000, kv_dtype=kv)
                     structure = " ".join(p for p in str(cfg).split() if not p.startswith("NSPLIT="))
                     sig = (limits.arch, structure, q, kv)
-                    key = seen.setdefault(sig, (limits.arch, str(cfg), q, kv))
+                    key = seen.setdefault(sig, (limits.arch, cfg, q, kv))
                     builds.setdefault(key, []).append((limits.name, H, q))
     return builds
 
 
 def audit(folder: Path, key: tuple) -> tuple[dict[str, int], int]:
     """A build's ptxas report and its count of per-warp-predicated WARPSYNCs."""
-    arch, cfg_text, q, kv = key
-    cfg = KernelConfig.from_params(dict(item.split("=", 1) for item in cfg_text.split()))
+    arch, cfg, q, kv = key
     built = compile_cubin(cfg, q, arch, folder, (), kv_dtype=kv)
     fences = sum(bool(re.search(r"@!?P\d WARPSYNC", text)) for _, text in sass(built.path))
     return ptxas_report(built.ptxas_log), fences

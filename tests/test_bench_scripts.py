@@ -319,9 +319,9 @@ def test_the_audit_of_every_default_covers_each_device_format_and_shape_once():
         ]
         expected += len(formats) * 8 * 64
     assert len(served) == expected
-    for (arch, cfg_text, q, kv), serves in builds.items():
+    for (arch, built_cfg, q, kv), serves in builds.items():
         assert not (arch == "sm_80" and kv == "fp8_e4m3_qk")
-        structure = [p for p in cfg_text.split() if not p.startswith("NSPLIT=")]
+        structure = [p for p in str(built_cfg).split() if not p.startswith("NSPLIT=")]
         name, H, q_served = serves[0]
         assert q_served == q
         limits = next(lim for lim in KNOWN_DEVICES.values() if lim.name == name)
