@@ -26,11 +26,16 @@ needs_tools = pytest.mark.skipif(
 )
 
 
-def _default_sass(tmp_path, device, H, q_len, kv_dtype, flags=()):
-    """The partial kernel's SASS of a device's default at (H, q_len, P=46000), and that config."""
+def _default_build(tmp_path, device, H, q_len, kv_dtype, flags=()):
+    """A device's default at (H, q_len, P=46000), built for its arch, and that config."""
     limits = known_device(device)
     cfg = heuristic_config(limits, H=H, q_len=q_len, prefix=46000, kv_dtype=kv_dtype)
-    built = compile_cubin(cfg, q_len, limits.arch, tmp_path, tuple(flags), kv_dtype=kv_dtype)
+    return compile_cubin(cfg, q_len, limits.arch, tmp_path, tuple(flags), kv_dtype=kv_dtype), cfg
+
+
+def _default_sass(tmp_path, device, H, q_len, kv_dtype, flags=()):
+    """The partial kernel's SASS of a device's default at (H, q_len, P=46000), and that config."""
+    built, cfg = _default_build(tmp_path, device, H, q_len, kv_dtype, flags)
     return sass_loops.sass(built.path), cfg
 
 
@@ -77,9 +82,7 @@ def _predicated_fences(tmp_path, device, H, q_len, kv_dtype, flags=()):
     """WARPSYNCs under a per-warp predicate anywhere in the default's partial kernel (the shuffles'
     out-of-line fallbacks are unpredicated WARPSYNC.COLLECTIVE and not counted), its ptxas report
     and its config."""
-    limits = known_device(device)
-    cfg = heuristic_config(limits, H=H, q_len=q_len, prefix=46000, kv_dtype=kv_dtype)
-    built = compile_cubin(cfg, q_len, limits.arch, tmp_path, tuple(flags), kv_dtype=kv_dtype)
+    built, cfg = _default_build(tmp_path, device, H, q_len, kv_dtype, flags)
     fences = sum(bool(re.search(r"@!?P\d WARPSYNC", text)) for _, text in sass_loops.sass(built.path))
     return fences, ptxas_report(built.ptxas_log), cfg
 
