@@ -10,12 +10,12 @@
 # `loop` A/Bs the tile loop's flags and runs the battery and runtime tests at the defaults; `next`
 # A/Bs the QK's shuffle fallback at the defaults it changes, runs the tests whose configs take it
 # and profiles H=8 with Nsight; `q64` isolates the sm_120 H=8 q=64 structure check's reading after
-# the fixed-cost change; `refill` A/Bs the shared-refill experiment; `folded` the unfenced QK at the
+# the fixed-cost change; `folded` the unfenced QK at the
 # RTX PRO 6000's folded e4m3 defaults (17-24 rows) and the two spilling sm_90 e4m3 defaults' cures,
 # and runs the e4m3 module; `sm120e4m3` times sm_120-valid e4m3 structures against e4m3's default
 # there. Nsight's pages come back packed in ncu.tgz (a device call returns at most 8 files). `edges` A/Bs the prologue's and epilogue's
 # instruction diet and runs every gpu test.
-# Usage: bench/run_gpu_checks.sh tests|f8|f8qk|e4m3|loop|next|edges|q64|refill|folded|sm120e4m3 OUTDIR | bench/run_gpu_checks.sh bench OUTDIR V6_SOURCE [--quick]
+# Usage: bench/run_gpu_checks.sh tests|f8|f8qk|e4m3|loop|next|edges|q64|folded|sm120e4m3 OUTDIR | bench/run_gpu_checks.sh bench OUTDIR V6_SOURCE [--quick]
 set -uo pipefail
 mode=${1:?tests or bench}
 out=${2:?outdir}
@@ -112,20 +112,6 @@ case "$mode" in
     printf 'q64_default 8:64:46000 %s\nq64_old 8:64:46000 %s -- -DVA_WARP_ROWS=0 -DVA_EPI_STMATRIX=0\nh8_loop 8:9:46000\n' \
       "$cfg" "$cfg" > "$out/ncu_plan.txt"
     profile 220 ;;
-  refill)
-    # the shared-refill experiment (VA_SHARED_REFILL, docs/kernel.md "What is open": every warp
-    # refills its own PV columns of the seesaw's slot right after its own PV, the owner group the
-    # rope; no BAR_EMPTY; 2 publishes the other group's part after its QK): first its own test at
-    # batches whose parts hold 1-6 tiles and cross requests (a failure stops here: nothing is timed),
-    # then each variant A/B'd where the seesaw runs, its output gated first
-    timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider -rs tests/kernels/test_kernel_gpu.py -k shared_refill \
-      2>&1 | tee "$out/gpu-tests-refill.log" | tail -3 || exit 1
-    for v in 1 2; do
-      timeout 170 python3 bench/ab_kernel.py --b-flags=-DVA_SHARED_REFILL=$v \
-        --shapes 8:9:46000,64:9:46000,128:9:46000,8:9:4096,8:9:0,8:9:131072 \
-        --label "seesaw refill: the owner group after both PVs (A) vs every warp after its own PV (B, variant $v)" \
-        --out "$out" 2>&1 | tail -8
-    done ;;
   folded)
     # the 99-100 KB devices' e4m3 defaults at 17-24 rows fold their scores (SF=1) and kept the fenced
     # QK until VA_QK_UNIFORM's default let 64 rows and fewer take the unfenced one: A/B'd against the
@@ -153,5 +139,5 @@ case "$mode" in
   bench)
     timeout 560 python3 bench/kernel_v7.py --v6-source "${3:?v6 source}" --out "$out" ${4:-} \
       2>&1 | tee "$out/kernel_v7.log" | tail -20 ;;
-  *) echo "usage: $0 tests|f8|f8qk|e4m3|loop|next|edges|q64|refill|folded|sm120e4m3 OUTDIR | $0 bench OUTDIR V6_SOURCE [--quick]" >&2; exit 2 ;;
+  *) echo "usage: $0 tests|f8|f8qk|e4m3|loop|next|edges|q64|folded|sm120e4m3 OUTDIR | $0 bench OUTDIR V6_SOURCE [--quick]" >&2; exit 2 ;;
 esac

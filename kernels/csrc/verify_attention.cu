@@ -274,15 +274,6 @@ __device__ __forceinline__ void zero_fill(T (&a)[N]) {
 #define VA_EPI_STMATRIX 1  // the epilogue stages o / l with stmatrix where the arch has it (sm_90+) and bf16 fragments
 #endif
 
-#ifndef VA_SHARED_REFILL
-// experiment (0: off): the seesaw's slot refilled by every warp, each its own PV columns right after
-// its own PV, instead of by the owner group after both groups' PV (docs/kernel.md, "What is open");
-// 2: the same, with the other group's part of the owner's next tile published right after its QK
-// rather than after its PV of the owner's last tile, so the owner's next QK waits on less
-#define VA_SHARED_REFILL 0
-#endif
-static_assert(VA_SHARED_REFILL >= 0 && VA_SHARED_REFILL <= 2, "VA_SHARED_REFILL: 0 (off), 1 or 2");
-
 #ifndef VA_OPAQUE_TID
 #define VA_OPAQUE_TID 1  // 0: the segment loop's thread index is a plain one (an A/B of the hoisting guard)
 #endif
@@ -412,7 +403,6 @@ namespace {
 constexpr int BAR_GROUP = 1;      // + group: the group's 128 threads
 constexpr int BAR_P = 3;          // + tile parity: P(t) is ready (owner arrives, the other group syncs)
 constexpr int BAR_EMPTY = 5;      // + slot: the owner's PV of the slot's tile is done (same roles)
-constexpr int BAR_FULL = 5;       // + slot, VA_SHARED_REFILL instead: the other group's part of the tile landed
 }  // namespace
 
 namespace {
@@ -583,28 +573,6 @@ __device__ __forceinline__ void load_kv_tile(bf16* Kt, const unsigned char* __re
       cp_async16(dst + 512, src + 512, valid[k]);
       cp_async16_if(lane < CHUNKS - 64, dst + 1024, src + 1024, valid[k]);
     }
-  }
-}
-
-// VA_SHARED_REFILL (bf16): the 16-byte chunks c0 .. c0+CW of every token's row of tile X, by warp
-// w of NW (runs of CW chunks, 32/CW tokens a warp instruction): a warp's own PV columns (NW 1) or
-// the rope chunks (the owner group's warps).
-template <int CW, int NW>
-__device__ __forceinline__ void load_kv_run(bf16* Kt, const unsigned char* __restrict__ kv, const int* idx_s,
-                                            const Span& sp, int X, int c0, int w) {
-  constexpr int TPI = 32 / CW, NK = TK / TPI;
-  static_assert(32 % CW == 0 && TK % TPI == 0, "a run of chunks tiles a warp's instructions");
-  const int* idx = idx_s + (X % STAGES) * TK;
-  const int vb = sp.v0 + X * TK, lane = threadIdx.x & 31, c = c0 + lane % CW;
-  const uint32_t base = smem_u32(Kt);
-#pragma unroll
-  for (int k0 = 0; k0 < NK; k0 += NW) {
-    const int k = k0 + w;
-    if (NK % NW != 0 && k >= NK) break;
-    const int t = k * TPI + lane / CW;
-    const bool valid = vb + t < sp.v1;
-    const int slot = valid ? sp.slot(vb + t, idx[t]) : 0;
-    cp_async16(base + t * (KSTRIDE * 2) + ((c ^ (t & 7)) << 4), kv + (size_t)slot * KV_ROW_BYTES + c * 16, valid);
   }
 }
 
@@ -1052,8 +1020,8 @@ __device__ __forceinline__ void softmax_tile(const float* Ss, bf16* Ps, float* m
   }
   // the next tile's flag: last read by PV(it-1), which every thread finished before this tile's
   // scores were complete (a barrier lies between them in PIPE 0 and 1; in PIPE 3 this group's
-  // PV(it-1) precedes its S barrier, and the other group read the flag before its P arrive for
-  // it-1, which this group synced on before its PV(it-1))
+  // PV(it-1) precedes its S barrier, and the other group's precedes the EMPTY sync before this
+  // softmax)
   if (warp == 0 && lane == 0) resc_s[(it + 1) & 1] = 0;
 }
 
@@ -1424,59 +1392,22 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
     // completes before the next use of the same id can start, see docs/kernel.md).
     constexpr int SGROUP = NSB * ROWS_PAD * SSTRIDE, PBUF = ROWS_PAD * PSTRIDE;
     float* Sg = Ss + grp * SGROUP;
-    // VA_SHARED_REFILL: tile X's slot held tile X-3, whose columns die warp by warp. Part A of X
-    // (its owner group's PV columns and the rope) is copied by the owner right after its PV(X-3),
-    // at its turn X-2; part B (the other group's columns) by the other group right after its
-    // PV(X-3), at the end of its turn X-3, which then waits for it at its turn X-1 and arrives at
-    // BAR_FULL; the owner syncs there before QK(X). Tiles < PRE came whole from the prologue. The
-    // indices of tile X+4, which the other group's part B needs a turn before the owner's part A,
-    // are fetched in their own cp.async group at turn X and published by the P barrier.
-    constexpr bool SHARED = VA_SHARED_REFILL && !FP8 && STAGES == 3 && PRE == 3;
-    const int gtid = tid % (GWARPS * 32);
 #pragma unroll 1
     for (int t = grp; t <= ntiles; t += 2) {
       const bool own = t < ntiles;
       bf16* const Kt = Ks + (t % STAGES) * TK * RING_ROW;
       if (own) {
-        if constexpr (SHARED) {
-          if (t == 1) cp_async_wait<0>(); else cp_async_wait<1>();  // my part of tile t (my part B of t+1 may pend)
-          if (t < PRE) bar_sync(BAR_GROUP + grp, GWARPS * 32);        // a prologue tile: all mine
-          else bar_sync(BAR_FULL + t % STAGES, BLOCK);                 // the other group's part landed too
-        } else {
-          if (t == 0) cp_async_wait<1>(); else cp_async_wait<0>();  // tile t (group 0 has tile 2 pending at t=0)
-          bar_sync(BAR_GROUP + grp, GWARPS * 32);                     // ... landed for the whole group
-        }
+        if (t == 0) cp_async_wait<1>(); else cp_async_wait<0>();  // tile t (group 0 has tile 2 pending at t=0)
+        bar_sync(BAR_GROUP + grp, GWARPS * 32);                     // ... landed for the whole group
         QK_TILE(Qs, Kt, Sg, gw, lane, grp, nlo);
-        if constexpr (SHARED && VA_SHARED_REFILL == 2) {
-          if (t + 1 >= PRE && t + 1 < ntiles) {  // my part B of the other group's next tile has landed
-            cp_async_wait<0>();
-            bar_arrive(BAR_FULL + (t + 1) % STAGES, BLOCK);
-          }
-        }
       }
       if (t >= 1) {
         const int u = t - 1;  // the other group's tile
         bar_sync(BAR_P + (u & 1), BLOCK);  // P(u), its alphas and flag are ready
         PV_TILE(acc, Ks + (u % STAGES) * TK * RING_ROW, Ps + (u & 1) * PBUF, a_s + (u & 1) * ROWS_PAD,
                 resc_s[u & 1] != 0, warp, lane, nlo);
-        if constexpr (SHARED) {
-          if (VA_SHARED_REFILL == 1 && t + 1 >= PRE && t + 1 < ntiles) {  // my part B of t+1 has landed
-            cp_async_wait<0>();
-            bar_arrive(BAR_FULL + (t + 1) % STAGES, BLOCK);
-          }
-          fetch_indices(idx_s, sp, t + 4, gtid);  // into tile t+1's ring entries, dead by now
-          cp_async_commit();
-          if (t + 2 < ntiles) {  // part A of my next tile, into u's slot: my columns and the rope are dead
-            bf16* const Kn = Ks + ((t + 2) % STAGES) * TK * RING_ROW;
-            __syncwarp();  // the lanes' ldmatrix reads of these columns come before any lane's copy into them
-            load_kv_run<2 * MW, 1>(Kn, kvb, idx_s, sp, t + 2, warp * 2 * MW, 0);
-            load_kv_run<CHUNKS - D_V / 8, GWARPS>(Kn, kvb, idx_s, sp, t + 2, D_V / 8, gw);
-          }
-          cp_async_commit();
-        } else {
-          bar_sync(BAR_EMPTY + u % STAGES, BLOCK);  // the owner's PV(u) is done too: the slot is free
-          if (own) refill(t + STAGES - 1);
-        }
+        bar_sync(BAR_EMPTY + u % STAGES, BLOCK);  // the owner's PV(u) is done too: the slot is free
+        if (own) refill(t + STAGES - 1);
       }
       if (own) {
         bar_sync(BAR_GROUP + grp, GWARPS * 32);  // S(t) complete
@@ -1484,18 +1415,9 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
                      t, scale_log2, gw, lane, rlo, rhi);
         bar_sync(BAR_GROUP + grp, GWARPS * 32);  // P(t) ready for this group
         const bool rescale = resc_s[t & 1] != 0;  // read before the arrive lets the other group's softmax reset it
-        if constexpr (SHARED) cp_async_wait<1>();  // tile t+4's indices, before the P barrier publishes them
         bar_arrive(BAR_P + (t & 1), BLOCK);      // ... and for the other
         PV_TILE(acc, Kt, Ps + (t & 1) * PBUF, a_s + (t & 1) * ROWS_PAD, rescale, warp, lane, nlo);
-        if constexpr (SHARED) {  // part B of the other group's tile t+3, into my slot: my columns are dead
-          if (t + 3 < ntiles) {
-            __syncwarp();  // as above: this warp's PV reads of its columns first
-            load_kv_run<2 * MW, 1>(Ks + ((t + 3) % STAGES) * TK * RING_ROW, kvb, idx_s, sp, t + 3, warp * 2 * MW, 0);
-          }
-          cp_async_commit();
-        } else {
-          bar_arrive(BAR_EMPTY + t % STAGES, BLOCK);
-        }
+        bar_arrive(BAR_EMPTY + t % STAGES, BLOCK);
       }
     }
 #endif

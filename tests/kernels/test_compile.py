@@ -208,15 +208,3 @@ def test_a_row_splits_qk_grid_is_refused_when_its_score_buffers_do_not_fit(tmp_p
         return
     report = ptxas_report(compile_cubin(cfg, 9, "sm_90", tmp_path, extra_flags=flags).ptxas_log)
     assert report["spill_stores"] == 0 and report["spill_loads"] == 0, (flags, report)
-
-
-@needs_nvcc
-@pytest.mark.parametrize("variant", [1, 2])
-def test_the_shared_refill_experiment_builds_without_spills(tmp_path, variant):
-    """VA_SHARED_REFILL (off by default; bench/run_gpu_checks.sh refill A/Bs both variants) at the
-    seesaw's 72-row default, which only the H200-class shared memory holds: it must keep building
-    without spills until it is measured."""
-    cfg = KernelConfig(nsplit=132, ht=8, tk=32, block=256, stages=3, wr=2, wk=2, sf=1, pipe=3)
-    flags = (f"-DVA_SHARED_REFILL={variant}",)
-    report = ptxas_report(compile_cubin(cfg, 9, "sm_90", tmp_path, extra_flags=flags).ptxas_log)
-    assert report["spill_stores"] == 0 and report["spill_loads"] == 0, report

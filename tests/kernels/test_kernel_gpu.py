@@ -105,29 +105,6 @@ def test_long_prefix_many_tiles(gpu):
         assert rel_error(out, ref_o) <= 1e-2
 
 
-@pytest.mark.parametrize("variant", [1, 2])
-def test_the_shared_refill_experiment_matches_the_reference(gpu, variant):
-    """VA_SHARED_REFILL (off by default, A/B'd by bench/run_gpu_checks.sh refill): its per-slot
-    barriers and split copies at segment ends, where parts hold 1 to 6 tiles and move on to the
-    next request, and over a long prefix; the timing script's gate sees one request only."""
-    from verify_tuner.kernels.reference import make_inputs, reference, rel_error
-
-    limits, cache = gpu
-    flags = (f"-DVA_SHARED_REFILL={variant}",)
-    for nsplit, lens, H in (
-        (132, [3000, 0, 37, 5000], 8),  # about 2 tiles a part, segments crossing requests
-        (16, [2000, 777, 31, 100], 16),  # about 6 tiles a part, two head groups
-        (7, [46000], 8),  # long parts
-    ):
-        cfg = KernelConfig(nsplit=nsplit, ht=8, tk=32, block=256, stages=3, wr=2, wk=2, sf=1, pipe=3)
-        assert check(cfg, limits, H=H, q_len=9) is None
-        inp = make_inputs(prefix_lens=lens, q_len=9, H=H, seed=nsplit + len(lens), spare_slots=77)
-        ref_o, ref_lse = reference(inp)
-        _, out, lse = _run(cfg, inp, limits, cache, flags=flags)
-        assert rel_error(out, ref_o) <= 1e-2, (cfg, lens)
-        assert rel_error(lse, ref_lse) <= 1e-3, (cfg, lens)
-
-
 @pytest.mark.parametrize(
     "cfg,H,Q",
     [
