@@ -33,7 +33,7 @@ from verify_tuner.kernels.shapes import floor_bytes, flops
 ANCHOR_BW = 4191e9  # the H200's measured copy bandwidth (../shared/anchors/h200.md): one figure everywhere
 MMA_CEILING = 645e12  # mma.sync bf16 -> fp32 on the H200, same anchors
 B32 = [20000 + round(50000 * i / 31) for i in range(32)]  # 20k..70k
-#: (case, H, q_len, prefix lens, kv_dtype, device whose default config is timed)
+#: (case, H, q_len, prefix lens, kv_dtype, device whose default config for that format is timed)
 CASES = [
     ("H=8 q=9 P=46000", 8, 9, [46000], "bf16", "h200"),
     ("B=32 20k..70k", 8, 9, B32, "bf16", "h200"),
@@ -89,7 +89,8 @@ def launchers(case, *, limits, cache: Path, v6_source: Path | None, tmp: Path, s
     from verify_tuner.kernels.timing import rotating_inputs
 
     name, H, q, lens, kv, device = case
-    cfg = heuristic_config(known_device(device), H=H, q_len=q, prefix=max(lens), batch=len(lens))
+    # each format at its own default: what an engine reading that cache is served
+    cfg = heuristic_config(known_device(device), H=H, q_len=q, prefix=max(lens), batch=len(lens), kv_dtype=kv)
     sets = rotating_inputs(
         prefix_lens=lens, q_len=q, H=H, l2_bytes=limits.l2_bytes, seed=H + q + len(lens), kv_dtype=kv
     )
