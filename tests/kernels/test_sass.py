@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from verify_tuner.heuristic import heuristic_config
 from verify_tuner.kernels.build import compile_cubin, ptxas_report
+from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.limits import known_device
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
@@ -65,17 +66,26 @@ def test_the_fence_count_sees_the_predicated_qk(tmp_path):
     assert fences > 40, (cfg, fences)
 
 
+def _loop_fences(tmp_path, cfg, q_len, arch, kv_dtype, flags=()):
+    """WARPSYNCs in the innermost loop holding MMAs of `cfg`'s partial kernel."""
+    ins = sass_loops.sass(compile_cubin(cfg, q_len, arch, tmp_path, tuple(flags), kv_dtype=kv_dtype).path)
+    loop = min(sass_loops.mma_loops(ins), key=lambda lp: lp["ins"])
+    return sum("WARPSYNC" in text for addr, text in ins if loop["lo"] <= addr <= loop["hi"])
+
+
 @needs_tools
 @pytest.mark.parametrize("kv_dtype", ["fp8_e4m3", "fp8_e4m3_qk"])
-def test_the_rtx_pro_6000_e4m3_defaults_keep_no_fenced_mmas(tmp_path, kv_dtype):
-    """The users' e4m3 default at H=8 q=9 (five row tiles over four row groups: running the missing
-    ones would add three to five) keeps its predicates, made warp-uniform by a shuffle: 55 fences
-    before on fp8_e4m3, 19 on fp8_e4m3_qk."""
-    fences, cfg = _tile_loop_fences(tmp_path, "rtx-pro-6000", 8, 9, kv_dtype)
-    assert cfg.wr == 4, cfg
-    assert fences <= 4, (cfg, fences)
-    fenced, _ = _tile_loop_fences(tmp_path, "rtx-pro-6000", 8, 9, kv_dtype, ("-DVA_QK_UNIFORM=0",))
-    assert fenced > 15, (cfg, fenced)
+def test_e4m3_row_groups_over_uneven_row_tiles_keep_no_fenced_mmas(tmp_path, kv_dtype):
+    """Five row tiles over four row groups (the RTX PRO 6000's e4m3 default at H=8 q=9 until the
+    balanced template, still in the tuner's space; running the missing tiles would add three to
+    five) keep their predicates, made warp-uniform by a shuffle: 55 fences before on fp8_e4m3, 19
+    on fp8_e4m3_qk. The default now gives every warp all five row tiles: no fenced load or MMA at all."""
+    split = KernelConfig(nsplit=94, ht=4, tk=32, block=256, stages=2, wr=4, wk=2, sf=0, pipe=1)
+    assert _loop_fences(tmp_path, split, 9, "sm_120", kv_dtype) <= 4
+    assert _loop_fences(tmp_path, split, 9, "sm_120", kv_dtype, ("-DVA_QK_UNIFORM=0",)) > 15
+    fences, report, cfg = _predicated_fences(tmp_path, "rtx-pro-6000", 8, 9, kv_dtype)
+    assert (cfg.wr, fences) == (1, 0), (cfg, fences)
+    assert report["spill_stores"] == 0 and report["spill_loads"] == 0, (cfg, report)
 
 
 def _predicated_fences(tmp_path, device, H, q_len, kv_dtype, flags=()):
