@@ -49,6 +49,7 @@ from sass_loops import tools_dir
 from verify_tuner.kernels.build import NVCC_FLAGS, SOURCE, nvcc_path, nvcc_version, render
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.errors import TunerError
+from verify_tuner.kernels.validate import MAX_Q_LEN
 
 #: Functions whose calls inside the tile loop make a region (pv_tile's are split by call site).
 LOOP_FUNCS = {
@@ -116,6 +117,9 @@ def read_profile(path: Path) -> tuple[str, list[Row]]:
     if at is None:
         raise RegionError(f"{path}: no Address/Source header (not a SASS source-page CSV)")
     head = rows[at]
+    missing = [n for n in ("Warp Stall Sampling (All Samples)", "Instructions Executed") if n not in head]
+    if missing:
+        raise RegionError(f"{path}: no {missing[0]!r} column (profile with bench/run_ncu.sh's metrics)")
     col = {name: head.index(name) for name in head}
     reasons = [h for h in head if h.startswith("stall_") and "(Not Issued)" not in h]
 
@@ -123,12 +127,18 @@ def read_profile(path: Path) -> tuple[str, list[Row]]:
         text = r[col[name]].replace(",", "").strip()
         return float(text) if text not in ("", "-") else 0.0
 
-    out = [
-        Row(int(r[col["Address"]], 16), " ".join(r[col["Source"]].split()),
-            num(r, "Warp Stall Sampling (All Samples)"), num(r, "Instructions Executed"),
-            {h.removeprefix("stall_"): num(r, h) for h in reasons})
-        for r in rows[at + 1 :] if len(r) == len(head)
-    ]  # fmt: skip
+    out = []
+    for n, r in enumerate(rows[at + 1 :], start=at + 2):
+        if not any(r):
+            continue
+        try:
+            if len(r) != len(head):
+                raise ValueError(f"{len(r)} fields, the header {len(head)}")
+            out.append(Row(int(r[col["Address"]], 16), " ".join(r[col["Source"]].split()),
+                           num(r, "Warp Stall Sampling (All Samples)"), num(r, "Instructions Executed"),
+                           {h.removeprefix("stall_"): num(r, h) for h in reasons}))  # fmt: skip
+        except ValueError as exc:
+            raise RegionError(f"{path}, line {n}: {exc}") from None
     return kernel, out
 
 
@@ -349,7 +359,8 @@ def rebuilt_listing(
         cmd = [nvcc_path(), "-cubin", f"-arch={arch}", *NVCC_FLAGS, *flags, "-o", str(cubin), str(src)]
         proc = subprocess.run(cmd, check=False, capture_output=True, text=True)
         if proc.returncode != 0:
-            errors = [ln for ln in proc.stderr.splitlines() if "error" in ln] or ["?"]
+            lines = proc.stderr.strip().splitlines() or ["no message"]
+            errors = [ln for ln in lines if "error" in ln] or lines[-1:]
             raise RegionError(f"nvcc failed: {errors[0].strip()}")
         dis = subprocess.run([str(tools / "nvdisasm"), "-gi", str(cubin)], check=False, capture_output=True, text=True)
         if dis.returncode != 0:
@@ -387,6 +398,8 @@ def main(argv: list[str] | None = None) -> None:
 def report(args: argparse.Namespace, command: str) -> str:
     """The markdown report of the parsed command line `args`."""
     config = parse_config(args.config)
+    if not 1 <= args.q_len <= MAX_Q_LEN:
+        raise RegionError(f"--q-len {args.q_len}: the kernel takes 1..{MAX_Q_LEN}")
     kernel, rows = read_profile(args.csv)
     flags = tuple(args.flags.split())
     listing, compiler = rebuilt_listing(

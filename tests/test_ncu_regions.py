@@ -169,6 +169,34 @@ def test_a_rebuilt_sass_unlike_the_profiled_one_is_refused_in_one_line(tmp_path,
     assert not (tmp_path / "r.md").exists()
 
 
+@pytest.mark.parametrize(
+    "spoil, says",
+    [
+        (lambda text: text.replace('"Instructions Executed"', '"Executed"'), "'Instructions Executed' column"),
+        (lambda text: text.replace('"0x7f0010"', '"row two"'), "line 4"),
+        (lambda text: text.replace('"0x7f0010",', ""), "line 4"),
+    ],
+    ids=["a missing column", "an address that is not hex", "a short row"],
+)
+def test_a_spoilt_profile_is_refused_in_one_line(tmp_path, monkeypatch, spoil, says):
+    path = _write_csv(tmp_path / "p.csv")
+    path.write_text(spoil(path.read_text()))
+    with pytest.raises(ncu_regions.RegionError, match=says) as refused:
+        ncu_regions.read_profile(path)
+    assert "\n" not in str(refused.value)
+
+
+def test_a_q_len_the_kernel_does_not_take_is_refused_before_building(tmp_path, monkeypatch):
+    monkeypatch.setattr(ncu_regions, "rebuilt_listing", lambda **kw: pytest.fail("built"))
+    argv = [
+        str(_write_csv(tmp_path / "p.csv")),
+        "--config",
+        "NSPLIT=1 HT=8 TK=32 BLOCK=256 STAGES=3 QT=0 WR=2 WK=2 SF=1 PIPE=3",
+    ]
+    with pytest.raises(SystemExit, match="--q-len 0"):
+        ncu_regions.main([*argv, "--q-len", "0", "--arch", "sm_90", "--out", str(tmp_path / "r.md")])
+
+
 def test_the_command_has_help(capsys):
     with pytest.raises(SystemExit) as done:
         ncu_regions.main(["--help"])
