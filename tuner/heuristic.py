@@ -30,10 +30,11 @@ BANDWIDTH_ROWS = 16
 #: 32-token tile fits (the 99 KB of sm_120), 4 warps in one row group with 4 k-slices come first:
 #: every warp holds all of the block's row tiles (no 2:1:1:1 split of 5 n8 tiles over 4 row
 #: groups), which the sm_120 structure check measured fastest (bench/results/sm120_structures_sm_90.json).
-#: The same holds where e4m3's halved ring lets 32-token tiles fit there: 4 warps, one row group, 2
-#: k-slices, ahead of the 2:1:1:1 split that came first before (0.74x and 0.70x its time at H=8 and
-#: H=64 q=9, bench/results/sm120_structures_fp8_e4m3_sm_90.json); on the 163-227 KB devices the
-#: templates before it always fit.
+#: Where e4m3's halved ring lets 32-token tiles fit there, balanced rows win too: 4 warps, one row
+#: group, 2 k-slices ran 0.74x and 0.70x the 2:1:1:1 split that came first before, at H=8 and H=64
+#: q=9 (bench/results/sm120_structures_fp8_e4m3_sm_90.json; one sampled structure beat it at H=8
+#: only). Above 40 rows it needs more registers than a 4-warp block has, so only the 99-100 KB
+#: devices' 33-40-row e4m3 tiles reach it; no other default changed with it.
 _COMPUTE = (
     (32, 256, 3, 2, 2, 0, 3),
     (32, 256, 3, 2, 2, 1, 3),
