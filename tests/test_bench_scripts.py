@@ -131,8 +131,8 @@ def test_kernel_v7s_cases_are_the_issues_and_fit_their_devices(tmp_path):
 
     for name, H, q, lens, kv, device in kernel_v7.CASES:
         limits = known_device(device)
-        cfg = heuristic_config(limits, H=H, q_len=q, prefix=max(lens), batch=len(lens))
-        assert check(cfg, limits, H=H, q_len=q) is None, name
+        cfg = heuristic_config(limits, H=H, q_len=q, prefix=max(lens), batch=len(lens), kv_dtype=kv)
+        assert check(cfg, limits, H=H, q_len=q, kv_dtype=kv) is None, name
     assert len(kernel_v7.REGRESSION) == 40 and len(kernel_v7.B32) == 32
     assert (kernel_v7.B32[0], kernel_v7.B32[-1]) == (20000, 70000)
     row = kernel_v7.row_of(kernel_v7.CASES[0], {"v7": 42.0, "v6": 42.0}, "cfg", 4.0e12)

@@ -40,11 +40,18 @@ def _default_sass(tmp_path, device, H, q_len, kv_dtype, flags=()):
     return sass_loops.sass(built.path), cfg
 
 
-def _tile_loop_fences(tmp_path, device, H, q_len, kv_dtype, flags=()):
-    """WARPSYNCs in the innermost loop holding MMAs of the default's partial kernel."""
-    ins, cfg = _default_sass(tmp_path, device, H, q_len, kv_dtype, flags)
+def _loop_fences(tmp_path, cfg, q_len, arch, kv_dtype, flags=()):
+    """WARPSYNCs in the innermost loop holding MMAs of `cfg`'s partial kernel."""
+    ins = sass_loops.sass(compile_cubin(cfg, q_len, arch, tmp_path, tuple(flags), kv_dtype=kv_dtype).path)
     loop = min(sass_loops.mma_loops(ins), key=lambda lp: lp["ins"])
-    return sum("WARPSYNC" in text for addr, text in ins if loop["lo"] <= addr <= loop["hi"]), cfg
+    return sum("WARPSYNC" in text for addr, text in ins if loop["lo"] <= addr <= loop["hi"])
+
+
+def _tile_loop_fences(tmp_path, device, H, q_len, kv_dtype, flags=()):
+    """The same count for a device's default at (H, q_len, P=46000), and that config."""
+    limits = known_device(device)
+    cfg = heuristic_config(limits, H=H, q_len=q_len, prefix=46000, kv_dtype=kv_dtype)
+    return _loop_fences(tmp_path, cfg, q_len, limits.arch, kv_dtype, flags), cfg
 
 
 @needs_tools
@@ -64,13 +71,6 @@ def test_the_fence_count_sees_the_predicated_qk(tmp_path):
     fifth row tile."""
     fences, cfg = _tile_loop_fences(tmp_path, "h200", 8, 9, "bf16", ("-DVA_QK_UNIFORM=0",))
     assert fences > 40, (cfg, fences)
-
-
-def _loop_fences(tmp_path, cfg, q_len, arch, kv_dtype, flags=()):
-    """WARPSYNCs in the innermost loop holding MMAs of `cfg`'s partial kernel."""
-    ins = sass_loops.sass(compile_cubin(cfg, q_len, arch, tmp_path, tuple(flags), kv_dtype=kv_dtype).path)
-    loop = min(sass_loops.mma_loops(ins), key=lambda lp: lp["ins"])
-    return sum("WARPSYNC" in text for addr, text in ins if loop["lo"] <= addr <= loop["hi"])
 
 
 @needs_tools
