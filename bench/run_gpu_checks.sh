@@ -129,7 +129,7 @@ case "$mode" in
     done
     timeout 200 python3 -m pytest -m gpu -q -p no:cacheprovider -rs "${F8_TESTS[0]}" 2>&1 | tee "$out/gpu-tests-folded.log" | tail -4 ;;
   sm120e4m3)
-    # e4m3's sm_120 defaults: the balanced 4-warp template at 36-40 rows (0.70-0.74x the 2:1:1:1
+    # e4m3's sm_120 defaults: the balanced 4-warp template at 33-40 rows (0.70-0.74x the 2:1:1:1
     # split it replaced, bench/results/sm120_structures_fp8_e4m3_sm_90.json) and, at q=64, 32-row
     # tiles still on the 8-warp 2x4 grid, where one sampled 4-head tile of 8 nodes ran 0.736x: that
     # tile with both 4-warp grids, against the default and a new sample (a structure check on this
