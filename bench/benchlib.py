@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 from collections.abc import Callable, Hashable, Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 
+from verify_tuner.kernels.build import NVCC_FLAGS, SOURCE, nvcc_path, render
 from verify_tuner.kernels.config import KernelConfig
-from verify_tuner.kernels.errors import InvalidConfig
+from verify_tuner.kernels.errors import CompileError, InvalidConfig
 from verify_tuner.kernels.reference import Inputs, _visible, poisoned_run_error
 from verify_tuner.kernels.shapes import D_QK, D_V
 from verify_tuner.kernels.timing import interleave, time_graph
@@ -76,6 +79,27 @@ def parse_shapes(text: str) -> list[tuple[int, int, int]]:
     if not shapes or any(len(s) != 3 for s in shapes):
         raise argparse.ArgumentTypeError(f"{text!r}: shapes are H:Q:PREFIX,... of three integers each")
     return shapes
+
+
+def compile_source(
+    source: Path, cfg: KernelConfig, q_len: int, arch: str, folder: Path, kv_dtype: str = "bf16", flags: tuple = ()
+) -> Path:
+    """`cfg` built from another revision's .cu (v6, the tree a profile came from): this tree's
+    rendered #defines over its text, with the build's nvcc flags; CompileError says nvcc's first
+    error line."""
+    line = f'#line 1 "{SOURCE.name}"'
+    defines = render(cfg, q_len, kv_dtype).split(line, 1)[0]
+    src = folder / f"{source.stem}_{arch}_q{q_len}_{abs(hash((str(cfg), kv_dtype, flags)))}.cu"
+    src.write_text(defines + line + "\n" + source.read_text())
+    out = src.with_suffix(".cubin")
+    cmd = [nvcc_path(), "-cubin", f"-arch={arch}", *NVCC_FLAGS, *flags, "-o", str(out), str(src)]
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True)
+    if proc.returncode != 0:
+        lines = proc.stderr.strip().splitlines() or ["no message"]
+        raise CompileError(
+            f"nvcc failed for {arch}: {([ln for ln in lines if 'error' in ln] or lines[-1:])[0].strip()}"
+        )
+    return out
 
 
 def parse_config(text: str) -> KernelConfig:

@@ -16,16 +16,15 @@ import argparse
 import datetime as dt
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchlib import compile_source
 from verify_tuner.heuristic import heuristic_config
 from verify_tuner.kernels import formats
-from verify_tuner.kernels.build import NVCC_FLAGS, nvcc_path, render
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.limits import known_device
 from verify_tuner.kernels.shapes import floor_bytes, flops
@@ -62,14 +61,7 @@ REGRESSION = [(H, Q, P) for H in (8, 16, 64, 128) for Q in (1, 9) for P in (1024
 
 def compile_v6(source: Path, cfg, q_len: int, arch: str, folder: Path) -> bytes:
     """The v6 kernel at `cfg`: this tree's #defines (v6 ignores KV_FMT) over v6's source."""
-    ours = render(cfg, q_len)
-    defines = ours.split('#line 1 "verify_attention.cu"', 1)[0]
-    src = folder / f"v6_{arch}_q{q_len}_{abs(hash(str(cfg)))}.cu"
-    src.write_text(defines + '#line 1 "verify_attention.cu"\n' + source.read_text())
-    out = src.with_suffix(".cubin")
-    cmd = [nvcc_path(), "-cubin", f"-arch={arch}", *NVCC_FLAGS, "-o", str(out), str(src)]
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
-    return out.read_bytes()
+    return compile_source(source, cfg, q_len, arch, folder).read_bytes()
 
 
 def v6_config(device: str, H: int, q: int) -> KernelConfig | None:

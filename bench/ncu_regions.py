@@ -43,10 +43,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import parse_config
+from benchlib import compile_source, parse_config
 from kernel_source import RegionError, SourceMap
 from sass_loops import tools_dir
-from verify_tuner.kernels.build import NVCC_FLAGS, SOURCE, nvcc_path, nvcc_version, render
+from verify_tuner.kernels.build import SOURCE, nvcc_version
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.errors import TunerError
 from verify_tuner.kernels.validate import MAX_Q_LEN
@@ -348,20 +348,11 @@ def rebuilt_listing(
 ) -> tuple[str, str]:
     """`nvdisasm -gi` of the cubin the tuner builds for these settings, from `source`'s text with
     this tree's #defines (the build's nvcc flags, -lineinfo included), and nvcc's version."""
-    line = f'#line 1 "{SOURCE.name}"'
-    defines = render(config, q_len, kv_dtype).split(line, 1)[0]
     tools = tools_dir()
     if tools is None:
         raise RegionError("nvdisasm: neither on PATH nor from the nvidia-cuda-* wheels (the dev extra has them)")
     with tempfile.TemporaryDirectory(prefix="ncu-regions-") as tmp:
-        src, cubin = Path(tmp) / SOURCE.name, Path(tmp) / "rebuilt.cubin"
-        src.write_text(defines + line + "\n" + source.read_text())
-        cmd = [nvcc_path(), "-cubin", f"-arch={arch}", *NVCC_FLAGS, *flags, "-o", str(cubin), str(src)]
-        proc = subprocess.run(cmd, check=False, capture_output=True, text=True)
-        if proc.returncode != 0:
-            lines = proc.stderr.strip().splitlines() or ["no message"]
-            errors = [ln for ln in lines if "error" in ln] or lines[-1:]
-            raise RegionError(f"nvcc failed: {errors[0].strip()}")
+        cubin = compile_source(source, config, q_len, arch, Path(tmp), kv_dtype, flags)
         dis = subprocess.run([str(tools / "nvdisasm"), "-gi", str(cubin)], check=False, capture_output=True, text=True)
         if dis.returncode != 0:
             raise RegionError(f"nvdisasm failed: {(dis.stderr.strip().splitlines() or ['?'])[-1]}")

@@ -27,8 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchlib import parse_config
-from verify_tuner.kernels.build import NVCC_FLAGS, compile_cubin, nvcc_path, ptxas_report, render
+from benchlib import compile_source, parse_config
+from verify_tuner.kernels.build import compile_cubin, ptxas_report
 from verify_tuner.kernels.config import KernelConfig
 
 DEFAULT = KernelConfig(132, 8, 32, 256, stages=3, wr=2, wk=2, sf=1, pipe=3)  # the H200's H=8 q=9 default
@@ -109,7 +109,7 @@ def main() -> None:
             )
             _print_loops(ins)
         if args.source:
-            other = _compile_source(args.source, args.config, args.q_len, args.arch, Path(cache), args.kv_dtype)
+            other = compile_source(args.source, args.config, args.q_len, args.arch, Path(cache), args.kv_dtype)
             theirs = sass(other)
             print(f"{args.source}: {len(theirs)} instructions")
             _print_loops(theirs)
@@ -134,17 +134,6 @@ def _opcodes(ins: list[tuple[int, str]]) -> dict[str, int]:
         op = words[1] if words and words[0].startswith("@") and len(words) > 1 else (words[0] if words else "")
         counts[op] = counts.get(op, 0) + 1
     return counts
-
-
-def _compile_source(source: Path, cfg: KernelConfig, q_len: int, arch: str, folder: Path, kv_dtype: str) -> Path:
-    """`cfg` built from another .cu: this tree's rendered #defines over its text."""
-    defines = render(cfg, q_len, kv_dtype).split('#line 1 "verify_attention.cu"', 1)[0]
-    src = folder / "other.cu"
-    src.write_text(defines + '#line 1 "verify_attention.cu"\n' + source.read_text())
-    out = src.with_suffix(".cubin")
-    subprocess.run([nvcc_path(), "-cubin", f"-arch={arch}", *NVCC_FLAGS, "-o", str(out), str(src)],
-                   check=True, capture_output=True, text=True)  # fmt: skip
-    return out
 
 
 if __name__ == "__main__":
