@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # What the kernel issue reports, a mode a call on the GPU machine (after `source .wheelhouse/gpu-env.sh`;
+# every mode starts with bench/smoke.py, which stops the call if the kernel hangs or is wrong;
 # each fits one 10-minute call): `tests` runs every `gpu` test but the e4m3 modules, `f8` the e4m3
 # module, `f8qk` fp8_e4m3_qk's, `bench` the kernel-v7 table against v6 in the same process
 # (bench/kernel_v7.py; V6_SOURCE is v6's .cu,
@@ -19,6 +20,11 @@
 set -uo pipefail
 mode=${1:?tests or bench}
 out=${2:?outdir}
+usage="usage: $0 tests|f8|f8qk|e4m3|loop|next|edges|q64|folded|sm120e4m3 OUTDIR | $0 bench OUTDIR V6_SOURCE [--quick]"
+case "$mode" in
+  tests|f8|f8qk|e4m3|loop|next|edges|q64|folded|sm120e4m3|bench) ;;
+  *) echo "$usage" >&2; exit 2 ;;
+esac
 mkdir -p "$out"
 export TUNER_CACHE_DIR=${TUNER_CACHE_DIR:-/tmp/va-cache}
 # gpu-env.sh puts the carried wheel before the checkout: a wheel built before the last kernel edit
@@ -27,6 +33,14 @@ installed=$(python3 -c "import verify_tuner.kernels.build as b; print(b.SOURCE)"
 if ! cmp -s "$installed" kernels/csrc/verify_attention.cu; then
   echo "the installed kernel ($installed) is not this checkout's: rebuild the wheel (pip wheel --no-deps -w .wheelhouse .)" >&2
   exit 2
+fi
+# A kernel that deadlocks hangs every step below, and the call returns nothing once its limit is
+# spent: one gated launch of each format's default first, stopping the call in a few minutes
+# (in a subshell whose stderr goes to the log: the shell's own "Killed" line after a timeout)
+if ! (timeout -s KILL 240 python3 bench/smoke.py --kv-dtype bf16 --kv-dtype fp8_e4m3 2>&1 | tee "$out/smoke.log" \
+    | tail -4) 2>>"$out/smoke.log"; then
+  echo "bench/smoke.py failed or hung (its log: $out/smoke.log): stopping before the longer steps" >&2
+  exit 3
 fi
 F8_TESTS=(tests/kernels/test_fp8_gpu.py tests/kernels/test_fp8_qk_gpu.py)
 # the code before the fixed-cost change (Q's copies and the output's stores a warp a row, stmatrix)
@@ -141,5 +155,5 @@ case "$mode" in
   bench)
     timeout 560 python3 bench/kernel_v7.py --v6-source "${3:?v6 source}" --out "$out" ${4:-} \
       2>&1 | tee "$out/kernel_v7.log" | tail -20 ;;
-  *) echo "usage: $0 tests|f8|f8qk|e4m3|loop|next|edges|q64|folded|sm120e4m3 OUTDIR | $0 bench OUTDIR V6_SOURCE [--quick]" >&2; exit 2 ;;
+  *) echo "$usage" >&2; exit 2 ;;
 esac

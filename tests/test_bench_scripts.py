@@ -115,6 +115,56 @@ def test_the_gpu_checks_refuse_an_installed_kernel_that_is_not_the_checkouts(tmp
     assert not (tmp_path / "out" / "gpu-tests.log").exists()
 
 
+def _gpu_checks_in(tmp_path, smoke: str) -> Path:
+    """A checkout holding run_gpu_checks.sh, this tree's kernel (what the installed package reads)
+    and `smoke` as bench/smoke.py."""
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "kernels" / "csrc").mkdir(parents=True)
+    shutil.copy(BENCH / "run_gpu_checks.sh", tmp_path / "bench")
+    shutil.copy(BENCH.parent / "kernels" / "csrc" / "verify_attention.cu", tmp_path / "kernels" / "csrc")
+    (tmp_path / "bench" / "smoke.py").write_text(smoke)
+    return tmp_path
+
+
+@pytest.mark.parametrize("smoke", ["import sys; sys.exit(1)", "import time; time.sleep(600)"], ids=["wrong", "hangs"])
+def test_the_gpu_checks_stop_when_the_smoke_launch_fails_or_hangs(tmp_path, smoke):
+    """A deadlocking kernel hung every step of a device call, which returned nothing after its
+    limit: the script now stops after the smoke check, in one line, exit 3, running nothing else."""
+    root = _gpu_checks_in(tmp_path, smoke)
+    path = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")
+    # a short fake timeout stands in for the real 240 s one (the script calls `timeout -s KILL 240`)
+    fake = root / "fakebin"
+    fake.mkdir()
+    (fake / "timeout").write_text("#!/bin/sh\nshift 3\nexec " + shutil.which("timeout") + ' -s KILL 3 "$@"\n')
+    (fake / "timeout").chmod(0o755)
+    r = subprocess.run(
+        ["bash", "bench/run_gpu_checks.sh", "tests", str(root / "out")],
+        cwd=root, capture_output=True, text=True, timeout=60, check=False,
+        env={**os.environ, "PATH": str(fake) + os.pathsep + path},
+    )  # fmt: skip
+    assert r.returncode == 3, (r.stdout, r.stderr)
+    assert "bench/smoke.py failed or hung" in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
+    assert sorted(p.name for p in (root / "out").iterdir()) == ["smoke.log"]
+
+
+def test_the_gpu_checks_refuse_an_unknown_mode_before_any_gpu_work(tmp_path):
+    root = _gpu_checks_in(tmp_path, "raise SystemExit('smoke ran')")
+    r = subprocess.run(["bash", "bench/run_gpu_checks.sh", "nope", str(root / "out")], cwd=root,
+                       capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert r.returncode == 2 and r.stderr.startswith("usage:") and "smoke ran" not in r.stderr, r.stderr
+    assert not (root / "out").exists()
+
+
+def test_the_smoke_check_defaults_to_bf16_and_refuses_an_unknown_format(capsys):
+    import smoke
+
+    assert smoke.parse([]).kv_dtype == ["bf16"]
+    assert smoke.parse(["--kv-dtype", "bf16", "--kv-dtype", "fp8_e4m3"]).kv_dtype == ["bf16", "fp8_e4m3"]
+    with pytest.raises(SystemExit) as e:
+        smoke.parse(["--kv-dtype", "fp16"])
+    assert e.value.code == 2 and "fp16" in capsys.readouterr().err.splitlines()[-1]
+
+
 def test_the_ab_of_two_versions_runs_its_base_side_without_out(monkeypatch, capsys):
     """ab_versions.py times the base tree in a child given --worker and --cache only: a required
     --out refused that child, so the A/B of a device call came back empty."""
