@@ -97,24 +97,6 @@ def test_a_benchmark_without_out_is_refused_and_writes_nothing(script, tmp_path)
     assert list(tmp_path.iterdir()) == []
 
 
-def test_the_gpu_checks_refuse_an_installed_kernel_that_is_not_the_checkouts(tmp_path):
-    """gpu-env.sh puts the carried wheel before the checkout: a wheel built before the last kernel
-    edit tested and timed the old kernel. The script stops at once, in one line, exit 2."""
-    (tmp_path / "bench").mkdir()
-    (tmp_path / "kernels" / "csrc").mkdir(parents=True)
-    shutil.copy(BENCH / "run_gpu_checks.sh", tmp_path / "bench")
-    source = (BENCH.parent / "kernels" / "csrc" / "verify_attention.cu").read_text()
-    (tmp_path / "kernels" / "csrc" / "verify_attention.cu").write_text(source + "// edited since the wheel\n")
-    path = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")  # this env's python3
-    r = subprocess.run(
-        ["bash", "bench/run_gpu_checks.sh", "tests", str(tmp_path / "out")],
-        cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False, env={**os.environ, "PATH": path},
-    )  # fmt: skip
-    assert r.returncode == 2, r.stderr
-    assert "rebuild the wheel" in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
-    assert not (tmp_path / "out" / "gpu-tests.log").exists()
-
-
 def _gpu_checks_in(tmp_path, smoke: str) -> Path:
     """A checkout holding run_gpu_checks.sh, this tree's kernel (what the installed package reads)
     and `smoke` as bench/smoke.py."""
@@ -124,6 +106,22 @@ def _gpu_checks_in(tmp_path, smoke: str) -> Path:
     shutil.copy(BENCH.parent / "kernels" / "csrc" / "verify_attention.cu", tmp_path / "kernels" / "csrc")
     (tmp_path / "bench" / "smoke.py").write_text(smoke)
     return tmp_path
+
+
+def test_the_gpu_checks_refuse_an_installed_kernel_that_is_not_the_checkouts(tmp_path):
+    """gpu-env.sh puts the carried wheel before the checkout: a wheel built before the last kernel
+    edit tested and timed the old kernel. The script stops at once, in one line, exit 2."""
+    _gpu_checks_in(tmp_path, "raise SystemExit('smoke ran')")
+    with (tmp_path / "kernels" / "csrc" / "verify_attention.cu").open("a") as cu:
+        cu.write("// edited since the wheel\n")
+    path = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")  # this env's python3
+    r = subprocess.run(
+        ["bash", "bench/run_gpu_checks.sh", "tests", str(tmp_path / "out")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False, env={**os.environ, "PATH": path},
+    )  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    assert "rebuild the wheel" in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
+    assert not (tmp_path / "out" / "gpu-tests.log").exists()
 
 
 @pytest.mark.parametrize("smoke", ["import sys; sys.exit(1)", "import time; time.sleep(600)"], ids=["wrong", "hangs"])
