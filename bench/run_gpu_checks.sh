@@ -7,9 +7,7 @@
 # e.g. `git show e88ba0d:kernels/csrc/verify_attention.cu > .v6/verify_attention.cu` here, carried).
 # `e4m3` is what the e4m3 cache still needs a GPU for, in one call (a machine idles out between
 # calls): both e4m3 modules, the default (VA_Q_ROWS=3) A/B'd against a q row at a time, the configs
-# around e4m3's defaults, and the headline phase trace with and without VA_Q_ROWS=1. `f8conv` A/Bs
-# the e4m3 fragments' conversion (VA_F8_CONV: bit placement for K's, V's or both against cvt) and
-# runs the e4m3 module, whose sm_80 cases build the bit placement here.
+# around e4m3's defaults, and the headline phase trace with and without VA_Q_ROWS=1.
 # `loop` A/Bs the tile loop's flags and runs the battery and runtime tests at the defaults; `next`
 # A/Bs the QK's shuffle fallback at the defaults it changes, runs the tests whose configs take it
 # and profiles H=8 with Nsight; `q64` isolates the sm_120 H=8 q=64 structure check's reading after
@@ -18,13 +16,13 @@
 # and runs the e4m3 module; `sm120e4m3` times sm_120-valid e4m3 structures (q=64's row tile
 # first) against e4m3's default there. Nsight's pages come back packed in ncu.tgz (a device call returns at most 8 files). `edges` A/Bs the prologue's and epilogue's
 # instruction diet and runs every gpu test.
-# Usage: bench/run_gpu_checks.sh tests|f8|f8qk|e4m3|f8conv|loop|next|edges|q64|folded|sm120e4m3 OUTDIR | bench/run_gpu_checks.sh bench OUTDIR V6_SOURCE [--quick]
+# Usage: bench/run_gpu_checks.sh tests|f8|f8qk|e4m3|loop|next|edges|q64|folded|sm120e4m3 OUTDIR | bench/run_gpu_checks.sh bench OUTDIR V6_SOURCE [--quick]
 set -uo pipefail
 mode=${1:?tests or bench}
 out=${2:?outdir}
-usage="usage: $0 tests|f8|f8qk|e4m3|f8conv|loop|next|edges|q64|folded|sm120e4m3 OUTDIR | $0 bench OUTDIR V6_SOURCE [--quick]"
+usage="usage: $0 tests|f8|f8qk|e4m3|loop|next|edges|q64|folded|sm120e4m3 OUTDIR | $0 bench OUTDIR V6_SOURCE [--quick]"
 case "$mode" in
-  tests|f8|f8qk|e4m3|f8conv|loop|next|edges|q64|folded|sm120e4m3|bench) ;;
+  tests|f8|f8qk|e4m3|loop|next|edges|q64|folded|sm120e4m3|bench) ;;
   *) echo "$usage" >&2; exit 2 ;;
 esac
 mkdir -p "$out"
@@ -72,15 +70,6 @@ case "$mode" in
     timeout 120 python3 bench/fp8_configs.py --out "$out" 2>&1 | tee "$out/fp8_configs.log" | tail -12
     timeout 60 python3 bench/phase_trace.py --cases headline --kv-dtype fp8_e4m3 --variant qrow1=-DVA_Q_ROWS=1 \
       --out "$out" 2>&1 | tee "$out/phase_trace.log" | tail -6 ;;
-  f8conv)
-    # cvt runs on the conversion unit and bit placement on the integer ALUs: which one bounds e4m3's
-    # loop (q=1 is 1.8x its memory floor, bf16 1.3x), and does splitting K's and V's between them help?
-    for c in 2 3 1; do
-      timeout 120 python3 bench/ab_kernel.py --kv-dtype fp8_e4m3 --b-flags=-DVA_F8_CONV=$c \
-        --shapes 8:1:131072,8:9:46000,64:9:46000,8:9:131072 --label "e4m3: cvt (A) vs VA_F8_CONV=$c (B)" \
-        --out "$out" 2>&1 | tail -5
-    done
-    timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider -rs "${F8_TESTS[0]}" 2>&1 | tee "$out/gpu-tests-f8conv.log" | tail -4 ;;
   loop)
     # the tile loop's issue-rate flags (verify_attention.cu: VA_QK_UNIFORM, VA_SOFTMAX_TREE), each
     # A/B'd against the loop before them (0 0), then the battery and runtime tests at the defaults

@@ -377,25 +377,15 @@ __device__ __forceinline__ void bar_arrive(int id, int n) {
 // Four e4m3 values (one 32-bit word, lowest byte first) as two f16x2 words. sm_89+ converts
 // exactly (cvt); sm_80 has no fp8 conversion, so the bits are placed into f16's fields, which
 // gives each value times 2^-8 exactly (subnormals included: e4m3's exponent bias is 7, f16's 15),
-// and F8_UNIT_K / F8_UNIT_V undo that factor where the scales are applied. The two ways run on
-// different pipes (cvt on the conversion unit, bit placement on the integer ALUs), so sm_89+ may
-// convert K's fragments one way and V's the other (VA_F8_CONV: 0 cvt for both, 1 bit placement for
-// both, 2 bits for K's and cvt for V's, 3 the reverse); VA_F8_BITS builds sm_80's way (1) on any
-// arch, so a newer GPU can check it.
-#ifndef VA_F8_CONV
-#ifdef VA_F8_BITS
-#define VA_F8_CONV 1
+// and F8_UNIT undoes that factor where the scales are applied. VA_F8_BITS builds sm_80's way on
+// any arch, so a newer GPU can check it (slower there: the loop is bound by issue, not by the
+// conversion unit, bench/results/ab_kernel_flags_sm_90.md).
+#if (defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890) || defined(VA_F8_BITS)
+constexpr bool F8_BITS = true;
 #else
-#define VA_F8_CONV 0
+constexpr bool F8_BITS = false;
 #endif
-#endif
-static_assert(VA_F8_CONV >= 0 && VA_F8_CONV <= 3, "VA_F8_CONV: 0 cvt, 1 bits, 2 bits for K only, 3 bits for V only");
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
-constexpr bool F8_BITS_K = true, F8_BITS_V = true;
-#else
-constexpr bool F8_BITS_K = VA_F8_CONV == 1 || VA_F8_CONV == 2, F8_BITS_V = VA_F8_CONV == 1 || VA_F8_CONV == 3;
-#endif
-constexpr float F8_UNIT_K = F8_BITS_K ? 256.f : 1.f, F8_UNIT_V = F8_BITS_V ? 256.f : 1.f;
+constexpr float F8_UNIT = F8_BITS ? 256.f : 1.f;
 // SEL_LO / SEL_HI pick (for bit placement) the word's bytes that become lo's and hi's two values,
 // at bits 8 and 24 with zeros below: a caller's byte shuffle folds into them instead of costing a
 // prmt of its own; cvt takes bytes 0,1 (lo) and 2,3 (hi) of `shuffled`, the same values.
@@ -773,8 +763,8 @@ __device__ __forceinline__ void qk_e4m3_steps(float (&acc)[QMQ][NQ][4], QAddr qa
 // k 2t, 2t+1 (low word) and 2t+8, 2t+9 (high word), the order convert_q stores q in. One x4 covers
 // 16 tokens over two k-steps: matrices (tokens +8: mat&1, step j+1: mat>>1).
 __device__ __forceinline__ void f8_k_frags(uint32_t (&fa)[4], uint32_t tokens_lo, uint32_t tokens_hi) {
-  e4m3x4_to_f16x4<F8_BITS_K, 0x1404, 0x3424>(tokens_lo, tokens_lo, fa[0], fa[2]);
-  e4m3x4_to_f16x4<F8_BITS_K, 0x1404, 0x3424>(tokens_hi, tokens_hi, fa[1], fa[3]);
+  e4m3x4_to_f16x4<F8_BITS, 0x1404, 0x3424>(tokens_lo, tokens_lo, fa[0], fa[2]);
+  e4m3x4_to_f16x4<F8_BITS, 0x1404, 0x3424>(tokens_hi, tokens_hi, fa[1], fa[3]);
 }
 // S^T partial of this warp's k-slice: raw dot products into its buffer of Ss[row][token] (fp32);
 // with SF=1 the upper half of the k-slices adds into the lower half's buffers after a barrier
@@ -1050,7 +1040,7 @@ __device__ __forceinline__ void softmax_tile(const float* Ss, bf16* Ps, float* m
 // undoes when it stages O.
 __device__ __forceinline__ void f8_v_frags(uint32_t (&fa)[4], uint32_t tokens_lo, uint32_t tokens_hi) {
   // (bit placement: 0x3120 folded into its selectors, bytes 0, 2 to lo and 1, 3 to hi)
-  if constexpr (F8_BITS_V) {
+  if constexpr (F8_BITS) {
     e4m3x4_to_f16x4<true, 0x2404, 0x3414>(tokens_lo, 0u, fa[0], fa[1]);
     e4m3x4_to_f16x4<true, 0x2404, 0x3414>(tokens_hi, 0u, fa[2], fa[3]);
   } else {
@@ -1195,12 +1185,11 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
   int* idx_s = reinterpret_cast<int*>(mask_s + QT);  // [STAGES][TK] slot indices, fetched ahead by cp.async
   float* qsc_s = reinterpret_cast<float*>(idx_s + STAGES * TK);  // [ROWS_PAD] e4m3: q's row scales (inverse)
   const unsigned char* kvb = static_cast<const unsigned char*>(kv);
-  // e4m3: scores and outputs carry the layer's scale (and bit placement's 2^-8, F8_UNIT_*); bf16: 1
+  // e4m3: scores and outputs carry the layer's scale (and bit placement's 2^-8, F8_UNIT); bf16: 1
   float vscale = 1.f;
   if constexpr (FP8) {
-    const float layer = kv_scale_ptr != nullptr ? __ldg(kv_scale_ptr) : kv_scale;
-    vscale = layer * F8_UNIT_V;
-    scale_log2 *= F8QK ? layer : layer * F8_UNIT_K;  // e4m3 MMAs read K as stored: no 2^-8 in the scores
+    vscale = (kv_scale_ptr != nullptr ? __ldg(kv_scale_ptr) : kv_scale) * F8_UNIT;
+    scale_log2 *= F8QK ? vscale / F8_UNIT : vscale;  // e4m3 MMAs read K as stored: no 2^-8 in the scores
   }
 
   const int part_id = blockIdx.x, hg = blockIdx.y / NQT, qt = blockIdx.y % NQT;
