@@ -21,6 +21,7 @@ sys.path.insert(0, str(BENCH))
 import bench_kernel
 import graph_switch
 import graph_switch_probe
+import seesaw_model
 
 
 @pytest.mark.parametrize("device", ["h200", "rtx-pro-6000"])
@@ -95,6 +96,39 @@ def test_a_benchmark_without_out_is_refused_and_writes_nothing(script, tmp_path)
     )
     assert r.returncode == 2 and "--out" in r.stderr.splitlines()[-1], r.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_seesaw_model_passes_both_kernel_orders_and_rejects_a_hazard():
+    """Both orders of the seesaw's turn (VA_SEESAW_MID 0 and 1) survive random interleavings; the
+    control (PV(t-1) after the softmax on two P buffers) must fail, so the model can see a hazard."""
+    r = subprocess.run(
+        [sys.executable, str(BENCH / "seesaw_model.py"), "--runs", "60"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = dict(line.split(None, 1) for line in r.stdout.splitlines())
+    assert lines["refill_first"] == "ok" and lines["softmax_first"] == "ok"
+    assert "flag" in lines["early"] or "P" in lines["early"], lines["early"]
+
+
+def test_the_seesaw_model_catches_a_wrong_barrier_id(monkeypatch):
+    """The deadlock of a slot index advanced once a turn instead of twice: here the release synced on
+    the slot of tile t instead of t-1."""
+    real = seesaw_model.turn_ops
+
+    def wrong(t, ntiles, stages, order):
+        ops = real(t, ntiles, stages, order)
+        return [
+            ("sync", f"EMPTY{t % stages}", t - 1) if o[:1] == ("sync",) and o[1].startswith("EMPTY") else o for o in ops
+        ]
+
+    monkeypatch.setattr(seesaw_model, "turn_ops", wrong)
+    rng = seesaw_model.random.Random(0)
+    found = [why for n in range(2, 6) for _ in range(50) if (why := seesaw_model.run(n, 3, "softmax_first", rng))]
+    assert found and any("mixes" in w or "deadlock" in w for w in found), found[:3]
 
 
 def _gpu_checks_in(tmp_path, smoke: str) -> Path:

@@ -1,0 +1,129 @@
+"""The seesaw's (PIPE 3) hand-offs as a model, run under random interleavings of its two warp
+groups: no deadlock, no named barrier whose arrivals come from two different tiles, and every read
+of a ring slot, a P or alpha buffer or a rescale flag sees the tile it is meant for. A change to the
+order of the loop in verify_attention.cu is checked here before it runs on a GPU, where a wrong
+barrier id hangs the device until the call's limit.
+
+    python3 bench/seesaw_model.py [--tiles 9] [--runs 2000]
+
+Each group is one actor (its own barrier, BAR_GROUP, orders it internally); a named barrier
+completes when both groups have reached it (one arrives, the other syncs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+
+#: The orders of a group's turn at tile t (u = t - 1, the other group's tile), as the kernel writes
+#: them: the slot's release and refill before the softmax ("refill_first", VA_SEESAW_MID=0) or
+#: after it ("softmax_first", 1). "early" also moves PV(u) after the softmax with P's two buffers:
+#: a control the model must reject (P(t) overwrites P(t-2) while the other group may still read it).
+ORDERS = ("refill_first", "softmax_first")
+CONTROL = "early"
+STAGES = 3  # the seesaw's ring (verify_attention.cu: its owner refills slot t-1 with tile t+2, its own)
+
+
+def turn_ops(t: int, ntiles: int, stages: int, order: str) -> list[tuple]:
+    """One group's operations at its turn t (t == ntiles: the closing turn that only finishes u)."""
+    own, u, ops = t < ntiles, t - 1, []
+    if own:
+        ops.append(("read", f"slot{t % stages}", t))  # QK(t)
+    pv_u = [("read", f"P{u & 1}", u), ("read", f"alpha{u & 1}", u), ("read", f"flag{u & 1}", u)]
+    pv_u.append(("read", f"slot{u % stages}", u))
+    if t >= 1:
+        ops.append(("sync", f"P{u & 1}", u))
+        if order != CONTROL or not own:
+            ops += pv_u
+        if order == "refill_first" or not own:
+            ops.append(("sync", f"EMPTY{u % stages}", u))
+            if own:
+                ops.append(("write", f"slot{(t + stages - 1) % stages}", t + stages - 1))
+    if own:
+        ops += [("read", "ml", t - 1), ("write", "ml", t)]  # softmax(t) after softmax(t-1)
+        ops += [("write", f"P{t & 1}", t), ("write", f"alpha{t & 1}", t), ("write", f"flag{t & 1}", t)]
+        ops.append(("write", f"flag{(t + 1) & 1}", -1))  # the next tile's flag reset
+        ops.append(("read", f"flag{t & 1}", t))  # read before the arrive
+        ops.append(("arrive", f"P{t & 1}", t))
+        if order == CONTROL and t >= 1:
+            ops += pv_u
+        if order != "refill_first" and t >= 1:
+            ops.append(("sync", f"EMPTY{u % stages}", u))
+            ops.append(("write", f"slot{(t + stages - 1) % stages}", t + stages - 1))
+        ops += [("read", f"P{t & 1}", t), ("read", f"alpha{t & 1}", t), ("read", f"slot{t % stages}", t)]  # PV(t)
+        ops.append(("arrive", f"EMPTY{t % stages}", t))
+    # the refill of a tile past the end loads nothing: it is no write
+    return [op for op in ops if not (op[0] == "write" and op[1].startswith("slot") and op[2] >= ntiles)]
+
+
+def program(grp: int, ntiles: int, stages: int, order: str) -> list[tuple]:
+    ops = [("write", f"slot{s}", s) for s in range(grp, min(stages, ntiles), 2)]  # the prologue's tiles
+    for t in range(grp, ntiles + 1, 2):
+        ops += turn_ops(t, ntiles, stages, order)
+    return ops
+
+
+def run(ntiles: int, stages: int, order: str, rng: random.Random) -> str | None:
+    """One random interleaving; the first violation found, or None."""
+    progs = [program(g, ntiles, stages, order) for g in (0, 1)]
+    pc = [0, 0]
+    waiting: dict[int, tuple] = {}  # group -> (barrier, generation) it syncs on
+    bars: dict[str, list] = {}  # barrier -> [generation, arrivals [(group, tile)]]
+    done_gen: dict[tuple, bool] = {}
+    content: dict[str, int] = {"ml": -1, **{f"flag{i}": -1 for i in (0, 1)}}
+    while pc[0] < len(progs[0]) or pc[1] < len(progs[1]):
+        ready = [g for g in (0, 1) if pc[g] < len(progs[g]) and (g not in waiting or done_gen.get(waiting[g]))]
+        if not ready:
+            return f"deadlock at group 0 op {pc[0]}, group 1 op {pc[1]}"
+        g = rng.choice(ready)
+        if g in waiting:
+            del waiting[g]
+            pc[g] += 1
+            continue
+        kind, res, tile = progs[g][pc[g]]
+        if kind in ("arrive", "sync"):
+            gen, arrivals = bars.setdefault(res, [0, []])
+            arrivals.append((g, tile))
+            if len({a[1] for a in arrivals}) > 1 or len({a[0] for a in arrivals}) < len(arrivals):
+                return f"barrier {res} generation {gen} mixes {arrivals}"
+            key = (res, gen)
+            if len(arrivals) == 2:
+                done_gen[key] = True
+                bars[res] = [gen + 1, []]
+            if kind == "sync" and not done_gen.get(key):
+                waiting[g] = key
+                continue
+        elif kind == "write":
+            content[res] = tile
+        elif kind == "read" and content.get(res) != tile and not (res == "ml" and tile < 0):
+            return f"group {g} reads {res} for tile {tile} but it holds tile {content.get(res)}"
+        pc[g] += 1
+    return None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tiles", type=int, default=9, help="tiles of one split (each count up to it is run)")
+    ap.add_argument("--runs", type=int, default=2000, help="random interleavings per case")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    rng, failed = random.Random(args.seed), False
+    for order in (*ORDERS, CONTROL):
+        bad = next(
+            (
+                f"{n} tiles: {why}"
+                for n in range(1, args.tiles + 1)
+                for _ in range(args.runs)
+                if (why := run(n, STAGES, order, rng))
+            ),
+            None,
+        )
+        control = order == CONTROL
+        print(f"{order:14s} {'(control, must fail) ' if control else ''}{bad or 'ok'}")
+        failed |= (bad is None) if control else (bad is not None)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
