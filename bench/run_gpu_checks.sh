@@ -7,10 +7,7 @@
 # e.g. `git show e88ba0d:kernels/csrc/verify_attention.cu > .v6/verify_attention.cu` here, carried).
 # `e4m3` is what the e4m3 cache still needs a GPU for, in one call (a machine idles out between
 # calls): both e4m3 modules, the default (VA_Q_ROWS=3) A/B'd against a q row at a time, the configs
-# around e4m3's defaults, and the headline phase trace with and without VA_Q_ROWS=1. `mid` A/Bs
-# the seesaw's softmax before the slot's release and refill (VA_SEESAW_MID, bf16's default) against
-# the order before it, and e4m3 (which spills with it) the other way, then the bf16 battery and
-# runtime tests at the new default.
+# around e4m3's defaults, and the headline phase trace with and without VA_Q_ROWS=1.
 # `loop` A/Bs the tile loop's flags and runs the battery and runtime tests at the defaults; `next`
 # A/Bs the QK's shuffle fallback at the defaults it changes, runs the tests whose configs take it
 # and profiles H=8 with Nsight; `q64` isolates the sm_120 H=8 q=64 structure check's reading after
@@ -19,13 +16,13 @@
 # and runs the e4m3 module; `sm120e4m3` times sm_120-valid e4m3 structures (q=64's row tile
 # first) against e4m3's default there. Nsight's pages come back packed in ncu.tgz (a device call returns at most 8 files). `edges` A/Bs the prologue's and epilogue's
 # instruction diet and runs every gpu test.
-# Usage: bench/run_gpu_checks.sh tests|f8|f8qk|e4m3|mid|loop|next|edges|q64|folded|sm120e4m3 OUTDIR | bench/run_gpu_checks.sh bench OUTDIR V6_SOURCE [--quick]
+# Usage: bench/run_gpu_checks.sh tests|f8|f8qk|e4m3|loop|next|edges|q64|folded|sm120e4m3 OUTDIR | bench/run_gpu_checks.sh bench OUTDIR V6_SOURCE [--quick]
 set -uo pipefail
 mode=${1:?tests or bench}
 out=${2:?outdir}
-usage="usage: $0 tests|f8|f8qk|e4m3|mid|loop|next|edges|q64|folded|sm120e4m3 OUTDIR | $0 bench OUTDIR V6_SOURCE [--quick]"
+usage="usage: $0 tests|f8|f8qk|e4m3|loop|next|edges|q64|folded|sm120e4m3 OUTDIR | $0 bench OUTDIR V6_SOURCE [--quick]"
 case "$mode" in
-  tests|f8|f8qk|e4m3|mid|loop|next|edges|q64|folded|sm120e4m3|bench) ;;
+  tests|f8|f8qk|e4m3|loop|next|edges|q64|folded|sm120e4m3|bench) ;;
   *) echo "$usage" >&2; exit 2 ;;
 esac
 mkdir -p "$out"
@@ -73,17 +70,6 @@ case "$mode" in
     timeout 120 python3 bench/fp8_configs.py --out "$out" 2>&1 | tee "$out/fp8_configs.log" | tail -12
     timeout 60 python3 bench/phase_trace.py --cases headline --kv-dtype fp8_e4m3 --variant qrow1=-DVA_Q_ROWS=1 \
       --out "$out" 2>&1 | tee "$out/phase_trace.log" | tail -6 ;;
-  mid)
-    # the softmaxes pass the running max and sum from group to group: with VA_SEESAW_MID the
-    # other group's PV(t-1), the slot's release and its refill leave that chain (BAR_P waits were
-    # 5.8 % of the H=8 loop's stall samples, ncu_regions_h8_sm_90.md)
-    timeout -s KILL 200 python3 bench/ab_kernel.py --a-flags=-DVA_SEESAW_MID=0 \
-      --shapes 8:9:46000,64:9:46000,128:9:46000,8:9:4096,8:9:131072 \
-      --label "seesaw: refill before the softmax (A) vs after it (B)" --out "$out" 2>&1 | tail -6
-    timeout -s KILL 100 python3 bench/ab_kernel.py --kv-dtype fp8_e4m3 --b-flags=-DVA_SEESAW_MID=1 --shapes 8:9:46000,64:9:46000 \
-      --label "e4m3 seesaw: refill before the softmax (A) vs after it, spilling 24 B (B)" --out "$out" 2>&1 | tail -3
-    timeout -s KILL 200 python3 -m pytest -m gpu -q -p no:cacheprovider -rs tests/kernels/test_kernel_gpu.py \
-      tests/kernels/test_runtime_gpu.py 2>&1 | tee "$out/gpu-tests-mid.log" | tail -4 ;;
   loop)
     # the tile loop's issue-rate flags (verify_attention.cu: VA_QK_UNIFORM, VA_SOFTMAX_TREE), each
     # A/B'd against the loop before them (0 0), then the battery and runtime tests at the defaults

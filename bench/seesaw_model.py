@@ -16,10 +16,11 @@ import argparse
 import random
 import sys
 
-#: The orders of a group's turn at tile t (u = t - 1, the other group's tile), as the kernel writes
-#: them: the slot's release and refill before the softmax ("refill_first", VA_SEESAW_MID=0) or
-#: after it ("softmax_first", 1). "early" also moves PV(u) after the softmax with P's two buffers:
-#: a control the model must reject (P(t) overwrites P(t-2) while the other group may still read it).
+#: The orders of a group's turn at tile t (u = t - 1, the other group's tile): the kernel's
+#: ("refill_first": PV(u), the slot's release and refill, then the softmax), the release and refill
+#: after the softmax ("softmax_first": correct, measured slower at ff375b0,
+#: bench/results/ab_kernel_flags_sm_90.md), and a control the model must reject ("early": PV(u)
+#: after the softmax too, on P's two buffers and two flags, which the other group may still read).
 ORDERS = ("refill_first", "softmax_first")
 CONTROL = "early"
 STAGES = 3  # the seesaw's ring (verify_attention.cu: its owner refills slot t-1 with tile t+2, its own)

@@ -99,8 +99,9 @@ def test_a_benchmark_without_out_is_refused_and_writes_nothing(script, tmp_path)
 
 
 def test_the_seesaw_model_passes_both_kernel_orders_and_rejects_a_hazard():
-    """Both orders of the seesaw's turn (VA_SEESAW_MID 0 and 1) survive random interleavings; the
-    control (PV(t-1) after the softmax on two P buffers) must fail, so the model can see a hazard."""
+    """The kernel's order of the seesaw's turn and the one measured against it survive random
+    interleavings; the control (PV(t-1) after the softmax on two P buffers and flags) must fail, so
+    the model can see a hazard."""
     r = subprocess.run(
         [sys.executable, str(BENCH / "seesaw_model.py"), "--runs", "60"],
         check=False,

@@ -267,14 +267,6 @@ __device__ __forceinline__ void zero_fill(T (&a)[N]) {
 #define VA_SOFTMAX_TREE 1  // a lane's max and sum over its SPL scores as trees (0: serial chains)
 #endif
 
-// The seesaw (PIPE 3): 1 runs a group's softmax(t) right after PV(t-1), before it waits for the
-// other group's PV(t-1) and refills that slot, so only the softmaxes and PV(t-1) pass from tile to
-// tile; 0 waits and refills first (bench/seesaw_model.py checks both orders' hand-offs). e4m3's
-// 72-row seesaw spills 24 B with 1 on sm_90, so it keeps 0.
-#ifndef VA_SEESAW_MID
-#define VA_SEESAW_MID (KV_FMT == 0)
-#endif
-
 #ifndef VA_WARP_ROWS
 #define VA_WARP_ROWS 1  // Q's copies and the output's stores a warp a row (0: a chunk a thread, each with its row's addresses)
 #endif
@@ -1408,11 +1400,11 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
     // softmax; both groups apply P(t) to their half of the latent dims (warp w owns dims 64w..64w+63
     // as in the other pipelines). A group's turn at tile t: QK(t); PV(t-1) with the other group's
     // P; free the slot of t-1 and refill it with t+2 (its own); softmax(t) (after the other group's
-    // softmax(t-1): the running max and sum pass along through the P barrier); PV(t). With
-    // VA_SEESAW_MID the slot's release and refill come after softmax(t), off the softmaxes' chain. While one
+    // softmax(t-1): the running max and sum pass along through the P barrier); PV(t). While one
     // group is in its softmax the other runs MMAs. Named barriers only: BAR_GROUP within a group,
     // BAR_P and BAR_EMPTY hand a tile from its owner to the other group (arrive / sync; each use
-    // completes before the next use of the same id can start, see docs/kernel.md).
+    // completes before the next use of the same id can start, see docs/kernel.md; bench/seesaw_model.py
+    // runs these hand-offs under random interleavings: check a new order there before a GPU does).
     constexpr int SGROUP = NSB * ROWS_PAD * SSTRIDE, PBUF = ROWS_PAD * PSTRIDE;
     float* Sg = Ss + grp * SGROUP;
 #pragma unroll 1
@@ -1429,10 +1421,8 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
         bar_sync(BAR_P + (u & 1), BLOCK);  // P(u), its alphas and flag are ready
         PV_TILE(acc, Ks + (u % STAGES) * TK * RING_ROW, Ps + (u & 1) * PBUF, a_s + (u & 1) * ROWS_PAD,
                 resc_s[u & 1] != 0, warp, lane, nlo);
-        if (!VA_SEESAW_MID || !own) {
-          bar_sync(BAR_EMPTY + u % STAGES, BLOCK);  // the owner's PV(u) is done too: the slot is free
-          if (own) refill(t + STAGES - 1);
-        }
+        bar_sync(BAR_EMPTY + u % STAGES, BLOCK);  // the owner's PV(u) is done too: the slot is free
+        if (own) refill(t + STAGES - 1);
       }
       if (own) {
         bar_sync(BAR_GROUP + grp, GWARPS * 32);  // S(t) complete
@@ -1441,10 +1431,6 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
         bar_sync(BAR_GROUP + grp, GWARPS * 32);  // P(t) ready for this group
         const bool rescale = resc_s[t & 1] != 0;  // read before the arrive lets the other group's softmax reset it
         bar_arrive(BAR_P + (t & 1), BLOCK);      // ... and for the other
-        if (VA_SEESAW_MID && t >= 1) {
-          bar_sync(BAR_EMPTY + (t - 1) % STAGES, BLOCK);  // the other group's PV(t-1) is done: its slot is free
-          refill(t + STAGES - 1);
-        }
         PV_TILE(acc, Kt, Ps + (t & 1) * PBUF, a_s + (t & 1) * ROWS_PAD, rescale, warp, lane, nlo);
         bar_arrive(BAR_EMPTY + t % STAGES, BLOCK);
       }
