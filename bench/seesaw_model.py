@@ -23,14 +23,16 @@ import sys
 #: after the softmax too, on P's two buffers and two flags, which the other group may still read).
 ORDERS = ("refill_first", "softmax_first")
 CONTROL = "early"
-STAGES = 3  # the seesaw's ring (verify_attention.cu: its owner refills slot t-1 with tile t+2, its own)
+#: The seesaw's ring (odd: the owner of t refills slot t-1 with tile t+STAGES-1, its own); five slots
+#: passed the model too and measured slower (bench/results/ab_kernel_flags_sm_90.md)
+STAGES = (3,)
 
 
 def turn_ops(t: int, ntiles: int, stages: int, order: str) -> list[tuple]:
     """One group's operations at its turn t (t == ntiles: the closing turn that only finishes u)."""
     own, u, ops = t < ntiles, t - 1, []
-    if own:
-        ops.append(("read", f"slot{t % stages}", t))  # QK(t)
+    if own:  # tile t landed: the group's later cp.async groups may stay pending
+        ops += [("wait", (stages - 1) // 2 - (t > 0), t), ("landed", t, t), ("read", f"slot{t % stages}", t)]  # QK(t)
     pv_u = [("read", f"P{u & 1}", u), ("read", f"alpha{u & 1}", u), ("read", f"flag{u & 1}", u)]
     pv_u.append(("read", f"slot{u % stages}", u))
     if t >= 1:
@@ -40,7 +42,7 @@ def turn_ops(t: int, ntiles: int, stages: int, order: str) -> list[tuple]:
         if order == "refill_first" or not own:
             ops.append(("sync", f"EMPTY{u % stages}", u))
             if own:
-                ops.append(("write", f"slot{(t + stages - 1) % stages}", t + stages - 1))
+                ops.append(("refill", f"slot{(t + stages - 1) % stages}", t + stages - 1))
     if own:
         ops += [("read", "ml", t - 1), ("write", "ml", t)]  # softmax(t) after softmax(t-1)
         ops += [("write", f"P{t & 1}", t), ("write", f"alpha{t & 1}", t), ("write", f"flag{t & 1}", t)]
@@ -51,15 +53,16 @@ def turn_ops(t: int, ntiles: int, stages: int, order: str) -> list[tuple]:
             ops += pv_u
         if order != "refill_first" and t >= 1:
             ops.append(("sync", f"EMPTY{u % stages}", u))
-            ops.append(("write", f"slot{(t + stages - 1) % stages}", t + stages - 1))
+            ops.append(("refill", f"slot{(t + stages - 1) % stages}", t + stages - 1))
         ops += [("read", f"P{t & 1}", t), ("read", f"alpha{t & 1}", t), ("read", f"slot{t % stages}", t)]  # PV(t)
         ops.append(("arrive", f"EMPTY{t % stages}", t))
-    # the refill of a tile past the end loads nothing: it is no write
-    return [op for op in ops if not (op[0] == "write" and op[1].startswith("slot") and op[2] >= ntiles)]
+    return ops
 
 
 def program(grp: int, ntiles: int, stages: int, order: str) -> list[tuple]:
-    ops = [("write", f"slot{s}", s) for s in range(grp, min(stages, ntiles), 2)]  # the prologue's tiles
+    """A group's prologue (Q, then its tiles of the first STAGES, each one cp.async group) and turns."""
+    ops = [("commit", "Q", -1)] + [("refill", f"slot{s}", s) for s in range(grp, stages, 2)]
+    ops += [("wait", (stages + 1) // 2 if grp == 0 else (stages - 1) // 2, -1), ("landed", "Q", -1)]
     for t in range(grp, ntiles + 1, 2):
         ops += turn_ops(t, ntiles, stages, order)
     return ops
@@ -73,6 +76,8 @@ def run(ntiles: int, stages: int, order: str, rng: random.Random) -> str | None:
     bars: dict[str, list] = {}  # barrier -> [generation, arrivals [(group, tile)]]
     done_gen: dict[tuple, bool] = {}
     content: dict[str, int] = {"ml": -1, **{f"flag{i}": -1 for i in (0, 1)}}
+    commits: list[list] = [[], []]  # each group's cp.async groups in order (a refill past the end: an empty one)
+    landed: list[set] = [set(), set()]
     while pc[0] < len(progs[0]) or pc[1] < len(progs[1]):
         ready = [g for g in (0, 1) if pc[g] < len(progs[g]) and (g not in waiting or done_gen.get(waiting[g]))]
         if not ready:
@@ -97,6 +102,14 @@ def run(ntiles: int, stages: int, order: str, rng: random.Random) -> str | None:
                 continue
         elif kind == "write":
             content[res] = tile
+        elif kind in ("refill", "commit"):
+            if kind == "refill" and tile < ntiles:
+                content[res] = tile
+            commits[g].append(tile if kind == "refill" else res)
+        elif kind == "wait":  # cp.async.wait_group N: all but the newest N groups have landed
+            landed[g].update(commits[g][: len(commits[g]) - res] if res else commits[g])
+        elif kind == "landed" and res not in landed[g]:
+            return f"group {g} uses {res} before its cp.async group landed"
         elif kind == "read" and content.get(res) != tile and not (res == "ml" and tile < 0):
             return f"group {g} reads {res} for tile {tile} but it holds tile {content.get(res)}"
         pc[g] += 1
@@ -110,19 +123,20 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     rng, failed = random.Random(args.seed), False
-    for order in (*ORDERS, CONTROL):
-        bad = next(
-            (
-                f"{n} tiles: {why}"
-                for n in range(1, args.tiles + 1)
-                for _ in range(args.runs)
-                if (why := run(n, STAGES, order, rng))
-            ),
-            None,
-        )
-        control = order == CONTROL
-        print(f"{order:14s} {'(control, must fail) ' if control else ''}{bad or 'ok'}")
-        failed |= (bad is None) if control else (bad is not None)
+    for stages in STAGES:
+        for order in (*ORDERS, CONTROL):
+            bad = next(
+                (
+                    f"{n} tiles: {why}"
+                    for n in range(1, args.tiles + 1)
+                    for _ in range(args.runs)
+                    if (why := run(n, stages, order, rng))
+                ),
+                None,
+            )
+            control = order == CONTROL
+            print(f"STAGES={stages} {order:14s} {'(control, must fail) ' if control else ''}{bad or 'ok'}")
+            failed |= (bad is None) if control else (bad is not None)
     sys.exit(1 if failed else 0)
 
 

@@ -110,9 +110,10 @@ def test_the_seesaw_model_passes_both_kernel_orders_and_rejects_a_hazard():
         timeout=120,
     )
     assert r.returncode == 0, r.stdout + r.stderr
-    lines = dict(line.split(None, 1) for line in r.stdout.splitlines())
-    assert lines["refill_first"] == "ok" and lines["softmax_first"] == "ok"
-    assert "flag" in lines["early"] or "P" in lines["early"], lines["early"]
+    lines = {tuple(line.split(None, 2)[:2]): line.split(None, 2)[2] for line in r.stdout.splitlines()}
+    for stages in [f"STAGES={n}" for n in seesaw_model.STAGES]:
+        assert lines[stages, "refill_first"] == "ok" and lines[stages, "softmax_first"] == "ok"
+        assert "must fail" in lines[stages, "early"] and "reads" in lines[stages, "early"], lines
 
 
 def test_the_seesaw_model_catches_a_wrong_barrier_id(monkeypatch):
@@ -130,6 +131,23 @@ def test_the_seesaw_model_catches_a_wrong_barrier_id(monkeypatch):
     rng = seesaw_model.random.Random(0)
     found = [why for n in range(2, 6) for _ in range(50) if (why := seesaw_model.run(n, 3, "softmax_first", rng))]
     assert found and any("mixes" in w or "deadlock" in w for w in found), found[:3]
+
+
+def test_the_seesaw_model_catches_a_cp_async_wait_that_lets_a_tile_through(monkeypatch):
+    """A turn's cp.async wait that leaves one group too many pending (the first turn's count applied
+    to every turn) uses a tile before it lands, for a ring of three slots and of five."""
+    real = seesaw_model.turn_ops
+
+    def loose(t, ntiles, stages, order):
+        return [("wait", (stages - 1) // 2, t) if o[0] == "wait" else o for o in real(t, ntiles, stages, order)]
+
+    monkeypatch.setattr(seesaw_model, "turn_ops", loose)
+    rng = seesaw_model.random.Random(0)
+    for stages in (3, 5):
+        found = [
+            why for n in range(2, 8) for _ in range(30) if (why := seesaw_model.run(n, stages, "refill_first", rng))
+        ]
+        assert any("before its cp.async group landed" in w for w in found), (stages, found[:3])
 
 
 def _gpu_checks_in(tmp_path, smoke: str) -> Path:
