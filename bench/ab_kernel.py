@@ -31,6 +31,7 @@ from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.errors import InvalidConfig
 from verify_tuner.kernels.formats import kv_format, readable
 from verify_tuner.kernels.limits import known_device
+from verify_tuner.kernels.reference import SLOT_LAYOUTS
 from verify_tuner.kernels.shapes import D_V
 from verify_tuner.kernels.timing import check_neighbour_mb
 from verify_tuner.kernels.validate import check
@@ -66,6 +67,12 @@ def main() -> None:
     )
     ap.add_argument("--label", default="A vs B")
     ap.add_argument("--kv-dtype", default="bf16", help="the cache format both variants read (kernels/formats.py)")
+    ap.add_argument(
+        "--layout",
+        choices=SLOT_LAYOUTS,
+        default="scattered",
+        help="the timed inputs' slots: a random permutation of the pool (default) or each request's in pool order",
+    )
     ap.add_argument("--out", type=Path, required=True, help="folder the results are written to")
     ap.add_argument("--cache", default=os.environ.get("TUNER_CACHE_DIR", "/tmp/va-cache"))
     ap.add_argument(
@@ -115,7 +122,7 @@ def main() -> None:
     lines = [
         (
             f"# Kernel A/B: {args.label} — {limits.name} ({limits.arch}), {dt.date.today().isoformat()}, "
-            f"kv_dtype {args.kv_dtype}"
+            f"kv_dtype {args.kv_dtype}, {args.layout} slots"
         ),
         "",
         (
@@ -144,7 +151,13 @@ def main() -> None:
             raise SystemExit(f"{defaults_of.name}'s default {cfg} does not run on {limits.name}: {why}")
         cfgs = {"A": cfg, "B": args.b_config or cfg}
         sets = rotating_inputs(
-            prefix_lens=[P], q_len=Q, H=H, l2_bytes=limits.l2_bytes, seed=H + Q + P, kv_dtype=args.kv_dtype
+            prefix_lens=[P],
+            q_len=Q,
+            H=H,
+            l2_bytes=limits.l2_bytes,
+            seed=H + Q + P,
+            kv_dtype=args.kv_dtype,
+            layout=args.layout,
         )
         ref = reference(sets[0])[0]
         out = torch.empty(1, Q, H, D_V, dtype=torch.bfloat16, device="cuda")

@@ -9,7 +9,9 @@
 # calls): both e4m3 modules, the default (VA_Q_ROWS=3) A/B'd against a q row at a time, the configs
 # around e4m3's defaults, and the headline phase trace with and without VA_Q_ROWS=1. `f8ncu`
 # profiles e4m3's defaults and bf16's at q=1 P=131072 and H=8 q=9 P=46000 with Nsight (where
-# e4m3's loop spends the time its halved bytes should save).
+# e4m3's loop spends the time its halved bytes should save). `layouts` measures what gathered cache
+# rows give (bench/gather_bandwidth.py, 1152- and 576-byte rows) and each format's default on
+# scattered and contiguous slots.
 # `loop` A/Bs the tile loop's flags and runs the battery and runtime tests at the defaults; `next`
 # A/Bs the QK's shuffle fallback at the defaults it changes, runs the tests whose configs take it
 # and profiles H=8 with Nsight; `q64` isolates the sm_120 H=8 q=64 structure check's reading after
@@ -18,13 +20,13 @@
 # and runs the e4m3 module; `sm120e4m3` times sm_120-valid e4m3 structures (q=64's row tile
 # first) against e4m3's default there. Nsight's pages come back packed in ncu.tgz (a device call returns at most 8 files). `edges` A/Bs the prologue's and epilogue's
 # instruction diet and runs every gpu test.
-# Usage: bench/run_gpu_checks.sh tests|f8|f8qk|e4m3|f8ncu|loop|next|edges|q64|folded|sm120e4m3 OUTDIR | bench/run_gpu_checks.sh bench OUTDIR V6_SOURCE [--quick]
+# Usage: bench/run_gpu_checks.sh tests|f8|f8qk|e4m3|f8ncu|layouts|loop|next|edges|q64|folded|sm120e4m3 OUTDIR | bench/run_gpu_checks.sh bench OUTDIR V6_SOURCE [--quick]
 set -uo pipefail
 mode=${1:?tests or bench}
 out=${2:?outdir}
-usage="usage: $0 tests|f8|f8qk|e4m3|f8ncu|loop|next|edges|q64|folded|sm120e4m3 OUTDIR | $0 bench OUTDIR V6_SOURCE [--quick]"
+usage="usage: $0 tests|f8|f8qk|e4m3|f8ncu|layouts|loop|next|edges|q64|folded|sm120e4m3 OUTDIR | $0 bench OUTDIR V6_SOURCE [--quick]"
 case "$mode" in
-  tests|f8|f8qk|e4m3|f8ncu|loop|next|edges|q64|folded|sm120e4m3|bench) ;;
+  tests|f8|f8qk|e4m3|f8ncu|layouts|loop|next|edges|q64|folded|sm120e4m3|bench) ;;
   *) echo "$usage" >&2; exit 2 ;;
 esac
 mkdir -p "$out"
@@ -77,6 +79,16 @@ case "$mode" in
     # faster than bf16 at q=9: each format's default profiled at both shapes, for bench/ncu_regions.py
     printf 'f8_q1 8:1:131072/fp8_e4m3\nbf16_q1 8:1:131072\nf8_h8 8:9:46000/fp8_e4m3\nbf16_h8 8:9:46000\n' > "$out/ncu_plan.txt"
     profile 400 ;;
+  layouts)
+    # e4m3's q=1 loop streams at 65 % of DRAM bandwidth (bf16's at 79 %) and more tiles in flight did
+    # not help: what do 576-byte rows at random slots give, against 1152-byte rows and contiguous slots?
+    timeout -s KILL 60 python3 bench/gather_bandwidth.py --out "$out" 2>&1 | tail -8
+    for kv in fp8_e4m3 bf16; do
+      for layout in scattered contiguous; do
+        timeout -s KILL 60 python3 bench/ab_kernel.py --kv-dtype $kv --layout $layout --shapes 8:1:131072,8:9:46000 \
+          --label "$kv default on $layout slots (A and B one build)" --out "$out" 2>&1 | tail -2
+      done
+    done ;;
   loop)
     # the tile loop's issue-rate flags (verify_attention.cu: VA_QK_UNIFORM, VA_SOFTMAX_TREE), each
     # A/B'd against the loop before them (0 0), then the battery and runtime tests at the defaults
