@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Nsight Compute profiles of the verify kernel (partial + reduce) on the GPU machine, one per
 # line of a plan file "NAME H:Q:P[/KV_DTYPE] [CONFIG CONSTANTS...] [-- NVCC FLAGS...]" (no CONFIG:
-# the heuristic's for that cache format; no KV_DTYPE: bf16). Writes OUT/NAME.ncu-rep, OUT/NAME.txt (every section, base units) and
-# OUT/NAME_sass.csv and OUT/NAME_cuda.csv (warp stall samples of the partial kernel per SASS
-# instruction and per source line: add -lineinfo to the plan line's flags for the latter).
+# the heuristic's for that cache format; no KV_DTYPE: bf16). Writes OUT/NAME.ncu-rep, OUT/NAME.txt
+# (every section, base units) and OUT/NAME_sass.csv and OUT/NAME_cuda.csv (warp stall samples of
+# the partial kernel per SASS instruction and per source line: add -lineinfo to the plan line's
+# flags for the latter).
 # Usage (after `source .wheelhouse/gpu-env.sh`): bench/run_ncu.sh OUT PLAN
 set -uo pipefail
 out=${1:?outdir}; plan=${2:?plan file}
