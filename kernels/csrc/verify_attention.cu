@@ -386,21 +386,20 @@ constexpr bool F8_BITS = true;
 constexpr bool F8_BITS = false;
 #endif
 constexpr float F8_UNIT = F8_BITS ? 256.f : 1.f;
-// SEL_LO / SEL_HI pick (for bit placement) the word's bytes that become lo's and hi's two values,
-// at bits 8 and 24 with zeros below: a caller's byte shuffle folds into them instead of costing a
-// prmt of its own; cvt takes bytes 0,1 (lo) and 2,3 (hi) of `shuffled`, the same values.
-template <bool BITS, uint32_t SEL_LO, uint32_t SEL_HI>
-__device__ __forceinline__ void e4m3x4_to_f16x4(uint32_t w, uint32_t shuffled, uint32_t& lo, uint32_t& hi) {
-  if constexpr (BITS) {
-    const uint32_t t0 = __byte_perm(w, 0u, SEL_LO), t1 = __byte_perm(w, 0u, SEL_HI);
-    lo = (t0 & 0x80008000u) | ((t0 >> 1) & 0x3F803F80u);  // sign stays; exponent and mantissa to f16's top bits
-    hi = (t1 & 0x80008000u) | ((t1 >> 1) & 0x3F803F80u);
-  } else {
+// Bit placement: SEL_LO / SEL_HI pick the word's bytes that become lo's and hi's two values, at
+// bits 8 and 24 with zeros below, so a caller's byte shuffle folds into them.
+template <uint32_t SEL_LO, uint32_t SEL_HI>
+__device__ __forceinline__ void e4m3x4_bits(uint32_t w, uint32_t& lo, uint32_t& hi) {
+  const uint32_t t0 = __byte_perm(w, 0u, SEL_LO), t1 = __byte_perm(w, 0u, SEL_HI);
+  lo = (t0 & 0x80008000u) | ((t0 >> 1) & 0x3F803F80u);  // sign stays; exponent and mantissa to f16's top bits
+  hi = (t1 & 0x80008000u) | ((t1 >> 1) & 0x3F803F80u);
+}
+// cvt (sm_89+): bytes 0, 1 to lo, bytes 2, 3 to hi.
+__device__ __forceinline__ void e4m3x4_cvt(uint32_t w, uint32_t& lo, uint32_t& hi) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-    asm("{\n .reg .b16 a, b;\n mov.b32 {a, b}, %2;\n cvt.rn.f16x2.e4m3x2 %0, a;\n cvt.rn.f16x2.e4m3x2 %1, b;\n}\n"
-        : "=r"(lo), "=r"(hi) : "r"(shuffled));
+  asm("{\n .reg .b16 a, b;\n mov.b32 {a, b}, %2;\n cvt.rn.f16x2.e4m3x2 %0, a;\n cvt.rn.f16x2.e4m3x2 %1, b;\n}\n"
+      : "=r"(lo), "=r"(hi) : "r"(w));
 #endif
-  }
 }
 
 template <bool V>
@@ -763,8 +762,13 @@ __device__ __forceinline__ void qk_e4m3_steps(float (&acc)[QMQ][NQ][4], QAddr qa
 // k 2t, 2t+1 (low word) and 2t+8, 2t+9 (high word), the order convert_q stores q in. One x4 covers
 // 16 tokens over two k-steps: matrices (tokens +8: mat&1, step j+1: mat>>1).
 __device__ __forceinline__ void f8_k_frags(uint32_t (&fa)[4], uint32_t tokens_lo, uint32_t tokens_hi) {
-  e4m3x4_to_f16x4<F8_BITS, 0x1404, 0x3424>(tokens_lo, tokens_lo, fa[0], fa[2]);
-  e4m3x4_to_f16x4<F8_BITS, 0x1404, 0x3424>(tokens_hi, tokens_hi, fa[1], fa[3]);
+  if constexpr (F8_BITS) {
+    e4m3x4_bits<0x1404, 0x3424>(tokens_lo, fa[0], fa[2]);
+    e4m3x4_bits<0x1404, 0x3424>(tokens_hi, fa[1], fa[3]);
+  } else {
+    e4m3x4_cvt(tokens_lo, fa[0], fa[2]);
+    e4m3x4_cvt(tokens_hi, fa[1], fa[3]);
+  }
 }
 // S^T partial of this warp's k-slice: raw dot products into its buffer of Ss[row][token] (fp32);
 // with SF=1 the upper half of the k-slices adds into the lower half's buffers after a barrier
@@ -1039,13 +1043,12 @@ __device__ __forceinline__ void softmax_tile(const float* Ss, bf16* Ps, float* m
 // rows are permuted within each 16 (slot g holds dim 2g, slot g+8 dim 2g+1), which the epilogue
 // undoes when it stages O.
 __device__ __forceinline__ void f8_v_frags(uint32_t (&fa)[4], uint32_t tokens_lo, uint32_t tokens_hi) {
-  // (bit placement: 0x3120 folded into its selectors, bytes 0, 2 to lo and 1, 3 to hi)
-  if constexpr (F8_BITS) {
-    e4m3x4_to_f16x4<true, 0x2404, 0x3414>(tokens_lo, 0u, fa[0], fa[1]);
-    e4m3x4_to_f16x4<true, 0x2404, 0x3414>(tokens_hi, 0u, fa[2], fa[3]);
+  if constexpr (F8_BITS) {  // the 0x3120 shuffle folded into the selectors: bytes 0, 2 to lo, 1, 3 to hi
+    e4m3x4_bits<0x2404, 0x3414>(tokens_lo, fa[0], fa[1]);
+    e4m3x4_bits<0x2404, 0x3414>(tokens_hi, fa[2], fa[3]);
   } else {
-    e4m3x4_to_f16x4<false, 0, 0>(0u, __byte_perm(tokens_lo, 0u, 0x3120), fa[0], fa[1]);
-    e4m3x4_to_f16x4<false, 0, 0>(0u, __byte_perm(tokens_hi, 0u, 0x3120), fa[2], fa[3]);
+    e4m3x4_cvt(__byte_perm(tokens_lo, 0u, 0x3120), fa[0], fa[1]);
+    e4m3x4_cvt(__byte_perm(tokens_hi, 0u, 0x3120), fa[2], fa[3]);
   }
 }
 
