@@ -247,6 +247,10 @@ def test_kernel_v7s_cases_are_the_issues_and_fit_their_devices(tmp_path):
     table = [ln for ln in (tmp_path / "kernel_v7_sm_90.md").read_text().splitlines() if ln.startswith("|")]
     assert len(table) == 4 and len({ln.count("|") for ln in table}) == 1, table
     assert "| fp8_e4m3 | 42.0 | — | 11.18 |" in table[3]
+    # the limits' basis is stated, with this GPU's own copy bandwidth beside it (an H100 reads high)
+    text = (tmp_path / "kernel_v7_sm_90.md").read_text()
+    assert "the H200's anchors on every device (4191 GB/s copy bandwidth, 645 TFLOP/s" in text
+    assert "measured in this call: 4000 GB/s." in text
     # the sm_120 template cases time v6's own sm_120 default on v6's side, valid on that device
     sm120 = [(H, q) for _, H, q, _, _, device in kernel_v7.CASES if device == "rtx-pro-6000"]
     assert sorted(sm120) == sorted(kernel_v7.V6_SM120)
