@@ -20,15 +20,15 @@
 # and runs the e4m3 module; `sm120e4m3` times sm_120-valid e4m3 structures (q=64's row tile
 # first) against e4m3's default there. Nsight's pages come back packed in ncu.tgz (a device call returns at most 8 files). `edges` A/Bs the prologue's and epilogue's
 # instruction diet and runs every gpu test.
-# Usage: bench/run_gpu_checks.sh tests|f8|f8qk|e4m3|f8ncu|layouts|loop|next|edges|q64|folded|sm120e4m3 OUTDIR | bench/run_gpu_checks.sh bench OUTDIR V6_SOURCE [--quick]
+# Usage: bench/run_gpu_checks.sh MODE OUTDIR (MODE one of MODES below) | bench/run_gpu_checks.sh bench OUTDIR V6_SOURCE [--quick]
 set -uo pipefail
+# the one list of modes: the usage line and the check below read it (a mode added to the case
+# further down goes here too, or the check refuses it)
+MODES="tests f8 f8qk e4m3 f8ncu layouts loop next edges q64 folded sm120e4m3"
 mode=${1:?tests or bench}
 out=${2:?outdir}
-usage="usage: $0 tests|f8|f8qk|e4m3|f8ncu|layouts|loop|next|edges|q64|folded|sm120e4m3 OUTDIR | $0 bench OUTDIR V6_SOURCE [--quick]"
-case "$mode" in
-  tests|f8|f8qk|e4m3|f8ncu|layouts|loop|next|edges|q64|folded|sm120e4m3|bench) ;;
-  *) echo "$usage" >&2; exit 2 ;;
-esac
+usage="usage: $0 ${MODES// /|} OUTDIR | $0 bench OUTDIR V6_SOURCE [--quick]"
+if [[ "$mode" == *[[:space:]]* || " $MODES bench " != *" $mode "* ]]; then echo "$usage" >&2; exit 2; fi
 mkdir -p "$out"
 export TUNER_CACHE_DIR=${TUNER_CACHE_DIR:-/tmp/va-cache}
 # gpu-env.sh puts the carried wheel before the checkout: a wheel built before the last kernel edit
