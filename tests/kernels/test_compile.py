@@ -10,7 +10,7 @@ from verify_tuner.kernels.build import compile_cubin, ptxas_report, render
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.errors import CompileError
 from verify_tuner.kernels.limits import known_device
-from verify_tuner.kernels.validate import smem_bytes
+from verify_tuner.kernels.validate import check, smem_bytes
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 
@@ -126,6 +126,24 @@ def test_q_rows_converted_together_compile_without_spills(tmp_path, device, kv_d
     built = compile_cubin(cfg, q_len, limits.arch, tmp_path, ("-DVA_Q_ROWS=3",), kv_dtype=kv_dtype)
     report = ptxas_report(built.ptxas_log)
     assert report["spill_stores"] == 0 and report["spill_loads"] == 0, (cfg, report)
+
+
+@needs_nvcc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_e4m3"])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        KernelConfig(nsplit=132, ht=8, tk=32, block=256, stages=3, wr=1, wk=2, sf=1, pipe=3),
+        KernelConfig(nsplit=132, ht=8, tk=32, block=256, stages=2, wr=1, wk=4, sf=0, pipe=1),
+    ],
+)
+def test_one_row_group_at_72_rows_builds_without_spills(tmp_path, arch, kv_dtype, cfg):
+    """validate() admits 72 rows in one row group (9 row tiles a warp): its register estimate rests
+    on these builds fitting 255 registers without spills."""
+    assert check(cfg, known_device("h200"), H=8, q_len=9, kv_dtype=kv_dtype) is None
+    report = ptxas_report(compile_cubin(cfg, 9, arch, tmp_path, kv_dtype=kv_dtype).ptxas_log)
+    assert report["spill_stores"] == 0 and report["spill_loads"] == 0, report
 
 
 @needs_nvcc
