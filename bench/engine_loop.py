@@ -141,8 +141,9 @@ def _row(bs, eng, pick_ranges, pool_dtype, layers, graph_mb, errors, timings, re
     }  # fmt: skip
 
 
-def range_picker(limits, config_dir: Path | None, split: int):  # type: ignore[no-untyped-def]
-    """pick_ranges(q, bs): the dump's plan sets through the config client, else SHORT | heuristic at `split`."""
+def range_picker(limits, config_dir: Path | None, split: int, kv_dtype: str = "bf16"):  # type: ignore[no-untyped-def]
+    """pick_ranges(q, bs): the dump's plan sets for the `kv_dtype` cache through the config client, else
+    SHORT | that format's heuristic default at `split` (what the service answers an engine holding it)."""
     from verify_tuner.heuristic import heuristic_config
     from verify_tuner.kernels.validate import check
 
@@ -150,14 +151,18 @@ def range_picker(limits, config_dir: Path | None, split: int):  # type: ignore[n
         from verify_tuner.engine.client import ConfigClient
 
         snaps = Path(tempfile.mkdtemp())  # the client keeps no snapshot of a folder's table: an empty one
-        client = ConfigClient(H=8, q_len=Q, device=limits.name, config_dir=config_dir, snapshot_dir=snaps)
+        client = ConfigClient(H=8, q_len=Q, device=limits.name, kv_dtype=kv_dtype, config_dir=config_dir,
+                              snapshot_dir=snaps)  # fmt: skip
         if client.fetch() != "config_dir":
             raise SystemExit(f"no table in {config_dir}: {client.reason}")
         plans = lambda q, bs: client.graph_plans(bs, max_prefix=MAX_PREFIX)
         return lambda q, bs: tuple((r.prefix_range[0] if i else 0, r.config) for i, r in enumerate(plans(q, bs)))
-    if why := check(SHORT, limits, H=8, q_len=Q):
-        raise SystemExit(f"{SHORT} cannot run on {limits.name}: {why}")
-    return lambda q, bs: ((0, SHORT), (split, heuristic_config(limits, H=8, q_len=q, prefix=4096, batch=bs)))
+    if why := check(SHORT, limits, H=8, q_len=Q, kv_dtype=kv_dtype):
+        raise SystemExit(f"{SHORT} cannot run on {limits.name} with a {kv_dtype} cache: {why}")
+    return lambda q, bs: (
+        (0, SHORT),
+        (split, heuristic_config(limits, H=8, q_len=q, prefix=4096, batch=bs, kv_dtype=kv_dtype)),
+    )
 
 
 def kv_dtypes_arg(text: str) -> list[str]:
@@ -186,12 +191,12 @@ def main() -> None:
     from verify_tuner.kernels import runtime
 
     limits = runtime.read_limits(0)
-    pick = range_picker(limits, args.config_dir, args.split)
     rows = []
     source = str(args.config_dir) if args.config_dir else f"two ranges split at {args.split}"
     args.out.mkdir(parents=True, exist_ok=True)
     for kv in args.kv_dtypes:
         dtype = getattr(torch, FORMATS[kv].pool_dtypes[-1])  # the format's torch pool (e4m3: float8_e4m3fn)
+        pick = range_picker(limits, args.config_dir, args.split, kv)
         for bs in (int(b) for b in args.batches.split(",")):
             width = schedules(bs, 4096)[1].width
             layers = max(2, -(-3 * limits.l2_bytes // ((bs + 4) * width * 576 * 2)))

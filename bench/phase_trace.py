@@ -40,7 +40,21 @@ CASES = {
         "B=32 20k..70k": (8, 9, [20000 + round(50000 * i / 31) for i in range(32)]),
         "H=64 q=9 P=46000": (64, 9, [46000]),
     },
+    # bandwidth mode, where e4m3's halved bytes should show most: what each format's fixed costs are
+    "q1": {
+        "H=8 q=1 P=16384": (8, 1, [16384]),
+        "H=8 q=1 P=46000": (8, 1, [46000]),
+        "H=8 q=1 P=131072": (8, 1, [131072]),
+    },
 }
+
+
+def case_config(limits, H: int, Q: int, lens: list[int], kv_dtype: str):  # type: ignore[no-untyped-def]
+    """The config a case is traced at: what the service serves an engine with that cache (each
+    format's own heuristic default, not bf16's on every cache)."""
+    from verify_tuner.heuristic import heuristic_config
+
+    return heuristic_config(limits, H=H, q_len=Q, prefix=max(lens), batch=len(lens), kv_dtype=kv_dtype)
 
 
 def file_name(arch: str, cases: str, kv_dtype: str) -> str:
@@ -102,7 +116,6 @@ def main() -> None:
     import pycuda.autoprimaryctx  # noqa: F401
     import pycuda.driver as cuda
     import torch
-    from verify_tuner.heuristic import heuristic_config
     from verify_tuner.kernels.launch import VerifyAttention
     from verify_tuner.kernels.limits import read_device_limits
     from verify_tuner.kernels.reference import make_inputs
@@ -114,7 +127,7 @@ def main() -> None:
     for (variant, extra), (case, (H, Q, lens)) in (
         (v, c) for v in [("default", ()), *args.variant] for c in cases.items()
     ):
-        cfg = heuristic_config(limits, H=H, q_len=Q, prefix=max(lens), batch=len(lens))
+        cfg = case_config(limits, H, Q, lens, kv)
         out = torch.empty(len(lens), Q, H, 512, dtype=torch.bfloat16, device="cuda")
         kw = {"H": H, "q_len": Q, "limits": limits, "max_batch": len(lens), "cache_dir": Path(args.cache),
               "kv_dtype": kv}  # fmt: skip

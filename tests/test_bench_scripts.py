@@ -336,7 +336,10 @@ def test_fp8_configs_candidates_follow_the_e4m3_builds_layout():
         assert pool[0] == heuristic_config(h200, H=H, q_len=q, prefix=max(lens), batch=len(lens))
         own = heuristic_config(h200, H=H, q_len=q, prefix=max(lens), batch=len(lens), kv_dtype="fp8_e4m3")
         assert own in pool[:2]  # e4m3's own default is timed beside bf16's
-        assert 1 < len(pool) <= 14 and len(set(pool)) == len(pool)
+        assert 1 < len(pool) <= fp8_configs.MAX_CANDIDATES and len(set(pool)) == len(pool)
+        # the own default's other QK warp grids: how often each K fragment is dequantized
+        same = [c for c in pool if (c.tk, c.stages, c.pipe, c.nsplit) == (own.tk, own.stages, own.pipe, own.nsplit)]
+        assert len({(c.wr, c.wk) for c in same}) >= 2, name
         assert all(check(c, h200, H=H, q_len=q, kv_dtype="fp8_e4m3") is None for c in pool)
         new = [c for c in pool if check(c, h200, H=H, q_len=q) is not None]
         assert new, name  # structures only the halved ring fits
@@ -346,7 +349,7 @@ def test_fp8_configs_candidates_follow_the_e4m3_builds_layout():
     # more blocks an SM at q=1 where they fit one: three on the e4m3 build, where bf16's ring holds two
     q1_default = heuristic_config(h200, H=8, q_len=1, prefix=131072)
     grids = {c.nsplit for c in fp8_configs.candidates(h200, 8, 1, [131072])}
-    assert grids == {264, 396} and max(grids) == blocks_per_sm(q1_default, 1, h200, "fp8_e4m3") * 132
+    assert grids == {132, 264, 396} and max(grids) == blocks_per_sm(q1_default, 1, h200, "fp8_e4m3") * 132
     assert max(grids) > blocks_per_sm(q1_default, 1, h200, "bf16") * 132
     assert fp8_configs.file_stem("sm_90") == "fp8_configs_sm_90"
 
@@ -358,10 +361,15 @@ def test_the_phase_trace_has_the_issues_headline_shapes_and_files_each_set_apart
     assert {(H, q, len(lens), max(lens)) for H, q, lens in headline.values()} == {
         (8, 9, 1, 46000), (8, 9, 32, 70000), (64, 9, 1, 46000)
     }  # fmt: skip
+    # each format's case runs at that format's own default, what an engine with that cache is served
+    # (the e4m3 headline trace once ran bf16's SF=1 config on the e4m3 cache)
     h200 = known_device("h200")
     for H, q, lens in (c for cases in phase_trace.CASES.values() for c in cases.values()):
-        cfg = heuristic_config(h200, H=H, q_len=q, prefix=max(lens), batch=len(lens))
-        assert check(cfg, h200, H=H, q_len=q, kv_dtype="fp8_e4m3") is None
+        for kv in ("bf16", "fp8_e4m3"):
+            want = heuristic_config(h200, H=H, q_len=q, prefix=max(lens), batch=len(lens), kv_dtype=kv)
+            assert phase_trace.case_config(h200, H, q, lens, kv) == want
+    h8 = phase_trace.CASES["headline"]["H=8 q=9 P=46000"]
+    assert phase_trace.case_config(h200, *h8, "fp8_e4m3") != phase_trace.case_config(h200, *h8, "bf16")
     assert phase_trace.file_name("sm_90", "default", "bf16") == "phase_trace_sm_90.json"  # the committed one
     assert phase_trace.file_name("sm_90", "headline", "fp8_e4m3") == "phase_trace_headline_fp8_e4m3_sm_90.json"
 

@@ -157,3 +157,20 @@ def test_the_loop_runs_every_format_the_kernel_reads_and_refuses_others_by_name(
     for bad, words in (("fp8_ds_mla", "not read by this kernel version yet"), ("fp16", "unknown kv_dtype 'fp16'")):
         with pytest.raises(argparse.ArgumentTypeError, match=words):
             engine_loop.kv_dtypes_arg(bad)
+
+
+def test_the_loop_plans_each_cache_format_at_its_own_default(bench):
+    """An engine holding an e4m3 cache is served e4m3's default (the service keys tables by kv_dtype):
+    the loop's long range runs that config, not bf16's on the e4m3 cache."""
+    from verify_tuner.heuristic import heuristic_config
+    from verify_tuner.kernels.limits import known_device
+
+    engine_loop, _ = bench
+    h200 = known_device("h200")
+    picked = {}
+    for kv in ("bf16", "fp8_e4m3"):
+        ranges = engine_loop.range_picker(h200, None, 4096, kv)(9, 1)
+        assert ranges[0] == (0, engine_loop.SHORT)
+        assert ranges[1] == (4096, heuristic_config(h200, H=8, q_len=9, prefix=4096, batch=1, kv_dtype=kv))
+        picked[kv] = ranges[1][1]
+    assert picked["fp8_e4m3"] != picked["bf16"]
