@@ -15,6 +15,7 @@ that is not e4m3.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import hashlib
 import os
@@ -50,6 +51,24 @@ def config_arg(text: str) -> KernelConfig:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def override_arg(text: str) -> dict[str, int]:
+    """Constants replaced in each shape's default, as 'WR=1 WK=2'."""
+    items = text.split()
+    if not items or not all("=" in item for item in items):
+        raise argparse.ArgumentTypeError(f"{text!r}: give NAME=VALUE pairs, e.g. 'WR=1 WK=2'")
+    known = {f.name for f in dataclasses.fields(KernelConfig)}
+    out = {}
+    for item in items:
+        name, value = item.split("=", 1)
+        if name.lower() not in known:
+            raise argparse.ArgumentTypeError(f"{name}: not a constant ({', '.join(sorted(k.upper() for k in known))})")
+        try:
+            out[name.lower()] = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{item}: the value must be an integer") from None
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--a-flags", default="", help="nvcc flags of variant A, one string (write --a-flags=-DX)")
@@ -58,6 +77,12 @@ def main() -> None:
         "--b-config",
         type=config_arg,
         help="variant B's config as 'NSPLIT=66 HT=4 ...' (default: the heuristic default, as A)",
+    )
+    ap.add_argument(
+        "--b-override",
+        type=override_arg,
+        help="variant B is each shape's default with these constants replaced, as 'WR=1 WK=2' "
+        "(a structure A/B across shapes whose defaults differ in NSPLIT)",
     )
     ap.add_argument(
         "--defaults-of",
@@ -95,6 +120,13 @@ def main() -> None:
         readable(args.kv_dtype)
     except (ValueError, InvalidConfig) as exc:
         ap.error(str(exc))
+    if args.b_config and args.b_override:
+        ap.error("--b-config and --b-override both set B's config: give one")
+    b_text = ""
+    if args.b_config:
+        b_text = f" (B: `{args.b_config}`)"
+    elif args.b_override:
+        b_text = f" (B: the default with `{' '.join(f'{k.upper()}={v}' for k, v in args.b_override.items())}`)"
     defaults_of = None
     if args.defaults_of:
         defaults_of = known_device(args.defaults_of)
@@ -130,7 +162,8 @@ def main() -> None:
             f"Median over {ROUNDS} interleaved rounds of the per-round median of {REPS} CUDA-graph replays, inputs rotated "
             "past the L2; config = the heuristic default"
             + (f" of {defaults_of.name} (a structure check: its configs run here)" if defaults_of else "")
-            + (f" (B: `{args.b_config}`)." if args.b_config else ".")
+            + b_text
+            + "."
             + (
                 f" Every launch is followed by a bf16 GEMM over {args.neighbour_mb} MB of weights (the rest of a layer: "
                 "cold instruction and data caches), whose own time is subtracted."
@@ -149,7 +182,8 @@ def main() -> None:
         cfg = heuristic_config(defaults_of or limits, H=H, q_len=Q, prefix=P, kv_dtype=args.kv_dtype)
         if defaults_of is not None and (why := check(cfg, limits, H=H, q_len=Q, kv_dtype=args.kv_dtype)):
             raise SystemExit(f"{defaults_of.name}'s default {cfg} does not run on {limits.name}: {why}")
-        cfgs = {"A": cfg, "B": args.b_config or cfg}
+        b_cfg = dataclasses.replace(cfg, **args.b_override) if args.b_override else args.b_config or cfg
+        cfgs = {"A": cfg, "B": b_cfg}
         sets = rotating_inputs(
             prefix_lens=[P],
             q_len=Q,

@@ -18,13 +18,17 @@
 # the fixed-cost change; `folded` the unfenced QK at the
 # RTX PRO 6000's folded e4m3 defaults (17-24 rows) and the two spilling sm_90 e4m3 defaults' cures,
 # and runs the e4m3 module; `sm120e4m3` times sm_120-valid e4m3 structures (q=64's row tile
-# first) against e4m3's default there. Nsight's pages come back packed in ncu.tgz (a device call returns at most 8 files). `edges` A/Bs the prologue's and epilogue's
+# first) against e4m3's default there. `grid` times one row group with two k-slices (WR=1 WK=2: each K
+# fragment loaded, and for e4m3 dequantized, once a tile instead of twice) against the 72-row
+# defaults' 2x2 grid, bf16 and e4m3, and e4m3's configs around its defaults (warp grids, blocks an SM).
+# `trace1` traces the phases of both formats at q=1 (P=16k..131k) and e4m3's headline shapes at its
+# own default. Nsight's pages come back packed in ncu.tgz (a device call returns at most 8 files). `edges` A/Bs the prologue's and epilogue's
 # instruction diet and runs every gpu test.
 # Usage: bench/run_gpu_checks.sh MODE OUTDIR (MODE one of MODES below) | bench/run_gpu_checks.sh bench OUTDIR V6_SOURCE [--quick]
 set -uo pipefail
 # the one list of modes: the usage line and the check below read it (a mode added to the case
 # further down goes here too, or the check refuses it)
-MODES="tests f8 f8qk e4m3 f8ncu layouts loop next edges q64 folded sm120e4m3"
+MODES="tests f8 f8qk e4m3 f8ncu layouts grid trace1 loop next edges q64 folded sm120e4m3"
 mode=${1:?tests or bench}
 out=${2:?outdir}
 usage="usage: $0 ${MODES// /|} OUTDIR | $0 bench OUTDIR V6_SOURCE [--quick]"
@@ -89,6 +93,17 @@ case "$mode" in
           --label "$kv default on $layout slots (A and B one build)" --out "$out" 2>&1 | tail -2
       done
     done ;;
+  grid)
+    timeout 200 python3 bench/fp8_configs.py --out "$out" 2>&1 | tee "$out/fp8_configs.log" | tail -20
+    timeout 150 python3 bench/ab_kernel.py --b-override "WR=1 WK=2" --shapes 8:9:46000,64:9:46000,128:9:46000,8:9:4096 \
+      --label "bf16: 2x2 QK grid (A) vs one row group, 2 k-slices (B)" --out "$out" 2>&1 | tail -4
+    timeout 100 python3 bench/ab_kernel.py --kv-dtype fp8_e4m3 --b-override "WR=1 WK=2" --shapes 8:9:46000,64:9:46000 \
+      --label "e4m3: 2x2 QK grid (A) vs one row group, 2 k-slices (B)" --out "$out" 2>&1 | tail -2 ;;
+  trace1)
+    for kv in bf16 fp8_e4m3; do
+      timeout 120 python3 bench/phase_trace.py --cases q1 --kv-dtype $kv --out "$out" 2>&1 | tail -3
+    done
+    timeout 150 python3 bench/phase_trace.py --cases headline --kv-dtype fp8_e4m3 --out "$out" 2>&1 | tail -3 ;;
   loop)
     # the tile loop's issue-rate flags (verify_attention.cu: VA_QK_UNIFORM, VA_SOFTMAX_TREE), each
     # A/B'd against the loop before them (0 0), then the battery and runtime tests at the defaults
