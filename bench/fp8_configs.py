@@ -42,9 +42,10 @@ def candidates(limits, H: int, q: int, lens: list[int]) -> list:
     """The bf16 default, e4m3's own default where it differs (the halved ring lets it keep a score
     buffer per k-slice, SF=0), the own default's other warp grids and score folds, and, for a
     bandwidth-mode default (few rows), one to four blocks an SM of it and of the bf16 default where
-    they fit, since the halved ring and the register dequantization's few registers let more of
-    them share an SM (and fewer blocks halve the split-KV merge's partials); then the bf16 default's valid neighbours on an e4m3 cache
-    in ring depth, tile and pipeline; at most MAX_CANDIDATES, the bf16 default first."""
+    they fit (the halved ring and the register dequantization's few registers let more of them
+    share an SM; fewer blocks halve the split-KV merge's partials); then the bf16 default's valid
+    neighbours on an e4m3 cache in ring depth, tile and pipeline. At most MAX_CANDIDATES, the bf16
+    default first."""
     base = heuristic_config(limits, H=H, q_len=q, prefix=max(lens), batch=len(lens))
     own = heuristic_config(limits, H=H, q_len=q, prefix=max(lens), batch=len(lens), kv_dtype=FMT)
     out = [base] + [own] * (own != base)

@@ -84,9 +84,10 @@ def smem_bytes(cfg: KernelConfig, q_len: int, kv_dtype: str = "bf16") -> int:
 
 def registers_needed(cfg: KernelConfig, q_len: int) -> int:
     """Estimated registers per thread: the O^T accumulator, the larger of the QK and PV working
-    sets and a calibrated overhead. QK's working set counts one k-step's Q fragments (2 a row
-    tile): the code loads two steps' at once, but ptxas keeps one live (WR=1 WK=2 at 72 rows on
-    the seesaw, 9 row tiles a warp: 254-255 registers, no spills on sm_80 and sm_90, both formats)."""
+    sets and a calibrated overhead. QK's Q fragments count 2 registers a row tile, calibrated on
+    ptxas near the cap: 72 rows in one row group (9 row tiles a warp, whose code loads two k-steps'
+    fragments at once) build in 254-255 registers without spills on sm_80 and sm_90, both formats
+    (tests/kernels/test_compile.py), where 4 a row tile had estimated 260."""
     s = shape(cfg, q_len)
     o_acc = s.mw * s.nr * 4
     qk = s.mq * s.nq * 4 + s.nq * 2 + s.mq * 4
