@@ -1,7 +1,9 @@
-"""What the memory system gives this kernel's access pattern: cache rows gathered by slot index
-(576 bf16 = 1152 B, or an e4m3 row's 576 B), scattered (a random permutation of the pool) or
-contiguous, against a plain device-to-device copy. Bytes counted read + written, like the copy
-bandwidth the floors use.
+"""Cache rows gathered by slot index with torch.index_select (576 bf16 = 1152 B, or an e4m3 row's
+576 B; uint8 elements), scattered (a random permutation of the pool) or contiguous, against a plain
+device-to-device copy. Bytes counted read + written, like the copy bandwidth the floors use. It
+probes torch's gather, not a bound of the kernel: 576-byte rows came out at 0.55-0.60 of copy
+scattered and contiguous alike (H100, bench/results/ab_kernel_flags_sm_90.md), which the kernel's
+own reads exceed; the layout question is answered by `ab_kernel.py --layout`.
 
     python3 bench/gather_bandwidth.py --out OUT [--row-bytes 1152,576]
 """
