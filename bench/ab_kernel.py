@@ -6,6 +6,8 @@ each shape.
 
     python3 bench/ab_kernel.py --b-flags=-DVA_NO_PDL --label "reduce: PDL (A) vs plain launch (B)" --out DIR
     python3 bench/ab_kernel.py --kv-dtype fp8_e4m3 --b-flags=-DVA_F8_BITS --label "e4m3: cvt (A) vs bit placement (B)" --out DIR
+    git show HEAD~3:kernels/csrc/verify_attention.cu > /tmp/base.cu
+    python3 bench/ab_kernel.py --a-source /tmp/base.cu --label "HEAD~3 (A) vs this tree (B)" --out DIR
 
 A -D flag must name a macro the kernel source tests: a misspelt or removed one would silently
 compare A with A, so it is refused, and so is a VA_F8_* flag (the e4m3 conversion's) on a cache
@@ -90,6 +92,11 @@ def main() -> None:
         help="time another known device's heuristic defaults (e.g. rtx-pro-6000: a structure check of its "
         "configs, which must also run here) instead of this GPU's",
     )
+    ap.add_argument(
+        "--a-source",
+        type=Path,
+        help="build variant A from another revision's verify_attention.cu (launched through this tree's runtime)",
+    )
     ap.add_argument("--label", default="A vs B")
     ap.add_argument("--kv-dtype", default="bf16", help="the cache format both variants read (kernels/formats.py)")
     ap.add_argument(
@@ -133,19 +140,23 @@ def main() -> None:
         if defaults_of is None:
             ap.error(f"--defaults-of {args.defaults_of!r}: not a known device (kernels/limits.py)")
     variants = {"A": tuple(args.a_flags.split()), "B": tuple(args.b_flags.split())}
-    source = SOURCE.read_text()
-    for flag in (f for fl in variants.values() for f in fl if f.startswith("-D")):
-        name = flag[2:].split("=", 1)[0]
-        if not re.search(rf"\b{re.escape(name)}\b", source):  # a prefix of a tested macro is not tested
-            raise SystemExit(f"{flag}: the kernel source never tests {name}; the A/B would compare A with A")
-        if name.startswith("VA_F8_") and kv_format(args.kv_dtype).element != "e4m3":
-            raise SystemExit(f"{flag} changes e4m3 builds only: pass --kv-dtype fp8_e4m3, or the A/B compares A with A")
+    if args.a_source is not None and not args.a_source.is_file():
+        ap.error(f"--a-source {args.a_source}: no such file")
+    sources = {"A": (args.a_source or SOURCE).read_text(), "B": SOURCE.read_text()}
+    for name_v, flags in variants.items():
+        for flag in (f for f in flags if f.startswith("-D")):
+            name = flag[2:].split("=", 1)[0]
+            if not re.search(rf"\b{re.escape(name)}\b", sources[name_v]):  # a prefix of a tested macro is not tested
+                raise SystemExit(f"{flag}: the kernel source never tests {name}; the A/B would compare A with A")
+            if name.startswith("VA_F8_") and kv_format(args.kv_dtype).element != "e4m3":
+                raise SystemExit(
+                    f"{flag} changes e4m3 builds only: pass --kv-dtype fp8_e4m3, or the A/B compares A with A"
+                )
 
     import pycuda.autoprimaryctx  # noqa: F401
     import pycuda.driver as cuda
     import torch
     from benchlib import checked_launcher, interleaved_medians
-    from verify_tuner.kernels.launch import VerifyAttention
     from verify_tuner.kernels.limits import read_device_limits
     from verify_tuner.kernels.reference import reference
     from verify_tuner.kernels.timing import neighbour_gemm, rotating_inputs
@@ -158,7 +169,12 @@ def main() -> None:
         ),
         "",
         (
-            f"A flags: `{' '.join(variants['A']) or '(none)'}`; B flags: `{' '.join(variants['B']) or '(none)'}`. "
+            (
+                f"A built from `{args.a_source}` (sha256 {hashlib.sha256(sources['A'].encode()).hexdigest()[:12]}). "
+                if args.a_source
+                else ""
+            )
+            + f"A flags: `{' '.join(variants['A']) or '(none)'}`; B flags: `{' '.join(variants['B']) or '(none)'}`. "
             f"Median over {ROUNDS} interleaved rounds of the per-round median of {REPS} CUDA-graph replays, inputs rotated "
             "past the L2; config = the heuristic default"
             + (f" of {defaults_of.name} (a structure check: its configs run here)" if defaults_of else "")
@@ -196,17 +212,7 @@ def main() -> None:
         ref = reference(sets[0])[0]
         out = torch.empty(1, Q, H, D_V, dtype=torch.bfloat16, device="cuda")
         vas = {
-            name: VerifyAttention(
-                cfgs[name],
-                H=H,
-                q_len=Q,
-                limits=limits,
-                max_batch=1,
-                cache_dir=Path(args.cache),
-                extra_flags=flags,
-                kv_dtype=args.kv_dtype,
-            )
-            for name, flags in variants.items()
+            name: _variant(cfgs[name], H, Q, limits, args, name, flags, max_batch=1) for name, flags in variants.items()
         }
         launchers = {
             name: checked_launcher(
@@ -246,19 +252,35 @@ def _gate_batch(cfgs, variants, H, Q, limits, args, stream) -> None:
     """Each variant's output at GATE_BATCH against the fp32 reference (SystemExit if wrong)."""
     import torch
     from benchlib import checked_launcher
-    from verify_tuner.kernels.launch import VerifyAttention
     from verify_tuner.kernels.reference import make_inputs, reference
 
     inp = make_inputs(prefix_lens=GATE_BATCH, q_len=Q, H=H, seed=H + Q, spare_slots=55, kv_dtype=args.kv_dtype)
     ref = reference(inp)[0]
     out = torch.empty(len(GATE_BATCH), Q, H, D_V, dtype=torch.bfloat16, device="cuda")
     for name, flags in variants.items():
-        va = VerifyAttention(
-            cfgs[name], H=H, q_len=Q, limits=limits, max_batch=len(GATE_BATCH), cache_dir=Path(args.cache),
-            extra_flags=flags, kv_dtype=args.kv_dtype,
-        )  # fmt: skip
+        va = _variant(cfgs[name], H, Q, limits, args, name, flags, max_batch=len(GATE_BATCH))
         checked_launcher(va, [inp], out, ref, f"variant {name} at H={H} Q={Q} batch {GATE_BATCH} {cfgs[name]}",
                          stream=stream)  # fmt: skip
+
+
+def _variant(cfg, H, Q, limits, args, name, flags, *, max_batch):
+    """Variant `name`'s launcher: this tree's kernel with `flags`, or for A with --a-source, that
+    source's build at the same config, loaded into this tree's runtime."""
+    import tempfile
+
+    from benchlib import compile_source
+    from verify_tuner.kernels.launch import VerifyAttention
+    from verify_tuner.kernels.runtime import CubinKernels
+
+    va = VerifyAttention(
+        cfg, H=H, q_len=Q, limits=limits, max_batch=max_batch, cache_dir=Path(args.cache),
+        extra_flags=flags, kv_dtype=args.kv_dtype,
+    )  # fmt: skip
+    if name == "A" and args.a_source is not None:
+        with tempfile.TemporaryDirectory(prefix="ab-a-") as tmp:
+            cubin = compile_source(args.a_source, cfg, Q, limits.arch, Path(tmp), args.kv_dtype, flags).read_bytes()
+        va.kernels = CubinKernels(cubin, va.spec, sm_count=limits.sm_count)
+    return va
 
 
 def _kernel_launcher(va, sets, out, stream, *, reduce=True, partial=True):

@@ -414,6 +414,21 @@ def test_ab_kernel_refuses_an_a_b_that_would_compare_a_with_a_before_touching_a_
     assert r.returncode != 0 and needle in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
+def test_ab_kernel_checks_variant_a_s_flags_against_its_own_source(tmp_path):
+    """--a-source builds A from another revision: a flag that revision never tests is refused (this
+    tree's source testing it does not count), and a missing file is one line."""
+    old = tmp_path / "old.cu"
+    old.write_text("#ifndef VA_PDL\n#endif\n")
+    runs = {
+        "never tests VA_RED_TREE": ["--a-source", str(old), "--a-flags=-DVA_RED_TREE=0"],
+        "no such file": ["--a-source", str(tmp_path / "gone.cu")],
+    }
+    for needle, args in runs.items():
+        r = subprocess.run([sys.executable, str(BENCH / "ab_kernel.py"), *args, "--out", str(tmp_path)],
+                           capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+        assert r.returncode != 0 and needle in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
 def test_the_audit_of_every_default_covers_each_device_format_and_shape_once():
     """ptxas_report --every-default builds one kernel per distinct default; every (known device,
     format its arch reads, H, q_len) must map to exactly one of them, with that default's own
