@@ -22,17 +22,23 @@
 # fragment loaded, and for e4m3 dequantized, once a tile instead of twice) against the 72-row
 # defaults' 2x2 grid, bf16 and e4m3, and e4m3's configs around its defaults (warp grids, blocks an SM).
 # `trace1` traces the phases of both formats at q=1 (P=16k..131k) and e4m3's headline shapes at its
-# own default. Nsight's pages come back packed in ncu.tgz (a device call returns at most 8 files). `edges` A/Bs the prologue's and epilogue's
+# own default. `reduce` A/Bs the reduce's rows cut into 16 pieces where a request has few rows
+# (VA_RED_PIECES) against 4 always, and traces q=1 for both formats.
+# Nsight's pages come back packed in ncu.tgz (a device call returns at most 8 files). `edges` A/Bs the prologue's and epilogue's
 # instruction diet and runs every gpu test.
+# `vsbase` A/Bs another revision's kernel (BASE_SOURCE, e.g. `git show REV:kernels/csrc/verify_attention.cu
+# > .v6/base.cu`, carried) against this tree's at the headline and q=1 shapes, both formats.
 # Usage: bench/run_gpu_checks.sh MODE OUTDIR (MODE one of MODES below) | bench/run_gpu_checks.sh bench OUTDIR V6_SOURCE [--quick]
+#        | bench/run_gpu_checks.sh vsbase OUTDIR BASE_SOURCE
 set -uo pipefail
 # the one list of modes: the usage line and the check below read it (a mode added to the case
 # further down goes here too, or the check refuses it)
-MODES="tests f8 f8qk e4m3 f8ncu layouts grid trace1 loop next edges q64 folded sm120e4m3"
+MODES="tests f8 f8qk e4m3 f8ncu layouts grid trace1 reduce loop next edges q64 folded sm120e4m3"
 mode=${1:?tests or bench}
 out=${2:?outdir}
-usage="usage: $0 ${MODES// /|} OUTDIR | $0 bench OUTDIR V6_SOURCE [--quick]"
-if [[ "$mode" == *[[:space:]]* || " $MODES bench " != *" $mode "* ]]; then echo "$usage" >&2; exit 2; fi
+usage="usage: $0 ${MODES// /|} OUTDIR | $0 bench OUTDIR V6_SOURCE [--quick] | $0 vsbase OUTDIR BASE_SOURCE"
+if [[ "$mode" == *[[:space:]]* || " $MODES bench vsbase " != *" $mode "* ]]; then echo "$usage" >&2; exit 2; fi
+if [[ "$mode" == vsbase && ! -f "${3:-}" ]]; then echo "vsbase: BASE_SOURCE ${3:-(none)} is not a file" >&2; exit 2; fi
 mkdir -p "$out"
 export TUNER_CACHE_DIR=${TUNER_CACHE_DIR:-/tmp/va-cache}
 # gpu-env.sh puts the carried wheel before the checkout: a wheel built before the last kernel edit
@@ -104,6 +110,15 @@ case "$mode" in
       timeout 120 python3 bench/phase_trace.py --cases q1 --kv-dtype $kv --out "$out" 2>&1 | tail -3
     done
     timeout 150 python3 bench/phase_trace.py --cases headline --kv-dtype fp8_e4m3 --out "$out" 2>&1 | tail -3 ;;
+  reduce)
+    # a q=1 request has 8 rows: at 4 pieces a row its merge ran on 32 of 132 SMs, ~3 us for 264 parts
+    timeout 100 python3 bench/ab_kernel.py --a-flags=-DVA_RED_PIECES=4 --shapes 8:1:131072,8:1:16384,16:1:46000,8:2:46000,8:9:4096 \
+      --label "reduce: 4 pieces a row (A) vs 16 for few rows (B)" --out "$out" 2>&1 | tail -6
+    timeout 70 python3 bench/ab_kernel.py --kv-dtype fp8_e4m3 --a-flags=-DVA_RED_PIECES=4 --shapes 8:1:131072,8:1:46000 \
+      --label "e4m3 reduce: 4 pieces a row (A) vs 16 for few rows (B)" --out "$out" 2>&1 | tail -3
+    for kv in bf16 fp8_e4m3; do
+      timeout 90 python3 bench/phase_trace.py --cases q1 --kv-dtype $kv --out "$out" 2>&1 | tail -3
+    done ;;
   loop)
     # the tile loop's issue-rate flags (verify_attention.cu: VA_QK_UNIFORM, VA_SOFTMAX_TREE), each
     # A/B'd against the loop before them (0 0), then the battery and runtime tests at the defaults
@@ -186,6 +201,13 @@ case "$mode" in
       --config "NSPLIT=1 HT=4 TK=32 BLOCK=128 STAGES=2 QT=8 WR=2 WK=2 SF=0 PIPE=0" \
       --config "NSPLIT=1 HT=4 TK=32 BLOCK=128 STAGES=2 QT=8 WR=1 WK=2 SF=0 PIPE=1" \
       2>&1 | tee "$out/sm120_e4m3.log" | tail -12 ;;
+  vsbase)
+    base=$3
+    timeout 200 python3 bench/ab_kernel.py --a-source "$base" \
+      --shapes 8:9:46000,8:9:4096,64:9:46000,128:9:46000,8:1:131072,8:1:16384,16:1:46000,8:9:0 \
+      --label "bf16: $(basename "$base") (A) vs this tree (B)" --out "$out" 2>&1 | tail -9
+    timeout 100 python3 bench/ab_kernel.py --a-source "$base" --kv-dtype fp8_e4m3 --shapes 8:9:46000,8:1:131072,64:9:46000,8:9:4096 \
+      --label "e4m3: $(basename "$base") (A) vs this tree (B)" --out "$out" 2>&1 | tail -5 ;;
   bench)
     timeout 560 python3 bench/kernel_v7.py --v6-source "${3:?v6 source}" --out "$out" ${4:-} \
       2>&1 | tee "$out/kernel_v7.log" | tail -20 ;;

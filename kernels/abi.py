@@ -46,15 +46,20 @@ class Layout:
         return cls(q_st=H * D_QK, q_sh=D_QK, pe_st=H * D_QK, pe_sh=D_QK)
 
 
-def reduce_grid(*, batch: int, q_len: int, H: int, sm_count: int, threads: int) -> tuple[int, int]:
-    """(blocks, items per block) of the reduce: an item is one (row, quarter) of a request's output,
-    4 * q_len * H a request. Enough blocks for two requests' items (all of a long request's merges
-    run in parallel) and four per SM, but no more: past the GPU's block-launch rate, blocks for
-    requests that one part wrote whole cost more than the merges (a block checks up to `threads`
-    items at once)."""
-    items = batch * q_len * H * 4
-    blocks = min(items, max(2 * q_len * H * 4, 4 * sm_count, -(-items // threads)))
-    return blocks, -(-items // blocks)
+def reduce_grid(
+    *, batch: int, q_len: int, H: int, sm_count: int, threads: int, max_pieces: int = 4
+) -> tuple[int, int, int]:
+    """(blocks, items per block, pieces a row) of the reduce: an item is one (row, piece) of a
+    request's output, a piece 512 / pieces dims. A request of few rows (q_len * H * 4 under the SM
+    count: H=8 q=1 merged on 32 of 132 SMs) cuts its rows into 16 pieces where the cubin has that
+    kernel (its kReduceMaxPieces 16: verify_attn_reduce16), else 4 (verify_attn_reduce). Enough blocks for two requests' items (all of a long request's
+    merges run in parallel) and four per SM, but no more: past the GPU's block-launch rate, blocks
+    for requests that one part wrote whole cost more than the merges (a block checks up to
+    `threads` items at once)."""
+    pieces = 16 if max_pieces >= 16 and q_len * H * 4 < sm_count else 4
+    items = batch * q_len * H * pieces
+    blocks = min(items, max(2 * q_len * H * pieces, 4 * sm_count, -(-items // threads)))
+    return blocks, -(-items // blocks), pieces
 
 
 @dataclass(frozen=True)
@@ -112,7 +117,15 @@ class LaunchSpec:
         return (*pointers, *sizes, softmax_scale * LOG2E, kv_scale_ptr, kv_scale)
 
     def reduce_args(
-        self, *, part_o: int, part_lse: int, prefix_indptr: int, out: int, lse: int, batch: int, per_block: int
+        self,
+        *,
+        part_o: int,
+        part_lse: int,
+        prefix_indptr: int,
+        out: int,
+        lse: int,
+        batch: int,
+        per_block: int,
     ) -> tuple[int, ...]:
         return (part_o, part_lse, prefix_indptr, out, lse, batch, self.H, per_block)
 

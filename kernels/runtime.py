@@ -90,6 +90,12 @@ class CubinKernels:
                 f"BLOCK={spec.cfg.block} but the compiled kernel allows {max_threads} threads ({regs} registers/thread)"
             )
         self.reduce_threads = self._read_int(b"kReduceThreads")
+        # A cubin of a kernel before the reduce's pieces (v6, which benchmarks time beside this one)
+        # declares none and merges quarters of rows only.
+        self.reduce_max_pieces = self._read_int(b"kReduceMaxPieces") if self._declares(b"kReduceMaxPieces") else 4
+        self.reduce16 = None
+        if self.reduce_max_pieces == 16:
+            self.reduce16 = _ok(drv.cuModuleGetFunction(self.module, b"verify_attn_reduce16"), "cuModuleGetFunction")
         self.uses_pdl = self._read_int(b"kUsesPdl") == 1
         # An engine launches the same few (stream, batch) shapes every step: build each launch's
         # config once (cuda-python objects cost more host time than the launch call itself).
@@ -102,6 +108,15 @@ class CubinKernels:
         """(device address, bytes) of a __device__ variable of the module."""
         dptr, size = _ok(_driver().cuModuleGetGlobal(self.module, name), f"cuModuleGetGlobal({name.decode()})")
         return int(dptr), int(size)
+
+    def _declares(self, name: bytes) -> bool:
+        """Whether the module has the __device__ variable `name` (any failure but its absence raises)."""
+        drv = _driver()
+        result = drv.cuModuleGetGlobal(self.module, name)
+        if result[0] == drv.CUresult.CUDA_ERROR_NOT_FOUND:
+            return False
+        _ok(result, f"cuModuleGetGlobal({name.decode()})")
+        return True
 
     def _read_int(self, name: bytes) -> int:
         drv = _driver()
@@ -170,8 +185,13 @@ class CubinKernels:
                 _ok(drv.cuLaunchKernelEx(cfg, self.partial, params, 0), "cuLaunchKernelEx(partial)", drv)
         if not reduce:
             return
-        blocks, per_block = reduce_grid(
-            batch=batch, q_len=spec.q_len, H=spec.H, sm_count=self.sm_count, threads=self.reduce_threads
+        blocks, per_block, pieces = reduce_grid(
+            batch=batch,
+            q_len=spec.q_len,
+            H=spec.H,
+            sm_count=self.sm_count,
+            threads=self.reduce_threads,
+            max_pieces=self.reduce_max_pieces,
         )
         args = spec.reduce_args(
             part_o=part_o,
@@ -185,7 +205,8 @@ class CubinKernels:
         cfg = self._config((blocks, 1, 1), self.reduce_threads, 0, stream, pdl=self.uses_pdl)
         with self._packing:
             params = self._reduce_args.fill(args)
-            _ok(drv.cuLaunchKernelEx(cfg, self.reduce, params, 0), "cuLaunchKernelEx(reduce)", drv)
+            fn = self.reduce16 if pieces == 16 else self.reduce
+            _ok(drv.cuLaunchKernelEx(cfg, fn, params, 0), "cuLaunchKernelEx(reduce)", drv)
 
 
 def read_limits(device_index: int) -> Any:

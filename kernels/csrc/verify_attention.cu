@@ -212,18 +212,27 @@ static_assert(D_V <= KSTRIDE, "O staging fits the Q rows");
 static_assert(F8_ROWB >= D_QK && (F8_ROWB / 16) % 2 == 1, "FP8: a row holds 576 bytes in an odd number of chunks");
 }  // namespace
 
-// The reduce's block (verify_attn_reduce says why these sizes).
+// The reduce's block: 256 threads where a long request has many parts to merge.
 namespace {
 constexpr int RED_THREADS = NSPLIT > 64 ? 256 : 128;
-constexpr int RED_GROUPS = RED_THREADS / 16;
-constexpr int RED_SHARE = (NSPLIT + RED_GROUPS - 1) / RED_GROUPS;
+// Thread groups that walk one item's parts at most (the first then combines them one by one).
+constexpr int RED_GPI = RED_THREADS / 16;
+constexpr int RED_SHARE = (NSPLIT + RED_GPI - 1) / RED_GPI;
 constexpr int RED_UNROLL = RED_SHARE <= 24 ? RED_SHARE : 8;
+// An item is one (row, piece) of a request's output, 4 or 16 pieces of 512 / pieces dims a row,
+// chosen by the host (kernels/abi.py's reduce_grid; VA_RED_PIECES 4 caps it there): a request of
+// few rows spreads its merges over more SMs.
+#ifndef VA_RED_PIECES
+#define VA_RED_PIECES 16
+#endif
+static_assert(VA_RED_PIECES == 4 || VA_RED_PIECES == 16, "reduce: 4 or 16 pieces a row");
 }  // namespace
 
 // Read back by kernels/launch.py to check that validate.py's smem formula matches this layout.
 extern "C" __device__ const int kSmemBytes = SMEM_Q + SMEM_K + SMEM_S + SMEM_P + SMEM_STATS + SMEM_MASK + SMEM_SLOTS;
 extern "C" __device__ const int kUsesPdl = VA_PDL;
 extern "C" __device__ const int kReduceThreads = RED_THREADS;
+extern "C" __device__ const int kReduceMaxPieces = VA_RED_PIECES;
 
 // Offset of element (row, col) in a Q, KV or O-staging buffer. Rows are 1152 B (9 x 128 B, no
 // padding) and the 16-byte chunk c of row r sits at chunk c ^ (r & 7) of its 128-byte group, so a
@@ -1598,7 +1607,7 @@ __device__ __forceinline__ void merge_parts(const bf16* src, const float* lsrc, 
   }
 }
 
-// The normalised 8 dims of a merged row into out (and its lse, natural log, by the quarter's first lane).
+// The normalised 8 dims of a merged row into out (and its lse, natural log, by the row's first lane).
 __device__ __forceinline__ void store_merged(bf16* __restrict__ out, float* __restrict__ lse, size_t row, int dim,
                                              bool lse_lane, const float (&o)[8], float m, float L) {
   const float inv = L > 0.f ? 1.f / L : 0.f;
@@ -1610,136 +1619,169 @@ __device__ __forceinline__ void store_merged(bf16* __restrict__ out, float* __re
   if (lse != nullptr && lse_lane) lse[row] = L > 0.f ? ((m == NEG_INF ? 0.f : m) + log2f(L)) * 0.69314718055994531f : NEG_INF;
 }
 
-// Thread l16 of a group: its walk over an item's parts first, first + step, ...: the running output, max and
-// sum of its 8 dims of the (b, i, h) row's quarter [quarter*128, +128). Every part between the
-// request's first and last wrote its partial (Plan).
+// Thread l of a group: its walk over an item's parts first, first + step, ...: the running output, max and
+// sum of its 8 dims (from dim) of the (b, i, h) row. Every part between the request's first and last
+// wrote its partial (Plan).
 template <int U>
 __device__ __forceinline__ void walk_item(const bf16* __restrict__ part_o, const float* __restrict__ part_lse,
-                                          size_t row, int quarter, int b, int p_first, int nparts, int H, int l16,
-                                          int first, int step, float (&o)[8], float& m, float& L) {
+                                          size_t row, int dim, int b, int p_first, int nparts, int H, int first,
+                                          int step, float (&o)[8], float& m, float& L) {
   const int nh = (int)(row % ((size_t)QN * H));
-  const int dim = quarter * 128 + l16 * 8;
   const size_t slot_stride = (size_t)QN * H;               // rows of one workspace slot
   const size_t row0 = (size_t)(p_first + b) * slot_stride + nh;  // slot p + b of part p
   merge_parts<U>(part_o + row0 * D_V + dim, part_lse + row0, slot_stride, first, step, nparts, o, m, L);
 }
 
-// Merge one item with the log-sum-exp rule: 16 threads of 8 dims; `gpi` thread groups (this
+// The reduce's shared memory: a thread's running results, each group's max, the block's items.
+struct RedShared {
+  float o[RED_THREADS][9];
+  float l[RED_THREADS];
+  float m[RED_THREADS / 4];
+  int todo[RED_THREADS][3];  // item, p_first, parts: few parts from the front, many from the back
+  int ntodo, nbig;
+};
+
+// Merge one item with the log-sum-exp rule: a group of TPG threads of 8 dims; `gpi` groups (this
 // thread's is number `gl` of them, block group `grp`) walk the parts in parallel, RED_UNROLL parts in
 // flight per thread, then the first combines their results in shared memory (the caller's barrier
 // between: every thread of the block takes part in one round).
+template <int TPG>
 __device__ __forceinline__ void merge_item_walk(const bf16* __restrict__ part_o, const float* __restrict__ part_lse,
-                                                size_t row, int quarter, int b, int p_first, int nparts, int H,
-                                                int grp, int gl, int gpi, float (*red_o)[16][9], float (*red_l)[16],
-                                                float* red_m) {
-  const int l16 = threadIdx.x % 16;
+                                                size_t row, int dim, int b, int p_first, int nparts, int H, int grp,
+                                                int gl, int gpi, RedShared& sh) {
   float o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
   float m = NEG_INF, L = 0.f;  // this group's running max and sum
-  walk_item<RED_UNROLL>(part_o, part_lse, row, quarter, b, p_first, nparts, H, l16, gl, gpi, o, m, L);
+  walk_item<RED_UNROLL>(part_o, part_lse, row, dim, b, p_first, nparts, H, gl, gpi, o, m, L);
 #pragma unroll
-  for (int j = 0; j < 8; ++j) red_o[grp][l16][j] = o[j];
-  red_l[grp][l16] = L;
-  if (l16 == 0) red_m[grp] = m;
+  for (int j = 0; j < 8; ++j) sh.o[threadIdx.x][j] = o[j];
+  sh.l[threadIdx.x] = L;
+  if (threadIdx.x % TPG == 0) sh.m[grp] = m;
 }
 
 // The first group of an item's `gpi` combines their running results (after merge_item_walk and a barrier).
+template <int TPG>
 __device__ __forceinline__ void merge_item_combine(bf16* __restrict__ out, float* __restrict__ lse, size_t row,
-                                                   int quarter, int grp, int gpi, float (*red_o)[16][9],
-                                                   float (*red_l)[16], const float* red_m) {
-  const int l16 = threadIdx.x % 16, dim = quarter * 128 + l16 * 8;
+                                                   int dim, bool first_piece, int grp, int gpi, const RedShared& sh) {
+  const int l = threadIdx.x % TPG;
   float M = NEG_INF;
-  for (int k = grp; k < grp + gpi; ++k) M = fmaxf(M, red_m[k]);
+  for (int k = grp; k < grp + gpi; ++k) M = fmaxf(M, sh.m[k]);
   const float base = M == NEG_INF ? 0.f : M;
   float o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}, L = 0.f;
   for (int k = grp; k < grp + gpi; ++k) {
-    const float w = exp2f(red_m[k] - base);
+    const float w = exp2f(sh.m[k] - base);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) o[j] += w * red_o[k][l16][j];
-    L += w * red_l[k][l16];
+    for (int j = 0; j < 8; ++j) o[j] += w * sh.o[k * TPG + l][j];
+    L += w * sh.l[k * TPG + l];
   }
-  store_merged(out, lse, row, dim, quarter == 0 && l16 == 0, o, M, L);
+  store_merged(out, lse, row, dim, first_piece && l == 0, o, M, L);
 }
 
-// The same merge by one group of 16 threads alone (no block barrier), for items with few parts:
-// the block's groups then merge that many items at once instead of one after another.
+// The same merge by one thread group alone (no block barrier), for items with few parts: the
+// block's groups then merge that many items at once instead of one after another.
 __device__ __forceinline__ void merge_item_group(const bf16* __restrict__ part_o, const float* __restrict__ part_lse,
                                                  bf16* __restrict__ out, float* __restrict__ lse, size_t row,
-                                                 int quarter, int b, int p_first, int nparts, int H, int l16) {
+                                                 int dim, bool lse_lane, int b, int p_first, int nparts, int H) {
   float o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
   float m = NEG_INF, L = 0.f;
-  walk_item<4>(part_o, part_lse, row, quarter, b, p_first, nparts, H, l16, 0, 1, o, m, L);
-  store_merged(out, lse, row, quarter * 128 + l16 * 8, quarter == 0 && l16 == 0, o, m, L);
+  walk_item<4>(part_o, part_lse, row, dim, b, p_first, nparts, H, 0, 1, o, m, L);
+  store_merged(out, lse, row, dim, lse_lane, o, m, L);
 }
 
 // Items with at most this many parts are merged by one thread group each.
 constexpr int RED_SMALL = 8;
 
-// The reduce: work items are (row, quarter) of every request, B*QN*H*4 of them; block g of the
-// grid's G takes items g, g+G, ..., `per_block` of them (the launch sizes G so that a large batch
-// does not pay the GPU's block-launch rate for requests that need no merge). Its threads check
-// their items against the plan at once; only items of requests that several parts share merge.
-extern "C" __global__ void __launch_bounds__(RED_THREADS)
-verify_attn_reduce(const bf16* __restrict__ part_o, const float* __restrict__ part_lse,
-                   const int* __restrict__ prefix_indptr,  // [B + 1]
-                   bf16* __restrict__ out,                 // [B, QN, H, 512]
-                   float* __restrict__ lse,                // [B, QN, H] natural log, or null
-                   int B, int H, int per_block) {
-  __shared__ float red_o[RED_GROUPS][16][9];
-  __shared__ float red_l[RED_GROUPS][16];
-  __shared__ float red_m[RED_GROUPS];
-  __shared__ int todo[RED_THREADS][3];  // item, p_first, parts: few parts from the front, many from the back
-  __shared__ int ntodo, nbig;
+// The reduce's work items are (row, piece) of every request, B*QN*H*PIECES of them; block g of
+// the grid's G takes items g, g+G, ..., `per_block` of them (the launch sizes G so that a large
+// batch does not pay the GPU's block-launch rate for requests that need no merge). Its threads
+// check their items against the plan at once; only items of requests that several parts share
+// merge. A piece's dims go to a group of 64 / PIECES threads, 8 dims each. False if the block had
+// nothing to merge.
+template <int PIECES>
+__device__ __forceinline__ bool reduce_pieces(const bf16* __restrict__ part_o, const float* __restrict__ part_lse,
+                                              const int* __restrict__ prefix_indptr, bf16* __restrict__ out,
+                                              float* __restrict__ lse, int B, int H, int per_block, RedShared& sh) {
+  constexpr int TPG = 64 / PIECES, GROUPS = RED_THREADS / TPG, WIDTH = D_V / PIECES;
   const int tid = threadIdx.x;
-  const long long items = (long long)B * QN * H * 4;
-  TRACE(1, 0);
-  if (tid == 0) ntodo = 0, nbig = 0;
-  __syncthreads();
+  const long long items = (long long)B * QN * H * PIECES;
   if (tid < per_block) {
     const long long item = blockIdx.x + (long long)tid * gridDim.x;
     if (item < items) {
-      const int b = (int)(item / ((long long)QN * H * 4));
+      const int b = (int)(item / ((long long)QN * H * PIECES));
       const Plan pl = make_plan(prefix_indptr, B);
       const long long Ub = pl.U(b), Ub1 = pl.U(b + 1);
       const int Lb = (int)(Ub1 - Ub - PLAN_C);
       const int p_first = pl.part_of(Ub + PLAN_C + min(TK, Lb) - 1), p_last = pl.part_of(Ub1 - 1);
       if (p_first != p_last) {  // one part wrote this request's output itself otherwise
         const int np = p_last - p_first + 1;
-        const int k = np > RED_SMALL ? RED_THREADS - 1 - atomicAdd(&nbig, 1) : atomicAdd(&ntodo, 1);
-        todo[k][0] = (int)item, todo[k][1] = p_first, todo[k][2] = np;
+        const int k = np > RED_SMALL ? RED_THREADS - 1 - atomicAdd(&sh.nbig, 1) : atomicAdd(&sh.ntodo, 1);
+        sh.todo[k][0] = (int)item, sh.todo[k][1] = p_first, sh.todo[k][2] = np;
       }
     }
   }
   __syncthreads();
-  const int n = ntodo, nb = nbig;
+  const int n = sh.ntodo, nb = sh.nbig;
   TRACE(1, 1);
-  if (n + nb == 0) return;
+  if (n + nb == 0) return false;
 #if VA_PDL
   asm volatile("griddepcontrol.wait;\n" ::: "memory");  // the partial grid has finished and flushed
 #endif
   TRACE(1, 2);
-  // Many parts: the block's groups share a round's items out, RED_GROUPS / items groups each (a
-  // long request's one item gets them all; several items of mid-length requests merge at once
-  // instead of one after another).
-  for (int k0 = 0; k0 < nb; k0 += RED_GROUPS) {
-    const int m = min(RED_GROUPS, nb - k0), gpi = RED_GROUPS / m;
-    const int grp = tid / 16, k = grp / gpi, first = k * gpi;
-    int item = 0;
+  // Many parts: the block's groups share a round's items out, up to RED_GPI groups each (a long
+  // request's one item gets that many; several items of mid-length requests merge at once instead
+  // of one after another).
+  for (int k0 = 0; k0 < nb; k0 += GROUPS) {
+    const int m = min(GROUPS, nb - k0), gpi = min(RED_GPI, GROUPS / m);
+    const int grp = tid / TPG, k = grp / gpi, first = k * gpi;
+    const int item = k < m ? sh.todo[RED_THREADS - 1 - (k0 + k)][0] : 0;
+    const size_t row = (size_t)(item / PIECES);
+    const int dim = (item % PIECES) * WIDTH + (tid % TPG) * 8;
     if (k < m) {
-      const int* t = todo[RED_THREADS - 1 - (k0 + k)];
-      item = t[0];
-      const size_t row = (size_t)(item / 4);
-      merge_item_walk(part_o, part_lse, row, item % 4, (int)(row / ((size_t)QN * H)), t[1], t[2], H, grp,
-                      grp - first, gpi, red_o, red_l, red_m);
+      const int* t = sh.todo[RED_THREADS - 1 - (k0 + k)];
+      merge_item_walk<TPG>(part_o, part_lse, row, dim, (int)(row / ((size_t)QN * H)), t[1], t[2], H, grp, grp - first,
+                           gpi, sh);
     }
     __syncthreads();
-    if (k < m && grp == first) merge_item_combine(out, lse, (size_t)(item / 4), item % 4, grp, gpi, red_o, red_l, red_m);
-    __syncthreads();  // red_* are free for the next round
+    if (k < m && grp == first) merge_item_combine<TPG>(out, lse, row, dim, item % PIECES == 0, grp, gpi, sh);
+    __syncthreads();  // the shared results are free for the next round
   }
-  for (int k = tid / 16; k < n; k += RED_GROUPS) {  // few parts: a thread group an item
-    const int item = todo[k][0];
-    const size_t row = (size_t)(item / 4);
-    merge_item_group(part_o, part_lse, out, lse, row, item % 4, (int)(row / ((size_t)QN * H)), todo[k][1],
-                     todo[k][2], H, tid % 16);
+  for (int k = tid / TPG; k < n; k += GROUPS) {  // few parts: a thread group an item
+    const int item = sh.todo[k][0], l = tid % TPG;
+    const size_t row = (size_t)(item / PIECES);
+    merge_item_group(part_o, part_lse, out, lse, row, (item % PIECES) * WIDTH + l * 8, item % PIECES == 0 && l == 0,
+                     (int)(row / ((size_t)QN * H)), sh.todo[k][1], sh.todo[k][2], H);
   }
-  TRACE(1, 3);
+  return true;
 }
+
+// One block of the reduce over PIECES pieces a row.
+template <int PIECES>
+__device__ __forceinline__ void reduce_block(const bf16* __restrict__ part_o, const float* __restrict__ part_lse,
+                                             const int* __restrict__ prefix_indptr, bf16* __restrict__ out,
+                                             float* __restrict__ lse, int B, int H, int per_block) {
+  __shared__ RedShared sh;
+  TRACE(1, 0);
+  if (threadIdx.x == 0) sh.ntodo = 0, sh.nbig = 0;
+  __syncthreads();
+  if (reduce_pieces<PIECES>(part_o, part_lse, prefix_indptr, out, lse, B, H, per_block, sh)) TRACE(1, 3);
+}
+
+// The reduce over quarters of rows. Each count of pieces is a kernel of its own with the count a
+// constant: one kernel holding both ran the quarters slower (bench/results/ab_kernel_flags_sm_90.md).
+extern "C" __global__ void __launch_bounds__(RED_THREADS)
+verify_attn_reduce(const bf16* __restrict__ part_o, const float* __restrict__ part_lse,
+                   const int* __restrict__ prefix_indptr,  // [B + 1]
+                   bf16* __restrict__ out,                 // [B, QN, H, 512]
+                   float* __restrict__ lse,                // [B, QN, H] natural log, or null
+                   int B, int H, int per_block) {
+  reduce_block<4>(part_o, part_lse, prefix_indptr, out, lse, B, H, per_block);
+}
+
+#if VA_RED_PIECES == 16
+// The same over 16 pieces a row, for requests of few rows (kernels/abi.py's reduce_grid).
+extern "C" __global__ void __launch_bounds__(RED_THREADS)
+verify_attn_reduce16(const bf16* __restrict__ part_o, const float* __restrict__ part_lse,
+                     const int* __restrict__ prefix_indptr, bf16* __restrict__ out, float* __restrict__ lse, int B,
+                     int H, int per_block) {
+  reduce_block<16>(part_o, part_lse, prefix_indptr, out, lse, B, H, per_block);
+}
+#endif

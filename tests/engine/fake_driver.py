@@ -25,6 +25,7 @@ class FakeDriver(types.ModuleType):
 
     class CUresult:
         CUDA_SUCCESS = 0
+        CUDA_ERROR_NOT_FOUND = 500
 
     def __init__(self, cfg: KernelConfig = CFG, q_len: int = 9) -> None:
         super().__init__("cuda.bindings.driver")
@@ -40,7 +41,12 @@ class FakeDriver(types.ModuleType):
             CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK="threads",
             CU_FUNC_ATTRIBUTE_NUM_REGS="regs",
         )
-        self.globals = {b"kSmemBytes": smem_bytes(cfg, q_len), b"kReduceThreads": 256, b"kUsesPdl": 1}
+        self.globals = {
+            b"kSmemBytes": smem_bytes(cfg, q_len),
+            b"kReduceThreads": 256,
+            b"kReduceMaxPieces": 16,
+            b"kUsesPdl": 1,
+        }
         self.addresses = {name: 0x1000 + 16 * i for i, name in enumerate(self.globals)}
 
     def cuInit(self, flags):
@@ -76,6 +82,8 @@ class FakeDriver(types.ModuleType):
         return 0, (module, name)
 
     def cuModuleGetGlobal(self, module, name):
+        if name not in self.addresses:  # a cubin that does not declare it
+            return self.CUresult.CUDA_ERROR_NOT_FOUND, 0, 0
         return 0, self.addresses[name], 4
 
     def cuMemcpyDtoH(self, dst, src, size):

@@ -95,3 +95,30 @@ def test_a_launch_config_is_built_once_per_stream_and_batch_and_each_kernel_keep
     assert partial[0] is partial[1] is partial[2] and reduce[0] is reduce[1] is reduce[2]
     assert partial[3] is not partial[0] and (partial[3].hStream, partial[0].hStream) == (6, 5)
     assert partial[0].sharedMemBytes == kernels.smem and reduce[0].sharedMemBytes == 0
+
+
+@pytest.mark.parametrize(("q_len", "declared", "pieces"), [(1, 16, 16), (9, 16, 4), (1, None, 4)])
+def test_the_reduce_is_launched_with_the_pieces_its_cubin_allows(driver, monkeypatch, q_len, declared, pieces):
+    """H=8 q=1 has 8 rows: the reduce cuts each into 16 pieces (verify_attn_reduce16, 128 blocks, not
+    32) when the cubin declares kReduceMaxPieces 16; a cubin without it (v6's, which benchmarks
+    launch through this runtime) merges quarters (verify_attn_reduce)."""
+    from verify_tuner.kernels import runtime
+    from verify_tuner.kernels.abi import REDUCE_ARGS, LaunchSpec
+
+    from tests.engine.fake_driver import launch_values
+
+    if declared is None:
+        del driver.globals[b"kReduceMaxPieces"], driver.addresses[b"kReduceMaxPieces"]
+    driver.globals[b"kSmemBytes"] = smem_bytes(CFG, q_len)
+    kernels = runtime.CubinKernels(b"cubin", LaunchSpec(CFG, 8, q_len), sm_count=132)
+    seen: list[tuple] = []
+    monkeypatch.setattr(
+        driver, "cuLaunchKernelEx", lambda config, fn, args, extra: seen.append((fn, config, args)) or (0,)
+    )
+    ptrs = {"q": 1, "q_pe": None, "kv": 2, "prefix_indices": 3, "prefix_rows": 0, "prefix_indptr": 4,
+            "draft_indices": 5, "tree_mask": 6, "out": 7, "lse": 0}  # fmt: skip
+    kernels.launch(stream=5, batch=1, pointers=ptrs, part_o=8, part_lse=9, softmax_scale=0.1)
+    fn, config, args = seen[-1]
+    assert fn[1] == (b"verify_attn_reduce16" if pieces == 16 else b"verify_attn_reduce")
+    assert len(launch_values(fn, args)) == len(REDUCE_ARGS)
+    assert config.gridDimX == q_len * 8 * pieces  # one item a block: every (row, piece) merges at once

@@ -216,7 +216,12 @@ def test_the_argument_letters_follow_the_kernels_signatures():
     """PARTIAL_ARGS / REDUCE_ARGS spell the .cu's parameters in order (pointer P, int i, float f):
     a parameter added to the kernel but not here would shift every argument after it."""
     src = SOURCE.read_text()
-    for name, letters in (("verify_attn_partial", PARTIAL_ARGS), ("verify_attn_reduce", REDUCE_ARGS)):
+    kernels = (
+        ("verify_attn_partial", PARTIAL_ARGS),
+        ("verify_attn_reduce", REDUCE_ARGS),
+        ("verify_attn_reduce16", REDUCE_ARGS),
+    )
+    for name, letters in kernels:
         head = src.split(f"\n{name}(", 1)[1].split("{", 1)[0]  # the parameter list, comments and all
         params = "".join(line.split("//")[0] for line in head.splitlines()).rsplit(")", 1)[0]
         kinds = ["P" if "*" in p else "f" if p.split()[0] == "float" else "i" for p in params.split(",")]
@@ -238,13 +243,32 @@ def test_the_grid_is_the_same_for_every_batch_and_the_workspace_follows_the_plan
     assert spec.workspace_rows(1) == 132 * 9 * 8 and spec.workspace_rows(32) == (132 + 31) * 9 * 8
 
 
+@pytest.mark.parametrize("max_pieces", [4, 16])
 @pytest.mark.parametrize("batch", [1, 2, 8, 32, 256, 4096])
-def test_reduce_grid_covers_every_item_within_a_block_s_threads(batch):
-    blocks, per = reduce_grid(batch=batch, q_len=9, H=8, sm_count=132, threads=256)
-    items = batch * 9 * 8 * 4
+def test_reduce_grid_covers_every_item_within_a_block_s_threads(batch, max_pieces):
+    blocks, per, pieces = reduce_grid(batch=batch, q_len=9, H=8, sm_count=132, threads=256, max_pieces=max_pieces)
+    assert pieces == 4  # 72 rows already give 288 items: more than the SMs
+    items = batch * 9 * 8 * pieces
     assert blocks * per >= items and per <= 256 and blocks <= max(items, 1)
     if batch == 1:
         assert per == 1  # one long request: every item its own block
+
+
+@pytest.mark.parametrize(
+    ("q_len", "H", "max_pieces", "want"),
+    [(1, 8, 16, 16), (1, 8, 4, 4), (1, 16, 16, 16), (2, 16, 16, 16), (3, 16, 16, 4), (1, 64, 16, 4), (9, 8, 16, 4)],
+)
+def test_reduce_grid_cuts_few_rows_into_more_pieces_up_to_the_cubin_s_limit(q_len, H, max_pieces, want):
+    """H=8 q=1 has 8 rows: at 4 pieces a row its merge ran on 32 of 132 SMs."""
+    for batch in (1, 32):
+        blocks, per, pieces = reduce_grid(
+            batch=batch, q_len=q_len, H=H, sm_count=132, threads=256, max_pieces=max_pieces
+        )
+        assert pieces == want
+        items = batch * q_len * H * pieces
+        assert blocks * per >= items and blocks <= items and per <= 256
+    if max_pieces == 16 and q_len * H <= 16:
+        assert reduce_grid(batch=1, q_len=q_len, H=H, sm_count=132, threads=256, max_pieces=16)[0] >= 128
 
 
 def test_a_launchs_packed_arguments_are_what_the_driver_reads_and_are_rewritten_in_place():

@@ -67,12 +67,16 @@ KERNEL_FORMATS = ("bf16", "fp8_e4m3")
 def test_default_configs_compile_without_spills_within_the_devices_smem(tmp_path, device, H, q_len, prefix, kv_dtype):
     """The heuristic defaults of a representative sample, built for the device's own arch (sm_80,
     sm_90, sm_120) and each cache format: no spills, and the kernel's own layout (kSmemBytes, via
-    validate's formula) within its limit."""
+    validate's formula) within its limit; the reduce built with it spills nothing either."""
     limits = known_device(device)
     cfg = heuristic_config(limits, H=H, q_len=q_len, prefix=prefix)
-    report = ptxas_report(compile_cubin(cfg, q_len, limits.arch, tmp_path, kv_dtype=kv_dtype).ptxas_log)
+    log = compile_cubin(cfg, q_len, limits.arch, tmp_path, kv_dtype=kv_dtype).ptxas_log
+    report = ptxas_report(log)
     assert report["spill_stores"] == 0 and report["spill_loads"] == 0, (cfg, report)
     assert 0 < report["registers"] <= 255
+    for fn in ("verify_attn_reduce", "verify_attn_reduce16"):
+        reduce = ptxas_report(log, fn)
+        assert reduce["spill_stores"] == 0 and reduce["spill_loads"] == 0 and reduce["stack_frame"] == 0, (fn, reduce)
     assert smem_bytes(cfg, q_len, kv_dtype) <= limits.max_smem_optin
 
 
