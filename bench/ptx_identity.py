@@ -4,6 +4,7 @@ comments or flag-only paths is checked here, without a GPU, against the revision
 and benchmarks measured.
 
     python bench/ptx_identity.py --base 5dfc59b --out OUT
+    python bench/ptx_identity.py --base 6988d3a --function verify_attn_partial --out OUT   # one kernel's
 """
 
 from __future__ import annotations
@@ -49,6 +50,16 @@ def _ptx(source: str, cfg: KernelConfig, q_len: int, arch: str, kv_dtype: str) -
         )
 
 
+def entry(ptx: str, name: str) -> str:
+    """The PTX of one kernel: from its `.entry` line to the next entry or function."""
+    lines = ptx.splitlines()
+    start = next((i for i, line in enumerate(lines) if f".entry {name}(" in line), None)
+    if start is None:
+        raise SystemExit(f"no kernel {name} in the PTX")
+    end = next((i for i in range(start + 1, len(lines)) if ".entry " in lines[i] or ".func " in lines[i]), len(lines))
+    return "\n".join(lines[start:end])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--base", required=True, help="git revision to compare with")
@@ -58,6 +69,7 @@ def main() -> None:
         default=",".join(KV_DTYPES),
         help="cache formats to build, comma-separated (default: the served ones)",
     )
+    ap.add_argument("--function", help="compare this kernel's PTX only (e.g. verify_attn_partial)")
     args = ap.parse_args()
     kv_dtypes = args.kv_dtypes.split(",")
     for name in kv_dtypes:
@@ -76,17 +88,21 @@ def main() -> None:
             for arch in ARCHES:
                 if int(arch.removeprefix("sm_")) < kv_format(kv).min_cc:
                     continue  # the format needs instructions the arch lacks (its build is an #error)
-                same = _ptx(base, cfg, q, arch, kv) == _ptx(here, cfg, q, arch, kv)
+                a, b = _ptx(base, cfg, q, arch, kv), _ptx(here, cfg, q, arch, kv)
+                same = entry(a, args.function) == entry(b, args.function) if args.function else a == b
                 rows.append(f"| {kv} | {arch} | {q} | {cfg} | {'identical' if same else 'DIFFERENT'} |")
             print(rows[-1], flush=True)
     head = subprocess.run(
         ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
     ).stdout.strip()
     lines = [
-        f"# PTX of {rel} at {head} (working tree) vs {args.base} — {dt.date.today().isoformat()}",
+        (
+            f"# PTX of {rel}{f' ({args.function} only)' if args.function else ''} at {head} (working tree) vs "
+            f"{args.base} — {dt.date.today().isoformat()}"
+        ),
         "",
         (
-            f"`python bench/ptx_identity.py --base {args.base}`; nvcc {' '.join(NVCC_FLAGS)} without "
+            f"`python bench/ptx_identity.py --base {args.base}{f' --function {args.function}' if args.function else ''}`; nvcc {' '.join(NVCC_FLAGS)} without "
             "-lineinfo, `.loc`/`.file`/comment lines stripped."
         ),
         "",
