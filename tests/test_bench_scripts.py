@@ -456,3 +456,16 @@ def test_the_audit_of_every_default_covers_each_device_format_and_shape_once():
         assert limits.arch == arch
         cfg = heuristic_config(limits, H=H, q_len=q, prefix=46000, kv_dtype=kv)
         assert [p for p in str(cfg).split() if not p.startswith("NSPLIT=")] == structure
+
+
+def test_ptx_identity_reads_one_kernel_s_entry_and_refuses_a_missing_one():
+    """--function compares one .entry: the partial's text alone, not the reduce that follows it."""
+    from ptx_identity import entry
+
+    lines = [".version 8.0", ".visible .entry verify_attn_partial(", "  mov.u32 %r1, 1;", "}",
+             ".visible .entry verify_attn_reduce(", "  mov.u32 %r1, 2;", "}"]  # fmt: skip
+    ptx = "\n".join(lines)
+    assert entry(ptx, "verify_attn_partial") == ".visible .entry verify_attn_partial(\n  mov.u32 %r1, 1;\n}"
+    assert "%r1, 2" in entry(ptx, "verify_attn_reduce") and "%r1, 1" not in entry(ptx, "verify_attn_reduce")
+    with pytest.raises(SystemExit, match="no kernel verify_attn_reduce16"):
+        entry(ptx, "verify_attn_reduce16")
