@@ -31,7 +31,7 @@ from benchlib import parse_config, parse_shapes
 from verify_tuner.heuristic import heuristic_config
 from verify_tuner.kernels.build import SOURCE
 from verify_tuner.kernels.config import KernelConfig
-from verify_tuner.kernels.errors import InvalidConfig
+from verify_tuner.kernels.errors import CompileError, InvalidConfig
 from verify_tuner.kernels.formats import kv_format, readable
 from verify_tuner.kernels.limits import known_device
 from verify_tuner.kernels.reference import SLOT_LAYOUTS
@@ -278,8 +278,11 @@ def _variant(cfg, H, Q, limits, args, name, flags, *, max_batch):
     )  # fmt: skip
     if name == "A" and args.a_source is not None:
         with tempfile.TemporaryDirectory(prefix="ab-a-") as tmp:
-            cubin = compile_source(args.a_source, cfg, Q, limits.arch, Path(tmp), args.kv_dtype, flags).read_bytes()
-        va.kernels = CubinKernels(cubin, va.spec, sm_count=limits.sm_count)
+            try:
+                cubin = compile_source(args.a_source, cfg, Q, limits.arch, Path(tmp), args.kv_dtype, flags)
+            except CompileError as e:  # e.g. a revision from before this cache format
+                raise SystemExit(f"--a-source {args.a_source} does not build {cfg} ({args.kv_dtype}): {e}") from None
+            va.kernels = CubinKernels(cubin.read_bytes(), va.spec, sm_count=limits.sm_count)
     return va
 
 

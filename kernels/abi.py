@@ -52,10 +52,10 @@ def reduce_grid(
     """(blocks, items per block, pieces a row) of the reduce: an item is one (row, piece) of a
     request's output, a piece 512 / pieces dims. A request of few rows (q_len * H * 4 under the SM
     count: H=8 q=1 merged on 32 of 132 SMs) cuts its rows into 16 pieces where the cubin has that
-    kernel (its kReduceMaxPieces 16: verify_attn_reduce16), else 4 (verify_attn_reduce). Enough blocks for two requests' items (all of a long request's
-    merges run in parallel) and four per SM, but no more: past the GPU's block-launch rate, blocks
-    for requests that one part wrote whole cost more than the merges (a block checks up to
-    `threads` items at once)."""
+    kernel (kReduceMaxPieces 16: verify_attn_reduce16), else 4 (verify_attn_reduce). Enough blocks
+    for two requests' items (all of a long request's merges run in parallel) and four per SM, but
+    no more: past the GPU's block-launch rate, blocks for requests that one part wrote whole cost
+    more than the merges (a block checks up to `threads` items at once)."""
     pieces = 16 if max_pieces >= 16 and q_len * H * 4 < sm_count else 4
     items = batch * q_len * H * pieces
     blocks = min(items, max(2 * q_len * H * pieces, 4 * sm_count, -(-items // threads)))
@@ -117,15 +117,7 @@ class LaunchSpec:
         return (*pointers, *sizes, softmax_scale * LOG2E, kv_scale_ptr, kv_scale)
 
     def reduce_args(
-        self,
-        *,
-        part_o: int,
-        part_lse: int,
-        prefix_indptr: int,
-        out: int,
-        lse: int,
-        batch: int,
-        per_block: int,
+        self, *, part_o: int, part_lse: int, prefix_indptr: int, out: int, lse: int, batch: int, per_block: int
     ) -> tuple[int, ...]:
         return (part_o, part_lse, prefix_indptr, out, lse, batch, self.H, per_block)
 
