@@ -2,7 +2,8 @@
 timer at phase boundaries (thread 0 of each block), one pair runs alone after a warm-up, and the
 stamps are read back. Printed per case, in microseconds from the first partial block's start:
 when the working partial blocks pass each phase (median / max over them) and when the reduce's
-blocks start, finish their plan check, are released by griddepcontrol.wait and end. The same
+blocks start, finish their plan check, are released by griddepcontrol.wait and end (and, in a
+merge of many parts, when its lse loads land, its walk and its combine end). The same
 cases are also timed as CUDA-graph replays plain, traced (the stamps' cost) and with
 -DVA_PROFILE_EMPTY (the launch pair alone: the floor a graph replay pays). `--variant LABEL=FLAGS`
 (repeatable) traces the same cases again with extra compile flags, e.g. a plan constant or a
@@ -25,7 +26,8 @@ from pathlib import Path
 
 # slot 7: a -DVA_PROFILE_REPEAT build's second pass starts (slots 2-5 are then that pass's)
 PARTIAL = ["entry", "plan", "prologue issued", "Q + tile 0 landed", "tiles done", "epilogue done", "exit", "repeat"]
-REDUCE = ["entry", "plan check", "wait released", "exit"]
+# slots 4-6: inside the merge of a request's many parts (thread 0's group, the block's last round)
+REDUCE = ["entry", "plan check", "wait released", "exit", "lse landed", "walked", "combined"]
 #: case -> (H, q_len, prefix lens), per --cases set
 CASES = {
     "default": {

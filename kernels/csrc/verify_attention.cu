@@ -1145,7 +1145,8 @@ __device__ __forceinline__ void pv_tile(float (&acc)[MW][NT][4], const bf16* Kt,
 #endif
 
 // Profiling (bench/phase_trace.py): thread 0 of each block stamps the global timer at phase
-// boundaries into va_trace (partial: 8 stamps a block; the reduce's from slot 6 of its own rows).
+// boundaries into va_trace (partial: 8 stamps a block; the reduce: 7, slots 4-6 inside a merge of
+// many parts, in its last round).
 #ifdef VA_TRACE
 extern "C" {
 __device__ unsigned long long va_trace[2][8192][8];
@@ -1586,6 +1587,7 @@ __device__ __forceinline__ void merge_parts(const bf16* src, const float* lsrc, 
     float mx = m;
 #pragma unroll
     for (int u = 0; u < U; ++u) mx = fmaxf(mx, x[u]);
+    TRACE(1, 4);  // the round's lse loads have landed (its partials' were issued with them)
     const float base = mx == NEG_INF ? 0.f : mx;  // nothing seen yet: every weight is 0
     const float sc = exp2f(m - base);
     L *= sc;
@@ -1739,9 +1741,13 @@ __device__ __forceinline__ bool reduce_pieces(const bf16* __restrict__ part_o, c
       const int* t = sh.todo[RED_THREADS - 1 - (k0 + k)];
       merge_item_walk<TPG>(part_o, part_lse, row, dim, (int)(row / ((size_t)QN * H)), t[1], t[2], H, grp, grp - first,
                            gpi, sh);
+      TRACE(1, 5);
     }
     __syncthreads();
-    if (k < m && grp == first) merge_item_combine<TPG>(out, lse, row, dim, item % PIECES == 0, grp, gpi, sh);
+    if (k < m && grp == first) {
+      merge_item_combine<TPG>(out, lse, row, dim, item % PIECES == 0, grp, gpi, sh);
+      TRACE(1, 6);
+    }
     __syncthreads();  // the shared results are free for the next round
   }
   for (int k = tid / TPG; k < n; k += GROUPS) {  // few parts: a thread group an item
