@@ -26,7 +26,8 @@ from pathlib import Path
 
 # slot 7: a -DVA_PROFILE_REPEAT build's second pass starts (slots 2-5 are then that pass's)
 PARTIAL = ["entry", "plan", "prologue issued", "Q + tile 0 landed", "tiles done", "epilogue done", "exit", "repeat"]
-# slots 4-6: inside the merge of a request's many parts (thread 0's group, the block's last round)
+# slots 4-6: inside the merge of a request's many parts (thread 0's group, the block's last round;
+# a few-parts item thread 0 merges afterwards rewrites slot 4: none at B=1)
 REDUCE = ["entry", "plan check", "wait released", "exit", "lse landed", "walked", "combined"]
 #: case -> (H, q_len, prefix lens), per --cases set
 CASES = {

@@ -1146,7 +1146,7 @@ __device__ __forceinline__ void pv_tile(float (&acc)[MW][NT][4], const bf16* Kt,
 
 // Profiling (bench/phase_trace.py): thread 0 of each block stamps the global timer at phase
 // boundaries into va_trace (partial: 8 stamps a block; the reduce: 7, slots 4-6 inside a merge of
-// many parts, in its last round).
+// many parts, in its last round; a few-parts merge thread 0 takes after it rewrites slot 4).
 #ifdef VA_TRACE
 extern "C" {
 __device__ unsigned long long va_trace[2][8192][8];
