@@ -75,7 +75,7 @@ def _variant(text: str) -> tuple[str, tuple[str, ...]]:
     return label, parts
 
 
-def _trace(va, inp, out, stream) -> dict:
+def _trace(va, inp, out, stream, blocks: bool = False) -> dict:
     import numpy as np
     import pycuda.driver as cuda
 
@@ -97,7 +97,20 @@ def _trace(va, inp, out, stream) -> dict:
         vals = [(int(v) - t0) / 1000 for v in rows[:, col] if v > 0]
         return {"median": round(statistics.median(vals), 2), "max": round(max(vals), 2)} if vals else {}
 
+    extra = {}
+    if blocks:  # every working partial block's stamps (us from t0) and SM, for the spread's causes
+        sm_dev, _ = va.kernels.global_ptr(b"va_trace_sm")
+        sms = np.empty((2, 8192), np.uint32)
+        cuda.memcpy_dtoh(sms, sm_dev)
+        ids = np.flatnonzero(part[:, 1] > 0)
+        extra["blocks"] = {
+            "slots": PARTIAL,
+            "block": [int(i) for i in ids],
+            "sm": [int(sms[0, i]) for i in ids],
+            "us": [[round((int(v) - t0) / 1000, 3) if v > 0 else None for v in part[i]] for i in ids],
+        }
     return {
+        **extra,
         "partial blocks": int((part[:, 0] > 0).sum()),
         "working blocks": len(working),
         "partial": {name: at(working, i) for i, name in enumerate(PARTIAL)},
@@ -113,6 +126,7 @@ def main() -> None:
     ap.add_argument("--variant", type=_variant, action="append", default=[], help="LABEL=FLAGS, repeatable")
     ap.add_argument("--cases", choices=sorted(CASES), default="default", help="which set of cases")
     ap.add_argument("--kv-dtype", default="bf16", help="the cache format of every case (kernels/formats.py)")
+    ap.add_argument("--blocks", action="store_true", help="also save each partial block's stamps and SM")
     args = ap.parse_args()
     kv = args.kv_dtype
 
@@ -143,7 +157,7 @@ def main() -> None:
             "variant": variant,
             "flags": list(extra),
             "config": cfg.as_params(),
-            **_trace(traced, make_inputs(prefix_lens=lens, q_len=Q, H=H, kv_dtype=kv), out, stream),
+            **_trace(traced, make_inputs(prefix_lens=lens, q_len=Q, H=H, kv_dtype=kv), out, stream, args.blocks),
         }
         sets = rotating_inputs(prefix_lens=lens, q_len=Q, H=H, l2_bytes=limits.l2_bytes, kv_dtype=kv)
         for label, flags in (
@@ -169,7 +183,9 @@ def main() -> None:
         )
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = {"device": limits.name, "date": dt.date.today().isoformat(), "rows": rows}
-    (args.out / file_name(limits.arch, args.cases, kv)).write_text(json.dumps(stamp, indent=1))
+    # with every block's stamps the file is mostly numbers: compact
+    text = json.dumps(stamp, separators=(",", ":")) if args.blocks else json.dumps(stamp, indent=1)
+    (args.out / file_name(limits.arch, args.cases, kv)).write_text(text)
 
 
 if __name__ == "__main__":
