@@ -27,8 +27,6 @@
 # `spread` saves every partial block's stamps and SM at q=1 (both formats) and the bf16 headline
 # shapes (why the last blocks finish microseconds after the median), and times e4m3's q=1 default
 # against more and fewer parts.
-# `prefetch` A/Bs L2 prefetches of the first pages each block touches (VA_PREFETCH) and traces
-# both formats' q=1 phases with them (and e4m3's without KV loads: its prologue without the flood).
 # Nsight's pages come back packed in ncu.tgz (a device call returns at most 8 files). `edges` A/Bs the prologue's and epilogue's
 # instruction diet and runs every gpu test.
 # `vsbase` A/Bs another revision's kernel (BASE_SOURCE, e.g. `git show REV:kernels/csrc/verify_attention.cu
@@ -38,7 +36,7 @@
 set -uo pipefail
 # the one list of modes: the usage line and the check below read it (a mode added to the case
 # further down goes here too, or the check refuses it)
-MODES="tests f8 f8qk e4m3 f8ncu layouts grid trace1 reduce spread prefetch loop next edges q64 folded sm120e4m3"
+MODES="tests f8 f8qk e4m3 f8ncu layouts grid trace1 reduce spread loop next edges q64 folded sm120e4m3"
 mode=${1:?tests or bench}
 out=${2:?outdir}
 usage="usage: $0 ${MODES// /|} OUTDIR | $0 bench OUTDIR V6_SOURCE [--quick] | $0 vsbase OUTDIR BASE_SOURCE"
@@ -133,14 +131,6 @@ case "$mode" in
       timeout 60 python3 bench/ab_kernel.py --kv-dtype fp8_e4m3 --b-override "NSPLIT=$parts" --shapes 8:1:131072,8:1:46000 \
         --label "e4m3 q=1: the default's 264 parts (A) vs $parts (B)" --out "$out" 2>&1 | tail -3
     done ;;
-  prefetch)
-    timeout 120 python3 bench/ab_kernel.py --b-flags=-DVA_PREFETCH=1 --shapes 8:1:131072,8:1:16384,8:9:46000,8:9:4096,64:9:46000 \
-      --label "first pages: no prefetch (A) vs L2 prefetches before the plan and the release (B)" --out "$out" 2>&1 | tail -6
-    timeout 80 python3 bench/ab_kernel.py --kv-dtype fp8_e4m3 --b-flags=-DVA_PREFETCH=1 --shapes 8:1:131072,8:1:46000,8:9:46000 \
-      --label "e4m3 first pages: no prefetch (A) vs L2 prefetches (B)" --out "$out" 2>&1 | tail -4
-    timeout 120 python3 bench/phase_trace.py --cases q1 --kv-dtype fp8_e4m3 --variant pf=-DVA_PREFETCH=1 \
-      --variant noloads=-DVA_PROFILE_SKIP_LOADS --out "$out" 2>&1 | tail -9
-    timeout 90 python3 bench/phase_trace.py --variant pf=-DVA_PREFETCH=1 --out "$out" 2>&1 | tail -10 ;;
   loop)
     # the tile loop's issue-rate flags (verify_attention.cu: VA_QK_UNIFORM, VA_SOFTMAX_TREE), each
     # A/B'd against the loop before them (0 0), then the battery and runtime tests at the defaults

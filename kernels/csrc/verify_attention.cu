@@ -1174,15 +1174,6 @@ __device__ __forceinline__ void trace_stamp(int kernel, int slot) {
 #ifndef VA_MINB
 #define VA_MINB 1  // blocks per SM the register allocation must allow
 #endif
-// Experiment: touch the pages a block reads and writes first with L2 prefetches before it can
-// know the exact addresses (the partial before its plan, the reduce before its release), so the
-// address translations are not on the critical path of the first loads (0: off).
-#ifndef VA_PREFETCH
-#define VA_PREFETCH 0
-#endif
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
-}
 
 extern "C" __global__ void __launch_bounds__(BLOCK, VA_MINB)
 verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h) at (b*QN + i)*q_st + h*q_sh: dims 0..511
@@ -1229,22 +1220,6 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");  // the reduce may be scheduled now
 #endif
   TRACE(0, 0);
-#if VA_PREFETCH
-  if (lane == 0) {  // one page each warp: what the block reads and writes at B=1 (slot = part)
-    const size_t slot_rows = (size_t)part_id * QN * H;
-    switch (warp) {
-      case 0: prefetch_l2(prefix_indices); break;
-      case 1: prefetch_l2(q); break;
-      case 2: prefetch_l2(q_pe); break;
-      case 3: prefetch_l2(part_o + slot_rows * D_V); break;
-      case 4: prefetch_l2(part_lse + slot_rows); break;
-      case 5: prefetch_l2(draft_indices); break;
-      case 6: prefetch_l2(kv); break;
-      case 7: prefetch_l2(out); break;
-      default: break;
-    }
-  }
-#endif
 #if defined(VA_PROFILE_EMPTY)  // profiling: the launch alone (outputs are garbage by design)
   return;
 #endif
@@ -1757,16 +1732,6 @@ __device__ __forceinline__ bool reduce_pieces(const bf16* __restrict__ part_o, c
   const int n = sh.ntodo, nb = sh.nbig;
   TRACE(1, 1);
   if (n + nb == 0) return false;
-#if VA_PREFETCH
-  if (tid < nb) {  // a big item's first part: its lse and partial pages
-    const int* t = sh.todo[RED_THREADS - 1 - tid];
-    const size_t row = (size_t)(t[0] / PIECES), slot_stride = (size_t)QN * H;
-    const size_t row0 = (size_t)(t[1] + row / slot_stride) * slot_stride + row % slot_stride;
-    prefetch_l2(part_lse + row0);
-    prefetch_l2(part_o + row0 * D_V);
-    prefetch_l2(out + row * D_V);
-  }
-#endif
 #if VA_PDL
   asm volatile("griddepcontrol.wait;\n" ::: "memory");  // the partial grid has finished and flushed
 #endif
