@@ -7,7 +7,8 @@ merge of many parts, when its lse loads land, its walk and its combine end). The
 cases are also timed as CUDA-graph replays plain, traced (the stamps' cost) and with
 -DVA_PROFILE_EMPTY (the launch pair alone: the floor a graph replay pays). `--variant LABEL=FLAGS`
 (repeatable) traces the same cases again with extra compile flags, e.g. a plan constant or a
-VA_PROFILE_SKIP_* phase left out, so a change's effect shows phase by phase.
+VA_PROFILE_SKIP_* phase left out, so a change's effect shows phase by phase. `--blocks` also saves
+every partial block's stamps and SM and prints bench/spread_summary.py's summary of them.
 
 `--cases headline` traces the kernel issue's three headline shapes instead (H=8 q=9 P=46000, B=32
 over prefixes 20k..70k, H=64 q=9 P=46000), `--kv-dtype` every case on that cache format.
@@ -186,6 +187,10 @@ def main() -> None:
     # with every block's stamps the file is mostly numbers: compact
     text = json.dumps(stamp, separators=(",", ":")) if args.blocks else json.dumps(stamp, indent=1)
     (args.out / file_name(limits.arch, args.cases, kv)).write_text(text)
+    if args.blocks:
+        from spread_summary import lines
+
+        print("\n".join(lines(stamp)))
 
 
 if __name__ == "__main__":

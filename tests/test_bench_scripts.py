@@ -4,6 +4,7 @@ dropped (bench_kernel imported a removed template list) must fail here, not in a
 from __future__ import annotations
 
 import ast
+import json
 import os
 import shutil
 import subprocess
@@ -469,3 +470,39 @@ def test_ptx_identity_reads_one_kernel_s_entry_and_refuses_a_missing_one():
     assert "%r1, 2" in entry(ptx, "verify_attn_reduce") and "%r1, 1" not in entry(ptx, "verify_attn_reduce")
     with pytest.raises(SystemExit, match="no kernel verify_attn_reduce16"):
         entry(ptx, "verify_attn_reduce16")
+
+
+def test_the_spread_summary_reads_the_blocks_a_trace_saves(tmp_path):
+    """Synthetic blocks whose late starters finish last, on SMs holding two blocks each: the summary
+    says so (the docs quote its figures), and a file traced without --blocks is a one-line error."""
+    import spread_summary
+
+    # block b starts its prologue at 1 + b/10 us, loops 5 us; block 3 never finished a loop
+    us = [[0.0, 1.0, 1.0 + b / 10, 2.0 + b / 10, 7.0 + b / 10, 7.5, 7.6, None] for b in range(20)]
+    us[3][4] = None
+    blocks = {"slots": [], "block": list(range(20)), "sm": [b // 2 for b in range(20)], "us": us}
+    s = spread_summary.summarize(blocks)
+    assert s is not None and s["blocks"] == 19
+    assert s["corr"] == pytest.approx(1.0)
+    assert s["loop"] == pytest.approx((5.0, 5.0))
+    assert s["done"][2] == pytest.approx(8.9) and s["done"][0] == pytest.approx(8.0)
+    assert s["sm pair done apart"] == pytest.approx(0.1)  # block 3's SM holds one finished block
+    assert s["plan to prologue by tenth"][0] == pytest.approx(0.05) and s["plan to prologue by tenth"][
+        9
+    ] == pytest.approx(1.85)
+    assert spread_summary.summarize({**blocks, "us": [[0.0, 1.0] + [None] * 6] * 20}) is None
+    row = {"case": "H=8 q=1 P=1", "kv_dtype": "fp8_e4m3", "variant": "default", "blocks": blocks}
+    (f := tmp_path / "trace.json").write_text(json.dumps({"device": "d", "date": "x", "rows": [row]}))
+    out = subprocess.run(
+        [sys.executable, str(BENCH / "spread_summary.py"), str(f)], check=False, capture_output=True, text=True
+    )
+    assert (
+        out.returncode == 0
+        and "fp8_e4m3 H=8 q=1 P=1: 19 blocks" in out.stdout
+        and "corr(done, prologue issued) 1.00" in out.stdout
+    )
+    (f := tmp_path / "plain.json").write_text(json.dumps({"rows": [{k: v for k, v in row.items() if k != "blocks"}]}))
+    out = subprocess.run(
+        [sys.executable, str(BENCH / "spread_summary.py"), str(f)], check=False, capture_output=True, text=True
+    )
+    assert out.returncode == 1 and out.stderr.count("\n") == 1 and "--blocks" in out.stderr
