@@ -26,7 +26,8 @@
 # (VA_RED_PIECES) against 4 always, and traces q=1 for both formats.
 # `spread` saves every partial block's stamps and SM at q=1 (both formats) and the bf16 headline
 # shapes (why the last blocks finish microseconds after the median), and times e4m3's q=1 default
-# against more and fewer parts.
+# against more and fewer parts. `defer` runs the kernel's tests and A/Bs the seesaw's deferred
+# prologue against the prologue before it.
 # Nsight's pages come back packed in ncu.tgz (a device call returns at most 8 files). `edges` A/Bs the prologue's and epilogue's
 # instruction diet and runs every gpu test.
 # `vsbase` A/Bs another revision's kernel (BASE_SOURCE, e.g. `git show REV:kernels/csrc/verify_attention.cu
@@ -36,7 +37,7 @@
 set -uo pipefail
 # the one list of modes: the usage line and the check below read it (a mode added to the case
 # further down goes here too, or the check refuses it)
-MODES="tests f8 f8qk e4m3 f8ncu layouts grid trace1 reduce spread loop next edges q64 folded sm120e4m3"
+MODES="tests f8 f8qk e4m3 f8ncu layouts grid trace1 reduce spread defer loop next edges q64 folded sm120e4m3"
 mode=${1:?tests or bench}
 out=${2:?outdir}
 usage="usage: $0 ${MODES// /|} OUTDIR | $0 bench OUTDIR V6_SOURCE [--quick] | $0 vsbase OUTDIR BASE_SOURCE"
@@ -131,6 +132,15 @@ case "$mode" in
       timeout 60 python3 bench/ab_kernel.py --kv-dtype fp8_e4m3 --b-override "NSPLIT=$parts" --shapes 8:1:131072,8:1:46000 \
         --label "e4m3 q=1: the default's 264 parts (A) vs $parts (B)" --out "$out" 2>&1 | tail -3
     done ;;
+  defer)
+    # the seesaw's prologue deferring its later tiles (VA_DEFER_PRO=1, off by default): the kernel's gpu
+    # tests (both e4m3 modes included; run them with the flag made the default), then an A/B of 0
+    # against 1 at short and long prefixes
+    timeout 120 python3 -m pytest -m gpu -q -p no:cacheprovider -rs tests/kernels/test_kernel_gpu.py \
+      tests/kernels/test_runtime_gpu.py "${F8_TESTS[@]}" 2>&1 | tee "$out/gpu-tests-defer.log" | tail -3
+    timeout 60 python3 bench/ab_kernel.py --a-flags=-DVA_DEFER_PRO=0 --b-flags=-DVA_DEFER_PRO=1 \
+      --shapes 8:9:0,8:9:4096,8:9:16384,8:9:46000 \
+      --label "bf16 seesaw: prologue loads every slot (A) vs tile 0 first (B)" --out "$out" 2>&1 | tail -4 ;;
   loop)
     # the tile loop's issue-rate flags (verify_attention.cu: VA_QK_UNIFORM, VA_SOFTMAX_TREE), each
     # A/B'd against the loop before them (0 0), then the battery and runtime tests at the defaults

@@ -7,7 +7,9 @@ barrier id hangs the device until the call's limit.
     python3 bench/seesaw_model.py [--tiles 9] [--runs 2000]
 
 Each group is one actor (its own barrier, BAR_GROUP, orders it internally); a named barrier
-completes when both groups have reached it (one arrives, the other syncs).
+completes when both groups have reached it (one arrives, the other syncs). Every order runs with
+both of the kernel's prologues: all tiles at once (the default) and its later tiles deferred until
+Q has landed (VA_DEFER_PRO=1).
 """
 
 from __future__ import annotations
@@ -59,18 +61,30 @@ def turn_ops(t: int, ntiles: int, stages: int, order: str) -> list[tuple]:
     return ops
 
 
-def program(grp: int, ntiles: int, stages: int, order: str) -> list[tuple]:
-    """A group's prologue (Q, then its tiles of the first STAGES, each one cp.async group) and turns."""
-    ops = [("commit", "Q", -1)] + [("refill", f"slot{s}", s) for s in range(grp, stages, 2)]
+def prologue(grp: int, stages: int, deferred: bool) -> list[tuple]:
+    """A group's prologue: Q, then its tiles of the first STAGES, each one cp.async group; deferred
+    (the kernel's VA_DEFER_PRO=1, off by default), tiles past 0 are an empty group at first and are
+    loaded, each a group of its own, once Q has landed, then the block's barrier."""
+    mine = range(grp, stages, 2)
+    ops = [("commit", "Q", -1)]
+    ops += [("refill", f"slot{s}", s) if s == 0 or not deferred else ("commit", "empty", -1) for s in mine]
     ops += [("wait", (stages + 1) // 2 if grp == 0 else (stages - 1) // 2, -1), ("landed", "Q", -1)]
+    if deferred:
+        ops += [("refill", f"slot{s}", s) for s in mine if s != 0] + [("sync", "BLOCK", -1)]
+    return ops
+
+
+def program(grp: int, ntiles: int, stages: int, order: str, deferred: bool = False) -> list[tuple]:
+    """A group's prologue and turns."""
+    ops = prologue(grp, stages, deferred and ntiles > 1)  # the kernel defers nothing for a one-tile part
     for t in range(grp, ntiles + 1, 2):
         ops += turn_ops(t, ntiles, stages, order)
     return ops
 
 
-def run(ntiles: int, stages: int, order: str, rng: random.Random) -> str | None:
+def run(ntiles: int, stages: int, order: str, rng: random.Random, deferred: bool = False) -> str | None:
     """One random interleaving; the first violation found, or None."""
-    progs = [program(g, ntiles, stages, order) for g in (0, 1)]
+    progs = [program(g, ntiles, stages, order, deferred) for g in (0, 1)]
     pc = [0, 0]
     waiting: dict[int, tuple] = {}  # group -> (barrier, generation) it syncs on
     bars: dict[str, list] = {}  # barrier -> [generation, arrivals [(group, tile)]]
@@ -127,10 +141,11 @@ def main() -> None:
         for order in (*ORDERS, CONTROL):
             bad = next(
                 (
-                    f"{n} tiles: {why}"
+                    f"{n} tiles, {'deferred' if deferred else 'whole'} prologue: {why}"
+                    for deferred in (False, True)
                     for n in range(1, args.tiles + 1)
                     for _ in range(args.runs)
-                    if (why := run(n, stages, order, rng))
+                    if (why := run(n, stages, order, rng, deferred))
                 ),
                 None,
             )

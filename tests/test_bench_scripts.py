@@ -506,3 +506,22 @@ def test_the_spread_summary_reads_the_blocks_a_trace_saves(tmp_path):
         [sys.executable, str(BENCH / "spread_summary.py"), str(f)], check=False, capture_output=True, text=True
     )
     assert out.returncode == 1 and out.stderr.count("\n") == 1 and "--blocks" in out.stderr
+
+
+def test_the_seesaw_model_catches_a_deferred_tile_without_its_empty_group(monkeypatch):
+    """The deferred prologue keeps each group's cp.async count by committing an empty group where a
+    deferred tile was: without it the wait for Q counts one group too few and Q is used unlanded."""
+    real = seesaw_model.prologue
+
+    def no_empty(grp, stages, deferred):
+        return [o for o in real(grp, stages, deferred) if o != ("commit", "empty", -1)]
+
+    rng = seesaw_model.random.Random(0)
+
+    def runs() -> list[str]:
+        return [w for n in range(1, 7) for _ in range(30) if (w := seesaw_model.run(n, 3, "refill_first", rng, True))]
+
+    assert not runs()
+    monkeypatch.setattr(seesaw_model, "prologue", no_empty)
+    found = runs()
+    assert any("uses Q before its cp.async group landed" in w for w in found), found[:3]

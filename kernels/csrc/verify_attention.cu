@@ -283,6 +283,12 @@ __device__ __forceinline__ void zero_fill(T (&a)[N]) {
 #define VA_EPI_STMATRIX 1  // the epilogue stages o / l with stmatrix where the arch has it (sm_90+) and bf16 fragments
 #endif
 
+// 1: the seesaw's prologue loads tile 0 alone and its other tiles once Q has landed, so that a
+// smaller first burst of copies lets Q, which every block's first QK waits for, land sooner. Off
+// until the GPU tests have run with it on (bench/results/ab_kernel_flags_sm_90.md: what it measured).
+#ifndef VA_DEFER_PRO
+#define VA_DEFER_PRO 0
+#endif
 #ifndef VA_OPAQUE_TID
 #define VA_OPAQUE_TID 1  // 0: the segment loop's thread index is a plain one (an A/B of the hoisting guard)
 #endif
@@ -1338,20 +1344,24 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
     for (int k = 0; k < PER; ++k)
       if (tid + k * BLOCK < PRE * TK) idx_s[tid + k * BLOCK] = pre_slot[k];  // PRE <= STAGES: no wrap
     __syncthreads();
+    constexpr bool DEFER = VA_DEFER_PRO && PIPE == 3;
 #pragma unroll 1
     for (int s = PIPE == 3 ? grp : 0; s < PRE; s += NGROUPS) {  // PIPE 3: a tile's owner loads it
-      if (s < ntiles) load_kv_tile<GWARPS>(Ks + s * TK * RING_ROW, kvb, idx_s, sp, s, gw);
-      cp_async_commit();
+      if (s < ntiles && (!DEFER || s == 0)) load_kv_tile<GWARPS>(Ks + s * TK * RING_ROW, kvb, idx_s, sp, s, gw);
+      cp_async_commit();  // DEFER: an empty group in a deferred tile's place (waits count from the newest)
     }
     __syncthreads();  // every prologue copy has read its index
     // The part's next segment, found while this one's tiles are in flight (by a thread of the
     // group that waits for tile 0 anyway), so the part goes on (or exits) without a round trip.
     if (tid == BLOCK - 1) next_segment(seg_s + 4, prefix_indptr, B, kvp, seg_s[3] + 1);
+    auto store_later_indices = [&] {
 #pragma unroll
-    for (int k = 0; k < PER; ++k) {
-      const int i = tid + k * BLOCK;
-      if (i >= PRE * TK && i < NPI && sp.v0 + i < sp.v1) idx_s[(i / TK % STAGES) * TK + i % TK] = pre_slot[k];
-    }
+      for (int k = 0; k < PER; ++k) {
+        const int i = tid + k * BLOCK;
+        if (i >= PRE * TK && i < NPI && sp.v0 + i < sp.v1) idx_s[(i / TK % STAGES) * TK + i % TK] = pre_slot[k];
+      }
+    };
+    if constexpr (!DEFER) store_later_indices();
     for (int r = tid; r < ROWS_PAD; r += BLOCK) {
       m_s[r] = NEG_INF; l_s[r] = 0.f; a_s[r] = 1.f;
       if constexpr (NPB == 2) a_s[ROWS_PAD + r] = 1.f;
@@ -1377,6 +1387,19 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
     cp_async_wait<PRE - 1>();  // Q and tile 0 have landed
 #endif
     __syncthreads();
+    // The deferred tiles, each a group of its own after the empty one. A part of one tile has none
+    // (nor later indices) and skips the barriers: its waits then count fewer groups, never more.
+    if (DEFER && ntiles > 1) {
+#pragma unroll 1
+      for (int s = grp; s < PRE; s += NGROUPS) {
+        if (s == 0) continue;
+        if (s < ntiles) load_kv_tile<GWARPS>(Ks + s * TK * RING_ROW, kvb, idx_s, sp, s, gw);
+        cp_async_commit();
+      }
+      __syncthreads();  // their copies have read their indices: the later tiles' may take the ring
+      store_later_indices();
+      __syncthreads();
+    }
     if constexpr (FP8) {  // q to f16 (or e4m3) by rows
 #if KV_FMT == 2
       convert_q_e4m3(Qs, qsc_s, rlo, rhi, warp, lane);
