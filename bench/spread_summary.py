@@ -7,7 +7,8 @@ late finish follows a late start (Pearson correlation of tiles done with prologu
 SM is slow (the loop's median per 16 SM ids: lowest-highest), how far an SM's two blocks finish
 apart (median), when the blocks issue their prologue (p10 / p50 / p90 / max) and how long the step
 from the plan to it takes by block id (the median per tenth of the ids, first half and second half
-of them as ranges). The numbers docs/ quote about the blocks' spread come from this command. A part
+of them as ranges); for a build stamping when its index loads landed, that step split in two. The
+numbers docs/ quote about the blocks' spread come from this command. A part
 that walks several segments (a batch) restamps the segment loop's phases each segment, so for such
 rows the figures mix its first and last segments: read them for B=1 traces.
 
@@ -24,6 +25,9 @@ from pathlib import Path
 
 # indices into a block's stamps (phase_trace.PARTIAL)
 PLAN, PROLOGUE, LANDED, DONE = 1, 2, 3, 4
+# slot 7 of a build with this flag (a diagnostic of the sixth session, since removed from the kernel):
+# the prologue's index loads have landed
+INDICES, INDICES_FLAG = 7, "-DVA_TRACE_IDX"
 
 
 def _pct(vals: list[float], p: int) -> float:
@@ -38,9 +42,10 @@ def _range(vals: list[float]) -> str:
     return f"{min(vals):.2f}-{max(vals):.2f}"
 
 
-def summarize(blocks: dict) -> dict | None:
+def summarize(blocks: dict, indices: bool = False) -> dict | None:
     """The spread's figures for one traced case, or None when no block has finished a tile loop
-    (every part empty, e.g. a prefix shorter than the grid's parts)."""
+    (every part empty, e.g. a prefix shorter than the grid's parts). `indices`: slot 7 holds when
+    the prologue's index loads landed (INDICES_FLAG), split out of the step to the issued prologue."""
     rows = [(b, sm, us) for b, sm, us in zip(blocks["block"], blocks["sm"], blocks["us"], strict=True)
             if all(us[i] is not None for i in (PLAN, PROLOGUE, LANDED, DONE))]  # fmt: skip
     if len(rows) < 2:
@@ -60,7 +65,21 @@ def summarize(blocks: dict) -> dict | None:
     for b, _, us in rows:
         tenths[b * 10 // top].append(us[PROLOGUE] - us[PLAN])
     steps = [statistics.median(t) if t else None for t in tenths]
+    extra = {}
+    if indices and all(us[INDICES] is not None for _, _, us in rows):
+        half = [b < top // 2 for b, _, _ in rows]
+        wait = [us[INDICES] - us[PLAN] for _, _, us in rows]
+        issue = [us[PROLOGUE] - us[INDICES] for _, _, us in rows]
+        extra = {
+            "plan to indices": (
+                statistics.median(wait),
+                statistics.median([w for w, h in zip(wait, half, strict=True) if h]),
+                statistics.median([w for w, h in zip(wait, half, strict=True) if not h]),
+            ),
+            "indices to prologue issued": (statistics.median(issue), max(issue)),
+        }
     return {
+        **extra,
         "blocks": len(rows),
         "done": (statistics.median(done), _pct(done, 90), max(done)),
         "loop": (statistics.median(loop), max(loop)),
@@ -86,6 +105,13 @@ def render(case: str, kv: str, s: dict) -> str:
         f"an SM's two blocks done apart {'-' if pair is None else f'{pair:.2f}'}; "
         f"prologue issued {' / '.join(f'{v:.2f}' for v in s['prologue issued'])}; "
         f"plan -> prologue issued per tenth of ids {_range(steps)} (halves {halves})"
+        + (
+            f"; plan -> indices landed {s['plan to indices'][0]:.2f} (halves {s['plan to indices'][1]:.2f} / "
+            f"{s['plan to indices'][2]:.2f}), -> prologue issued {s['indices to prologue issued'][0]:.2f} / "
+            f"{s['indices to prologue issued'][1]:.2f}"
+            if "plan to indices" in s
+            else ""
+        )
     )
 
 
@@ -95,7 +121,7 @@ def lines(doc: dict) -> list[str]:
     for row in doc["rows"]:
         if "blocks" not in row:
             continue
-        s = summarize(row["blocks"])
+        s = summarize(row["blocks"], INDICES_FLAG in row.get("flags", []))
         tag = f"{row['case']}" + ("" if row.get("variant", "default") == "default" else f" [{row['variant']}]")
         out.append(
             render(tag, row.get("kv_dtype", "bf16"), s)

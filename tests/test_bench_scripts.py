@@ -491,6 +491,12 @@ def test_the_spread_summary_reads_the_blocks_a_trace_saves(tmp_path):
         9
     ] == pytest.approx(1.85)
     assert spread_summary.summarize({**blocks, "us": [[0.0, 1.0] + [None] * 6] * 20}) is None
+    assert "plan to indices" not in s  # slot 7 means when the index loads landed only in such a build
+    # a build stamping when the index loads landed (slot 7): 0.5 us after the plan, the rest issuing
+    staged = [[*u[:7], 1.5] for u in us]
+    t = spread_summary.summarize({**blocks, "us": staged}, indices=True)
+    assert t is not None and t["plan to indices"] == pytest.approx((0.5, 0.5, 0.5))
+    assert t["indices to prologue issued"] == pytest.approx((0.5, 1.4))  # block 3 never finished
     row = {"case": "H=8 q=1 P=1", "kv_dtype": "fp8_e4m3", "variant": "default", "blocks": blocks}
     (f := tmp_path / "trace.json").write_text(json.dumps({"device": "d", "date": "x", "rows": [row]}))
     out = subprocess.run(
