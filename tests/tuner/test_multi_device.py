@@ -81,6 +81,8 @@ def test_one_key_on_two_processes_one_owns_the_other_helps(sqlite_url, tmp_path)
     settings = Settings(database_url=sqlite_url, cache_dir=tmp_path / "cache")
     prepare_study_storage(settings.studies)  # as `tuner db upgrade`
     results = tune_on_devices(settings, _job([Workload(8, 9, 46000)], 20), [0, 1])
+    if errors := [r.error for r in results if r.error]:  # whole: an assertion's repr cuts a traceback short
+        pytest.fail("\n".join(errors), pytrace=False)
     assert sorted(len(r.keys) for r in results) == [0, 1], results
     (measured,) = _measured_by_study(settings).values()  # owner and helper wrote one study file
     assert len(measured) >= 20 and _dupes(measured) == 0
