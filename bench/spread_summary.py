@@ -30,12 +30,9 @@ PLAN, PROLOGUE, LANDED, DONE = 1, 2, 3, 4
 INDICES, INDICES_FLAG = 7, "-DVA_TRACE_IDX"
 
 
-def _pct(vals: list[float], p: int) -> float:
-    """The p-th percentile, interpolated between the closest ranks (numpy's default)."""
-    s = sorted(vals)
-    x = (len(s) - 1) * p / 100
-    lo = int(x)
-    return s[lo] + (s[min(lo + 1, len(s) - 1)] - s[lo]) * (x - lo)
+def _deciles(vals: list[float]) -> list[float]:
+    """p10 .. p90, interpolated between the closest ranks (numpy's default percentile)."""
+    return statistics.quantiles(vals, n=10, method="inclusive")
 
 
 def _range(vals: list[float]) -> str:
@@ -81,12 +78,12 @@ def summarize(blocks: dict, indices: bool = False) -> dict | None:
     return {
         **extra,
         "blocks": len(rows),
-        "done": (statistics.median(done), _pct(done, 90), max(done)),
+        "done": (statistics.median(done), _deciles(done)[8], max(done)),
         "loop": (statistics.median(loop), max(loop)),
         "corr": statistics.correlation(done, issued),
         "sm16 loop medians": [statistics.median(g) for g in groups.values()],
         "sm pair done apart": statistics.median(pairs) if pairs else None,
-        "prologue issued": tuple(_pct(issued, p) for p in (10, 50, 90, 100)),
+        "prologue issued": (*(_deciles(issued)[i] for i in (0, 4, 8)), max(issued)),
         "plan to prologue by tenth": steps,
     }
 
