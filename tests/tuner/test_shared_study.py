@@ -41,3 +41,46 @@ def test_four_processes_share_one_study_on_postgres(pg_url):
         sum(t.state == "invalid" for t in every),
         sum(t.state not in ("ok", "invalid") for t in every),
     )
+
+
+def test_a_queued_trial_is_taken_by_one_process_only(db_url):
+    """Two processes' storages take the same queued trial at once (an ask, or a stopping process
+    withdrawing what it queued): Optuna reads the trial WAITING `FOR UPDATE` and then sets it
+    RUNNING, and exactly one must win. SQLite ignores FOR UPDATE, so without a write lock taken at
+    BEGIN both read WAITING and both won: one measured a trial the other had failed, and its tell
+    raised UpdateFinishedTrialError (test_multi_device's one-key test, 2 of ~6 CI runs). Here the
+    first storage is held between its read and its write while the second tries."""
+    import threading
+
+    from optuna.trial import TrialState
+    from sqlalchemy import event
+    from verify_tuner.search.study_storage import open_storage
+
+    first, second = open_storage(db_url), open_storage(db_url)
+    study = optuna.create_study(study_name="queued", storage=first)
+    study.enqueue_trial({"x": 1})
+    trial_id = first.get_trial_id_from_study_id_trial_number(study._study_id, 0)
+    read, go = threading.Event(), threading.Event()
+
+    @event.listens_for(first.engine, "after_cursor_execute")
+    def _hold_after_the_read(conn, cursor, statement, *args):  # type: ignore[no-untyped-def]
+        if threading.current_thread().name == "first" and statement.lstrip().upper().startswith("SELECT"):
+            read.set()
+            go.wait(10)
+
+    won: dict[str, bool] = {}
+
+    def take(name: str, storage: optuna.storages.RDBStorage) -> None:
+        won[name] = storage.set_trial_state_values(trial_id, state=TrialState.RUNNING)
+
+    a = threading.Thread(target=take, args=("first", first), name="first")
+    a.start()
+    assert read.wait(10), "the first storage never read the trial"
+    b = threading.Thread(target=take, args=("second", second), name="second")
+    b.start()
+    b.join(1.0)  # unfixed, the second takes it here; fixed, it waits on the first's lock
+    go.set()
+    a.join(30)
+    b.join(30)
+    assert sorted(won.values()) == [False, True], won
+    assert won["first"], "the first to read it, holding the lock, takes it"

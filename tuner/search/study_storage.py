@@ -24,17 +24,30 @@ HEARTBEAT_GRACE = 3
 STUDY_SETTING = "TUNER_STUDY_STORAGE"
 
 
-def _trials_without_fsync(storage: optuna.storages.RDBStorage) -> None:
-    """Optuna's own connections to an SQLite file commit with synchronous=NORMAL: in WAL mode a
-    commit then skips its fsync (the WAL is synced at checkpoints and by the next FULL commit),
-    which survives a killed process but may lose the last trials to a power cut -- they are
-    re-run on resume. Trials are ~10 commits each, the bulk of a key's writes; the config
-    database's own writes (best configs, claims: verify_tuner.store.session.make_engine) keep FULL."""
+def _sqlite_trials(storage: optuna.storages.RDBStorage) -> None:
+    """Optuna's own connections to an SQLite file: transactions that take the write lock at BEGIN,
+    and commits without an fsync.
+
+    Optuna moves a queued trial to RUNNING by reading it `FOR UPDATE` and then writing; SQLite
+    ignores FOR UPDATE, so two processes asking at once (or one asking while another withdraws
+    what it queued) both read it WAITING and both take it. BEGIN IMMEDIATE serializes the two as
+    PostgreSQL's row lock does. A study's transactions are short, and its processes few.
+
+    synchronous=NORMAL: in WAL mode a commit then skips its fsync (the WAL is synced at checkpoints
+    and by the next FULL commit), which survives a killed process but may lose the last trials to
+    a power cut -- they are re-run on resume. Trials are ~10 commits each, the bulk of a key's
+    writes; the config database's own writes (best configs, claims:
+    verify_tuner.store.session.make_engine) keep FULL."""
     from sqlalchemy import event
 
     @event.listens_for(storage.engine, "connect")
-    def _normal(dbapi_conn: Any, _record: Any) -> None:
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None  # pysqlite's own BEGIN is deferred: we issue ours, below
         dbapi_conn.execute("PRAGMA synchronous=NORMAL")
+
+    @event.listens_for(storage.engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
 
     storage.engine.dispose()  # connections made while Optuna created its tables: made again
 
@@ -88,8 +101,11 @@ def _blank_study_file(directory: Path) -> Path:
     with migrate.upgrade_lock(url, STUDY_SETTING):
         if blank.stat().st_size == 0:
             storage = open_storage(url)
-            with storage.engine.connect() as c:
-                c.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+            raw = storage.engine.raw_connection()  # outside a transaction: a checkpoint inside one cannot truncate
+            try:
+                raw.driver_connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # type: ignore[union-attr]
+            finally:
+                raw.close()
             storage.engine.dispose()
     return blank
 
@@ -126,7 +142,7 @@ def open_storage(url: str, heartbeat_s: float | None = None) -> optuna.storages.
                     )
                 storage = optuna.storages.RDBStorage(url, engine_kwargs=kwargs, **beat)
                 if url.startswith("sqlite"):
-                    _trials_without_fsync(storage)
+                    _sqlite_trials(storage)
                 return storage
         except (IntegrityError, ProgrammingError):
             if attempt == 4:
