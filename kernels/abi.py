@@ -263,6 +263,15 @@ def call_layout(
     raise ValueError(got)
 
 
+def check_scale(kv_dtype: str, kv_scale: float, has_tensor: bool) -> None:
+    """A ValueError for a layer scale given to a format that has none (its kernel would ignore it)."""
+    if kv_format(kv_dtype).scale == "none" and (kv_scale != 1.0 or has_tensor):
+        raise ValueError(
+            f"kv_dtype {kv_dtype} is read as stored and takes no kv_scale "
+            f"(got {'kv_scale_tensor' if has_tensor else f'kv_scale={kv_scale}'}): scale the softmax and the output instead"
+        )
+
+
 def _layout(
     t: Mapping[str, TensorMeta | None], *, q_len: int, H: int, fmt: KVFormat, on_cuda: bool = True
 ) -> Layout | str:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from verify_tuner.kernels.abi import TensorMeta, call_layout
+from verify_tuner.kernels.abi import TensorMeta, call_layout, check_scale
 from verify_tuner.kernels.reference import Inputs, reference
 
 from tests.engine.sglang_trees import FULL_MASK, QLEN_ONLY, QLEN_ONLY_BITPACKING
@@ -72,7 +72,8 @@ class Layer:
     qk_head_dim: int = 576
     v_head_dim: int = 512
     tp_k_head_num: int = 1
-    k_scale: Any = None
+    k_scale: Any = None  # a 0-d float32 tensor where the model has a quant config (1.0 without KV scales)
+    k_scale_float: float | None = None  # the same on the host (SGLang's kv_cache.py sets both)
 
 
 @dataclass
@@ -119,6 +120,7 @@ class ReferenceOp:
         tensors = dict(zip(names, (q, q_pe, kv, kv_indptr, kv_indices, kv_rows, draft, mask, out, lse)))
         metas = {k: TensorMeta.of(v) for k, v in tensors.items()}
         call_layout(metas, q_len=q.shape[1], H=q.shape[2], on_cuda=False, kv_dtype=kv_dtype)
+        check_scale(kv_dtype, kv_scale, kv_scale_tensor is not None)
         layer_scale = float(kv_scale_tensor) if kv_scale_tensor is not None else kv_scale
         inp = Inputs(
             q=q, q_pe=q_pe, kv=kv, prefix_indices=kv_indices, prefix_indptr=kv_indptr, draft_indices=draft,

@@ -187,3 +187,16 @@ def test_an_e4m3_pool_reaches_the_launch_with_its_scale(host, monkeypatch):
         )
     with pytest.raises(ValueError, match="unknown kv_dtype 'fp4'"):
         torch.ops.verify_tuner.verify_attention(*_e4m3_args(4), kv_dtype="fp4")
+
+
+def test_a_scale_on_a_format_without_one_is_refused_not_ignored(host):
+    """The bf16 kernel reads its rows as stored: a layer scale given with it would be dropped
+    silently, so the op refuses it (SGLang's backend folds a bf16 pool's k_scale into the softmax
+    scale and the output itself)."""
+    with pytest.raises(ValueError, match=r"kv_dtype bf16 is read as stored and takes no kv_scale \(got kv_scale=0.5\)"):
+        torch.ops.verify_tuner.verify_attention(*_args(4), kv_scale=0.5)
+    with pytest.raises(ValueError, match=r"takes no kv_scale \(got kv_scale_tensor\)"):
+        torch.ops.verify_tuner.verify_attention(*_args(4), kv_scale_tensor=torch.tensor(1.0))
+    assert host.launches == 0
+    torch.ops.verify_tuner.verify_attention(*_args(4), kv_scale=1.0)  # the default: nothing to drop
+    assert host.launches == 2

@@ -138,6 +138,28 @@ def test_a_graph_batch_past_the_captured_ones_and_a_forward_without_metadata_are
         eng.backend.forward_extend(q, None, None, Layer(0, H, SCALE), fb)
 
 
+def test_rows_dp_attention_pads_a_verify_step_with_are_left_zero():
+    """With DP attention SGLang pads a step's tokens to a multiple of the attention-TP size (here 4:
+    2 requests x 9 = 18 rows, 20 passed; out_cache_loc padded with slot 0), derives the batch size
+    as tokens // q_len, and leaves the padded rows to the verify backend, as its Triton backend does
+    (it computes none of them). They are written to the pool as given and come back zero."""
+    eng = Engine(QLEN_ONLY)
+    fb = eng.step([30, 5], rows=[0, 1])
+    n, pad = 2 * Q, 2
+    padded = ForwardBatch(fb.forward_mode, fb.batch_size, fb.seq_lens, fb.req_pool_indices,
+                          torch.cat([fb.out_cache_loc, torch.zeros(pad, dtype=torch.long)]), fb.spec_info)  # fmt: skip
+    eng.backend.init_forward_metadata(padded)
+    q_nope, q_rope, k_nope, k_rope = eng.qkv(n + pad)
+    out = eng.backend.forward_extend(q_nope, k_nope, k_nope, Layer(0, H, SCALE), padded, q_rope=q_rope, k_rope=k_rope)
+    assert out.shape == (n + pad, H * 512)
+    assert torch.count_nonzero(out[n:]) == 0
+    want = eng.expected(fb, torch.cat([q_nope, q_rope], -1)[:n], Layer(0, H, SCALE))
+    assert rel_error(out[:n].view(n, H, 512), want) < 1e-2
+    q = torch.zeros(n + Q, H, 576, dtype=torch.bfloat16)  # a request's worth more: not padding, a mismatch
+    with pytest.raises(ValueError, match="q holds 27 tokens, the step's metadata 2 requests x 9"):
+        eng.backend.forward_extend(q, None, None, Layer(0, H, SCALE), padded)
+
+
 def test_what_the_kernel_cannot_apply_is_refused_not_dropped():
     """SGLang passes a model's attention sinks or a sparse model's top-k indices as keywords."""
     eng = Engine(QLEN_ONLY)
@@ -163,7 +185,7 @@ def test_a_pool_of_a_dtype_the_kernel_does_not_read_is_refused_by_name():
 def test_an_e4m3_pool_with_the_layers_k_scale_as_sglang_writes_and_reads_it(monkeypatch):
     """`--kv-cache-dtype fp8_e4m3`: the layer's k / k_scale goes into the pool (its cast takes no scale; SGLang's Triton backend
     divides the same way), and the op gets the format and the scale tensor itself, so a captured
-    graph follows a recalibrated k_scale. A bf16 pool with a k_scale is refused, not misread."""
+    graph follows a recalibrated k_scale."""
     eng = Engine(QLEN_ONLY, pool_dtype=torch.float8_e4m3fn)
     assert eng.backend.kv_dtype == "fp8_e4m3"
     k_scale = torch.tensor(0.5)
@@ -181,8 +203,34 @@ def test_an_e4m3_pool_with_the_layers_k_scale_as_sglang_writes_and_reads_it(monk
     want = sglang_attention(kv=kv, req_to_token=eng.req_to_token, fb=fb, q=torch.cat([q_nope, q_rope], -1),
                             mode=QLEN_ONLY, q_len=Q, scale=SCALE)  # fmt: skip
     assert rel_error(out.view(T, H, 512), want) < 1e-2
-    bf16 = Engine(QLEN_ONLY)
-    fb = bf16.step([10], rows=[0])
-    bf16.backend.init_forward_metadata(fb)
-    with pytest.raises(NotImplementedError, match="has a k_scale: the kernel scales e4m3 pools only"):
-        _verify(bf16, fb, Layer(0, H, SCALE, k_scale=k_scale))
+
+
+@pytest.mark.parametrize("s", [1.0, 0.5])
+def test_an_fp8_checkpoints_k_scale_over_a_bf16_pool_is_read_as_sglang_writes_it(s):
+    """DeepSeek-V3 and Kimi K2 ship fp8 weights: SGLang gives every attention layer a k_scale (1.0
+    without calibrated KV scales) also with the default bf16 cache, and its Triton backend stores
+    k / k_scale in any pool and reads back times k_scale_float. The prefix here is what such a pool
+    holds (stored values, the true ones times s); the draft KV is stored the same way; attention
+    sees stored x s, the bf16 kernel taking s in its softmax scale and the output after it."""
+    eng = Engine(QLEN_ONLY)
+    layer = Layer(0, H, SCALE, k_scale=torch.tensor(s), k_scale_float=s)
+    fb = eng.step([40, 0, 77], rows=[1, 0, 2])
+    eng.backend.init_forward_metadata(fb)
+    T = fb.out_cache_loc.numel()
+    q_nope, q_rope, k_nope, k_rope = eng.qkv(T)
+    out = eng.backend.forward_extend(q_nope, k_nope, k_nope, layer, fb, q_rope=q_rope, k_rope=k_rope)
+    stored = eng.pool.get_key_buffer(0)[fb.out_cache_loc, 0]
+    assert torch.equal(stored[:, :512], (k_nope[:, 0] / s).to(torch.bfloat16))
+    assert torch.equal(stored[:, 512:], (k_rope[:, 0] / s).to(torch.bfloat16))
+    call = eng.backend.op.calls[-1]
+    assert (call["kv_dtype"], call["kv_scale"], call["scale"]) == ("bf16", 1.0, SCALE * s)
+    kv = eng.pool.get_key_buffer(0).float() * s  # the values SGLang's Triton backend attends over
+    want = sglang_attention(kv=kv, req_to_token=eng.req_to_token, fb=fb, q=torch.cat([q_nope, q_rope], -1),
+                            mode=QLEN_ONLY, q_len=Q, scale=SCALE)  # fmt: skip
+    assert rel_error(out.view(T, H, 512), want) < 1e-2
+    unscaled = sglang_attention(kv=eng.pool.get_key_buffer(0).float(), req_to_token=eng.req_to_token, fb=fb,
+                                q=torch.cat([q_nope, q_rope], -1), mode=QLEN_ONLY, q_len=Q, scale=SCALE)  # fmt: skip
+    assert s == 1.0 or rel_error(out.view(T, H, 512), unscaled) > 0.1  # the scale is not dropped
+    with pytest.raises(NotImplementedError, match="has a k_scale but no k_scale_float"):
+        eng.backend.forward_extend(q_nope, k_nope, k_nope, Layer(0, H, SCALE, k_scale=torch.tensor(s)), fb,
+                                   q_rope=q_rope, k_rope=k_rope)  # fmt: skip

@@ -25,7 +25,7 @@ from typing import Any, Optional
 
 import torch
 from verify_tuner.engine.bundle import Bundle, BundleError
-from verify_tuner.kernels.abi import LaunchSpec, Layout, TensorMeta, call_layout
+from verify_tuner.kernels.abi import LaunchSpec, Layout, TensorMeta, call_layout, check_scale
 from verify_tuner.kernels.config import PARAM_NAMES, KernelConfig
 from verify_tuner.kernels.errors import InvalidConfig
 from verify_tuner.kernels.formats import DEFAULT as DEFAULT_KV_DTYPE
@@ -249,6 +249,10 @@ def verify_attention(
         "lse": lse,
         "kv_scale_tensor": kv_scale_tensor,
     }
+    try:
+        check_scale(kv_dtype, kv_scale, kv_scale_tensor is not None)
+    except (ValueError, InvalidConfig) as e:
+        raise ValueError(f"verify_attention: {e}") from None
     _launch(tensors, config, softmax_scale, workspace, kv_dtype, kv_scale)
 
 

@@ -19,8 +19,10 @@ verify_tuner.kernels.formats): bf16, or e4m3 (`--kv-cache-dtype fp8_e4m3`). How 
 on an e4m3 pool is the operator's choice (`kv_dtype`: `fp8_e4m3`, dequantized, by default, or
 `fp8_e4m3_qk`, QK on e4m3 MMAs, once the kernel reads it); a format the kernel does not read, or one
 the pool's dtype cannot hold, is refused when the backend is built. As SGLang's
-Triton backend does, a layer with a `k_scale` stores k / k_scale, and the kernel scales back by it
-(the tensor itself, so a captured graph follows a recalibrated scale).
+Triton backend does, a layer with a `k_scale` stores k / k_scale in any pool, and attention scales
+back by it: an e4m3 kernel reads the tensor itself (a captured graph follows a recalibrated scale);
+over a bf16 pool (an fp8 checkpoint's layers have a k_scale whatever the cache) the host's
+k_scale_float scales the scores and the output, as Triton reads it.
 """
 
 from __future__ import annotations
@@ -270,35 +272,58 @@ class VerifyMLABackend:
             raise RuntimeError("forward before init_forward_metadata")
         bs, step, config, workspace = self._current
         heads, Q = layer.tp_q_head_num, step.q_len
-        if q.shape[0] != bs * Q:
+        n = bs * Q
+        if not n <= q.shape[0] < n + Q:  # DP attention pads fewer rows than a request's (bs = tokens // q_len)
             raise ValueError(f"q holds {q.shape[0]} tokens, the step's metadata {bs} requests x {Q}")
         k_scale = getattr(layer, "k_scale", None)
-        if k_scale is not None and self.kv_dtype == "bf16":  # the bf16 kernel takes no scale: refuse, not ignore
-            raise NotImplementedError(f"layer {layer.layer_id} has a k_scale: the kernel scales e4m3 pools only")
         if save_kv_cache and k is not None:
             self._store(layer, forward_batch, k, v, k_rope, k_scale)
+        softmax_scale, kv_scale, out_scale = self._scales(layer, k_scale)
         kv = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
-        out = q.new_empty((bs, Q, heads, D_V))
+        # rows past bs x q_len: DP attention pads a step's tokens to a multiple of the attention-TP
+        # size and leaves them to the backend (SGLang's Triton backend computes none): zeros here
+        out = q.new_empty((q.shape[0], heads, D_V))
+        out[n:].zero_()
         kv_indptr, rows, draft, mask = step.views(bs)
         self.op(
-            q.view(bs, Q, heads, -1),
-            q_rope.view(bs, Q, heads, -1) if q_rope is not None else None,
+            q[:n].view(bs, Q, heads, -1),
+            q_rope[:n].view(bs, Q, heads, -1) if q_rope is not None else None,
             kv.view(-1, kv.shape[-1]),
             kv_indptr,
             self.req_to_token,
             rows,
             draft,
             mask,
-            out,
+            out[:n].view(bs, Q, heads, D_V),
             None,
             config,
-            layer.scaling,
+            softmax_scale,
             workspace,
             self.kv_dtype,
             1.0,
-            k_scale,
+            kv_scale,
         )
+        if out_scale is not None:
+            out[:n].mul_(out_scale)
         return out.view(-1, heads * D_V)
+
+    def _scales(self, layer: Any, k_scale: Any) -> tuple[float, Any, float | None]:
+        """(softmax scale, the op's kv_scale_tensor, a factor for the output) of a layer. An e4m3
+        kernel reads the k_scale tensor itself (a captured graph follows a recalibrated scale). A bf16
+        pool holds k / k_scale too where the layer has one -- an fp8 checkpoint gives every layer one,
+        1.0 without calibrated KV scales, whatever the cache -- and SGLang's Triton backend reads it
+        back times k_scale_float; the bf16 kernel takes no scale, so the scores take it in the softmax
+        scale and the output (V is the same latent) after the kernel."""
+        if k_scale is None:
+            return layer.scaling, None, None
+        if self.kv_dtype != "bf16":
+            return layer.scaling, k_scale, None
+        s = getattr(layer, "k_scale_float", None)
+        if s is None:
+            raise NotImplementedError(
+                f"layer {layer.layer_id} has a k_scale but no k_scale_float: a bf16 pool's scale is read on the host"
+            )
+        return layer.scaling * s, None, (None if s == 1.0 else s)
 
     def _store(
         self, layer: Any, forward_batch: Any, k: torch.Tensor, v: Any, k_rope: torch.Tensor | None, k_scale: Any
