@@ -217,3 +217,37 @@ def test_graphs_per_prefix_range_go_through_sglang_s_attention_variants(sglang):
     assert "self.attn_backend = backends.attn_backend" in sglang.text("sglang.srt.model_executor.model_runner")
     overlap = sglang.text("sglang.srt.managers.overlap_utils")
     assert 'getattr(b, "needs_cpu_seq_lens", True) for b in attn_backends if b is not None' in overlap
+
+
+def test_what_the_mask_layout_choice_and_the_read_ends_rest_on(sglang):
+    """sglang_plugin.tree_mask_mode's facts: the runner's spec_algorithm answers the is_* it asks
+    (a plugin-registered one too); NGRAM always writes the full-context mask; FROZEN_KV_MTP builds
+    its tree with build_tree_kernel_efficient's default layout, the full-context one; STANDALONE and
+    UNO go through the EAGLE verify input that writes in the target backend's layout; DFlash's verify
+    passes no mask. And the backend's declared read end: SharedReadEnds.POST_REPLAY, asked per mode
+    through shared_read_ends(fm); a draft runner takes the plugin's factory only without a draft
+    backend of its own."""
+    asked = {"is_none", "is_ngram", "is_frozen_kv_mtp", "is_eagle", "is_standalone", "is_uno", "is_dflash_family"}
+    assert asked <= set(methods(sglang.cls("sglang.srt.speculative.spec_info", "SpeculativeAlgorithm")))
+    assert asked <= set(methods(sglang.cls("sglang.srt.speculative.spec_registry", "CustomSpecAlgo")))
+    assert "self.spec_algorithm = SpeculativeAlgorithm.from_string(" in sglang.text(
+        "sglang.srt.model_executor.model_runner"
+    )
+    assert "USE_FULL_MASK = True" in sglang.text("sglang.srt.speculative.ngram_worker")
+    mtp = sglang.module("sglang.srt.speculative.frozen_kv_mtp_worker_v2")
+    builds = [
+        c for c in ast.walk(mtp) if isinstance(c, ast.Call) and ast.unparse(c.func) == "build_tree_kernel_efficient"
+    ]
+    assert builds and all("tree_mask_mode" not in {k.arg for k in c.keywords} for c in builds)
+    assert "tree_mask_mode: TreeMaskMode = TreeMaskMode.FULL_MASK" in sglang.text("sglang.srt.speculative.eagle_utils")
+    assert "verify_input = build_eagle_verify_input(" in sglang.text("sglang.srt.speculative.uno_worker_v2")
+    assert "class StandaloneWorkerV2(EAGLEWorkerV2):" in sglang.text("sglang.srt.speculative.standalone_worker_v2")
+    assert "custom_mask = None" in sglang.text("sglang.srt.speculative.dflash_worker_v2")
+    ends = sglang.cls(BASE, "SharedReadEnds")
+    assert "POST_REPLAY" in {t.id for n in ends.body if isinstance(n, ast.Assign) for t in _targets(n)}
+    assert [a.arg for a in methods(sglang.cls(BASE, "AttentionBackend"))["shared_read_ends"].args.args] == [
+        "self",
+        "fm",
+    ]
+    setup = sglang.text("sglang.srt.model_executor.model_runner_components.attention_backend_setup")
+    assert "if is_draft_worker and draft_attn_backend:" in setup

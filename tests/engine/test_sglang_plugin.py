@@ -24,11 +24,53 @@ from verify_tuner.kernels.limits import known_device
 from tests.engine.sglang_doubles import MLAPool
 
 
+class SharedReadEnds(enum.Enum):
+    PRE_REPLAY = 1
+    IN_REPLAY = 2
+    POST_REPLAY = 3
+    UNKNOWN = 4
+
+
 class AttentionBackend:
     """SGLang's base class, as far as the plugin needs it."""
 
     forward_metadata = None
     kv_index_translator = None
+
+    def shared_read_ends(self, fm):
+        return SharedReadEnds.IN_REPLAY if fm.is_decode() or fm.is_target_verify() else SharedReadEnds.UNKNOWN
+
+
+class SpeculativeAlgorithm:
+    """SGLang's SpeculativeAlgorithm as the plugin reads it (is_eagle() includes FROZEN_KV_MTP, as
+    SGLang's does; a plugin-registered algorithm answers False to every is_*)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"SpeculativeAlgorithm.{self.name}"
+
+    def is_none(self):
+        return self.name == "NONE"
+
+    def is_eagle(self):
+        return self.name in ("EAGLE", "EAGLE3", "FROZEN_KV_MTP")
+
+    def is_frozen_kv_mtp(self):
+        return self.name == "FROZEN_KV_MTP"
+
+    def is_standalone(self):
+        return self.name == "STANDALONE"
+
+    def is_uno(self):
+        return self.name == "UNO"
+
+    def is_dflash_family(self):
+        return self.name in ("DFLASH", "DSPARK")
+
+    def is_ngram(self):
+        return self.name == "NGRAM"
 
 
 class TritonAttnBackend:
@@ -65,7 +107,7 @@ def sglang(monkeypatch, tmp_path):
         },
         "sglang.srt.models.deepseek_common.utils": {"FORWARD_ABSORB_CORE_ATTENTION_BACKENDS": absorbed},
         "sglang.srt.layers.attention.triton_backend": {"TritonAttnBackend": TritonAttnBackend},
-        "sglang.srt.layers.attention.base_attn_backend": {"AttentionBackend": AttentionBackend},
+        "sglang.srt.layers.attention.base_attn_backend": {"AttentionBackend": AttentionBackend, "SharedReadEnds": SharedReadEnds},
         "sglang.srt.runtime_context": {"get_parallel": lambda: types.SimpleNamespace(attn_tp_size=8, attn_dcp_size=1)},
         "sglang.kernels.ops.speculative.spec_tree": {"TreeMaskMode": TreeMaskMode},
         "sglang.srt.utils": {"get_cuda_graph_max_batch_size": lambda n: -(-n // 8) * 8},
@@ -91,7 +133,7 @@ def _runner(**over):
         model_config=types.SimpleNamespace(get_max_num_attention_heads=lambda: 64, context_len=8192),
         decode_num_tokens_per_req=lambda: 9,
         req_to_token_pool=types.SimpleNamespace(size=13, req_to_token=torch.zeros(13, 8192, dtype=torch.int32)),
-        token_to_kv_pool=MLAPool(size=100, layers=1),
+        token_to_kv_pool=MLAPool(size=100, layers=1), spec_algorithm=SpeculativeAlgorithm("EAGLE"),
     )  # fmt: skip
     for k, v in over.items():
         setattr(runner, k, v)
@@ -136,9 +178,46 @@ def test_what_it_cannot_serve_is_named_at_startup(sglang, over, needle):
         sglang_plugin.create(_runner(**over))
 
 
-def test_a_draft_model_s_runner_gets_the_triton_backend(sglang):
-    be = sglang_plugin.create(_runner(is_draft_worker=True))
-    assert type(be) is TritonAttnBackend
+def test_a_draft_runner_without_a_backend_of_its_own_is_told_to_name_one(sglang):
+    """SGLang builds a draft runner's backend from --speculative-draft-attention-backend; without it
+    the draft runner asks this factory, whose Triton backend under this name would be handed
+    q_rope/k_rope keywords Triton does not take (and the draft stage knows no such backend)."""
+    with pytest.raises(ValueError, match="pass --speculative-draft-attention-backend triton for the draft model"):
+        sglang_plugin.create(_runner(is_draft_worker=True))
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "mode"),
+    [("EAGLE", "QLEN_ONLY"), ("EAGLE3", "QLEN_ONLY"), ("STANDALONE", "QLEN_ONLY"), ("UNO", "QLEN_ONLY"),
+     ("DFLASH", "QLEN_ONLY"), ("DSPARK", "QLEN_ONLY"), ("NONE", "QLEN_ONLY"),
+     ("NGRAM", "FULL_MASK"), ("FROZEN_KV_MTP", "FULL_MASK")],
+)  # fmt: skip
+def test_the_verify_mask_layout_follows_the_speculative_algorithm(sglang, algorithm, mode):
+    """NGRAM and FROZEN_KV_MTP write full-context masks whatever the backend's verify_mask asks for
+    (read as q_len x q_len cells they gave attention 0.71 off, without an error); the EAGLE family
+    writes in the backend's layout; DFlash and DSpark verify chains."""
+    be = sglang_plugin.create(_runner(spec_algorithm=SpeculativeAlgorithm(algorithm)))
+    assert be.tree_mask_mode == TreeMaskMode[mode]
+    be.init_cuda_graph_state(4, 36)
+    cells = 4 * 9 * (8192 + 9) if mode == "FULL_MASK" else 4 * 9 * 9  # SGLang's own buffer for the layout
+    assert be.verify_mask.mode == TreeMaskMode[mode] and be.verify_mask.buffer.numel() == cells
+
+
+def test_an_algorithm_whose_mask_layout_is_unknown_is_refused(sglang):
+    with pytest.raises(ValueError, match=r"verify mask layout of speculative algorithm SpeculativeAlgorithm.MYSPEC"):
+        sglang_plugin.create(_runner(spec_algorithm=SpeculativeAlgorithm("MYSPEC")))
+
+
+def test_the_backend_s_shared_reads_end_after_the_replay(sglang):
+    """The kernel reads the scheduler's req_to_token in every layer: decode and verify declare their
+    shared reads ended only after the replay; other modes (Triton's) keep SGLang's default."""
+    be = sglang_plugin.create(_runner())
+    mode = lambda name: types.SimpleNamespace(
+        is_decode=lambda: name == "decode", is_target_verify=lambda: name == "verify"
+    )
+    assert be.shared_read_ends(mode("decode")) is SharedReadEnds.POST_REPLAY
+    assert be.shared_read_ends(mode("verify")) is SharedReadEnds.POST_REPLAY
+    assert be.shared_read_ends(mode("extend")) is SharedReadEnds.UNKNOWN
 
 
 def test_a_device_without_configs_is_named(sglang, monkeypatch):

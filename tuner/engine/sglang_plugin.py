@@ -12,8 +12,10 @@ The factory builds `VerifyMLABackend` over the runner's own pool, with SGLang's 
 the same runner for the modes it hands over (prefill, mixed batches), and a config client per
 q_len: each captured batch size's configs are the ranges of the client's graph plan set (sidecar,
 config folder, snapshot or the heuristic, as `verify_tuner.engine.client` says), fixed when the
-graphs are set up. A draft model's runner gets SGLang's Triton backend (drafts run there; pass
-`--speculative-draft-attention-backend triton`).
+graphs are set up. Drafts run on SGLang's Triton backend (`--speculative-draft-attention-backend
+triton`); a draft runner that reaches this factory without it is told so. The verify mask's layout
+follows the speculative algorithm (tree_mask_mode): q_len x q_len cells for those that write in the
+layout the backend asks for, the full-context one for NGRAM and FROZEN_KV_MTP.
 
 The configs are those of the pool's KV format, the one the kernel reads it as (an e4m3 pool:
 `fp8_e4m3`, or what VERIFY_TUNER_KV_DTYPE names, e.g. `fp8_e4m3_qk`): a table tuned for bf16 is
@@ -85,8 +87,13 @@ def create(runner: Any) -> Any:
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
     if runner.is_draft_worker:
-        log.info("%s: the draft model's runner gets SGLang's Triton backend", NAME)
-        return TritonAttnBackend(runner)
+        # Only a draft runner without a backend of its own gets here. A Triton backend under this
+        # name would be handed the absorbed q_rope/k_rope keywords, which Triton's forward_extend
+        # does not take, and SGLang's draft stage knows no draft backend by this name.
+        raise ValueError(
+            f"--attention-backend {NAME} runs the target model's verify and decode; "
+            "pass --speculative-draft-attention-backend triton for the draft model"
+        )
     _check_runner(runner)
     return build(runner, delegate=TritonAttnBackend(runner))
 
@@ -107,20 +114,48 @@ def _check_runner(runner: Any) -> None:
         )
 
 
+def tree_mask_mode(algorithm: Any, modes: Any) -> Any:
+    """The verify mask layout the speculative `algorithm` hands the backend (a member of SGLang's
+    TreeMaskMode, `modes`). EAGLE, EAGLE3, STANDALONE and UNO build their trees through SGLang's
+    eagle_worker_common, which writes in the layout the target backend's verify_mask names
+    (q_len x q_len cells: QLEN_ONLY); DFlash and DSpark verify chains (no mask). NGRAM and
+    FROZEN_KV_MTP always write the full-context layout (bs x q_len x (prefix + q_len) cells),
+    whatever the backend asks for. Any other algorithm's layout is unknown: refused, since a mask
+    read in the wrong layout gives wrong attention without an error."""
+    if algorithm.is_none():
+        return modes.QLEN_ONLY  # decode only: no verify mask
+    if algorithm.is_ngram() or algorithm.is_frozen_kv_mtp():
+        return modes.FULL_MASK
+    if algorithm.is_eagle() or algorithm.is_standalone() or algorithm.is_uno() or algorithm.is_dflash_family():
+        return modes.QLEN_ONLY
+    raise ValueError(
+        f"--attention-backend {NAME}: the verify mask layout of speculative algorithm {algorithm!r} is not known "
+        "(EAGLE, EAGLE3, STANDALONE, UNO, DFLASH, DSPARK, NGRAM and FROZEN_KV_MTP are)"
+    )
+
+
 def build(runner: Any, *, delegate: Any) -> Any:
     """VerifyMLABackend on SGLang's AttentionBackend (its defaults for what this backend leaves alone)."""
     import os
 
     import torch
     from sglang.kernels.ops.speculative.spec_tree import TreeMaskMode
-    from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+    from sglang.srt.layers.attention.base_attn_backend import AttentionBackend, SharedReadEnds
     from sglang.srt.model_executor.runner_utils.capture_mode import get_capture_attention_variant
     from sglang.srt.runtime_context import get_parallel
     from sglang.srt.utils import get_cuda_graph_max_batch_size
     from verify_tuner.engine.sglang_backend import VerifyMLABackend, pool_format
     from verify_tuner.kernels.limits import known_device
 
-    cls = type("VerifyTunerAttnBackend", (VerifyMLABackend, AttentionBackend), {})
+    def shared_read_ends(self: Any, fm: Any) -> Any:
+        # The kernel reads req_to_token, which the scheduler shares, in place in every layer, until
+        # the replay ends -- not only in the graph's metadata refill, SGLang's default for decode and
+        # verify (IN_REPLAY), after which the scheduler's next writes may start.
+        if fm.is_decode() or fm.is_target_verify():
+            return SharedReadEnds.POST_REPLAY
+        return AttentionBackend.shared_read_ends(self, fm)
+
+    cls = type("VerifyTunerAttnBackend", (VerifyMLABackend, AttentionBackend), {"shared_read_ends": shared_read_ends})
     device = torch.cuda.get_device_name(runner.gpu_id)
     # the format first: what the pool cannot be read as (on this GPU) stops here, before any config is fetched
     limits = known_device(device)
@@ -148,7 +183,7 @@ def build(runner: Any, *, delegate: Any) -> Any:
         pick_ranges=pick,
         capture_label=get_capture_attention_variant,
         delegate=delegate,
-        tree_mask_mode=TreeMaskMode.QLEN_ONLY,  # bs x q_len^2 cells, where FULL_MASK spans the context
+        tree_mask_mode=tree_mask_mode(runner.spec_algorithm, TreeMaskMode),
         kv_dtype=kv_dtype,
     )
     backend.kv_index_translator = runner.kv_index_translator
