@@ -15,7 +15,7 @@ from verify_tuner.kernels.reference import rel_error
 
 from tests.engine.fake_driver import CFG
 from tests.engine.sglang_doubles import Delegate, ForwardBatch, ForwardMode, Layer, MLAPool, sglang_attention
-from tests.engine.sglang_trees import QLEN_ONLY
+from tests.engine.sglang_trees import FULL_MASK, QLEN_ONLY, QLEN_ONLY_BITPACKING
 from tests.engine.test_sglang_backend import SCALE, Engine, H, Q, _verify
 
 
@@ -158,6 +158,24 @@ def test_rows_dp_attention_pads_a_verify_step_with_are_left_zero():
     q = torch.zeros(n + Q, H, 576, dtype=torch.bfloat16)  # a request's worth more: not padding, a mismatch
     with pytest.raises(ValueError, match="q holds 27 tokens, the step's metadata 2 requests x 9"):
         eng.backend.forward_extend(q, None, None, Layer(0, H, SCALE), padded)
+
+
+@pytest.mark.parametrize("mode", [FULL_MASK, QLEN_ONLY, QLEN_ONLY_BITPACKING])
+def test_without_decode_graphs_the_draft_still_writes_the_mask_in_our_layout(mode):
+    """--disable-cuda-graph: SGLang never calls init_cuda_graph_state, and its draft stage writes
+    each step's mask in the layout the target backend's verify_mask names -- FULL_MASK when there is
+    none -- into the verify_mask's buffer when the batch fits, else into one of its own
+    (eagle_worker_common). With no verify_mask the draft's full-context mask was read as q_len x
+    q_len cells (attention 0.53 off). Before graph setup the backend's holds no batch and names its layout."""
+    eng = Engine(mode)
+    vm = eng.backend.verify_mask
+    assert vm is not None and vm.mode == mode and vm.buffer.numel() == 0 and not vm.fits(1)
+    drafted = vm.mode if vm is not None else FULL_MASK  # what SGLang's draft stage writes in
+    eng.mode = drafted
+    fb = eng.step([40, 0, 7], rows=[2, 0, 1])
+    eng.backend.init_forward_metadata(fb)
+    assert _verify(eng, fb, Layer(0, H, SCALE)) < 1e-2
+    assert Engine(QLEN_ONLY, q_lens=(1,)).backend.verify_mask is None  # decode only: nothing verifies
 
 
 def test_what_the_kernel_cannot_apply_is_refused_not_dropped():

@@ -222,12 +222,12 @@ def test_graphs_per_prefix_range_go_through_sglang_s_attention_variants(sglang):
 def test_what_the_mask_layout_choice_and_the_read_ends_rest_on(sglang):
     """sglang_plugin.tree_mask_mode's facts: the runner's spec_algorithm answers the is_* it asks
     (a plugin-registered one too); NGRAM always writes the full-context mask; FROZEN_KV_MTP builds
-    its tree with build_tree_kernel_efficient's default layout, the full-context one; STANDALONE and
-    UNO go through the EAGLE verify input that writes in the target backend's layout; DFlash's verify
-    passes no mask. And the backend's declared read end: SharedReadEnds.POST_REPLAY, asked per mode
-    through shared_read_ends(fm); a draft runner takes the plugin's factory only without a draft
-    backend of its own."""
-    asked = {"is_none", "is_ngram", "is_frozen_kv_mtp", "is_eagle", "is_standalone", "is_uno", "is_dflash_family"}
+    its tree with build_tree_kernel_efficient's default layout, the full-context one; STANDALONE goes
+    through the EAGLE verify input that writes in the target backend's layout; UNO runs on FA3 only;
+    DFlash's verify passes no mask. And the backend's declared read end: SharedReadEnds.POST_REPLAY,
+    asked per mode through shared_read_ends(fm); a draft runner takes the plugin's factory only
+    without a draft backend of its own."""
+    asked = {"is_none", "is_ngram", "is_frozen_kv_mtp", "is_eagle", "is_standalone", "is_dflash_family"}
     assert asked <= set(methods(sglang.cls("sglang.srt.speculative.spec_info", "SpeculativeAlgorithm")))
     assert asked <= set(methods(sglang.cls("sglang.srt.speculative.spec_registry", "CustomSpecAlgo")))
     assert "self.spec_algorithm = SpeculativeAlgorithm.from_string(" in sglang.text(
@@ -240,7 +240,9 @@ def test_what_the_mask_layout_choice_and_the_read_ends_rest_on(sglang):
     ]
     assert builds and all("tree_mask_mode" not in {k.arg for k in c.keywords} for c in builds)
     assert "tree_mask_mode: TreeMaskMode = TreeMaskMode.FULL_MASK" in sglang.text("sglang.srt.speculative.eagle_utils")
-    assert "verify_input = build_eagle_verify_input(" in sglang.text("sglang.srt.speculative.uno_worker_v2")
+    assert "UNO requires FA3 for both prefill and decode attention" in sglang.text(
+        "sglang.srt.arg_groups.speculative_hook"
+    )
     assert "class StandaloneWorkerV2(EAGLEWorkerV2):" in sglang.text("sglang.srt.speculative.standalone_worker_v2")
     assert "custom_mask = None" in sglang.text("sglang.srt.speculative.dflash_worker_v2")
     ends = sglang.cls(BASE, "SharedReadEnds")
@@ -251,3 +253,30 @@ def test_what_the_mask_layout_choice_and_the_read_ends_rest_on(sglang):
     ]
     setup = sglang.text("sglang.srt.model_executor.model_runner_components.attention_backend_setup")
     assert "if is_draft_worker and draft_attn_backend:" in setup
+
+
+def test_what_the_runner_checks_for_split_backends_overlap_and_adaptive_rest_on(sglang):
+    """sglang_plugin._check_runner's facts: the runner stamps its resolved (prefill, decode) pair
+    before building its backend; HybridAttnBackend runs target verify on the decode side only with
+    --speculative-attention-mode decode, and _select_backend(mode) names the side (the variants hook
+    asks it); the spec and exec bags hold the mode, adaptive and two-batch overlap; two-batch overlap
+    splits a verify mask at full-context offsets."""
+    runner = sglang.text("sglang.srt.model_executor.model_runner")
+    stamp = runner.index("self.prefill_attention_backend_str = resolved.prefill")
+    assert stamp < runner.index("backends = build_attention_backends(model_runner=self)")
+    assert "self.decode_attention_backend_str = resolved.decode" in runner
+    hybrid = sglang.text("sglang.srt.layers.attention.hybrid_attn_backend")
+    assert 'self.spec_attn_is_decode = get_spec().speculative_attention_mode == "decode"' in hybrid
+    select = methods(sglang.cls("sglang.srt.layers.attention.hybrid_attn_backend", "HybridAttnBackend"))[
+        "_select_backend"
+    ]
+    assert [a.arg for a in select.args.args] == ["self", "forward_mode"]
+    fields = sglang.text("sglang.srt.arg_groups.fields.spec")
+    assert "speculative_attention_mode: A[" in fields and "speculative_adaptive: A[" in fields
+    assert "enable_two_batch_overlap: A[" in sglang.text("sglang.srt.arg_groups.fields.exec_")
+    assert "get_exec().overlap.enable_two_batch_overlap" in sglang.text(
+        "sglang.srt.model_executor.model_runner_components.attention_backend_setup"
+    )
+    tbo = sglang.module("sglang.srt.batch_overlap.two_batch_overlap")
+    offset = next(n for n in tbo.body if isinstance(n, ast.FunctionDef) and n.name == "_compute_mask_offset")
+    assert "(spec_info.seq_lens_cpu[i] + spec_info.draft_token_num) * spec_info.draft_token_num" in ast.unparse(offset)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import re
 import sys
 import types
 
@@ -63,9 +64,6 @@ class SpeculativeAlgorithm:
     def is_standalone(self):
         return self.name == "STANDALONE"
 
-    def is_uno(self):
-        return self.name == "UNO"
-
     def is_dflash_family(self):
         return self.name in ("DFLASH", "DSPARK")
 
@@ -98,6 +96,8 @@ def sglang(monkeypatch, tmp_path):
     absorbed = ["fa3", "flashinfer"]
     hooks: list = []
     capturing: list = [None]  # the attention variant SGLang's graph runner is capturing
+    spec = types.SimpleNamespace(speculative_attention_mode="prefill", speculative_adaptive=False)
+    execution = types.SimpleNamespace(overlap=types.SimpleNamespace(enable_two_batch_overlap=False))
     hook_registry = types.SimpleNamespace(register=lambda target, hook, kind: hooks.append((target, hook, kind)))
     modules = {
         "sglang.srt.arg_groups.choices": {"ATTENTION_BACKEND_CHOICES": choices, "add_attention_backend_choices": choices.extend},
@@ -108,7 +108,10 @@ def sglang(monkeypatch, tmp_path):
         "sglang.srt.models.deepseek_common.utils": {"FORWARD_ABSORB_CORE_ATTENTION_BACKENDS": absorbed},
         "sglang.srt.layers.attention.triton_backend": {"TritonAttnBackend": TritonAttnBackend},
         "sglang.srt.layers.attention.base_attn_backend": {"AttentionBackend": AttentionBackend, "SharedReadEnds": SharedReadEnds},
-        "sglang.srt.runtime_context": {"get_parallel": lambda: types.SimpleNamespace(attn_tp_size=8, attn_dcp_size=1)},
+        "sglang.srt.runtime_context": {
+            "get_parallel": lambda: types.SimpleNamespace(attn_tp_size=8, attn_dcp_size=1),
+            "get_spec": lambda: spec, "get_exec": lambda: execution,
+        },
         "sglang.kernels.ops.speculative.spec_tree": {"TreeMaskMode": TreeMaskMode},
         "sglang.srt.utils": {"get_cuda_graph_max_batch_size": lambda n: -(-n // 8) * 8},
         "sglang.srt.plugins.hook_registry": {"HookRegistry": hook_registry, "HookType": HookType},
@@ -122,8 +125,9 @@ def sglang(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "NVIDIA H200")
     monkeypatch.setattr(sglang_plugin, "_hooked", False)
     return types.SimpleNamespace(
-        registry=registry, choices=choices, absorbed=absorbed, hooks=hooks, capturing=capturing
-    )
+        registry=registry, choices=choices, absorbed=absorbed, hooks=hooks, capturing=capturing, spec=spec,
+        execution=execution,
+    )  # fmt: skip
 
 
 def _runner(**over):
@@ -134,6 +138,7 @@ def _runner(**over):
         decode_num_tokens_per_req=lambda: 9,
         req_to_token_pool=types.SimpleNamespace(size=13, req_to_token=torch.zeros(13, 8192, dtype=torch.int32)),
         token_to_kv_pool=MLAPool(size=100, layers=1), spec_algorithm=SpeculativeAlgorithm("EAGLE"),
+        prefill_attention_backend_str="verify_tuner", decode_attention_backend_str="verify_tuner",
     )  # fmt: skip
     for k, v in over.items():
         setattr(runner, k, v)
@@ -188,7 +193,7 @@ def test_a_draft_runner_without_a_backend_of_its_own_is_told_to_name_one(sglang)
 
 @pytest.mark.parametrize(
     ("algorithm", "mode"),
-    [("EAGLE", "QLEN_ONLY"), ("EAGLE3", "QLEN_ONLY"), ("STANDALONE", "QLEN_ONLY"), ("UNO", "QLEN_ONLY"),
+    [("EAGLE", "QLEN_ONLY"), ("EAGLE3", "QLEN_ONLY"), ("STANDALONE", "QLEN_ONLY"),
      ("DFLASH", "QLEN_ONLY"), ("DSPARK", "QLEN_ONLY"), ("NONE", "QLEN_ONLY"),
      ("NGRAM", "FULL_MASK"), ("FROZEN_KV_MTP", "FULL_MASK")],
 )  # fmt: skip
@@ -204,8 +209,71 @@ def test_the_verify_mask_layout_follows_the_speculative_algorithm(sglang, algori
 
 
 def test_an_algorithm_whose_mask_layout_is_unknown_is_refused(sglang):
-    with pytest.raises(ValueError, match=r"verify mask layout of speculative algorithm SpeculativeAlgorithm.MYSPEC"):
-        sglang_plugin.create(_runner(spec_algorithm=SpeculativeAlgorithm("MYSPEC")))
+    """A plugin-registered algorithm (and UNO, which SGLang itself runs only on FA3) answers False
+    to every is_* the layout is chosen by."""
+    for name in ("MYSPEC", "UNO"):
+        with pytest.raises(
+            ValueError, match=rf"verify mask layout of speculative algorithm SpeculativeAlgorithm.{name}"
+        ):
+            sglang_plugin.create(_runner(spec_algorithm=SpeculativeAlgorithm(name)))
+
+
+@pytest.mark.parametrize(
+    ("prefill", "decode", "mode", "algorithm", "needle"),
+    [
+        ("fa3", "verify_tuner", "prefill", "EAGLE", ("--decode-attention-backend verify_tuner: target verify runs on the "
+         "fa3 backend with --speculative-attention-mode prefill; pass --speculative-attention-mode decode")),
+        ("verify_tuner", "fa3", "decode", "EAGLE", ("--prefill-attention-backend verify_tuner: target verify runs on the "
+         "fa3 backend with --speculative-attention-mode decode; pass --speculative-attention-mode prefill")),
+        ("verify_tuner", "fa3", "prefill", "NONE", "--prefill-attention-backend verify_tuner runs nothing"),
+        ("fa3", "verify_tuner", "decode", "EAGLE", None),
+        ("verify_tuner", "fa3", "prefill", "EAGLE", None),
+        ("fa3", "verify_tuner", "prefill", "NONE", None),
+    ],
+)  # fmt: skip
+def test_split_prefill_and_decode_backends_must_leave_this_one_something_to_run(
+    sglang, prefill, decode, mode, algorithm, needle
+):
+    """--prefill-attention-backend / --decode-attention-backend apart: SGLang's HybridAttnBackend runs
+    decode on the decode side and target verify on the prefill side unless --speculative-attention-mode
+    decode. Where this backend would run neither, the kernel would silently never run: refused."""
+    sglang.spec.speculative_attention_mode = mode
+    runner = _runner(
+        prefill_attention_backend_str=prefill, decode_attention_backend_str=decode,
+        spec_algorithm=SpeculativeAlgorithm(algorithm),
+    )  # fmt: skip
+    if needle is None:
+        assert isinstance(sglang_plugin.create(runner), VerifyMLABackend)
+    else:
+        with pytest.raises(ValueError, match=re.escape(needle)):
+            sglang_plugin.create(runner)
+
+
+def test_what_splits_or_switches_a_verify_step_is_refused_with_speculative_decoding(sglang):
+    """Two-batch overlap splits the verify mask at full-context offsets (our layout is q_len x
+    q_len); --speculative-adaptive builds backends for other draft lengths than the one a backend
+    serves. Both are refused with speculative decoding; without it they are not this backend's concern."""
+    sglang.execution.overlap.enable_two_batch_overlap = True
+    with pytest.raises(ValueError, match="does not run two-batch overlap"):
+        sglang_plugin.create(_runner())
+    assert isinstance(sglang_plugin.create(_runner(spec_algorithm=SpeculativeAlgorithm("NONE"))), VerifyMLABackend)
+    sglang.execution.overlap.enable_two_batch_overlap = False
+    sglang.spec.speculative_adaptive = True
+    with pytest.raises(ValueError, match="serves one draft length a server: --speculative-adaptive"):
+        sglang_plugin.create(_runner())
+
+
+def test_the_variants_hook_finds_this_backend_inside_sglang_s_hybrid_backend(sglang):
+    """With split backends SGLang's graph runner holds a HybridAttnBackend; the hook asks it for
+    the backend of the mode being captured (its _select_backend), so a verify graph still gets
+    this backend's prefix ranges."""
+    be = sglang_plugin.create(_runner())
+    ours = types.SimpleNamespace(capture_labels=("0", "1"))
+    be.graph_variants = lambda: ours
+    hybrid = types.SimpleNamespace(_select_backend=lambda mode: be if mode == "TARGET_VERIFY" else None)
+    runner = types.SimpleNamespace(attn_backend=hybrid, is_draft_worker=False)
+    assert sglang_plugin.graph_variants(lambda *a: "sglang's", runner, "TARGET_VERIFY", 9) is ours
+    assert sglang_plugin.graph_variants(lambda *a: "sglang's", runner, "DECODE", 1) == "sglang's"
 
 
 def test_the_backend_s_shared_reads_end_after_the_replay(sglang):

@@ -103,7 +103,15 @@ class VerifyMLABackend:
         self.graphs = GraphRanges(pick_ranges or one, tuple(q_lens), capture_label)
         self.tree_mask_mode, self.device = tree_mask_mode, req_to_token.device
         self.steps = {q: StepBuffers(q, max_bs, self.device) for q in q_lens}
-        self._source: MaskSource | None = None
+        # SGLang's draft stage writes each step's mask in the layout verify_mask names, FULL_MASK when
+        # there is none; until init_cuda_graph_state (never, with decode graphs off) this source holds
+        # no batch (fits() is False), so the draft writes into a buffer of its own, in our layout.
+        verify = max(self.steps)
+        self._source: MaskSource | None = (
+            MaskSource.make(tree_mask_mode, q_len=verify, max_bs=0, max_context_len=max_context_len, device=self.device)
+            if verify > 1
+            else None
+        )
         self._configs: dict[tuple[int, int, int], list[int]] = {}
         self._needs: dict[tuple[int, int], int] = {}
         self._graph_bs = 0

@@ -74,6 +74,9 @@ def graph_variants(original: Any, model_runner: Any, *args: Any, **kwargs: Any) 
     from verify_tuner.engine.sglang_backend import VerifyMLABackend
 
     backend = getattr(model_runner, "attn_backend", None)
+    select = getattr(backend, "_select_backend", None)  # SGLang's HybridAttnBackend: the mode's own backend
+    if select is not None and args:
+        backend = select(args[0])  # the mode the runner captures (decode, or target verify)
     if isinstance(backend, VerifyMLABackend) and not model_runner.is_draft_worker:
         variants = backend.graph_variants()
         if variants is not None:
@@ -100,7 +103,7 @@ def create(runner: Any) -> Any:
 
 def _check_runner(runner: Any) -> None:
     """What the kernel cannot serve, said before a graph is captured."""
-    from sglang.srt.runtime_context import get_parallel
+    from sglang.srt.runtime_context import get_exec, get_parallel, get_spec
 
     if not runner.use_mla_backend:
         raise ValueError(f"--attention-backend {NAME} runs MLA models (DeepSeek-V3, Kimi K2, GLM-4.5 style)")
@@ -112,11 +115,43 @@ def _check_runner(runner: Any) -> None:
         raise ValueError(
             f"--attention-backend {NAME} reads req_to_token's ids as slots: a unified KV pool translates them"
         )
+    spec = runner.spec_algorithm
+    speculative = not spec.is_none()
+    _check_sides(runner, speculative, get_spec().speculative_attention_mode)
+    if speculative and get_exec().overlap.enable_two_batch_overlap:
+        raise ValueError(
+            f"--attention-backend {NAME} with speculative decoding does not run two-batch overlap: SGLang splits "
+            "the verify mask at full-context offsets (--enable-two-batch-overlap off)"
+        )
+    if speculative and get_spec().speculative_adaptive:
+        raise ValueError(
+            f"--attention-backend {NAME} serves one draft length a server: --speculative-adaptive switches among several"
+        )
+
+
+def _check_sides(runner: Any, speculative: bool, spec_mode: str) -> None:
+    """With --prefill-attention-backend and --decode-attention-backend apart, SGLang runs decode on
+    the decode backend and target verify on the prefill one unless --speculative-attention-mode is
+    `decode`: refused where this backend would run neither (only prefill, which it hands to Triton)."""
+    prefill, decode = runner.prefill_attention_backend_str, runner.decode_attention_backend_str
+    if prefill == decode:
+        return
+    if not speculative:
+        if decode != NAME:
+            raise ValueError(f"--prefill-attention-backend {NAME} runs nothing: name it the decode backend")
+        return
+    verifies = decode if spec_mode == "decode" else prefill
+    if verifies != NAME:
+        side = "decode" if decode == NAME else "prefill"
+        raise ValueError(
+            f"--{side}-attention-backend {NAME}: target verify runs on the {verifies} backend with "
+            f"--speculative-attention-mode {spec_mode}; pass --speculative-attention-mode {side}"
+        )
 
 
 def tree_mask_mode(algorithm: Any, modes: Any) -> Any:
     """The verify mask layout the speculative `algorithm` hands the backend (a member of SGLang's
-    TreeMaskMode, `modes`). EAGLE, EAGLE3, STANDALONE and UNO build their trees through SGLang's
+    TreeMaskMode, `modes`). EAGLE, EAGLE3 and STANDALONE build their trees through SGLang's
     eagle_worker_common, which writes in the layout the target backend's verify_mask names
     (q_len x q_len cells: QLEN_ONLY); DFlash and DSpark verify chains (no mask). NGRAM and
     FROZEN_KV_MTP always write the full-context layout (bs x q_len x (prefix + q_len) cells),
@@ -126,11 +161,11 @@ def tree_mask_mode(algorithm: Any, modes: Any) -> Any:
         return modes.QLEN_ONLY  # decode only: no verify mask
     if algorithm.is_ngram() or algorithm.is_frozen_kv_mtp():
         return modes.FULL_MASK
-    if algorithm.is_eagle() or algorithm.is_standalone() or algorithm.is_uno() or algorithm.is_dflash_family():
+    if algorithm.is_eagle() or algorithm.is_standalone() or algorithm.is_dflash_family():
         return modes.QLEN_ONLY
     raise ValueError(
         f"--attention-backend {NAME}: the verify mask layout of speculative algorithm {algorithm!r} is not known "
-        "(EAGLE, EAGLE3, STANDALONE, UNO, DFLASH, DSPARK, NGRAM and FROZEN_KV_MTP are)"
+        "(EAGLE, EAGLE3, STANDALONE, DFLASH, DSPARK, NGRAM and FROZEN_KV_MTP are)"
     )
 
 
@@ -189,6 +224,8 @@ def build(runner: Any, *, delegate: Any) -> Any:
     backend.kv_index_translator = runner.kv_index_translator
     if hasattr(delegate, "extend_attention_block_m"):  # the scheduler sizes prefill chunks by the prefill kernel's tile
         backend.extend_attention_block_m = delegate.extend_attention_block_m
+    if hasattr(delegate, "extend_dummy_seqs_capped_by_req_pool"):  # its extend metadata is sized by the request pool
+        backend.extend_dummy_seqs_capped_by_req_pool = delegate.extend_dummy_seqs_capped_by_req_pool
     return backend
 
 
