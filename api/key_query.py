@@ -10,7 +10,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from fastapi import Depends, Query
+from fastapi import Depends, Query, Request
 from pydantic import AfterValidator
 from verify_tuner.api.deps import DEVICE_PATTERN, Digits
 from verify_tuner.errors import BadParameter
@@ -40,10 +40,10 @@ class KeyQuery:
 def _annotation(spec: Spec, python_type: type) -> Any:
     if python_type is int:
         return Annotated[int, Digits, Query(ge=spec.lo, le=spec.hi, description=spec.doc)]
+    if spec.check:  # its check names the accepted values (an empty one too) where a pattern would quote a regex
+        return Annotated[str, Query(max_length=spec.max_len, description=spec.doc), AfterValidator(spec.check)]
     text = Query(max_length=spec.max_len, pattern=DEVICE_PATTERN, description=spec.doc)
-    if spec.local:
-        return Annotated[str | None, text]
-    return Annotated[str, text, AfterValidator(spec.check)] if spec.check else Annotated[str, text]
+    return Annotated[str | None, text] if spec.local else Annotated[str, text]
 
 
 def parameters(key_type: type[TableKey] = TableKey) -> list[inspect.Parameter]:
@@ -62,13 +62,13 @@ def parameters(key_type: type[TableKey] = TableKey) -> list[inspect.Parameter]:
 _SPECS = tuple(specs(TableKey))
 
 
-async def _key_query(**given: Any) -> KeyQuery:  # async: no I/O here, so no threadpool hop a request
+async def _key_query(request: Request, **given: Any) -> KeyQuery:  # async: no I/O, no threadpool hop
     values = []
     for f, spec in _SPECS:
         value = given[f.name]
         old = given.get(spec.formerly) if spec.formerly else None
         if old is not None:
-            if value != spec.default:  # both named: which one was meant is not ours to guess
+            if f.name in request.query_params:  # both named, at the default too: which was meant is not ours to guess
                 raise BadParameter(spec.formerly, f"give {f.name} only ({spec.formerly} is its former name)")
             try:
                 value = spec.check(old) if spec.check else old
@@ -79,7 +79,10 @@ async def _key_query(**given: Any) -> KeyQuery:  # async: no I/O here, so no thr
 
 
 # FastAPI reads a dependency's parameters from its signature: this one's is the key's fields
-_key_query.__signature__ = inspect.Signature(parameters(), return_annotation=KeyQuery)  # type: ignore[attr-defined]
+_key_query.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    [inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Request), *parameters()],
+    return_annotation=KeyQuery,
+)
 
 #: A route's table key, from its query parameters.
 KeyQueryDep = Annotated[KeyQuery, Depends(_key_query)]

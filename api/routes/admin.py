@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, Request
+from pydantic import AfterValidator
 from sqlalchemy.orm import Session, sessionmaker
 from verify_tuner import buckets
 from verify_tuner.api.body import read_capped
@@ -13,6 +14,7 @@ from verify_tuner.api.deps import DEVICE_PATTERN, Digits, SettingsDep, StrictQue
 from verify_tuner.api.file_watch import FileState
 from verify_tuner.api.schemas import DeleteOut, ImportOut
 from verify_tuner.errors import StorageError
+from verify_tuner.keys import check_kv_dtype
 from verify_tuner.store import best_configs, configs_io, lookup, plans
 from verify_tuner.store.session import session_scope
 
@@ -75,23 +77,33 @@ async def delete_configs(
     H: Annotated[int | None, Digits, Query(gt=0, le=1024)] = None,
     q_len: Annotated[int | None, Digits, Query(ge=1, le=64)] = None,
     bucket: Annotated[int | None, Digits, Query(ge=0, le=len(buckets.ALL) - 1)] = None,
+    kv_dtype: Annotated[
+        str | None,
+        Query(max_length=32, description="one KV format's rows (left out: every format's)"),
+        AfterValidator(lambda v: v if v is None else check_kv_dtype(v)),
+    ] = None,
 ) -> DeleteOut:
     return await write_within(
         settings.db_timeout_s,
         settings.db_timeout_s,
-        lambda gate: _delete(request, sessions, gate, device, H=H, q_len=q_len, bucket=bucket),
+        lambda gate: _delete(request, sessions, gate, device, bucket, H=H, q_len=q_len, kv_dtype=kv_dtype),
         "the delete",
     )
 
 
 def _delete(
-    request: Request, sessions: sessionmaker[Session], gate: CommitGate, device: str, **key: int | None
+    request: Request,
+    sessions: sessionmaker[Session],
+    gate: CommitGate,
+    device: str,
+    bucket: int | None,
+    **key: int | str | None,
 ) -> DeleteOut:
     _check_file(request)
     with session_scope(sessions) as session:
         name = lookup.resolve_device(session=session, name=device, default=None).name  # h200 -> NVIDIA H200
-        n = best_configs.delete_best(session=session, device=name, **key)
-        plans_deleted = plans.delete_plans(session=session, device=name, **key)  # built from those bests
+        n = best_configs.delete_best(session=session, device=name, bucket=bucket, **key)
+        plans_deleted = plans.delete_plans(session=session, device=name, bucket=bucket, **key)  # built from those bests
         gate.enter_commit()
     request.app.state.tables.clear()
     return DeleteOut(deleted=n, plans_deleted=plans_deleted)

@@ -326,6 +326,33 @@ def test_deleting_the_bests_withdraws_the_graph_plan_built_from_them(client, db_
     assert after["source"] == "heuristic" and after["graph_plan"] is None
 
 
+@pytest.mark.parametrize("order", ["old first", "new first"])
+def test_naming_kv_dtype_and_its_former_name_together_is_a_422_even_at_the_default(client, order):
+    """`dtype=fp8_e4m3&kv_dtype=bf16` was answered with the fp8 config: an explicit kv_dtype=bf16 read
+    as "not given". Both names together are a 422 naming `dtype`, whichever values and order."""
+    for old, new in (("fp8_e4m3", "bf16"), ("bf16", "fp8_e4m3"), ("bf16", "bf16")):
+        pairs = [("dtype", old), ("kv_dtype", new)]
+        query = "&".join(f"{k}={v}" for k, v in (pairs if order == "old first" else pairs[::-1]))
+        for path, at in (("/config", "&prefix=46000"), ("/configs", "")):
+            r = client.get(f"{path}?H=8&q_len=9{at}&{query}")
+            assert r.status_code == 422, (path, query, r.text)
+            assert r.json()["detail"][0]["loc"] == ["query", "dtype"] and "give kv_dtype only" in r.text
+
+
+def test_delete_takes_one_format_s_rows_and_leaves_the_others(client):
+    """An operator removing one bad fp8 row must not lose the format's neighbours: kv_dtype selects
+    one format (checked as GET checks it); left out, every format's rows of the shape go."""
+    rows = [ROW | {"kv_dtype": k, "NSPLIT": n} for k, n in (("bf16", 64), ("fp8_e4m3", 32), ("fp8_e4m3_qk", 16))]
+    assert client.post("/configs/import", json=rows, headers=AUTH).json()["imported"] == 3
+    r = client.delete("/configs", params={"device": "h200", "H": 8, "q_len": 9, "kv_dtype": "fp8_e4m3"}, headers=AUTH)
+    assert r.json() == {"deleted": 1, "plans_deleted": 0}, r.text
+    assert get(client, kv_dtype="fp8_e4m3").json()["source"] == "heuristic"
+    assert (get(client).json()["NSPLIT"], get(client, kv_dtype="fp8_e4m3_qk").json()["NSPLIT"]) == (64, 16)
+    r = client.delete("/configs", params={"device": "h200", "kv_dtype": "fp8"}, headers=AUTH)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["query", "kv_dtype"], r.text
+    assert client.delete("/configs", params={"device": "h200"}, headers=AUTH).json()["deleted"] == 2
+
+
 def test_kv_dtype_is_a_key_field_of_every_lookup_and_import(client):
     """kv_dtype (the KV cache's format) keys the rows and the tables: bf16 by default and as named;
     a format the kernel does not read yet, or an unknown one, is a 422 naming the parameter and
@@ -359,7 +386,12 @@ def test_kv_dtype_is_a_key_field_of_every_lookup_and_import(client):
             assert detail["loc"] == ["query", param] and words in detail["msg"], detail
     r = client.post("/configs/import", json=[ROW | {"kv_dtype": "fp8_ds_mla", "NSPLIT": 32}], headers=AUTH)
     assert r.status_code == 422 and "kv_dtype: kv_dtype fp8_ds_mla" in r.json()["detail"]["errors"][0], r.text
+    for path, at in (("/config", {"prefix": 46000}), ("/configs", {})):
+        r = client.get(path, params={"H": 8, "q_len": 9, **at, "kv_dtype": ""})  # empty: the accepted ones, not a regex
+        assert r.status_code == 422 and "unknown kv_dtype '': accepted: bf16, fp8_e4m3" in r.text, r.text
     assert get(client).json()["NSPLIT"] == 64  # nothing stored
+    r = client.post("/configs/import", json=[ROW | {"kv_dtype": "fp8_e4m3", "dtype": "bf16"}], headers=AUTH)
+    assert r.status_code == 422 and "give kv_dtype only (dtype is its former name)" in r.text, r.text
     r = client.post("/configs/import", json=[ROW | {"kv_dtype": "fp8_e4m3", "NSPLIT": 32}], headers=AUTH)
     assert r.json()["imported"] == 1, r.text
     e4m3 = get(client, kv_dtype="fp8_e4m3").json()

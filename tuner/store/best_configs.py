@@ -132,7 +132,7 @@ def _values(row: BestRow) -> dict[str, Any]:
     }
 
 
-def delete_best(*, session: Session, device: str, **filters: int | None) -> int:
+def delete_best(*, session: Session, device: str, **filters: int | str | None) -> int:
     """Delete the bests of `device` whose key fields have the values given (H, q_len, bucket, ...; None: any)."""
     return keyed.delete_keyed(session=session, model=BestConfig, device=device, filters=filters)
 

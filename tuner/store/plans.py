@@ -153,7 +153,7 @@ _PLAN_FIELDS = (
 )
 
 
-def delete_plans(*, session: Session, device: str, bucket: int | None = None, **filters: int | None) -> int:
+def delete_plans(*, session: Session, device: str, bucket: int | None = None, **filters: int | str | None) -> int:
     """Delete the graph plan sets built from the best configs these filters select (best_configs.
     delete_best's): a set is chosen over its range's bests, so it goes whole with any of them;
     `bucket` selects the sets whose measured range holds that prefix bucket. The rows deleted."""

@@ -113,6 +113,16 @@ class RowFields(BaseModel):
         """The row's table key fields as given (kernel_hash None: not given)."""
         return {f.name: getattr(self, f.name) for f, _ in keys.specs(keys.TableKey)}
 
+    @model_validator(mode="before")
+    @classmethod
+    def _one_name_a_field(cls, data: Any) -> Any:
+        """A field given under its name and its former one: which was meant is not ours to guess."""
+        if isinstance(data, dict):
+            for f, spec in keys.specs(keys.TableKey):
+                if spec.formerly and f.name in data and spec.formerly in data:
+                    raise ValueError(f"give {f.name} only ({spec.formerly} is its former name)")
+        return data
+
     @field_validator(*TIMING_FIELDS, "speedup", mode="before")
     @classmethod
     def _finite_positive(cls, v: Any) -> Any:
