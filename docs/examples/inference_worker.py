@@ -3,6 +3,7 @@ per batch size with that batch size's graph plan (the kernel follows every prefi
 and, where a step runs without a graph, look its config up by the batch's longest request.
 
     python docs/examples/inference_worker.py --url http://127.0.0.1:8177 --device h200 --batch-sizes 1,8,32
+    python docs/examples/inference_worker.py --device h200 --kv-dtype fp8_e4m3   # an e4m3 cache's table
 
 Without a GPU it prints what each graph would capture and runs the lookup loop of graph-less steps.
 On a GPU the graphs are verify_tuner.engine.adapter.VerifyBackend's (docs/integration.md), which
@@ -16,6 +17,7 @@ import sys
 import time
 
 from verify_tuner.engine.client import ConfigClient
+from verify_tuner.kernels.formats import KV_DTYPES
 
 
 def main() -> None:
@@ -28,6 +30,7 @@ def main() -> None:
     ap.add_argument("--device", default="h200")
     ap.add_argument("--H", type=int, default=8)
     ap.add_argument("--q-len", type=int, default=9)
+    ap.add_argument("--kv-dtype", default="bf16", choices=KV_DTYPES, help="the KV cache's format (its own table)")
     ap.add_argument("--batch-sizes", default="1,8,32", help="the batch sizes the engine captures graphs for")
     ap.add_argument("--max-prefix", type=int, default=131_071, help="the longest prefix a request may reach")
     ap.add_argument("--prefix", type=int, default=40_000, help="prefix length at the first graph-less step")
@@ -38,7 +41,7 @@ def main() -> None:
     except ValueError:
         ap.error(f"--batch-sizes must be integers separated by commas, got {args.batch_sizes!r}")
 
-    client = ConfigClient(args.url, H=args.H, q_len=args.q_len, device=args.device)
+    client = ConfigClient(args.url, H=args.H, q_len=args.q_len, device=args.device, kv_dtype=args.kv_dtype)
     print(f"config table from {client.fetch()}: {client.reason}")
     if client.source == "none":  # an unknown device and no table: the engine keeps its own attention
         sys.exit(f"no verify-attention config for {args.device!r}: use the engine's own attention")

@@ -40,3 +40,14 @@ def test_an_unknown_device_is_one_line_and_a_nonzero_exit(tmp_path):
     r = run(tmp_path, "--device", "NVIDIA B999", "--steps", "5")
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert r.stderr.strip() == "no verify-attention config for 'NVIDIA B999': use the engine's own attention"
+
+
+def test_an_e4m3_cache_gets_its_own_table_and_says_so(tmp_path):
+    """An fp8 operator running the example saw bf16's configs without being told: the format is an
+    option, the table fetched is that format's, and its line names it; a format it cannot read is
+    argparse's one-line error."""
+    r = run(tmp_path, "--device", "NVIDIA H200", "--kv-dtype", "fp8_e4m3", "--batch-sizes", "1", "--steps", "5")
+    assert r.returncode == 0, r.stderr
+    assert "heuristic for NVIDIA H200, fp8_e4m3" in r.stdout.splitlines()[0], r.stdout
+    r = run(tmp_path, "--device", "NVIDIA H200", "--kv-dtype", "fp8_ds_mla", "--steps", "5")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "invalid choice: 'fp8_ds_mla'" in r.stderr

@@ -51,6 +51,21 @@ def test_search_stores_a_valid_winner_with_speedup(sessions, db_url):
     assert out.best.nsplit not in (12, 24)  # wrong / crashed configs never win
 
 
+def test_a_format_the_device_cannot_run_is_refused_with_its_reason_before_a_search(sessions, db_url):
+    """`study start --kv-dtype fp8_e4m3_qk` on an A100 said "no valid config for H=8, q_len=9", as if the
+    shape were impossible: the format's own reason comes first, and nothing is measured or stored."""
+    from verify_tuner.kernels.limits import known_device
+
+    fb = FakeBackend(limits=known_device("a100"))
+    with pytest.raises(
+        InvalidConfig, match=r"kv_dtype fp8_e4m3_qk needs compute capability 8\.9\+, the device has 8\.0"
+    ):
+        study(sessions, db_url, fb, workload=Workload(8, 9, 46000, kv_dtype="fp8_e4m3_qk"))
+    assert fb.measured == [] and fb.compiled == []
+    with session_scope(sessions) as s:
+        assert s.query(models.Study).count() == 0
+
+
 def test_invalid_configs_never_reach_the_backend_and_do_not_use_the_budget(sessions, db_url):
     fb = FakeBackend()
     out = study(sessions, db_url, fb, n_trials=20, restrict={"STAGES": [2, 3, 4], "BLOCK": [128, 256, 512]})

@@ -6,6 +6,13 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from verify_tuner.kernels.formats import DEFAULT as DEFAULT_KV_DTYPE
+
+
+def fmt(key: Any) -> str:
+    """The key's KV format where it is not the default: another format's key of the same shape."""
+    return "" if key.kv_dtype == DEFAULT_KV_DTYPE else f" {key.kv_dtype}"
+
 
 class Bar:
     """One self-rewriting status line on stderr (a plain line per update when not a TTY)."""
@@ -19,7 +26,8 @@ class Bar:
         width = 24
         done = int(width * min(p.measured, p.budget) / max(p.budget, 1))
         line = (
-            f"H={p.key.H} q={p.key.q_len} b{p.key.bucket} B{p.key.batch_bucket} [{'#' * done}{'.' * (width - done)}] "
+            f"H={p.key.H} q={p.key.q_len}{fmt(p.key)} b{p.key.bucket} B{p.key.batch_bucket} "
+            f"[{'#' * done}{'.' * (width - done)}] "
             f"{p.measured}/{p.budget}  best {best}{sp}"
         )
         if self.tty:
@@ -58,7 +66,7 @@ def summary_table(outcomes: list[Any]) -> str:
         def_us = f"{o.default_m.median_us:.1f}" if o.default_m else "-"
         sp = f"{o.speedup:.2f}x" if o.speedup else "-"
         lines.append(
-            f"| H={o.key.H} q={o.key.q_len} b{o.key.bucket} B{o.key.batch_bucket} | {o.workload.prefix} | "
+            f"| H={o.key.H} q={o.key.q_len}{fmt(o.key)} b{o.key.bucket} B{o.key.batch_bucket} | {o.workload.prefix} | "
             f"{o.workload.batch} | "
             f"{c.get('trials', 0)} ({c.get('ok', 0)}/{c.get('invalid', 0)}/{c.get('failed', 0)}) | "
             f"{o.default} | {o.best} | {best_us} | {def_us} | {sp} | {o.decision} | {o.wall_s:.0f} |"

@@ -154,7 +154,7 @@ class ConfigClient:
             self.source, self.reason = "none", f"no heuristic either: {exc}"
             return self._done(passed)
         self._set(table)
-        self.source, self.reason = "heuristic", f"the built-in heuristic for {self.limits.name}"
+        self.source, self.reason = "heuristic", f"the built-in heuristic for {self.limits.name}, {self.kv_dtype}"
         try:  # served all the same (no source is left), but a capture from this bundle would fail: say so
             self._check_bundle({e.config for es in table.values() for e in es})
         except ValueError as exc:
@@ -250,8 +250,8 @@ class ConfigClient:
     def _count(self) -> str:
         c = self.counts
         return (
-            f"{c['tuned']} of {sum(c.values())} entries tuned ({c['nearest']} nearest, {c['heuristic']} heuristic) "
-            f"in {len(self._table)} batch buckets"
+            f"{self.kv_dtype} table: {c['tuned']} of {sum(c.values())} entries tuned ({c['nearest']} nearest, "
+            f"{c['heuristic']} heuristic) in {len(self._table)} batch buckets"
         )
 
     def _set(self, by_batch: dict[int, list[Entry]]) -> None:

@@ -24,6 +24,7 @@ from verify_tuner.errors import StudyStorageError
 from verify_tuner.kernels import kernel_hash
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.errors import InvalidConfig
+from verify_tuner.kernels.formats import readable
 from verify_tuner.kernels.limits import DeviceLimits
 from verify_tuner.keys import ConfigKey, TableKey
 from verify_tuner.measure.backend import OK, Backend, Workload
@@ -204,6 +205,7 @@ def _prepare(
     """The key, its row in the config database (created or reopened) and its warm-start configs."""
     limits = backend.limits
     key = workload_key(limits, workload)
+    readable(key.kv_dtype, limits.cc_major * 10 + limits.cc_minor)  # the format's own reason, not "no valid config"
     if not space.valid_configs(limits, H=key.H, q_len=key.q_len, restrict=restrict, kv_dtype=key.kv_dtype):
         raise InvalidConfig(f"no valid config for H={key.H}, q_len={key.q_len} on {limits.name}")
     with session_scope(sessions) as s:  # its own transaction: it locks data_version (see devices.upsert_kernel)
