@@ -4,6 +4,8 @@ capture, a mask the draft stage writes after the metadata was planned, and the m
 
 from __future__ import annotations
 
+import types
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -200,6 +202,26 @@ def test_a_pool_of_a_dtype_the_kernel_does_not_read_is_refused_by_name():
         )  # fmt: skip
 
 
+def _scaled_step(eng: Engine, layer: Layer) -> types.SimpleNamespace:
+    """A verify step through a layer with a k_scale: the output, the draft rows as the pool stored
+    them, and `want(s)`, attention over the pool's values times s (what SGLang's Triton backend reads)."""
+    fb = eng.step([40, 0, 77], rows=[1, 0, 2])
+    eng.backend.init_forward_metadata(fb)
+    T = fb.out_cache_loc.numel()
+    q_nope, q_rope, k_nope, k_rope = eng.qkv(T)
+    out = eng.backend.forward_extend(q_nope, k_nope, k_nope, layer, fb, q_rope=q_rope, k_rope=k_rope)
+    q = torch.cat([q_nope, q_rope], -1)
+
+    def want(s: float) -> torch.Tensor:
+        kv = eng.pool.get_key_buffer(0).float() * s
+        return sglang_attention(kv=kv, req_to_token=eng.req_to_token, fb=fb, q=q, mode=QLEN_ONLY, q_len=Q, scale=SCALE)
+
+    return types.SimpleNamespace(
+        fb=fb, out=out.view(T, H, 512), stored=eng.pool.get_key_buffer(0)[fb.out_cache_loc, 0], want=want,
+        k=(k_nope[:, 0], k_rope[:, 0]), args=(q_nope, k_nope, k_nope), kw={"q_rope": q_rope, "k_rope": k_rope},
+    )  # fmt: skip
+
+
 def test_an_e4m3_pool_with_the_layers_k_scale_as_sglang_writes_and_reads_it(monkeypatch):
     """`--kv-cache-dtype fp8_e4m3`: the layer's k / k_scale goes into the pool (its cast takes no scale; SGLang's Triton backend
     divides the same way), and the op gets the format and the scale tensor itself, so a captured
@@ -207,20 +229,11 @@ def test_an_e4m3_pool_with_the_layers_k_scale_as_sglang_writes_and_reads_it(monk
     eng = Engine(QLEN_ONLY, pool_dtype=torch.float8_e4m3fn)
     assert eng.backend.kv_dtype == "fp8_e4m3"
     k_scale = torch.tensor(0.5)
-    layer = Layer(0, H, SCALE, k_scale=k_scale)
-    fb = eng.step([40, 0, 77], rows=[1, 0, 2])
-    eng.backend.init_forward_metadata(fb)
-    T = fb.out_cache_loc.numel()
-    q_nope, q_rope, k_nope, k_rope = eng.qkv(T)
-    out = eng.backend.forward_extend(q_nope, k_nope, k_nope, layer, fb, q_rope=q_rope, k_rope=k_rope)
-    stored = eng.pool.get_key_buffer(0)[fb.out_cache_loc, 0]
-    assert torch.equal(stored[:, :512].float(), (k_nope[:, 0] / k_scale).to(torch.float8_e4m3fn).float())
+    step = _scaled_step(eng, Layer(0, H, SCALE, k_scale=k_scale))
+    assert torch.equal(step.stored[:, :512].float(), (step.k[0] / k_scale).to(torch.float8_e4m3fn).float())
     call = eng.backend.op.calls[-1]
     assert (call["kv_dtype"], call["kv_scale"]) == ("fp8_e4m3", 0.5)
-    kv = eng.pool.get_key_buffer(0).float() * 0.5  # what the pool holds, dequantized
-    want = sglang_attention(kv=kv, req_to_token=eng.req_to_token, fb=fb, q=torch.cat([q_nope, q_rope], -1),
-                            mode=QLEN_ONLY, q_len=Q, scale=SCALE)  # fmt: skip
-    assert rel_error(out.view(T, H, 512), want) < 1e-2
+    assert rel_error(step.out, step.want(0.5)) < 1e-2
 
 
 @pytest.mark.parametrize("s", [1.0, 0.5])
@@ -231,24 +244,12 @@ def test_an_fp8_checkpoints_k_scale_over_a_bf16_pool_is_read_as_sglang_writes_it
     holds (stored values, the true ones times s); the draft KV is stored the same way; attention
     sees stored x s, the bf16 kernel taking s in its softmax scale and the output after it."""
     eng = Engine(QLEN_ONLY)
-    layer = Layer(0, H, SCALE, k_scale=torch.tensor(s), k_scale_float=s)
-    fb = eng.step([40, 0, 77], rows=[1, 0, 2])
-    eng.backend.init_forward_metadata(fb)
-    T = fb.out_cache_loc.numel()
-    q_nope, q_rope, k_nope, k_rope = eng.qkv(T)
-    out = eng.backend.forward_extend(q_nope, k_nope, k_nope, layer, fb, q_rope=q_rope, k_rope=k_rope)
-    stored = eng.pool.get_key_buffer(0)[fb.out_cache_loc, 0]
-    assert torch.equal(stored[:, :512], (k_nope[:, 0] / s).to(torch.bfloat16))
-    assert torch.equal(stored[:, 512:], (k_rope[:, 0] / s).to(torch.bfloat16))
+    step = _scaled_step(eng, Layer(0, H, SCALE, k_scale=torch.tensor(s), k_scale_float=s))
+    assert torch.equal(step.stored[:, :512], (step.k[0] / s).to(torch.bfloat16))
+    assert torch.equal(step.stored[:, 512:], (step.k[1] / s).to(torch.bfloat16))
     call = eng.backend.op.calls[-1]
     assert (call["kv_dtype"], call["kv_scale"], call["scale"]) == ("bf16", 1.0, SCALE * s)
-    kv = eng.pool.get_key_buffer(0).float() * s  # the values SGLang's Triton backend attends over
-    want = sglang_attention(kv=kv, req_to_token=eng.req_to_token, fb=fb, q=torch.cat([q_nope, q_rope], -1),
-                            mode=QLEN_ONLY, q_len=Q, scale=SCALE)  # fmt: skip
-    assert rel_error(out.view(T, H, 512), want) < 1e-2
-    unscaled = sglang_attention(kv=eng.pool.get_key_buffer(0).float(), req_to_token=eng.req_to_token, fb=fb,
-                                q=torch.cat([q_nope, q_rope], -1), mode=QLEN_ONLY, q_len=Q, scale=SCALE)  # fmt: skip
-    assert s == 1.0 or rel_error(out.view(T, H, 512), unscaled) > 0.1  # the scale is not dropped
+    assert rel_error(step.out, step.want(s)) < 1e-2
+    assert s == 1.0 or rel_error(step.out, step.want(1.0)) > 0.1  # the scale is not dropped
     with pytest.raises(NotImplementedError, match="has a k_scale but no k_scale_float"):
-        eng.backend.forward_extend(q_nope, k_nope, k_nope, Layer(0, H, SCALE, k_scale=torch.tensor(s)), fb,
-                                   q_rope=q_rope, k_rope=k_rope)  # fmt: skip
+        eng.backend.forward_extend(*step.args, Layer(0, H, SCALE, k_scale=torch.tensor(s)), step.fb, **step.kw)
