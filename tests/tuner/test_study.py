@@ -652,3 +652,44 @@ def test_a_study_of_an_e4m3_cache_stores_its_winner_under_that_format_only(sessi
         assert lookup.answer(session=s, limits=H200, key=e4m3, prefix=46000).source == "tuned"
         bf16 = lookup.local_key(H200, H=8, q_len=9, kv_dtype="bf16")
         assert lookup.answer(session=s, limits=H200, key=bf16, prefix=46000).source == "heuristic"
+
+
+def test_a_trial_failed_as_stale_while_it_was_measured_is_dropped_not_a_crash(tmp_path, caplog):
+    """A tuner process suspended past the heartbeat's grace resumes to find the trial it was measuring
+    failed (by another process's heartbeat check, or its own on resuming) and its config queued again.
+    Its tell then raised UpdateFinishedTrialError and stopped the job: now that trial is dropped with
+    a warning, the search goes on and stores its winner. A trial finished as a second tell of our own
+    would leave it still stops the job (the error is not swallowed)."""
+    import logging
+
+    from verify_tuner.store import migrate
+    from verify_tuner.store.session import make_engine, session_factory
+
+    def run(name: str, finish_as: optuna.trial.TrialState):  # type: ignore[no-untyped-def]
+        url = f"sqlite:///{tmp_path / name}"
+        migrate.upgrade(url)
+
+        class Suspended(FakeBackend):
+            def measure(self, cfg, wl):  # type: ignore[no-untyped-def]
+                m = super().measure(cfg, wl)
+                if len(self.measured) == 3:  # the trials running in this process, finished under it
+                    (summary,) = optuna.get_all_study_summaries(storage=url)
+                    st = optuna.load_study(study_name=summary.study_name, storage=url)
+                    for t in st.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+                        values = [1.0] if finish_as == optuna.trial.TrialState.COMPLETE else None
+                        st._storage.set_trial_state_values(t._trial_id, state=finish_as, values=values)
+                return m
+
+        return url, study(session_factory(make_engine(url)), url, Suspended(), n_trials=12)
+
+    with pytest.raises(optuna.exceptions.UpdateFinishedTrialError):
+        run("told-twice.db", optuna.trial.TrialState.COMPLETE)
+    with caplog.at_level(logging.WARNING, logger="verify_tuner.search.loop"):
+        url, out = run("suspended.db", optuna.trial.TrialState.FAIL)
+    assert out.stored and out.best is not None
+    assert "was failed as stale while it was measured" in caplog.text
+    (summary,) = optuna.get_all_study_summaries(storage=url)
+    st = optuna.load_study(study_name=summary.study_name, storage=url)
+    failed = [t for t in st.trials if t.state == optuna.trial.TrialState.FAIL]
+    assert failed and not any(t.user_attrs.get("measured") for t in failed)
+    assert all(t.state.is_finished() for t in st.trials)

@@ -14,6 +14,7 @@ verify_tuner.search.heartbeat, the study's ledger and the trial log verify_tuner
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +28,8 @@ from verify_tuner.measure.backend import Backend, Measurement, Workload
 from verify_tuner.search.heartbeat import Heartbeat
 from verify_tuner.search.key_search import MEASURED_ATTR, REASON_ATTR, STATE_ATTR, KeySearch, Progress
 from verify_tuner.search.proposer import Proposal, Proposer
+
+log = logging.getLogger(__name__)
 
 
 class Pipeline:
@@ -140,21 +143,42 @@ class Loop:
             self.study.tell(p.trial, state=TrialState.FAIL)
             raise
 
+    def _failed_as_stale(self, p: Proposal) -> bool:
+        """Whether the trial was failed while it was measured here: its heartbeat stopped for longer
+        than the grace (this process suspended or stopped), so a heartbeat check -- another process's,
+        or this one's on resuming -- failed it, and the storage's retry callback queued its config
+        again. The measurement stays in the trial log; a retry measures the config anew."""
+        frozen = next(t for t in self.study.get_trials(deepcopy=False) if t.number == p.trial.number)
+        if frozen.state != TrialState.FAIL:
+            return False
+        log.warning(
+            "%s: trial %d was failed as stale while it was measured (its heartbeat stopped for longer than the "
+            "grace: was this process suspended?); its config is queued again while retries remain",
+            self.search.key, p.trial.number,
+        )  # fmt: skip
+        return True
+
     def _told(self, p: Proposal, m: Measurement) -> None:
         """Store a measurement: its row in the config database, its trial's attributes and state."""
         self.log.record(p.params, m)
-        p.trial.set_user_attr(MEASURED_ATTR, True)
-        p.trial.set_user_attr(STATE_ATTR, m.state)
-        if m.reason:
-            p.trial.set_user_attr(REASON_ATTR, m.reason[:500])
-        if m.ok:  # the spread (p10/p90) is in the config database's row
-            self.study.tell(p.trial, m.median_us)
+        try:
+            p.trial.set_user_attr(MEASURED_ATTR, True)
+            p.trial.set_user_attr(STATE_ATTR, m.state)
+            if m.reason:
+                p.trial.set_user_attr(REASON_ATTR, m.reason[:500])
+            if m.ok:  # the spread (p10/p90) is in the config database's row
+                self.study.tell(p.trial, m.median_us)
+            else:  # pruned, not failed: TPE ranks it among the worst, where a failed one is invisible
+                self.study.tell(p.trial, state=TrialState.PRUNED)  # to it and proposed again and again
+        except optuna.exceptions.UpdateFinishedTrialError:
+            if not self._failed_as_stale(p):
+                raise  # finished by a tell of our own: a bug
+            return
+        if m.ok:
             if p.cfg == self.search.default:
                 self.default_us = m.median_us
             if self.best_us is None or m.median_us < self.best_us:  # type: ignore[operator]
                 self.best_us = m.median_us
-        else:  # pruned, not failed: TPE ranks it among the worst, where a failed one is invisible
-            self.study.tell(p.trial, state=TrialState.PRUNED)  # to it and proposed again and again
         self.ledger.measured += 1
         if self.on_progress:
             s = self.search
