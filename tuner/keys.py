@@ -68,6 +68,12 @@ class Spec:
     formerly: str = ""
 
 
+def format_label(key: Any) -> str:
+    """ " <kv_dtype>" where a key's format is not the default, else "": what tells apart, where keys
+    are printed by their shape, the rows of one shape in different formats."""
+    return "" if key.kv_dtype == DEFAULT_KV_DTYPE else f" {key.kv_dtype}"
+
+
 def _field(spec: Spec, **kw: Any) -> Any:
     return field(metadata={"spec": spec}, **kw)
 

@@ -6,12 +6,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from verify_tuner.kernels.formats import DEFAULT as DEFAULT_KV_DTYPE
-
-
-def fmt(key: Any) -> str:
-    """The key's KV format where it is not the default: another format's key of the same shape."""
-    return "" if key.kv_dtype == DEFAULT_KV_DTYPE else f" {key.kv_dtype}"
+from verify_tuner.keys import format_label as fmt
 
 
 class Bar:

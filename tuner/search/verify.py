@@ -25,7 +25,7 @@ from verify_tuner import batches, buckets
 from verify_tuner.heuristic import heuristic_config
 from verify_tuner.kernels import kernel_hash as current_kernel_hash
 from verify_tuner.kernels.config import KernelConfig
-from verify_tuner.kernels.formats import DEFAULT as DEFAULT_KV_DTYPE
+from verify_tuner.keys import format_label
 from verify_tuner.measure.backend import Backend, Workload
 from verify_tuner.measure.matrix import Cell, measure_matrix
 from verify_tuner.search.plan_job import measured_by
@@ -173,5 +173,4 @@ def _prefix(session: Session, r: best_configs.BestRow) -> int:
 
 def describe(v: plans.VerificationRow) -> str:
     b, bb = buckets.by_index(v.key.bucket), batches.by_index(v.key.batch_bucket)
-    fmt = "" if v.key.kv_dtype == DEFAULT_KV_DTYPE else f" {v.key.kv_dtype}"  # another format's row of the shape
-    return f"H={v.key.H} q_len={v.key.q_len}{fmt} prefix[{b.lo},{b.hi}) B[{bb}] {v.config}: {v.verdict}: {v.reason}"
+    return f"H={v.key.H} q_len={v.key.q_len}{format_label(v.key)} prefix[{b.lo},{b.hi}) B[{bb}] {v.config}: {v.verdict}: {v.reason}"
