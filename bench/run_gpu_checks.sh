@@ -134,13 +134,15 @@ case "$mode" in
     done ;;
   defer)
     # the seesaw's prologue deferring its later tiles (VA_DEFER_PRO=1, off by default): the kernel's gpu
-    # tests (both e4m3 modes included; run them with the flag made the default), then an A/B of 0
-    # against 1 at short and long prefixes
+    # tests (run them with it made the default: both e4m3 modes included), then A/Bs of 0 against 1 at short and long prefixes, both formats
     timeout 120 python3 -m pytest -m gpu -q -p no:cacheprovider -rs tests/kernels/test_kernel_gpu.py \
       tests/kernels/test_runtime_gpu.py "${F8_TESTS[@]}" 2>&1 | tee "$out/gpu-tests-defer.log" | tail -3
     timeout 60 python3 bench/ab_kernel.py --a-flags=-DVA_DEFER_PRO=0 --b-flags=-DVA_DEFER_PRO=1 \
       --shapes 8:9:0,8:9:4096,8:9:16384,8:9:46000 \
-      --label "bf16 seesaw: prologue loads every slot (A) vs tile 0 first (B)" --out "$out" 2>&1 | tail -4 ;;
+      --label "bf16 seesaw: prologue loads every slot (A) vs tile 0 first (B)" --out "$out" 2>&1 | tail -4
+    timeout 60 python3 bench/ab_kernel.py --kv-dtype fp8_e4m3 --a-flags=-DVA_DEFER_PRO=0 --b-flags=-DVA_DEFER_PRO=1 \
+      --shapes 8:9:4096,8:9:46000,8:1:16384,8:1:131072 \
+      --label "e4m3 seesaw: prologue loads every slot (A) vs tile 0 first (B)" --out "$out" 2>&1 | tail -4 ;;
   loop)
     # the tile loop's issue-rate flags (verify_attention.cu: VA_QK_UNIFORM, VA_SOFTMAX_TREE), each
     # A/B'd against the loop before them (0 0), then the battery and runtime tests at the defaults
