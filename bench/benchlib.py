@@ -51,7 +51,7 @@ def checked_launcher(
 
 def interleaved_medians(
     launchers: Mapping[K, Callable[[int], None]],
-    n_sets: int,
+    n_sets: int | Mapping[K, int],
     *,
     rounds: int,
     reps: int,
@@ -60,11 +60,14 @@ def interleaved_medians(
 ) -> dict[K, float]:
     """Median over `rounds` interleaved rounds of each launcher's per-round median of `reps`
     CUDA-graph replays (the benchmarks' A/B; the launchers enqueue on `stream`): timed as engines
-    run the kernels, without the host's launch cost in the number. `between`: as in time_graph."""
+    run the kernels, without the host's launch cost in the number. `n_sets`: one count, or each
+    launcher's own (two formats' inputs rotate past the L2 in different numbers of sets).
+    `between`: as in time_graph."""
     keys = list(launchers)
+    counts = n_sets if isinstance(n_sets, Mapping) else dict.fromkeys(keys, n_sets)
 
     def one(k: K) -> float:
-        return time_graph(launchers[k], n_sets, stream=stream, replays=reps, between=between).median_us
+        return time_graph(launchers[k], counts[k], stream=stream, replays=reps, between=between).median_us
 
     per_round = interleave([lambda k=k: one(k) for k in keys], rounds)
     return {k: statistics.median(r) for k, r in zip(keys, per_round)}

@@ -1,10 +1,12 @@
 """Kernel v7's targets on the local GPU in one call: every case of the kernel-v7 issue's table,
 each config gated against the fp32 reference (on the dequantized cache for e4m3) before it is
 timed, v7 and v6 A/B'd in the same call and the same process, CUDA-graph replays with inputs
-rotated past the L2. v6 is compiled from its own source and launched through this tree's runtime:
-its signature is v7's without the two trailing scale arguments, which the driver does not read.
+rotated past the L2; an fp8 case's bf16 default of the same shape is timed in the same interleaved
+rounds (its x_bf16: the issue's fp8 targets, robust to the clock drifting between cases). v6 is
+compiled from its own source and launched through this tree's runtime: its signature is v7's
+without the two trailing scale arguments, which the driver does not read.
 Writes kernel_v7_<arch>.json (one row per case: case, kv format, mode, us, limit_us for that
-format, v6_us, TB/s, TFLOP/s, config) and a markdown table under --out.
+format, v6_us, bf16_us and x_bf16 for fp8, TB/s, TFLOP/s, config) and a markdown table under --out.
 
     git show e88ba0d:kernels/csrc/verify_attention.cu > .v6/verify_attention.cu   # here; carry .v6
     python3 bench/kernel_v7.py --v6-source .v6/verify_attention.cu --out OUT [--quick]
@@ -118,6 +120,9 @@ def row_of(case, us: dict, cfg, bw: float, v6cfg=None) -> dict:
         "TFLOPs": round(nflop / us["v7"] / 1e6, 1),
         "config": str(cfg),
         "measured_copy_bw_GBps": round(bw / 1e9),
+        # an fp8 row: the same shape's bf16 default timed in the same interleaved rounds, and the ratio
+        "bf16_us": round(us["bf16"], 2) if "bf16" in us else None,
+        "x_bf16": round(us["v7"] / us["bf16"], 3) if "bf16" in us else None,
     }
 
 
@@ -151,12 +156,25 @@ def main() -> None:
             got, sets = launchers(
                 case, limits=limits, cache=args.cache, v6_source=args.v6_source, tmp=Path(tmp), stream=stream
             )
+            counts = dict.fromkeys(got, len(sets))
+            if case[4] != "bf16":  # the issue's fp8 targets are ratios to bf16 v7: both in the same rounds
+                bf16_case = (case[0], *case[1:4], "bf16", case[5])
+                bf16, bf16_sets = launchers(
+                    bf16_case, limits=limits, cache=args.cache, v6_source=None, tmp=Path(tmp), stream=stream
+                )
+                got["bf16"], counts["bf16"] = bf16["v7"], len(bf16_sets)
+                del bf16_sets  # the launcher holds its own sets
             us = interleaved_medians(
-                {k: f for k, (f, _) in got.items()}, len(sets), rounds=args.rounds, reps=20, stream=stream
+                {k: f for k, (f, _) in got.items()}, counts, rounds=args.rounds, reps=20, stream=stream
             )
             rows.append(row_of(case, us, got["v7"][1], bw, got["v6"][1] if "v6" in got else None))
             r = rows[-1]
-            print(f"{r['case']:36s} {r['kv_format']:9s} v7 {r['us']:8.1f} us  v6 {r['v6_us'] or float('nan'):8.1f}  "
+            vs = (
+                f"v6 {r['v6_us'] or float('nan'):8.1f}"
+                if "bf16" not in us
+                else f"{r['x_bf16']:.3f}x bf16's {us['bf16']:.1f}"
+            )
+            print(f"{r['case']:36s} {r['kv_format']:9s} v7 {r['us']:8.1f} us  {vs}  "
                   f"limit {r['limit_us']:7.1f} ({r['x_limit']:.2f}x)  {r['config']}", flush=True)  # fmt: skip
             del sets
             torch.cuda.empty_cache()
@@ -174,10 +192,11 @@ def write(out: Path, limits, rows: list[dict]) -> None:
              f"{MMA_CEILING / 1e12:.0f} TFLOP/s mma.sync); this GPU's copy bandwidth, measured in this call: "
              f"{measured} GB/s.")  # fmt: skip
     lines = [f"# Kernel v7 on {limits.name} ({meta['date']})", "", basis, "",
-             "| case | kv | v7 µs | v6 µs | limit µs | × limit | TB/s | TFLOP/s | config |",
-             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "| case | kv | v7 µs | v6 µs | bf16 v7 µs, same rounds (× it) | limit µs | × limit | TB/s | TFLOP/s | config |",
+             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
-        lines.append(f"| {r['case']} | {r['kv_format']} | {r['us']} | {r['v6_us'] or '—'} | "
+        vs_bf16 = f"{r['bf16_us']} ({r['x_bf16']}×)" if r.get("bf16_us") is not None else "—"
+        lines.append(f"| {r['case']} | {r['kv_format']} | {r['us']} | {r['v6_us'] or '—'} | {vs_bf16} | "
                      f"{r['limit_us']} | {r['x_limit']} | {r['TBps']} | {r['TFLOPs']} | `{r['config']}` |")  # fmt: skip
     (out / f"kernel_v7_{limits.arch}.md").write_text("\n".join(lines) + "\n")
 

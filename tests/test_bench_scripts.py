@@ -241,13 +241,14 @@ def test_kernel_v7s_cases_are_the_issues_and_fit_their_devices(tmp_path):
     # H=8 q=9 P=46000: 53.0 MB once (bf16) at the anchor's 4.19 TB/s = 12.7 us, the issue's limit
     assert row["limit_us"] == pytest.approx(12.65, abs=0.05) and row["x_limit"] == pytest.approx(3.32, abs=0.01)
     # e4m3 halves the bytes: at q=9 the mma.sync ceiling (7.2 GFLOP / 645 TFLOP/s) binds instead
-    fp8 = kernel_v7.row_of(kernel_v7.CASES[9], {"v7": 42.0}, "cfg", 4.0e12)
+    fp8 = kernel_v7.row_of(kernel_v7.CASES[9], {"v7": 42.0, "bf16": 40.0}, "cfg", 4.0e12)
     assert fp8["mode"] == "dequant" and fp8["limit_us"] == pytest.approx(11.18, abs=0.01) and fp8["v6_us"] is None
+    assert (fp8["bf16_us"], fp8["x_bf16"]) == (40.0, 1.05) and row["bf16_us"] is None  # the same rounds' bf16
     # the markdown table has a cell for each column of its header
     kernel_v7.write(tmp_path, known_device("h200"), [row, fp8])
     table = [ln for ln in (tmp_path / "kernel_v7_sm_90.md").read_text().splitlines() if ln.startswith("|")]
     assert len(table) == 4 and len({ln.count("|") for ln in table}) == 1, table
-    assert "| fp8_e4m3 | 42.0 | — | 11.18 |" in table[3]
+    assert "| fp8_e4m3 | 42.0 | — | 40.0 (1.05×) | 11.18 |" in table[3] and "| bf16 | 42.0 | 42.0 | — |" in table[2]
     # the limits' basis is stated, with this GPU's own copy bandwidth beside it (an H100 reads high)
     text = (tmp_path / "kernel_v7_sm_90.md").read_text()
     assert "the H200's anchors on every device (4191 GB/s copy bandwidth, 645 TFLOP/s" in text
