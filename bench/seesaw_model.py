@@ -21,9 +21,11 @@ import sys
 #: The orders of a group's turn at tile t (u = t - 1, the other group's tile): the kernel's
 #: ("refill_first": PV(u), the slot's release and refill, then the softmax), the release and refill
 #: after the softmax ("softmax_first": correct, measured slower at ff375b0,
-#: bench/results/ab_kernel_flags_sm_90.md), and a control the model must reject ("early": PV(u)
-#: after the softmax too, on P's two buffers and two flags, which the other group may still read).
-ORDERS = ("refill_first", "softmax_first")
+#: bench/results/ab_kernel_flags_sm_90.md), the softmax right after P(u)'s hand-off ("p_early", the
+#: kernel's VA_P_EARLY: P, alpha and the flags in three buffers, the owner resetting its tile's flag
+#: at the start of its turn), and a control the model must reject ("early": that order on P's two
+#: buffers and two flags, which the other group may still read).
+ORDERS = ("refill_first", "softmax_first", "p_early")
 CONTROL = "early"
 #: The seesaw's ring (odd: the owner of t refills slot t-1 with tile t+STAGES-1, its own); five slots
 #: passed the model too and measured slower (bench/results/ab_kernel_flags_sm_90.md)
@@ -32,6 +34,8 @@ STAGES = (3,)
 
 def turn_ops(t: int, ntiles: int, stages: int, order: str) -> list[tuple]:
     """One group's operations at its turn t (t == ntiles: the closing turn that only finishes u)."""
+    if order == "p_early":
+        return _p_early_ops(t, ntiles, stages)
     own, u, ops = t < ntiles, t - 1, []
     if own:  # tile t landed: the group's later cp.async groups may stay pending
         ops += [("wait", (stages - 1) // 2 - (t > 0), t), ("landed", t, t), ("read", f"slot{t % stages}", t)]  # QK(t)
@@ -57,6 +61,30 @@ def turn_ops(t: int, ntiles: int, stages: int, order: str) -> list[tuple]:
             ops.append(("sync", f"EMPTY{u % stages}", u))
             ops.append(("refill", f"slot{(t + stages - 1) % stages}", t + stages - 1))
         ops += [("read", f"P{t & 1}", t), ("read", f"alpha{t & 1}", t), ("read", f"slot{t % stages}", t)]  # PV(t)
+        ops.append(("arrive", f"EMPTY{t % stages}", t))
+    return ops
+
+
+def _p_early_ops(t: int, ntiles: int, stages: int) -> list[tuple]:
+    """VA_P_EARLY's turn: reset tile t's flag (buffer t % 3); QK(t); P(u)'s hand-off; softmax(t) into
+    buffer t % 3 and P(t)'s hand-off; PV(u), the release and the refill; PV(t)."""
+    own, u, ops = t < ntiles, t - 1, []
+    if own:
+        ops.append(("write", f"flag{t % 3}", -1))
+        ops += [("wait", (stages - 1) // 2 - (t > 0), t), ("landed", t, t), ("read", f"slot{t % stages}", t)]
+    if t >= 1:
+        ops.append(("sync", f"P{u & 1}", u))
+    if own:
+        ops += [("read", "ml", t - 1), ("write", "ml", t)]
+        ops += [("write", f"P{t % 3}", t), ("write", f"alpha{t % 3}", t), ("write", f"flag{t % 3}", t)]
+        ops.append(("arrive", f"P{t & 1}", t))
+    if t >= 1:
+        ops += [("read", f"{b}{u % 3}", u) for b in ("P", "alpha", "flag")] + [("read", f"slot{u % stages}", u)]
+        ops.append(("sync", f"EMPTY{u % stages}", u))
+        if own:
+            ops.append(("refill", f"slot{(t + stages - 1) % stages}", t + stages - 1))
+    if own:
+        ops += [("read", f"{b}{t % 3}", t) for b in ("P", "alpha", "flag")] + [("read", f"slot{t % stages}", t)]
         ops.append(("arrive", f"EMPTY{t % stages}", t))
     return ops
 
@@ -89,7 +117,7 @@ def run(ntiles: int, stages: int, order: str, rng: random.Random, deferred: bool
     waiting: dict[int, tuple] = {}  # group -> (barrier, generation) it syncs on
     bars: dict[str, list] = {}  # barrier -> [generation, arrivals [(group, tile)]]
     done_gen: dict[tuple, bool] = {}
-    content: dict[str, int] = {"ml": -1, **{f"flag{i}": -1 for i in (0, 1)}}
+    content: dict[str, int] = {"ml": -1, **{f"flag{i}": -1 for i in (0, 1, 2)}}
     commits: list[list] = [[], []]  # each group's cp.async groups in order (a refill past the end: an empty one)
     landed: list[set] = [set(), set()]
     while pc[0] < len(progs[0]) or pc[1] < len(progs[1]):

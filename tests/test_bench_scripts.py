@@ -114,7 +114,25 @@ def test_the_seesaw_model_passes_both_kernel_orders_and_rejects_a_hazard():
     lines = {tuple(line.split(None, 2)[:2]): line.split(None, 2)[2] for line in r.stdout.splitlines()}
     for stages in [f"STAGES={n}" for n in seesaw_model.STAGES]:
         assert lines[stages, "refill_first"] == "ok" and lines[stages, "softmax_first"] == "ok"
+        assert lines[stages, "p_early"] == "ok"
         assert "must fail" in lines[stages, "early"] and "reads" in lines[stages, "early"], lines
+
+
+def test_the_seesaw_model_catches_p_early_resetting_a_flag_the_other_group_still_reads(monkeypatch):
+    """VA_P_EARLY's owner resets its tile's flag at the start of its turn: where the other orders
+    reset the next tile's, at the end of the softmax, the other group may not have read it yet."""
+    real = seesaw_model._p_early_ops
+
+    def late_reset(t, ntiles, stages):
+        ops = [o for o in real(t, ntiles, stages) if o[0] != "write" or not o[1].startswith("flag") or o[2] != -1]
+        if t < ntiles:
+            ops.insert(ops.index(("arrive", f"P{t & 1}", t)), ("write", f"flag{(t + 1) % 3}", -1))
+        return ops
+
+    monkeypatch.setattr(seesaw_model, "_p_early_ops", late_reset)
+    rng = seesaw_model.random.Random(0)
+    found = [why for n in range(2, 8) for _ in range(50) if (why := seesaw_model.run(n, 3, "p_early", rng))]
+    assert any("reads flag" in w for w in found), found[:3]
 
 
 def test_the_seesaw_model_catches_a_wrong_barrier_id(monkeypatch):
