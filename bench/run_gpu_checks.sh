@@ -27,8 +27,7 @@
 # `spread` saves every partial block's stamps and SM at q=1 (both formats) and the bf16 headline
 # shapes (why the last blocks finish microseconds after the median), and times e4m3's q=1 default
 # against more and fewer parts. `defer` runs the kernel's tests and A/Bs the seesaw's deferred
-# prologue against the prologue before it. `early` A/Bs the seesaw's softmax moved before PV(t-1)
-# (VA_P_EARLY), times kernel_v7's cases and runs the kernel's tests with that order.
+# prologue against the prologue before it.
 # Nsight's pages come back packed in ncu.tgz (a device call returns at most 8 files). `edges` A/Bs the prologue's and epilogue's
 # instruction diet and runs every gpu test.
 # `vsbase` A/Bs another revision's kernel (BASE_SOURCE, e.g. `git show REV:kernels/csrc/verify_attention.cu
@@ -38,7 +37,7 @@
 set -uo pipefail
 # the one list of modes: the usage line and the check below read it (a mode added to the case
 # further down goes here too, or the check refuses it)
-MODES="tests f8 f8qk e4m3 f8ncu layouts grid trace1 reduce spread defer early loop next edges q64 folded sm120e4m3"
+MODES="tests f8 f8qk e4m3 f8ncu layouts grid trace1 reduce spread defer loop next edges q64 folded sm120e4m3"
 mode=${1:?tests or bench}
 out=${2:?outdir}
 usage="usage: $0 ${MODES// /|} OUTDIR | $0 bench OUTDIR V6_SOURCE [--quick] | $0 vsbase OUTDIR BASE_SOURCE"
@@ -144,24 +143,6 @@ case "$mode" in
     timeout 60 python3 bench/ab_kernel.py --kv-dtype fp8_e4m3 --a-flags=-DVA_DEFER_PRO=0 --b-flags=-DVA_DEFER_PRO=1 \
       --shapes 8:9:4096,8:9:46000,8:1:16384,8:1:131072 \
       --label "e4m3 seesaw: prologue loads every slot (A) vs tile 0 first (B)" --out "$out" 2>&1 | tail -4 ;;
-  early)
-    # the seesaw's softmax right after the other group's P hand-off (VA_P_EARLY=1: three P buffers,
-    # P unpadded and swizzled) A/B'd against the default order, both formats; kernel_v7's cases
-    # (each fp8 case beside bf16 in the same rounds); then the kernel's gpu tests with the flag made
-    # the default in this call's copies of the source (the installed one and the checkout's)
-    timeout 110 python3 bench/ab_kernel.py --b-flags=-DVA_P_EARLY=1 \
-      --shapes 8:9:46000,8:9:131072,64:9:46000,128:9:46000,8:9:4096,8:1:131072 \
-      --label "seesaw: softmax after PV(t-1) and the refill (A) vs right after the P hand-off (B)" --out "$out" 2>&1 | tail -7
-    timeout 70 python3 bench/ab_kernel.py --kv-dtype fp8_e4m3 --b-flags=-DVA_P_EARLY=1 \
-      --shapes 8:9:46000,64:9:46000,8:1:131072 \
-      --label "e4m3 seesaw: softmax after PV(t-1) and the refill (A) vs right after the P hand-off (B)" --out "$out" 2>&1 | tail -4
-    timeout 100 python3 bench/kernel_v7.py --quick --out "$out" 2>&1 | tee "$out/kernel_v7_quick.log" | tail -13
-    for f in "$installed" kernels/csrc/verify_attention.cu; do
-      sed -i 's/^#define VA_P_EARLY 0$/#define VA_P_EARLY 1/' "$f"
-    done
-    grep -c '^#define VA_P_EARLY 1$' "$installed" kernels/csrc/verify_attention.cu
-    timeout 150 python3 -m pytest -m gpu -q -p no:cacheprovider -rs tests/kernels/test_kernel_gpu.py \
-      tests/kernels/test_runtime_gpu.py "${F8_TESTS[@]}" 2>&1 | tee "$out/gpu-tests-early.log" | tail -3 ;;
   loop)
     # the tile loop's issue-rate flags (verify_attention.cu: VA_QK_UNIFORM, VA_SOFTMAX_TREE), each
     # A/B'd against the loop before them (0 0), then the battery and runtime tests at the defaults

@@ -21,10 +21,11 @@ import sys
 #: The orders of a group's turn at tile t (u = t - 1, the other group's tile): the kernel's
 #: ("refill_first": PV(u), the slot's release and refill, then the softmax), the release and refill
 #: after the softmax ("softmax_first": correct, measured slower at ff375b0,
-#: bench/results/ab_kernel_flags_sm_90.md), the softmax right after P(u)'s hand-off ("p_early", the
-#: kernel's VA_P_EARLY: P, alpha and the flags in three buffers, the owner resetting its tile's flag
-#: at the start of its turn), and a control the model must reject ("early": that order on P's two
-#: buffers and two flags, which the other group may still read).
+#: bench/results/ab_kernel_flags_sm_90.md), the softmax right after P(u)'s hand-off ("p_early": P,
+#: alpha and the flags in three buffers, the owner resetting its tile's flag at the start of its
+#: turn; correct, measured slower and removed, git has it: 5244f0a, the same file), and a control
+#: the model must reject ("early": that order on P's two buffers and two flags, which the other
+#: group may still read).
 ORDERS = ("refill_first", "softmax_first", "p_early")
 CONTROL = "early"
 #: The seesaw's ring (odd: the owner of t refills slot t-1 with tile t+STAGES-1, its own); five slots
@@ -66,8 +67,9 @@ def turn_ops(t: int, ntiles: int, stages: int, order: str) -> list[tuple]:
 
 
 def _p_early_ops(t: int, ntiles: int, stages: int) -> list[tuple]:
-    """VA_P_EARLY's turn: reset tile t's flag (buffer t % 3); QK(t); P(u)'s hand-off; softmax(t) into
-    buffer t % 3 and P(t)'s hand-off; PV(u), the release and the refill; PV(t)."""
+    """p_early's turn (5244f0a's VA_P_EARLY): reset tile t's flag (buffer t % 3); QK(t); P(u)'s
+    hand-off; softmax(t) into buffer t % 3 and P(t)'s hand-off; PV(u), the release and the refill;
+    PV(t)."""
     own, u, ops = t < ntiles, t - 1, []
     if own:
         ops.append(("write", f"flag{t % 3}", -1))

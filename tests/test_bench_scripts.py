@@ -119,7 +119,7 @@ def test_the_seesaw_model_passes_both_kernel_orders_and_rejects_a_hazard():
 
 
 def test_the_seesaw_model_catches_p_early_resetting_a_flag_the_other_group_still_reads(monkeypatch):
-    """VA_P_EARLY's owner resets its tile's flag at the start of its turn: where the other orders
+    """p_early's owner resets its tile's flag at the start of its turn: where the other orders
     reset the next tile's, at the end of the softmax, the other group may not have read it yet."""
     real = seesaw_model._p_early_ops
 

@@ -161,23 +161,7 @@ constexpr int NSB_S = SSF ? SWK / 2 : SWK;  // a row split's
 // rows of each of a row split's score buffers: its own RS*8 when its grid differs from the config's
 // (the config's grid keeps the config's rows)
 constexpr int SBROWS = SWR != WR || SWK != WK || SSF != SF ? RS * 8 : ROWS_PAD;
-// 1 (experiment): the seesaw's owner runs softmax(t) right after the other group's P(t-1) has
-// landed, before its PV(t-1), release and refill, so only the softmax lies on the chain that hands
-// the running max and sum from tile to tile; the other group may then still read P(t-2) while P(t)
-// is written, so P, alpha and the rescale flags take three buffers, P unpadded and swizzled to fit.
-#ifndef VA_P_EARLY
-#define VA_P_EARLY 0
-#endif
-constexpr bool P_EARLY = VA_P_EARLY && PIPE == 3;
-static_assert(!P_EARLY || TK == 32, "VA_P_EARLY: P's swizzle takes 64-byte rows");
-// bf16 per P row: padded so ldmatrix rows are conflict-free, or (P_EARLY) unpadded with the
-// 16-byte chunks of a row XOR-ed by (row >> 1) & 3, which does the same in 64-byte rows
-constexpr bool P_SWZ = P_EARLY && VA_P_EARLY != 2;  // 2: padded (e4m3's smem holds it; for the spill check)
-constexpr int PSTRIDE = P_SWZ ? TK : TK + 8;
-__device__ __forceinline__ int p_at(int r, int col) {  // element offset of P's swizzled (row, column)
-  return r * PSTRIDE + ((((col >> 3) ^ (r >> 1)) & 3) << 3 | (col & 7));
-}
-constexpr int NFL = P_EARLY ? 3 : 2;  // rescale flags (and, PIPE 3, P and alpha buffers) by tile
+constexpr int PSTRIDE = TK + 8;          // bf16 per P row (ldmatrix rows conflict-free)
 constexpr float NEG_INF = -__builtin_huge_valf();
 constexpr float RESCALE_LOG2 = 8.f;  // softmax: how far (log2) a row's max may pass its reference
 
@@ -204,7 +188,7 @@ constexpr int SMEM_Q = ROWS_PAD * KSTRIDE * 2;
 // the ring (validate.smem_bytes mirrors it: the formats table's ring_row_bytes).
 constexpr int RING_ROW = FP8 ? F8_ROWB / 2 : KSTRIDE;  // slot offsets stay s * TK * row: same code as before
 constexpr int SMEM_K = STAGES * TK * RING_ROW * 2;
-constexpr int NPB = PIPE == 3 ? NFL : 1;  // P and alpha buffers: PIPE 3 keeps tiles t and t+1 (and t+2) apart
+constexpr int NPB = PIPE == 3 ? 2 : 1;  // P and alpha buffers: PIPE 3 keeps tiles t and t+1 apart
 constexpr int SMEM_S = NGROUPS * NSB * ROWS_PAD * SSTRIDE * 4;
 constexpr int SMEM_P = NPB * ROWS_PAD * PSTRIDE * 2;
 // m, l, alpha per row (and, for e4m3, q's row scale); two rescale flags (+pad); two segments
@@ -246,10 +230,6 @@ static_assert(VA_RED_PIECES == 4 || VA_RED_PIECES == 16, "reduce: 4 or 16 pieces
 
 // Read back by kernels/launch.py to check that validate.py's smem formula matches this layout.
 extern "C" __device__ const int kSmemBytes = SMEM_Q + SMEM_K + SMEM_S + SMEM_P + SMEM_STATS + SMEM_MASK + SMEM_SLOTS;
-#if VA_P_EARLY
-// an experiment's layout, which validate.py's formula does not know: the runtime takes kSmemBytes
-extern "C" __device__ const int kSmemExperiment = 1;
-#endif
 extern "C" __device__ const int kUsesPdl = VA_PDL;
 extern "C" __device__ const int kReduceThreads = RED_THREADS;
 extern "C" __device__ const int kReduceMaxPieces = VA_RED_PIECES;
@@ -1036,10 +1016,7 @@ __device__ __forceinline__ void softmax_row(const float* Ss, bf16* Ps, float* m_
                              __floats2bfloat162_rn(s[4 * q8 + 2], s[4 * q8 + 3])};
       pk = *reinterpret_cast<const uint2*>(h);
     }
-    if constexpr (P_SWZ)
-      *reinterpret_cast<uint2*>(Ps + p_at(r, sl * SPL + q8 * 4)) = pk;
-    else
-      *reinterpret_cast<uint2*>(Ps + r * PSTRIDE + sl * SPL + q8 * 4) = pk;
+    *reinterpret_cast<uint2*>(Ps + r * PSTRIDE + sl * SPL + q8 * 4) = pk;
   }
   if (sl == 0) {
     const float alpha = exp2f(m_old - base);
@@ -1065,14 +1042,14 @@ __device__ __forceinline__ void softmax_tile(const float* Ss, bf16* Ps, float* m
   for (int pass = 0; pass < PASSES; ++pass) {
     const int r0 = rlo + (pass * GWARPS + warp) * RPP;
     if (r0 >= rhi) break;  // uniform across the warp: the shuffles below stay converged
-    softmax_row<QNSB, BROWS>(Ss, Ps, m_s, l_s, a_s, resc_s + (P_EARLY ? it % 3 : it & 1), qsc_s, mask_s, sp, rows_here, vbase,
+    softmax_row<QNSB, BROWS>(Ss, Ps, m_s, l_s, a_s, resc_s + (it & 1), qsc_s, mask_s, sp, rows_here, vbase,
                              scale_log2, r0 + sub, sl, rhi, BROWS == ROWS_PAD ? 0 : rlo);
   }
   // the next tile's flag: last read by PV(it-1), which every thread finished before this tile's
   // scores were complete (a barrier lies between them in PIPE 0 and 1; in PIPE 3 this group's
   // PV(it-1) precedes its S barrier, and the other group's precedes the EMPTY sync before this
-  // softmax; P_EARLY: the other group may still read it, so the owner resets its own at its turn)
-  if (!P_EARLY && warp == 0 && lane == 0) resc_s[(it + 1) & 1] = 0;
+  // softmax)
+  if (warp == 0 && lane == 0) resc_s[(it + 1) & 1] = 0;
 }
 
 // FP8: V^T's A fragments from e4m3 rows. ldmatrix.trans (b16) on bytes gives lane (g, t) the
@@ -1120,12 +1097,7 @@ __device__ __forceinline__ void pv_tile(float (&acc)[MW][NT][4], const bf16* Kt,
     uint32_t fb[NT][2];
 #pragma unroll
     for (int nr = 0; nr < NT; ++nr)
-      if (live(nr)) {
-        if constexpr (P_SWZ)
-          ldsm_x2(fb[nr], smem_u32(Ps + p_at((nlo + nr) * 8 + r8, kk * 16 + (mat & 1) * 8)));
-        else
-          ldsm_x2(fb[nr], smem_u32(Ps + ((nlo + nr) * 8 + r8) * PSTRIDE + kk * 16 + (mat & 1) * 8));
-      }
+      if (live(nr)) ldsm_x2(fb[nr], smem_u32(Ps + ((nlo + nr) * 8 + r8) * PSTRIDE + kk * 16 + (mat & 1) * 8));
     if constexpr (FP8) {
 #pragma unroll
       for (int mw = 0; mw < MW; mw += 2) {  // an x4 covers two 16-dim tiles (an x2 the last of an odd MW)
@@ -1234,7 +1206,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
   float* m_s = reinterpret_cast<float*>(Ps + NPB * ROWS_PAD * PSTRIDE);
   float* l_s = m_s + ROWS_PAD;
   float* a_s = l_s + ROWS_PAD;                                // [NPB] alpha buffers
-  int* resc_s = reinterpret_cast<int*>(a_s + NPB * ROWS_PAD);  // [NFL] rescale flags by tile (+pad to 4)
+  int* resc_s = reinterpret_cast<int*>(a_s + NPB * ROWS_PAD);  // [2] rescale flags by tile parity (+2 pad)
   int* seg_s = resc_s + 4;  // [8] the segment at hand (Seg, request) and the next: in shared memory, not registers
   unsigned long long* mask_s = reinterpret_cast<unsigned long long*>(seg_s + 8);
   int* idx_s = reinterpret_cast<int*>(mask_s + QT);  // [STAGES][TK] slot indices, fetched ahead by cp.async
@@ -1392,9 +1364,9 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
     if constexpr (!DEFER) store_later_indices();
     for (int r = tid; r < ROWS_PAD; r += BLOCK) {
       m_s[r] = NEG_INF; l_s[r] = 0.f; a_s[r] = 1.f;
-      for (int k = 1; k < NPB; ++k) a_s[k * ROWS_PAD + r] = 1.f;
+      if constexpr (NPB == 2) a_s[ROWS_PAD + r] = 1.f;
     }
-    if (tid < NFL) resc_s[tid] = 0;
+    if (tid < 2) resc_s[tid] = 0;
     static_assert(QT <= BLOCK, "one thread per mask row");
     if (tid < QT) mask_s[tid] = mrow;
     // Refill: KV tile X into its slot, and the indices of tile X+STAGES-1, as one cp.async group.
@@ -1484,41 +1456,9 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
       const bool own = t < ntiles;
       bf16* const Kt = Ks + (t % STAGES) * TK * RING_ROW;
       if (own) {
-        // P_EARLY: tile t's flag, whose buffer last held tile t-3's, read by both groups in their
-        // turns before this group's last (its barrier below orders the reset before the softmax)
-        if (P_EARLY && gw == 0 && lane == 0) resc_s[t % 3] = 0;
         if (t == 0) cp_async_wait<1>(); else cp_async_wait<0>();  // tile t (group 0 has tile 2 pending at t=0)
         bar_sync(BAR_GROUP + grp, GWARPS * 32);                     // ... landed for the whole group
         QK_TILE(Qs, Kt, Sg, gw, lane, grp, nlo);
-      }
-      if constexpr (P_EARLY) {
-        // the softmax first: PV(u), the release and the refill then run while the other group's
-        // softmax(t+1) does (P, alpha and the flag in buffer t % 3: the other may still read t-2's)
-        if (t >= 1) bar_sync(BAR_P + ((t - 1) & 1), BLOCK);  // P(u), its alphas and flag are ready
-        const int pb = t % 3;
-        if (own) {
-          bar_sync(BAR_GROUP + grp, GWARPS * 32);  // S(t) complete
-          SOFTMAX_TILE(Sg, Ps + pb * PBUF, m_s, l_s, a_s + pb * ROWS_PAD, resc_s, qsc_s, mask_s, sp, rows_here, t,
-                       scale_log2, gw, lane, rlo, rhi);
-          bar_sync(BAR_GROUP + grp, GWARPS * 32);  // P(t) ready for this group
-          bar_arrive(BAR_P + (t & 1), BLOCK);      // ... and for the other
-        }
-        if (t >= 1) {
-          const int u = t - 1, ub = u % 3;
-          PV_TILE(acc, Ks + (u % STAGES) * TK * RING_ROW, Ps + ub * PBUF, a_s + ub * ROWS_PAD, resc_s[ub] != 0, warp,
-                  lane, nlo);
-          bar_sync(BAR_EMPTY + u % STAGES, BLOCK);  // the owner's PV(u) is done too: the slot is free
-          if (own) refill(t + STAGES - 1);
-        }
-        if (own) {
-          // tile t's flag is read here: its buffer is next reset by the other group's turn t+3, which
-          // starts after that group's EMPTY(t) sync, i.e. after this PV
-          const int pb2 = opaque(t) % 3;  // recomputed: registers held across PV(u) spilled e4m3's 72 rows
-          PV_TILE(acc, Ks + (t % STAGES) * TK * RING_ROW, Ps + pb2 * PBUF, a_s + pb2 * ROWS_PAD, resc_s[pb2] != 0, warp,
-                  lane, nlo);
-          bar_arrive(BAR_EMPTY + t % STAGES, BLOCK);
-        }
-        continue;
       }
       if (t >= 1) {
         const int u = t - 1;  // the other group's tile
