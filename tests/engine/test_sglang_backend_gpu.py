@@ -91,31 +91,49 @@ def test_a_dflash_chain_replays_in_a_graph_captured_with_a_mask(loop):
         sched.advance()
 
 
-def test_decode_runs_at_q_len_1(loop):
+def _decode(loop, lens: list[int], rows: list[int], layer, *, head_major_q: bool):
+    """A decode step (q_len 1) through a fresh backend on the kernel, over a random req_to_token:
+    the output as [B, H, 512] fp32, `want(f)` (fp32 attention over the pool's values times f, as
+    SGLang's tensors give it), the pool's buffer, the step's slots and its k."""
+    import types
+
     torch, _, _, pick = loop
     from verify_tuner.engine.sglang_backend import VerifyMLABackend
-    from verify_tuner.kernels.reference import rel_error
 
-    from tests.engine.sglang_doubles import ForwardBatch, ForwardMode, Layer, MLAPool, sglang_attention
+    from tests.engine.sglang_doubles import ForwardBatch, ForwardMode, MLAPool, sglang_attention
 
-    lens, rows, H = [4000, 0, 77], [2, 0, 1], 8
+    B, H = len(lens), layer.tp_q_head_num
     pool = MLAPool(size=20_000, layers=1, device="cuda")
     req_to_token = torch.randperm(20_000, device="cuda").to(torch.int32).view(4, 5000)
     be = VerifyMLABackend(pool=pool, req_to_token=req_to_token, heads=H, q_lens=(1,), max_bs=4, max_context_len=5000,
                           pick_config=pick)  # fmt: skip
     loc = torch.stack([req_to_token[r, n] for r, n in zip(rows, lens)]).long()
-    fb = ForwardBatch(ForwardMode.DECODE, 3, torch.tensor(lens, device="cuda"), torch.tensor(rows, device="cuda"), loc)
+    fb = ForwardBatch(ForwardMode.DECODE, B, torch.tensor(lens, device="cuda"), torch.tensor(rows, device="cuda"), loc)
     be.init_forward_metadata(fb)
-    q = torch.randn(H, 3, 512, device="cuda").to(torch.bfloat16).transpose(0, 1)
-    q_rope = torch.randn(3, H, 64, device="cuda").to(torch.bfloat16)
-    k, k_rope = (
-        torch.randn(3, 1, 512, device="cuda").to(torch.bfloat16),
-        torch.randn(3, 1, 64, device="cuda").to(torch.bfloat16),
-    )
-    out = be.forward_decode(q, k, k, Layer(0, H, 0.1447), fb, q_rope=q_rope, k_rope=k_rope)
-    want = sglang_attention(kv=pool.get_key_buffer(0), req_to_token=req_to_token, fb=fb, q=torch.cat([q, q_rope], -1),
-                            mode=0, q_len=1, scale=0.1447)  # fmt: skip
-    assert rel_error(out.view(3, H, 512).float(), want) < 1e-2
+    if head_major_q:  # SGLang's absorbed q: [H, B, 512] transposed, read in place
+        q = torch.randn(H, B, 512, device="cuda").to(torch.bfloat16).transpose(0, 1)
+    else:
+        q = torch.randn(B, H, 512, device="cuda").to(torch.bfloat16)
+    q_rope = torch.randn(B, H, 64, device="cuda").to(torch.bfloat16)
+    k = torch.randn(B, 1, 512, device="cuda").to(torch.bfloat16)
+    k_rope = torch.randn(B, 1, 64, device="cuda").to(torch.bfloat16)
+    out = be.forward_decode(q, k, k, layer, fb, q_rope=q_rope, k_rope=k_rope)
+    stored = pool.get_key_buffer(0)
+
+    def want(f: float) -> torch.Tensor:
+        return sglang_attention(kv=stored.float() * f, req_to_token=req_to_token, fb=fb, q=torch.cat([q, q_rope], -1),
+                                mode=0, q_len=1, scale=layer.scaling)  # fmt: skip
+
+    return types.SimpleNamespace(out=out.view(B, H, 512).float(), want=want, stored=stored, loc=loc, k=k)
+
+
+def test_decode_runs_at_q_len_1(loop):
+    from verify_tuner.kernels.reference import rel_error
+
+    from tests.engine.sglang_doubles import Layer
+
+    step = _decode(loop, [4000, 0, 77], [2, 0, 1], Layer(0, 8, 0.1447), head_major_q=True)
+    assert rel_error(step.out, step.want(1.0)) < 1e-2
 
 
 @pytest.mark.parametrize("s", [1.0, 0.5])
@@ -123,32 +141,16 @@ def test_an_fp8_checkpoints_k_scale_over_a_bf16_pool_on_the_kernel(loop, s):
     """DeepSeek-V3 / Kimi K2 layers carry a k_scale with the default bf16 cache: the pool holds k / s
     and attention reads it back times s, which the bf16 kernel takes in its softmax scale and the
     backend applies to the output after it (a decode step: every row computed by the kernel)."""
-    torch, _, _, pick = loop
-    from verify_tuner.engine.sglang_backend import VerifyMLABackend
+    torch = loop[0]
     from verify_tuner.kernels.reference import rel_error
 
-    from tests.engine.sglang_doubles import ForwardBatch, ForwardMode, Layer, MLAPool, sglang_attention
+    from tests.engine.sglang_doubles import Layer
 
-    lens, rows, H = [3000, 0, 501], [1, 0, 2], 8
-    pool = MLAPool(size=20_000, layers=1, device="cuda")
-    req_to_token = torch.randperm(20_000, device="cuda").to(torch.int32).view(4, 5000)
-    be = VerifyMLABackend(pool=pool, req_to_token=req_to_token, heads=H, q_lens=(1,), max_bs=4, max_context_len=5000,
-                          pick_config=pick)  # fmt: skip
-    loc = torch.stack([req_to_token[r, n] for r, n in zip(rows, lens)]).long()
-    fb = ForwardBatch(ForwardMode.DECODE, 3, torch.tensor(lens, device="cuda"), torch.tensor(rows, device="cuda"), loc)
-    be.init_forward_metadata(fb)
-    q = torch.randn(3, H, 512, device="cuda").to(torch.bfloat16)
-    q_rope = torch.randn(3, H, 64, device="cuda").to(torch.bfloat16)
-    k = torch.randn(3, 1, 512, device="cuda").to(torch.bfloat16)
-    k_rope = torch.randn(3, 1, 64, device="cuda").to(torch.bfloat16)
-    layer = Layer(0, H, 0.1447, k_scale=torch.tensor(s, device="cuda"), k_scale_float=s)
-    out = be.forward_decode(q, k, k, layer, fb, q_rope=q_rope, k_rope=k_rope)
-    stored = pool.get_key_buffer(0)
-    assert torch.equal(stored[loc, 0, :512], (k[:, 0] / s).to(torch.bfloat16))
-    want = lambda f: sglang_attention(kv=stored.float() * f, req_to_token=req_to_token, fb=fb,
-                                      q=torch.cat([q, q_rope], -1), mode=0, q_len=1, scale=0.1447)  # fmt: skip
-    assert rel_error(out.view(3, H, 512).float(), want(s)) < 1e-2
-    assert s == 1.0 or rel_error(out.view(3, H, 512).float(), want(1.0)) > 0.1  # the scale is not dropped
+    layer = Layer(0, 8, 0.1447, k_scale=torch.tensor(s, device="cuda"), k_scale_float=s)
+    step = _decode(loop, [3000, 0, 501], [1, 0, 2], layer, head_major_q=False)
+    assert torch.equal(step.stored[step.loc, 0, :512], (step.k[:, 0] / s).to(torch.bfloat16))
+    assert rel_error(step.out, step.want(s)) < 1e-2
+    assert s == 1.0 or rel_error(step.out, step.want(1.0)) > 0.1  # the scale is not dropped
 
 
 def test_a_graph_per_prefix_range_replays_as_the_longest_prefix_crosses_the_breakpoint(loop):
