@@ -134,7 +134,8 @@ case "$mode" in
     done ;;
   defer)
     # the seesaw's prologue deferring its later tiles (VA_DEFER_PRO=1, off by default): the kernel's gpu
-    # tests (run them with it made the default: both e4m3 modes included), then A/Bs of 0 against 1 at short and long prefixes, both formats
+    # tests (run them with it made the default: both e4m3 modes included), then A/Bs of 0 against 1
+    # at short and long prefixes, both formats
     timeout 120 python3 -m pytest -m gpu -q -p no:cacheprovider -rs tests/kernels/test_kernel_gpu.py \
       tests/kernels/test_runtime_gpu.py "${F8_TESTS[@]}" 2>&1 | tee "$out/gpu-tests-defer.log" | tail -3
     timeout 60 python3 bench/ab_kernel.py --a-flags=-DVA_DEFER_PRO=0 --b-flags=-DVA_DEFER_PRO=1 \

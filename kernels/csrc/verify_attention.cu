@@ -284,8 +284,8 @@ __device__ __forceinline__ void zero_fill(T (&a)[N]) {
 #endif
 
 // 1: the seesaw's prologue loads tile 0 alone and its other tiles once Q has landed, so that a
-// smaller first burst of copies lets Q, which every block's first QK waits for, land sooner. Off:
-// it gained 1-3 % at mid prefixes and lost 2-3 % at short ones (bench/results/ab_kernel_flags_sm_90.md).
+// smaller first burst of copies lets Q, which every block's first QK waits for, land sooner. Off,
+// since it costs the short prefixes more than it gains the long ones (bench/results/ab_kernel_flags_sm_90.md).
 #ifndef VA_DEFER_PRO
 #define VA_DEFER_PRO 0
 #endif
