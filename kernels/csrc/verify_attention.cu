@@ -184,25 +184,9 @@ static_assert(NSPLIT >= 1, "NSPLIT must be >= 1");
 static_assert(TK <= BLOCK, "one thread per token fetches a tile's slot index");
 
 constexpr int SMEM_Q = ROWS_PAD * KSTRIDE * 2;
-// VA_BULK=1 (an experiment, PIPE 1 and 3 on sm_90+): a KV tile arrives as one bulk copy a token
-// row (cp.async.bulk, completing on an mbarrier a slot) instead of 36 or 72 16-byte cp.async, so a
-// refill issues a few instructions instead of a group's worth of address work. A bulk copy cannot
-// swizzle, so bf16 ring rows are padded to 1168 B (73 chunks, odd: ldmatrix's eight rows at one
-// column still hit eight bank quads), as e4m3's are to 592; each slot's mbarrier lives in its
-// first row's pad, which nothing else reads or writes.
-#ifndef VA_BULK
-#define VA_BULK 0
-#endif
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-constexpr bool BULK = VA_BULK && (PIPE == 1 || PIPE == 3);
-#else
-constexpr bool BULK = false;
-#endif
-// bytes between a bf16 ring's rows
-constexpr int KROWB = BULK ? KSTRIDE * 2 + 16 : KSTRIDE * 2;
 // A ring row's elements (2-byte units): bf16 rows of 1152 B, or e4m3 rows of 592 B, which halves
 // the ring (validate.smem_bytes mirrors it: the formats table's ring_row_bytes).
-constexpr int RING_ROW = FP8 ? F8_ROWB / 2 : KROWB / 2;  // slot offsets stay s * TK * row: same code as before
+constexpr int RING_ROW = FP8 ? F8_ROWB / 2 : KSTRIDE;  // slot offsets stay s * TK * row: same code as before
 constexpr int SMEM_K = STAGES * TK * RING_ROW * 2;
 constexpr int NPB = PIPE == 3 ? 2 : 1;  // P and alpha buffers: PIPE 3 keeps tiles t and t+1 apart
 constexpr int SMEM_S = NGROUPS * NSB * ROWS_PAD * SSTRIDE * 4;
@@ -249,9 +233,6 @@ extern "C" __device__ const int kSmemBytes = SMEM_Q + SMEM_K + SMEM_S + SMEM_P +
 extern "C" __device__ const int kUsesPdl = VA_PDL;
 extern "C" __device__ const int kReduceThreads = RED_THREADS;
 extern "C" __device__ const int kReduceMaxPieces = VA_RED_PIECES;
-#if VA_BULK
-extern "C" __device__ const int kSmemExperiment = 1;  // bf16's padded ring is not validate.smem_bytes' layout
-#endif
 
 // Offset of element (row, col) in a Q, KV or O-staging buffer. Rows are 1152 B (9 x 128 B, no
 // padding) and the 16-byte chunk c of row r sits at chunk c ^ (r & 7) of its 128-byte group, so a
@@ -269,9 +250,6 @@ __device__ __forceinline__ int swz(int c0, int r8, int D) {
   const int m = D & 7;
   return (((c0 + m) ^ r8) + (D - m)) * 16;
 }
-
-// swz for a bf16 ring row: the bulk copies' padded rows are not swizzled.
-__device__ __forceinline__ int kv_chunk(int c0, int r8, int D) { return BULK ? (c0 + D) * 16 : swz(c0, r8, D); }
 
 // Zero an mma accumulator array (any rank), fully unrolled: it stays in registers.
 __device__ __forceinline__ void zero_fill(float& a) { a = 0.f; }
@@ -411,31 +389,6 @@ __device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync
 __device__ __forceinline__ void bar_arrive(int id, int n) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
 }
-// VA_BULK (bulk copies of the ring's rows, an experiment): its helpers.
-#if VA_BULK && defined(VA_PROFILE_SKIP_LOADS)
-#error "VA_BULK waits on the copies that VA_PROFILE_SKIP_LOADS leaves out"
-#endif
-__device__ __forceinline__ void mbar_init(uint32_t bar) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_inval(uint32_t bar) {
-  asm volatile("mbarrier.inval.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, int bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-// Spins until the mbarrier's phase of the given parity has completed.
-__device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
-  asm volatile(
-      "{\n .reg .pred done;\n"
-      "WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      " @!done bra WAIT_%=;\n}\n" ::"r"(bar), "r"(parity) : "memory");
-}
-__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, int bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-               ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
-}
-
 // Four e4m3 values (one 32-bit word, lowest byte first) as two f16x2 words. sm_89+ converts
 // exactly (cvt); sm_80 has no fp8 conversion, so the bits are placed into f16's fields, which
 // gives each value times 2^-8 exactly (subnormals included: e4m3's exponent bias is 7, f16's 15),
@@ -613,22 +566,6 @@ __device__ __forceinline__ void load_kv_tile(bf16* Kt, const unsigned char* __re
   const int vb = sp.v0 + X * TK;
   const int lane = threadIdx.x & 31;
   const uint32_t base = smem_u32(Kt);
-  if constexpr (BULK) {
-    // The copying warps' first warp, a token a lane (one bulk copy each). A token past the split's
-    // end copies the tile's first row instead of zeros: finite, and masked out of the softmax, so
-    // every tile brings the same byte count to its slot's mbarrier.
-    if (warp == 0) {
-      const uint32_t bar = base + KV_ROW_BYTES;
-      if (lane == 0) mbar_expect_tx(bar, TK * KV_ROW_BYTES);
-#pragma unroll
-      for (int t = lane; t < TK; t += 32) {
-        const bool valid = vb + t < sp.v1;
-        const int slot = valid ? sp.slot(vb + t, idx[t]) : sp.slot(vb, idx[0]);
-        bulk_copy(base + t * RING_ROW * 2, kv + (size_t)slot * KV_ROW_BYTES, KV_ROW_BYTES, bar);
-      }
-    }
-    return;
-  }
   // The warp's tokens warp + k*NW: every index read first, then the copies, all unrolled and
   // branch-free (the third chunk is a predicated copy, not a branch), so the index reads overlap
   // and no divergence region splits the tokens (a branch per token made the refill a visible
@@ -883,7 +820,7 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
   const uint32_t qrow = smem_u32(Qs) + (nlo * 8 + wr * 8 + r8) * ROWB;              // + n*QWR*8 rows
   const uint32_t qlast = !UNI || live(NQ - 1) ? qrow + (NQ - 1) * QWR * 8 * ROWB : qrow;
   auto qaddr = [&](int n) { return UNI && n == NQ - 1 ? qlast : qrow + n * QWR * 8 * ROWB; };
-  const uint32_t krow = smem_u32(Kt) + (wt * QMQ * 16 + r8 + (mat & 1) * 8) * KROWB;  // + a*16 rows
+  const uint32_t krow = smem_u32(Kt) + (wt * QMQ * 16 + r8 + (mat & 1) * 8) * ROWB;  // + a*16 rows
   const int cq = 2 * wk + 2 * QWK * (mat >> 1) + (mat & 1);  // Q x4: steps j, j+1 (mat>>1), k halves (mat&1)
   const int ck = 2 * wk + (mat >> 1);                       // K x4: tokens +8 (mat&1), k halves (mat>>1)
   // FP8: token wt*QMQ*16 + r8 (+8: mat&1) (+ a*16) of the e4m3 ring, chunk (= k-step) wk (+QWK: mat>>1) (+ QWK*j)
@@ -927,7 +864,7 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
 #pragma unroll
       for (int a = 0; a < QMQ; ++a) {
         if constexpr (FP8) f8_k_frags(fa[a], raw[a][2 * h], raw[a][2 * h + 1]);
-        else ldsm_x4(fa[a], krow + a * 16 * KROWB + kv_chunk(ck, r8, 2 * QWK * (j + h)));
+        else ldsm_x4(fa[a], krow + a * 16 * ROWB + swz(ck, r8, 2 * QWK * (j + h)));
       }
 #pragma unroll
       for (int n = 0; n < NQ; ++n) {
@@ -948,7 +885,7 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
         ldsm_x2(raw, krow8 + a * 16 * F8_ROWB + QWK * j * 16);
         f8_k_frags(fa[a], raw[0], raw[1]);
       } else {
-        ldsm_x4(fa[a], krow + a * 16 * KROWB + kv_chunk(ck, r8, 2 * QWK * j));
+        ldsm_x4(fa[a], krow + a * 16 * ROWB + swz(ck, r8, 2 * QWK * j));
       }
     }
     const int cq1 = 2 * wk + (mat & 1);  // Q x2: k halves
@@ -1138,7 +1075,8 @@ __device__ __forceinline__ void pv_tile(float (&acc)[MW][NT][4], const bf16* Kt,
                                         bool rescale, int warp, int lane, int nlo) {
   const int tq = lane & 3, mat = lane >> 3, r8 = lane & 7;
   auto live = [&](int nr) { return nlo + nr < NR; };
-  const uint32_t vrow = smem_u32(Kt) + (r8 + (mat >> 1) * 8) * KROWB;
+  constexpr int ROWB = KSTRIDE * 2;
+  const uint32_t vrow = smem_u32(Kt) + (r8 + (mat >> 1) * 8) * ROWB;
   const int cv = 2 * warp * MW + (mat & 1);
   if (rescale) {  // some row's max grew this tile (block-uniform)
 #pragma unroll
@@ -1185,7 +1123,7 @@ __device__ __forceinline__ void pv_tile(float (&acc)[MW][NT][4], const bf16* Kt,
 #pragma unroll
     for (int mw = 0; mw < MW; ++mw) {
       uint32_t fa[4];  // V^T: tokens kk*16 + r8 (+8: mat>>1), dims (warp*MW+mw)*16 (+8: mat&1)
-      ldsm_x4_t(fa, vrow + kk * 16 * KROWB + kv_chunk(cv, r8, 2 * mw));
+      ldsm_x4_t(fa, vrow + kk * 16 * ROWB + swz(cv, r8, 2 * mw));
 #pragma unroll
       for (int nr = 0; nr < NT; ++nr)
         if (live(nr)) mma16816(acc[mw][nr], fa, fb[nr]);
@@ -1316,10 +1254,6 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
     // finds the first segment too, so the Q load waits on one round trip of index loads
     for (int b = tid; b < B; b += BLOCK)
       if (pl.U(b) <= u0 && u0 < pl.U(b + 1)) next_segment(seg_s, prefix_indptr, B, split_kvp, b);
-    if (BULK && tid == 0) {
-      for (int s = 0; s < STAGES; ++s) mbar_init(smem_u32(Ks + s * TK * RING_ROW) + KV_ROW_BYTES);
-      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
     __syncthreads();
     split_lo = pl.R > 1 ? split_lo : -1;  // -1: every row (the segment loop below without the split)
   }
@@ -1451,7 +1385,6 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
     if (grp == 0) cp_async_wait<2>(); else cp_async_wait<1>();  // Q (0: tiles 0, 2 pending; 1: tile 1)
 #else
     cp_async_wait<PRE - 1>();  // Q and tile 0 have landed
-    if constexpr (BULK) mbar_wait(smem_u32(Ks) + KV_ROW_BYTES, 0);
 #endif
     __syncthreads();
     // The deferred tiles, each a group of its own after the empty one. A part of one tile has none
@@ -1503,7 +1436,6 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
       __syncthreads();  // P(it) ready
       PV_TILE(acc, Kt, Ps, a_s, resc_s[it & 1] != 0, warp, lane, nlo);
       cp_async_wait<STAGES - 2>();  // tile it+1 has landed (this thread's copies)
-      if (BULK && it + 1 < ntiles) mbar_wait(smem_u32(Ks + ((it + 1) % STAGES) * TK * RING_ROW) + KV_ROW_BYTES, (it + 1) / STAGES & 1);
       __syncthreads();              // PV(it) done everywhere: the slot is free; tile it+1 visible
       refill(it + STAGES);
     }
@@ -1525,7 +1457,6 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
       bf16* const Kt = Ks + (t % STAGES) * TK * RING_ROW;
       if (own) {
         if (t == 0) cp_async_wait<1>(); else cp_async_wait<0>();  // tile t (group 0 has tile 2 pending at t=0)
-        if constexpr (BULK) mbar_wait(smem_u32(Kt) + KV_ROW_BYTES, t / STAGES & 1);  // its bulk copies
         bar_sync(BAR_GROUP + grp, GWARPS * 32);                     // ... landed for the whole group
         QK_TILE(Qs, Kt, Sg, gw, lane, grp, nlo);
       }
@@ -1551,13 +1482,6 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
 #endif
     cp_async_wait<0>();
     __syncthreads();  // every warp is past its last QK: the Q region can hold O
-    if (BULK && tid == 0) {  // every tile of the segment was waited for: the next one starts at phase 0
-      for (int s = 0; s < STAGES; ++s) {
-        mbar_inval(smem_u32(Ks + s * TK * RING_ROW) + KV_ROW_BYTES);
-        mbar_init(smem_u32(Ks + s * TK * RING_ROW) + KV_ROW_BYTES);
-      }
-      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
     TRACE(0, 4);
 
     // ---- epilogue: o / l as bf16 staged row-major in the Q region, then 16-byte stores
