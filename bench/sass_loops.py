@@ -10,7 +10,9 @@ With --source, the same config is also built from another revision's .cu (this t
 over its text, as bench/kernel_v7.py builds v6), and the opcodes whose counts differ are listed.
 
 One line per loop (a backward branch's target to the branch, innermost loops too): its byte
-range, instructions, mma (HMMA) and local-memory (spill) instructions.
+range, instructions, mma (HMMA) and local-memory (spill) instructions; then, for bf16 builds, how
+many instructions separate each QK mma from its latest ldmatrix operand (min, p10, median): how
+much of the loads' latency the schedule hides, which an operand-prefetch change should raise.
 """
 
 from __future__ import annotations
@@ -83,6 +85,32 @@ def mma_loops(ins: list[tuple[int, str]]) -> list[dict]:
     return sorted(loops, key=lambda d: d["lo"])
 
 
+def qk_load_use(ins: list[tuple[int, str]]) -> list[int]:
+    """For each bf16 QK mma (an HMMA whose A fragment a non-transposed ldmatrix wrote; PV's V comes
+    transposed, e4m3's K through conversions), how many instructions after its latest ldmatrix
+    operand it issues in the listing: the room the schedule leaves that load's latency."""
+    writer: dict[int, tuple[int, str]] = {}  # register -> (instruction index, opcode) of its last write
+    out = []
+    for i, (_, text) in enumerate(ins):
+        words = re.sub(r"^@!?U?P[T0-9]+\s+", "", text).split(None, 1)
+        op, operands = words[0], (words[1].split(", ") if len(words) > 1 else [])
+        regs = [int(m.group(1)) if (m := re.fullmatch(r"R(\d+)(?:\.reuse)?", o.strip())) else None for o in operands]
+        if op.startswith("HMMA") and len(regs) >= 3 and regs[1] is not None and regs[2] is not None:
+            a, b = regs[1], regs[2]
+            if all(writer.get(r, (0, ""))[1].startswith("LDSM.16.M88") for r in range(a, a + 4)):
+                fed = [
+                    i - writer[r][0]
+                    for r in [*range(a, a + 4), b, b + 1]
+                    if writer.get(r, (0, ""))[1].startswith("LDSM")
+                ]
+                out.append(min(fed))
+        if regs and regs[0] is not None:
+            width = 4 if op.startswith("HMMA") or op.endswith(".4") else 2 if op.endswith(".2") else 1
+            for r in range(regs[0], regs[0] + width):
+                writer[r] = (i, op)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--flags", action="append", default=None, help="one variant's nvcc flags (repeatable)")
@@ -108,6 +136,7 @@ def main() -> None:
                 f"{flags or '(default)'}: {len(ins)} instructions, {rep['registers']} registers, spills {rep['spill_stores']}/{rep['spill_loads']} B"
             )
             _print_loops(ins)
+            _print_load_use(ins)
         if args.source:
             other = compile_source(args.source, args.config, args.q_len, args.arch, Path(cache), args.kv_dtype)
             theirs = sass(other)
@@ -124,6 +153,14 @@ def main() -> None:
 def _print_loops(ins: list[tuple[int, str]]) -> None:
     for lp in mma_loops(ins):
         print(f"  {lp['lo']:#07x}-{lp['hi']:#07x}  {lp['ins']:5d} ins  {lp['hmma']:3d} HMMA  {lp['spill']} spill")
+
+
+def _print_load_use(ins: list[tuple[int, str]]) -> None:
+    d = sorted(qk_load_use(ins))
+    if d:
+        print(
+            f"  QK mma after its ldmatrix: {len(d)} mma, min {d[0]}, p10 {d[len(d) // 10]}, median {d[len(d) // 2]} instructions"
+        )
 
 
 def _opcodes(ins: list[tuple[int, str]]) -> dict[str, int]:

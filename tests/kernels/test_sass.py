@@ -125,3 +125,34 @@ def test_the_epilogue_stages_bf16_fragments_with_stmatrix_where_the_arch_has_it(
     assert (stsm_count > 0) == stsm, (device, cfg, stsm_count)
     without, _ = _default_sass(tmp_path, device, 8, 9, kv_dtype, ("-DVA_EPI_STMATRIX=0",))
     assert not any("STSM" in text for _, text in without)
+
+
+def test_qk_load_use_counts_qk_mmas_from_their_latest_ldmatrix_only():
+    """A QK mma (A from a plain ldmatrix) is counted at its distance from the nearest of its loaded
+    operands; PV's (A from a transposed ldmatrix) and one whose A a later instruction overwrote
+    are not; predicates and .reuse flags do not hide an operand."""
+    ins = list(
+        enumerate(
+            [
+                "LDSM.16.M88.4 R4, [R2]",
+                "LDSM.16.M88.2 R8, [R2+0x10]",
+                "IADD3 R1, R1, 0x1, RZ",
+                "HMMA.16816.F32.BF16 R12, R4.reuse, R8, R12",  # A 3 after, B 2 after: 2
+                "@P0 HMMA.16816.F32.BF16 R16, R4, R8.reuse, R16",  # 3
+                "LDSM.16.MT88.4 R20, [R3]",
+                "HMMA.16816.F32.BF16 R12, R20, R8, R12",  # PV: A transposed
+                "MOV R5, RZ",
+                "HMMA.16816.F32.BF16 R12, R4, R8, R12",  # A no longer the load's
+            ]
+        )
+    )
+    assert sass_loops.qk_load_use(ins) == [2, 3]
+
+
+@needs_tools
+def test_every_qk_mma_of_the_h200_bf16_default_is_found(tmp_path):
+    """The H200's bf16 72-row default: every QK mma of the seesaw's tile is found (18 k-steps a
+    warp x 5 row tiles x 2 token tiles), none issues right after its load."""
+    built, _ = _default_build(tmp_path, "h200", 8, 9, "bf16")
+    d = sass_loops.qk_load_use(sass_loops.sass(built.path))
+    assert len(d) == 180 and min(d) >= 2
