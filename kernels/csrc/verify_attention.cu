@@ -269,6 +269,9 @@ __device__ __forceinline__ void zero_fill(T (&a)[N]) {
 #ifndef VA_QK_UNIFORM
 #define VA_QK_UNIFORM (KV_FMT == 1 && SF == 1 && ROWS_PAD > 64 ? 0 : 2)
 #endif
+#ifndef VA_QK_PREFETCH
+#define VA_QK_PREFETCH 0  // an experiment: QK's next operands loaded before the current MMAs
+#endif
 #ifndef VA_F8_KLEAN
 #define VA_F8_KLEAN 1  // e4m3 QK: convert and use one m16 tile's K fragment at a time (fewer live registers)
 #endif
@@ -830,7 +833,89 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
     qk_e4m3_steps<QMQ, NQ, QWR, QWK, QKS>(acc, qaddr, smem_u32(Kt), wt, wk, mat, r8, on);
   } else
 #endif
-  {
+  if constexpr (VA_QK_PREFETCH && !FP8 && UNI && QKS % 2 == 0) {
+    // Operand prefetch: the next step's K and the next pair's Q load before this step's MMAs, so
+    // the MMAs do not wait on their own ldmatrix (a second set of operand registers).
+    uint32_t fb4[NQ][4], fa[QMQ][4];
+#pragma unroll
+    for (int n = 0; n < NQ; ++n) ldsm_x4(fb4[n], qaddr(n) + swz(cq, r8, 0));
+#pragma unroll
+    for (int a = 0; a < QMQ; ++a) ldsm_x4(fa[a], krow + a * 16 * ROWB + swz(ck, r8, 0));
+#pragma unroll
+    for (int j = 0; j < QKS; j += 2) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int next = j + h + 1;  // the step whose K loads now
+        uint32_t fan[QMQ][4], fbn[NQ][4];
+        if (next < QKS) {
+#pragma unroll
+          for (int a = 0; a < QMQ; ++a) ldsm_x4(fan[a], krow + a * 16 * ROWB + swz(ck, r8, 2 * QWK * next));
+        }
+        if (h == 1 && j + 2 < QKS) {
+#pragma unroll
+          for (int n = 0; n < NQ; ++n) ldsm_x4(fbn[n], qaddr(n) + swz(cq, r8, 2 * QWK * (j + 2)));
+        }
+#pragma unroll
+        for (int n = 0; n < NQ; ++n) {
+          const uint32_t fb[2] = {fb4[n][2 * h], fb4[n][2 * h + 1]};
+#pragma unroll
+          for (int a = 0; a < QMQ; ++a) mma16816(acc[a][n], fa[a], fb);
+        }
+        if (next < QKS) {
+#pragma unroll
+          for (int a = 0; a < QMQ; ++a)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) fa[a][i] = fan[a][i];
+        }
+        if (h == 1 && j + 2 < QKS) {
+#pragma unroll
+          for (int n = 0; n < NQ; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) fb4[n][i] = fbn[n][i];
+        }
+      }
+    }
+  } else if constexpr (VA_QK_PREFETCH && FP8 && VA_F8_KLEAN && UNI && QKS % 2 == 0) {
+    // e4m3: the next pair's raw K (one x4 a tile holds both steps) and Q load before this pair's
+    // conversions and MMAs.
+    uint32_t fb4[NQ][4], raw[QMQ][4];
+#pragma unroll
+    for (int n = 0; n < NQ; ++n) ldsm_x4(fb4[n], qaddr(n) + swz(cq, r8, 0));
+#pragma unroll
+    for (int a = 0; a < QMQ; ++a) ldsm_x4(raw[a], krow8 + a * 16 * F8_ROWB);
+#pragma unroll
+    for (int j = 0; j < QKS; j += 2) {
+      uint32_t rawn[QMQ][4], fbn[NQ][4];
+      if (j + 2 < QKS) {
+#pragma unroll
+        for (int a = 0; a < QMQ; ++a) ldsm_x4(rawn[a], krow8 + a * 16 * F8_ROWB + QWK * (j + 2) * 16);
+#pragma unroll
+        for (int n = 0; n < NQ; ++n) ldsm_x4(fbn[n], qaddr(n) + swz(cq, r8, 2 * QWK * (j + 2)));
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int a = 0; a < QMQ; ++a) {
+          uint32_t fk[4];
+          f8_k_frags(fk, raw[a][2 * h], raw[a][2 * h + 1]);
+#pragma unroll
+          for (int n = 0; n < NQ; ++n) {
+            const uint32_t fb[2] = {fb4[n][2 * h], fb4[n][2 * h + 1]};
+            mma16816(acc[a][n], fk, fb);
+          }
+        }
+      if (j + 2 < QKS) {
+#pragma unroll
+        for (int a = 0; a < QMQ; ++a)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) raw[a][i] = rawn[a][i];
+#pragma unroll
+        for (int n = 0; n < NQ; ++n)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) fb4[n][i] = fbn[n][i];
+      }
+    }
+  } else {
 #pragma unroll
   for (int j = 0; j + 1 < QKS; j += 2) {  // the warp's k-step pairs (j, j+1): ks = wk + QWK*j
     uint32_t fb4[NQ][4];
