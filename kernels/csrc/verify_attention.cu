@@ -270,7 +270,7 @@ __device__ __forceinline__ void zero_fill(T (&a)[N]) {
 #define VA_QK_UNIFORM (KV_FMT == 1 && SF == 1 && ROWS_PAD > 64 ? 0 : 2)
 #endif
 #ifndef VA_QK_PREFETCH
-#define VA_QK_PREFETCH 0  // an experiment: QK's next operands loaded before the current MMAs
+#define VA_QK_PREFETCH 1  // QK's next operands load before the current MMAs (even k-step counts a warp; 0: each as used)
 #endif
 #ifndef VA_F8_KLEAN
 #define VA_F8_KLEAN 1  // e4m3 QK: convert and use one m16 tile's K fragment at a time (fewer live registers)
