@@ -292,10 +292,6 @@ __device__ __forceinline__ void zero_fill(T (&a)[N]) {
 #ifndef VA_DEFER_PRO
 #define VA_DEFER_PRO 0
 #endif
-#ifndef VA_EARLY_REFILL
-#define VA_EARLY_REFILL 0  // an experiment: PIPE 1 with two slots issues tile t+2 before waiting for t+1
-#endif
-constexpr bool EARLY_REFILL = VA_EARLY_REFILL && PIPE == 1 && STAGES == 2;
 #ifndef VA_OPAQUE_TID
 #define VA_OPAQUE_TID 1  // 0: the segment loop's thread index is a plain one (an A/B of the hoisting guard)
 #endif
@@ -1524,19 +1520,6 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
       SOFTMAX_TILE(Ss, Ps, m_s, l_s, a_s, resc_s, qsc_s, mask_s, sp, rows_here, it, scale_log2, warp, lane, rlo, rhi);
       __syncthreads();  // P(it) ready
       PV_TILE(acc, Kt, Ps, a_s, resc_s[it & 1] != 0, warp, lane, nlo);
-      if constexpr (EARLY_REFILL) {
-        // Tile it+2 is copied while tile it+1 is still landing (two tiles in flight, not one): the
-        // refill's index fetch is its own, earlier group, so only it is waited for before the copy.
-        cp_async_wait<1>();  // the indices of tile it+2 (the previous refill's first group)
-        __syncthreads();     // PV(it) done everywhere: the slot is free; those indices visible
-        fetch_indices(idx_s, sp, it + STAGES + 1, tid);
-        cp_async_commit();
-        if (it + STAGES < ntiles) load_kv_tile<GWARPS>(Ks + (it % STAGES) * TK * RING_ROW, kvb, idx_s, sp, it + STAGES, gw);
-        cp_async_commit();
-        cp_async_wait<2>();  // tile it+1 (this thread's copies); the two groups just issued stay in flight
-        __syncthreads();     // tile it+1 visible
-        continue;
-      }
       cp_async_wait<STAGES - 2>();  // tile it+1 has landed (this thread's copies)
       __syncthreads();              // PV(it) done everywhere: the slot is free; tile it+1 visible
       refill(it + STAGES);
