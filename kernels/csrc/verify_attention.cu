@@ -828,6 +828,20 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
   const int ck = 2 * wk + (mat >> 1);                       // K x4: tokens +8 (mat&1), k halves (mat>>1)
   // FP8: token wt*QMQ*16 + r8 (+8: mat&1) (+ a*16) of the e4m3 ring, chunk (= k-step) wk (+QWK: mat>>1) (+ QWK*j)
   const uint32_t krow8 = smem_u32(Kt) + (wt * QMQ * 16 + r8 + (mat & 1) * 8) * F8_ROWB + (wk + QWK * (mat >> 1)) * 16;
+  // e4m3: step h of a k-step pair, one m16 tile's converted K at a time (4 registers, not 4*QMQ)
+  auto f8_pair_step = [&](const uint32_t(&rw)[QMQ][4], const uint32_t(&qb)[NQ][4], int h) {
+#pragma unroll
+    for (int a = 0; a < QMQ; ++a) {
+      uint32_t fk[4];
+      f8_k_frags(fk, rw[a][2 * h], rw[a][2 * h + 1]);
+#pragma unroll
+      for (int n = 0; n < NQ; ++n) {
+        if (!on(n)) continue;
+        const uint32_t fb[2] = {qb[n][2 * h], qb[n][2 * h + 1]};
+        mma16816(acc[a][n], fk, fb);
+      }
+    }
+  };
 #if KV_FMT == 2  // (the e4m3 MMA's helpers exist only in this format's builds)
   if constexpr (F8QK) {
     qk_e4m3_steps<QMQ, NQ, QWR, QWK, QKS>(acc, qaddr, smem_u32(Kt), wt, wk, mat, r8, on);
@@ -893,17 +907,7 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
         for (int n = 0; n < NQ; ++n) ldsm_x4(fbn[n], qaddr(n) + swz(cq, r8, 2 * QWK * (j + 2)));
       }
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int a = 0; a < QMQ; ++a) {
-          uint32_t fk[4];
-          f8_k_frags(fk, raw[a][2 * h], raw[a][2 * h + 1]);
-#pragma unroll
-          for (int n = 0; n < NQ; ++n) {
-            const uint32_t fb[2] = {fb4[n][2 * h], fb4[n][2 * h + 1]};
-            mma16816(acc[a][n], fk, fb);
-          }
-        }
+      for (int h = 0; h < 2; ++h) f8_pair_step(raw, fb4, h);
       if (j + 2 < QKS) {
 #pragma unroll
         for (int a = 0; a < QMQ; ++a)
@@ -929,20 +933,9 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      // one m16 tile's converted K at a time: 4 registers, not 4*QMQ (with the unfenced QK only: on
-      // the predicated one it splits each fenced region in two)
+      // (with the unfenced QK only: on the predicated one it splits each fenced region in two)
       if constexpr (FP8 && VA_F8_KLEAN && UNI) {
-#pragma unroll
-        for (int a = 0; a < QMQ; ++a) {
-          uint32_t fk[4];
-          f8_k_frags(fk, raw[a][2 * h], raw[a][2 * h + 1]);
-#pragma unroll
-          for (int n = 0; n < NQ; ++n) {
-            if (!on(n)) continue;
-            const uint32_t fb[2] = {fb4[n][2 * h], fb4[n][2 * h + 1]};
-            mma16816(acc[a][n], fk, fb);
-          }
-        }
+        f8_pair_step(raw, fb4, h);
         continue;
       }
       uint32_t fa[QMQ][4];
