@@ -54,7 +54,7 @@ class SpecInfo:
 class ForwardBatch:
     forward_mode: ForwardMode
     batch_size: int
-    seq_lens: torch.Tensor  # int64 [bs], without the draft tokens
+    seq_lens: torch.Tensor  # int64 [bs]: verify's without the draft tokens, decode's with its own token
     req_pool_indices: torch.Tensor  # int64 [bs]
     out_cache_loc: torch.Tensor  # int64 [bs * q_len]
     spec_info: SpecInfo | None = None
@@ -157,8 +157,15 @@ def sglang_attention(
 ) -> torch.Tensor:
     """fp32 attention straight from SGLang's tensors: request b's prefix req_to_token[row, :seq_len]
     then its draft slots, node i seeing what its row of SGLang's mask (FULL_MASK or QLEN_ONLY
-    cells, in that layout) allows. q [T, H, 576]; returns [T, H, 512]."""
+    cells, in that layout) allows. Decode reads as SGLang's Triton backend does: req_to_token[row,
+    :seq_len] alone, whose last slot is the step's own token. q [T, H, 576]; returns [T, H, 512]."""
     kv2 = kv.reshape(-1, 576).float()
+    if fb.forward_mode.is_decode():
+        assert q_len == 1, "SGLang decodes one token a request"
+        keys = [kv2[req_to_token[row, :n].long()] for n, row in zip(fb.seq_lens.tolist(), fb.req_pool_indices.tolist())]
+        return torch.stack(
+            [torch.softmax((q[b].float() @ k.T) * scale, dim=-1) @ k[:, :512] for b, k in enumerate(keys)]
+        )
     out, start = [], 0
     lens, rows = fb.seq_lens.tolist(), fb.req_pool_indices.tolist()
     # the mask is read on the host: SGLang builds it on the device, the reference's rows are small

@@ -65,6 +65,13 @@ class Engine:
             torch.cat(loc).long(), SpecInfo(mask, q_len, topk),
         )  # fmt: skip
 
+    def decode(self, lens: list[int], rows: list[int]) -> ForwardBatch:
+        """A decode step as SGLang lays it out: each request's `lens` tokens so far, the step's own slot
+        after them in its req_to_token row, and seq_lens counting that token (prepare_for_decode adds
+        1 before the step)."""
+        fb = self.step(lens, rows, q_len=1, chain=True)
+        return ForwardBatch(ForwardMode.DECODE, len(lens), fb.seq_lens + 1, fb.req_pool_indices, fb.out_cache_loc)
+
     def qkv(self, T: int, *, absorbed: bool = True):
         """SGLang's absorbed q: q_nope = bmm(...).transpose(0, 1), head-major; q_rope a slice of q."""
         g = self.gen

@@ -92,7 +92,7 @@ def test_a_dflash_chain_replays_in_a_graph_captured_with_a_mask(loop):
 
 
 def _decode(loop, lens: list[int], rows: list[int], layer, *, head_major_q: bool):
-    """A decode step (q_len 1) through a fresh backend on the kernel, over a random req_to_token:
+    """A decode step (q_len 1) after `lens` tokens through a fresh backend on the kernel, over a random req_to_token:
     the output as [B, H, 512] fp32, `want(f)` (fp32 attention over the pool's values times f, as
     SGLang's tensors give it), the pool's buffer, the step's slots and its k."""
     import types
@@ -108,7 +108,9 @@ def _decode(loop, lens: list[int], rows: list[int], layer, *, head_major_q: bool
     be = VerifyMLABackend(pool=pool, req_to_token=req_to_token, heads=H, q_lens=(1,), max_bs=4, max_context_len=5000,
                           pick_config=pick)  # fmt: skip
     loc = torch.stack([req_to_token[r, n] for r, n in zip(rows, lens)]).long()
-    fb = ForwardBatch(ForwardMode.DECODE, B, torch.tensor(lens, device="cuda"), torch.tensor(rows, device="cuda"), loc)
+    # as SGLang's prepare_for_decode leaves it: the step's slot at req_to_token[row, n], seq_lens n + 1
+    fb = ForwardBatch(ForwardMode.DECODE, B, torch.tensor(lens, device="cuda") + 1, torch.tensor(rows, device="cuda"),
+                      loc)  # fmt: skip
     be.init_forward_metadata(fb)
     if head_major_q:  # SGLang's absorbed q: [H, B, 512] transposed, read in place
         q = torch.randn(H, B, 512, device="cuda").to(torch.bfloat16).transpose(0, 1)

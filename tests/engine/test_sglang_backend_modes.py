@@ -21,14 +21,11 @@ from tests.engine.sglang_trees import FULL_MASK, QLEN_ONLY, QLEN_ONLY_BITPACKING
 from tests.engine.test_sglang_backend import SCALE, Engine, H, Q, _verify
 
 
-def _decode_batch(eng: Engine, lens: list[int], rows: list[int]) -> ForwardBatch:
-    fb = eng.step(lens, rows, q_len=1, chain=True)
-    return ForwardBatch(ForwardMode.DECODE, len(lens), fb.seq_lens, fb.req_pool_indices, fb.out_cache_loc, None)
-
-
 def test_decode_runs_at_q_len_1():
+    """Short contexts, where reading the step's own token twice (once as the last of seq_lens, once
+    as the step's slot) would move the output far past the bound."""
     eng = Engine(QLEN_ONLY, q_lens=(1,))
-    fb = _decode_batch(eng, [50, 0, 9], [2, 0, 1])
+    fb = eng.decode([50, 0, 2], [2, 0, 1])
     eng.backend.init_forward_metadata(fb)
     T = 3
     q_nope, q_rope, k_nope, k_rope = eng.qkv(T)

@@ -15,6 +15,7 @@ from verify_tuner.engine import op
 from verify_tuner.engine.sglang_backend import VerifyMLABackend
 from verify_tuner.engine.tree_masks import TreeMaskMode
 from verify_tuner.kernels.config import KernelConfig
+from verify_tuner.kernels.reference import rel_error
 
 from tests.engine.sglang_doubles import ForwardBatch, ForwardMode, Layer, MLAPool, ReferenceOp, SpecInfo
 from tests.engine.sglang_trees import QLEN_ONLY
@@ -158,6 +159,26 @@ def test_eager_batches_past_the_captured_ones_take_their_range_too():
         fb.seq_lens_cpu = fb.seq_lens.clone()
         be.init_forward_metadata(fb)  # B=4 is past the captured 2: eager
         assert _verify(eng, fb, Layer(1, H, SCALE)) < 1e-2 and be.op.calls[-1]["config"] == op.config_list(want)
+
+
+def test_a_decode_step_takes_the_range_of_its_prefix_not_of_its_length():
+    """SGLang's decode lengths count the step's own token (seq_len 100 is 99 tokens before it), so the
+    range, like the prefix the kernel reads, comes from seq_len - 1: B=1's breakpoint is at 100."""
+    eng = Engine(QLEN_ONLY, max_bs=6, q_lens=(1,))
+    be = eng.backend = VerifyMLABackend(
+        pool=eng.pool, req_to_token=eng.req_to_token, heads=H, q_lens=(1,), max_bs=8, max_context_len=CTX,
+        pick_ranges=ranges, tree_mask_mode=TreeMaskMode(QLEN_ONLY),
+    )  # fmt: skip
+    be.op = ReferenceOp()
+    layer = Layer(1, H, SCALE)
+    for n, want in ((99, SHORT), (100, LONG)):
+        fb = eng.decode([n], [3])
+        fb.seq_lens_cpu = fb.seq_lens.clone()
+        be.init_forward_metadata(fb)
+        q_nope, q_rope, k_nope, k_rope = eng.qkv(1)
+        out = be.forward_decode(q_nope, k_nope, k_nope, layer, fb, q_rope=q_rope, k_rope=k_rope)
+        assert be.op.calls[-1]["config"] == op.config_list(want), n
+        assert rel_error(out.view(1, H, 512), eng.expected(fb, torch.cat([q_nope, q_rope], -1), layer)) < 1e-2
 
 
 def test_one_config_per_batch_size_takes_no_variants_and_no_host_lengths():

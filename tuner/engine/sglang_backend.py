@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from verify_tuner.engine import op as _op  # registers torch.ops.verify_tuner.verify_attention
 from verify_tuner.engine.sglang_graphs import GraphRanges, Ranges, RangeVariants
-from verify_tuner.engine.sglang_metadata import MaskSource, StepBuffers
+from verify_tuner.engine.sglang_metadata import MaskSource, StepBuffers, counted_tokens
 from verify_tuner.engine.tree_masks import TreeMaskMode
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.errors import InvalidConfig
@@ -368,9 +368,14 @@ class VerifyMLABackend:
         return step
 
     @staticmethod
-    def _tensors(forward_batch: Any) -> dict[str, torch.Tensor]:
+    def _tensors(forward_batch: Any) -> dict[str, Any]:
         fb = forward_batch
-        return {"seq_lens": fb.seq_lens, "req_pool_indices": fb.req_pool_indices, "out_cache_loc": fb.out_cache_loc}
+        return {
+            "seq_lens": fb.seq_lens,
+            "req_pool_indices": fb.req_pool_indices,
+            "out_cache_loc": fb.out_cache_loc,
+            "counted": counted_tokens(fb),
+        }
 
     @staticmethod
     def _mask(forward_batch: Any) -> torch.Tensor | None:

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from verify_tuner.engine.sglang_metadata import counted_tokens
 from verify_tuner.kernels.config import KernelConfig
 
 #: SGLang's label of the graph of range i (its graph keys and profile tags carry it)
@@ -130,12 +131,13 @@ class GraphRanges:
         return sizes[i] if i < len(sizes) else bs
 
     def _longest(self, forward_batch: Any, bs: int) -> int:
-        """The batch's longest prefix: from the host copy of its lengths, else from the device."""
+        """The batch's longest prefix: from the host copy of its lengths, else from the device (less
+        the step's own token in decode, which SGLang's lengths count)."""
         lengths = getattr(forward_batch, "seq_lens_cpu", None)
-        if lengths is not None and lengths.device.type == "cpu" and lengths.numel() > 0:
-            return int(lengths[:bs].max())
-        self.length_syncs += 1
-        return int(forward_batch.seq_lens[:bs].max())
+        if lengths is None or lengths.device.type != "cpu" or lengths.numel() == 0:
+            self.length_syncs += 1
+            lengths = forward_batch.seq_lens
+        return int(lengths[:bs].max()) - counted_tokens(forward_batch)
 
 
 @dataclass

@@ -2,9 +2,11 @@
 ForwardBatch: what `VerifyMLABackend.init_forward_metadata_in_graph` records into the engine's
 CUDA graph, so a replay refills them with no host work.
 
-SGLang hands a step over as `seq_lens` [bs] (the prefixes, without the draft tokens),
-`req_pool_indices` [bs] (each request's row of `req_to_token`, which the kernel reads in place),
-`out_cache_loc` [bs * q_len] (the draft tokens' slots, written by the layer before attention) and
+SGLang hands a step over as `seq_lens` [bs] (in target verify the prefixes, without the draft
+tokens; in decode the lengths with the step's own token, which SGLang adds before the step and puts
+at req_to_token[row, seq_len - 1]: `counted_tokens`), `req_pool_indices` [bs] (each request's row
+of `req_to_token`, which the kernel reads in place), `out_cache_loc` [bs * q_len] (the step's own
+tokens' slots, written by the layer before attention) and
 the tree mask in the backend's declared layout (`MaskSource`), or none for a chain. The buffers
 are sized for the largest batch the engine can run (its request pool), so an eager batch past the
 captured graphs fits too.
@@ -52,6 +54,12 @@ class MaskSource:
             dst[:n].copy_(raw[:n])
 
 
+def counted_tokens(forward_batch: Any) -> int:
+    """How many of the step's own tokens `seq_lens` already counts: decode's one (SGLang raises each
+    length before the step, so the prefix is seq_len - 1), none in target verify."""
+    return 0 if forward_batch.forward_mode.is_target_verify() else 1
+
+
 @dataclass
 class StepBuffers:
     """The op's per-step inputs for one q_len: a batch of bs reads [:bs] of each (views cached)."""
@@ -67,6 +75,7 @@ class StepBuffers:
     chain: torch.Tensor = field(init=False)  # [1] int64: 1 while the step's verify is a chain (no mask)
     _chain_now: bool | None = field(init=False, default=None)
     _scratch: torch.Tensor = field(init=False)
+    _ramp: torch.Tensor = field(init=False)  # [max_bs] int32: 1..max_bs, what a step's counted tokens add up to
     _views: dict[int, tuple[torch.Tensor, ...]] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -78,6 +87,7 @@ class StepBuffers:
         self.mask = self.packer.chain_rows.clone()  # decode (q_len 1) keeps these: a token sees itself
         self._scratch = torch.zeros_like(self.mask)
         self.chain = torch.zeros(1, dtype=torch.int64, device=self.device)
+        self._ramp = torch.arange(1, self.max_bs + 1, **i32)
 
     def views(self, bs: int) -> tuple[torch.Tensor, ...]:
         """(kv_indptr, rows, draft, mask) of a batch of bs, made once per batch size."""
@@ -87,14 +97,23 @@ class StepBuffers:
         return got
 
     def refill(
-        self, bs: int, *, seq_lens: torch.Tensor, req_pool_indices: torch.Tensor, out_cache_loc: torch.Tensor
+        self,
+        bs: int,
+        *,
+        seq_lens: torch.Tensor,
+        req_pool_indices: torch.Tensor,
+        out_cache_loc: torch.Tensor,
+        counted: int = 0,
     ) -> None:
-        """Copy a batch's lengths, rows and draft slots in: static shapes, no host read-back."""
+        """Copy a batch's prefix lengths (`seq_lens` less the `counted` tokens of the step each one
+        holds), rows and the step's slots in: static shapes, no host read-back."""
         if not 1 <= bs <= self.max_bs:
             raise ValueError(f"batch {bs} outside 1..{self.max_bs} (the request pool the backend was built for)")
         if out_cache_loc.numel() < bs * self.q_len:
             raise ValueError(f"out_cache_loc holds {out_cache_loc.numel()} slots, not a batch of {bs} x {self.q_len}")
         torch.cumsum(seq_lens[:bs], dim=0, dtype=torch.int32, out=self.kv_indptr[1 : bs + 1])
+        if counted:
+            self.kv_indptr[1 : bs + 1].sub_(self._ramp[:bs], alpha=counted)
         self.rows[:bs].copy_(req_pool_indices[:bs])
         self.draft[:bs].copy_(out_cache_loc[: bs * self.q_len].view(bs, self.q_len))
 
