@@ -160,6 +160,32 @@ def test_rows_dp_attention_pads_a_verify_step_with_are_left_zero():
 
 
 @pytest.mark.parametrize("mode", [FULL_MASK, QLEN_ONLY, QLEN_ONLY_BITPACKING])
+def test_an_eager_verify_step_dp_attention_pads_by_whole_requests_keeps_its_mask(mode):
+    """DP attention's MAX_LEN padding (SGLang's prepare_mlp_sync_batch, eager steps) pads a rank to
+    the largest rank's tokens by whole requests: batch_size = tokens // q_len, seq_lens filled with
+    1, req_pool_indices and out_cache_loc with 0, and the draft's mask left as it was, covering
+    the real requests only. The real requests' outputs are unchanged; the padded ones are dropped."""
+    eng = Engine(mode)
+    fb = eng.step([30, 5, 12], rows=[0, 1, 2])
+    pad = 2  # this rank's 3 requests padded to another rank's 5
+    z = {"dtype": torch.long}
+    padded = ForwardBatch(fb.forward_mode, 3 + pad, torch.cat([fb.seq_lens, torch.ones(pad, **z)]),
+                          torch.cat([fb.req_pool_indices, torch.zeros(pad, **z)]),
+                          torch.cat([fb.out_cache_loc, torch.zeros(pad * Q, **z)]), fb.spec_info)  # fmt: skip
+    eng.backend.init_forward_metadata(padded)
+    n = 3 * Q
+    q_nope, q_rope, k_nope, k_rope = eng.qkv(n + pad * Q)
+    out = eng.backend.forward_extend(q_nope, k_nope, k_nope, Layer(0, H, SCALE), padded, q_rope=q_rope, k_rope=k_rope)
+    assert out.shape == (n + pad * Q, H * 512)
+    want = eng.expected(fb, torch.cat([q_nope, q_rope], -1)[:n], Layer(0, H, SCALE))
+    assert rel_error(out[:n].view(n, H, 512), want) < 1e-2
+    step = eng.backend.steps[Q]
+    assert torch.equal(
+        step.mask[3:5], step.packer.chain_rows[:pad]
+    )  # padding: chain rows, not cells read past the mask
+
+
+@pytest.mark.parametrize("mode", [FULL_MASK, QLEN_ONLY, QLEN_ONLY_BITPACKING])
 def test_without_decode_graphs_the_draft_still_writes_the_mask_in_our_layout(mode):
     """--disable-cuda-graph: SGLang never calls init_cuda_graph_state, and its draft stage writes
     each step's mask in the layout the target backend's verify_mask names -- FULL_MASK when there is

@@ -76,30 +76,42 @@ class MaskPacker:
         seq_lens: torch.Tensor | None = None,
     ) -> None:
         """Write the rows of a batch of `bs` into out[:bs] (int64 [>= bs, q_len]). mask None is a
-        chain; FULL_MASK needs the batch's prefix lengths `seq_lens` (without the draft tokens)."""
-        if mask is None:
+        chain; FULL_MASK needs the batch's prefix lengths `seq_lens` (without the draft tokens).
+        Requests past the mask's end are padding (SGLang's DP attention pads an eager batch by whole
+        requests and leaves the mask as the draft wrote it): they get chain rows, and their
+        outputs are dropped."""
+        q = self.q_len
+        if mask is None or mask.numel() == 0:
             out[:bs].copy_(self.chain_rows[:bs])
             return
-        if mode == TreeMaskMode.QLEN_ONLY_BITPACKING:
-            out[:bs].copy_(self._widen(mask[: bs * self.q_len]).view(bs, self.q_len))
+        if mode == TreeMaskMode.FULL_MASK:
+            cells, inside = self._full_cells(mask, bs, seq_lens)
+            torch.sum((cells != 0).to(torch.int64) * self.bits, dim=-1, out=out[:bs])
+            torch.where(inside.view(bs, 1), out[:bs], self.chain_rows[:bs], out=out[:bs])
             return
-        cells = self._full_cells(mask, bs, seq_lens) if mode == TreeMaskMode.FULL_MASK else self._qlen_cells(mask, bs)
-        torch.sum((cells != 0).to(torch.int64) * self.bits, dim=-1, out=out[:bs])
+        if mode == TreeMaskMode.QLEN_ONLY_BITPACKING:
+            n = min(bs, mask.numel() // q)
+            out[:n].copy_(self._widen(mask[: n * q]).view(n, q))
+        else:
+            n = min(bs, mask.numel() // (q * q))
+            cells = mask[: n * q * q].view(n, q, q)
+            torch.sum((cells != 0).to(torch.int64) * self.bits, dim=-1, out=out[:n])
+        out[n:bs].copy_(self.chain_rows[n:bs])
 
-    def _qlen_cells(self, mask: torch.Tensor, bs: int) -> torch.Tensor:
-        q = self.q_len
-        return mask[: bs * q * q].view(bs, q, q)
-
-    def _full_cells(self, mask: torch.Tensor, bs: int, seq_lens: torch.Tensor | None) -> torch.Tensor:
-        """The draft columns of each request's [q_len, seq_len + q_len] block, gathered in place."""
+    def _full_cells(
+        self, mask: torch.Tensor, bs: int, seq_lens: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The draft columns of each request's [q_len, seq_len + q_len] block, gathered in place, and
+        whether each block lies inside the mask (a device tensor: no read-back)."""
         if seq_lens is None:
             raise ValueError("a FULL_MASK tree mask is laid out by the prefix lengths: pass seq_lens")
         q = self.q_len
         lens = seq_lens[:bs].to(torch.int64)
         start = q * (torch.cumsum(lens, 0) - lens) + q * q * self.req[:bs]  # each request's block
+        inside = start + q * (lens + q) <= mask.numel()
         row = (lens + q).view(bs, 1, 1) * self.node.view(1, q, 1)
         idx = (start + lens).view(bs, 1, 1) + row + self.node.view(1, 1, q)
-        return mask.view(-1)[idx]
+        return mask.view(-1)[idx.clamp_(max=mask.numel() - 1)], inside
 
     @staticmethod
     def _widen(rows: torch.Tensor) -> torch.Tensor:
