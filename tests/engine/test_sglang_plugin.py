@@ -130,6 +130,14 @@ def sglang(monkeypatch, tmp_path):
     )  # fmt: skip
 
 
+#: Mistral-Large-3's model config: SGLang's absorbed-q path never hands the backend this factor
+MISTRAL_LARGE_3 = types.SimpleNamespace(
+    get_max_num_attention_heads=lambda: 128,
+    context_len=8192,
+    hf_config=types.SimpleNamespace(llama_4_scaling={"original_max_position_embeddings": 8192, "beta": 0.1}),
+)
+
+
 def _runner(**over):
     runner = types.SimpleNamespace(
         is_draft_worker=False, use_mla_backend=True, page_size=1, gpu_id=0,
@@ -176,6 +184,7 @@ def test_the_factory_builds_the_backend_over_the_runner_s_pool(sglang):
         ({"use_mla_backend": False}, "runs MLA models"),
         ({"page_size": 64}, "pass --page-size 1"),
         ({"kv_index_translator": types.SimpleNamespace(is_translating=True)}, "a unified KV pool"),
+        ({"model_config": MISTRAL_LARGE_3}, "cannot apply this model's llama_4_scaling"),
     ],
 )
 def test_what_it_cannot_serve_is_named_at_startup(sglang, over, needle):

@@ -106,7 +106,15 @@ def _check_runner(runner: Any) -> None:
     from sglang.srt.runtime_context import get_exec, get_parallel, get_spec
 
     if not runner.use_mla_backend:
-        raise ValueError(f"--attention-backend {NAME} runs MLA models (DeepSeek-V3, Kimi K2, GLM-4.5 style)")
+        raise ValueError(f"--attention-backend {NAME} runs MLA models (DeepSeek-V3, Kimi K2 style)")
+    mc = runner.model_config
+    if any(getattr(getattr(mc, c, None), "llama_4_scaling", None) is not None for c in ("hf_config", "hf_text_config")):
+        # SGLang scales such a model's q by position only on the path that joins q_nope and q_rope;
+        # a backend listed as taking the absorbed q (this one) is never handed the factor.
+        raise ValueError(
+            f"--attention-backend {NAME} cannot apply this model's llama_4_scaling (Mistral-Large-3): "
+            "SGLang does not pass it to absorbed-q backends; serve it with --attention-backend triton"
+        )
     if (runner.page_size or 1) != 1:
         raise ValueError(f"--attention-backend {NAME} reads a page-size-1 KV pool: pass --page-size 1")
     if get_parallel().attn_dcp_size > 1:
