@@ -98,6 +98,22 @@ def test_a_mask_written_after_planning_is_read_again():
     assert _verify(eng, fb, Layer(0, H, SCALE)) < 1e-2
 
 
+@pytest.mark.parametrize("mode", [FULL_MASK, QLEN_ONLY, QLEN_ONLY_BITPACKING])
+def test_an_eager_step_whose_metadata_comes_after_the_mask_update(mode):
+    """SGLang 0.5.23 defers an eager verify step's metadata to forward_extend (after DP padding),
+    so with a plan stream update_verify_buffers_to_fill_after_draft comes first, while the backend
+    still holds the previous eager step (here a larger batch): that must neither raise nor leave
+    the new step's rows wrong."""
+    eng = Engine(mode)
+    first = eng.step([12, 30, 7, 4], rows=[0, 1, 2, 3])
+    eng.backend.init_forward_metadata(first)
+    assert _verify(eng, first, Layer(0, H, SCALE)) < 1e-2
+    fb = eng.step([50, 3], rows=[4, 5])
+    eng.backend.update_verify_buffers_to_fill_after_draft(fb.spec_info, None)
+    eng.backend.init_forward_metadata(fb)
+    assert _verify(eng, fb, Layer(0, H, SCALE)) < 1e-2
+
+
 @pytest.mark.parametrize(
     ("change", "error", "needle"),
     [
