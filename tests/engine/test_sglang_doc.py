@@ -46,8 +46,12 @@ def test_the_python_runs_as_written(monkeypatch, tmp_path):
 def test_the_launch_command_s_flags_are_sglang_s():
     sglang = Source(fetch_wheel())
     (script,) = _blocks("bash")
-    command = script[script.index("python -m sglang.launch_server") :].replace("\\\n", " ")
-    argv = shlex.split(command)[3:]
+    command = script[script.index("sglang serve") :].replace("\\\n", " ")
+    argv = shlex.split(command)[2:]
+    # `sglang serve`: the wheel's console script and its subcommand (launch_server is deprecated in it)
+    scripts = sglang.zip.read(f"sglang-{VERSION}.dist-info/entry_points.txt").decode()
+    assert re.search(r"^sglang = sglang\.cli\.main:main$", scripts, flags=re.MULTILINE)
+    assert '"serve"' in sglang.text("sglang.cli.main")
     flags = dict(zip(argv[::2], argv[1::2]))
     assert all(f.startswith("--") for f in flags) and not any(v.startswith("--") for v in flags.values())
     fields = "".join(sglang.text(f"sglang.srt.arg_groups.fields.{m}") for m in _field_modules(sglang))
