@@ -165,6 +165,11 @@ def test_the_triton_backend_and_the_helpers_the_plugin_builds_with(sglang):
     assert "from sglang.srt.utils.common import *" in sglang.text("sglang.srt.utils.__init__")
     context = sglang.text("sglang.srt.runtime_context")
     assert "def get_parallel()" in context and '"attn_dcp_size"' in context and '"attn_tp_size"' in context
+    # the TP group the first rank broadcasts its ranges over: get_parallel().tp_group, a GroupCoordinator
+    state = sglang.text("sglang.srt.distributed.parallel_state")
+    assert "def get_tp_group() -> GroupCoordinator:\n    return get_parallel().tp_group" in state
+    for field in ("ranks: List[int]", "world_size: int", "rank_in_group: int", "cpu_group: ProcessGroup"):
+        assert f"    {field}  #" in state, field
 
 
 def test_graphs_per_prefix_range_go_through_sglang_s_attention_variants(sglang):

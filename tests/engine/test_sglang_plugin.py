@@ -99,6 +99,9 @@ def sglang(monkeypatch, tmp_path):
     spec = types.SimpleNamespace(speculative_attention_mode="prefill", speculative_adaptive=False)
     execution = types.SimpleNamespace(overlap=types.SimpleNamespace(enable_two_batch_overlap=False))
     hook_registry = types.SimpleNamespace(register=lambda target, hook, kind: hooks.append((target, hook, kind)))
+    # one rank alone; a test sets tp_group's rank and size (GroupCoordinator's fields) for several
+    tp_group = types.SimpleNamespace(rank_in_group=0, world_size=1, ranks=[0], cpu_group="tp:cpu")
+    parallel = types.SimpleNamespace(attn_tp_size=8, attn_dcp_size=1, tp_group=tp_group)
     modules = {
         "sglang.srt.arg_groups.choices": {"ATTENTION_BACKEND_CHOICES": choices, "add_attention_backend_choices": choices.extend},
         "sglang.srt.layers.attention.attention_registry": {
@@ -109,7 +112,7 @@ def sglang(monkeypatch, tmp_path):
         "sglang.srt.layers.attention.triton_backend": {"TritonAttnBackend": TritonAttnBackend},
         "sglang.srt.layers.attention.base_attn_backend": {"AttentionBackend": AttentionBackend, "SharedReadEnds": SharedReadEnds},
         "sglang.srt.runtime_context": {
-            "get_parallel": lambda: types.SimpleNamespace(attn_tp_size=8, attn_dcp_size=1),
+            "get_parallel": lambda: parallel,
             "get_spec": lambda: spec, "get_exec": lambda: execution,
         },
         "sglang.kernels.ops.speculative.spec_tree": {"TreeMaskMode": TreeMaskMode},
@@ -126,7 +129,7 @@ def sglang(monkeypatch, tmp_path):
     monkeypatch.setattr(sglang_plugin, "_hooked", False)
     return types.SimpleNamespace(
         registry=registry, choices=choices, absorbed=absorbed, hooks=hooks, capturing=capturing, spec=spec,
-        execution=execution,
+        execution=execution, tp_group=tp_group,
     )  # fmt: skip
 
 
@@ -300,6 +303,70 @@ def test_the_backend_s_shared_reads_end_after_the_replay(sglang):
 def test_a_device_without_configs_is_named(sglang, monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "Some Unknown GPU")
     with pytest.raises(RuntimeError, match="no kernel config for Some Unknown GPU"):
+        sglang_plugin.create(_runner())
+
+
+def _broadcast_from(monkeypatch, sent: list, first_ranks=None):
+    """torch.distributed.broadcast_object_list as a rank sees it: the first rank's object is recorded
+    in `sent` (its group and source too); another rank receives `first_ranks`."""
+    import torch.distributed as dist
+
+    def broadcast(box, src, group):
+        sent.append((box[0], src, group))
+        if first_ranks is not None:
+            box[0] = first_ranks
+
+    monkeypatch.setattr(dist, "broadcast_object_list", broadcast)
+
+
+def test_every_tensor_parallel_rank_takes_the_first_rank_s_ranges(sglang, monkeypatch, tmp_path):
+    """SGLang captures a graph per range label on every TP rank, with collectives in each capture: a
+    rank whose sidecar fetch timed out (the heuristic, one range) beside one that got a two-range
+    table would capture different counts and hang. The first rank fetches and broadcasts its
+    ranges for every batch size; the others fetch nothing and capture exactly those."""
+    from verify_tuner.engine import client as client_mod
+
+    from tests.engine.test_client_faults import _two_ranges, engine_doc, write_engine_file
+
+    short, long = _two_ranges()
+    write_engine_file(tmp_path / "cfg", engine_doc() | {"graph_plan_ranges": {"1": [short, long]}})
+    monkeypatch.setenv("VERIFY_TUNER_CONFIG_DIR", str(tmp_path / "cfg"))
+    sglang_plugin.register()
+    sent: list = []
+    _broadcast_from(monkeypatch, sent)
+    sglang.tp_group.world_size, sglang.tp_group.ranks = 2, [4, 5]  # a second TP group: global ranks 4, 5
+    first = sglang.registry["verify_tuner"](_runner())
+    ((plans, src, group),) = sent
+    assert (src, group) == (4, "tp:cpu") and sorted(plans[1]) == list(range(1, 17))  # B=1..16, the pool's
+    assert len(first.graphs.configs(9, 1)) == 2
+    # the second rank: its own fetch would be the heuristic's one range (no config dir); it fetches nothing
+    monkeypatch.delenv("VERIFY_TUNER_CONFIG_DIR")
+    monkeypatch.setattr(
+        client_mod.ConfigClient, "fetch", lambda self: pytest.fail("a rank other than the first fetched")
+    )
+    sglang.tp_group.rank_in_group = 1
+    _broadcast_from(monkeypatch, [], first_ranks=plans)
+    second = sglang.registry["verify_tuner"](_runner())
+    for bs in (1, 4, 16):
+        assert second.graphs.configs(9, bs) == first.graphs.configs(9, bs)
+    with pytest.raises(ValueError, match="batch 17 outside 1..16"):
+        second.graphs.configs(9, 17)
+
+
+def test_a_first_rank_without_configs_stops_every_rank_with_its_reason(sglang, monkeypatch):
+    """The first rank broadcasts before it raises, so no rank is left waiting for its ranges."""
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "Some Unknown GPU")
+    sglang_plugin.register()
+    sent: list = []
+    _broadcast_from(monkeypatch, sent)
+    sglang.tp_group.world_size, sglang.tp_group.ranks = 2, [0, 1]
+    with pytest.raises(RuntimeError, match="no kernel config for Some Unknown GPU"):
+        sglang_plugin.create(_runner())
+    (((reason, table), _, _),) = sent
+    assert table is None
+    sglang.tp_group.rank_in_group = 1
+    _broadcast_from(monkeypatch, [], first_ranks=(reason, None))
+    with pytest.raises(RuntimeError, match=f"no kernel config for Some Unknown GPU \\({re.escape(reason)}\\)"):
         sglang_plugin.create(_runner())
 
 

@@ -214,14 +214,17 @@ def build(runner: Any, *, delegate: Any) -> Any:
     heads = runner.model_config.get_max_num_attention_heads() // get_parallel().attn_tp_size
     q_len = runner.decode_num_tokens_per_req()
     context = runner.model_config.context_len
-    pick = _range_picker(heads, q_len, device=device, max_prefix=context, kv_dtype=kv_dtype)
     pool_size = runner.req_to_token_pool.size
+    max_bs = max(pool_size, get_cuda_graph_max_batch_size(pool_size))
+    pick = _range_picker(
+        heads, q_len, device=device, max_prefix=context, kv_dtype=kv_dtype, max_bs=max_bs, tp=get_parallel().tp_group
+    )
     backend = cls(
         pool=runner.token_to_kv_pool,
         req_to_token=runner.req_to_token_pool.req_to_token,
         heads=heads,
         q_lens=(q_len,),
-        max_bs=max(pool_size, get_cuda_graph_max_batch_size(pool_size)),
+        max_bs=max_bs,
         max_context_len=context,
         pick_ranges=pick,
         capture_label=get_capture_attention_variant,
@@ -237,22 +240,44 @@ def build(runner: Any, *, delegate: Any) -> Any:
     return backend
 
 
-def _range_picker(heads: int, q_len: int, *, device: str, max_prefix: int, kv_dtype: str) -> Any:
+def _range_picker(heads: int, q_len: int, *, device: str, max_prefix: int, kv_dtype: str, max_bs: int, tp: Any) -> Any:
     """pick_ranges(q_len, bs): the ranges of the config client's graph plan set for the batch size,
-    from the table of the pool's KV format."""
+    from the table of the pool's KV format, as the first rank of the tensor-parallel group `tp`
+    (SGLang's GroupCoordinator) fetched them. SGLang captures a graph per range label on every
+    rank, with collectives in each capture: ranks that fetched different tables (one of them timed
+    out on the sidecar) would capture different counts and wait on each other for ever, so the
+    other ranks fetch nothing and take the first rank's ranges for every batch size."""
     from verify_tuner.batches import MAX_BATCH
     from verify_tuner.engine.client import ConfigClient
 
-    client = ConfigClient(H=heads, q_len=q_len, device=device, kv_dtype=kv_dtype)
-    source = client.fetch()
-    log.info("%s: %s configs for H=%d q_len=%d from %s: %s", NAME, kv_dtype, heads, q_len, source, client.reason)
-    if source == "none":
-        raise RuntimeError(f"--attention-backend {NAME}: no kernel config for {device} ({client.reason})")
+    plans: tuple[str, dict[int, Any] | None] | None = None
+    if tp.rank_in_group == 0:
+        client = ConfigClient(H=heads, q_len=q_len, device=device, kv_dtype=kv_dtype)
+        source = client.fetch()
+        log.info("%s: %s configs for H=%d q_len=%d from %s: %s", NAME, kv_dtype, heads, q_len, source, client.reason)
+
+        def ranges(bs: int) -> tuple[tuple[int, Any], ...]:
+            got = client.graph_plans(bs, max_prefix=max_prefix)
+            return tuple((r.prefix_range[0] if i else 0, r.config) for i, r in enumerate(got))  # type: ignore[index]
+
+        table = None if source == "none" else {bs: ranges(bs) for bs in range(1, min(max_bs, MAX_BATCH) + 1)}
+        plans = (client.reason, table)
+    if tp.world_size > 1:  # before any rank raises: a rank left waiting here would hang its server
+        import torch.distributed as dist
+
+        box = [plans]
+        dist.broadcast_object_list(box, src=tp.ranks[0], group=tp.cpu_group)
+        plans = box[0]
+    assert plans is not None  # the first rank's, here or broadcast
+    reason, table = plans
+    if table is None:
+        raise RuntimeError(f"--attention-backend {NAME}: no kernel config for {device} ({reason})")
 
     def pick(q: int, bs: int) -> Any:
         if q != q_len:
             raise ValueError(f"configs were fetched for q_len {q_len}, asked for {q}")
-        ranges = client.graph_plans(min(bs, MAX_BATCH), max_prefix=max_prefix)
-        return tuple((r.prefix_range[0] if i else 0, r.config) for i, r in enumerate(ranges))  # type: ignore[index]
+        if not 1 <= bs <= max_bs:
+            raise ValueError(f"batch {bs} outside 1..{max_bs}, the batches configs were fetched for")
+        return table[min(bs, MAX_BATCH)]
 
     return pick
