@@ -285,3 +285,7 @@ def test_what_the_runner_checks_for_split_backends_overlap_and_adaptive_rest_on(
     tbo = sglang.module("sglang.srt.batch_overlap.two_batch_overlap")
     offset = next(n for n in tbo.body if isinstance(n, ast.FunctionDef) and n.name == "_compute_mask_offset")
     assert "(spec_info.seq_lens_cpu[i] + spec_info.draft_token_num) * spec_info.draft_token_num" in ast.unparse(offset)
+    # the metadata glue graph: an env flag the decode graph runner reads through envs (off by default)
+    assert "SGLANG_ENABLE_METADATA_GLUE_GRAPH = EnvBool(False)" in sglang.text("sglang.srt.environ")
+    graphs = sglang.text("sglang.srt.model_executor.runner.decode_cuda_graph_runner")
+    assert "envs.SGLANG_ENABLE_METADATA_GLUE_GRAPH.get()" in graphs

@@ -102,6 +102,8 @@ def sglang(monkeypatch, tmp_path):
     # one rank alone; a test sets tp_group's rank and size (GroupCoordinator's fields) for several
     tp_group = types.SimpleNamespace(rank_in_group=0, world_size=1, ranks=[0], cpu_group="tp:cpu")
     parallel = types.SimpleNamespace(attn_tp_size=8, attn_dcp_size=1, tp_group=tp_group)
+    glue = [False]  # SGLANG_ENABLE_METADATA_GLUE_GRAPH as SGLang's envs reads it
+    envs = types.SimpleNamespace(SGLANG_ENABLE_METADATA_GLUE_GRAPH=types.SimpleNamespace(get=lambda: glue[0]))
     modules = {
         "sglang.srt.arg_groups.choices": {"ATTENTION_BACKEND_CHOICES": choices, "add_attention_backend_choices": choices.extend},
         "sglang.srt.layers.attention.attention_registry": {
@@ -116,6 +118,7 @@ def sglang(monkeypatch, tmp_path):
             "get_spec": lambda: spec, "get_exec": lambda: execution,
         },
         "sglang.kernels.ops.speculative.spec_tree": {"TreeMaskMode": TreeMaskMode},
+        "sglang.srt.environ": {"envs": envs},
         "sglang.srt.utils": {"get_cuda_graph_max_batch_size": lambda n: -(-n // 8) * 8},
         "sglang.srt.plugins.hook_registry": {"HookRegistry": hook_registry, "HookType": HookType},
         "sglang.srt.model_executor.runner_utils.capture_mode": {"get_capture_attention_variant": lambda: capturing[0]},
@@ -129,7 +132,7 @@ def sglang(monkeypatch, tmp_path):
     monkeypatch.setattr(sglang_plugin, "_hooked", False)
     return types.SimpleNamespace(
         registry=registry, choices=choices, absorbed=absorbed, hooks=hooks, capturing=capturing, spec=spec,
-        execution=execution, tp_group=tp_group,
+        execution=execution, tp_group=tp_group, glue=glue,
     )  # fmt: skip
 
 
@@ -351,6 +354,22 @@ def test_every_tensor_parallel_rank_takes_the_first_rank_s_ranges(sglang, monkey
         assert second.graphs.configs(9, bs) == first.graphs.configs(9, bs)
     with pytest.raises(ValueError, match="batch 17 outside 1..16"):
         second.graphs.configs(9, 17)
+
+
+@pytest.mark.parametrize("algorithm", ["NGRAM", "FROZEN_KV_MTP", "EAGLE"])
+def test_the_metadata_glue_graph_is_refused_where_each_step_allocates_its_mask(sglang, algorithm):
+    """SGLANG_ENABLE_METADATA_GLUE_GRAPH captures each step's metadata prep once and replays it: the
+    backend's copy of a mask NGRAM or FROZEN_KV_MTP allocates afresh every step would keep reading
+    the first step's buffer. EAGLE writes into the backend's own buffer, which the glue keeps."""
+    sglang.glue[0] = True
+    runner = _runner(spec_algorithm=SpeculativeAlgorithm(algorithm))
+    if algorithm == "EAGLE":
+        assert isinstance(sglang_plugin.create(runner), VerifyMLABackend)
+        return
+    with pytest.raises(ValueError, match=f"with {algorithm} verify masks cannot run under SGLANG_ENABLE_METADATA_GLUE"):
+        sglang_plugin.create(runner)
+    sglang.glue[0] = False
+    assert isinstance(sglang_plugin.create(runner), VerifyMLABackend)
 
 
 def test_a_first_rank_without_configs_stops_every_rank_with_its_reason(sglang, monkeypatch):

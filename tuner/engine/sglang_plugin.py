@@ -103,6 +103,7 @@ def create(runner: Any) -> Any:
 
 def _check_runner(runner: Any) -> None:
     """What the kernel cannot serve, said before a graph is captured."""
+    from sglang.srt.environ import envs
     from sglang.srt.runtime_context import get_exec, get_parallel, get_spec
 
     if not runner.use_mla_backend:
@@ -130,6 +131,13 @@ def _check_runner(runner: Any) -> None:
         raise ValueError(
             f"--attention-backend {NAME} with speculative decoding does not run two-batch overlap: SGLang splits "
             "the verify mask at full-context offsets (--enable-two-batch-overlap off)"
+        )
+    if (spec.is_ngram() or spec.is_frozen_kv_mtp()) and envs.SGLANG_ENABLE_METADATA_GLUE_GRAPH.get():
+        # the glue graph replays each step's metadata prep as captured: the copy of a mask these
+        # algorithms allocate afresh every step would read the first step's (freed) buffer
+        raise ValueError(
+            f"--attention-backend {NAME} with {spec.name} verify masks cannot run under "
+            "SGLANG_ENABLE_METADATA_GLUE_GRAPH=1: unset it"
         )
     if speculative and get_spec().speculative_adaptive:
         raise ValueError(
