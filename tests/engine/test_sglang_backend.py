@@ -52,7 +52,8 @@ class Engine:
 
     def step(self, lens: list[int], rows: list[int], *, topk: int = 4, q_len: int = Q, chain: bool = False):
         """A verify batch: each request's prefix and draft slots in its req_to_token row, trees drawn."""
-        slots = torch.randperm(POOL, generator=self.gen)[: sum(lens) + len(lens) * q_len].to(torch.int32)
+        # slot 0 stays free, as in SGLang's pool: padded requests and tokens write there
+        slots = (torch.randperm(POOL - 1, generator=self.gen)[: sum(lens) + len(lens) * q_len] + 1).to(torch.int32)
         at, loc = 0, []
         for n, row in zip(lens, rows):
             self.req_to_token[row, : n + q_len] = slots[at : at + n + q_len]
