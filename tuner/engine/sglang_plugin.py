@@ -258,24 +258,34 @@ def _range_picker(heads: int, q_len: int, *, device: str, max_prefix: int, kv_dt
     from verify_tuner.batches import MAX_BATCH
     from verify_tuner.engine.client import ConfigClient
 
-    plans: tuple[str, dict[int, Any] | None] | None = None
-    if tp.rank_in_group == 0:
+    def first_rank_ranges() -> tuple[str, dict[int, Any] | None]:
         client = ConfigClient(H=heads, q_len=q_len, device=device, kv_dtype=kv_dtype)
         source = client.fetch()
         log.info("%s: %s configs for H=%d q_len=%d from %s: %s", NAME, kv_dtype, heads, q_len, source, client.reason)
+        if source == "none":
+            return client.reason, None
 
         def ranges(bs: int) -> tuple[tuple[int, Any], ...]:
             got = client.graph_plans(bs, max_prefix=max_prefix)
             return tuple((r.prefix_range[0] if i else 0, r.config) for i, r in enumerate(got))  # type: ignore[index]
 
-        table = None if source == "none" else {bs: ranges(bs) for bs in range(1, min(max_bs, MAX_BATCH) + 1)}
-        plans = (client.reason, table)
+        return client.reason, {bs: ranges(bs) for bs in range(1, min(max_bs, MAX_BATCH) + 1)}
+
+    plans: tuple[str, dict[int, Any] | None] | None = None
+    failed: BaseException | None = None
+    if tp.rank_in_group == 0:
+        try:
+            plans = first_rank_ranges()
+        except Exception as exc:  # noqa: BLE001 -- told to the other ranks, then raised here with its traceback
+            failed, plans = exc, (f"the first TP rank failed: {type(exc).__name__}: {exc}", None)
     if tp.world_size > 1:  # before any rank raises: a rank left waiting here would hang its server
         import torch.distributed as dist
 
         box = [plans]
         dist.broadcast_object_list(box, src=tp.ranks[0], group=tp.cpu_group)
         plans = box[0]
+    if failed is not None:
+        raise failed
     assert plans is not None  # the first rank's, here or broadcast
     reason, table = plans
     if table is None:
