@@ -356,29 +356,6 @@ def test_every_tensor_parallel_rank_takes_the_first_rank_s_ranges(sglang, monkey
         second.graphs.configs(9, 17)
 
 
-def test_a_first_rank_that_fails_tells_the_others_before_it_raises(sglang, monkeypatch):
-    """An error in the first rank's fetch (here the client's constructor) is broadcast as the reason,
-    then raised there with its own traceback; the other ranks stop with it instead of waiting."""
-    from verify_tuner.engine import client as client_mod
-
-    def broken(*args, **kwargs):
-        raise OSError("config dir unreadable")
-
-    monkeypatch.setattr(client_mod, "ConfigClient", broken)
-    sglang_plugin.register()
-    sent: list = []
-    _broadcast_from(monkeypatch, sent)
-    sglang.tp_group.world_size, sglang.tp_group.ranks = 2, [0, 1]
-    with pytest.raises(OSError, match="config dir unreadable"):
-        sglang_plugin.create(_runner())
-    (((reason, table), _, _),) = sent
-    assert table is None and reason == "the first TP rank failed: OSError: config dir unreadable"
-    sglang.tp_group.rank_in_group = 1
-    _broadcast_from(monkeypatch, [], first_ranks=(reason, None))
-    with pytest.raises(RuntimeError, match="the first TP rank failed: OSError: config dir unreadable"):
-        sglang_plugin.create(_runner())
-
-
 @pytest.mark.parametrize("algorithm", ["NGRAM", "FROZEN_KV_MTP", "EAGLE"])
 def test_the_metadata_glue_graph_is_refused_where_each_step_allocates_its_mask(sglang, algorithm):
     """SGLANG_ENABLE_METADATA_GLUE_GRAPH captures each step's metadata prep once and replays it: the
@@ -395,20 +372,44 @@ def test_the_metadata_glue_graph_is_refused_where_each_step_allocates_its_mask(s
     assert isinstance(sglang_plugin.create(runner), VerifyMLABackend)
 
 
-def test_a_first_rank_without_configs_stops_every_rank_with_its_reason(sglang, monkeypatch):
-    """The first rank broadcasts before it raises, so no rank is left waiting for its ranges."""
+def _unknown_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "Some Unknown GPU")
+
+
+def _broken_client(monkeypatch):
+    from verify_tuner.engine import client as client_mod
+
+    def broken(*args, **kwargs):
+        raise OSError("config dir unreadable")
+
+    monkeypatch.setattr(client_mod, "ConfigClient", broken)
+
+
+@pytest.mark.parametrize(
+    ("break_first", "first_error", "needle", "reason_is"),
+    [
+        (_unknown_gpu, RuntimeError, "no kernel config for Some Unknown GPU", "device 'Some Unknown GPU' is unknown"),
+        (_broken_client, OSError, "config dir unreadable", "the first TP rank failed: OSError: config dir unreadable"),
+    ],
+)
+def test_a_first_rank_that_fails_stops_every_rank_with_its_reason(
+    sglang, monkeypatch, break_first, first_error, needle, reason_is
+):
+    """The first rank broadcasts its failure -- no config for the device, or an error in its fetch,
+    raised there with its own traceback -- before it raises, so the other ranks stop with the reason
+    instead of waiting for ranges that never come."""
+    break_first(monkeypatch)
     sglang_plugin.register()
     sent: list = []
     _broadcast_from(monkeypatch, sent)
     sglang.tp_group.world_size, sglang.tp_group.ranks = 2, [0, 1]
-    with pytest.raises(RuntimeError, match="no kernel config for Some Unknown GPU"):
+    with pytest.raises(first_error, match=needle):
         sglang_plugin.create(_runner())
     (((reason, table), _, _),) = sent
-    assert table is None
+    assert table is None and reason.startswith(reason_is)
     sglang.tp_group.rank_in_group = 1
     _broadcast_from(monkeypatch, [], first_ranks=(reason, None))
-    with pytest.raises(RuntimeError, match=f"no kernel config for Some Unknown GPU \\({re.escape(reason)}\\)"):
+    with pytest.raises(RuntimeError, match=re.escape(reason)):
         sglang_plugin.create(_runner())
 
 
