@@ -196,9 +196,8 @@ def test_an_eager_verify_step_dp_attention_pads_by_whole_requests_keeps_its_mask
     want = eng.expected(fb, torch.cat([q_nope, q_rope], -1)[:n], Layer(0, H, SCALE))
     assert rel_error(out[:n].view(n, H, 512), want) < 1e-2
     step = eng.backend.steps[Q]
-    assert torch.equal(
-        step.mask[3:5], step.packer.chain_rows[:pad]
-    )  # padding: chain rows, not cells read past the mask
+    # the padded requests: chain rows, not cells read past the mask's end
+    assert torch.equal(step.mask[3:5], step.packer.chain_rows[:pad])
 
 
 @pytest.mark.parametrize("mode", [FULL_MASK, QLEN_ONLY, QLEN_ONLY_BITPACKING])
