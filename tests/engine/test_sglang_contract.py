@@ -286,6 +286,9 @@ def test_what_the_runner_checks_for_split_backends_overlap_and_adaptive_rest_on(
     offset = next(n for n in tbo.body if isinstance(n, ast.FunctionDef) and n.name == "_compute_mask_offset")
     assert "(spec_info.seq_lens_cpu[i] + spec_info.draft_token_num) * spec_info.draft_token_num" in ast.unparse(offset)
     # the metadata glue graph: an env flag the decode graph runner reads through envs (off by default)
-    assert "SGLANG_ENABLE_METADATA_GLUE_GRAPH = EnvBool(False)" in sglang.text("sglang.srt.environ")
+    # the model-config field whose factor an absorbed-q backend is never handed
+    assert 'getattr(config, "llama_4_scaling", None)' in sglang.text("sglang.srt.models.deepseek_v2")
+    environ = sglang.text("sglang.srt.environ")
+    assert "SGLANG_ENABLE_METADATA_GLUE_GRAPH = EnvBool(False)" in environ and "\nenvs = Envs()\n" in environ
     graphs = sglang.text("sglang.srt.model_executor.runner.decode_cuda_graph_runner")
     assert "envs.SGLANG_ENABLE_METADATA_GLUE_GRAPH.get()" in graphs
