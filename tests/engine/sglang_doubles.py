@@ -59,6 +59,7 @@ class ForwardBatch:
     out_cache_loc: torch.Tensor  # int64 [bs * q_len]
     spec_info: SpecInfo | None = None
     seq_lens_cpu: torch.Tensor | None = None  # seq_lens' host copy, where a backend needs_cpu_seq_lens
+    original_global_num_tokens_cpu: list[int] | None = None  # under DP attention: each rank's requests
 
 
 @dataclass

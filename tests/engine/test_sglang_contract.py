@@ -140,10 +140,16 @@ def test_the_pool_the_runner_and_the_batch_have_what_we_read(sglang):
                  "use_mla_backend", "kv_index_translator"):  # fmt: skip
         assert f"self.{attr} = " in runner, attr
     assert "def decode_num_tokens_per_req(" in runner
+    # what a DP step's graph is keyed on: the runner's MLP-gather rule, the ranks' request counts
+    assert "def decode_graph_gather_requirements(self) -> tuple[bool, bool]:" in runner
+    graphs = sglang.text("sglang.srt.model_executor.runner.decode_cuda_graph_runner")
+    assert "max_batch_size = self._max_dp_batch_size(forward_batch)" in graphs
+    assert "request_counts = forward_batch.original_global_num_tokens_cpu" in graphs
     assert "self.is_translating = " in sglang.text("sglang.srt.mem_cache.kv_index_translator")
     batch = sglang.cls("sglang.srt.model_executor.forward_batch_info", "ForwardBatch")
     fields = {n.target.id for n in batch.body if isinstance(n, ast.AnnAssign)}
-    assert {"forward_mode", "batch_size", "seq_lens", "req_pool_indices", "out_cache_loc", "spec_info"} <= fields
+    assert {"forward_mode", "batch_size", "seq_lens", "req_pool_indices", "out_cache_loc", "spec_info",
+            "original_global_num_tokens_cpu"} <= fields  # fmt: skip
     mode = methods(sglang.cls("sglang.srt.model_executor.forward_batch_info", "ForwardMode"))
     assert {"is_target_verify", "is_decode_or_idle", "is_decode", "is_idle"} <= set(mode)
     spec = sglang.text("sglang.srt.speculative.spec_info")

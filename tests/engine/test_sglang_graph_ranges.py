@@ -57,10 +57,16 @@ class Runner:
         return ForwardBatch(ForwardMode.TARGET_VERIFY, bs, s.seq_lens[:bs], s.req_pool_indices[:bs],
                             s.out_cache_loc[: bs * Q], s.spec_info, s.seq_lens_cpu[:bs])  # fmt: skip
 
-    def replay(self, step: ForwardBatch, *, host_lengths: bool = True) -> tuple[str | None, list[int], float]:
-        """The step through its graph: (its label, the graph's config, the output's relative error)."""
+    def replay(
+        self, step: ForwardBatch, *, host_lengths: bool = True, dp_counts: tuple[int, ...] | None = None
+    ) -> tuple[str | None, list[int], float]:
+        """The step through its graph: (its label, the graph's config, the output's relative error).
+        `dp_counts`: every DP rank's requests, this one's among them (the runner's MLP gather pads this
+        rank to the largest's graph)."""
         raw = step.batch_size
-        bs = min(b for b in self.capture_bs if b >= raw)
+        if dp_counts is not None:
+            step.original_global_num_tokens_cpu = list(dp_counts)
+        bs = min(b for b in self.capture_bs if b >= max(dp_counts or (raw,)))
         if host_lengths:
             step.seq_lens_cpu = step.seq_lens.clone()
         lab = self.variants.select(step) if self.variants else None
@@ -88,12 +94,13 @@ class Runner:
         return lab, self.graphs[(bs, lab)], rel_error(out[:n].view(n, H, 512), want)
 
 
-def _engine() -> Engine:
+def _engine(*, dp_graph_batch: bool = False) -> Engine:
     eng = Engine(QLEN_ONLY, max_bs=6)
     eng.label = None
     eng.backend = VerifyMLABackend(
         pool=eng.pool, req_to_token=eng.req_to_token, heads=H, q_lens=(Q,), max_bs=8, max_context_len=CTX,
         pick_ranges=ranges, capture_label=lambda: eng.label, tree_mask_mode=TreeMaskMode(QLEN_ONLY),
+        dp_graph_batch=dp_graph_batch,
     )  # fmt: skip
     eng.backend.op = ReferenceOp()
     return eng
@@ -136,6 +143,20 @@ def test_a_padded_batch_takes_the_ranges_of_the_graph_it_is_padded_into():
     for n, want in ((70, ("prefix_range_1", op.config_list(LONG))), (50, ("prefix_range_0", op.config_list(SHORT)))):
         lab, cfg, err = run.replay(eng.step([n, 5, 5], rows=[0, 1, 2]))
         assert (lab, cfg) == want and err < 1e-2, n
+
+
+def test_a_dp_rank_takes_the_ranges_of_the_largest_rank_s_graph():
+    """Under DP attention's MLP gather SGLang replays every rank in the graph of the largest rank's
+    batch: one request beside a rank of three replays B=4's graphs, so B=4's breakpoint (60) decides,
+    not B=1's (100); the label and the replay's metadata agree and the attention is right."""
+    eng = _engine(dp_graph_batch=True)
+    run = Runner(eng, (1, 2, 4))
+    for n, want in ((70, ("prefix_range_1", op.config_list(LONG))), (50, ("prefix_range_0", op.config_list(SHORT)))):
+        lab, cfg, err = run.replay(eng.step([n], rows=[3]), dp_counts=(1, 3))
+        assert (lab, cfg) == want and err < 1e-2, n
+    assert run.replay(eng.step([70], rows=[3]), dp_counts=(1, 1))[:2] == ("prefix_range_0", op.config_list(SHORT))
+    with pytest.raises(RuntimeError, match="original_global_num_tokens_cpu"):
+        run.variants.select(eng.step([70], rows=[3]))  # SGLang's own replay refuses such a step too
 
 
 def test_without_host_lengths_the_range_is_read_from_the_device_and_counted():

@@ -149,7 +149,7 @@ def _runner(**over):
         is_draft_worker=False, use_mla_backend=True, page_size=1, gpu_id=0,
         kv_index_translator=types.SimpleNamespace(is_translating=False),
         model_config=types.SimpleNamespace(get_max_num_attention_heads=lambda: 64, context_len=8192),
-        decode_num_tokens_per_req=lambda: 9,
+        decode_num_tokens_per_req=lambda: 9, decode_graph_gather_requirements=lambda: (False, False),
         req_to_token_pool=types.SimpleNamespace(size=13, req_to_token=torch.zeros(13, 8192, dtype=torch.int32)),
         token_to_kv_pool=MLAPool(size=100, layers=1), spec_algorithm=SpeculativeAlgorithm("EAGLE"),
         prefill_attention_backend_str="verify_tuner", decode_attention_backend_str="verify_tuner",
@@ -182,6 +182,9 @@ def test_the_factory_builds_the_backend_over_the_runner_s_pool(sglang):
     be.init_cuda_graph_state(4, 36)
     assert be.verify_mask.buffer.numel() == 4 * 9 * 9 and be.workspace_bytes() > 0
     assert be.graph_variants() is None and not be.needs_cpu_seq_lens  # one graph per batch size, no lengths read
+    assert not be.dp_graph_batch  # no DP attention: a step's own batch size keys its graph
+    dp = sglang.registry["verify_tuner"](_runner(decode_graph_gather_requirements=lambda: (True, False)))
+    assert dp.dp_graph_batch  # the runner's MLP gather: the largest DP rank's batch keys every rank's graph
 
 
 @pytest.mark.parametrize(

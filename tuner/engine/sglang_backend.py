@@ -88,17 +88,20 @@ class VerifyMLABackend:
         delegate: Any = None,
         tree_mask_mode: TreeMaskMode = TreeMaskMode.QLEN_ONLY,
         kv_dtype: str | None = None,
+        dp_graph_batch: bool = False,
     ) -> None:
         """`pick_config(q_len, bs)`: the one config of a batch size; or `pick_ranges(q_len, bs)`: its
         prefix ranges, ((0, config), (first prefix, config), ...). `capture_label()`: the attention
         variant SGLang is capturing (sglang_plugin passes SGLang's own getter). `kv_dtype`: how the
         kernel reads the pool (pool_format; None: POOL_FORMATS' default for its dtype), the same
-        format the configs were picked for."""
+        format the configs were picked for. `dp_graph_batch`: SGLang keys a step's graph on the largest
+        batch among the DP ranks (its decode graph runner's MLP gather under DP attention), so a
+        step's range is chosen among that batch size's ranges."""
         self.kv_dtype = pool_format(pool.dtype, kv_dtype)
         self.token_to_kv_pool, self.req_to_token, self.delegate, self.heads = pool, req_to_token, delegate, heads
         if (pick_config is None) == (pick_ranges is None):
             raise TypeError("give pick_config (one graph per batch size) or pick_ranges (one per prefix range)")
-        self.max_bs, self.max_context_len = max_bs, max_context_len
+        self.max_bs, self.max_context_len, self.dp_graph_batch = max_bs, max_context_len, dp_graph_batch
         one = lambda q, bs: ((0, pick_config(q, bs)),)  # type: ignore[misc]
         self.graphs = GraphRanges(pick_ranges or one, tuple(q_lens), capture_label)
         self.tree_mask_mode, self.device = tree_mask_mode, req_to_token.device
@@ -144,7 +147,7 @@ class VerifyMLABackend:
     def graph_variants(self) -> RangeVariants | None:
         """SGLang's attention variants, one graph per prefix range of each batch size (None while
         every batch size has one range): sglang_plugin hands them to SGLang's graph runner."""
-        return self.graphs.make_variants(self.max_bs, lambda: self._graph_bs or self.max_bs, self._batch)
+        return self.graphs.make_variants(self.max_bs, lambda: self._graph_bs or self.max_bs, self._graph_batch)
 
     @property
     def needs_cpu_seq_lens(self) -> bool:
@@ -360,6 +363,17 @@ class VerifyMLABackend:
         if getattr(info, "ragged_verify_layout", None) is not None:
             raise NotImplementedError("ragged verify (per-request draft lengths) is not supported by this backend")
         return bs, self._step(int(info.draft_token_num))
+
+    def _graph_batch(self, forward_batch: Any) -> tuple[int, StepBuffers]:
+        """The batch size SGLang picks a step's graph by (before padding it to a captured one) and
+        the step's buffers: under DP attention's MLP gather every rank replays the largest rank's."""
+        bs, step = self._batch(forward_batch)
+        if not self.dp_graph_batch:
+            return bs, step
+        counts = forward_batch.original_global_num_tokens_cpu
+        if not counts:
+            raise RuntimeError("a DP graph replay without the ranks' request counts (original_global_num_tokens_cpu)")
+        return max(counts), step
 
     def _step(self, q_len: int) -> StepBuffers:
         step = self.steps.get(q_len)

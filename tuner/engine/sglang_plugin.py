@@ -239,6 +239,8 @@ def build(runner: Any, *, delegate: Any) -> Any:
         delegate=delegate,
         tree_mask_mode=tree_mask_mode(runner.spec_algorithm, TreeMaskMode),
         kv_dtype=kv_dtype,
+        # the graph runner's own rule for which batch size a DP step replays (the largest rank's)
+        dp_graph_batch=runner.decode_graph_gather_requirements()[0],
     )
     backend.kv_index_translator = runner.kv_index_translator
     if hasattr(delegate, "extend_attention_block_m"):  # the scheduler sizes prefill chunks by the prefill kernel's tile
