@@ -37,7 +37,15 @@ class Engine:
     """One model runner's worth of state: the pool, req_to_token, the backend and its picks."""
 
     def __init__(
-        self, mode: int, *, max_bs: int = 8, q_lens=(Q,), delegate=None, seed: int = 0, pool_dtype=torch.bfloat16
+        self,
+        mode: int,
+        *,
+        max_bs: int = 8,
+        q_lens=(Q,),
+        delegate=None,
+        seed: int = 0,
+        pool_dtype=torch.bfloat16,
+        decodes: bool = True,
     ) -> None:
         self.pool = MLAPool(size=POOL, layers=2, dtype=pool_dtype)
         self.req_to_token = torch.zeros(max_bs + 2, CTX, dtype=torch.int32)
@@ -45,7 +53,7 @@ class Engine:
         self.backend = VerifyMLABackend(
             pool=self.pool, req_to_token=self.req_to_token, heads=H, q_lens=q_lens, max_bs=max_bs + 2,
             max_context_len=CTX, pick_config=lambda q, bs: self.picks.append((q, bs)) or CFG, delegate=delegate,
-            tree_mask_mode=TreeMaskMode(mode),
+            tree_mask_mode=TreeMaskMode(mode), decodes=decodes,
         )  # fmt: skip
         self.backend.op = ReferenceOp()
         self.mode, self.rng, self.gen = mode, random.Random(seed), torch.Generator().manual_seed(seed)

@@ -55,6 +55,31 @@ def test_prefill_goes_to_the_triton_backend_as_it_takes_it():
     assert eng.backend.op.calls == []
 
 
+def test_a_pd_prefill_node_s_decode_warm_up_goes_to_the_triton_backend():
+    """A speculative PD prefill node's target verifies nothing, and its only decode is SGLang's
+    flashinfer-autotune warm-up (a DECODE forward; the backend has no q_len-1 step there): metadata and
+    forward go to Triton, the absorbed q joined; a verify step still runs on the kernel."""
+    tri = Delegate()
+    eng = Engine(QLEN_ONLY, delegate=tri, decodes=False)
+    fb = eng.decode([5, 7], [0, 1])
+    eng.backend.init_forward_metadata(fb)
+    q_nope, q_rope, k_nope, k_rope = eng.qkv(2)
+    got = eng.backend.forward_decode(q_nope, k_nope, k_nope, Layer(0, H, SCALE), fb, q_rope=q_rope, k_rope=k_rope)
+    assert got == "delegated forward_decode" and [n for n, _ in tri.calls] == [
+        "init_forward_metadata",
+        "forward_decode",
+    ]
+    q, k = tri.calls[1][1][:2]
+    assert q.shape == (2, H, 576) and torch.equal(q[..., 512:], q_rope) and k.shape == (2, 1, 576)
+    assert eng.backend.op.calls == []
+    step = eng.step([40], rows=[2])
+    eng.backend.init_forward_metadata(step)
+    assert _verify(eng, step, Layer(0, H, SCALE)) < 1e-2 and len(eng.backend.op.calls) == 1
+    # where the backend decodes, a decode it has no step for stops loudly
+    with pytest.raises(ValueError, match="a step of q_len 1"):
+        Engine(QLEN_ONLY, delegate=Delegate()).backend.init_forward_metadata(fb)
+
+
 def test_without_the_triton_backend_prefill_is_named():
     eng = Engine(QLEN_ONLY)
     fb = ForwardBatch(ForwardMode.MIXED, 1, torch.tensor([5]), torch.tensor([0]), torch.arange(5))

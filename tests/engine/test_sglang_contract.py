@@ -298,3 +298,8 @@ def test_what_the_runner_checks_for_split_backends_overlap_and_adaptive_rest_on(
     assert "SGLANG_ENABLE_METADATA_GLUE_GRAPH = EnvBool(False)" in environ and "\nenvs = Envs()\n" in environ
     graphs = sglang.text("sglang.srt.model_executor.runner.decode_cuda_graph_runner")
     assert "envs.SGLANG_ENABLE_METADATA_GLUE_GRAPH.get()" in graphs
+    # a speculative PD prefill node's target: no verify graphs, and a plain DECODE warm-up forward
+    assert "\ndef get_disagg() -> _ConfigBag:" in sglang.text("sglang.srt.runtime_context")
+    base = sglang.text("sglang.srt.model_executor.runner.base_runner")
+    assert 'get_disagg().disaggregation_mode == "prefill" and not mr.is_draft_worker' in base
+    assert "if mr.spec_algorithm.is_speculative() and not _is_pd_prefill_target:" in base

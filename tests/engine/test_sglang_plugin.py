@@ -103,6 +103,7 @@ def sglang(monkeypatch, tmp_path):
     tp_group = types.SimpleNamespace(rank_in_group=0, world_size=1, ranks=[0], cpu_group="tp:cpu")
     parallel = types.SimpleNamespace(attn_tp_size=8, attn_dcp_size=1, tp_group=tp_group)
     glue = [False]  # SGLANG_ENABLE_METADATA_GLUE_GRAPH as SGLang's envs reads it
+    disagg = types.SimpleNamespace(disaggregation_mode="null")  # PD disaggregation off
     envs = types.SimpleNamespace(SGLANG_ENABLE_METADATA_GLUE_GRAPH=types.SimpleNamespace(get=lambda: glue[0]))
     modules = {
         "sglang.srt.arg_groups.choices": {"ATTENTION_BACKEND_CHOICES": choices, "add_attention_backend_choices": choices.extend},
@@ -115,7 +116,7 @@ def sglang(monkeypatch, tmp_path):
         "sglang.srt.layers.attention.base_attn_backend": {"AttentionBackend": AttentionBackend, "SharedReadEnds": SharedReadEnds},
         "sglang.srt.runtime_context": {
             "get_parallel": lambda: parallel,
-            "get_spec": lambda: spec, "get_exec": lambda: execution,
+            "get_spec": lambda: spec, "get_exec": lambda: execution, "get_disagg": lambda: disagg,
         },
         "sglang.kernels.ops.speculative.spec_tree": {"TreeMaskMode": TreeMaskMode},
         "sglang.srt.environ": {"envs": envs},
@@ -132,7 +133,7 @@ def sglang(monkeypatch, tmp_path):
     monkeypatch.setattr(sglang_plugin, "_hooked", False)
     return types.SimpleNamespace(
         registry=registry, choices=choices, absorbed=absorbed, hooks=hooks, capturing=capturing, spec=spec,
-        execution=execution, tp_group=tp_group, glue=glue,
+        execution=execution, tp_group=tp_group, glue=glue, disagg=disagg,
     )  # fmt: skip
 
 
@@ -185,6 +186,17 @@ def test_the_factory_builds_the_backend_over_the_runner_s_pool(sglang):
     assert not be.dp_graph_batch  # no DP attention: a step's own batch size keys its graph
     dp = sglang.registry["verify_tuner"](_runner(decode_graph_gather_requirements=lambda: (True, False)))
     assert dp.dp_graph_batch  # the runner's MLP gather: the largest DP rank's batch keys every rank's graph
+
+
+@pytest.mark.parametrize(("mode", "spec", "decodes"), [("prefill", "EAGLE", False), ("prefill", "NONE", True),
+                                                        ("decode", "EAGLE", True), ("null", "EAGLE", True)])  # fmt: skip
+def test_only_a_speculative_pd_prefill_node_hands_its_decode_to_triton(sglang, mode, spec, decodes):
+    """Its target decodes only SGLang's flashinfer-autotune warm-up, at q_len 1, which a verify
+    backend has no configs for; without speculation q_len 1 is the backend's own step."""
+    sglang_plugin.register()
+    sglang.disagg.disaggregation_mode = mode
+    be = sglang.registry["verify_tuner"](_runner(spec_algorithm=SpeculativeAlgorithm(spec)))
+    assert be.decodes is decodes
 
 
 @pytest.mark.parametrize(

@@ -89,6 +89,7 @@ class VerifyMLABackend:
         tree_mask_mode: TreeMaskMode = TreeMaskMode.QLEN_ONLY,
         kv_dtype: str | None = None,
         dp_graph_batch: bool = False,
+        decodes: bool = True,
     ) -> None:
         """`pick_config(q_len, bs)`: the one config of a batch size; or `pick_ranges(q_len, bs)`: its
         prefix ranges, ((0, config), (first prefix, config), ...). `capture_label()`: the attention
@@ -96,12 +97,15 @@ class VerifyMLABackend:
         kernel reads the pool (pool_format; None: POOL_FORMATS' default for its dtype), the same
         format the configs were picked for. `dp_graph_batch`: SGLang keys a step's graph on the largest
         batch among the DP ranks (its decode graph runner's MLP gather under DP attention), so a
-        step's range is chosen among that batch size's ranges."""
+        step's range is chosen among that batch size's ranges. `decodes`: whether decode (q_len 1)
+        runs on the kernel; False hands it to the delegate (a speculative PD prefill node's target,
+        whose only decode is SGLang's warm-up forward: no q_len-1 configs are fetched there)."""
         self.kv_dtype = pool_format(pool.dtype, kv_dtype)
         self.token_to_kv_pool, self.req_to_token, self.delegate, self.heads = pool, req_to_token, delegate, heads
         if (pick_config is None) == (pick_ranges is None):
             raise TypeError("give pick_config (one graph per batch size) or pick_ranges (one per prefix range)")
         self.max_bs, self.max_context_len, self.dp_graph_batch = max_bs, max_context_len, dp_graph_batch
+        self.decodes = decodes
         one = lambda q, bs: ((0, pick_config(q, bs)),)  # type: ignore[misc]
         self.graphs = GraphRanges(pick_ranges or one, tuple(q_lens), capture_label)
         self.tree_mask_mode, self.device = tree_mask_mode, req_to_token.device
@@ -242,12 +246,8 @@ class VerifyMLABackend:
         """Target verify on the kernel; any other extend (prefill, mixed) on the delegate."""
         if forward_batch.forward_mode.is_target_verify():
             return self._attend(q, k, v, layer, forward_batch, save_kv_cache, q_rope, k_rope, kwargs)
-        if q_rope is not None:  # the absorbed form, which the Triton backend takes as one 576-wide q and k
-            heads = layer.tp_q_head_num
-            q = torch.cat([q.view(-1, heads, D_V), q_rope.view(-1, heads, D_QK - D_V)], dim=-1)
-            if k is not None:
-                k = torch.cat([k.view(-1, 1, D_V), k_rope.view(-1, 1, D_QK - D_V)], dim=-1)  # type: ignore[union-attr]
-        return self._delegated("forward_extend", q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
+        q_in, k_in = _joined(q, k, q_rope, k_rope, layer.tp_q_head_num)
+        return self._delegated("forward_extend", q_in, k_in, v, layer, forward_batch, save_kv_cache, **kwargs)
 
     def forward_decode(
         self,
@@ -261,8 +261,11 @@ class VerifyMLABackend:
         k_rope: torch.Tensor | None = None,
         **kwargs: Any,
     ) -> torch.Tensor:
-        """Decode (q_len 1) on the kernel."""
-        return self._attend(q, k, v, layer, forward_batch, save_kv_cache, q_rope, k_rope, kwargs)
+        """Decode (q_len 1) on the kernel, or on the delegate where this backend does not decode."""
+        if self._ours(forward_batch):
+            return self._attend(q, k, v, layer, forward_batch, save_kv_cache, q_rope, k_rope, kwargs)
+        q_in, k_in = _joined(q, k, q_rope, k_rope, layer.tp_q_head_num)
+        return self._delegated("forward_decode", q_in, k_in, v, layer, forward_batch, save_kv_cache, **kwargs)
 
     def _attend(
         self,
@@ -350,10 +353,9 @@ class VerifyMLABackend:
             self.token_to_kv_pool.set_kv_buffer(layer, forward_batch.out_cache_loc, k, v)
 
     # -- helpers ------------------------------------------------------------------------------
-    @staticmethod
-    def _ours(forward_batch: Any) -> bool:
+    def _ours(self, forward_batch: Any) -> bool:
         mode = forward_batch.forward_mode
-        return mode.is_target_verify() or mode.is_decode_or_idle()
+        return mode.is_target_verify() or (self.decodes and mode.is_decode_or_idle())
 
     def _batch(self, forward_batch: Any) -> tuple[int, StepBuffers]:
         bs = forward_batch.batch_size
@@ -430,3 +432,15 @@ class VerifyMLABackend:
             mode = args[0].forward_mode if name.startswith("init") else args[4].forward_mode
             raise NotImplementedError(f"{mode!r} runs on SGLang's Triton backend, which this backend was built without")
         return getattr(self.delegate, name)(*args, **kwargs)
+
+
+def _joined(
+    q: torch.Tensor, k: torch.Tensor | None, q_rope: torch.Tensor | None, k_rope: torch.Tensor | None, heads: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The absorbed q (and k) as the Triton backend takes them: one 576-wide tensor each."""
+    if q_rope is None:
+        return q, k
+    q = torch.cat([q.view(-1, heads, D_V), q_rope.view(-1, heads, D_QK - D_V)], dim=-1)
+    if k is not None:
+        k = torch.cat([k.view(-1, 1, D_V), k_rope.view(-1, 1, D_QK - D_V)], dim=-1)  # type: ignore[union-attr]
+    return q, k

@@ -193,7 +193,7 @@ def build(runner: Any, *, delegate: Any) -> Any:
     from sglang.kernels.ops.speculative.spec_tree import TreeMaskMode
     from sglang.srt.layers.attention.base_attn_backend import AttentionBackend, SharedReadEnds
     from sglang.srt.model_executor.runner_utils.capture_mode import get_capture_attention_variant
-    from sglang.srt.runtime_context import get_parallel
+    from sglang.srt.runtime_context import get_disagg, get_parallel
     from sglang.srt.utils import get_cuda_graph_max_batch_size
     from verify_tuner.engine.sglang_backend import VerifyMLABackend, pool_format
     from verify_tuner.kernels.limits import known_device
@@ -241,6 +241,9 @@ def build(runner: Any, *, delegate: Any) -> Any:
         kv_dtype=kv_dtype,
         # the graph runner's own rule for which batch size a DP step replays (the largest rank's)
         dp_graph_batch=runner.decode_graph_gather_requirements()[0],
+        # a speculative PD prefill node's target verifies nothing and decodes only SGLang's warm-up
+        # forward (flashinfer autotune): q_len 1 has no configs here, so Triton runs it
+        decodes=runner.spec_algorithm.is_none() or get_disagg().disaggregation_mode != "prefill",
     )
     backend.kv_index_translator = runner.kv_index_translator
     if hasattr(delegate, "extend_attention_block_m"):  # the scheduler sizes prefill chunks by the prefill kernel's tile
