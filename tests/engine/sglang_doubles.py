@@ -60,6 +60,7 @@ class ForwardBatch:
     spec_info: SpecInfo | None = None
     seq_lens_cpu: torch.Tensor | None = None  # seq_lens' host copy, where a backend needs_cpu_seq_lens
     original_global_num_tokens_cpu: list[int] | None = None  # under DP attention: each rank's requests
+    actual_forward_mode: ForwardMode | None = None  # a replay's view: the step's own mode (IDLE on an idle rank)
 
 
 @dataclass

@@ -16,7 +16,7 @@ from verify_tuner.engine.tree_masks import TreeMaskMode
 from verify_tuner.kernels.reference import rel_error
 
 from tests.engine.fake_driver import CFG
-from tests.engine.sglang_doubles import Delegate, ForwardBatch, ForwardMode, Layer, MLAPool, sglang_attention
+from tests.engine.sglang_doubles import Delegate, ForwardBatch, ForwardMode, Layer, MLAPool, SpecInfo, sglang_attention
 from tests.engine.sglang_trees import FULL_MASK, QLEN_ONLY, QLEN_ONLY_BITPACKING
 from tests.engine.test_sglang_backend import SCALE, Engine, H, Q, _verify
 
@@ -53,6 +53,46 @@ def test_prefill_goes_to_the_triton_backend_as_it_takes_it():
     assert q.shape == (12, H, 576) and torch.equal(q[..., :512], q_nope) and torch.equal(q[..., 512:], q_rope)
     assert k.shape == (12, 1, 576) and torch.equal(k[..., 512:], k_rope) and v is k_nope and save is True
     assert eng.backend.op.calls == []
+
+
+def test_an_eager_mask_update_repacks_only_a_step_planned_before_it(monkeypatch):
+    """SGLang 0.5.23 calls the update before an eager verify's metadata (planned in its forward): the
+    last step, already run, is not packed again; a step planned before its mask is (older order)."""
+    eng = Engine(QLEN_ONLY)
+    one = eng.step([12, 30], rows=[0, 1])
+    eng.backend.init_forward_metadata(one)
+    assert _verify(eng, one, Layer(0, H, SCALE)) < 1e-2
+    step, packs = eng.backend.steps[Q], []
+    pack = step.pack
+    monkeypatch.setattr(step, "pack", lambda bs, *a, **k: packs.append(bs) or pack(bs, *a, **k))
+    two = eng.step([5], rows=[2])
+    eng.backend.update_verify_buffers_to_fill_after_draft(two.spec_info, None)
+    assert packs == []
+    eng.backend.init_forward_metadata(two)
+    eng.backend.update_verify_buffers_to_fill_after_draft(two.spec_info, None)  # planned, not run: again
+    assert packs == [1, 1] and _verify(eng, two, Layer(0, H, SCALE)) < 1e-2
+
+
+def test_an_idle_dp_rank_s_replay_copies_no_mask():
+    """An idle rank replays the captured verify graph on padding: SGLang's view keeps the captured
+    mode and hands the runner's all-ones mask, which is not staged (FULL_MASK's is tens of MB)."""
+    eng = Engine(FULL_MASK)
+    be = eng.backend
+    be.init_cuda_graph_state(4, 4 * Q)
+    real = eng.step([7, 9, 3, 5], rows=[0, 1, 2, 3])
+    be.init_forward_metadata_out_graph(real, in_capture=True)
+    be.init_forward_metadata_out_graph(real)
+    before = be.verify_mask.buffer.clone()
+    z = {"dtype": torch.int64}
+    ones = torch.ones(before.numel(), dtype=torch.bool)
+    idle = ForwardBatch(ForwardMode.TARGET_VERIFY, 4, torch.ones(4, **z), torch.zeros(4, **z), torch.zeros(4 * Q, **z),
+                        SpecInfo(ones, Q, 4), actual_forward_mode=ForwardMode.IDLE)  # fmt: skip
+    be.init_forward_metadata_out_graph(idle)
+    be.update_verify_buffers_to_fill_after_draft(idle.spec_info, 4)
+    assert torch.equal(be.verify_mask.buffer, before) and int(be.steps[Q].chain) == 1
+    be.init_forward_metadata_out_graph(real)  # the next real step stages its mask again
+    be.update_verify_buffers_to_fill_after_draft(real.spec_info, 4)
+    assert int(be.steps[Q].chain) == 0 and not torch.equal(be.verify_mask.buffer, before.zero_())
 
 
 def test_a_pd_prefill_node_s_decode_warm_up_goes_to_the_triton_backend():

@@ -144,6 +144,13 @@ def test_the_pool_the_runner_and_the_batch_have_what_we_read(sglang):
     assert "def decode_graph_gather_requirements(self) -> tuple[bool, bool]:" in runner
     graphs = sglang.text("sglang.srt.model_executor.runner.decode_cuda_graph_runner")
     assert "max_batch_size = self._max_dp_batch_size(forward_batch)" in graphs
+    # an idle rank's replay: the view keeps the captured mode, the step's own in actual_forward_mode,
+    # and its spec_info takes the runner's (all-ones) mask buffer
+    assert "actual_forward_mode=forward_batch.forward_mode," in graphs
+    assert "forward_batch.spec_info.custom_mask = buffers.custom_mask" in graphs
+    # an eager verify's metadata is planned in its forward, after the mask update (none at prepare)
+    eagle = sglang.text("sglang.srt.speculative.eagle_utils")
+    assert "# Non-cuda-graph: defer init to forward_extend" in eagle
     assert "request_counts = forward_batch.original_global_num_tokens_cpu" in graphs
     assert "self.is_translating = " in sglang.text("sglang.srt.mem_cache.kv_index_translator")
     batch = sglang.cls("sglang.srt.model_executor.forward_batch_info", "ForwardBatch")

@@ -126,7 +126,8 @@ class VerifyMLABackend:
         self._eager_ws: torch.Tensor | None = None
         self._delegate_graph: tuple[int, int] | None = None
         self._current: tuple[int, StepBuffers, list[int], torch.Tensor] | None = None
-        self._eager_mask: tuple[Any, ...] | None = None
+        self._eager_mask: tuple[Any, ...] | None = None  # an eager step planned and not yet run
+        self._stages = True  # whether the replay being prepared stages the draft's mask
         self.op = torch.ops.verify_tuner.verify_attention
 
     # -- graph state --------------------------------------------------------------------------
@@ -201,10 +202,16 @@ class VerifyMLABackend:
         g = self.graphs
         i = g.captured_range(step.q_len, bs) if in_capture else g.replayed_range(forward_batch, step.q_len, bs)
         self._current = (bs, step, self._config(step.q_len, bs, i), self._graph_ws)
+        # an idle DP rank replays the captured verify graph on padding (SGLang's view keeps the
+        # captured mode): its outputs are dropped, so chain rows, and no copy of the runner's all-ones
+        # mask (FULL_MASK's is tens of MB, and the other ranks wait on this one's collectives)
+        actual = getattr(forward_batch, "actual_forward_mode", None) or forward_batch.forward_mode
+        idle = not in_capture and actual.is_idle()
+        self._stages = not (in_capture or idle)
         if step.q_len > 1:
-            mask = self._mask(forward_batch)
+            mask = None if idle else self._mask(forward_batch)
             step.set_chain(mask is None)
-            if mask is not None and not in_capture:  # at capture: the runner's placeholder
+            if mask is not None and self._stages:  # at capture: the runner's placeholder
                 self._source.stage(mask)  # type: ignore[union-attr]
         return None
 
@@ -221,10 +228,13 @@ class VerifyMLABackend:
         return None
 
     def update_verify_buffers_to_fill_after_draft(self, spec_info: Any, cuda_graph_bs: int | None) -> None:
-        """The draft stage wrote the mask after the metadata was planned (on a plan stream): read it again."""
+        """The draft stage wrote the mask after the metadata was planned (on a plan stream): read it
+        again. A graph's step stages it (not an idle rank's); an eager step repacks only where its own
+        metadata was planned before the mask (SGLang 0.5.23 plans an eager verify later, in its
+        forward, so there this finds no step: the last step's rows are not packed again)."""
         mask = spec_info.custom_mask
         if cuda_graph_bs is not None:
-            if mask is not None and self._source is not None:
+            if mask is not None and self._source is not None and self._stages:
                 self._source.stage(mask)
         elif self._eager_mask is not None:
             bs, step, seq_lens = self._eager_mask
@@ -284,6 +294,7 @@ class VerifyMLABackend:
             raise NotImplementedError(f"the verify kernel computes plain MLA attention: it cannot apply {named}")
         if self._current is None:
             raise RuntimeError("forward before init_forward_metadata")
+        self._eager_mask = None  # the step runs on the rows packed: a later mask update is the next step's
         bs, step, config, workspace = self._current
         heads, Q = layer.tp_q_head_num, step.q_len
         n = bs * Q
