@@ -151,6 +151,15 @@ def test_the_pool_the_runner_and_the_batch_have_what_we_read(sglang):
     # an eager verify's metadata is planned in its forward, after the mask update (none at prepare)
     eagle = sglang.text("sglang.srt.speculative.eagle_utils")
     assert "# Non-cuda-graph: defer init to forward_extend" in eagle
+    # DFlash's and DSpark's verify raise the host lengths by the draft block for a backend that does
+    # not add it itself (make_forward_metadata_from_raw_verify, which ours lacks)
+    assert "verify_host_seq_lens = seq_lens_cpu_backup + block_size" in sglang.text(
+        "sglang.srt.speculative.dflash_worker_v2"
+    )
+    dspark = sglang.text("sglang.srt.speculative.dspark_components.dspark_verify")
+    assert "batch.seq_lens_cpu = seq_lens_cpu_backup + verify_w" in dspark
+    assert 'hasattr(\n                backend, "make_forward_metadata_from_raw_verify"' in dspark
+    assert not hasattr(VerifyMLABackend, "make_forward_metadata_from_raw_verify")
     assert "request_counts = forward_batch.original_global_num_tokens_cpu" in graphs
     assert "self.is_translating = " in sglang.text("sglang.srt.mem_cache.kv_index_translator")
     batch = sglang.cls("sglang.srt.model_executor.forward_batch_info", "ForwardBatch")

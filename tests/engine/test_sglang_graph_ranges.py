@@ -58,23 +58,29 @@ class Runner:
                             s.out_cache_loc[: bs * Q], s.spec_info, s.seq_lens_cpu[:bs])  # fmt: skip
 
     def replay(
-        self, step: ForwardBatch, *, host_lengths: bool = True, dp_counts: tuple[int, ...] | None = None
+        self,
+        step: ForwardBatch,
+        *,
+        host_lengths: bool = True,
+        dp_counts: tuple[int, ...] | None = None,
+        host_ahead: int = 0,
     ) -> tuple[str | None, list[int], float]:
         """The step through its graph: (its label, the graph's config, the output's relative error).
         `dp_counts`: every DP rank's requests, this one's among them (the runner's MLP gather pads this
-        rank to the largest's graph)."""
+        rank to the largest's graph). `host_ahead`: what the host copy of the lengths adds to the
+        device's (DFlash's and DSpark's verify: the draft block)."""
         raw = step.batch_size
         if dp_counts is not None:
             step.original_global_num_tokens_cpu = list(dp_counts)
         bs = min(b for b in self.capture_bs if b >= max(dp_counts or (raw,)))
         if host_lengths:
-            step.seq_lens_cpu = step.seq_lens.clone()
+            step.seq_lens_cpu = step.seq_lens + host_ahead
         lab = self.variants.select(step) if self.variants else None
         s = self.static
         s.seq_lens.fill_(1), s.seq_lens_cpu.fill_(1)  # padding rows: SGLang's fill value, zero rows and slots
         s.req_pool_indices.zero_(), s.out_cache_loc.zero_()
         s.seq_lens[:raw].copy_(step.seq_lens)
-        s.seq_lens_cpu[:raw].copy_(step.seq_lens)
+        s.seq_lens_cpu[:raw].copy_(step.seq_lens + host_ahead)
         s.req_pool_indices[:raw].copy_(step.req_pool_indices)
         s.out_cache_loc[: raw * Q].copy_(step.out_cache_loc)
         view = self._view(bs)
@@ -94,13 +100,13 @@ class Runner:
         return lab, self.graphs[(bs, lab)], rel_error(out[:n].view(n, H, 512), want)
 
 
-def _engine(*, dp_graph_batch: bool = False) -> Engine:
+def _engine(*, dp_graph_batch: bool = False, host_counts_draft: bool = False) -> Engine:
     eng = Engine(QLEN_ONLY, max_bs=6)
     eng.label = None
     eng.backend = VerifyMLABackend(
         pool=eng.pool, req_to_token=eng.req_to_token, heads=H, q_lens=(Q,), max_bs=8, max_context_len=CTX,
         pick_ranges=ranges, capture_label=lambda: eng.label, tree_mask_mode=TreeMaskMode(QLEN_ONLY),
-        dp_graph_batch=dp_graph_batch,
+        dp_graph_batch=dp_graph_batch, host_counts_draft=host_counts_draft,
     )  # fmt: skip
     eng.backend.op = ReferenceOp()
     return eng
@@ -157,6 +163,20 @@ def test_a_dp_rank_takes_the_ranges_of_the_largest_rank_s_graph():
     assert run.replay(eng.step([70], rows=[3]), dp_counts=(1, 1))[:2] == ("prefix_range_0", op.config_list(SHORT))
     with pytest.raises(RuntimeError, match="original_global_num_tokens_cpu"):
         run.variants.select(eng.step([70], rows=[3]))  # SGLang's own replay refuses such a step too
+
+
+def test_a_dflash_verify_s_host_lengths_count_its_draft_block():
+    """DFlash and DSpark hand verify's host lengths with the draft block added (the device's without):
+    the range is chosen by the prefix, in the graph's select and in an eager step alike."""
+    eng = _engine(host_counts_draft=True)
+    run = Runner(eng, (1, 2, 4))
+    for n, want in ((95, ("prefix_range_0", op.config_list(SHORT))), (100, ("prefix_range_1", op.config_list(LONG)))):
+        lab, cfg, err = run.replay(eng.step([n], rows=[3], chain=True), host_ahead=Q)
+        assert (lab, cfg) == want and err < 1e-2, n
+    step = eng.step([95], rows=[3], chain=True)
+    step.seq_lens_cpu = step.seq_lens + Q
+    eng.backend.init_forward_metadata(step)
+    assert eng.backend._current[2] == op.config_list(SHORT) and eng.backend.graphs.length_syncs == 0
 
 
 def test_without_host_lengths_the_range_is_read_from_the_device_and_counted():

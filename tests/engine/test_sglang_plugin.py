@@ -199,6 +199,13 @@ def test_only_a_speculative_pd_prefill_node_hands_its_decode_to_triton(sglang, m
     assert be.decodes is decodes
 
 
+@pytest.mark.parametrize(("spec", "ahead"), [("DFLASH", True), ("DSPARK", True), ("EAGLE", False), ("NONE", False)])
+def test_dflash_and_dspark_hand_host_lengths_with_the_draft_block(sglang, spec, ahead):
+    sglang_plugin.register()
+    be = sglang.registry["verify_tuner"](_runner(spec_algorithm=SpeculativeAlgorithm(spec)))
+    assert be.graphs.host_counts_draft is ahead
+
+
 @pytest.mark.parametrize(
     ("over", "needle"),
     [

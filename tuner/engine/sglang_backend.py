@@ -90,6 +90,7 @@ class VerifyMLABackend:
         kv_dtype: str | None = None,
         dp_graph_batch: bool = False,
         decodes: bool = True,
+        host_counts_draft: bool = False,
     ) -> None:
         """`pick_config(q_len, bs)`: the one config of a batch size; or `pick_ranges(q_len, bs)`: its
         prefix ranges, ((0, config), (first prefix, config), ...). `capture_label()`: the attention
@@ -99,7 +100,9 @@ class VerifyMLABackend:
         batch among the DP ranks (its decode graph runner's MLP gather under DP attention), so a
         step's range is chosen among that batch size's ranges. `decodes`: whether decode (q_len 1)
         runs on the kernel; False hands it to the delegate (a speculative PD prefill node's target,
-        whose only decode is SGLang's warm-up forward: no q_len-1 configs are fetched there)."""
+        whose only decode is SGLang's warm-up forward: no q_len-1 configs are fetched there).
+        `host_counts_draft`: SGLang's host copy of a verify step's lengths (`seq_lens_cpu`, read to
+        choose its range) counts the draft tokens, as DFlash and DSpark hand it."""
         self.kv_dtype = pool_format(pool.dtype, kv_dtype)
         self.token_to_kv_pool, self.req_to_token, self.delegate, self.heads = pool, req_to_token, delegate, heads
         if (pick_config is None) == (pick_ranges is None):
@@ -107,7 +110,7 @@ class VerifyMLABackend:
         self.max_bs, self.max_context_len, self.dp_graph_batch = max_bs, max_context_len, dp_graph_batch
         self.decodes = decodes
         one = lambda q, bs: ((0, pick_config(q, bs)),)  # type: ignore[misc]
-        self.graphs = GraphRanges(pick_ranges or one, tuple(q_lens), capture_label)
+        self.graphs = GraphRanges(pick_ranges or one, tuple(q_lens), capture_label, host_counts_draft=host_counts_draft)
         self.tree_mask_mode, self.device = tree_mask_mode, req_to_token.device
         self.steps = {q: StepBuffers(q, max_bs, self.device) for q in q_lens}
         # SGLang's draft stage writes each step's mask in the layout verify_mask names, FULL_MASK when

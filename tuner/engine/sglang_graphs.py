@@ -62,6 +62,9 @@ class GraphRanges:
     _captured: dict[int, list[int]] = field(default_factory=dict)
     #: batches whose longest prefix was read from the device (no host copy of the lengths)
     length_syncs: int = 0
+    #: SGLang's host copy of a verify step's lengths counts its draft tokens (DFlash, DSpark), the
+    #: device lengths do not
+    host_counts_draft: bool = False
 
     def configs(self, q_len: int, bs: int) -> tuple[KernelConfig, ...]:
         """The configs of the batch size's ranges, in prefix order (picked at the first call)."""
@@ -103,7 +106,7 @@ class GraphRanges:
         """The range of a batch of bs: the one holding its longest prefix."""
         if len(self.configs(q_len, bs)) == 1:
             return 0  # no lengths read: one range serves every prefix
-        return bisect.bisect_right(self._starts[(q_len, bs)], self._longest(forward_batch, bs)) - 1
+        return bisect.bisect_right(self._starts[(q_len, bs)], self._longest(forward_batch, q_len, bs)) - 1
 
     def captured_range(self, q_len: int, bs: int) -> int:
         """The range of the graph SGLang is capturing: its attention variant's, or without variants
@@ -130,14 +133,18 @@ class GraphRanges:
         i = bisect.bisect_left(sizes, bs)
         return sizes[i] if i < len(sizes) else bs
 
-    def _longest(self, forward_batch: Any, bs: int) -> int:
-        """The batch's longest prefix: from the host copy of its lengths, else from the device (less
-        the step's own token in decode, which SGLang's lengths count)."""
+    def _longest(self, forward_batch: Any, q_len: int, bs: int) -> int:
+        """The batch's longest prefix: from the host copy of its lengths (less the draft tokens where
+        that copy counts them), else from the device (less the step's own token in decode, which
+        SGLang's lengths count)."""
         lengths = getattr(forward_batch, "seq_lens_cpu", None)
+        ahead = 0
         if lengths is None or lengths.device.type != "cpu" or lengths.numel() == 0:
             self.length_syncs += 1
             lengths = forward_batch.seq_lens
-        return int(lengths[:bs].max()) - counted_tokens(forward_batch)
+        elif self.host_counts_draft and forward_batch.forward_mode.is_target_verify():
+            ahead = q_len
+        return int(lengths[:bs].max()) - counted_tokens(forward_batch) - ahead
 
 
 @dataclass

@@ -244,6 +244,9 @@ def build(runner: Any, *, delegate: Any) -> Any:
         # a speculative PD prefill node's target verifies nothing and decodes only SGLang's warm-up
         # forward (flashinfer autotune): q_len 1 has no configs here, so Triton runs it
         decodes=runner.spec_algorithm.is_none() or get_disagg().disaggregation_mode != "prefill",
+        # DFlash's and DSpark's verify raise seq_lens_cpu by the draft block (not seq_lens) for a
+        # backend without make_forward_metadata_from_raw_verify, as this one is
+        host_counts_draft=runner.spec_algorithm.is_dflash_family(),
     )
     backend.kv_index_translator = runner.kv_index_translator
     if hasattr(delegate, "extend_attention_block_m"):  # the scheduler sizes prefill chunks by the prefill kernel's tile
