@@ -160,6 +160,12 @@ def test_the_pool_the_runner_and_the_batch_have_what_we_read(sglang):
     assert "batch.seq_lens_cpu = seq_lens_cpu_backup + verify_w" in dspark
     assert 'hasattr(\n                backend, "make_forward_metadata_from_raw_verify"' in dspark
     assert not hasattr(VerifyMLABackend, "make_forward_metadata_from_raw_verify")
+    # ragged verify: DSpark's alone, and only where the env asks for more than static lengths
+    assert 'SGLANG_RAGGED_VERIFY_MODE = EnvStr("static")' in sglang.text("sglang.srt.environ")
+    algo = methods(sglang.cls("sglang.srt.speculative.spec_info", "SpeculativeAlgorithm"))["supports_ragged_verify"]
+    assert "return self.is_dspark()" in ast.unparse(algo)
+    planner = sglang.text("sglang.srt.speculative.dspark_components.dspark_planner")
+    assert "if self._ragged_verify_mode is RaggedVerifyMode.STATIC:\n            return None" in planner
     assert "request_counts = forward_batch.original_global_num_tokens_cpu" in graphs
     assert "self.is_translating = " in sglang.text("sglang.srt.mem_cache.kv_index_translator")
     batch = sglang.cls("sglang.srt.model_executor.forward_batch_info", "ForwardBatch")

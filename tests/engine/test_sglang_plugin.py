@@ -70,6 +70,9 @@ class SpeculativeAlgorithm:
     def is_ngram(self):
         return self.name == "NGRAM"
 
+    def supports_ragged_verify(self):
+        return self.name == "DSPARK"
+
 
 class TritonAttnBackend:
     extend_attention_block_m = 32  # the scheduler sizes prefill chunks by it
@@ -104,7 +107,11 @@ def sglang(monkeypatch, tmp_path):
     parallel = types.SimpleNamespace(attn_tp_size=8, attn_dcp_size=1, tp_group=tp_group)
     glue = [False]  # SGLANG_ENABLE_METADATA_GLUE_GRAPH as SGLang's envs reads it
     disagg = types.SimpleNamespace(disaggregation_mode="null")  # PD disaggregation off
-    envs = types.SimpleNamespace(SGLANG_ENABLE_METADATA_GLUE_GRAPH=types.SimpleNamespace(get=lambda: glue[0]))
+    ragged = ["static"]  # SGLANG_RAGGED_VERIFY_MODE
+    envs = types.SimpleNamespace(
+        SGLANG_ENABLE_METADATA_GLUE_GRAPH=types.SimpleNamespace(get=lambda: glue[0]),
+        SGLANG_RAGGED_VERIFY_MODE=types.SimpleNamespace(get=lambda: ragged[0]),
+    )
     modules = {
         "sglang.srt.arg_groups.choices": {"ATTENTION_BACKEND_CHOICES": choices, "add_attention_backend_choices": choices.extend},
         "sglang.srt.layers.attention.attention_registry": {
@@ -133,7 +140,7 @@ def sglang(monkeypatch, tmp_path):
     monkeypatch.setattr(sglang_plugin, "_hooked", False)
     return types.SimpleNamespace(
         registry=registry, choices=choices, absorbed=absorbed, hooks=hooks, capturing=capturing, spec=spec,
-        execution=execution, tp_group=tp_group, glue=glue, disagg=disagg,
+        execution=execution, tp_group=tp_group, glue=glue, disagg=disagg, ragged=ragged,
     )  # fmt: skip
 
 
@@ -197,6 +204,20 @@ def test_only_a_speculative_pd_prefill_node_hands_its_decode_to_triton(sglang, m
     sglang.disagg.disaggregation_mode = mode
     be = sglang.registry["verify_tuner"](_runner(spec_algorithm=SpeculativeAlgorithm(spec)))
     assert be.decodes is decodes
+
+
+@pytest.mark.parametrize(("spec", "mode", "refused"), [("DSPARK", "compact", True), ("DSPARK", "cap-accept", True),
+                                                       ("DSPARK", "static", False), ("EAGLE", "compact", False)])  # fmt: skip
+def test_dspark_s_ragged_verify_is_refused_at_startup(sglang, spec, mode, refused):
+    """Per-request draft lengths would stop the server at its first ragged step: said at startup."""
+    sglang_plugin.register()
+    sglang.ragged[0] = mode
+    runner = _runner(spec_algorithm=SpeculativeAlgorithm(spec))
+    if refused:
+        with pytest.raises(ValueError, match=f"SGLANG_RAGGED_VERIFY_MODE={mode} gives DSPARK per-request lengths"):
+            sglang.registry["verify_tuner"](runner)
+    else:
+        assert isinstance(sglang.registry["verify_tuner"](runner), VerifyMLABackend)
 
 
 @pytest.mark.parametrize(("spec", "ahead"), [("DFLASH", True), ("DSPARK", True), ("EAGLE", False), ("NONE", False)])

@@ -139,6 +139,12 @@ def _check_runner(runner: Any) -> None:
             f"--attention-backend {NAME} with {spec.name} verify masks cannot run under "
             "SGLANG_ENABLE_METADATA_GLUE_GRAPH=1: unset it"
         )
+    if spec.supports_ragged_verify() and envs.SGLANG_RAGGED_VERIFY_MODE.get() != "static":
+        # per-request verify lengths reach the backend only at the first such step: said here instead
+        raise ValueError(
+            f"--attention-backend {NAME} verifies one draft length a step: SGLANG_RAGGED_VERIFY_MODE="
+            f"{envs.SGLANG_RAGGED_VERIFY_MODE.get()} gives {spec.name} per-request lengths; leave it static"
+        )
     if speculative and get_spec().speculative_adaptive:
         raise ValueError(
             f"--attention-backend {NAME} serves one draft length a server: --speculative-adaptive switches among several"
