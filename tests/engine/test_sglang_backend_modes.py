@@ -120,6 +120,44 @@ def test_a_pd_prefill_node_s_decode_warm_up_goes_to_the_triton_backend():
         Engine(QLEN_ONLY, delegate=Delegate()).backend.init_forward_metadata(fb)
 
 
+def test_the_verify_forward_traces_whole_under_torch_compile():
+    """SGLang's --enable-torch-compile traces each layer's attention: the backend's verify forward
+    (the step's KV store, the op on the kernel's registered fake) is one graph, through dynamo and
+    through AOT functionalization (the op mutates its outputs), with no break. Traced only: the op's
+    real launch needs a GPU."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    eng = Engine(QLEN_ONLY)
+    be = eng.backend
+    be.op = torch.ops.verify_tuner.verify_attention
+    fb = eng.step([12, 30], rows=[0, 1])
+    be.init_forward_metadata(fb)
+    qkv, layer = eng.qkv(fb.out_cache_loc.numel()), Layer(0, H, SCALE)
+
+    class Traced(Exception):
+        pass
+
+    def recorder(into):
+        def compiler(gm, example):
+            into.append(gm)
+            return lambda *args: (_ for _ in ()).throw(Traced())
+
+        return compiler
+
+    def forward(q_nope, q_rope, k_nope, k_rope):
+        return be.forward_extend(q_nope, k_nope, k_nope, layer, fb, q_rope=q_rope, k_rope=k_rope)
+
+    dynamo, aot = [], []
+    for backend in (recorder(dynamo), aot_autograd(fw_compiler=recorder(aot))):
+        torch._dynamo.reset()
+        with torch.no_grad(), pytest.raises(Traced):
+            torch.compile(forward, backend=backend, fullgraph=True)(*qkv)
+    ops = [n.target for n in dynamo[0].graph.nodes if n.op == "call_function"]
+    assert ops.count(torch.ops.verify_tuner.verify_attention) == 1
+    assert any(str(n.target).startswith("auto_functionalized") for n in aot[0].graph.nodes)
+    torch._dynamo.reset()
+
+
 def test_without_the_triton_backend_prefill_is_named():
     eng = Engine(QLEN_ONLY)
     fb = ForwardBatch(ForwardMode.MIXED, 1, torch.tensor([5]), torch.tensor([0]), torch.arange(5))
