@@ -70,6 +70,27 @@ def test_sglang_s_head_major_q_past_2048_tokens_is_read_in_place(loop):
     assert eng.error(outs, 0)[0] < 1e-2
 
 
+def test_a_forward_compiled_by_torch_compile_matches_attention(loop):
+    """SGLang's --enable-torch-compile: the verify forward compiled whole (inductor), the op on the kernel."""
+    torch, _, steps, pick = loop
+    from verify_tuner.engine.tree_masks import TreeMaskMode
+
+    sched = steps.Schedule([700, 1440], [900, 2100], seed=11)
+    eng = steps.LoopEngine(sched, layers=1, device="cuda", pick_config=pick, mode=TreeMaskMode.QLEN_ONLY)
+    eng.prepare()
+    eng.backend.init_forward_metadata(eng.fb)
+    layer = eng.layers[0]
+
+    def forward(q_nope, q_rope, k_nope, k_rope):
+        return eng.backend.forward_extend(q_nope, k_nope, k_nope, layer, eng.fb, q_rope=q_rope, k_rope=k_rope)
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out = torch.compile(forward, fullgraph=True)(eng.q_nope, eng.q_rope, eng.k_nope, eng.k_rope)
+    torch._dynamo.reset()
+    assert eng.error([out], 0)[0] < 1e-2
+
+
 def test_a_dflash_chain_replays_in_a_graph_captured_with_a_mask(loop):
     torch, engine_loop, steps, pick = loop
     from verify_tuner.engine.tree_masks import TreeMaskMode
