@@ -308,21 +308,24 @@ class VerifyMLABackend:
             self._store(layer, forward_batch, k, v, k_rope, k_scale)
         softmax_scale, kv_scale, out_scale = self._scales(layer, k_scale)
         kv = self.token_to_kv_pool.get_key_buffer(layer.layer_id)
-        # rows past bs x q_len: DP attention pads a step's tokens to a multiple of the attention-TP
-        # size and leaves them to the backend (SGLang's Triton backend computes none): zeros here
         out = q.new_empty((q.shape[0], heads, D_V))
-        out[n:].zero_()
+        o = out
+        if q.shape[0] > n:  # slices only here: each is a dispatch an eager layer pays on the host
+            # rows past bs x q_len: DP attention pads a step's tokens to a multiple of the attention-TP
+            # size and leaves them to the backend (SGLang's Triton backend computes none): zeros here
+            out[n:].zero_()
+            q, q_rope, o = q[:n], q_rope[:n] if q_rope is not None else None, out[:n]
         kv_indptr, rows, draft, mask = step.views(bs)
         self.op(
-            q[:n].view(bs, Q, heads, -1),
-            q_rope[:n].view(bs, Q, heads, -1) if q_rope is not None else None,
+            q.view(bs, Q, heads, -1),
+            q_rope.view(bs, Q, heads, -1) if q_rope is not None else None,
             kv.view(-1, kv.shape[-1]),
             kv_indptr,
             self.req_to_token,
             rows,
             draft,
             mask,
-            out[:n].view(bs, Q, heads, D_V),
+            o.view(bs, Q, heads, D_V),
             None,
             config,
             softmax_scale,
@@ -332,7 +335,7 @@ class VerifyMLABackend:
             kv_scale,
         )
         if out_scale is not None:
-            out[:n].mul_(out_scale)
+            o.mul_(out_scale)
         return out.view(-1, heads * D_V)
 
     def _scales(self, layer: Any, k_scale: Any) -> tuple[float, Any, float | None]:
