@@ -90,9 +90,14 @@ def test_an_idle_dp_rank_s_replay_copies_no_mask():
     be.init_forward_metadata_out_graph(idle)
     be.update_verify_buffers_to_fill_after_draft(idle.spec_info, 4)
     assert torch.equal(be.verify_mask.buffer, before) and int(be.steps[Q].chain) == 1
-    be.init_forward_metadata_out_graph(real)  # the next real step stages its mask again
-    be.update_verify_buffers_to_fill_after_draft(real.spec_info, 4)
-    assert int(be.steps[Q].chain) == 0 and not torch.equal(be.verify_mask.buffer, before.zero_())
+    idle.spec_info = None  # SGLang allows an idle rank's view without one
+    be.init_forward_metadata_out_graph(idle)
+    nxt = eng.step([30, 2, 11, 40], rows=[0, 1, 2, 3])  # the next real step: other lengths, other trees
+    be.init_forward_metadata_out_graph(nxt)
+    be.update_verify_buffers_to_fill_after_draft(nxt.spec_info, 4)
+    staged = nxt.spec_info.custom_mask.reshape(-1).view(torch.uint8)
+    assert int(be.steps[Q].chain) == 0 and not torch.equal(staged, before.view(torch.uint8)[: staged.numel()])
+    assert torch.equal(be.verify_mask.buffer.view(torch.uint8)[: staged.numel()], staged)
 
 
 def test_a_pd_prefill_node_s_decode_warm_up_goes_to_the_triton_backend():

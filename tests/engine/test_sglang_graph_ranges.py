@@ -177,6 +177,10 @@ def test_a_dflash_verify_s_host_lengths_count_its_draft_block():
     step.seq_lens_cpu = step.seq_lens + Q
     eng.backend.init_forward_metadata(step)
     assert eng.backend._current[2] == op.config_list(SHORT) and eng.backend.graphs.length_syncs == 0
+    # SGLang's verify warm-up fills the host lengths with 1, no block added: the first range, not -1
+    warm = eng.step([1], rows=[3], chain=True)
+    warm.seq_lens_cpu = warm.seq_lens.clone()
+    assert eng.backend.graphs.range_of(warm, Q, 1) == 0 and run.variants.select(warm) == "prefix_range_0"
 
 
 def test_without_host_lengths_the_range_is_read_from_the_device_and_counted():

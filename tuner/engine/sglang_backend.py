@@ -198,6 +198,16 @@ class VerifyMLABackend:
             return self._delegated("init_forward_metadata_out_graph", forward_batch, in_capture)
         if forward_batch.forward_mode.is_idle():
             return None
+        # an idle DP rank replays the captured graph on padding (SGLang's view keeps the captured
+        # mode, its spec_info may be None): its outputs are dropped, so chain rows, and no copy of
+        # the runner's all-ones mask (FULL_MASK's is tens of MB, and the other ranks wait on this one)
+        actual = getattr(forward_batch, "actual_forward_mode", None) or forward_batch.forward_mode
+        self._stages = not in_capture
+        if not in_capture and actual.is_idle():
+            self._stages = False
+            for idle_step in self.steps.values():
+                idle_step.set_chain(True)
+            return None
         bs, step = self._batch(forward_batch)
         if bs > self._graph_bs:
             raise ValueError(f"batch {bs} past the captured {self._graph_bs} (init_cuda_graph_state)")
@@ -205,14 +215,8 @@ class VerifyMLABackend:
         g = self.graphs
         i = g.captured_range(step.q_len, bs) if in_capture else g.replayed_range(forward_batch, step.q_len, bs)
         self._current = (bs, step, self._config(step.q_len, bs, i), self._graph_ws)
-        # an idle DP rank replays the captured verify graph on padding (SGLang's view keeps the
-        # captured mode): its outputs are dropped, so chain rows, and no copy of the runner's all-ones
-        # mask (FULL_MASK's is tens of MB, and the other ranks wait on this one's collectives)
-        actual = getattr(forward_batch, "actual_forward_mode", None) or forward_batch.forward_mode
-        idle = not in_capture and actual.is_idle()
-        self._stages = not (in_capture or idle)
         if step.q_len > 1:
-            mask = None if idle else self._mask(forward_batch)
+            mask = self._mask(forward_batch)
             step.set_chain(mask is None)
             if mask is not None and self._stages:  # at capture: the runner's placeholder
                 self._source.stage(mask)  # type: ignore[union-attr]

@@ -144,7 +144,8 @@ class GraphRanges:
             lengths = forward_batch.seq_lens
         elif self.host_counts_draft and forward_batch.forward_mode.is_target_verify():
             ahead = q_len
-        return int(lengths[:bs].max()) - counted_tokens(forward_batch) - ahead
+        # never below 0: a warm-up's lengths (1 each) need not carry the draft block
+        return max(0, int(lengths[:bs].max()) - counted_tokens(forward_batch) - ahead)
 
 
 @dataclass
