@@ -8,6 +8,7 @@ SGLang's tensors, with the op as its fp32 reference."""
 
 from __future__ import annotations
 
+import types
 from pathlib import Path
 
 import pytest
@@ -174,3 +175,21 @@ def test_the_loop_plans_each_cache_format_at_its_own_default(bench):
         assert ranges[1] == (4096, heuristic_config(h200, H=8, q_len=9, prefix=4096, batch=1, kv_dtype=kv))
         picked[kv] = ranges[1][1]
     assert picked["fp8_e4m3"] != picked["bf16"]
+
+
+def test_a_row_says_whether_its_worst_step_stays_within_the_gate(bench):
+    """The loop checks every step: a row carries its verdict and how many steps went over, so a
+    format whose worst step misses the kernel tests' gate is not reported as checked and fine."""
+    engine_loop, _ = bench
+    eng = types.SimpleNamespace(
+        backend=types.SimpleNamespace(kv_dtype="fp8_e4m3_qk", workspace_bytes=lambda: 2**20,
+                                      graphs=types.SimpleNamespace(length_syncs=0)),
+        labels=(None,), sched=types.SimpleNamespace(joined=1),
+    )  # fmt: skip
+    timed = [{"kept / fresh": 1.0}]
+    pick = lambda q, bs: ((0, CFG),)
+    errors = [(2e-3, 0.01), (2.2e-2, 0.2), (1.1e-2, 0.1)]
+    row = engine_loop._row(1, eng, pick, torch.bfloat16, 2, 0.3, errors, timed, [(None, 5)] * 3)
+    assert row["rel err max <= 0.01"] is False and row["steps over the gate"] == 2
+    row = engine_loop._row(1, eng, pick, torch.bfloat16, 2, 0.3, errors[:1], timed, [(None, 5)])
+    assert row["rel err max <= 0.01"] is True and row["steps over the gate"] == 0
