@@ -138,7 +138,11 @@ def _row(bs, eng, pick_ranges, pool_dtype, layers, graph_mb, errors, timings, re
         "requests joined": eng.sched.joined, "length syncs": eng.backend.graphs.length_syncs,
         "rel err max": max(e[0] for e in errors), "abs err max": max(e[1] for e in errors),
         "steps checked": len(errors), f"rel err max <= {GATE:g}": max(e[0] for e in errors) <= GATE,
-        "steps over the gate": sum(e[0] > GATE for e in errors), "timed": timings,
+        "steps over the gate": sum(e[0] > GATE for e in errors),
+        # where the error is largest: the step, its relative error, the batch's longest prefix then
+        "worst steps": [{"step": i, "rel err": errors[i][0], "prefix max": replayed[i][1]}
+                        for i in sorted(range(len(errors)), key=lambda i: -errors[i][0])[:5]],
+        "timed": timings,
         "kept / fresh median": statistics.median(t["kept / fresh"] for t in timings),
         "kept / fresh max": max(t["kept / fresh"] for t in timings),
     }  # fmt: skip

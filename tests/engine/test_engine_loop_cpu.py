@@ -189,7 +189,9 @@ def test_a_row_says_whether_its_worst_step_stays_within_the_gate(bench):
     timed = [{"kept / fresh": 1.0}]
     pick = lambda q, bs: ((0, CFG),)
     errors = [(2e-3, 0.01), (2.2e-2, 0.2), (1.1e-2, 0.1)]
-    row = engine_loop._row(1, eng, pick, torch.bfloat16, 2, 0.3, errors, timed, [(None, 5)] * 3)
+    row = engine_loop._row(1, eng, pick, torch.bfloat16, 2, 0.3, errors, timed, [(None, 5), (None, 0), (None, 9)])
     assert row["rel err max <= 0.01"] is False and row["steps over the gate"] == 2
+    assert row["worst steps"][:2] == [{"step": 1, "rel err": 2.2e-2, "prefix max": 0},
+                                      {"step": 2, "rel err": 1.1e-2, "prefix max": 9}]  # fmt: skip
     row = engine_loop._row(1, eng, pick, torch.bfloat16, 2, 0.3, errors[:1], timed, [(None, 5)])
     assert row["rel err max <= 0.01"] is True and row["steps over the gate"] == 0
