@@ -166,14 +166,17 @@ def dequantize(pool: Any, kv_dtype: str, kv_scale: float) -> Any:
 def quantized_q(q: Any, kv_dtype: str) -> Any:
     """q as the kernel computes with it, fp32 [..., 576]: for a format whose QK runs on e4m3 MMAs,
     each row quantized to e4m3 with its own scale (its largest |q| onto 448: multiplied by
-    448 / amax, rounded to nearest, divided again), as the kernel's prologue does; else as given."""
+    448 / amax -- one correctly rounded fp32 division --, rounded to nearest, divided again), as the
+    kernel's prologue does; else as given."""
     import torch
 
     if kv_format(kv_dtype).mma != "e4m3":
         return q.float()
     x = q.float()
     amax = x.abs().amax(dim=-1, keepdim=True)
-    mul = torch.where(amax > 0, E4M3_MAX / amax.clamp(1e-30, 1e30), torch.ones_like(amax))
+    # a tensor divisor: `448 / tensor` is torch's reciprocal times 448, two roundings, whose last bit
+    # moves q values that sit on an e4m3 rounding tie to the other side of it (the kernel divides once)
+    mul = torch.where(amax > 0, torch.full_like(amax, E4M3_MAX) / amax.clamp(1e-30, 1e30), torch.ones_like(amax))
     return (x * mul).to(torch.float8_e4m3fn).float() / mul
 
 

@@ -157,3 +157,26 @@ def test_the_qk_modes_reference_quantizes_each_q_row_as_the_kernel_does():
     o, _ = reference(inp)
     o_deq, _ = reference(dataclasses.replace(inp, kv_dtype="fp8_e4m3"))  # same cache, q as given
     assert 1e-4 < float((o - o_deq).norm() / o_deq.norm()) < 0.1
+
+
+def test_the_qk_modes_q_scale_is_one_rounded_division_as_the_kernels():
+    """The kernel's prologue scales a row by __fdiv_rn(448, amax), one correctly rounded fp32
+    quotient. bf16 q values often sit exactly on an e4m3 rounding tie once scaled (amax and q share
+    8-bit significands), so a scale one ulp off -- torch's `448 / tensor` is 448 times the rounded
+    reciprocal -- rounds them the other way: on an H100 that moved 266 of 4608 scores by up to 0.14
+    (bench/fp8_qk_probe.py --scores). Each row here is checked against the kernel's arithmetic,
+    emulated in numpy: the quotient in float64 rounded once to float32 (exact for a division), the
+    product in float32, e4m3's round-to-nearest-even."""
+    import numpy as np
+    from verify_tuner.kernels.reference import E4M3_MAX, quantized_q
+
+    gen = torch.Generator().manual_seed(3)
+    q = (torch.randn(4096, 576, generator=gen) * 2).to(torch.bfloat16)
+    x = q.float().numpy()
+    amax = np.abs(x).max(axis=-1, keepdims=True)
+    mul = (E4M3_MAX / amax.astype(np.float64)).astype(np.float32)
+    want = torch.from_numpy(x * mul).to(torch.float8_e4m3fn).float() / torch.from_numpy(mul)
+    assert torch.equal(quantized_q(q, "fp8_e4m3_qk"), want)
+    # the double rounding differs on these rows (the check above fails on it)
+    twice = torch.from_numpy(x * (np.float32(E4M3_MAX) * (np.float32(1) / amax))).to(torch.float8_e4m3fn).float()
+    assert not torch.equal(twice / torch.from_numpy(mul), want)
