@@ -550,3 +550,28 @@ def test_the_seesaw_model_catches_a_deferred_tile_without_its_empty_group(monkey
     monkeypatch.setattr(seesaw_model, "prologue", no_empty)
     found = runs()
     assert any("uses Q before its cp.async group landed" in w for w in found), found[:3]
+
+
+def test_the_fp8_qk_probe_tells_the_two_q_scales_apart(tmp_path):
+    """`fp8_qk_probe.py --analyze` reads a saved scores file and counts the scores that q quantized
+    with each scale formula misses: the kernel's (one rounded division) none, torch's `448 /
+    tensor` (two roundings) some -- on scores made here with the kernel's formula."""
+    torch = pytest.importorskip("torch")
+    gen = torch.Generator().manual_seed(5)
+    q = (torch.randn(64, 9, 8, 576, generator=gen) * 2).to(torch.bfloat16)
+    k = torch.randn(64 * 9, 576, generator=gen).to(torch.float8_e4m3fn)
+    amax = q.float().abs().amax(dim=-1, keepdim=True)
+    mul = torch.full_like(amax, 448.0) / amax
+    qq = (q.float() * mul).to(torch.float8_e4m3fn).float() / mul
+    lse = torch.einsum("bqhd,bqd->bqh", qq, k.float().view(64, 9, 576)) * 0.1447
+    saved = {"scale": 0.1447, "q": q, "keys fp8_e4m3_qk": k.view(torch.uint8).view(64, 9, 576)}
+    saved |= {"kv_scale fp8_e4m3_qk": 1.0, "lse fp8_e4m3_qk short": lse, "lse fp8_e4m3_qk default": lse}
+    torch.save(saved, tmp_path / "scores.pt")
+    r = subprocess.run(
+        [sys.executable, str(BENCH / "fp8_qk_probe.py"), "--analyze", str(tmp_path / "scores.pt")],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    lines = dict(line.split(": ", 1) for line in r.stdout.splitlines())
+    assert lines["short, q scaled by 448 / amax, one rounding"].endswith(" 0 of 4608 scores off by more than 1e-4")
+    off = lines["short, q scaled by 448 * (1 / amax), two roundings"].split(", ")[1]
+    assert 0 < int(off.split(" of ")[0]) < 4608, off
