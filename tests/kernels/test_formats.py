@@ -165,8 +165,8 @@ def test_the_qk_modes_q_scale_is_one_rounded_division_as_the_kernels():
     8-bit significands), so a scale one ulp off -- torch's `448 / tensor` is 448 times the rounded
     reciprocal -- rounds them the other way: on an H100 that moved 266 of 4608 scores by up to 0.14
     (bench/fp8_qk_probe.py --scores). Each row here is checked against the kernel's arithmetic,
-    emulated in numpy: the quotient in float64 rounded once to float32 (exact for a division), the
-    product in float32, e4m3's round-to-nearest-even."""
+    emulated in numpy: the quotient in float64 then float32 (for a division that is the correctly
+    rounded float32 quotient), the product in float32, e4m3's round-to-nearest-even."""
     import numpy as np
     from verify_tuner.kernels.reference import E4M3_MAX, quantized_q
 
