@@ -355,6 +355,26 @@ def test_study_report_on_rows_imported_without_times(place):
     assert sorted(p.suffix for p in (tmp / "rep").iterdir()) == [".md", ".png"]
 
 
+def test_study_report_without_matplotlib_writes_nothing(place):
+    """The table was written, then the plot stopped the command: half a report and exit 1."""
+    env, tmp = place
+    r = run_tuner(env, "study", "report", "--out", str(tmp / "rep"), block="matplotlib")
+    assert r.returncode == 1 and r.stderr.strip() == "Error: this command needs matplotlib: pip install matplotlib"
+    assert not (tmp / "rep").exists()
+
+
+def test_dump_of_shapes_without_a_device_names_the_option(tmp_path):
+    """With nothing recorded and no --device, --shape has no GPU to write its heuristic tables for:
+    the message told the user to give --shape (given) and exited 0 with nothing written."""
+    env = {"TUNER_DATABASE_URL": f"sqlite:///{tmp_path / 'c.db'}"}
+    assert run_tuner(env, "db", "upgrade").returncode == 0
+    r = run_tuner(env, "configs", "dump", "--out-dir", str(tmp_path / "d"), "--shape", "8:9")
+    assert r.returncode == 1 and "--device" in r.stderr.splitlines()[-1], r.stderr
+    assert not (tmp_path / "d").exists()
+    r = run_tuner(env, "configs", "dump", "--out-dir", str(tmp_path / "d"), "--shape", "8:9", "--device", "h200")
+    assert r.returncode == 0 and "device_name=NVIDIA_H200" in r.stdout, r.stderr
+
+
 @pytest.mark.parametrize(("umask", "dirs", "files"), [(0o077, 0o700, 0o600), (0o022, 0o755, 0o644)])
 def test_dumped_exported_and_reported_files_follow_the_umask(place, umask, dirs, files):
     """They were 0644 in 0755 folders even under umask 077: the operator's umask is what they asked for

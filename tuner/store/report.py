@@ -35,6 +35,8 @@ def write_report(*, sessions: sessionmaker[Session], out_dir: Path, device: str 
                 st = s.get(models.Study, r.study_id)
                 prefixes[r.key] = st.prefix if st else None
     if rows:  # nothing to write: no folder either
+        import matplotlib  # noqa: F401  (the plots need it: missing, it stops the report before any file)
+
         out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     own = current_kernel_hash()
