@@ -216,8 +216,13 @@ def configs_dump(
     with session_scope(checked_sessions(settings)) as s:
         paths = engine_dump.dump(session=s, out_dir=out_dir, device=device, shapes=parsed, kv_dtype=kv_dtype)
         name = lookup.device_name(session=s, name=device)
+    if not paths and parsed:  # shapes asked for, but no device to write their heuristic tables for
+        raise click.ClickException(
+            "no device to write the --shape tables for: this database records none; name the GPU with "
+            "--device (e.g. --device h200)"
+        )
     if not paths:
-        click.echo("nothing tuned for this kernel: no files written (give --shape H:Q for heuristic tables)")
+        click.echo("nothing tuned for this kernel: no files written (heuristic tables: --shape H:Q --device NAME)")
     for p in paths:
         click.echo(f"wrote {p}")
     old = engine_dump.left_over(out_dir=out_dir, written=paths, device=name)
