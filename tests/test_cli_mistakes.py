@@ -375,6 +375,15 @@ def test_dump_of_shapes_without_a_device_names_the_option(tmp_path):
     assert r.returncode == 0 and "device_name=NVIDIA_H200" in r.stdout, r.stderr
 
 
+def test_show_without_a_device_tells_a_cli_user_the_option(tmp_path):
+    """The sidecar's message ("e.g. device=h200") reached the CLI too, where the option is --device."""
+    env = {"TUNER_DATABASE_URL": f"sqlite:///{tmp_path / 'c.db'}"}
+    assert run_tuner(env, "db", "upgrade").returncode == 0
+    r = run_tuner(env, "configs", "show", "--H", "8", "--q-len", "9", "--prefix", "46000")
+    (last,) = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 1 and last.startswith("Error: ") and "--device h200 on the command line" in last, r.stderr
+
+
 @pytest.mark.parametrize(("umask", "dirs", "files"), [(0o077, 0o700, 0o600), (0o022, 0o755, 0o644)])
 def test_dumped_exported_and_reported_files_follow_the_umask(place, umask, dirs, files):
     """They were 0644 in 0755 folders even under umask 077: the operator's umask is what they asked for

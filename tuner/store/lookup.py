@@ -61,7 +61,7 @@ def resolve_device(*, session: Session, name: str | None, default: str | None) -
             raise BadParameter(
                 "device",
                 f"required: there is no default device ({known}; `tuner serve --device h200` or TUNER_DEVICE "
-                "sets one): name the GPU, e.g. device=h200",
+                "sets one): name the GPU, e.g. device=h200 in a query, --device h200 on the command line",
             )
         return devices.device_limits(recorded[0])
     dev = devices.get_device(session=session, name=name)
