@@ -70,6 +70,8 @@ def _declared_query(route: APIRoute) -> frozenset[str]:
 def _plain_digits(value: object) -> object:
     # int() would also take "8_0", " 8", "+8" and "8.0"; a query integer is what a reader sees
     if isinstance(value, str) and not (value.isascii() and value.isdigit() and len(value) <= MAX_DIGITS):
+        if value[:1] == "-" and value[1:].isascii() and value[1:].isdigit():
+            raise ValueError(f"must not be negative (plain decimal digits, at most {MAX_DIGITS})")
         raise ValueError(f"must be plain decimal digits (at most {MAX_DIGITS})")
     return value
 

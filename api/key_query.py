@@ -42,7 +42,8 @@ def _annotation(spec: Spec, python_type: type) -> Any:
         return Annotated[int, Digits, Query(ge=spec.lo, le=spec.hi, description=spec.doc)]
     if spec.check:  # its check names the accepted values (an empty one too) where a pattern would quote a regex
         return Annotated[str, Query(max_length=spec.max_len, description=spec.doc), AfterValidator(spec.check)]
-    text = Query(max_length=spec.max_len, pattern=DEVICE_PATTERN, description=spec.doc)
+    # min_length first: an empty value is told so, not shown the pattern's regex
+    text = Query(min_length=1, max_length=spec.max_len, pattern=DEVICE_PATTERN, description=spec.doc)
     return Annotated[str | None, text] if spec.local else Annotated[str, text]
 
 

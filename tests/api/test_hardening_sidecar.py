@@ -80,6 +80,18 @@ def test_a_query_integer_is_plain_decimal_digits(base, raw):
     assert _loc(r) == [["query", "H"]] and "decimal digits" in r.text
 
 
+@pytest.mark.parametrize(("query", "name", "says"), [
+    ("H=-8&q_len=9&prefix=46000", "H", "must not be negative"),
+    ("H=8&q_len=9&prefix=-5", "prefix", "must not be negative"),
+    ("H=8&q_len=9&prefix=46000&batch=-3", "batch", "must not be negative"),
+    ("H=8&q_len=9&prefix=46000&device=", "device", "at least 1 character"),
+])  # fmt: skip
+def test_a_negative_integer_or_an_empty_device_is_told_so(base, query, name, says):
+    """A negative H was told "must be plain decimal digits", an empty device shown a regex."""
+    r = httpx.get(f"{base}/config?{query}")
+    assert r.status_code == 422 and _loc(r) == [["query", name]] and says in r.json()["detail"][0]["msg"], r.text
+
+
 def test_an_unknown_query_parameter_is_422_naming_it(base):
     r = httpx.get(f"{base}/config?H=8&q_len=9&prefix=46000&bacth=32")
     assert r.status_code == 422 and _loc(r) == [["query", "bacth"]] and "unknown parameter" in r.text
