@@ -94,3 +94,33 @@ def test_a_row_missing_a_structural_constant_is_refused_naming_it(run, tmp_path)
         assert r.exit_code == 1, (name, r.output)
         assert f"row 1: {name}: required: a row gives all ten kernel constants" in r.output, r.output
     assert run("configs", "list").output.strip() == "no tuned configs"
+
+
+def test_a_row_missing_every_constant_gets_the_hint_once(run, tmp_path):
+    """A row with none of the ten constants repeated the same long hint ten times on one line."""
+    path = tmp_path / "bare.json"
+    path.write_text(json.dumps([{"device": "h200", "H": 8, "q_len": 9, "prefix": 46000}]))
+    r = run("configs", "import", str(path))
+    assert r.exit_code == 1 and r.output.count("a row gives all ten kernel constants") == 1, r.output
+    assert "row 1: NSPLIT HT TK BLOCK STAGES QT WR WK SF PIPE: required" in r.output, r.output
+
+
+def test_a_csv_without_a_header_line_is_told_so(run, tmp_path):
+    """'garbage,,' was refused as a header that "repeats column(s) ''"."""
+    path = tmp_path / "garbage.csv"
+    path.write_text("garbage,,\n1,2,3\n")
+    r = run("configs", "import", str(path))
+    assert r.exit_code == 1 and "CSV header has no name in column(s) 2, 3" in r.output, r.output
+
+
+def test_importing_a_dump_of_heuristic_answers_says_why_nothing_came_in(run, tmp_path):
+    """`configs dump --shape` of an untuned table, imported: 'imported 0 config(s)' and no word why."""
+    assert run("configs", "dump", "--out-dir", str(tmp_path / "d"), "--shape", "8:9", "--device", "h200").exit_code == 0
+    (path,) = (tmp_path / "d").glob("*.json")
+    r = CliRunner().invoke(cli, ["--database-url", f"sqlite:///{tmp_path / 'other.db'}", "db", "upgrade"])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(
+        cli, ["--database-url", f"sqlite:///{tmp_path / 'other.db'}", "configs", "import", str(path)]
+    )
+    assert r.exit_code == 0 and "imported 0 config(s)" in r.output, r.output
+    assert "no tuned rows (its heuristic answers are not stored)" in r.output, r.output

@@ -273,3 +273,5 @@ def configs_import(settings: Settings, path: Path, fmt: str | None) -> None:
             err=True,
         )
     click.echo(f"imported {result.imported} config(s)")
+    if loaded.dump and not loaded.rows:  # a dump of an untuned table: its answers are derived, not stored
+        click.echo("note: the file holds no tuned rows (its heuristic answers are not stored)", err=True)

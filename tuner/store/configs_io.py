@@ -146,6 +146,11 @@ def _csv_rows(text: str) -> list[dict[str, Any]]:
     stored for a tuned 3), or a last record without its line break (cut inside its last cell)."""
     reader = csv.DictReader(io.StringIO(text))
     try:
+        empty = [i for i, c in enumerate(reader.fieldnames or (), start=1) if not c.strip()]
+        if empty:  # not a header at all, or a stray separator: say so before "repeats ''"
+            cols = ", ".join(map(str, empty))
+            why = f"CSV header has no name in column(s) {cols}: the first line must name the columns, as `tuner configs export --format csv` writes them"
+            raise ImportRejected([why], whole_file=True)
         repeated = sorted({c for c in reader.fieldnames or () if (reader.fieldnames or []).count(c) > 1})
         if repeated:  # DictReader keeps the last of a repeated column's cells
             raise ImportRejected([f"CSV header repeats column(s) {', '.join(map(repr, repeated))}"], whole_file=True)

@@ -255,12 +255,19 @@ def parse_row(raw: dict[str, Any]) -> RowFields:
     try:
         return ConfigRow.model_validate(raw)
     except ValidationError as exc:
-        raise ValueError("; ".join(_one_line(e) for e in exc.errors())) from None
+        errors = exc.errors()
+        absent = [e for e in errors if e["type"] == "missing" and _where(e) in PARAM_NAMES]
+        lines = [_one_line(e) for e in errors if e not in absent]
+        if absent:  # one line for them all: the hint once, not once a constant
+            names = " ".join(_where(e) for e in absent)
+            lines.insert(0, f"{names}: required: a row gives all ten kernel constants ({' '.join(PARAM_NAMES)}), "
+                            "as `tuner configs export` writes them")  # fmt: skip
+        raise ValueError("; ".join(lines)) from None
+
+
+def _where(err: Any) -> str:
+    return ".".join(str(p) for p in err["loc"]) or "row"
 
 
 def _one_line(err: Any) -> str:
-    where = ".".join(str(p) for p in err["loc"]) or "row"
-    msg = err["msg"].removeprefix("Value error, ")
-    if err["type"] == "missing" and where in PARAM_NAMES:
-        msg = f"required: a row gives all ten kernel constants ({' '.join(PARAM_NAMES)}), as `tuner configs export` writes them"
-    return f"{where}: {msg}"
+    return f"{_where(err)}: {err['msg'].removeprefix('Value error, ')}"
