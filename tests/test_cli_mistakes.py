@@ -628,3 +628,13 @@ def test_a_folder_of_ones_own_without_write_permission_is_told_to_chmod_not_chow
         session.check_writable(folder / "s.db", "the snapshot's DEST")
     assert f"`chmod u+wx {folder}`" in str(info.value) and "chown" not in str(info.value)
     assert "set the snapshot's DEST to a writable path" in str(info.value)
+
+
+def test_db_upgrade_says_when_it_creates_a_new_database(tmp_path):
+    """A mistyped path made a new, empty database and said only 'database at revision 0007': a
+    sidecar on it then served heuristics. The first upgrade says the database is new, the next not."""
+    env = {"TUNER_DATABASE_URL": f"sqlite:///{tmp_path / 'typo' / 'c.db'}"}
+    first = run_tuner(env, "db", "upgrade")
+    assert first.returncode == 0 and first.stdout.startswith("created a new database at revision "), first.stdout
+    again = run_tuner(env, "db", "upgrade")
+    assert again.returncode == 0 and again.stdout.startswith("database at revision "), again.stdout

@@ -32,12 +32,30 @@ def db_upgrade(settings: Settings, revision: str) -> None:
         raise click.BadParameter(
             f"{revision!r} is not a revision: head or one of {', '.join(known)}", param_hint="--revision"
         )
+    new_file = _sqlite_file(settings.database_url)
+    new_file = new_file if new_file is not None and not new_file.exists() else None
     migrate.upgrade(settings.database_url, revision)
     _prepare_studies(settings)
     now = _revision_now(settings.database_url)
     # alembic's upgrade to a revision the database is already past changes nothing: say so, not the target
     past = f" (already past {revision}: `tuner db upgrade` never downgrades)" if _names_other(revision, now) else ""
-    click.echo(f"database at revision {now or 'none'}{past}: {safe_url(settings.database_url)}")
+    # a mistyped path makes a new, empty database that a sidecar then serves heuristics from: say it is new
+    what = "created a new database" if new_file is not None else "database"
+    click.echo(f"{what} at revision {now or 'none'}{past}: {safe_url(settings.database_url)}")
+
+
+def _sqlite_file(url: str) -> Path | None:
+    """The file an SQLite URL names (None for another database or an in-memory one)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:  # not a URL: the upgrade says so in its own words
+        return None
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(parsed.database)
 
 
 def _revision_now(url: str) -> str | None:
