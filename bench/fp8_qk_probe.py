@@ -99,11 +99,13 @@ def analyze(path: Path) -> None:
     q, sm = saved["q"].float(), saved["scale"]
     keys = saved["keys fp8_e4m3_qk"]
     k = (keys.view(torch.float8_e4m3fn) if keys.dtype == torch.uint8 else keys).float() * saved["kv_scale fp8_e4m3_qk"]
-    amax = q.abs().amax(dim=-1, keepdim=True)
-    formulas = {"448 / amax, one rounding": torch.full_like(amax, 448.0) / amax,
-                "448 * (1 / amax), two roundings": 448.0 * torch.reciprocal(amax)}  # fmt: skip
-    for name, mul in formulas.items():
-        want = torch.einsum("bqhd,bqd->bqh", (q * mul).to(torch.float8_e4m3fn).float() / mul, k) * sm
+    from verify_tuner.kernels.reference import quantized_q
+
+    mul = 448.0 * torch.reciprocal(q.abs().amax(dim=-1, keepdim=True))
+    quantized = {"448 / amax, one rounding": quantized_q(q, "fp8_e4m3_qk"),  # the reference's own
+                 "448 * (1 / amax), two roundings": (q * mul).to(torch.float8_e4m3fn).float() / mul}  # fmt: skip
+    for name, qq in quantized.items():
+        want = torch.einsum("bqhd,bqd->bqh", qq, k) * sm
         for cfg in CONFIGS:
             err = (saved[f"lse fp8_e4m3_qk {cfg}"] - want).abs()
             print(f"{cfg}, q scaled by {name}: score err max {err.max():.3e}, "

@@ -32,15 +32,14 @@ def db_upgrade(settings: Settings, revision: str) -> None:
         raise click.BadParameter(
             f"{revision!r} is not a revision: head or one of {', '.join(known)}", param_hint="--revision"
         )
-    new_file = _sqlite_file(settings.database_url)
-    new_file = new_file if new_file is not None and not new_file.exists() else None
+    created = (path := _sqlite_file(settings.database_url)) is not None and not path.exists()
     migrate.upgrade(settings.database_url, revision)
     _prepare_studies(settings)
     now = _revision_now(settings.database_url)
     # alembic's upgrade to a revision the database is already past changes nothing: say so, not the target
     past = f" (already past {revision}: `tuner db upgrade` never downgrades)" if _names_other(revision, now) else ""
     # a mistyped path makes a new, empty database that a sidecar then serves heuristics from: say it is new
-    what = "created a new database" if new_file is not None else "database"
+    what = "created a new database" if created else "database"
     click.echo(f"{what} at revision {now or 'none'}{past}: {safe_url(settings.database_url)}")
 
 
