@@ -6,11 +6,17 @@ every batch it replays: nothing is prepared on the host and no buffer beyond the
 This module is the same arithmetic in Python, for the CPU tests of its guarantees (every KV tile
 owned by exactly one part, parts balanced, partial slots unique) and for sizing the workspace.
 
-Request b costs `PLAN_C + L_b` units (L_b = P_b + q_len virtual tokens; PLAN_C stands for its
-fixed cost: the Q load, the pipeline's fill, the epilogue). Part p of the N active parts takes
-units [p*W/N, (p+1)*W/N) of the batch's W; a KV tile belongs to the part that holds its last
-token's unit. N = min(NSPLIT, W // (PLAN_MIN_TILES * TK)): a part spans at least one tile, so
-every part between a request's first and last holds some of its tiles and writes a partial.
+Request b costs `L_b` units plus, for every request but the first, `PLAN_C` units before them
+(L_b = P_b + q_len virtual tokens; PLAN_C stands for the fixed cost of a segment a part adds by
+starting a new request: the Q load, the pipeline's fill, the epilogue; a part's first segment is
+paid by every part alike, so request 0 carries none). Part p of the N active parts takes units
+[p*W/N, (p+1)*W/N) of the batch's W; a KV tile belongs to the part that holds its *first* token's
+unit (a request's short last tile then costs its part a whole tile, as it does on the GPU).
+N = min(NSPLIT, W // (PLAN_MIN_TILES * TK)): a part spans at least one tile, so every part between
+a request's first and last holds some of its tiles and writes a partial. A batch of one request
+takes N = min(NSPLIT, ceil(W / (PLAN_MIN_TILES * TK))) instead: its parts' windows then start on
+its tiles' starts, one tile each while they are fewer than the grid's parts, and no part holds a
+tile more than ceil(tiles / N) (the floor would leave one part two tiles at P=4096).
 
 Row splits (a kernel built with -DVA_ROWSPLIT=3; the default build has none, ROW_SPLITS): when
 W // TK < NSPLIT * PLAN_SPLIT_TILES (with the default 1: a batch too short for
@@ -87,8 +93,16 @@ class Plan:
     split_tiles: int = PLAN_SPLIT_TILES
 
     def unit(self, b: int) -> int:
-        """U(b): units before request b."""
-        return sum(self.lengths[:b]) + b * self.c
+        """U(b): units before request b (its fixed cost, then its tokens)."""
+        return sum(self.lengths[:b]) + max(b - 1, 0) * self.c
+
+    def overhead(self, b: int) -> int:
+        """Units of fixed cost at the start of request b: none for the first."""
+        return self.c if b > 0 else 0
+
+    def tile_unit(self, b: int, t: int) -> int:
+        """The unit of tile t's first token in request b (what decides its part)."""
+        return self.unit(b) + self.overhead(b) + t * self.tk
 
     @property
     def total(self) -> int:
@@ -97,13 +111,16 @@ class Plan:
     @property
     def parts(self) -> int:
         """N, the parts that get work."""
-        n = max(1, min(self.nsplit, self.total // (self.min_tiles * self.tk)))
+        step = self.min_tiles * self.tk
+        cap = -(-self.total // step) if len(self.lengths) == 1 else self.total // step
+        n = max(1, min(self.nsplit, cap))
         return max(1, min(n, self.nsplit // self.rsplit)) if self.split else n
 
     @property
     def split(self) -> bool:
         """Whether the parts run as row splits: without them some grid parts would idle."""
-        return self.rsplit > 1 and self.total // self.tk < self.nsplit * self.split_tiles
+        tiles = -(-self.total // self.tk) if len(self.lengths) == 1 else self.total // self.tk
+        return self.rsplit > 1 and tiles < self.nsplit * self.split_tiles
 
     @property
     def blocks_per_part(self) -> int:
@@ -121,19 +138,19 @@ class Plan:
 
     def segment(self, p: int, b: int) -> Segment | None:
         """Part p's tiles of request b, or None (the kernel's Plan::segment)."""
-        ub, L, nt = self.unit(b), self.lengths[b], self.tiles(b)
-        x = self.part_begin(p) - ub - self.c
-        y = self.part_begin(p + 1) - ub - self.c
-        t0 = 0 if x <= 0 else min(nt - 1, x // self.tk)
-        t1 = nt - 1 if y >= L else (-1 if y < self.tk else y // self.tk - 1)
+        start, nt = self.tile_unit(b, 0), self.tiles(b)
+        x = self.part_begin(p) - start
+        y = self.part_begin(p + 1) - start
+        t0 = 0 if x <= 0 else -(-x // self.tk)
+        t1 = -1 if y <= 0 else min(nt - 1, -(-y // self.tk) - 1)
         if t0 > t1:
             return None
         return Segment(part=p, request=b, t0=t0, t1=t1, direct=t0 == 0 and t1 == nt - 1)
 
     def request_parts(self, b: int) -> range:
         """The parts holding request b's tiles, first to last (what the reduce merges)."""
-        first = self.part_of(self.unit(b) + self.c + min(self.tk, self.lengths[b]) - 1)
-        return range(first, self.part_of(self.unit(b + 1) - 1) + 1)
+        first = self.part_of(self.tile_unit(b, 0))
+        return range(first, self.part_of(self.tile_unit(b, self.tiles(b) - 1)) + 1)
 
     def segments(self) -> list[Segment]:
         """Every part's segments, in the order the kernel's blocks walk them."""

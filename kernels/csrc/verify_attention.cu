@@ -465,14 +465,17 @@ __device__ __forceinline__ unsigned long long mask_row(const void* mask, int byt
 // ---- How the fixed grid shares a batch: the runtime plan, computed on the device from
 // prefix_indptr by every block that needs it (no host step, nothing to refresh between CUDA-graph
 // replays; kernels/plan.py mirrors it for the CPU tests and the workspace size). Request b costs
-// PLAN_C + L_b units, L_b = P_b + QN virtual tokens and PLAN_C a per-request fixed cost in tokens
-// (its Q load, prologue and epilogue); U(b) counts the units before it and W = U(B). Part p of
-// the N = min(NSPLIT, W / (PLAN_MIN_TILES * TK)) active parts takes units [p*W/N, (p+1)*W/N). A
-// KV tile belongs to the part holding its last token's unit, so parts split requests at tile
-// boundaries, and every part between a request's first and last holds at least one of its tiles
-// (parts span >= TK units). Part p's partial of request b goes to workspace slot p + b (unique:
-// parts and requests both advance along the units); a request whose tiles one part holds all of
-// is written to `out` directly, and the reduce skips it.
+// L_b units, L_b = P_b + QN virtual tokens, after PLAN_C units of fixed cost for every request but
+// the first (the Q load, prologue and epilogue of the segment a part adds by starting a request;
+// every part pays its first one alike); U(b) counts the units before it and W = U(B). Part p of
+// the N = min(NSPLIT, W / (PLAN_MIN_TILES * TK)) active parts takes units [p*W/N, (p+1)*W/N) (one
+// request: N = min(NSPLIT, ceil(W / (PLAN_MIN_TILES * TK))), so no part holds more than
+// ceil(tiles / N) tiles). A KV tile belongs to the part holding its first token's unit (a short
+// last tile costs its part a whole tile), so parts split requests at tile boundaries, and every
+// part between a request's first and last holds at least one of its tiles (parts span >= TK
+// units, or one request's windows start on its tiles). Part p's partial of request b goes to
+// workspace slot p + b (unique: parts and requests both advance along the units); a request whose
+// tiles one part holds all of is written to `out` directly, and the reduce skips it.
 #ifndef PLAN_C
 #define PLAN_C 128
 #endif
@@ -499,17 +502,20 @@ struct Plan {
   int N;
   int R;  // blocks per part: grid part g computes KV part g % N, n8 row tiles from (g / N) * RS
   __device__ __forceinline__ long long U(int b) const {
-    return (long long)(__ldg(indptr + b) - __ldg(indptr)) + (long long)b * (QN + PLAN_C);
+    return (long long)(__ldg(indptr + b) - __ldg(indptr)) + (long long)b * QN + (long long)max(b - 1, 0) * PLAN_C;
   }
+  // The unit of request b's first tile's first token (b starts at Ub): its fixed cost first.
+  __device__ __forceinline__ static long long start(long long Ub, int b) { return Ub + (b > 0 ? PLAN_C : 0); }
   __device__ __forceinline__ long long part_begin(int p) const { return (long long)p * W / N; }
   __device__ __forceinline__ int part_of(long long u) const { return (int)(((u + 1) * N - 1) / W); }
-  // The tiles of a request (units from Ub, L virtual tokens) whose last unit lies in [u0, u1).
-  __device__ __forceinline__ Seg segment(long long Ub, int L, long long u0, long long u1) const {
+  // The tiles of a request (its first tile's first token at unit s0, L virtual tokens) whose first
+  // token's unit lies in [u0, u1).
+  __device__ __forceinline__ Seg segment(long long s0, int L, long long u0, long long u1) const {
     const int nt = (L + TK - 1) / TK;
-    const long long x = u0 - Ub - PLAN_C, y = u1 - Ub - PLAN_C;
+    const long long x = u0 - s0, y = u1 - s0;
     Seg s;
-    s.t0 = x <= 0 ? 0 : (int)min((long long)nt - 1, x / TK);
-    s.t1 = y >= L ? nt - 1 : (y < TK ? -1 : (int)(y / TK) - 1);
+    s.t0 = x <= 0 ? 0 : (int)((x + TK - 1) / TK);
+    s.t1 = y <= 0 ? -1 : (int)min((long long)nt - 1, (y + TK - 1) / TK - 1);
     s.direct = s.t0 == 0 && s.t1 == nt - 1;
     return s;
   }
@@ -518,11 +524,13 @@ __device__ __forceinline__ Plan make_plan(const int* indptr, int B) {
   Plan p;
   p.indptr = indptr;
   p.W = p.U(B);
-  const long long cap = p.W / (PLAN_MIN_TILES * TK);
+  // one request: round up (its windows then start on its tiles' starts, see above)
+  const long long step = PLAN_MIN_TILES * TK, cap = B == 1 ? (p.W + step - 1) / step : p.W / step;
   p.N = (int)(cap < 1 ? 1 : (cap < NSPLIT ? cap : NSPLIT));
   p.R = 1;
   // parts would idle (or hold few tiles): the batch's tiles, not PLAN_MIN_TILES' parts, decide
-  if (RSPLIT > 1 && p.W / TK < (long long)NSPLIT * PLAN_SPLIT_TILES) {
+  const long long tiles = B == 1 ? (p.W + TK - 1) / TK : p.W / TK;
+  if (RSPLIT > 1 && tiles < (long long)NSPLIT * PLAN_SPLIT_TILES) {
     p.R = RSPLIT;
     p.N = max(1, min(p.N, NSPLIT / RSPLIT));
   }
@@ -535,7 +543,7 @@ __device__ __forceinline__ void next_segment(int* seg, const int* indptr, int B,
   for (; b < B; ++b) {
     const long long Ub = pl.U(b);
     if (Ub >= u1) break;
-    const Seg s = pl.segment(Ub, __ldg(indptr + b + 1) - __ldg(indptr + b) + QN, u0, u1);
+    const Seg s = pl.segment(Plan::start(Ub, b), __ldg(indptr + b + 1) - __ldg(indptr + b) + QN, u0, u1);
     if (s.t0 <= s.t1) {
       seg[0] = s.t0, seg[1] = s.t1, seg[2] = s.direct, seg[3] = b;
       return;
@@ -1819,9 +1827,9 @@ __device__ __forceinline__ bool reduce_pieces(const bf16* __restrict__ part_o, c
     if (item < items) {
       const int b = (int)(item / ((long long)QN * H * PIECES));
       const Plan pl = make_plan(prefix_indptr, B);
-      const long long Ub = pl.U(b), Ub1 = pl.U(b + 1);
-      const int Lb = (int)(Ub1 - Ub - PLAN_C);
-      const int p_first = pl.part_of(Ub + PLAN_C + min(TK, Lb) - 1), p_last = pl.part_of(Ub1 - 1);
+      const long long s0 = Plan::start(pl.U(b), b);  // the first tile's first token; the last's below
+      const int ntb = (prefix_indptr[b + 1] - prefix_indptr[b] + QN + TK - 1) / TK;
+      const int p_first = pl.part_of(s0), p_last = pl.part_of(s0 + (long long)(ntb - 1) * TK);
       if (p_first != p_last) {  // one part wrote this request's output itself otherwise
         const int np = p_last - p_first + 1;
         const int k = np > RED_SMALL ? RED_THREADS - 1 - atomicAdd(&sh.nbig, 1) : atomicAdd(&sh.ntodo, 1);

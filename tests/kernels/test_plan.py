@@ -98,16 +98,17 @@ def test_four_row_tiles_split_two_ways_not_three():
 
 
 def test_a_short_request_runs_as_row_splits_over_fewer_parts():
-    # B=1 P=1000, 72 rows: 35 parts of one tile would leave 97 of 132 grid parts idle; as row
-    # splits, 35 parts x 3 blocks of 24 rows (105 blocks); a long prefix keeps every part whole
+    # B=1 P=1000, 72 rows: 32 parts of one tile would leave 100 of 132 grid parts idle; as row
+    # splits, 32 parts x 3 blocks of 24 rows (96 blocks); a long prefix keeps every part whole
     short = plan([1000], q_len=9, tk=32, nsplit=132, rsplit=3)
-    assert short.split and short.parts == 35 and short.blocks_per_part == 3
+    assert short.split and short.parts == 32 and short.blocks_per_part == 3
     fewer = plan([3000], q_len=9, tk=32, nsplit=132, rsplit=3)
-    assert fewer.split and fewer.parts == 44  # 98 tiles: 44 parts of 2-3 tiles
-    assert not plan([4096], q_len=9, tk=32, nsplit=132, rsplit=3).split  # a tile for every part
-    assert plan([4096], q_len=9, tk=32, nsplit=132, rsplit=3, split_tiles=2).parts == 44
-    # parts of two tiles at P=4096 (both seesaw groups with a tile) stay whole: the batch has a tile a part
-    two = plan([4096], q_len=9, tk=32, nsplit=132, rsplit=3, min_tiles=2)
+    assert fewer.split and fewer.parts == 44  # 95 tiles: 44 parts of 2-3 tiles
+    assert plan([4096], q_len=9, tk=32, nsplit=132, rsplit=3).split  # 129 tiles for 132 parts
+    assert not plan([4200], q_len=9, tk=32, nsplit=132, rsplit=3).split  # 132 tiles: one a part
+    assert plan([4200], q_len=9, tk=32, nsplit=132, rsplit=3, split_tiles=2).parts == 44
+    # parts of two tiles at P=4200 (both seesaw groups with a tile) stay whole: the batch has a tile a part
+    two = plan([4200], q_len=9, tk=32, nsplit=132, rsplit=3, min_tiles=2)
     assert not two.split and two.parts == 66
     long = plan([46000], q_len=9, tk=32, nsplit=132, rsplit=3)
     assert not long.split and long.parts == 132 and long.blocks_per_part == 1
@@ -125,5 +126,27 @@ def test_one_long_request_among_short_ones_is_shared_evenly():
 
 def test_a_short_batch_leaves_parts_idle_and_writes_directly():
     p = plan([0], q_len=9, tk=32, nsplit=132)
-    (seg,) = p.segments()  # one part of the few with units holds the one tile
-    assert seg.direct and (seg.t0, seg.t1) == (0, 0) and p.parts == (9 + PLAN_C) // 32 < 132
+    (seg,) = p.segments()  # one part holds the one tile
+    assert seg.direct and (seg.t0, seg.t1) == (0, 0) and p.parts == 1
+
+
+@pytest.mark.parametrize(("tk", "nsplit", "q_len"), [(32, 132, 9), (16, 94, 9), (64, 188, 1), (32, 16, 64)])
+def test_one_request_gives_no_part_more_than_its_ceiling_share(tk, nsplit, q_len):
+    """B=1, the latency case: the slowest part holds ceil(tiles / parts) tiles and every part one
+    at least. Counting a short last tile by its tokens, or charging the first request a fixed cost,
+    left one part of 132 two tiles at P=4096 (and twelve at 46000, where eleven is the share)."""
+    for prefix in [*range(0, 9000, 7), 46000, 131072, 200_000]:
+        p = plan([prefix], q_len=q_len, tk=tk, nsplit=nsplit)
+        tiles = p.tiles(0)
+        assert p.parts == min(nsplit, tiles), prefix
+        held = [0] * p.parts
+        for s in p.segments():
+            held[s.part] += s.t1 - s.t0 + 1
+        assert max(held) == -(-tiles // p.parts) and min(held) >= 1, (prefix, max(held), min(held))
+
+
+def test_a_second_request_pays_the_fixed_cost():
+    """PLAN_C units precede every request after the first: a part that starts a new request
+    carries its fixed cost as tokens it does not compute."""
+    p = plan([1000, 1000], q_len=9, tk=32, nsplit=132)
+    assert p.unit(1) == 1009 and p.tile_unit(1, 0) == 1009 + PLAN_C and p.total == 2 * 1009 + PLAN_C
