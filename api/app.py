@@ -9,6 +9,8 @@ import logging
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request, Response
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy import Engine
 from verify_tuner.api.deadline import NoAnswer, within
@@ -183,8 +185,24 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     return app
 
 
+#: The characters of a rejected value a 422 echoes: enough to recognise it, not a megabyte back.
+ECHO_CHARS = 64
+
+
+def _echo(value: object) -> object:
+    if isinstance(value, str) and len(value) > ECHO_CHARS:
+        return f"{value[:ECHO_CHARS]}... ({len(value)} characters)"
+    return value
+
+
 def _handle_errors(app: FastAPI) -> None:
     """A bad parameter is a 422 naming it; a database failure a 503 saying its kind (api/public.py)."""
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's own body, with each rejected value cut short
+        errors = [{**e, "input": _echo(e["input"])} if "input" in e else e for e in exc.errors()]
+        return JSONResponse({"detail": jsonable_encoder(errors)}, status_code=422)
 
     @app.exception_handler(BadParameter)
     async def _bad_parameter(_: Request, exc: BadParameter) -> JSONResponse:

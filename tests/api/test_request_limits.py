@@ -1,5 +1,6 @@
 """Issue 30 item 3 against a real `tuner serve`: the token is checked before a body is read, and a
-body over the cap is a 413 without being read (raw sockets: the client decides what it sends)."""
+body over the cap is a 413 without being read (raw sockets: the client decides what it sends);
+a 422 names the parameter without echoing a huge value back."""
 
 from __future__ import annotations
 
@@ -81,3 +82,21 @@ def test_a_chunked_body_over_the_cap_is_413(servers):
         f"http://{servers['on']}/configs/import", content=b"[]", headers={"Authorization": f"Bearer {TOKEN}"}
     )
     assert ok.status_code == 422 and "no rows" in ok.text  # under the cap: read and judged
+
+
+@pytest.mark.parametrize(
+    ("param", "value"),
+    [("H", "9" * 20_000), ("batch", "-" + "7" * 3000), ("kv_dtype", "x" * 5000), ("device", "y" * 5000)],
+)
+def test_a_huge_rejected_value_is_named_not_echoed(servers, param, value):
+    q = {"H": "8", "q_len": "9", "prefix": "46000", param: value}
+    r = httpx.get(f"http://{servers['off']}/config", params=q)
+    assert r.status_code == 422 and len(r.content) < 600, (r.status_code, len(r.content))
+    (err,) = r.json()["detail"]
+    assert err["loc"] == ["query", param] and err["msg"]
+    assert err["input"] == f"{value[:64]}... ({len(value)} characters)"
+
+
+def test_a_short_rejected_value_is_echoed_whole(servers):
+    r = httpx.get(f"http://{servers['off']}/config", params={"H": "eight", "q_len": "9", "prefix": "46000"})
+    assert r.status_code == 422 and r.json()["detail"][0]["input"] == "eight"
