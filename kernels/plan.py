@@ -19,8 +19,9 @@ its tiles' starts, one tile each while they are fewer than the grid's parts, and
 tile more than ceil(tiles / N) (the floor would leave one part two tiles at P=4096).
 
 Row splits (a kernel built with -DVA_ROWSPLIT=3; the default build has none, ROW_SPLITS): when
-W // TK < NSPLIT * PLAN_SPLIT_TILES (with the default 1: a batch too short for
-every part to get a tile; PLAN_MIN_TILES does not enter), the grid's parts would idle; instead N
+the batch's tiles (W // TK; one request: rounded up) < NSPLIT * PLAN_SPLIT_TILES (with the
+default 1: a batch too short for every part to get a tile; PLAN_MIN_TILES does not enter), the
+grid's parts would idle; instead N
 drops to at most NSPLIT // R and each part runs as R blocks, block r taking the n8 row tiles
 row_split_tiles(r) of the block's rows over the part's tiles (R = row_splits: the kernel's
 VA_ROWSPLIT, at most the row tiles). Slots and the reduce are those of the N parts: the row
@@ -93,7 +94,7 @@ class Plan:
     split_tiles: int = PLAN_SPLIT_TILES
 
     def unit(self, b: int) -> int:
-        """U(b): units before request b (its fixed cost, then its tokens)."""
+        """U(b): units before request b (whose fixed cost, then tokens, follow)."""
         return sum(self.lengths[:b]) + max(b - 1, 0) * self.c
 
     def overhead(self, b: int) -> int:
