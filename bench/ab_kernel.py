@@ -8,6 +8,10 @@ each shape.
     python3 bench/ab_kernel.py --kv-dtype fp8_e4m3 --b-flags=-DVA_F8_BITS --label "e4m3: cvt (A) vs bit placement (B)" --out DIR
     git show HEAD~3:kernels/csrc/verify_attention.cu > /tmp/base.cu
     python3 bench/ab_kernel.py --a-source /tmp/base.cu --label "HEAD~3 (A) vs this tree (B)" --out DIR
+    python3 bench/ab_kernel.py --batch 4 --shapes 8:9:1000 --b-flags=-DVA_TILED_PLAN=0 --label "..." --out DIR
+
+`--batch B` times each shape as B requests of that prefix (a short batch's plan); the default is
+one request.
 
 A -D flag must name a macro the kernel source tests: a misspelt or removed one would silently
 compare A with A, so it is refused, and so is a VA_F8_* flag (the e4m3 conversion's) on a cache
@@ -97,6 +101,9 @@ def main() -> None:
         type=Path,
         help="build variant A from another revision's verify_attention.cu (launched through this tree's runtime)",
     )
+    ap.add_argument(
+        "--batch", type=int, default=1, help="requests of each shape's prefix in the timed batch (default 1)"
+    )
     ap.add_argument("--label", default="A vs B")
     ap.add_argument("--kv-dtype", default="bf16", help="the cache format both variants read (kernels/formats.py)")
     ap.add_argument(
@@ -122,6 +129,8 @@ def main() -> None:
         "an H200) for a GEMM whose time does not depend on what ran before it (default 0: back-to-back replays)",
     )
     args = ap.parse_args()
+    if args.batch < 1:
+        ap.error(f"--batch {args.batch}: a batch holds at least one request")
     try:
         check_neighbour_mb(args.neighbour_mb)
         readable(args.kv_dtype)
@@ -166,6 +175,7 @@ def main() -> None:
         (
             f"# Kernel A/B: {args.label} — {limits.name} ({limits.arch}), {dt.date.today().isoformat()}, "
             f"kv_dtype {args.kv_dtype}, {args.layout} slots"
+            + (f", batches of {args.batch} requests" if args.batch > 1 else "")
         ),
         "",
         (
@@ -201,7 +211,7 @@ def main() -> None:
         b_cfg = dataclasses.replace(cfg, **args.b_override) if args.b_override else args.b_config or cfg
         cfgs = {"A": cfg, "B": b_cfg}
         sets = rotating_inputs(
-            prefix_lens=[P],
+            prefix_lens=[P] * args.batch,
             q_len=Q,
             H=H,
             l2_bytes=limits.l2_bytes,
@@ -210,9 +220,10 @@ def main() -> None:
             layout=args.layout,
         )
         ref = reference(sets[0])[0]
-        out = torch.empty(1, Q, H, D_V, dtype=torch.bfloat16, device="cuda")
+        out = torch.empty(args.batch, Q, H, D_V, dtype=torch.bfloat16, device="cuda")
         vas = {
-            name: _variant(cfgs[name], H, Q, limits, args, name, flags, max_batch=1) for name, flags in variants.items()
+            name: _variant(cfgs[name], H, Q, limits, args, name, flags, max_batch=args.batch)
+            for name, flags in variants.items()
         }
         launchers = {
             name: checked_launcher(
@@ -235,7 +246,7 @@ def main() -> None:
             med = {k: v - alone for k, v in med.items()}
         a, b, ap, bp, ar, br = (med[k] for k in ("A", "B", "A partial", "B partial", "A reduce", "B reduce"))
         lines.append(
-            f"| {H} | {Q} | {P} | {cfg} | {a:.1f} | {b:.1f} | {b / a:.3f} | {ap:.1f} | {bp:.1f} | {bp / ap:.3f} "
+            f"| {H} | {Q} | {P if args.batch == 1 else f'{P}×{args.batch}'} | {cfg} | {a:.1f} | {b:.1f} | {b / a:.3f} | {ap:.1f} | {bp:.1f} | {bp / ap:.3f} "
             f"| {ar:.1f} | {br:.1f} |"
         )
         print(lines[-1], flush=True)
