@@ -33,16 +33,16 @@
 # `vsbase` A/Bs another revision's kernel (BASE_SOURCE, e.g. `git show REV:kernels/csrc/verify_attention.cu
 # > .v6/base.cu`, carried) against this tree's at the headline and q=1 shapes, both formats.
 # Usage: bench/run_gpu_checks.sh MODE OUTDIR (MODE one of MODES below) | bench/run_gpu_checks.sh bench OUTDIR V6_SOURCE [--quick]
-#        | bench/run_gpu_checks.sh vsbase OUTDIR BASE_SOURCE
+#        | bench/run_gpu_checks.sh vsbase|tiled OUTDIR BASE_SOURCE
 set -uo pipefail
 # the one list of modes: the usage line and the check below read it (a mode added to the case
 # further down goes here too, or the check refuses it)
 MODES="tests f8 f8qk e4m3 f8ncu layouts grid trace1 reduce spread defer loop next edges q64 folded sm120e4m3"
 mode=${1:?tests or bench}
 out=${2:?outdir}
-usage="usage: $0 ${MODES// /|} OUTDIR | $0 bench OUTDIR V6_SOURCE [--quick] | $0 vsbase OUTDIR BASE_SOURCE"
-if [[ "$mode" == *[[:space:]]* || " $MODES bench vsbase " != *" $mode "* ]]; then echo "$usage" >&2; exit 2; fi
-if [[ "$mode" == vsbase && ! -f "${3:-}" ]]; then echo "vsbase: BASE_SOURCE ${3:-(none)} is not a file" >&2; exit 2; fi
+usage="usage: $0 ${MODES// /|} OUTDIR | $0 bench OUTDIR V6_SOURCE [--quick] | $0 vsbase|tiled OUTDIR BASE_SOURCE"
+if [[ "$mode" == *[[:space:]]* || " $MODES bench vsbase tiled " != *" $mode "* ]]; then echo "$usage" >&2; exit 2; fi
+if [[ ( "$mode" == vsbase || "$mode" == tiled ) && ! -f "${3:-}" ]]; then echo "$mode: BASE_SOURCE ${3:-(none)} is not a file" >&2; exit 2; fi
 mkdir -p "$out"
 export TUNER_CACHE_DIR=${TUNER_CACHE_DIR:-/tmp/va-cache}
 # gpu-env.sh puts the carried wheel before the checkout: a wheel built before the last kernel edit
@@ -226,6 +226,22 @@ case "$mode" in
       --config "NSPLIT=1 HT=4 TK=32 BLOCK=128 STAGES=2 QT=8 WR=2 WK=2 SF=0 PIPE=0" \
       --config "NSPLIT=1 HT=4 TK=32 BLOCK=128 STAGES=2 QT=8 WR=1 WK=2 SF=0 PIPE=1" \
       2>&1 | tee "$out/sm120_e4m3.log" | tail -12 ;;
+  tiled)
+    # short batches of several requests: the unit plan (A) against the tiled plan (B), the plan's
+    # GPU tests first; then one request, where the plans agree, against BASE_SOURCE (the kernel
+    # before the tiled plan), warm and cold (the tiled plan adds code to the prologue)
+    timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider tests/kernels/test_runtime_gpu.py \
+      tests/kernels/test_fp8_gpu.py -k "graph or ragged or tiled" 2>&1 | tee "$out/gpu-tests-tiled.log" | tail -3
+    for b in "2 8:9:2000,64:9:200" "3 8:9:1000" "4 8:9:1000,8:9:0,8:9:4096" "8 8:9:500" "16 8:9:200"; do
+      timeout 60 python3 bench/ab_kernel.py --batch ${b%% *} --shapes ${b#* } --a-flags=-DVA_TILED_PLAN=0 \
+        --label "short batches of ${b%% *}: unit plan (A) vs tiled plan (B)" --out "$out" 2>&1 | grep '^|' | tail -n +3
+    done
+    timeout 40 python3 bench/ab_kernel.py --batch 4 --kv-dtype fp8_e4m3 --shapes 8:9:1000 --a-flags=-DVA_TILED_PLAN=0 \
+      --label "e4m3 short batches of 4: unit plan (A) vs tiled plan (B)" --out "$out" 2>&1 | grep '^|' | tail -n +3
+    timeout 60 python3 bench/ab_kernel.py --a-source "$3" --shapes 8:9:46000,8:9:4096,8:9:0 \
+      --label "one request: $(basename "$3") (A) vs the tiled plan's tree (B)" --out "$out" 2>&1 | grep '^|' | tail -n +3
+    timeout 80 python3 bench/ab_kernel.py --a-source "$3" --neighbour-mb 128 --shapes 8:9:46000,8:9:4096,8:9:0 \
+      --label "one request, cold: $(basename "$3") (A) vs the tiled plan's tree (B)" --out "$out" 2>&1 | grep '^|' | tail -n +3 ;;
   vsbase)
     base=$3
     timeout 200 python3 bench/ab_kernel.py --a-source "$base" \

@@ -475,7 +475,8 @@ __device__ __forceinline__ unsigned long long mask_row(const void* mask, int byt
 // part between a request's first and last holds at least one of its tiles (parts span >= TK
 // units, or one request's windows start on its tiles). Part p's partial of request b goes to
 // workspace slot p + b (unique: parts and requests both advance along the units); a request whose
-// tiles one part holds all of is written to `out` directly, and the reduce skips it.
+// tiles one part holds all of is written to `out` directly, and the reduce skips it. A short
+// batch of several requests takes the tiled plan instead (VA_TILED_PLAN below).
 #ifndef PLAN_C
 #define PLAN_C 128
 #endif
@@ -490,6 +491,13 @@ __device__ __forceinline__ unsigned long long mask_row(const void* mask, int byt
 // tiles, whatever PLAN_MIN_TILES: parts of two tiles need not be row splits).
 #ifndef PLAN_SPLIT_TILES
 #define PLAN_SPLIT_TILES 1
+#endif
+// Short batches: several requests whose tiles number no more than the grid's parts (and no row
+// split). Windows of units a little wider than a tile hold two tile starts now and then, which
+// left most such batches a part of two tiles; instead part p takes the batch's p-th tile (tiles
+// numbered request by request): one tile and one segment a part. 0 builds the unit plan alone.
+#ifndef VA_TILED_PLAN
+#define VA_TILED_PLAN 1
 #endif
 namespace {
 struct Seg {  // tiles [t0, t1] of one request (none when t0 > t1); direct: all of its tiles
@@ -524,13 +532,14 @@ __device__ __forceinline__ Plan make_plan(const int* indptr, int B) {
   Plan p;
   p.indptr = indptr;
   p.W = p.U(B);
-  // one request: round up (its windows then start on its tiles' starts, see above)
-  const long long step = PLAN_MIN_TILES * TK, cap = B == 1 ? (p.W + step - 1) / step : p.W / step;
+  // the units in spans of `step`: one request rounds up (its windows then start on its tiles'
+  // starts, see above), several round down (every part spans a whole step)
+  auto spans = [&](long long step) { return B == 1 ? (p.W + step - 1) / step : p.W / step; };
+  const long long cap = spans(PLAN_MIN_TILES * TK);
   p.N = (int)(cap < 1 ? 1 : (cap < NSPLIT ? cap : NSPLIT));
   p.R = 1;
   // parts would idle (or hold few tiles): the batch's tiles, not PLAN_MIN_TILES' parts, decide
-  const long long tiles = B == 1 ? (p.W + TK - 1) / TK : p.W / TK;
-  if (RSPLIT > 1 && tiles < (long long)NSPLIT * PLAN_SPLIT_TILES) {
+  if (RSPLIT > 1 && spans(TK) < (long long)NSPLIT * PLAN_SPLIT_TILES) {
     p.R = RSPLIT;
     p.N = max(1, min(p.N, NSPLIT / RSPLIT));
   }
@@ -550,6 +559,45 @@ __device__ __forceinline__ void next_segment(int* seg, const int* indptr, int B,
     }
   }
   seg[3] = B;
+}
+// One walk over a short batch's requests (the tiled plan): its tiles, those of the requests
+// before request b (b's first part), and the request holding the batch's tile `part` with that
+// request's first tile. The loads are independent; only the sums are chains.
+struct TileScan {
+  int total, before, req, req_first;
+};
+__device__ __forceinline__ TileScan tile_scan(const int* indptr, int B, int b, int part) {
+  TileScan s{0, 0, B, 0};
+  int prev = __ldg(indptr);
+#pragma unroll 8
+  for (int j = 0; j < B; ++j) {
+    const int next = __ldg(indptr + j + 1), nt = (next - prev + QN + TK - 1) / TK;
+    prev = next;
+    if (j < b) s.before += nt;
+    if (s.req == B && part < s.total + nt) s.req = j, s.req_first = s.total;
+    s.total += nt;
+  }
+  return s;
+}
+// Whether the batch may take the tiled plan (several requests, tokens that fit the grid's tiles;
+// not in a row-split build, whose short batches split rows instead): a batch's tiles are at least
+// its tokens over TK and at least B, so only such a batch is walked (tile_scan) to see whether its
+// tiles fit the grid's parts.
+__device__ __forceinline__ bool may_tile(const int* indptr, int B) {
+  return VA_TILED_PLAN && RSPLIT == 1 && B > 1 && B <= NSPLIT &&
+         (long long)(__ldg(indptr + B) - __ldg(indptr)) + (long long)B * QN <= (long long)NSPLIT * TK;
+}
+// A tiled plan's part `part`: its one segment into seg (request B: no tile), or false when the
+// batch's tiles outnumber the grid's parts (the unit plan then).
+__device__ __noinline__ bool tiled_segment(int* seg, const int* indptr, int B, int part) {
+  const TileScan s = tile_scan(indptr, B, 0, part);
+  if (s.total > NSPLIT) return false;
+  seg[3] = s.req;
+  if (s.req < B) {
+    const int nt = (__ldg(indptr + s.req + 1) - __ldg(indptr + s.req) + QN + TK - 1) / TK;
+    seg[0] = seg[1] = part - s.req_first, seg[2] = nt == 1;
+  }
+  return true;
 }
 }  // namespace
 
@@ -1292,7 +1340,8 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
   float* m_s = reinterpret_cast<float*>(Ps + NPB * ROWS_PAD * PSTRIDE);
   float* l_s = m_s + ROWS_PAD;
   float* a_s = l_s + ROWS_PAD;                                // [NPB] alpha buffers
-  int* resc_s = reinterpret_cast<int*>(a_s + NPB * ROWS_PAD);  // [2] rescale flags by tile parity (+2 pad)
+  // [2] rescale flags by tile parity, [2] whether the plan is tiled (+1 pad)
+  int* resc_s = reinterpret_cast<int*>(a_s + NPB * ROWS_PAD);
   int* seg_s = resc_s + 4;  // [8] the segment at hand (Seg, request) and the next: in shared memory, not registers
   unsigned long long* mask_s = reinterpret_cast<unsigned long long*>(seg_s + 8);
   int* idx_s = reinterpret_cast<int*>(mask_s + QT);  // [STAGES][TK] slot indices, fetched ahead by cp.async
@@ -1332,14 +1381,24 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
   // and leaves it in seg_s.
   {
     const Plan pl = make_plan(prefix_indptr, B);
-    if (part_id >= pl.N * pl.R) return;  // fewer parts than the grid's have work: the batch is short
-    split_kvp = part_id % pl.N;
-    split_lo = pl.R > 1 ? part_id / pl.N * RS : 0;
-    const long long u0 = pl.part_begin(split_kvp);
-    // the request holding unit u0 (exactly one b has U(b) <= u0 < U(b+1)): the thread that finds it
-    // finds the first segment too, so the Q load waits on one round trip of index loads
-    for (int b = tid; b < B; b += BLOCK)
-      if (pl.U(b) <= u0 && u0 < pl.U(b + 1)) next_segment(seg_s, prefix_indptr, B, split_kvp, b);
+    const bool may = may_tile(prefix_indptr, B);  // the same in every thread
+    if (may) {
+      if (tid == 0) resc_s[2] = tiled_segment(seg_s, prefix_indptr, B, part_id);
+      __syncthreads();
+    }
+    if (may && resc_s[2]) {  // one tile a part: part_id's, its only segment (the segment loop finds no next)
+      if (seg_s[3] >= B) return;  // fewer tiles than the grid's parts
+    } else {
+      if (part_id >= pl.N * pl.R) return;  // fewer parts than the grid's have work: the batch is short
+      split_kvp = part_id % pl.N;
+      split_lo = pl.R > 1 ? part_id / pl.N * RS : 0;
+      const long long u0 = pl.part_begin(split_kvp);
+      // the request holding unit u0 (exactly one b has U(b) <= u0 < U(b+1)): the thread that finds
+      // it finds the first segment too, so the Q load waits on one round trip of index loads
+      for (int b = tid; b < B; b += BLOCK)
+        if (pl.U(b) <= u0 && u0 < pl.U(b + 1)) next_segment(seg_s, prefix_indptr, B, split_kvp, b);
+      if (tid == BLOCK - 1) resc_s[2] = 0;  // (every thread has read it: the branch is uniform)
+    }
     __syncthreads();
     split_lo = pl.R > 1 ? split_lo : -1;  // -1: every row (the segment loop below without the split)
   }
@@ -1439,7 +1498,8 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
     __syncthreads();  // every prologue copy has read its index
     // The part's next segment, found while this one's tiles are in flight (by a thread of the
     // group that waits for tile 0 anyway), so the part goes on (or exits) without a round trip.
-    if (tid == BLOCK - 1) next_segment(seg_s + 4, prefix_indptr, B, kvp, seg_s[3] + 1);
+    // (a tiled plan's part holds one segment: none from request B on)
+    if (tid == BLOCK - 1) next_segment(seg_s + 4, prefix_indptr, B, kvp, resc_s[2] ? B : seg_s[3] + 1);
     auto store_later_indices = [&] {
 #pragma unroll
       for (int k = 0; k < PER; ++k) {
@@ -1827,9 +1887,15 @@ __device__ __forceinline__ bool reduce_pieces(const bf16* __restrict__ part_o, c
     if (item < items) {
       const int b = (int)(item / ((long long)QN * H * PIECES));
       const Plan pl = make_plan(prefix_indptr, B);
-      const long long s0 = Plan::start(pl.U(b), b);  // the first tile's first token; the last's below
       const int ntb = (prefix_indptr[b + 1] - prefix_indptr[b] + QN + TK - 1) / TK;
-      const int p_first = pl.part_of(s0), p_last = pl.part_of(s0 + (long long)(ntb - 1) * TK);
+      int p_first, p_last;
+      TileScan ts;
+      if (may_tile(prefix_indptr, B) && (ts = tile_scan(prefix_indptr, B, b, 0)).total <= NSPLIT) {
+        p_first = ts.before, p_last = p_first + ntb - 1;
+      } else {
+        const long long s0 = Plan::start(pl.U(b), b);  // the first tile's first token, then the last's
+        p_first = pl.part_of(s0), p_last = pl.part_of(s0 + (long long)(ntb - 1) * TK);
+      }
       if (p_first != p_last) {  // one part wrote this request's output itself otherwise
         const int np = p_last - p_first + 1;
         const int k = np > RED_SMALL ? RED_THREADS - 1 - atomicAdd(&sh.nbig, 1) : atomicAdd(&sh.ntodo, 1);

@@ -125,8 +125,8 @@ def test_every_layout_the_op_takes(gpu, layout):
 
 
 #: A batch of 3 over a decode loop: prefixes grow across buckets, request 0 finishes and a new one
-#: joins at P=0, request 2 passes 100k.
-STEPS = [[1000, 0, 4096], [1009, 9, 8000], [0, 30, 46009], [9, 2000, 131072]]
+#: joins at P=0, request 2 passes 100k; the first step's tiles fit the default's grid (the tiled plan).
+STEPS = [[100, 0, 2000], [1000, 0, 4096], [1009, 9, 8000], [0, 30, 46009], [9, 2000, 131072]]
 
 
 def test_a_graph_follows_growing_prefixes_and_a_recalibrated_scale(gpu):

@@ -148,5 +148,47 @@ def test_one_request_gives_no_part_more_than_its_ceiling_share(tk, nsplit, q_len
 def test_a_second_request_pays_the_fixed_cost():
     """PLAN_C units precede every request after the first: a part that starts a new request
     carries its fixed cost as tokens it does not compute."""
-    p = plan([1000, 1000], q_len=9, tk=32, nsplit=132)
-    assert p.unit(1) == 1009 and p.tile_unit(1, 0) == 1009 + PLAN_C and p.total == 2 * 1009 + PLAN_C
+    p = plan([3000, 3000], q_len=9, tk=32, nsplit=132)  # 190 tiles: more than the grid's parts
+    assert not p.tiled
+    assert p.unit(1) == 3009 and p.tile_unit(1, 0) == 3009 + PLAN_C and p.total == 2 * 3009 + PLAN_C
+
+
+@pytest.mark.parametrize(("tk", "nsplit", "q_len"), [(32, 132, 9), (16, 94, 9), (64, 188, 1), (32, 16, 64)])
+def test_a_short_batch_gives_every_part_one_tile(tk, nsplit, q_len):
+    """Several requests whose tiles fit the grid: one tile and one segment a part. The unit plan
+    gave a part two tiles in most such batches (P=1000 at B=3 and 4: 2 where 1 is the share)."""
+    checked = 0
+    for batch in range(2, 33):
+        for prefix in range(0, 6000, 37):
+            lens = [(prefix * (k + 3)) // (batch + 2) for k in range(batch)]  # ragged, growing
+            p = plan(lens, q_len=q_len, tk=tk, nsplit=nsplit)
+            tiles = sum(p.tiles(b) for b in range(batch))
+            if tiles > nsplit:
+                assert not p.tiled
+                continue
+            checked += 1
+            assert p.tiled and p.parts == tiles
+            segs = p.segments()
+            assert [s.part for s in segs] == list(range(tiles)), lens  # every part one segment
+            assert all(s.t0 == s.t1 for s in segs)
+            _check(lens, q_len, tk, nsplit)
+    assert checked >= 15  # (NSPLIT=16 at q_len 64 fits few batches)
+
+
+def test_the_unit_plan_doubled_a_short_batchs_tile_where_the_tiled_one_does_not():
+    """What the tiled plan is for, at the batch the issue names: three requests of P=1000."""
+    p = plan([1000] * 3, q_len=9, tk=32, nsplit=132)
+    assert p.tiled and p.parts == 96 and len(p.segments()) == 96
+    # the unit plan's windows over the same units (what the kernel did before): a part of two
+    n = min(132, p.total // 32)
+    held: dict[int, int] = {}
+    for b in range(3):
+        for t in range(p.tiles(b)):
+            part = ((p.tile_unit(b, t) + 1) * n - 1) // p.total
+            held[part] = held.get(part, 0) + 1
+    assert max(held.values()) == 2
+
+
+def test_one_request_or_a_row_split_build_takes_no_tiled_plan():
+    assert not plan([1000], q_len=9, tk=32, nsplit=132).tiled  # B=1: the unit plan is already one a part
+    assert not plan([100, 100], q_len=9, tk=32, nsplit=132, rsplit=3).tiled  # the row splits decide there

@@ -15,8 +15,10 @@ CONFIGS = [
     KernelConfig(nsplit=48, ht=2, tk=16, block=128, stages=3, wr=1, wk=4, sf=1, pipe=0, qt=3),  # row tiles
 ]
 #: A batch of 4 across the steps of a decode loop: prefixes grow across buckets, request 0
-#: finishes and a new one starts at P=0 in its place, request 3 jumps past 100k.
+#: finishes and a new one starts at P=0 in its place, request 3 jumps past 100k. The first step's
+#: tiles fit the default's grid (the tiled plan, kernels/plan.py); the others take the unit plan.
 STEPS = [
+    [30, 0, 37, 1000],
     [1000, 0, 37, 4096],
     [1009, 9, 500, 8000],
     [4000, 20, 46000, 8001],
@@ -116,6 +118,41 @@ EXTREMES = {
     "B=256 of 1k": [1000] * 256,
     "one long among short": [100_000] + [2000] * 7,
 }
+
+
+#: Short batches around the tiled plan's edge at the default's 132 parts (TK=32, q_len 9): three
+#: requests of 1000 (the unit plan gave a part two tiles), exactly 132 tiles, one tile more (the
+#: unit plan), 40 requests of one tile each (more than a warp of requests), empty requests between.
+TILED = {
+    "3 x 1000": ([1000] * 3, True),
+    "132 tiles": ([1047] * 4, True),
+    "133 tiles": ([1047] * 3 + [1048], False),
+    "40 one-tile requests": ([0, 5, 23] * 13 + [0], True),
+    "empty between": ([2000, 0, 0, 1500, 0], True),
+}
+
+
+@pytest.mark.parametrize("case", TILED, ids=list(TILED))
+def test_short_batches_on_either_side_of_the_tiled_plan(gpu, case):
+    import torch
+    from verify_tuner.kernels.launch import VerifyAttention
+    from verify_tuner.kernels.plan import plan
+    from verify_tuner.kernels.reference import make_inputs, reference, rel_error
+
+    limits, cache = gpu
+    lens, tiled = TILED[case]
+    cfg = CONFIGS[0]
+    assert plan(lens, q_len=Q, tk=cfg.tk, nsplit=cfg.nsplit).tiled is tiled
+    inp = make_inputs(prefix_lens=lens, q_len=Q, H=H, seed=len(lens) + 5, spare_slots=31)
+    ref_o, ref_lse = reference(inp)
+    for c in CONFIGS:
+        va = VerifyAttention(c, H=H, q_len=Q, limits=limits, max_batch=len(lens), cache_dir=cache)
+        out = torch.full((len(lens), Q, H, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+        lse = torch.full((len(lens), Q, H), float("nan"), dtype=torch.float32, device="cuda")
+        va.run(inp, out, lse=lse)
+        torch.cuda.synchronize()
+        assert rel_error(out, ref_o) <= 1e-2, f"{c}: out"
+        assert rel_error(lse, ref_lse) <= 1e-3, f"{c}: lse"
 
 
 @pytest.mark.parametrize("case", EXTREMES, ids=list(EXTREMES))
