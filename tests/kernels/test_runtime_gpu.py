@@ -120,6 +120,25 @@ EXTREMES = {
 }
 
 
+def _check_poisoned(gpu, lens, configs, *, seed, spare_slots) -> None:
+    """Each config's out and lse, poisoned with NaN first, against the fp32 reference on `lens`."""
+    import torch
+    from verify_tuner.kernels.launch import VerifyAttention
+    from verify_tuner.kernels.reference import make_inputs, reference, rel_error
+
+    limits, cache = gpu
+    inp = make_inputs(prefix_lens=lens, q_len=Q, H=H, seed=seed, spare_slots=spare_slots)
+    ref_o, ref_lse = reference(inp)
+    for cfg in configs:
+        va = VerifyAttention(cfg, H=H, q_len=Q, limits=limits, max_batch=len(lens), cache_dir=cache)
+        out = torch.full((len(lens), Q, H, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+        lse = torch.full((len(lens), Q, H), float("nan"), dtype=torch.float32, device="cuda")
+        va.run(inp, out, lse=lse)
+        torch.cuda.synchronize()
+        assert rel_error(out, ref_o) <= 1e-2, f"{cfg}: out"
+        assert rel_error(lse, ref_lse) <= 1e-3, f"{cfg}: lse"
+
+
 #: Short batches around the tiled plan's edge at the default's 132 parts (TK=32, q_len 9): three
 #: requests of 1000 (the unit plan gave a part two tiles), exactly 132 tiles, one tile more (the
 #: unit plan), 40 requests of one tile each (more than a warp of requests), empty requests between.
@@ -134,45 +153,17 @@ TILED = {
 
 @pytest.mark.parametrize("case", TILED, ids=list(TILED))
 def test_short_batches_on_either_side_of_the_tiled_plan(gpu, case):
-    import torch
-    from verify_tuner.kernels.launch import VerifyAttention
     from verify_tuner.kernels.plan import plan
-    from verify_tuner.kernels.reference import make_inputs, reference, rel_error
 
-    limits, cache = gpu
     lens, tiled = TILED[case]
     cfg = CONFIGS[0]
     assert plan(lens, q_len=Q, tk=cfg.tk, nsplit=cfg.nsplit).tiled is tiled
-    inp = make_inputs(prefix_lens=lens, q_len=Q, H=H, seed=len(lens) + 5, spare_slots=31)
-    ref_o, ref_lse = reference(inp)
-    for c in CONFIGS:
-        va = VerifyAttention(c, H=H, q_len=Q, limits=limits, max_batch=len(lens), cache_dir=cache)
-        out = torch.full((len(lens), Q, H, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
-        lse = torch.full((len(lens), Q, H), float("nan"), dtype=torch.float32, device="cuda")
-        va.run(inp, out, lse=lse)
-        torch.cuda.synchronize()
-        assert rel_error(out, ref_o) <= 1e-2, f"{c}: out"
-        assert rel_error(lse, ref_lse) <= 1e-3, f"{c}: lse"
+    _check_poisoned(gpu, lens, CONFIGS, seed=len(lens) + 5, spare_slots=31)
 
 
 @pytest.mark.parametrize("case", EXTREMES, ids=list(EXTREMES))
 def test_ragged_extremes(gpu, case):
-    import torch
-    from verify_tuner.kernels.launch import VerifyAttention
-    from verify_tuner.kernels.reference import make_inputs, reference, rel_error
-
-    limits, cache = gpu
-    lens = EXTREMES[case]
-    inp = make_inputs(prefix_lens=lens, q_len=Q, H=H, seed=len(lens), spare_slots=77)
-    ref_o, ref_lse = reference(inp)
-    for cfg in CONFIGS[:2]:
-        va = VerifyAttention(cfg, H=H, q_len=Q, limits=limits, max_batch=len(lens), cache_dir=cache)
-        out = torch.full((len(lens), Q, H, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
-        lse = torch.full((len(lens), Q, H), float("nan"), dtype=torch.float32, device="cuda")
-        va.run(inp, out, lse=lse)
-        torch.cuda.synchronize()
-        assert rel_error(out, ref_o) <= 1e-2, f"{cfg}: out"
-        assert rel_error(lse, ref_lse) <= 1e-3, f"{cfg}: lse"
+    _check_poisoned(gpu, EXTREMES[case], CONFIGS[:2], seed=len(EXTREMES[case]), spare_slots=77)
 
 
 def test_the_two_kernels_enqueued_apart_give_the_pairs_answer(gpu):
