@@ -1340,7 +1340,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
   float* m_s = reinterpret_cast<float*>(Ps + NPB * ROWS_PAD * PSTRIDE);
   float* l_s = m_s + ROWS_PAD;
   float* a_s = l_s + ROWS_PAD;                                // [NPB] alpha buffers
-  // [2] rescale flags by tile parity, [2] whether the plan is tiled (+1 pad)
+  // [0..1] rescale flags by tile parity, [2] whether the plan is tiled, [3] pad
   int* resc_s = reinterpret_cast<int*>(a_s + NPB * ROWS_PAD);
   int* seg_s = resc_s + 4;  // [8] the segment at hand (Seg, request) and the next: in shared memory, not registers
   unsigned long long* mask_s = reinterpret_cast<unsigned long long*>(seg_s + 8);
@@ -1397,7 +1397,8 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
       // it finds the first segment too, so the Q load waits on one round trip of index loads
       for (int b = tid; b < B; b += BLOCK)
         if (pl.U(b) <= u0 && u0 < pl.U(b + 1)) next_segment(seg_s, prefix_indptr, B, split_kvp, b);
-      if (tid == BLOCK - 1) resc_s[2] = 0;  // (every thread has read it: the branch is uniform)
+      // (where the scan ran it is 0 already: no thread can read another value)
+      if (tid == BLOCK - 1) resc_s[2] = 0;
     }
     __syncthreads();
     split_lo = pl.R > 1 ? split_lo : -1;  // -1: every row (the segment loop below without the split)
