@@ -71,18 +71,16 @@ def worst_row(out, ref) -> tuple[list[int], float]:  # type: ignore[no-untyped-d
 
 def scores(limits, cubins: Path, out: Path) -> None:  # type: ignore[no-untyped-def]
     """Each mode's scores (lse where a row sees one key) against fp32 scores; saved for analysis."""
-    from verify_tuner.kernels.reference import quantized_q
+    from verify_tuner.kernels.reference import own_scores, quantized_q, score_inputs
 
     B, Q, H, sm = 64, 9, 8, 0.1447
     saved: dict = {"scale": sm}
     for mode in ("fp8_e4m3", "fp8_e4m3_qk"):
-        inp = make_inputs(prefix_lens=[0] * B, q_len=Q, H=H, seed=7, spare_slots=91, kv_dtype=mode, scale=sm)
-        inp = dataclasses.replace(inp, tree_mask=torch.tensor([[1 << i for i in range(Q)]] * B, device="cuda"))
-        keys = inp.dequantized_kv()[inp.draft_indices.long()]  # [B, Q, 576]: node i's own key
+        inp = score_inputs(batch=B, q_len=Q, H=H, seed=7, kv_dtype=mode, scale=sm)
         for name, cfg in CONFIGS.items():
             _, lse = run_poisoned(cfg, inp, limits, cubins, kv_dtype=mode)
             for qname, q in (("q quantized", quantized_q(inp.full_q(), mode)), ("q as given", inp.full_q().float())):
-                want = torch.einsum("bqhd,bqd->bqh", q, keys) * sm
+                want = own_scores(inp, q)
                 err = (lse - want).abs()
                 print(f"{mode} {name} vs {qname}: score err max {err.max():.3e} median {err.median():.3e} "
                       f"(scores' rms {want.pow(2).mean().sqrt():.2f})")  # fmt: skip

@@ -6,6 +6,7 @@ gate) compares against it.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -345,6 +346,30 @@ def reference(inp: Inputs) -> tuple[Any, Any]:
         lse[b] = torch.logsumexp(s, dim=-1)
         o[b] = torch.einsum("qht,td->qhd", torch.softmax(s, dim=-1), k[:, :D_V])
     return o, lse
+
+
+def score_inputs(
+    *, batch: int, q_len: int, H: int, seed: int, kv_dtype: str, scale: float, device: str = "cuda"
+) -> Inputs:
+    """Inputs whose lse is a score: no prefix, and each draft node sees only itself, so the kernel's
+    lse of a row is that row's one score (how its QK is checked on its own)."""
+    import torch
+
+    inp = make_inputs(
+        prefix_lens=[0] * batch, q_len=q_len, H=H, device=device, seed=seed, spare_slots=91, kv_dtype=kv_dtype,
+        scale=scale,
+    )  # fmt: skip
+    own = torch.tensor([[1 << i for i in range(q_len)]] * batch, device=device)
+    return dataclasses.replace(inp, tree_mask=own)
+
+
+def own_scores(inp: Inputs, q: Any) -> Any:
+    """Each draft node's fp32 score against its own key [B, Q, H], for q as given ([B, Q, H, 576]):
+    score_inputs' lse, computed on the dequantized cache."""
+    import torch
+
+    keys = inp.dequantized_kv()[inp.draft_indices.long()]  # [B, Q, 576]
+    return torch.einsum("bqhd,bqd->bqh", q.float(), keys) * inp.scale
 
 
 def poisoned_run_error(launch: Any, out: Any, ref: Any) -> float:

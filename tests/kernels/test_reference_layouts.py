@@ -4,6 +4,8 @@ hold the kernel to this reference on each layout."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -93,3 +95,20 @@ def test_a_64_node_tree_keeps_its_top_bit():
     assert int(widen_mask(inp.tree_mask)[0, 63]) == int(inp.tree_mask[0, 63])
     with pytest.raises(ValueError, match="does not fit uint32"):
         make_inputs(prefix_lens=[3], q_len=64, H=1, device="cpu", mask_dtype="uint32")
+
+
+@pytest.mark.parametrize("kv_dtype", ["bf16", "fp8_e4m3", "fp8_e4m3_qk"])
+def test_score_inputs_make_each_rows_lse_its_own_score(kv_dtype):
+    """What the scores' GPU test and bench/fp8_qk_probe.py --scores compare the kernel's lse with:
+    on score_inputs every node sees only itself, so the reference's lse is own_scores on q as the
+    format computes with it."""
+    from verify_tuner.kernels.reference import own_scores, quantized_q, reference, score_inputs
+
+    inp = score_inputs(batch=3, q_len=5, H=2, seed=11, kv_dtype=kv_dtype, scale=0.1447, device="cpu")
+    assert int(inp.prefix_indptr[-1]) == 0
+    _, lse = reference(inp)
+    want = own_scores(inp, quantized_q(inp.full_q(), kv_dtype))
+    torch.testing.assert_close(lse, want, rtol=1e-5, atol=1e-5)
+    # the check can fail: another node's key in place of a node's own moves the scores
+    swapped = dataclasses.replace(inp, draft_indices=inp.draft_indices.flip(-1))
+    assert not torch.allclose(own_scores(swapped, quantized_q(inp.full_q(), kv_dtype)), lse, atol=1e-3)

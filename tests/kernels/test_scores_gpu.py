@@ -8,8 +8,6 @@ few hundredths off on a few rows: a reference whose q scale was one ulp off (two
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.validate import check
@@ -54,17 +52,13 @@ def gpu(tmp_path_factory):
 @pytest.mark.parametrize("kv_dtype", list(FORMATS))
 @pytest.mark.parametrize(("H", "Q"), SHAPES, ids=str)
 def test_each_score_is_fp32s_on_what_the_kernel_is_asked(gpu, kv_dtype, H, Q):
-    import torch
-    from verify_tuner.kernels.reference import make_inputs, quantized_q
+    from verify_tuner.kernels.reference import own_scores, quantized_q, score_inputs
 
     limits, cache, cc = gpu
     if cc < FORMATS[kv_dtype]:
         pytest.skip(f"{kv_dtype} needs compute capability {FORMATS[kv_dtype] / 10:.1f}")
-    B, scale = 64, 0.1447
-    inp = make_inputs(prefix_lens=[0] * B, q_len=Q, H=H, seed=H + Q, spare_slots=91, kv_dtype=kv_dtype, scale=scale)
-    inp = dataclasses.replace(inp, tree_mask=torch.tensor([[1 << i for i in range(Q)]] * B, device="cuda"))
-    keys = inp.dequantized_kv()[inp.draft_indices.long()]  # [B, Q, 576]: node i's own key
-    want = torch.einsum("bqhd,bqd->bqh", quantized_q(inp.full_q(), kv_dtype), keys) * scale
+    inp = score_inputs(batch=64, q_len=Q, H=H, seed=H + Q, kv_dtype=kv_dtype, scale=0.1447)
+    want = own_scores(inp, quantized_q(inp.full_q(), kv_dtype))
     configs = [c for c in CONFIGS if check(c, limits, H=H, q_len=Q, kv_dtype=kv_dtype) is None]
     assert configs
     for cfg in configs:
