@@ -426,6 +426,7 @@ def test_the_sm120_projection_bounds_each_template_case_from_the_committed_h200_
         (["--b-flags=-DVA_F8_BITS"], "changes e4m3 builds only: pass --kv-dtype fp8_e4m3"),
         (["--kv-dtype", "fp8_ds_mla", "--b-flags=-DVA_F8_BITS"], "is not read by this kernel version yet"),
         (["--defaults-of", "rtx-9000", "--b-flags=-DVA_QK_UNIFORM=1"], "'rtx-9000': not a known device"),
+        (["--batch", "0", "--b-flags=-DVA_TILED_PLAN=0"], "--batch 0: a batch holds at least one request"),
     ],
 )
 def test_ab_kernel_refuses_an_a_b_that_would_compare_a_with_a_before_touching_a_gpu(tmp_path, args, needle):
