@@ -49,6 +49,8 @@ PLAN_MIN_TILES = 1
 #: fewer tiles than that many per grid part.
 ROW_SPLITS = 1
 PLAN_SPLIT_TILES = 1
+#: The kernel's VA_TILED_PLAN default: short batches of several requests take one tile a part.
+TILED_PLAN = True
 
 
 def _row_split(*, rows: int, nsplit: int, splits: int) -> tuple[int, int]:
@@ -100,11 +102,18 @@ class Plan:
     #: the kernel's RSPLIT (row_splits): 1, no row splits
     rsplit: int = 1
     split_tiles: int = PLAN_SPLIT_TILES
+    #: the kernel's VA_TILED_PLAN (False: the unit plan alone, the A/B's other side)
+    tiled_plan: bool = TILED_PLAN
 
     @property
     def tiled(self) -> bool:
         """Whether part p takes the batch's p-th tile (a short batch of several requests, above)."""
-        return len(self.lengths) > 1 and self.rsplit == 1 and self.tiles_before(len(self.lengths)) <= self.nsplit
+        return (
+            self.tiled_plan
+            and len(self.lengths) > 1
+            and self.rsplit == 1
+            and self.tiles_before(len(self.lengths)) <= self.nsplit
+        )
 
     def tiles_before(self, b: int) -> int:
         """The tiles of requests 0..b-1: request b's first part in a tiled plan."""
@@ -206,11 +215,15 @@ def plan(
     min_tiles: int = PLAN_MIN_TILES,
     rsplit: int = 1,
     split_tiles: int = PLAN_SPLIT_TILES,
+    tiled_plan: bool = TILED_PLAN,
 ) -> Plan:
     if not prefix_lens:
         raise ValueError("a batch holds at least one request")
     lengths = tuple(p + q_len for p in prefix_lens)
-    return Plan(lengths, tk=tk, nsplit=nsplit, c=c, min_tiles=min_tiles, rsplit=rsplit, split_tiles=split_tiles)
+    return Plan(
+        lengths, tk=tk, nsplit=nsplit, c=c, min_tiles=min_tiles, rsplit=rsplit, split_tiles=split_tiles,
+        tiled_plan=tiled_plan,
+    )  # fmt: skip
 
 
 def workspace_slots(*, nsplit: int, batch: int) -> int:

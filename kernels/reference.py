@@ -6,8 +6,7 @@ gate) compares against it.
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from verify_tuner.kernels.formats import kv_format
@@ -360,7 +359,7 @@ def score_inputs(
         scale=scale,
     )  # fmt: skip
     own = torch.tensor([[1 << i for i in range(q_len)]] * batch, device=device)
-    return dataclasses.replace(inp, tree_mask=own)
+    return replace(inp, tree_mask=own)
 
 
 def own_scores(inp: Inputs, q: Any) -> Any:

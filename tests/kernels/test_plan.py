@@ -179,13 +179,12 @@ def test_the_unit_plan_doubled_a_short_batchs_tile_where_the_tiled_one_does_not(
     """What the tiled plan is for, at the batch the issue names: three requests of P=1000."""
     p = plan([1000] * 3, q_len=9, tk=32, nsplit=132)
     assert p.tiled and p.parts == 96 and len(p.segments()) == 96
-    # the unit plan's windows over the same units (what the kernel did before): a part of two
-    n = min(132, p.total // 32)
+    unit = plan([1000] * 3, q_len=9, tk=32, nsplit=132, tiled_plan=False)  # -DVA_TILED_PLAN=0
+    assert not unit.tiled
+    _check([1000] * 3, 9, 32, 132)
     held: dict[int, int] = {}
-    for b in range(3):
-        for t in range(p.tiles(b)):
-            part = ((p.tile_unit(b, t) + 1) * n - 1) // p.total
-            held[part] = held.get(part, 0) + 1
+    for s in unit.segments():
+        held[s.part] = held.get(s.part, 0) + s.t1 - s.t0 + 1
     assert max(held.values()) == 2
 
 
