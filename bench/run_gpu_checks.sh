@@ -37,7 +37,7 @@
 set -uo pipefail
 # the one list of modes: the usage line and the check below read it (a mode added to the case
 # further down goes here too, or the check refuses it)
-MODES="tests f8 f8qk e4m3 f8ncu layouts grid trace1 reduce spread defer loop next edges q64 folded sm120e4m3"
+MODES="tests f8 f8qk e4m3 f8ncu layouts grid trace1 reduce spread defer loop next edges q64 folded sm120e4m3 epi"
 mode=${1:?tests or bench}
 out=${2:?outdir}
 usage="usage: $0 ${MODES// /|} OUTDIR | $0 bench OUTDIR V6_SOURCE [--quick] | $0 vsbase|tiled OUTDIR BASE_SOURCE"
@@ -226,6 +226,18 @@ case "$mode" in
       --config "NSPLIT=1 HT=4 TK=32 BLOCK=128 STAGES=2 QT=8 WR=2 WK=2 SF=0 PIPE=0" \
       --config "NSPLIT=1 HT=4 TK=32 BLOCK=128 STAGES=2 QT=8 WR=1 WK=2 SF=0 PIPE=1" \
       2>&1 | tee "$out/sm120_e4m3.log" | tail -12 ;;
+  epi)
+    # the epilogue's rows as one bulk copy each (VA_EPI_BULK=1, sm_90+) against a warp's 16-byte
+    # stores (the default): the short prefixes and the headline shape first (each variant gated
+    # against the fp32 reference), then H=64 and e4m3 (in that order: a short call keeps what
+    # matters most)
+    bulk=--b-flags=-DVA_EPI_BULK=1
+    timeout 80 python3 bench/ab_kernel.py $bulk --shapes 8:9:0,8:9:4096,8:9:46000 \
+      --label "epilogue: 16-byte stores (A) vs a bulk copy a row (B)" --out "$out" 2>&1 | grep '^|' | tail -n +3
+    timeout 45 python3 bench/ab_kernel.py $bulk --shapes 64:9:46000 \
+      --label "epilogue at H=64: 16-byte stores (A) vs a bulk copy a row (B)" --out "$out" 2>&1 | grep '^|' | tail -n +3
+    timeout 45 python3 bench/ab_kernel.py $bulk --kv-dtype fp8_e4m3 --shapes 8:9:4096 \
+      --label "e4m3 epilogue: 16-byte stores (A) vs a bulk copy a row (B)" --out "$out" 2>&1 | grep '^|' | tail -n +3 ;;
   tiled)
     # short batches of several requests: the unit plan (A) against the tiled plan (B), the plan's
     # GPU tests first; then one request, where the plans agree, against BASE_SOURCE (the kernel

@@ -285,6 +285,21 @@ __device__ __forceinline__ void zero_fill(T (&a)[N]) {
 #ifndef VA_EPI_STMATRIX
 #define VA_EPI_STMATRIX 1  // the epilogue stages o / l with stmatrix where the arch has it (sm_90+) and bf16 fragments
 #endif
+// 1 (experiment): the epilogue stages o / l unswizzled at a padded pitch and each output row
+// leaves as one cp.async.bulk (the copy engine, sm_90+) instead of a warp's 16-byte stores, which
+// may be what the epilogue's 2-3 µs wait on; sm_80 keeps the stores either way.
+#ifndef VA_EPI_BULK
+#define VA_EPI_BULK 0
+#endif
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && VA_EPI_BULK
+constexpr bool EPI_BULK = true;
+#else
+constexpr bool EPI_BULK = false;
+#endif
+// The bulk epilogue's staging pitch (bf16): 16 bytes past a row of 512, so the 8 rows of an
+// stmatrix tile fall on 8 different bank groups without a swizzle the copy engine cannot undo.
+constexpr int OPITCH = D_V + 8;
+static_assert(OPITCH <= KSTRIDE && OPITCH % 8 == 0, "the bulk epilogue's staging fits the Q rows, 16-byte aligned");
 
 // 1: the seesaw's prologue loads tile 0 alone and its other tiles once Q has landed, so that a
 // smaller first burst of copies lets Q, which every block's first QK waits for, land sooner. Off,
@@ -1634,6 +1649,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
     // ---- epilogue: o / l as bf16 staged row-major in the Q region, then 16-byte stores
     const int g = lane >> 2, tq = lane & 3;
     bf16* Os = Qs;
+    auto ost = [](int r, int d) { return EPI_BULK ? r * OPITCH + d : sw(r, d); };  // staged (row, dim)
 #pragma unroll
     for (int nr = 0; nr < NT; ++nr) {
       if (nlo + nr >= NR) continue;  // a last row split's missing tiles
@@ -1646,7 +1662,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
       if constexpr (VA_EPI_STMATRIX && !FP8 && MW % 2 == 0) {
         // Oᵀ's fragments hold (dim, two adjacent rows): transposed, four 8x8 tiles (two m16 tiles'
         // dim halves) land as 16-byte row pieces in one stmatrix, lane 8i+j addressing tile i's row j
-        const uint32_t orow = smem_u32(Os) + ((nlo + nr) * 8 + (lane & 7)) * (KSTRIDE * 2);
+        const uint32_t orow = smem_u32(Os) + ((nlo + nr) * 8 + (lane & 7)) * ((EPI_BULK ? OPITCH : KSTRIDE) * 2);
 #pragma unroll
         for (int mw = 0; mw < MW; mw += 2) {
           uint32_t v[4];
@@ -1658,7 +1674,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
           }
           const int chunk = (warp * MW + mw) * 2 + (lane >> 3);
           asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
-                           orow + ((chunk ^ (lane & 7)) << 4)),
+                           orow + ((EPI_BULK ? chunk : chunk ^ (lane & 7)) << 4)),
                        "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3])
                        : "memory");
         }
@@ -1669,18 +1685,19 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
       for (int mw = 0; mw < MW; ++mw) {
         if constexpr (FP8) {  // slots g and g+8 hold dims 2g and 2g+1 (f8_v_frags): one bf16 pair a row
           const int d = (warp * MW + mw) * 16 + 2 * g;
-          *reinterpret_cast<__nv_bfloat162*>(Os + sw(r, d)) = __floats2bfloat162_rn(acc[mw][nr][0] * i0, acc[mw][nr][2] * i0);
-          *reinterpret_cast<__nv_bfloat162*>(Os + sw(r + 1, d)) =
+          *reinterpret_cast<__nv_bfloat162*>(Os + ost(r, d)) = __floats2bfloat162_rn(acc[mw][nr][0] * i0, acc[mw][nr][2] * i0);
+          *reinterpret_cast<__nv_bfloat162*>(Os + ost(r + 1, d)) =
               __floats2bfloat162_rn(acc[mw][nr][1] * i1, acc[mw][nr][3] * i1);
           continue;
         }
         const int d = (warp * MW + mw) * 16 + g;
-        Os[sw(r, d)] = __float2bfloat16_rn(acc[mw][nr][0] * i0);
-        Os[sw(r + 1, d)] = __float2bfloat16_rn(acc[mw][nr][1] * i1);
-        Os[sw(r, d + 8)] = __float2bfloat16_rn(acc[mw][nr][2] * i0);
-        Os[sw(r + 1, d + 8)] = __float2bfloat16_rn(acc[mw][nr][3] * i1);
+        Os[ost(r, d)] = __float2bfloat16_rn(acc[mw][nr][0] * i0);
+        Os[ost(r + 1, d)] = __float2bfloat16_rn(acc[mw][nr][1] * i1);
+        Os[ost(r, d + 8)] = __float2bfloat16_rn(acc[mw][nr][2] * i0);
+        Os[ost(r + 1, d + 8)] = __float2bfloat16_rn(acc[mw][nr][3] * i1);
       }
     }
+    if constexpr (EPI_BULK) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // staged rows -> copy engine
     __syncthreads();
     constexpr int VCH = D_V * 2 / 16;  // 16-byte chunks per output row
     const int b = seg_s[3];
@@ -1688,7 +1705,14 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
     const int X = direct ? b : kvp + b;  // output row block: the request itself, or its workspace slot
     bf16* o_dst = direct ? out : part_o;
     const int r_end = rhi < rows_here ? rhi : rows_here;  // this block's real rows: [rlo, r_end)
-    if constexpr (VA_WARP_ROWS) {  // a warp a row, as Q's copies
+    if constexpr (EPI_BULK) {  // a bulk copy a row, issued by a warp's lane 0 (the copy takes warp-uniform operands)
+      if (lane == 0)
+        for (int r = rlo + warp; r < r_end; r += NWARPS)
+          asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(o_dst + row_index(X, r) * D_V),
+                       "r"(smem_u32(Os + r * OPITCH)), "n"(D_V * 2)
+                       : "memory");
+      asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+    } else if constexpr (VA_WARP_ROWS) {  // a warp a row, as Q's copies
       for (int r = rlo + warp; r < r_end; r += NWARPS) {
         bf16* dst = o_dst + row_index(X, r) * D_V;
 #pragma unroll
@@ -1710,6 +1734,7 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
       if (!direct) part_lse[row_index(X, r)] = lse2;
       else if (lse != nullptr) lse[row_index(X, r)] = lse2 * 0.69314718055994531f;
     }
+    if constexpr (EPI_BULK) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // the rows have left
     __syncthreads();  // every thread has read seg_s, and the Q region and stats are free again
     TRACE(0, 5);
     if (tid < 4) seg_s[tid] = seg_s[4 + tid];  // the next segment (found in the prologue)

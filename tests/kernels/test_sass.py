@@ -127,6 +127,23 @@ def test_the_epilogue_stages_bf16_fragments_with_stmatrix_where_the_arch_has_it(
     assert not any("STSM" in text for _, text in without)
 
 
+@needs_tools
+@pytest.mark.parametrize(
+    "device, kv_dtype, bulk",
+    [("h200", "bf16", True), ("h200", "fp8_e4m3", True), ("rtx-pro-6000", "bf16", True), ("a100", "bf16", False)],
+)
+def test_the_bulk_epilogue_writes_rows_with_bulk_copies_where_the_arch_has_them(tmp_path, device, kv_dtype, bulk):
+    """With VA_EPI_BULK=1 each output row leaves shared memory as one cp.async.bulk (UBLKCP) on
+    sm_90 and later, its staging fenced for the copy engine first; sm_80 has neither and keeps the
+    16-byte stores, as does the default build everywhere."""
+    ins, cfg = _default_sass(tmp_path, device, 8, 9, kv_dtype, ("-DVA_EPI_BULK=1",))
+    copies = sum("UBLKCP" in text for _, text in ins)
+    fences = sum("FENCE.VIEW.ASYNC.S" in text for _, text in ins)
+    assert (copies > 0, fences > 0) == (bulk, bulk), (device, cfg, copies, fences)
+    default, _ = _default_sass(tmp_path, device, 8, 9, kv_dtype)
+    assert not any("UBLKCP" in text for _, text in default)
+
+
 def test_qk_load_use_counts_qk_mmas_from_their_latest_ldmatrix_only():
     """A QK mma (A from a plain ldmatrix) is counted at its distance from the nearest of its loaded
     operands; PV's (A from a transposed ldmatrix) and one whose A a later instruction overwrote
