@@ -286,8 +286,9 @@ __device__ __forceinline__ void zero_fill(T (&a)[N]) {
 #define VA_EPI_STMATRIX 1  // the epilogue stages o / l with stmatrix where the arch has it (sm_90+) and bf16 fragments
 #endif
 // 1 (experiment): the epilogue stages o / l unswizzled at a padded pitch and each output row
-// leaves as one cp.async.bulk (the copy engine, sm_90+) instead of a warp's 16-byte stores, which
-// may be what the epilogue's 2-3 µs wait on; sm_80 keeps the stores either way.
+// leaves as one cp.async.bulk (the copy engine, sm_90+) instead of a warp's 16-byte stores, in
+// case the epilogue waits on one SM's store path rather than on its instructions; sm_80 keeps the
+// stores either way.
 #ifndef VA_EPI_BULK
 #define VA_EPI_BULK 0
 #endif
