@@ -265,11 +265,15 @@ def call_layout(
 
 def check_scale(kv_dtype: str, kv_scale: float, has_tensor: bool) -> None:
     """A ValueError for a layer scale given to a format that has none (its kernel would ignore it)."""
-    if kv_format(kv_dtype).scale == "none" and (kv_scale != 1.0 or has_tensor):
-        raise ValueError(
-            f"kv_dtype {kv_dtype} is read as stored and takes no kv_scale "
-            f"(got {'kv_scale_tensor' if has_tensor else f'kv_scale={kv_scale}'}): scale the softmax and the output instead"
-        )
+    fmt = kv_format(kv_dtype)
+    if fmt.scale != "per_layer" and (kv_scale != 1.0 or has_tensor):
+        got = "kv_scale_tensor" if has_tensor else f"kv_scale={kv_scale}"
+        if fmt.scale == "none":
+            raise ValueError(
+                f"kv_dtype {kv_dtype} is read as stored and takes no kv_scale "
+                f"(got {got}): scale the softmax and the output instead"
+            )
+        raise ValueError(f"kv_dtype {kv_dtype}'s rows carry their own scales and take no kv_scale (got {got})")
 
 
 def _layout(

@@ -24,12 +24,14 @@ class KVFormat:
     code: int  # KV_FMT in csrc/verify_attention.cu
     element: str  # the latent's stored element type
     row_bytes: int  # bytes of one token's row in the pool (576 latent + rope dims, plus any scales)
-    scale: str  # "none"; "per_layer": one fp32 scale for the layer's cache (the op's kv_scale)
+    scale: str  # "none"; "per_layer": one fp32 scale for the layer's cache (the op's kv_scale); "per_128":
+    #   an fp32 scale for each 128 latent dims in every row (no kv_scale)
     mma: str  # the element type the QK MMAs read ("bf16", "f16" after dequantizing, "e4m3")
     pool_dtypes: tuple[str, ...]  # torch dtypes the op accepts for the pool
     staged_bytes: int  # bytes of one element of Q and P in shared memory
     ring_row_bytes: int  # bytes of a token's row in a KV ring slot (1152 bf16 rows; 592 e4m3 rows)
     q_row_scale: bool  # q is rescaled per row in shared memory (a float a row of the block)
+    rope_apart: bool  # the 64 rope dims are stored apart (bf16 after the scaled latent): QK's k-slices end on them
     min_cc: int  # lowest compute capability (10 * major + minor) with the instructions it needs
     kernel_reads: bool  # the current kernel reads it; otherwise it is refused by name
     about: str
@@ -53,33 +55,38 @@ _E4M3_POOL = ("uint8", "float8_e4m3fn")  # SGLang stores e4m3 as uint8; torch's 
 #: An e4m3 row in the ring (the kernel converts fragments in registers): 576 bytes in 37 16-byte
 #: chunks (odd: ldmatrix's eight rows fall on eight bank quads without a swizzle)
 E4M3_RING_ROW = 592
+#: FlashMLA's "fp8 with scale" row: 512 e4m3 latent dims, an fp32 scale for each 128 of them, the
+#: 64 rope dims in bf16 (656 bytes: 41 16-byte chunks, odd, so the ring keeps it as stored)
+DS_MLA_NOPE, DS_MLA_BLOCK, DS_MLA_ROPE = 512, 128, 64
+DS_MLA_ROW = DS_MLA_NOPE + 4 * (DS_MLA_NOPE // DS_MLA_BLOCK) + 2 * DS_MLA_ROPE
 FORMATS: dict[str, KVFormat] = {
     f.name: f
     for f in (
         KVFormat(
             name="bf16", code=0, element="bf16", row_bytes=1152, scale="none", mma="bf16",
-            pool_dtypes=("bfloat16",), staged_bytes=2, ring_row_bytes=1152, q_row_scale=False, min_cc=80,
-            kernel_reads=True,
+            pool_dtypes=("bfloat16",), staged_bytes=2, ring_row_bytes=1152, q_row_scale=False, rope_apart=False,
+            min_cc=80, kernel_reads=True,
             about="bf16 latent rows, read as stored",
         ),
         KVFormat(
             name="fp8_e4m3", code=1, element="e4m3", row_bytes=576, scale="per_layer", mma="f16",
-            pool_dtypes=_E4M3_POOL, staged_bytes=2, ring_row_bytes=E4M3_RING_ROW, q_row_scale=True, min_cc=80,
-            kernel_reads=True,
+            pool_dtypes=_E4M3_POOL, staged_bytes=2, ring_row_bytes=E4M3_RING_ROW, q_row_scale=True, rope_apart=False,
+            min_cc=80, kernel_reads=True,
             about="e4m3 latent rows with one fp32 scale a layer (SGLang --kv-cache-dtype fp8_e4m3, vLLM fp8), "
             "dequantized to f16 in registers",
         ),
         KVFormat(
             name="fp8_e4m3_qk", code=2, element="e4m3", row_bytes=576, scale="per_layer", mma="e4m3",
-            pool_dtypes=_E4M3_POOL, staged_bytes=2, ring_row_bytes=E4M3_RING_ROW, q_row_scale=True, min_cc=89,
-            kernel_reads=True,
+            pool_dtypes=_E4M3_POOL, staged_bytes=2, ring_row_bytes=E4M3_RING_ROW, q_row_scale=True, rope_apart=False,
+            min_cc=89, kernel_reads=True,
             about="the fp8_e4m3 cache with QK on e4m3 MMAs, q quantized to e4m3 per row",
         ),
         KVFormat(
-            name="fp8_ds_mla", code=3, element="e4m3", row_bytes=656, scale="per_128", mma="bf16",
-            pool_dtypes=("uint8",), staged_bytes=2, ring_row_bytes=1152, q_row_scale=False, min_cc=80,
-            kernel_reads=False,
-            about="FlashMLA's fp8 with scale: 512 e4m3, 4 fp32 scales (one per 128 dims), 64 bf16 rope dims",
+            name="fp8_ds_mla", code=3, element="e4m3", row_bytes=DS_MLA_ROW, scale="per_128", mma="f16",
+            pool_dtypes=_E4M3_POOL, staged_bytes=2, ring_row_bytes=DS_MLA_ROW, q_row_scale=True, rope_apart=True,
+            min_cc=80, kernel_reads=True,
+            about="FlashMLA's fp8 with scale (SGLang's DeepSeek-V3.2 fp8 pool): 512 e4m3, 4 fp32 scales (one per "
+            "128 dims), 64 bf16 rope dims a row; the latent dequantized to f16 in registers, the rope read as bf16",
         ),
     )
 }  # fmt: skip

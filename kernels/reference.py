@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from verify_tuner.kernels.formats import kv_format
+from verify_tuner.kernels.formats import DS_MLA_BLOCK, DS_MLA_NOPE, kv_format
 from verify_tuner.kernels.shapes import D_QK, D_V, Q_DTYPE
 
 
@@ -102,8 +102,9 @@ def make_inputs(
     separate q_pe; mask_dtype the tree mask's row type (uint8/16/32 as SGLang packs them);
     req_to_token the prefix slots as rows of a wider table at scattered rows (SGLang's pool of
     requests, read in place through prefix_rows); kv_dtype the cache's format (an e4m3 one
-    quantizes the bf16 values with a per-layer scale, stored as `pool_dtype`: uint8, as SGLang's
-    pool holds it, by default, or float8_e4m3fn)."""
+    quantizes the bf16 values with a per-layer scale, fp8_ds_mla with a scale per 128 latent dims
+    of each row, stored as `pool_dtype`: uint8, as SGLang's pool holds it, by default, or
+    float8_e4m3fn)."""
     import torch
 
     if layout not in SLOT_LAYOUTS:
@@ -133,20 +134,43 @@ E4M3_MAX = 448.0
 
 def quantize(kv: Any, kv_dtype: str, pool_dtype: str | None = None) -> tuple[Any, float]:
     """(pool, scale): bf16 values as a `kv_dtype` pool, as an engine writes one (SGLang and vLLM
-    store round(x / k_scale) as e4m3 with k_scale = amax / 448); bf16 is returned as it is."""
+    store round(x / k_scale) as e4m3 with k_scale = amax / 448; fp8_ds_mla rows as FlashMLA's,
+    `ds_mla_rows`, with scale 1); bf16 is returned as it is."""
     import torch
 
     fmt = kv_format(kv_dtype)
     if fmt.element == "bf16":
         return kv, 1.0
+    want = pool_dtype or "uint8"
+    if want not in fmt.pool_dtypes:
+        raise ValueError(f"pool_dtype must be one of {fmt.pool_dtypes} for {kv_dtype}, got {want!r}")
+    if fmt.scale == "per_128":
+        rows = ds_mla_rows(kv)
+        return (rows if want == "uint8" else rows.view(torch.float8_e4m3fn)), 1.0
     if fmt.scale != "per_layer":
         raise ValueError(f"make_inputs does not build {kv_dtype} pools ({fmt.about})")
     scale = max(float(kv.float().abs().max()), 1e-12) / E4M3_MAX
     q8 = (kv.float() / scale).to(torch.float8_e4m3fn)
-    want = pool_dtype or "uint8"
-    if want not in fmt.pool_dtypes:
-        raise ValueError(f"pool_dtype must be one of {fmt.pool_dtypes} for {kv_dtype}, got {want!r}")
     return (q8.view(torch.uint8) if want == "uint8" else q8), scale
+
+
+def ds_mla_rows(kv: Any, *, pow2_scales: bool = False) -> Any:
+    """FlashMLA's "fp8 with scale" rows (uint8 [..., 656]) of bf16 latent rows [..., 576]: each 128
+    latent dims as e4m3 under the fp32 scale amax / 448 (rounded up to a power of two with
+    pow2_scales, as DeepSeek-V3.2's quantizer does; a block of zeros keeps 1), then the 4 scales,
+    then the 64 rope dims as bf16."""
+    import torch
+
+    x = kv.float()
+    lead = x.shape[:-1]
+    nope = x[..., :DS_MLA_NOPE].reshape(*lead, DS_MLA_NOPE // DS_MLA_BLOCK, DS_MLA_BLOCK)
+    amax = nope.abs().amax(dim=-1)
+    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    if pow2_scales:
+        scale = torch.exp2(torch.ceil(torch.log2(scale)))
+    q8 = (nope / scale.unsqueeze(-1)).to(torch.float8_e4m3fn).reshape(*lead, DS_MLA_NOPE)
+    rope = kv[..., DS_MLA_NOPE:].to(torch.bfloat16).contiguous()
+    return torch.cat([q8.view(torch.uint8), scale.contiguous().view(torch.uint8), rope.view(torch.uint8)], dim=-1)
 
 
 def dequantize(pool: Any, kv_dtype: str, kv_scale: float) -> Any:
@@ -157,6 +181,13 @@ def dequantize(pool: Any, kv_dtype: str, kv_scale: float) -> Any:
     flat = pool.reshape(-1, pool.shape[-1])
     if fmt.element == "bf16":
         return flat.float()
+    if fmt.scale == "per_128":  # FlashMLA's rows: e4m3 latent, its 4 fp32 scales, bf16 rope
+        b = flat.view(torch.uint8)
+        blocks = DS_MLA_NOPE // DS_MLA_BLOCK
+        nope = b[:, :DS_MLA_NOPE].view(torch.float8_e4m3fn).float().reshape(-1, blocks, DS_MLA_BLOCK)
+        scales = b[:, DS_MLA_NOPE : DS_MLA_NOPE + 4 * blocks].contiguous().view(torch.float32)
+        rope = b[:, DS_MLA_NOPE + 4 * blocks :].contiguous().view(torch.bfloat16).float()
+        return torch.cat([(nope * scales.unsqueeze(-1)).reshape(-1, DS_MLA_NOPE), rope], dim=-1)
     if fmt.scale != "per_layer":
         raise ValueError(f"the reference does not read {kv_dtype} pools ({fmt.about})")
     e4m3 = flat.view(torch.float8_e4m3fn) if flat.dtype == torch.uint8 else flat

@@ -20,7 +20,7 @@ from verify_tuner.kernels.config import (
 from verify_tuner.kernels.errors import InvalidConfig
 from verify_tuner.kernels.formats import kv_format
 from verify_tuner.kernels.limits import DeviceLimits
-from verify_tuner.kernels.shapes import D_QK, D_V  # noqa: F401  (re-exported: the .cu mirrors)
+from verify_tuner.kernels.shapes import D_QK, D_V
 
 KSTRIDE = D_QK  # shared-memory row of Q, KV and the O staging (swizzled, no padding)
 KSTEPS = D_QK // 16
@@ -140,6 +140,12 @@ def check(
         return f"QT={cfg.qt} must be below q_len={q_len} (QT=0 holds all nodes in one block)"
     if cfg.block > limits.max_threads_per_block:
         return f"BLOCK={cfg.block} over the device's {limits.max_threads_per_block} threads per block"
+    rope_steps = (D_QK - D_V) // 16
+    if fmt.rope_apart and rope_steps % cfg.wk:
+        return (
+            f"WK={cfg.wk} does not divide the {rope_steps} rope k-steps, which {kv_dtype} stores apart "
+            f"(bf16 after the scaled latent) and every k-slice must end on: WK 1, 2 or 4"
+        )
     reason = _warp_grid_reason(cfg, q_len)
     if reason:
         return reason

@@ -11,7 +11,9 @@
 // 1 e4m3 rows with one fp32 scale for the layer (kv = stored * kv_scale), kept as e4m3 in the
 // ring and dequantized to f16 in registers after ldmatrix, q taken to f16 with a power-of-two
 // scale per row, both MMAs on f16; 2 the same cache with q quantized to e4m3 per row and QK on
-// e4m3 MMAs (sm_89+), PV as 1's.
+// e4m3 MMAs (sm_89+), PV as 1's; 3 FlashMLA's "fp8 with scale" rows (656 B: 512 e4m3 latent dims,
+// an fp32 scale for each 128 of them, the 64 rope dims in bf16), as 1 with each token's 128-dim
+// scale applied to its K and V fragments and the rope dims' QK on bf16 MMAs.
 //
 // Compile-time constants, rendered by kernels/build.py as #defines (kernels/config.py says
 // which values are valid and kernels/validate.py checks them before anything is compiled):
@@ -71,13 +73,19 @@ typedef __nv_bfloat16 bf16;
 #ifndef KV_FMT
 #define KV_FMT 0
 #endif
-static_assert(KV_FMT >= 0 && KV_FMT <= 2,
-              "KV_FMT: 0 bf16, 1 e4m3 with a per-layer scale, 2 the same with QK on e4m3 MMAs (kernels/formats.py)");
+static_assert(KV_FMT >= 0 && KV_FMT <= 3,
+              "KV_FMT: 0 bf16, 1 e4m3 with a per-layer scale, 2 the same with QK on e4m3 MMAs, 3 FlashMLA's fp8 rows "
+              "with a scale per 128 dims (kernels/formats.py)");
 // Q and P hold 2-byte elements: bf16 for a bf16 cache and f16 for an e4m3 one (an e4m3 value and a
 // power-of-two-scaled q row are exact in f16, which also keeps P in [0, 2^8] three more bits than
 // bf16), and fp8_e4m3_qk rewrites Q as e4m3 bytes; the ring holds bf16 rows or the pool's e4m3
 // rows. The buffers stay typed bf16 below.
-constexpr bool FP8 = KV_FMT == 1 || KV_FMT == 2;
+constexpr bool FP8 = KV_FMT >= 1;
+// fp8_ds_mla: a token's row is 512 e4m3 dims, 4 fp32 scales (one per 128 dims) and 64 bf16 rope
+// dims; the ring keeps it as stored (41 chunks: odd, as the e4m3 ring's 37), the latent dims take
+// the e4m3 register path times their token's scale, the rope dims stay bf16 (q's too, times the
+// row's power of two) and run the last k-steps of each k-slice on bf16 MMAs.
+constexpr bool DSMLA = KV_FMT == 3;
 // fp8_e4m3_qk: q quantized to e4m3 per row, QK on mma.sync.m16n8k32.e4m3 straight from the ring's
 // e4m3 rows (sm_89+: native on sm_89 and sm_120, emulated on sm_90); PV as the register path's.
 constexpr bool F8QK = KV_FMT == 2;
@@ -106,11 +114,18 @@ constexpr int D_QK = 576;
 constexpr int D_V = 512;
 constexpr int KSTRIDE = D_QK;  // bf16 per smem row (1152 B = 9 x 128 B); sw() swizzles 16-byte chunks
 constexpr int CHUNKS = D_QK * 2 / 16;  // 16-byte chunks of a 2-byte row (Q, bf16 KV)
-constexpr int KV_ROW_BYTES = FP8 ? D_QK : D_QK * 2;  // a token's row in the pool
-constexpr int F8_CHUNKS = D_QK / 16;                  // 16-byte cp.async chunks of an e4m3 row
-// FP8: bytes between a slot's e4m3 rows: 37 chunks, odd, so ldmatrix's eight rows at one column
-// fall on eight different 16-byte bank quads without a swizzle
-constexpr int F8_ROWB = D_QK + 16;
+constexpr int DS_SCALE_DIMS = 128;               // fp8_ds_mla: latent dims under one scale
+constexpr int DS_ROPE = D_V + 16;                 // fp8_ds_mla: byte offset of the bf16 rope dims (after the scales)
+constexpr int DS_ROW = DS_ROPE + (D_QK - D_V) * 2;  // fp8_ds_mla: 656 bytes a token
+// fp8_ds_mla: K and V carry their scales in f16 operands, times DS_UNIT (q's rope dims too, so the
+// scores carry it whole; the softmax scale and 1/l take it back), which keeps the scale of a chunk
+// whose largest |k| is 1.7e-3..4096 a normal f16 number and its values below f16's 65504.
+constexpr float DS_UNIT = 16.f;
+constexpr int KV_ROW_BYTES = DSMLA ? DS_ROW : FP8 ? D_QK : D_QK * 2;  // a token's row in the pool
+constexpr int F8_CHUNKS = KV_ROW_BYTES / 16;          // 16-byte cp.async chunks of an e4m3 row (36, or 41)
+// FP8: bytes between a slot's rows: 37 chunks (e4m3) or 41 (fp8_ds_mla, as stored), odd, so
+// ldmatrix's eight rows at one column fall on eight different 16-byte bank quads without a swizzle
+constexpr int F8_ROWB = DSMLA ? DS_ROW : D_QK + 16;
 constexpr int KSTEPS = D_QK / 16;      // k16 steps of the QK product
 constexpr int NQT = (QN + QT - 1) / QT;  // row tiles per head group
 constexpr int ROWS = HT * QT;
@@ -209,7 +224,11 @@ constexpr int RPP = 32 / LPR;
 static_assert(SPL % 4 == 0 && SPL <= 32 && LPR * SPL == TK, "softmax: a lane holds 4..32 scores");
 // the epilogue stages O (bf16, rows of D_V) in the Q region
 static_assert(D_V <= KSTRIDE, "O staging fits the Q rows");
-static_assert(F8_ROWB >= D_QK && (F8_ROWB / 16) % 2 == 1, "FP8: a row holds 576 bytes in an odd number of chunks");
+static_assert(!FP8 || (F8_ROWB >= KV_ROW_BYTES && (F8_ROWB / 16) % 2 == 1 && KV_ROW_BYTES % 16 == 0),
+              "FP8: a ring row holds the pool's row in an odd number of 16-byte chunks");
+// fp8_ds_mla: the rope dims are the last 4 k-steps, and every k-slice (slice wk takes k-steps wk,
+// wk + WK, ...) must end on its share of them at the same step: WK divides 4 (kernels/validate.py).
+static_assert(!DSMLA || (4 % WK == 0 && 4 % SWK == 0), "fp8_ds_mla: WK must divide the 4 rope k-steps");
 }  // namespace
 
 // The reduce's block: 256 threads where a long request has many parts to merge.
@@ -266,8 +285,10 @@ __device__ __forceinline__ void zero_fill(T (&a)[N]) {
 // folded scores keeps 0 above 64 rows only, since 1 and 2 spill its 72-row seesaw on sm_80/89/90
 // (e4m3's default there keeps a buffer per k-slice, SF=0); at 64 rows and fewer they build without
 // spills, and 0 fenced 27 loads and MMAs of the RTX PRO 6000's and L40S's 17-24-row e4m3 defaults.
+// fp8_ds_mla's scales take the registers 2 needs above 56 rows (its seesaw spilled there on sm_90),
+// so it keeps 1 there.
 #ifndef VA_QK_UNIFORM
-#define VA_QK_UNIFORM (KV_FMT == 1 && SF == 1 && ROWS_PAD > 64 ? 0 : 2)
+#define VA_QK_UNIFORM (KV_FMT == 1 && SF == 1 && ROWS_PAD > 64 ? 0 : KV_FMT == 3 && ROWS_PAD > 56 ? 1 : 2)
 #endif
 #ifndef VA_QK_PREFETCH
 #define VA_QK_PREFETCH 1  // QK's next operands load before the current MMAs (even k-step counts a warp; 0: each as used)
@@ -380,6 +401,16 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// fp8_ds_mla's rope dims: bf16 K and q (q's row times its power of two, exact in bf16) into the
+// same fp32 accumulators as the latent dims' f16 MMAs.
+__device__ __forceinline__ void mma16816_bf16(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
 #if KV_FMT == 2
 // S^T += K . Q^T over 32 k on e4m3 (fp32 accumulators): A 16x32 (a0 row g, k 4t..4t+3; a1 row g+8;
 // a2, a3 the same at k 16+4t), B 32x8 (b0 col g, k 4t..4t+3; b1 k 16+4t..): four consecutive
@@ -434,6 +465,12 @@ __device__ __forceinline__ void e4m3x4_cvt(uint32_t w, uint32_t& lo, uint32_t& h
   asm("{\n .reg .b16 a, b;\n mov.b32 {a, b}, %2;\n cvt.rn.f16x2.e4m3x2 %0, a;\n cvt.rn.f16x2.e4m3x2 %1, b;\n}\n"
       : "=r"(lo), "=r"(hi) : "r"(w));
 #endif
+}
+
+// An f16x2 word times an f16x2 (round to nearest).
+__device__ __forceinline__ uint32_t hmul2_u32(uint32_t x, __half2 s) {
+  const __half2 r = __hmul2(*reinterpret_cast<const __half2*>(&x), s);
+  return *reinterpret_cast<const uint32_t*>(&r);
 }
 
 template <bool V>
@@ -735,11 +772,19 @@ __device__ __forceinline__ void convert_q(bf16* Qs, float* qsc_s, int rlo, int r
         const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v[j]);
         uint4 out;
         uint32_t* o32 = reinterpret_cast<uint32_t*>(&out);
+        // fp8_ds_mla: the rope dims' chunks stay bf16 (times the same power of two and DS_UNIT:
+        // exact) and in order, since K's rope dims are bf16 rows read as the bf16 kernel reads them
+        const bool rope = DSMLA && c >= D_V / 8;
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
           const float2 f = __bfloat1622float2(h[k]);
-          const __half2 x = __floats2half2_rn(f.x * mul, f.y * mul);
-          o32[k] = *reinterpret_cast<const uint32_t*>(&x);
+          if (rope) {
+            const __nv_bfloat162 x = __floats2bfloat162_rn(f.x * mul * DS_UNIT, f.y * mul * DS_UNIT);
+            o32[k] = *reinterpret_cast<const uint32_t*>(&x);
+          } else {
+            const __half2 x = __floats2half2_rn(f.x * mul, f.y * mul);
+            o32[k] = *reinterpret_cast<const uint32_t*>(&x);
+          }
         }
         // K's fragments come from e4m3 rows: lane (g, t) holds dims 4t..4t+3 of each 16, which
         // the MMA takes as k 2t, 2t+1 and 2t+8, 2t+9. q is stored in the same order: dim pairs
@@ -751,6 +796,7 @@ __device__ __forceinline__ void convert_q(bf16* Qs, float* qsc_s, int rlo, int r
         for (int k = 0; k < 4; ++k) p32[k] = __shfl_xor_sync(0xffffffffu, o32[k], 1);
         const bool odd = c & 1;
         out = odd ? make_uint4(p32[1], p32[3], o32[1], o32[3]) : make_uint4(o32[0], o32[2], p32[0], p32[2]);
+        if (rope) out = make_uint4(o32[0], o32[1], o32[2], o32[3]);
         if (c >= CHUNKS) continue;
         *reinterpret_cast<uint4*>(Qs + sw(r, 8 * c)) = out;
       }
@@ -872,6 +918,9 @@ template <int NT, int QWR, int QWK, int QSF, int BROWS>
 __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* Ss, int warp, int lane, int grp, int nlo) {
   constexpr int QWT = GWARPS / (QWR * QWK), QMQ = TM / QWT;  // its token groups, m16 tiles a warp
   constexpr int QKS = KSTEPS / QWK, QNSB = QSF ? QWK / 2 : QWK;
+  // k-steps a warp runs on the latent's loop: all QKS, or for fp8_ds_mla the e4m3 ones (its last
+  // 4 / QWK are the bf16 rope dims', run after it)
+  constexpr int QKS_N = DSMLA ? (KSTEPS - 4) / QWK : QKS;
   constexpr int NQ = (NT + QWR - 1) / QWR;  // n8 row tiles per warp (strided over row groups)
   // A per-warp predicate on an ldmatrix or mma that the compiler cannot prove warp-uniform gets a
   // WARPSYNC before and after it, which also pins every load right before its MMAs. The warp index
@@ -900,12 +949,39 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
   const int ck = 2 * wk + (mat >> 1);                       // K x4: tokens +8 (mat&1), k halves (mat>>1)
   // FP8: token wt*QMQ*16 + r8 (+8: mat&1) (+ a*16) of the e4m3 ring, chunk (= k-step) wk (+QWK: mat>>1) (+ QWK*j)
   const uint32_t krow8 = smem_u32(Kt) + (wt * QMQ * 16 + r8 + (mat & 1) * 8) * F8_ROWB + (wk + QWK * (mat >> 1)) * 16;
+  // fp8_ds_mla: the scales of the K fragments' tokens (m16 tile a: g low, g+8 high, one f16 pair:
+  // a register a tile, which the 72-row seesaw's registers have room for) for the 128-dim chunk
+  // of k-step pair j (WK divides 4, so a pair of one slice, k-steps wk + QWK*j and wk + QWK*(j+1),
+  // lies in one chunk of 8 k-steps).
+  const unsigned char* ksc = reinterpret_cast<const unsigned char*>(Kt) + (wt * QMQ * 16 + g) * F8_ROWB + D_V;
+  auto ds_k_scales = [&](__half2(&sk)[QMQ], int j) {
+#pragma unroll
+    for (int a = 0; a < QMQ; ++a) {
+      if constexpr (DSMLA) {
+        const unsigned char* p = ksc + a * 16 * F8_ROWB + 4 * (QWK * j * 16 / DS_SCALE_DIMS);
+        sk[a] = __floats2half2_rn(*reinterpret_cast<const float*>(p) * (F8_UNIT * DS_UNIT),
+                                  *reinterpret_cast<const float*>(p + 8 * F8_ROWB) * (F8_UNIT * DS_UNIT));
+      } else {
+        sk[a] = __float2half2_rn(1.f);  // (unused)
+      }
+    }
+  };
+  // ... applied to one m16 tile's K fragment (tokens g: fk[0], fk[2]; g+8: fk[1], fk[3])
+  auto ds_scale_k = [&](uint32_t(&fk)[4], __half2 s2) {
+    if constexpr (DSMLA) {
+      const __half2 lo = __low2half2(s2), hi = __high2half2(s2);
+      fk[0] = hmul2_u32(fk[0], lo), fk[2] = hmul2_u32(fk[2], lo);
+      fk[1] = hmul2_u32(fk[1], hi), fk[3] = hmul2_u32(fk[3], hi);
+    }
+  };
   // e4m3: step h of a k-step pair, one m16 tile's converted K at a time (4 registers, not 4*QMQ)
-  auto f8_pair_step = [&](const uint32_t(&rw)[QMQ][4], const uint32_t(&qb)[NQ][4], int h) {
+  auto f8_pair_step = [&](const uint32_t(&rw)[QMQ][4], const uint32_t(&qb)[NQ][4], const __half2(&sk)[QMQ],
+                          int h) {
 #pragma unroll
     for (int a = 0; a < QMQ; ++a) {
       uint32_t fk[4];
       f8_k_frags(fk, rw[a][2 * h], rw[a][2 * h + 1]);
+      ds_scale_k(fk, sk[a]);
 #pragma unroll
       for (int n = 0; n < NQ; ++n) {
         if (!on(n)) continue;
@@ -961,7 +1037,7 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
         }
       }
     }
-  } else if constexpr (VA_QK_PREFETCH && FP8 && VA_F8_KLEAN && UNI && QKS % 2 == 0) {
+  } else if constexpr (VA_QK_PREFETCH && FP8 && VA_F8_KLEAN && UNI && QKS_N % 2 == 0) {
     // e4m3: the next pair's raw K (one x4 a tile holds both steps) and Q load before this pair's
     // conversions and MMAs.
     uint32_t fb4[NQ][4], raw[QMQ][4];
@@ -970,17 +1046,19 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
 #pragma unroll
     for (int a = 0; a < QMQ; ++a) ldsm_x4(raw[a], krow8 + a * 16 * F8_ROWB);
 #pragma unroll
-    for (int j = 0; j < QKS; j += 2) {
+    for (int j = 0; j < QKS_N; j += 2) {
       uint32_t rawn[QMQ][4], fbn[NQ][4];
-      if (j + 2 < QKS) {
+      if (j + 2 < QKS_N) {
 #pragma unroll
         for (int a = 0; a < QMQ; ++a) ldsm_x4(rawn[a], krow8 + a * 16 * F8_ROWB + QWK * (j + 2) * 16);
 #pragma unroll
         for (int n = 0; n < NQ; ++n) ldsm_x4(fbn[n], qaddr(n) + swz(cq, r8, 2 * QWK * (j + 2)));
       }
+      __half2 sk[QMQ];
+      ds_k_scales(sk, j);
 #pragma unroll
-      for (int h = 0; h < 2; ++h) f8_pair_step(raw, fb4, h);
-      if (j + 2 < QKS) {
+      for (int h = 0; h < 2; ++h) f8_pair_step(raw, fb4, sk, h);
+      if (j + 2 < QKS_N) {
 #pragma unroll
         for (int a = 0; a < QMQ; ++a)
 #pragma unroll
@@ -993,28 +1071,32 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
     }
   } else {
 #pragma unroll
-  for (int j = 0; j + 1 < QKS; j += 2) {  // the warp's k-step pairs (j, j+1): ks = wk + QWK*j
+  for (int j = 0; j + 1 < QKS_N; j += 2) {  // the warp's k-step pairs (j, j+1): ks = wk + QWK*j
     uint32_t fb4[NQ][4];
 #pragma unroll
     for (int n = 0; n < NQ; ++n)
       if (on(n)) ldsm_x4(fb4[n], qaddr(n) + swz(cq, r8, 2 * QWK * j));
     uint32_t raw[FP8 ? QMQ : 1][4];  // FP8: one x4 holds both steps' e4m3 K fragments
+    __half2 sk[QMQ];
     if constexpr (FP8) {
 #pragma unroll
       for (int a = 0; a < QMQ; ++a) ldsm_x4(raw[a], krow8 + a * 16 * F8_ROWB + QWK * j * 16);
+      ds_k_scales(sk, j);
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       // (with the unfenced QK only: on the predicated one it splits each fenced region in two)
       if constexpr (FP8 && VA_F8_KLEAN && UNI) {
-        f8_pair_step(raw, fb4, h);
+        f8_pair_step(raw, fb4, sk, h);
         continue;
       }
       uint32_t fa[QMQ][4];
 #pragma unroll
       for (int a = 0; a < QMQ; ++a) {
-        if constexpr (FP8) f8_k_frags(fa[a], raw[a][2 * h], raw[a][2 * h + 1]);
-        else ldsm_x4(fa[a], krow + a * 16 * ROWB + swz(ck, r8, 2 * QWK * (j + h)));
+        if constexpr (FP8) {
+          f8_k_frags(fa[a], raw[a][2 * h], raw[a][2 * h + 1]);
+          ds_scale_k(fa[a], sk[a]);
+        } else ldsm_x4(fa[a], krow + a * 16 * ROWB + swz(ck, r8, 2 * QWK * (j + h)));
       }
 #pragma unroll
       for (int n = 0; n < NQ; ++n) {
@@ -1025,8 +1107,8 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
       }
     }
   }
-  if constexpr (QKS % 2 == 1) {  // odd k-slice: the last step alone
-    constexpr int j = QKS - 1;
+  if constexpr (QKS_N % 2 == 1) {  // odd k-slice: the last step alone (never fp8_ds_mla's: 32 / WK is even)
+    constexpr int j = QKS_N - 1;
     uint32_t fa[QMQ][4];
 #pragma unroll
     for (int a = 0; a < QMQ; ++a) {
@@ -1048,6 +1130,28 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
       for (int a = 0; a < QMQ; ++a) mma16816(acc[a][n], fa[a], fb);
     }
   }
+  }
+  if constexpr (DSMLA) {
+    // fp8_ds_mla's rope dims: k-steps 32..35, the slice's last 4 / QWK (j = QKS_N..QKS-1), bf16 at
+    // byte DS_ROPE of the row. K as the bf16 kernel reads it (x4: tokens +8 mat&1, k halves
+    // mat>>1, 32 bytes a step), q's bf16 chunks x2 (k halves: mat&1), the MMAs on bf16.
+    const uint32_t krope = smem_u32(Kt) + (wt * QMQ * 16 + r8 + (mat & 1) * 8) * F8_ROWB + DS_ROPE +
+                           32 * (wk - (KSTEPS - 4)) + 16 * (mat >> 1);  // + 32*QWK*j, j >= QKS_N
+    const int cq1 = 2 * wk + (mat & 1);
+#pragma unroll
+    for (int j = QKS_N; j < QKS; ++j) {
+      uint32_t fa[QMQ][4];
+#pragma unroll
+      for (int a = 0; a < QMQ; ++a) ldsm_x4(fa[a], krope + a * 16 * F8_ROWB + 32 * QWK * j);
+#pragma unroll
+      for (int n = 0; n < NQ; ++n) {
+        if (!on(n)) continue;
+        uint32_t fb[2];
+        ldsm_x2(fb, qaddr(n) + swz(cq1, r8, 2 * QWK * j));
+#pragma unroll
+        for (int a = 0; a < QMQ; ++a) mma16816_bf16(acc[a][n], fa[a], fb);
+      }
+    }
   }
   float* Sw = Ss + (wk % QNSB) * BROWS * SSTRIDE;
   const int rbase = BROWS == ROWS_PAD ? 0 : nlo * 8;  // row r at r - rbase of its buffer
@@ -1242,6 +1346,15 @@ __device__ __forceinline__ void pv_tile(float (&acc)[MW][NT][4], const bf16* Kt,
   }
   // FP8: token r8 (+8: mat&1), 16-dim chunk warp*MW (+1: mat>>1); + kk*16 rows, + mw chunks
   const uint32_t vrow8 = smem_u32(Kt) + (r8 + (mat & 1) * 8) * F8_ROWB + (warp * MW + (mat >> 1)) * 16;
+  // fp8_ds_mla: the scales of the A fragments' tokens 2t, 2t+1 (fa[0], fa[1]) and 2t+8, 2t+9 (fa[2],
+  // fa[3]) for the 128-dim chunk c, as f16 pairs (+ kk*16 rows)
+  const unsigned char* vsc = reinterpret_cast<const unsigned char*>(Kt) + 2 * tq * F8_ROWB + D_V;
+  auto ds_v_scales = [&](__half2(&sv)[2], int kk, int c) {
+    const unsigned char* p = vsc + kk * 16 * F8_ROWB + 4 * c;
+    auto at = [&](int t) { return *reinterpret_cast<const float*>(p + t * F8_ROWB) * (F8_UNIT * DS_UNIT); };
+    sv[0] = __floats2half2_rn(at(0), at(1));
+    sv[1] = __floats2half2_rn(at(8), at(9));
+  };
 #pragma unroll
   for (int kk = 0; kk < TM; ++kk) {
     uint32_t fb[NT][2];
@@ -1249,6 +1362,10 @@ __device__ __forceinline__ void pv_tile(float (&acc)[MW][NT][4], const bf16* Kt,
     for (int nr = 0; nr < NT; ++nr)
       if (live(nr)) ldsm_x2(fb[nr], smem_u32(Ps + ((nlo + nr) * 8 + r8) * PSTRIDE + kk * 16 + (mat & 1) * 8));
     if constexpr (FP8) {
+      // fp8_ds_mla: a warp's MW tiles (16 dims each) lie in one 128-dim chunk where MW <= 8 (MW
+      // divides 8 and the warp's first dim is a multiple of 16 MW), else each 8 tiles in their own
+      __half2 sv[2];
+      if constexpr (DSMLA && MW <= 8) ds_v_scales(sv, kk, warp * MW * 16 / DS_SCALE_DIMS);
 #pragma unroll
       for (int mw = 0; mw < MW; mw += 2) {  // an x4 covers two 16-dim tiles (an x2 the last of an odd MW)
         uint32_t fa[2][4];
@@ -1261,6 +1378,14 @@ __device__ __forceinline__ void pv_tile(float (&acc)[MW][NT][4], const bf16* Kt,
           uint32_t raw[2];  // lanes 0..15 give the addresses, and mat >> 1 is 0 there
           ldsm_x2_t(raw, vrow8 + kk * 16 * F8_ROWB + mw * 16);
           f8_v_frags(fa[0], raw[0], raw[1]);
+        }
+        if constexpr (DSMLA) {
+          if constexpr (MW > 8) ds_v_scales(sv, kk, (warp * MW + mw) * 16 / DS_SCALE_DIMS);  // (mw, mw+1: one chunk)
+#pragma unroll
+          for (int m2 = 0; m2 < 2 && mw + m2 < MW; ++m2) {
+            fa[m2][0] = hmul2_u32(fa[m2][0], sv[0]), fa[m2][1] = hmul2_u32(fa[m2][1], sv[0]);
+            fa[m2][2] = hmul2_u32(fa[m2][2], sv[1]), fa[m2][3] = hmul2_u32(fa[m2][3], sv[1]);
+          }
         }
 #pragma unroll
         for (int m2 = 0; m2 < 2 && mw + m2 < MW; ++m2)
@@ -1334,7 +1459,7 @@ __device__ __forceinline__ void trace_stamp(int kernel, int slot) {
 extern "C" __global__ void __launch_bounds__(BLOCK, VA_MINB)
 verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h) at (b*QN + i)*q_st + h*q_sh: dims 0..511
                     const bf16* __restrict__ q_pe,           // the same rows' dims 512..575 (rope), at pe_st, pe_sh
-                    const void* __restrict__ kv,             // [S, 576] in KV_FMT (pages of 2^page_shift slots)
+                    const void* __restrict__ kv,             // [S, 576] in KV_FMT, 656 bytes a row for 3 (pages of 2^page_shift slots)
                     const int* __restrict__ prefix_indices,  // [sum P_b] slots, or a table: a row of page_stride per request
                     const int* __restrict__ prefix_rows,     // [B] request b's row of the table, or null: row b
                     const int* __restrict__ prefix_indptr,   // [B + 1] prefix tokens
@@ -1363,9 +1488,13 @@ verify_attn_partial(const bf16* __restrict__ q,              // row (b*QN + i, h
   int* idx_s = reinterpret_cast<int*>(mask_s + QT);  // [STAGES][TK] slot indices, fetched ahead by cp.async
   float* qsc_s = reinterpret_cast<float*>(idx_s + STAGES * TK);  // [ROWS_PAD] e4m3: q's row scales (inverse)
   const unsigned char* kvb = static_cast<const unsigned char*>(kv);
-  // e4m3: scores and outputs carry the layer's scale (and bit placement's 2^-8, F8_UNIT); bf16: 1
+  // e4m3: scores and outputs carry the layer's scale (and bit placement's 2^-8, F8_UNIT); fp8_ds_mla:
+  // DS_UNIT's inverse; bf16: 1
   float vscale = 1.f;
-  if constexpr (FP8) {
+  if constexpr (DSMLA) {  // its rows carry their own scales (F8_UNIT with them), times DS_UNIT
+    vscale = 1.f / DS_UNIT;
+    scale_log2 *= vscale;
+  } else if constexpr (FP8) {
     vscale = (kv_scale_ptr != nullptr ? __ldg(kv_scale_ptr) : kv_scale) * F8_UNIT;
     scale_log2 *= F8QK ? vscale / F8_UNIT : vscale;  // e4m3 MMAs read K as stored: no 2^-8 in the scores
   }

@@ -85,7 +85,7 @@ def test_sm120_device_gets_a_config_that_fits_it(client):
         ({"prefix": 1.5}, "prefix"),
         ({"dtype": "fp8"}, "dtype"),
         ({"kv_dtype": "fp8"}, "kv_dtype"),
-        ({"kv_dtype": "fp8_ds_mla"}, "kv_dtype"),
+        ({"kv_dtype": "fp8_e5m2"}, "kv_dtype"),
         ({"device": "no-such-gpu"}, "device"),
     ],
 )
@@ -353,10 +353,17 @@ def test_delete_takes_one_format_s_rows_and_leaves_the_others(client):
     assert client.delete("/configs", params={"device": "h200"}, headers=AUTH).json()["deleted"] == 2
 
 
-def test_kv_dtype_is_a_key_field_of_every_lookup_and_import(client):
+def test_kv_dtype_is_a_key_field_of_every_lookup_and_import(client, monkeypatch):
     """kv_dtype (the KV cache's format) keys the rows and the tables: bf16 by default and as named;
-    a format the kernel does not read yet, or an unknown one, is a 422 naming the parameter and
-    the accepted formats; a worker from before the rename (`dtype=`) gets the same answer."""
+    a format the kernel does not read yet (one listed ahead of its kernel code, as fp8_ds_mla was),
+    or an unknown one, is a 422 naming the parameter and the accepted formats; a worker from before
+    the rename (`dtype=`) gets the same answer."""
+    import dataclasses
+
+    from verify_tuner.kernels import formats
+
+    listed = dataclasses.replace(formats.FORMATS["fp8_e4m3"], name="fp8_e5m2", about="e5m2 rows", kernel_reads=False)
+    monkeypatch.setitem(formats.FORMATS, "fp8_e5m2", listed)
     assert client.post("/configs/import", json=[ROW | {"kv_dtype": "bf16"}], headers=AUTH).json()["imported"] == 1
     tuned = get(client).json()
     assert tuned["source"] == "tuned" and get(client, kv_dtype="bf16").json() == tuned
@@ -365,27 +372,26 @@ def test_kv_dtype_is_a_key_field_of_every_lookup_and_import(client):
     assert (table["kv_dtype"], table["dtype"]) == ("bf16", "bf16")  # `dtype`: what older workers check
     e4m3 = get(client, kv_dtype="fp8_e4m3").json()  # another key: the bf16 row does not answer it
     assert e4m3["source"] == "heuristic" and e4m3["kv_dtype"] == "fp8_e4m3"
+    ds = get(client, kv_dtype="fp8_ds_mla").json()  # FlashMLA's rows: a key of their own
+    assert ds["source"] == "heuristic" and ds["kv_dtype"] == "fp8_ds_mla"
+    accepted = "(accepted: bf16, fp8_e4m3, fp8_e4m3_qk, fp8_ds_mla)"
     for params, param, words in (
-        ({"kv_dtype": "fp8_ds_mla"}, "kv_dtype", "kv_dtype fp8_ds_mla (FlashMLA's fp8 with scale"),
+        ({"kv_dtype": "fp8_e5m2"}, "kv_dtype", "kv_dtype fp8_e5m2 (e5m2 rows)"),
+        ({"kv_dtype": "fp8_e5m2"}, "kv_dtype", f"is not read by this kernel version yet {accepted}"),
         (
-            {"kv_dtype": "fp8_ds_mla"},
+            {"kv_dtype": "fp16"},
             "kv_dtype",
-            "is not read by this kernel version yet (accepted: bf16, fp8_e4m3, fp8_e4m3_qk)",
+            "unknown kv_dtype 'fp16': accepted: bf16, fp8_e4m3, fp8_e4m3_qk, fp8_ds_mla",
         ),
-        ({"kv_dtype": "fp16"}, "kv_dtype", "unknown kv_dtype 'fp16': accepted: bf16, fp8_e4m3, fp8_e4m3_qk"),
-        (
-            {"dtype": "fp8_ds_mla"},
-            "dtype",
-            "is not read by this kernel version yet (accepted: bf16, fp8_e4m3, fp8_e4m3_qk)",
-        ),
+        ({"dtype": "fp8_e5m2"}, "dtype", f"is not read by this kernel version yet {accepted}"),
     ):
         for path, at in (("/config", {"prefix": 46000}), ("/configs", {})):
             r = client.get(path, params={"H": 8, "q_len": 9, **at, **params})
             assert r.status_code == 422, r.text
             (detail,) = r.json()["detail"]
             assert detail["loc"] == ["query", param] and words in detail["msg"], detail
-    r = client.post("/configs/import", json=[ROW | {"kv_dtype": "fp8_ds_mla", "NSPLIT": 32}], headers=AUTH)
-    assert r.status_code == 422 and "kv_dtype: kv_dtype fp8_ds_mla" in r.json()["detail"]["errors"][0], r.text
+    r = client.post("/configs/import", json=[ROW | {"kv_dtype": "fp8_e5m2", "NSPLIT": 32}], headers=AUTH)
+    assert r.status_code == 422 and "kv_dtype: kv_dtype fp8_e5m2" in r.json()["detail"]["errors"][0], r.text
     for path, at in (("/config", {"prefix": 46000}), ("/configs", {})):
         r = client.get(path, params={"H": 8, "q_len": 9, **at, "kv_dtype": ""})  # empty: the accepted ones, not a regex
         assert r.status_code == 422 and "unknown kv_dtype '': accepted: bf16, fp8_e4m3" in r.text, r.text

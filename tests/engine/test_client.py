@@ -180,12 +180,18 @@ def test_a_shape_no_table_can_hold_is_named_when_the_client_is_made(tmp_path, kw
         ConfigClient(**({"H": 8, "q_len": 9} | kw), device="NVIDIA H200", snapshot_dir=tmp_path)
 
 
-def test_a_worker_names_its_kv_format_which_is_checked_and_left_out_of_its_request_at_bf16(tmp_path):
+def test_a_worker_names_its_kv_format_which_is_checked_and_left_out_of_its_request_at_bf16(tmp_path, monkeypatch):
     """A format the kernel does not read is the worker's mistake, said at construction; at bf16 the
     request carries no kv_dtype, so a sidecar older than the parameter (which refuses parameters it
     does not know) still answers the worker."""
-    with pytest.raises(ValueError, match="kv_dtype fp8_ds_mla .*not read by this kernel version yet"):
-        ConfigClient(None, H=8, q_len=9, device="h200", kv_dtype="fp8_ds_mla", snapshot_dir=tmp_path)
+    import dataclasses
+
+    from verify_tuner.kernels import formats
+
+    listed = dataclasses.replace(formats.FORMATS["fp8_e4m3"], name="fp8_e5m2", kernel_reads=False)
+    monkeypatch.setitem(formats.FORMATS, "fp8_e5m2", listed)  # listed ahead of its kernel code
+    with pytest.raises(ValueError, match="kv_dtype fp8_e5m2 .*not read by this kernel version yet"):
+        ConfigClient(None, H=8, q_len=9, device="h200", kv_dtype="fp8_e5m2", snapshot_dir=tmp_path)
     with pytest.raises(ValueError, match="unknown kv_dtype 'fp16': accepted: bf16, fp8_e4m3"):
         ConfigClient(None, H=8, q_len=9, device="h200", kv_dtype="fp16", snapshot_dir=tmp_path)
     c = ConfigClient("http://127.0.0.1:1", H=8, q_len=9, device="h200", snapshot_dir=tmp_path, timeout_s=0.2)

@@ -152,14 +152,39 @@ def _e4m3_args(B: int, storage=torch.uint8) -> list:
     return args
 
 
-def test_a_format_the_kernel_does_not_read_yet_is_refused_by_name(host):
+def test_a_format_the_kernel_does_not_read_yet_is_refused_by_name(host, monkeypatch):
+    import dataclasses
+
+    from verify_tuner.kernels import formats
     from verify_tuner.kernels.errors import InvalidConfig
 
-    with pytest.raises(InvalidConfig, match=r"kv_dtype fp8_ds_mla \(.*\) is not read by this kernel version yet"):
-        args = _e4m3_args(4)
-        args[2] = torch.zeros(100, 656, dtype=torch.uint8)  # FlashMLA's rows: 512 e4m3, 4 fp32 scales, 64 bf16
-        torch.ops.verify_tuner.verify_attention(*args, kv_dtype="fp8_ds_mla", kv_scale=0.02)
+    listed = dataclasses.replace(formats.FORMATS["fp8_e4m3"], name="fp8_e5m2", code=9, kernel_reads=False)
+    monkeypatch.setitem(formats.FORMATS, "fp8_e5m2", listed)
+    with pytest.raises(InvalidConfig, match=r"kv_dtype fp8_e5m2 \(.*\) is not read by this kernel version yet"):
+        torch.ops.verify_tuner.verify_attention(*_e4m3_args(4), kv_dtype="fp8_e5m2", kv_scale=0.02)
     assert host.launches == 0
+
+
+def test_flashmlas_rows_reach_the_launch_and_carry_their_own_scales(host):
+    """fp8_ds_mla: 656-byte rows (512 e4m3, 4 fp32 scales, 64 bf16 rope) as uint8 or torch's fp8,
+    with no layer scale: one given is refused, not ignored, and a 576-wide pool is named."""
+    from verify_tuner.kernels.validate import smem_bytes
+
+    host.globals[b"kSmemBytes"] = smem_bytes(CFG, Q, "fp8_ds_mla")  # its build's layout (656-byte ring rows)
+    args = _e4m3_args(4)
+    for storage in (torch.uint8, torch.float8_e4m3fn):
+        args[2] = torch.zeros(100, 656, dtype=storage)
+        before = host.launches
+        torch.ops.verify_tuner.verify_attention(*args, kv_dtype="fp8_ds_mla")
+        assert host.launches > before
+    launches = host.launches
+    with pytest.raises(
+        ValueError, match=r"fp8_ds_mla's rows carry their own scales and take no kv_scale \(got kv_scale=0.02\)"
+    ):
+        torch.ops.verify_tuner.verify_attention(*args, kv_dtype="fp8_ds_mla", kv_scale=0.02)
+    with pytest.raises(ValueError, match=r"kv must be \[\*, 656\]"):
+        torch.ops.verify_tuner.verify_attention(*_e4m3_args(4), kv_dtype="fp8_ds_mla")
+    assert host.launches == launches
 
 
 def test_an_e4m3_pool_reaches_the_launch_with_its_scale(host, monkeypatch):

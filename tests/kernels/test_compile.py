@@ -56,7 +56,7 @@ SAMPLE = [(8, 9, 46000), (8, 1, 131072), (64, 9, 46000), (8, 9, 4096), (8, 64, 4
 
 
 #: The formats the .cu implements (its KV_FMT static_assert), whether or not the package serves them yet
-#: (fp8_e4m3_qk: sm_89+ only, checked on its own below).
+#: (fp8_e4m3_qk: sm_89+ only, and fp8_ds_mla, at its own defaults: each checked on its own below).
 KERNEL_FORMATS = ("bf16", "fp8_e4m3")
 
 
@@ -78,6 +78,21 @@ def test_default_configs_compile_without_spills_within_the_devices_smem(tmp_path
         reduce = ptxas_report(log, fn)
         assert reduce["spill_stores"] == 0 and reduce["spill_loads"] == 0 and reduce["stack_frame"] == 0, (fn, reduce)
     assert smem_bytes(cfg, q_len, kv_dtype) <= limits.max_smem_optin
+
+
+@needs_nvcc
+@pytest.mark.parametrize("device", ["a100", "h200", "rtx-pro-6000"])
+@pytest.mark.parametrize("H, q_len, prefix", SAMPLE)
+def test_ds_mla_defaults_compile_without_spills(tmp_path, device, H, q_len, prefix):
+    """fp8_ds_mla (FlashMLA's 656-byte rows: each token's 128-dim scales applied to its K and V
+    fragments, the rope k-steps on bf16 MMAs) at each device's own defaults for it, with the
+    conversion the arch has and with sm_80's bit placement: no spills, within the device's smem."""
+    limits = known_device(device)
+    cfg = heuristic_config(limits, H=H, q_len=q_len, prefix=prefix, kv_dtype="fp8_ds_mla")
+    for flags in ((), ("-DVA_F8_BITS",)):
+        report = ptxas_report(compile_cubin(cfg, q_len, limits.arch, tmp_path, flags, kv_dtype="fp8_ds_mla").ptxas_log)
+        assert report["spill_stores"] == 0 and report["spill_loads"] == 0, (cfg, flags, report)
+    assert smem_bytes(cfg, q_len, "fp8_ds_mla") <= limits.max_smem_optin
 
 
 @needs_nvcc

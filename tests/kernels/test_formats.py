@@ -36,12 +36,15 @@ def test_an_unknown_format_is_refused_naming_the_known_ones():
     assert "unknown kv_dtype 'fp4'" in check(CFG, H200, H=8, q_len=9, kv_dtype="fp4")
 
 
-@pytest.mark.parametrize("name", [n for n, f in formats.FORMATS.items() if not f.kernel_reads])
-def test_a_format_the_kernel_does_not_read_is_refused_by_name(name):
-    reason = check(CFG, H200, H=8, q_len=9, kv_dtype=name)
-    assert reason is not None and f"kv_dtype {name}" in reason and "not read by this kernel" in reason
-    with pytest.raises(InvalidConfig, match=name):
-        formats.readable(name)
+def test_a_format_the_kernel_does_not_read_is_refused_by_name(monkeypatch):
+    """A row listed ahead of its kernel code (as fp8_ds_mla was) is refused by name, not as unknown."""
+    listed = dataclasses.replace(formats.FORMATS["fp8_e4m3"], name="fp8_e5m2", code=9, kernel_reads=False)
+    monkeypatch.setitem(formats.FORMATS, "fp8_e5m2", listed)
+    reason = check(CFG, H200, H=8, q_len=9, kv_dtype="fp8_e5m2")
+    assert reason is not None and "kv_dtype fp8_e5m2" in reason and "not read by this kernel" in reason
+    with pytest.raises(InvalidConfig, match="fp8_e5m2"):
+        formats.readable("fp8_e5m2")
+    assert all(f.kernel_reads for f in formats.FORMATS.values() if f.name != "fp8_e5m2")
 
 
 def test_a_mode_needs_the_instructions_of_its_arch():
@@ -69,7 +72,23 @@ def test_an_e4m3_ring_keeps_the_pools_rows_in_half_a_bf16_one():
     q_scales = 72 * 4  # e4m3's q row scale, a float a row
     want = smem_bytes(CFG, 9, "bf16") - bf16_ring + e4m3_ring + q_scales
     assert smem_bytes(CFG, 9, "fp8_e4m3") == smem_bytes(CFG, 9, "fp8_e4m3_qk") == want
-    assert {f.ring_row_bytes for f in formats.FORMATS.values() if f.element == "e4m3" and f.kernel_reads} == {592}
+    per_layer = {f.ring_row_bytes for f in formats.FORMATS.values() if f.element == "e4m3" and f.scale == "per_layer"}
+    assert per_layer == {592}
+
+
+def test_the_ds_mla_ring_keeps_flashmlas_rows_as_stored():
+    """fp8_ds_mla's 656-byte rows (41 chunks, odd: no swizzle needed) sit in the ring as the pool
+    holds them; q keeps its row scales; its k-slices must end on the 4 rope k-steps."""
+    f = formats.FORMATS["fp8_ds_mla"]
+    assert f.ring_row_bytes == f.row_bytes == 656 and (656 // 16) % 2 == 1
+    want = smem_bytes(CFG, 9, "fp8_e4m3") - 3 * 32 * 592 + 3 * 32 * 656
+    assert smem_bytes(CFG, 9, "fp8_ds_mla") == want
+    assert check(CFG, H200, H=8, q_len=9, kv_dtype="fp8_ds_mla") is None  # WK=2
+    for wk in (3, 6):  # in the space's WK choices (no block size has a warp count they divide)
+        cfg = dataclasses.replace(CFG, wk=wk, sf=0, pipe=0, stages=2, wr=1)
+        assert "rope" not in str(check(cfg, H200, H=8, q_len=9, kv_dtype="fp8_e4m3"))
+        reason = check(cfg, H200, H=8, q_len=9, kv_dtype="fp8_ds_mla")
+        assert reason is not None and f"WK={wk} does not divide the 4 rope k-steps" in reason
 
 
 def _call(kv_dtype_storage: str, width: int = 576) -> dict[str, TensorMeta]:
@@ -95,6 +114,21 @@ def test_the_abi_checks_the_pool_against_its_format():
         "kv must be uint8 or float8_e4m3fn for kv_dtype fp8_e4m3, got bfloat16"
     )
     assert "kv must be [*, 576]" in check_call(_call("uint8", 656), q_len=9, H=8, kv_dtype="fp8_e4m3")
+    for storage in ("uint8", "float8_e4m3fn"):  # FlashMLA's rows: 656 bytes, as uint8 or torch's fp8
+        assert check_call(_call(storage, 656), q_len=9, H=8, kv_dtype="fp8_ds_mla") is None
+    assert "kv must be [*, 656]" in check_call(_call("uint8", 576), q_len=9, H=8, kv_dtype="fp8_ds_mla")
+
+
+def test_a_format_whose_rows_carry_scales_refuses_a_layer_scale():
+    from verify_tuner.kernels.abi import check_scale
+
+    check_scale("fp8_ds_mla", 1.0, False)
+    check_scale("fp8_e4m3", 0.5, True)
+    for scale, tensor in ((0.5, False), (1.0, True)):
+        with pytest.raises(ValueError, match="fp8_ds_mla's rows carry their own scales and take no kv_scale"):
+            check_scale("fp8_ds_mla", scale, tensor)
+    with pytest.raises(ValueError, match="is read as stored and takes no kv_scale"):
+        check_scale("bf16", 0.5, False)
 
 
 torch = pytest.importorskip("torch")
@@ -119,6 +153,34 @@ def test_the_reference_computes_on_the_dequantized_cache(pool_dtype):
     # and not the unquantized ones (the error against those is information for users, not the gate)
     o3, _ = reference(dataclasses.replace(inp, kv=inp.kv_unquantized, kv_dtype="bf16", kv_scale=1.0))
     assert 1e-3 < float((o - o3).norm() / o3.norm()) < 0.1
+
+
+@pytest.mark.parametrize("pool_dtype", ["uint8", "float8_e4m3fn"])
+def test_the_reference_reads_flashmlas_rows(pool_dtype):
+    """fp8_ds_mla pools as FlashMLA lays them out: per row 512 e4m3, the 4 fp32 scales (amax / 448 of
+    each 128 dims) at byte 512, the 64 rope dims as bf16 at byte 528; the reference computes on
+    those values, and the paged layout is the same rows."""
+    from verify_tuner.kernels.reference import ds_mla_rows, make_inputs, reference
+
+    inp = make_inputs(prefix_lens=[40, 7], q_len=3, H=2, device="cpu", kv_dtype="fp8_ds_mla", pool_dtype=pool_dtype)
+    assert str(inp.kv.dtype) == f"torch.{pool_dtype}" and inp.kv.shape == (47 + 6, 656) and inp.kv_scale == 1.0
+    src = inp.kv_unquantized.float()
+    b = inp.kv.view(torch.uint8)
+    scales = b[:, 512:528].contiguous().view(torch.float32)
+    amax = src[:, :512].reshape(-1, 4, 128).abs().amax(-1)
+    assert torch.equal(scales, torch.where(amax > 0, amax / 448, torch.ones_like(amax)))
+    assert torch.equal(b[:, 528:].contiguous().view(torch.bfloat16).float(), src[:, 512:])  # the rope as stored
+    deq = inp.dequantized_kv()
+    assert torch.equal(deq[:, 512:], src[:, 512:])
+    err = (deq[:, :512] - src[:, :512]).abs().reshape(-1, 4, 128)
+    assert (err <= src[:, :512].reshape(-1, 4, 128).abs() * 2**-4 + scales.unsqueeze(-1) * 2**-9).all()
+    o, lse = reference(inp)
+    o2, lse2 = reference(dataclasses.replace(inp, kv=deq, kv_dtype="bf16"))
+    assert torch.equal(o, o2) and torch.equal(lse, lse2)
+    paged = make_inputs(prefix_lens=[40, 7], q_len=3, H=2, device="cpu", kv_dtype="fp8_ds_mla", page_size=16)
+    assert paged.kv.shape[1:] == (16, 656) and paged.dequantized_kv().shape == (paged.kv.shape[0] * 16, 576)
+    pow2 = ds_mla_rows(inp.kv_unquantized, pow2_scales=True)[:, 512:528].contiguous().view(torch.float32)
+    assert torch.equal(torch.exp2(torch.log2(pow2).round()), pow2) and (pow2 >= scales).all()
 
 
 def test_sm80s_bit_placement_is_e4m3_times_2_to_the_minus_8():
