@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 from engine_steps import LoopEngine, Q, Schedule
+from verify_tuner.engine.sglang_backend import mla_pool_reason
 from verify_tuner.engine.tree_masks import TreeMaskMode
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.formats import FORMATS, KV_DTYPES
@@ -173,12 +174,21 @@ def range_picker(limits, config_dir: Path | None, split: int, kv_dtype: str = "b
 
 
 def kv_dtypes_arg(text: str) -> list[str]:
-    """An argparse type: formats the kernel reads, comma-separated (keys.check_kv_dtype's refusals),
-    each run on the pool SGLang holds for it (bf16, or e4m3 for an e4m3 format)."""
+    """An argparse type: formats the kernel reads and SGLang's MLA pool holds, comma-separated
+    (keys.check_kv_dtype's refusals, then sglang_backend.mla_pool_reason's), each run on the pool
+    SGLang holds for it (bf16, or e4m3 for an e4m3 format)."""
     try:
-        return [check_kv_dtype(t) for t in text.split(",") if t]
+        names = [check_kv_dtype(t) for t in text.split(",") if t]
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    for name in names:
+        if reason := mla_pool_reason(FORMATS[name]):
+            raise argparse.ArgumentTypeError(reason)
+    return names
+
+
+#: The formats the loop runs by default: every one the kernel reads that SGLang's MLA pool holds.
+MLA_POOL_FORMATS = [k for k in KV_DTYPES if mla_pool_reason(FORMATS[k]) is None]
 
 
 def main() -> None:
@@ -190,8 +200,9 @@ def main() -> None:
     ap.add_argument(
         "--kv-dtypes",
         type=kv_dtypes_arg,
-        default=",".join(KV_DTYPES),
-        help="the formats to run, comma-separated (default: every one the kernel reads; an e4m3 one on an e4m3 pool)",
+        default=",".join(MLA_POOL_FORMATS),
+        help="the formats to run, comma-separated (default: every one the kernel reads that SGLang's MLA pool "
+        "holds; an e4m3 one on an e4m3 pool)",
     )
     args = ap.parse_args()
 

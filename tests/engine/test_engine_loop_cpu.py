@@ -154,8 +154,13 @@ def test_the_loop_runs_every_format_the_kernel_reads_and_refuses_others_by_name(
     from verify_tuner.kernels.formats import KV_DTYPES
 
     engine_loop, _ = bench
-    assert engine_loop.kv_dtypes_arg(",".join(KV_DTYPES)) == ["bf16", "fp8_e4m3", "fp8_e4m3_qk"]
-    for bad, words in (("fp8_ds_mla", "not read by this kernel version yet"), ("fp16", "unknown kv_dtype 'fp16'")):
+    assert engine_loop.MLA_POOL_FORMATS == ["bf16", "fp8_e4m3", "fp8_e4m3_qk"]
+    assert engine_loop.kv_dtypes_arg(",".join(engine_loop.MLA_POOL_FORMATS)) == engine_loop.MLA_POOL_FORMATS
+    assert set(KV_DTYPES) - set(engine_loop.MLA_POOL_FORMATS) == {"fp8_ds_mla"}
+    for bad, words in (
+        ("fp8_ds_mla", "reads 656-byte rows .*SGLang's MLA pool holds 576 elements a row"),
+        ("fp16", "unknown kv_dtype 'fp16'"),
+    ):
         with pytest.raises(argparse.ArgumentTypeError, match=words):
             engine_loop.kv_dtypes_arg(bad)
 

@@ -542,7 +542,7 @@ def test_the_operator_picks_the_qk_mode_and_its_table_answers(sglang, monkeypatc
 @pytest.mark.parametrize(
     ("env", "pool_dtype", "needle"),
     [
-        ("fp8_ds_mla", torch.uint8, r"kv_dtype fp8_ds_mla \(.*\) is not read by this kernel version yet"),
+        ("fp8_ds_mla", torch.uint8, r"kv_dtype fp8_ds_mla reads 656-byte rows \(.*\), SGLang's MLA pool holds 576"),
         ("fp8_e4m3", torch.bfloat16, r"kv_dtype fp8_e4m3 reads a pool of uint8 or float8_e4m3fn, this one holds"),
         ("bf16", torch.uint8, r"kv_dtype bf16 reads a pool of bfloat16, this one holds torch.uint8"),
         ("fp8", torch.uint8, r"unknown kv_dtype 'fp8': one of bf16, fp8_e4m3"),
@@ -550,8 +550,8 @@ def test_the_operator_picks_the_qk_mode_and_its_table_answers(sglang, monkeypatc
 )
 def test_the_operators_kv_dtype_is_checked_against_the_pool_at_startup(sglang, monkeypatch, env, pool_dtype, needle):
     """VERIFY_TUNER_KV_DTYPE picks how the kernel computes on the pool (e.g. fp8_e4m3_qk); a format
-    the kernel does not read, or one the pool cannot hold, stops the server starting with one line
-    that names the setting."""
+    the kernel does not read, or one the pool cannot hold (a dtype, or FlashMLA's 656-byte rows on
+    the 576-wide MLA pool), stops the server starting with one line that names the setting."""
     monkeypatch.setenv("VERIFY_TUNER_KV_DTYPE", env)
     sglang_plugin.register()
     runner = _runner()

@@ -17,8 +17,9 @@ other mode (prefill, mixed batches) to SGLang's Triton backend over the same KV 
 The pool must be SGLang's plain page-size-1 MLA pool in a format the kernel reads (POOL_FORMATS,
 verify_tuner.kernels.formats): bf16, or e4m3 (`--kv-cache-dtype fp8_e4m3`). How the kernel computes
 on an e4m3 pool is the operator's choice (`kv_dtype`: `fp8_e4m3`, dequantized, by default, or
-`fp8_e4m3_qk`, QK on e4m3 MMAs, once the kernel reads it); a format the kernel does not read, or one
-the pool's dtype cannot hold, is refused when the backend is built. As SGLang's
+`fp8_e4m3_qk`, QK on e4m3 MMAs); a format the kernel does not read, one the pool's dtype cannot
+hold, or one whose rows are not the MLA pool's 576 elements (fp8_ds_mla: FlashMLA's 656-byte rows,
+which SGLang's DeepSeek-V3.2 pool holds, not this backend's) is refused when the backend is built. As SGLang's
 Triton backend does, a layer with a `k_scale` stores k / k_scale in any pool, and attention scales
 back by it: an e4m3 kernel reads the tensor itself (a captured graph follows a recalibrated scale);
 over a bf16 pool (an fp8 checkpoint's layers have a k_scale whatever the cache) the host's
@@ -37,13 +38,20 @@ from verify_tuner.engine.sglang_metadata import MaskSource, StepBuffers, counted
 from verify_tuner.engine.tree_masks import TreeMaskMode
 from verify_tuner.kernels.config import KernelConfig
 from verify_tuner.kernels.errors import InvalidConfig
-from verify_tuner.kernels.formats import readable
+from verify_tuner.kernels.formats import KVFormat, readable
 from verify_tuner.kernels.shapes import D_QK, D_V
 
 #: SGLang's MLA pool dtype (get_key_buffer's view: float8_e4m3fn over its uint8 storage) -> the
 #: kernel's KV format. e4m3 is `fp8_e4m3` (dequantized in the kernel), the mode SGLang's own
 #: Triton backend computes; `fp8_e4m3_qk` would be an operator's choice, not this mapping's.
 POOL_FORMATS = {torch.bfloat16: "bf16", torch.float8_e4m3fn: "fp8_e4m3", torch.uint8: "fp8_e4m3"}
+
+
+def mla_pool_reason(f: KVFormat) -> str | None:
+    """Why SGLang's MLA pool (576 elements a row, one byte or two each) cannot hold format `f`'s rows, or None."""
+    if any(f.pool_row_elems(d) != D_QK for d in f.pool_dtypes):
+        return f"kv_dtype {f.name} reads {f.row_bytes}-byte rows ({f.about}), SGLang's MLA pool holds {D_QK} elements a row"
+    return None
 
 
 def pool_format(pool_dtype: torch.dtype, kv_dtype: str | None = None, cc: int | None = None) -> str:
@@ -64,6 +72,9 @@ def pool_format(pool_dtype: torch.dtype, kv_dtype: str | None = None, cc: int | 
         raise NotImplementedError(
             f"kv_dtype {fmt} reads a pool of {' or '.join(f.pool_dtypes)}, this one holds {pool_dtype}"
         )
+    reason = mla_pool_reason(f)
+    if reason:
+        raise NotImplementedError(reason)
     return f.name
 
 
