@@ -10,6 +10,10 @@ format, v6_us, bf16_us and x_bf16 for fp8, TB/s, TFLOP/s, config) and a markdown
 
     git show e88ba0d:kernels/csrc/verify_attention.cu > .v6/verify_attention.cu   # here; carry .v6
     python3 bench/kernel_v7.py --v6-source .v6/verify_attention.cu --out OUT [--quick]
+    python3 bench/kernel_v7.py --quick --fp8 fp8_ds_mla --fp8-only --out OUT   # another fp8 format's cases
+
+--fp8 names the format the fp8 cases read (fp8_e4m3 by default, the issue's); with another the
+files are kernel_v7_<format>_<arch>.*, beside the table of record rather than over it.
 """
 
 from __future__ import annotations
@@ -126,12 +130,31 @@ def row_of(case, us: dict, cfg, bw: float, v6cfg=None) -> dict:
     }
 
 
+def cases_of(quick: bool, fp8: str, fp8_only: bool, names: str | None) -> list[tuple]:
+    """The cases a call times: the issue's (the fp8 ones reading `fp8`), then, unless quick, the 40
+    regression shapes; only the fp8 cases with fp8_only; only those whose name holds one of the
+    comma-separated `names`. ValueError naming what matched nothing."""
+    cases = [(*c[:4], fp8 if c[4] == "fp8_e4m3" else c[4], c[5]) for c in CASES]
+    if not quick and not fp8_only:
+        cases += [(f"H={h} q={q} P={p}", h, q, [p], "bf16", "h200") for h, q, p in REGRESSION]
+    if fp8_only:
+        cases = [c for c in cases if c[4] != "bf16"]
+    if names:
+        cases = [c for c in cases if any(part in c[0] for part in names.split(","))]
+    if not cases:
+        raise ValueError(f"--cases {names!r} names none of the cases")
+    return cases
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="folder the results are written to")
     ap.add_argument("--v6-source", type=Path, help="v6's verify_attention.cu, for the same-call A/B (omit: v7 alone)")
     ap.add_argument("--quick", action="store_true", help="the cases alone, not the 40-shape regression sweep")
     ap.add_argument("--cases", help="only the cases whose name contains one of these, comma-separated")
+    fp8s = [n for n, f in formats.FORMATS.items() if f.element == "e4m3" and f.kernel_reads]
+    ap.add_argument("--fp8", default="fp8_e4m3", choices=fp8s, help="the format the fp8 cases read")
+    ap.add_argument("--fp8-only", action="store_true", help="only the fp8 cases (each beside bf16 in its rounds)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--cache", type=Path, default=Path(os.environ.get("TUNER_CACHE_DIR", "/tmp/va-cache")))
     args = ap.parse_args()
@@ -142,14 +165,11 @@ def main() -> None:
     from verify_tuner.kernels.limits import read_device_limits
     from verify_tuner.kernels.timing import copy_bandwidth
 
+    try:
+        cases = cases_of(args.quick, args.fp8, args.fp8_only, args.cases)
+    except ValueError as exc:
+        ap.error(str(exc))
     limits, stream, bw = read_device_limits(0), cuda.Stream(), copy_bandwidth()
-    cases = CASES + (
-        [] if args.quick else [(f"H={h} q={q} P={p}", h, q, [p], "bf16", "h200") for h, q, p in REGRESSION]
-    )
-    if args.cases:
-        cases = [c for c in cases if any(part in c[0] for part in args.cases.split(","))]
-        if not cases:
-            ap.error(f"--cases {args.cases!r} names none of the cases")
     rows = []
     with tempfile.TemporaryDirectory(prefix="v6-") as tmp:
         for case in cases:
@@ -178,14 +198,14 @@ def main() -> None:
                   f"limit {r['limit_us']:7.1f} ({r['x_limit']:.2f}x)  {r['config']}", flush=True)  # fmt: skip
             del sets
             torch.cuda.empty_cache()
-    write(args.out, limits, rows)
+    write(args.out, limits, rows, "kernel_v7" if args.fp8 == "fp8_e4m3" else f"kernel_v7_{args.fp8}")
 
 
-def write(out: Path, limits, rows: list[dict]) -> None:
+def write(out: Path, limits, rows: list[dict], stem: str = "kernel_v7") -> None:
     out.mkdir(parents=True, exist_ok=True)
     meta = {"device": limits.name, "arch": limits.arch, "date": dt.date.today().isoformat(),
             "bandwidth_for_limits_GBps": ANCHOR_BW / 1e9, "rows": rows}  # fmt: skip
-    (out / f"kernel_v7_{limits.arch}.json").write_text(json.dumps(meta, indent=1) + "\n")
+    (out / f"{stem}_{limits.arch}.json").write_text(json.dumps(meta, indent=1) + "\n")
     # the limits use the H200's anchors on every device, so a table from another GPU says so
     measured = ", ".join(str(m) for m in sorted({r["measured_copy_bw_GBps"] for r in rows}))
     basis = (f"Limits: the H200's anchors on every device ({ANCHOR_BW / 1e9:.0f} GB/s copy bandwidth, "
@@ -198,7 +218,7 @@ def write(out: Path, limits, rows: list[dict]) -> None:
         vs_bf16 = f"{r['bf16_us']} ({r['x_bf16']}×)" if r.get("bf16_us") is not None else "—"
         lines.append(f"| {r['case']} | {r['kv_format']} | {r['us']} | {r['v6_us'] or '—'} | {vs_bf16} | "
                      f"{r['limit_us']} | {r['x_limit']} | {r['TBps']} | {r['TFLOPs']} | `{r['config']}` |")  # fmt: skip
-    (out / f"kernel_v7_{limits.arch}.md").write_text("\n".join(lines) + "\n")
+    (out / f"{stem}_{limits.arch}.md").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

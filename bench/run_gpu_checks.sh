@@ -30,6 +30,8 @@
 # prologue against the prologue before it.
 # Nsight's pages come back packed in ncu.tgz (a device call returns at most 8 files). `edges` A/Bs the prologue's and epilogue's
 # instruction diet and runs every gpu test.
+# `dsmla` runs FlashMLA's 656-byte rows (fp8_ds_mla) first through the smoke launch, then its GPU
+# module, then times its default against fp8_e4m3's and bf16's at the headline shapes (each gated).
 # `vsbase` A/Bs another revision's kernel (BASE_SOURCE, e.g. `git show REV:kernels/csrc/verify_attention.cu
 # > .v6/base.cu`, carried) against this tree's at the headline and q=1 shapes, both formats.
 # Usage: bench/run_gpu_checks.sh MODE OUTDIR (MODE one of MODES below) | bench/run_gpu_checks.sh bench OUTDIR V6_SOURCE [--quick]
@@ -37,7 +39,7 @@
 set -uo pipefail
 # the one list of modes: the usage line and the check below read it (a mode added to the case
 # further down goes here too, or the check refuses it)
-MODES="tests f8 f8qk e4m3 f8ncu layouts grid trace1 reduce spread defer loop next edges q64 folded sm120e4m3 epi"
+MODES="tests f8 f8qk e4m3 f8ncu layouts grid trace1 reduce spread defer loop next edges q64 folded sm120e4m3 epi dsmla"
 mode=${1:?tests or bench}
 out=${2:?outdir}
 usage="usage: $0 ${MODES// /|} OUTDIR | $0 bench OUTDIR V6_SOURCE [--quick] | $0 vsbase|tiled OUTDIR BASE_SOURCE"
@@ -61,6 +63,7 @@ if ! (timeout -s KILL 240 python3 bench/smoke.py --kv-dtype bf16 --kv-dtype fp8_
   exit 3
 fi
 F8_TESTS=(tests/kernels/test_fp8_gpu.py tests/kernels/test_fp8_qk_gpu.py)
+DS_TESTS=tests/kernels/test_ds_mla_gpu.py  # (its own mode: `tests` leaves it out to stay in one call)
 # the code before the fixed-cost change (Q's copies and the output's stores a warp a row, stmatrix)
 BEFORE_EDGES="--a-flags=-DVA_WARP_ROWS=0 -DVA_EPI_STMATRIX=0"
 # Nsight profiles of a plan (bench/run_ncu.sh), packed into one ncu.tgz without the large reports:
@@ -73,6 +76,7 @@ profile() {
 case "$mode" in
   tests)
     timeout 540 python3 -m pytest -m gpu -q -p no:cacheprovider -rs --ignore="${F8_TESTS[0]}" --ignore="${F8_TESTS[1]}" \
+      --ignore="$DS_TESTS" \
       2>&1 | tee "$out/gpu-tests.log" | tail -5 ;;
   f8|f8qk)
     module=${F8_TESTS[0]}; [ "$mode" = f8qk ] && module=${F8_TESTS[1]}
@@ -254,6 +258,14 @@ case "$mode" in
       --label "one request: $(basename "$3") (A) vs the tiled plan's tree (B)" --out "$out" 2>&1 | grep '^|' | tail -n +3
     timeout 80 python3 bench/ab_kernel.py --a-source "$3" --neighbour-mb 128 --shapes 8:9:46000,8:9:4096,8:9:0 \
       --label "one request, cold: $(basename "$3") (A) vs the tiled plan's tree (B)" --out "$out" 2>&1 | grep '^|' | tail -n +3 ;;
+  dsmla)
+    if ! (timeout -s KILL 200 python3 bench/smoke.py --kv-dtype fp8_ds_mla 2>&1 | tee "$out/smoke-dsmla.log" \
+        | tail -3) 2>>"$out/smoke-dsmla.log"; then
+      echo "bench/smoke.py failed or hung on fp8_ds_mla (its log: $out/smoke-dsmla.log)" >&2
+      exit 3
+    fi
+    timeout 300 python3 -m pytest -m gpu -q -p no:cacheprovider -rs -s "$DS_TESTS" 2>&1 | tee "$out/gpu-tests-dsmla.log" | tail -8
+    timeout 150 python3 bench/kernel_v7.py --quick --fp8 fp8_ds_mla --fp8-only --out "$out" 2>&1 | tee "$out/kernel_v7_dsmla.log" | tail -5 ;;
   vsbase)
     base=$3
     timeout 200 python3 bench/ab_kernel.py --a-source "$base" \

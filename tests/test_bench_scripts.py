@@ -278,6 +278,33 @@ def test_kernel_v7s_cases_are_the_issues_and_fit_their_devices(tmp_path):
         old = kernel_v7.v6_config("rtx-pro-6000", H, q)
         assert old is not None and check(old, known_device("rtx-pro-6000"), H=H, q_len=q) is None
     assert kernel_v7.v6_config("h200", 8, 9) is None
+
+
+def test_kernel_v7_times_another_fp8_format_in_the_fp8_cases_place(tmp_path):
+    """--fp8 fp8_ds_mla --fp8-only: the issue's three fp8 cases on FlashMLA's rows (each valid at
+    its default there), written beside the table of record, not over it."""
+    import kernel_v7
+
+    full = kernel_v7.cases_of(False, "fp8_e4m3", False, None)
+    assert (
+        len(full) == len(kernel_v7.CASES) + 40 and kernel_v7.cases_of(True, "fp8_e4m3", False, None) == kernel_v7.CASES
+    )
+    ds = kernel_v7.cases_of(True, "fp8_ds_mla", True, None)
+    assert [c[4] for c in ds] == ["fp8_ds_mla"] * 3
+    assert [c[0] for c in ds] == [c[0] for c in kernel_v7.CASES if c[4] == "fp8_e4m3"]
+    for name, H, q, lens, kv, device in ds:
+        limits = known_device(device)
+        cfg = heuristic_config(limits, H=H, q_len=q, prefix=max(lens), batch=len(lens), kv_dtype=kv)
+        assert check(cfg, limits, H=H, q_len=q, kv_dtype=kv) is None, name
+    with pytest.raises(ValueError, match="names none of the cases"):
+        kernel_v7.cases_of(True, "fp8_ds_mla", True, "sm_120")
+    row = kernel_v7.row_of(ds[0], {"v7": 30.0, "bf16": 40.0}, "cfg", 4.0e12)
+    assert (row["kv_format"], row["mode"], row["x_bf16"]) == ("fp8_ds_mla", "dequant", 0.75)
+    kernel_v7.write(tmp_path, known_device("h200"), [row], "kernel_v7_fp8_ds_mla")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "kernel_v7_fp8_ds_mla_sm_90.json",
+        "kernel_v7_fp8_ds_mla_sm_90.md",
+    ]
     q1 = [kernel_v7.row_of(kernel_v7.CASES[i], {"v7": 50.0}, "cfg", 4.0e12)["limit_us"] for i in (6, 7)]
     assert q1[1] == pytest.approx(q1[0] / 2, rel=0.01)  # q_len 1 stays memory-bound: half the limit
 
