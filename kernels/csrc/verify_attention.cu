@@ -974,6 +974,22 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
       fk[1] = hmul2_u32(fk[1], hi), fk[3] = hmul2_u32(fk[3], hi);
     }
   };
+  // One k-step j alone against the m16 tiles' K fragments fa: q's two k halves (x2: mat&1) of each
+  // row tile, the MMAs on the format's type or (bf: fp8_ds_mla's rope, a constant once inlined) bf16.
+  const int cq1 = 2 * wk + (mat & 1);
+  auto q_x2_step = [&](const uint32_t(&fa)[QMQ][4], int j, bool bf) {
+#pragma unroll
+    for (int n = 0; n < NQ; ++n) {
+      if (!on(n)) continue;
+      uint32_t fb[2];
+      ldsm_x2(fb, qaddr(n) + swz(cq1, r8, 2 * QWK * j));
+#pragma unroll
+      for (int a = 0; a < QMQ; ++a) {
+        if (bf) mma16816_bf16(acc[a][n], fa[a], fb);
+        else mma16816(acc[a][n], fa[a], fb);
+      }
+    }
+  };
   // e4m3: step h of a k-step pair, one m16 tile's converted K at a time (4 registers, not 4*QMQ)
   auto f8_pair_step = [&](const uint32_t(&rw)[QMQ][4], const uint32_t(&qb)[NQ][4], const __half2(&sk)[QMQ],
                           int h) {
@@ -1120,15 +1136,7 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
         ldsm_x4(fa[a], krow + a * 16 * ROWB + swz(ck, r8, 2 * QWK * j));
       }
     }
-    const int cq1 = 2 * wk + (mat & 1);  // Q x2: k halves
-#pragma unroll
-    for (int n = 0; n < NQ; ++n) {
-      if (!on(n)) continue;
-      uint32_t fb[2];
-      ldsm_x2(fb, qaddr(n) + swz(cq1, r8, 2 * QWK * j));
-#pragma unroll
-      for (int a = 0; a < QMQ; ++a) mma16816(acc[a][n], fa[a], fb);
-    }
+    q_x2_step(fa, j, false);
   }
   }
   if constexpr (DSMLA) {
@@ -1137,20 +1145,12 @@ __device__ __forceinline__ void qk_tile(const bf16* Qs, const bf16* Kt, float* S
     // mat>>1, 32 bytes a step), q's bf16 chunks x2 (k halves: mat&1), the MMAs on bf16.
     const uint32_t krope = smem_u32(Kt) + (wt * QMQ * 16 + r8 + (mat & 1) * 8) * F8_ROWB + DS_ROPE +
                            32 * (wk - (KSTEPS - 4)) + 16 * (mat >> 1);  // + 32*QWK*j, j >= QKS_N
-    const int cq1 = 2 * wk + (mat & 1);
 #pragma unroll
     for (int j = QKS_N; j < QKS; ++j) {
       uint32_t fa[QMQ][4];
 #pragma unroll
       for (int a = 0; a < QMQ; ++a) ldsm_x4(fa[a], krope + a * 16 * F8_ROWB + 32 * QWK * j);
-#pragma unroll
-      for (int n = 0; n < NQ; ++n) {
-        if (!on(n)) continue;
-        uint32_t fb[2];
-        ldsm_x2(fb, qaddr(n) + swz(cq1, r8, 2 * QWK * j));
-#pragma unroll
-        for (int a = 0; a < QMQ; ++a) mma16816_bf16(acc[a][n], fa[a], fb);
-      }
+      q_x2_step(fa, j, true);
     }
   }
   float* Sw = Ss + (wk % QNSB) * BROWS * SSTRIDE;

@@ -14,9 +14,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+from tests.kernels.test_f8_fragments import LANES, mma
 
-LANES = range(32)
+torch = pytest.importorskip("torch")
 D_QK, D_V, ROWB8, DS_ROPE = 576, 512, 656, 528  # the .cu's D_QK, D_V, F8_ROWB and DS_ROPE for KV_FMT 3
 KSTRIDE = D_QK  # 2-byte elements a Q row
 DS_UNIT = 16.0  # the .cu's DS_UNIT: K, V and q's rope dims carry it, the softmax scale and 1/l take it back
@@ -116,19 +116,6 @@ def e4m3x4_cvt(w: bytes) -> tuple[tuple[float, float], tuple[float, float]]:
 def b16x2(w: bytes, bf16: bool) -> tuple[float, float]:
     lo, hi = np.frombuffer(w, dtype=np.uint16)
     return half_value(int(lo), bf16), half_value(int(hi), bf16)
-
-
-def mma(a_regs, b_regs) -> np.ndarray:
-    """m16n8k16 from each lane's fragments (value pairs), PTX ISA layouts; the 16x8 product."""
-    A, B = np.full((16, 16), np.nan), np.full((16, 8), np.nan)
-    for lane in LANES:
-        g, t = lane >> 2, lane & 3
-        for i, (r, k) in enumerate(((g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8), (g + 8, 2 * t + 8))):
-            A[r, k : k + 2] = a_regs[lane][i]
-        for i, k in enumerate((2 * t, 2 * t + 8)):
-            B[k : k + 2, g] = b_regs[lane][i]
-    assert not np.isnan(A).any() and not np.isnan(B).any()
-    return A @ B
 
 
 def scale_at(slot: np.ndarray, addr: int) -> float:

@@ -13,13 +13,25 @@ import dataclasses
 import pytest
 from verify_tuner.kernels.validate import check
 
-from tests.kernels.test_fp8_gpu import BITS, CONFIGS, QROWS, SHAPES, run_poisoned
+from tests.kernels.test_fp8_gpu import (
+    BITS,
+    CONFIGS,
+    QROWS,
+    RAGGED,
+    SHAPES,
+    battery,
+    build_variant,
+    in_layout,
+    ragged,
+    run_poisoned,
+)
 
 pytestmark = pytest.mark.gpu
 
 FMT = "fp8_ds_mla"
-#: bf16's gate on the dequantized rows: the kernel rounds each scaled value to f16 (11 bits) where
-#: the bf16 kernel reads values already rounded to 8, and P and the fp32 sums as fp8_e4m3 does.
+#: bf16's gate on the dequantized rows (the e4m3 module's, which its helpers apply): the kernel
+#: rounds each scaled value to f16 (11 bits) where the bf16 kernel reads values already rounded to
+#: 8, and P and the fp32 sums as fp8_e4m3 does.
 GATE, LSE_GATE = 1e-2, 1e-3
 
 
@@ -41,54 +53,27 @@ def gpu(tmp_path_factory):
     return limits, cache
 
 
-def _configs(limits, H, Q):
-    configs = [c for c in CONFIGS if check(c, limits, H=H, q_len=Q, kv_dtype=FMT) is None]
-    assert configs
-    return configs
-
-
 @pytest.mark.parametrize("pool_dtype", ["uint8", "float8_e4m3fn"])
 @pytest.mark.parametrize(("H", "Q", "lens"), SHAPES, ids=str)
 def test_matches_the_reference_on_the_dequantized_rows(gpu, H, Q, lens, pool_dtype):
-    from verify_tuner.kernels.reference import make_inputs, reference, rel_error
-
-    limits, cache = gpu
-    inp = make_inputs(prefix_lens=lens, q_len=Q, H=H, seed=H + Q, spare_slots=91, kv_dtype=FMT, pool_dtype=pool_dtype)
-    ref_o, ref_lse = reference(inp)
-    unq_o, _ = reference(dataclasses.replace(inp, kv=inp.kv_unquantized, kv_dtype="bf16"))
-    for cfg in _configs(limits, H, Q):
-        out, lse = run_poisoned(cfg, inp, limits, cache, kv_dtype=FMT)
-        assert rel_error(out, ref_o) <= GATE, f"{cfg}: out"
-        assert rel_error(lse, ref_lse) <= LSE_GATE, f"{cfg}: lse"
-        print(f"{cfg} H={H} q={Q} {lens}: vs dequantized {rel_error(out, ref_o):.2e}, "
-              f"vs the unquantized cache {rel_error(out, unq_o):.2e}")  # fmt: skip
+    battery(gpu, H, Q, lens, pool_dtype, FMT)
 
 
 @pytest.mark.parametrize("flags", [BITS, QROWS], ids=["sm80_bits", "q_rows_1"])
 @pytest.mark.parametrize(("H", "Q", "lens"), [*SHAPES, (64, 2, [3000, 0])], ids=str)
 def test_each_build_variant_matches_the_reference(gpu, H, Q, lens, flags):
     """sm_80's bit placement (values times 2^-8, undone in each scale) and q a row at a time."""
-    from verify_tuner.kernels.reference import make_inputs, reference, rel_error
-
-    limits, cache = gpu
-    inp = make_inputs(prefix_lens=lens, q_len=Q, H=H, seed=H + Q + 7, spare_slots=33, kv_dtype=FMT)
-    ref_o, ref_lse = reference(inp)
-    for cfg in _configs(limits, H, Q):
-        out, lse = run_poisoned(cfg, inp, limits, cache, flags=flags, kv_dtype=FMT)
-        assert rel_error(out, ref_o) <= GATE, f"{cfg} {flags}: out"
-        assert rel_error(lse, ref_lse) <= LSE_GATE, f"{cfg} {flags}: lse"
+    build_variant(gpu, H, Q, lens, flags, FMT)
 
 
 @pytest.mark.parametrize("layout", ["flat", "req_to_token", "page64"])
 def test_every_layout_the_op_takes(gpu, layout):
-    from verify_tuner.kernels.reference import make_inputs, reference, rel_error
+    in_layout(gpu, layout, FMT)
 
-    limits, cache = gpu
-    kw = {"flat": {}, "req_to_token": {"req_to_token": True}, "page64": {"page_size": 64}}[layout]
-    inp = make_inputs(prefix_lens=[3000, 0, 129], q_len=9, H=8, seed=64, split_q=True, kv_dtype=FMT, **kw)
-    ref_o, ref_lse = reference(inp)
-    out, lse = run_poisoned(CONFIGS[0], inp, limits, cache, kv_dtype=FMT)
-    assert rel_error(out, ref_o) <= GATE and rel_error(lse, ref_lse) <= LSE_GATE
+
+@pytest.mark.parametrize("lens", RAGGED, ids=len)
+def test_ragged_extremes(gpu, lens):
+    ragged(gpu, lens, FMT)
 
 
 #: A batch of 3 over a decode loop (as the e4m3 module's): prefixes grow across buckets, a request
@@ -130,18 +115,6 @@ def test_a_graph_follows_growing_prefixes(gpu):
         ref_o, ref_lse = reference(inp)
         assert rel_error(out, ref_o) <= GATE, f"step {i} {STEPS[i]}: out"
         assert rel_error(lse, ref_lse) <= LSE_GATE, f"step {i} {STEPS[i]}: lse"
-
-
-@pytest.mark.parametrize("lens", [[200_000] + [0] * 31, [0] * 8, [1000] * 256, [100_000] + [2000] * 7], ids=len)
-def test_ragged_extremes(gpu, lens):
-    from verify_tuner.kernels.reference import make_inputs, reference, rel_error
-
-    limits, cache = gpu
-    inp = make_inputs(prefix_lens=lens, q_len=9, H=8, seed=len(lens), spare_slots=77, kv_dtype=FMT)
-    ref_o, ref_lse = reference(inp)
-    for cfg in CONFIGS[:3]:
-        out, lse = run_poisoned(cfg, inp, limits, cache, kv_dtype=FMT)
-        assert rel_error(out, ref_o) <= GATE and rel_error(lse, ref_lse) <= LSE_GATE, cfg
 
 
 @pytest.mark.parametrize("pow2_scales", [True, False], ids=["pow2", "amax_448"])

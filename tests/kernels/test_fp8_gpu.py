@@ -72,24 +72,29 @@ def run_poisoned(cfg, inp, limits, cache, *, flags=(), kv_dtype=FMT):
     return out, lse
 
 
-@pytest.mark.parametrize("pool_dtype", ["uint8", "float8_e4m3fn"])
-@pytest.mark.parametrize(("H", "Q", "lens"), SHAPES, ids=str)
-def test_matches_the_reference_on_the_dequantized_cache(gpu, H, Q, lens, pool_dtype):
+def battery(gpu, H, Q, lens, pool_dtype, fmt=FMT):
+    """Every config of CONFIGS valid for the shape, against the reference on the dequantized cache."""
     from verify_tuner.kernels.reference import make_inputs, reference, rel_error
 
     limits, cache = gpu
-    inp = make_inputs(prefix_lens=lens, q_len=Q, H=H, seed=H + Q, spare_slots=91, kv_dtype=FMT, pool_dtype=pool_dtype)
+    inp = make_inputs(prefix_lens=lens, q_len=Q, H=H, seed=H + Q, spare_slots=91, kv_dtype=fmt, pool_dtype=pool_dtype)
     ref_o, ref_lse = reference(inp)
     unq_o, _ = reference(dataclasses.replace(inp, kv=inp.kv_unquantized, kv_dtype="bf16", kv_scale=1.0))
-    configs = [c for c in CONFIGS if check(c, limits, H=H, q_len=Q, kv_dtype=FMT) is None]
+    configs = [c for c in CONFIGS if check(c, limits, H=H, q_len=Q, kv_dtype=fmt) is None]
     assert configs
     for cfg in configs:
-        out, lse = run_poisoned(cfg, inp, limits, cache)
+        out, lse = run_poisoned(cfg, inp, limits, cache, kv_dtype=fmt)
         assert rel_error(out, ref_o) <= GATE, f"{cfg}: out"
         assert rel_error(lse, ref_lse) <= LSE_GATE, f"{cfg}: lse"
         # information for users, not the gate: the error the cache's quantization itself adds
-        print(f"{cfg} H={H} q={Q} {lens}: vs dequantized {rel_error(out, ref_o):.2e}, "
+        print(f"{fmt} {cfg} H={H} q={Q} {lens}: vs dequantized {rel_error(out, ref_o):.2e}, "
               f"vs the unquantized cache {rel_error(out, unq_o):.2e}")  # fmt: skip
+
+
+@pytest.mark.parametrize("pool_dtype", ["uint8", "float8_e4m3fn"])
+@pytest.mark.parametrize(("H", "Q", "lens"), SHAPES, ids=str)
+def test_matches_the_reference_on_the_dequantized_cache(gpu, H, Q, lens, pool_dtype):
+    battery(gpu, H, Q, lens, pool_dtype)
 
 
 @pytest.mark.parametrize("flags", [BITS, QROWS], ids=["sm80_bits", "q_rows_1"])
@@ -99,28 +104,37 @@ def test_each_build_variant_matches_the_reference(gpu, H, Q, lens, flags):
     (VA_F8_BITS: sm_80 has no fp8 conversion, so the kernel places the bits, times 2^-8 undone with
     the scale) and VA_Q_ROWS=1 (each warp converts one q row at a time, where the served build
     loads and reduces three before converting them in place)."""
+    build_variant(gpu, H, Q, lens, flags)
+
+
+def build_variant(gpu, H, Q, lens, flags, fmt=FMT):
     from verify_tuner.kernels.reference import make_inputs, reference, rel_error
 
     limits, cache = gpu
-    inp = make_inputs(prefix_lens=lens, q_len=Q, H=H, seed=H + Q + 7, spare_slots=33, kv_dtype=FMT)
+    inp = make_inputs(prefix_lens=lens, q_len=Q, H=H, seed=H + Q + 7, spare_slots=33, kv_dtype=fmt)
     ref_o, ref_lse = reference(inp)
-    configs = [c for c in CONFIGS if check(c, limits, H=H, q_len=Q, kv_dtype=FMT) is None]
+    configs = [c for c in CONFIGS if check(c, limits, H=H, q_len=Q, kv_dtype=fmt) is None]
     assert configs
     for cfg in configs:
-        out, lse = run_poisoned(cfg, inp, limits, cache, flags=flags)
+        out, lse = run_poisoned(cfg, inp, limits, cache, flags=flags, kv_dtype=fmt)
         assert rel_error(out, ref_o) <= GATE, f"{cfg} {flags}: out"
         assert rel_error(lse, ref_lse) <= LSE_GATE, f"{cfg} {flags}: lse"
 
 
 @pytest.mark.parametrize("layout", ["flat", "req_to_token", "page64"])
 def test_every_layout_the_op_takes(gpu, layout):
+    in_layout(gpu, layout)
+
+
+def in_layout(gpu, layout, fmt=FMT):
+    """The default config on a ragged batch in one of the layouts the op takes (q split as SGLang's)."""
     from verify_tuner.kernels.reference import make_inputs, reference, rel_error
 
     limits, cache = gpu
     kw = {"flat": {}, "req_to_token": {"req_to_token": True}, "page64": {"page_size": 64}}[layout]
-    inp = make_inputs(prefix_lens=[3000, 0, 129], q_len=9, H=8, seed=64, split_q=True, kv_dtype=FMT, **kw)
+    inp = make_inputs(prefix_lens=[3000, 0, 129], q_len=9, H=8, seed=64, split_q=True, kv_dtype=fmt, **kw)
     ref_o, ref_lse = reference(inp)
-    out, lse = run_poisoned(CONFIGS[0], inp, limits, cache)
+    out, lse = run_poisoned(CONFIGS[0], inp, limits, cache, kv_dtype=fmt)
     assert rel_error(out, ref_o) <= GATE and rel_error(lse, ref_lse) <= LSE_GATE
 
 
@@ -171,13 +185,21 @@ def test_a_graph_follows_growing_prefixes_and_a_recalibrated_scale(gpu):
             assert rel_error(lse, ref_lse) <= LSE_GATE, f"step {i} {STEPS[i]} x{recalibrated}: lse"
 
 
-@pytest.mark.parametrize("lens", [[200_000] + [0] * 31, [0] * 8, [1000] * 256, [100_000] + [2000] * 7], ids=len)
+RAGGED = [[200_000] + [0] * 31, [0] * 8, [1000] * 256, [100_000] + [2000] * 7]
+
+
+@pytest.mark.parametrize("lens", RAGGED, ids=len)
 def test_ragged_extremes(gpu, lens):
+    ragged(gpu, lens)
+
+
+def ragged(gpu, lens, fmt=FMT):
+    """The first three configs over a ragged batch (one long request among empty ones, many short)."""
     from verify_tuner.kernels.reference import make_inputs, reference, rel_error
 
     limits, cache = gpu
-    inp = make_inputs(prefix_lens=lens, q_len=9, H=8, seed=len(lens), spare_slots=77, kv_dtype=FMT)
+    inp = make_inputs(prefix_lens=lens, q_len=9, H=8, seed=len(lens), spare_slots=77, kv_dtype=fmt)
     ref_o, ref_lse = reference(inp)
     for cfg in CONFIGS[:3]:
-        out, lse = run_poisoned(cfg, inp, limits, cache)
+        out, lse = run_poisoned(cfg, inp, limits, cache, kv_dtype=fmt)
         assert rel_error(out, ref_o) <= GATE and rel_error(lse, ref_lse) <= LSE_GATE, cfg
