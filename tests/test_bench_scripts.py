@@ -451,7 +451,7 @@ def test_the_sm120_projection_bounds_each_template_case_from_the_committed_h200_
         (["--b-flags=-DVA_NOT_A_MACRO"], "the kernel source never tests VA_NOT_A_MACRO"),
         (["--kv-dtype", "fp8_e4m3", "--b-flags=-DVA_F8"], "the kernel source never tests VA_F8"),  # VA_F8_BITS' prefix
         (["--b-flags=-DVA_F8_BITS"], "changes e4m3 builds only: pass --kv-dtype fp8_e4m3"),
-        (["--kv-dtype", "fp8_ds_mla", "--b-flags=-DVA_F8_BITS"], "is not read by this kernel version yet"),
+        (["--kv-dtype", "fp8_e5m2", "--b-flags=-DVA_F8_BITS"], "unknown kv_dtype 'fp8_e5m2'"),
         (["--defaults-of", "rtx-9000", "--b-flags=-DVA_QK_UNIFORM=1"], "'rtx-9000': not a known device"),
         (["--batch", "0", "--b-flags=-DVA_TILED_PLAN=0"], "--batch 0: a batch holds at least one request"),
     ],

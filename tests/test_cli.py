@@ -256,9 +256,9 @@ def test_snapshot_is_a_self_contained_read_only_copy_the_sidecar_serves(run, tmp
         ),
         (
             {},
-            ("study", "start", "--H", "8", "--q-len", "9", "--prefix", "1", "--kv-dtype", "fp8_ds_mla"),
+            ("study", "start", "--H", "8", "--q-len", "9", "--prefix", "1", "--kv-dtype", "fp8_e5m2"),
             None,
-            "Invalid value for '--kv-dtype': kv_dtype fp8_ds_mla (FlashMLA's fp8 with scale",
+            "Invalid value for '--kv-dtype': unknown kv_dtype 'fp8_e5m2': accepted: bf16, fp8_e4m3, fp8_e4m3_qk, fp8_ds_mla",
         ),
         (
             {},
@@ -268,9 +268,9 @@ def test_snapshot_is_a_self_contained_read_only_copy_the_sidecar_serves(run, tmp
         ),
         (
             {},
-            ("study", "graph-plan", "--H", "8", "--q-len", "9", "--prefix-range", "1:2", "--kv-dtype", "fp8_ds_mla"),
+            ("study", "graph-plan", "--H", "8", "--q-len", "9", "--prefix-range", "1:2", "--kv-dtype", "fp8_e5m2"),
             None,
-            "is not read by this kernel version yet (accepted: bf16, fp8_e4m3, fp8_e4m3_qk)",
+            "unknown kv_dtype 'fp8_e5m2': accepted: bf16, fp8_e4m3, fp8_e4m3_qk, fp8_ds_mla",
         ),
     ],
 )
