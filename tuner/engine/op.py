@@ -235,7 +235,9 @@ def verify_attention(
     the same device, which launches sharing it must order. kv_dtype is the cache's format
     (verify_tuner.kernels.formats: bf16; fp8_e4m3, an e4m3 pool stored as uint8 or float8_e4m3fn
     whose values are stored * the layer's scale): the scale as kv_scale, or as kv_scale_tensor, one
-    float32 on the device that a captured graph reads at every replay (a recalibrated scale)."""
+    float32 on the device that a captured graph reads at every replay (a recalibrated scale);
+    fp8_ds_mla, FlashMLA's rows of 656 bytes (kv [S, 656] or [pages, page_size, 656], uint8 or
+    float8_e4m3fn), which carry their own scales and take no kv_scale."""
     tensors = {
         "q": q,
         "q_pe": q_pe,
