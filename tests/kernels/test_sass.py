@@ -173,3 +173,27 @@ def test_every_qk_mma_of_the_h200_bf16_default_is_found(tmp_path):
     built, _ = _default_build(tmp_path, "h200", 8, 9, "bf16")
     d = sass_loops.qk_load_use(sass_loops.sass(built.path))
     assert len(d) == 180 and min(d) >= 2
+
+
+@needs_tools
+@pytest.mark.parametrize("device", ["h200", "rtx-pro-6000", "a100"])
+def test_ds_mla_runs_its_rope_on_bf16_mmas_and_scales_its_fragments(tmp_path, device):
+    """fp8_ds_mla at a device's default (H=8 q=9): its rope k-steps are bf16 MMAs taking the place
+    of as many f16 ones (the MMA count is fp8_e4m3's at the same config) and its block scales are
+    HMUL2s on the fragments; an fp8_e4m3 build of that config has neither, and the loop has no
+    more WARPSYNCs than fp8_e4m3's."""
+    limits = known_device(device)
+    cfg = heuristic_config(limits, H=8, q_len=9, prefix=46000, kv_dtype="fp8_ds_mla")
+
+    def ops(kv_dtype):
+        ins = sass_loops.sass(compile_cubin(cfg, 9, limits.arch, tmp_path, (), kv_dtype=kv_dtype).path)
+        names = [t.split()[1] if t.startswith("@") else t.split()[0] for _, t in ins]
+        return {k: sum(n.startswith(k) for n in names) for k in ("HMMA.16816.F32.BF16", "HMMA.16816.F32", "HMUL2")}
+
+    ds, e4m3 = ops("fp8_ds_mla"), ops("fp8_e4m3")
+    assert ds["HMMA.16816.F32.BF16"] > 0 and ds["HMUL2"] > 0, ds
+    assert e4m3["HMMA.16816.F32.BF16"] == 0 and e4m3["HMUL2"] == 0, e4m3
+    assert ds["HMMA.16816.F32"] == e4m3["HMMA.16816.F32"], (ds, e4m3)  # (the .BF16 ones count in both)
+    assert _loop_fences(tmp_path, cfg, 9, limits.arch, "fp8_ds_mla") <= _loop_fences(
+        tmp_path, cfg, 9, limits.arch, "fp8_e4m3"
+    )
