@@ -157,7 +157,7 @@ def quantize(kv: Any, kv_dtype: str, pool_dtype: str | None = None) -> tuple[Any
 def ds_mla_rows(kv: Any, *, pow2_scales: bool = False) -> Any:
     """FlashMLA's "fp8 with scale" rows (uint8 [..., 656]) of bf16 latent rows [..., 576]: each 128
     latent dims as e4m3 under the fp32 scale amax / 448 (rounded up to a power of two with
-    pow2_scales, as DeepSeek-V3.2's quantizer does; a block of zeros keeps 1), then the 4 scales,
+    pow2_scales: UE8M0-style scales, which some writers use; a block of zeros keeps 1), then the 4 scales,
     then the 64 rope dims as bf16."""
     import torch
 

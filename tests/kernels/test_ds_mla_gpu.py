@@ -3,7 +3,7 @@ each 128 of them, the 64 rope dims in bf16; 656 bytes a token) on the GPU, again
 reference computed on the dequantized rows, with poisoned outputs: the e4m3 battery's structures and
 shapes with both pool dtypes, sm_80's bit placement and the one-row q conversion, every layout the
 op takes, a graph replayed over growing prefixes, ragged extremes, and blocks whose magnitudes
-span the range the kernel's f16 operands hold (power-of-two scales as DeepSeek-V3.2 writes them,
+span the range the kernel's f16 operands hold (power-of-two scales, as UE8M0-style writers store them,
 and amax / 448 ones)."""
 
 from __future__ import annotations
