@@ -31,7 +31,8 @@
 # Nsight's pages come back packed in ncu.tgz (a device call returns at most 8 files). `edges` A/Bs the prologue's and epilogue's
 # instruction diet and runs every gpu test.
 # `dsmla` runs FlashMLA's 656-byte rows (fp8_ds_mla) first through the smoke launch, then its GPU
-# module, then times its default against fp8_e4m3's and bf16's at the headline shapes (each gated).
+# module, then times its default beside bf16's in the issue's three fp8 cases (each gated); the
+# steps' limits add up past one call, so they come in the order that matters if it is cut.
 # `vsbase` A/Bs another revision's kernel (BASE_SOURCE, e.g. `git show REV:kernels/csrc/verify_attention.cu
 # > .v6/base.cu`, carried) against this tree's at the headline and q=1 shapes, both formats.
 # Usage: bench/run_gpu_checks.sh MODE OUTDIR (MODE one of MODES below) | bench/run_gpu_checks.sh bench OUTDIR V6_SOURCE [--quick]
