@@ -260,6 +260,7 @@ case "$mode" in
     timeout 80 python3 bench/ab_kernel.py --a-source "$3" --neighbour-mb 128 --shapes 8:9:46000,8:9:4096,8:9:0 \
       --label "one request, cold: $(basename "$3") (A) vs the tiled plan's tree (B)" --out "$out" 2>&1 | grep '^|' | tail -n +3 ;;
   dsmla)
+    export VERIFY_TUNER_RUN_WITHHELD=fp8_ds_mla  # withheld from serving: its GPU tests failed (kernels/formats.py)
     if ! (timeout -s KILL 200 python3 bench/smoke.py --kv-dtype fp8_ds_mla 2>&1 | tee "$out/smoke-dsmla.log" \
         | tail -3) 2>>"$out/smoke-dsmla.log"; then
       echo "bench/smoke.py failed or hung on fp8_ds_mla (its log: $out/smoke-dsmla.log)" >&2

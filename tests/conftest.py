@@ -4,6 +4,10 @@ import os
 
 import pytest
 
+#: The suite exercises every format the kernel reads, withheld ones too (a withheld format's refusal
+#: in a process without this: tests/kernels/test_formats.py and tests/api/test_api.py).
+os.environ.setdefault("VERIFY_TUNER_RUN_WITHHELD", "fp8_ds_mla")
+
 PG_URL = os.environ.get("TUNER_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
 

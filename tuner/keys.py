@@ -32,7 +32,7 @@ MAX_H = 1024
 def check_kv_dtype(name: object) -> str:
     """`name` if the kernel reads that KV format; ValueError otherwise, naming the accepted ones (a
     format the kernel knows but does not read yet is refused with why: verify_tuner.kernels.formats)."""
-    accepted = ", ".join(KV_DTYPES)
+    accepted = ", ".join(k for k in KV_DTYPES if FORMATS[k].unsupported_reason() is None)
     fmt = FORMATS.get(name) if isinstance(name, str) else None
     if fmt is None:
         raise ValueError(f"unknown kv_dtype {name!r}: accepted: {accepted}")

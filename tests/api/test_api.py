@@ -353,6 +353,20 @@ def test_delete_takes_one_format_s_rows_and_leaves_the_others(client):
     assert client.delete("/configs", params={"device": "h200"}, headers=AUTH).json()["deleted"] == 2
 
 
+def test_a_withheld_format_is_a_422_with_its_reason(client, monkeypatch):
+    """A sidecar whose process does not name fp8_ds_mla in $VERIFY_TUNER_RUN_WITHHELD (every
+    deployed one) answers a worker asking for it with why it is withheld, not with a config."""
+    from verify_tuner.kernels import formats
+
+    monkeypatch.delenv(formats.RUN_WITHHELD_ENV, raising=False)
+    for path, at in (("/config", {"prefix": 46000}), ("/configs", {})):
+        r = client.get(path, params={"H": 8, "q_len": 9, **at, "kv_dtype": "fp8_ds_mla"})
+        assert r.status_code == 422, r.text
+        (detail,) = r.json()["detail"]
+        assert detail["loc"] == ["query", "kv_dtype"] and "fp8_ds_mla is withheld: its GPU tests fail" in detail["msg"]
+    assert get(client, kv_dtype="fp8_e4m3").json()["source"] == "heuristic"
+
+
 def test_kv_dtype_is_a_key_field_of_every_lookup_and_import(client, monkeypatch):
     """kv_dtype (the KV cache's format) keys the rows and the tables: bf16 by default and as named;
     a format the kernel does not read yet (one listed ahead of its kernel code, as fp8_ds_mla was),

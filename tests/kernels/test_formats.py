@@ -47,6 +47,25 @@ def test_a_format_the_kernel_does_not_read_is_refused_by_name(monkeypatch):
     assert all(f.kernel_reads for f in formats.FORMATS.values() if f.name != "fp8_e5m2")
 
 
+def test_a_withheld_format_is_refused_with_its_reason_unless_a_process_names_it(monkeypatch):
+    """fp8_ds_mla is built but its GPU tests fail: a process that does not name it in
+    $VERIFY_TUNER_RUN_WITHHELD (a server, the op, the tuner) refuses it everywhere with that reason
+    and leaves it out of the accepted formats; its GPU tests and diagnostics name it to run it."""
+    from verify_tuner.keys import check_kv_dtype
+
+    monkeypatch.delenv(formats.RUN_WITHHELD_ENV, raising=False)
+    reason = check(CFG, H200, H=8, q_len=9, kv_dtype="fp8_ds_mla")
+    assert reason is not None and reason.startswith("kv_dtype fp8_ds_mla is withheld: its GPU tests fail"), reason
+    with pytest.raises(InvalidConfig, match="withheld"):
+        formats.readable("fp8_ds_mla", 90)
+    with pytest.raises(ValueError, match=r"withheld.*\(accepted: bf16, fp8_e4m3, fp8_e4m3_qk\)$"):
+        check_kv_dtype("fp8_ds_mla")
+    assert check(CFG, H200, H=8, q_len=9, kv_dtype="fp8_e4m3") is None  # the others are served as before
+    monkeypatch.setenv(formats.RUN_WITHHELD_ENV, "fp8_e4m3_qk,fp8_ds_mla")
+    assert check(CFG, H200, H=8, q_len=9, kv_dtype="fp8_ds_mla") is None
+    assert [f.name for f in formats.FORMATS.values() if f.withheld] == ["fp8_ds_mla"]
+
+
 def test_a_mode_needs_the_instructions_of_its_arch():
     qk = formats.FORMATS["fp8_e4m3_qk"]
     assert qk.min_cc == 89  # mma.sync .e4m3 exists from sm_89 (emulated on sm_90, native on sm_120)
