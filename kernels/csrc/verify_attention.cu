@@ -794,9 +794,10 @@ __device__ __forceinline__ void convert_q(bf16* Qs, float* qsc_s, int rlo, int r
         uint32_t p32[4];
 #pragma unroll
         for (int k = 0; k < 4; ++k) p32[k] = __shfl_xor_sync(0xffffffffu, o32[k], 1);
+        // (o32 aliases out: a rope chunk keeps out as converted, it must not be read back after the
+        // exchange has overwritten it)
         const bool odd = c & 1;
-        out = odd ? make_uint4(p32[1], p32[3], o32[1], o32[3]) : make_uint4(o32[0], o32[2], p32[0], p32[2]);
-        if (rope) out = make_uint4(o32[0], o32[1], o32[2], o32[3]);
+        if (!rope) out = odd ? make_uint4(p32[1], p32[3], o32[1], o32[3]) : make_uint4(o32[0], o32[2], p32[0], p32[2]);
         if (c >= CHUNKS) continue;
         *reinterpret_cast<uint4*>(Qs + sw(r, 8 * c)) = out;
       }
