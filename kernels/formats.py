@@ -96,8 +96,8 @@ FORMATS: dict[str, KVFormat] = {
             min_cc=80, kernel_reads=True,
             about="FlashMLA's fp8 with scale (SGLang's DeepSeek-V3.2 fp8 pool): 512 e4m3, 4 fp32 scales (one per "
             "128 dims), 64 bf16 rope dims a row; the latent dequantized to f16 in registers, the rope read as bf16",
-            withheld="its GPU tests fail (relative error 0.18-0.63 against the reference on the dequantized rows, "
-            "H100, 2026-12-08; docs/kernel.md, Cache formats)",
+            withheld="its GPU tests fail (relative error 0.18-0.63 against the reference on the dequantized rows; "
+            "docs/kernel.md, Cache formats)",
         ),
     )
 }  # fmt: skip
